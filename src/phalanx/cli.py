@@ -1,0 +1,38 @@
+"""The `phalanx` command: a thin dispatcher over one module per subcommand.
+
+Each subcommand module exposes `configure(parser)` (adds its flags) and `main(args) -> int`.
+Modules are imported only when their subcommand runs... except for building the parser, which
+needs every module's flags; so subcommand modules must not import torch at module level
+(the launcher's start-up time is a feature: see bench/startup.py).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+# name -> (module, one-line help). Add a subcommand by adding a line here.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("phalanx.launch.run_command", "launch a training script on N processes / nodes"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phalanx",
+        description="Take a single-device PyTorch script to many processes, GPUs and machines.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure(sub_parser)
+        sub_parser.set_defaults(_handler=module.main)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    return int(args._handler(args) or 0)
