@@ -1,0 +1,22 @@
+"""phalanx: take a single-device PyTorch training script to many processes, GPUs and machines.
+
+Public API: `from phalanx import Phalanx`. The launcher is the `phalanx` command.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+__all__ = ["Phalanx", "__version__"]
+
+if TYPE_CHECKING:
+    from phalanx.runtime.facade import Phalanx
+
+
+def __getattr__(name: str):
+    # Lazy: `import phalanx` (e.g. by the launcher) must not import torch.
+    if name == "Phalanx":
+        from phalanx.runtime.facade import Phalanx
+
+        return Phalanx
+    raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

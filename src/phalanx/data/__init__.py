@@ -1,0 +1,1 @@
+"""Data across ranks: sharding samplers and the prepared loader."""

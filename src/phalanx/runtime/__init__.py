@@ -1,0 +1,1 @@
+"""Code that runs inside each worker: context, process group, collectives, the facade."""

@@ -1,0 +1,110 @@
+"""Collectives over nested batches (tensors inside tuples, lists, dicts) on torch.distributed.
+
+Every function is a no-op identity in a world of one, so scripts run unchanged without a group.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+REDUCTIONS = ("mean", "sum", "max", "min")
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
+    """Apply `fn` to every tensor in a nested structure, keeping the structure."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(map_tensors(fn, v) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(map_tensors(fn, v) for v in data)
+    if isinstance(data, dict):
+        return type(data)({k: map_tensors(fn, v) for k, v in data.items()})
+    return data
+
+
+def move_to_device(data: Any, device: torch.device) -> Any:
+    """Move every tensor of a batch to `device`; objects with their own `.to` (BatchEncoding) too."""
+    if not isinstance(data, (torch.Tensor, list, tuple, dict)) and callable(getattr(data, "to", None)):
+        return data.to(device)
+    return map_tensors(lambda t: t.to(device, non_blocking=True), data)
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def reduce(data: Any, reduction: str = "mean") -> Any:
+    """All-reduce every tensor; every rank receives the result. Input tensors are not modified."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    world = _world()
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        out = t.detach().clone()
+        if world == 1:
+            return out
+        if reduction == "mean" and not out.is_floating_point():
+            raise ValueError(f"reduce(..., 'mean') needs a floating-point tensor, got {out.dtype}")
+        op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM,
+              "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[reduction]
+        dist.all_reduce(out, op=op)
+        if reduction == "mean":
+            out /= world
+        return out
+
+    return map_tensors(one, data)
+
+
+def gather(data: Any) -> Any:
+    """Concatenate every tensor along dim 0 over ranks, in rank order.
+
+    Ranks may hold different lengths along dim 0 (the last batch, a filtered batch); the other
+    dims must match. 0-d tensors become one row per rank.
+    """
+    if _world() == 1:
+        return map_tensors(lambda t: t.detach().clone() if t.dim() else t.detach().reshape(1), data)
+    return map_tensors(_gather_one, data)
+
+
+def _gather_one(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    t = t.contiguous()
+    world = _world()
+    length = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
+    lengths = [torch.zeros_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length)
+    sizes = [int(n.item()) for n in lengths]
+    longest = max(sizes)
+    if t.shape[0] < longest:
+        pad = t.new_zeros((longest - t.shape[0], *t.shape[1:]))
+        t = torch.cat([t, pad])
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t)
+    return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Gather one picklable object per rank into a list on every rank."""
+    world = _world()
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast(data: Any, src: int = 0) -> Any:
+    """Copy tensors from rank `src` to every rank (in place on the receivers, also returned)."""
+    if _world() == 1:
+        return data
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(t, src=src)
+        return t
+
+    return map_tensors(one, data)

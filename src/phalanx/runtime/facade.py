@@ -1,0 +1,164 @@
+"""`Phalanx`: the object a training script talks to. It delegates; strategies do the work."""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from phalanx import envvars
+from phalanx.data.loader import BatchInfo, PreparedLoader
+from phalanx.runtime import collectives
+from phalanx.runtime.context import DistContext
+from phalanx.runtime.process_group import init_process_group
+from phalanx.strategies import registry
+from phalanx.strategies.base import Strategy, StrategyOptions
+
+
+class Phalanx:
+    """Reads the launcher's environment, joins the process group, and prepares training objects.
+
+    `Phalanx()` under plain `python train.py` is a world of one with no process group; under
+    `phalanx run` or `torchrun` it is one rank of many. The script is the same.
+    """
+
+    def __init__(
+        self,
+        strategy: str | None = None,
+        *,
+        mixed_precision: str | None = None,
+        seed: int | None = None,
+        cpu: bool = False,
+        device_placement: bool = True,
+        collective_timeout: float | None = None,
+    ):
+        self.ctx = DistContext.from_env(cpu=cpu)
+        strategy = strategy or os.environ.get(envvars.PHALANX_STRATEGY) or "auto"
+        mixed_precision = mixed_precision or os.environ.get(envvars.PHALANX_MIXED_PRECISION) or "no"
+        self.seed = int(seed if seed is not None else os.environ.get(envvars.PHALANX_SEED, 0))
+        self.device_placement = device_placement
+        registry.resolve_name(strategy, self.ctx)  # bad names fail before any group is joined
+        init_process_group(self.ctx, collective_timeout)
+        self.strategy: Strategy = registry.create(strategy, self.ctx, StrategyOptions(mixed_precision=mixed_precision))
+        self._batch_info = BatchInfo()
+
+    # ---- who am I --------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.ctx.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.ctx.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.ctx.is_local_main_process
+
+    @property
+    def strategy_name(self) -> str:
+        return self.strategy.name
+
+    # ---- preparing -------------------------------------------------------------------------
+    def prepare(self, *objects: Any) -> Any:
+        """Prepare models, optimizers and data loaders, in any number and order.
+
+        Returns them in the order given (a single object when one was passed). Models are
+        prepared first, so an optimizer can be bound to the model's wrapped parameters.
+        """
+        prepared: list[Any] = list(objects)
+        models = [i for i, o in enumerate(objects) if isinstance(o, nn.Module)]
+        for i in models:
+            prepared[i] = self.prepare_model(objects[i])
+        for i, obj in enumerate(objects):
+            if isinstance(obj, torch.optim.Optimizer):
+                model = prepared[models[0]] if len(models) == 1 else None
+                prepared[i] = self.prepare_optimizer(obj, model)
+            elif isinstance(obj, DataLoader):
+                prepared[i] = self.prepare_data_loader(obj)
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        return self.strategy.setup_model(model)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        return self.strategy.setup_optimizer(optimizer, model)
+
+    def prepare_data_loader(self, loader: DataLoader) -> PreparedLoader:
+        return PreparedLoader(loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
+                              batch_info=self._batch_info)
+
+    # ---- the step --------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor) -> None:
+        self.strategy.backward(loss)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        return self.strategy.no_sync(model)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        if isinstance(parameters, nn.Module):
+            parameters = parameters.parameters()
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        return self.strategy.unwrap(model)
+
+    # ---- talking across ranks ----------------------------------------------------------------
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    def reduce(self, data: Any, reduction: str = "mean") -> Any:
+        return collectives.reduce(data, reduction)
+
+    def gather(self, data: Any) -> Any:
+        return collectives.gather(data)
+
+    def gather_for_metrics(self, data: Any) -> Any:
+        """Gather like `gather`, without the repeats the sampler added to even out the ranks.
+
+        Inside a loop over a prepared loader, this rank's padding samples are cut from the
+        current batch before gathering, so an eval over N items yields exactly N. Python lists
+        (e.g. predicted strings) are gathered as objects and flattened.
+        """
+        size, real = self._batch_info.size, self._batch_info.num_real
+        trim = size is not None and real is not None and real < size
+
+        def cut(t: torch.Tensor) -> torch.Tensor:
+            return t[:real] if trim and t.dim() > 0 and t.shape[0] == size else t
+
+        if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
+            mine = data[:real] if trim and len(data) == size else data
+            return [x for part in collectives.gather_object(mine) for x in part]
+        return collectives.gather(collectives.map_tensors(cut, data))
+
+    def wait_for_everyone(self) -> None:
+        """Barrier across all ranks (no-op in a world of one)."""
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Let the main process run the block first (e.g. to download or cache a dataset)."""
+        if not self.is_main_process:
+            self.wait_for_everyone()
+        yield
+        if self.is_main_process:
+            self.wait_for_everyone()

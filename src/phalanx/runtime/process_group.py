@@ -1,0 +1,72 @@
+"""Process-group lifetime: init with the right backend and a short timeout, clean teardown."""
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from phalanx import envvars
+from phalanx.runtime.context import DistContext
+
+# torch's default collective timeout is 10-30 minutes: a stuck job should fail in minutes.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+
+
+def collective_timeout(seconds: float | None = None) -> datetime.timedelta:
+    if seconds is None:
+        seconds = float(os.environ.get(envvars.PHALANX_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S))
+    if seconds <= 0:
+        raise ValueError(f"collective timeout must be positive, got {seconds}")
+    return datetime.timedelta(seconds=seconds)
+
+
+def init_process_group(ctx: DistContext, timeout_s: float | None = None) -> bool:
+    """Join the default group when the world has several ranks; True if this call created it."""
+    if not ctx.is_distributed or dist.is_initialized():
+        return False
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+    kwargs = {}
+    if ctx.device.type == "cuda":
+        kwargs["device_id"] = ctx.device  # binds NCCL eagerly: no rank-to-GPU guessing later
+    dist.init_process_group(
+        backend=ctx.backend,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=collective_timeout(timeout_s),
+        **kwargs,
+    )
+    _watch_for_uncaught_exceptions()
+    atexit.register(destroy_process_group)
+    return True
+
+
+_state = {"failed": False}
+
+
+def _watch_for_uncaught_exceptions() -> None:
+    previous = sys.excepthook
+
+    def hook(*exc_info):
+        _state["failed"] = True
+        previous(*exc_info)
+
+    sys.excepthook = hook
+
+
+def destroy_process_group() -> None:
+    """Leave the group at exit.
+
+    After a clean run, a barrier first: without it gloo occasionally aborts at exit
+    (TORCH-CPU-FACTS). After an uncaught exception, no barrier: the peers are still inside
+    their own collectives and waiting for them would only delay the failure report.
+    """
+    if not dist.is_initialized():
+        return
+    if not _state["failed"]:
+        dist.barrier()
+    dist.destroy_process_group()
