@@ -44,3 +44,8 @@ PHALANX_CHECKPOINT_DIR = "PHALANX_CHECKPOINT_DIR"
 PHALANX_RUN_DIR = "PHALANX_RUN_DIR"
 PHALANX_LOG_LEVEL = "PHALANX_LOG_LEVEL"
 PHALANX_SEED = "PHALANX_SEED"
+
+# --- logging, metrics and progress (phalanx.logging) ---
+PHALANX_LOG_ALL_RANKS = "PHALANX_LOG_ALL_RANKS"  # 1: phalanx's messages from every rank, not only rank 0
+PHALANX_LOG_SINKS = "PHALANX_LOG_SINKS"  # comma-separated sink names for px.log(): csv, jsonl, tensorboard
+PHALANX_PROGRESS = "PHALANX_PROGRESS"  # auto (bar when stdout is a terminal), on, off

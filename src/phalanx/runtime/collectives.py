@@ -108,3 +108,12 @@ def broadcast(data: Any, src: int = 0) -> Any:
         return t
 
     return map_tensors(one, data)
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s picklable object, returned on every rank."""
+    if _world() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from typing import Any, Iterator
 
@@ -11,7 +12,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from phalanx import envvars
+from phalanx import config
 from phalanx.data.loader import BatchInfo, PreparedLoader
+from phalanx.logging import session as log_session
+from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.process_group import init_process_group
@@ -45,6 +49,20 @@ class Phalanx:
         init_process_group(self.ctx, collective_timeout)
         self.strategy: Strategy = registry.create(strategy, self.ctx, StrategyOptions(mixed_precision=mixed_precision))
         self._batch_info = BatchInfo()
+        self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object)
+        get_logger().info("rank %d of %d on %s, strategy %s, run dir %s", self.rank, self.world_size,
+                          self.device, self.strategy_name, self.run_dir)
+
+    @classmethod
+    def from_config(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "Phalanx":
+        """Build from a YAML config file; precedence file < PHALANX_* env < keyword overrides.
+
+        Settings `Phalanx()` takes as arguments are passed; the rest are exported as their
+        PHALANX_* variables for the modules that read them (as `phalanx run --config` does).
+        """
+        kwargs, exported = config.runtime_kwargs(path, os.environ, overrides, inspect.signature(cls).parameters)
+        os.environ.update(exported)
+        return cls(**kwargs)
 
     # ---- who am I --------------------------------------------------------------------------
     @property
@@ -162,3 +180,25 @@ class Phalanx:
         yield
         if self.is_main_process:
             self.wait_for_everyone()
+
+    # ---- logging, metrics, progress ------------------------------------------------------------
+    @property
+    def run_dir(self) -> str:
+        """This run's directory (metrics files, per-rank logs); the same path on every rank."""
+        return self._logging.run_dir
+
+    def log(self, values: dict[str, Any], step: int | None = None) -> None:
+        """Log scalar metrics from the main process to the console and the sinks (CSV, JSONL...).
+
+        Other ranks' calls are ignored: reduce first (`px.reduce`) to log a global value.
+        """
+        self._logging.log(values, step)
+
+    def add_sink(self, sink: Any) -> None:
+        """Send `px.log` rows also to `sink` (an object with `write(step, metrics)` and `close()`)."""
+        self._logging.metrics.add_sink(sink)
+
+    def progress(self, iterable: Any, **kwargs: Any) -> Any:
+        """Iterate with a progress bar (steps/s, ETA, latest logged metrics) on the main process
+        when stdout is a terminal; elsewhere just iterate. kwargs: total, desc, enabled, tqdm's."""
+        return self._logging.progress(iterable, **kwargs)

@@ -1,0 +1,74 @@
+"""`px.log({...}, step=...)`: scalar metrics from the main process to the console and the sinks."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Mapping
+
+from phalanx.logging import sinks as sink_registry
+
+
+def to_scalar(name: str, value: Any) -> float | int:
+    """A Python number from a number, a one-element tensor or a numpy scalar."""
+    if hasattr(value, "item") and (not hasattr(value, "numel") or value.numel() == 1):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(
+            f"px.log: metric {name!r} must be a number or a one-element tensor, got {type(value).__name__} "
+            f"{value!r:.80}. HINT: reduce it first, e.g. px.reduce(loss).item()."
+        )
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
+def format_line(step: int, metrics: Mapping[str, float]) -> str:
+    parts = [f"step {step}"]
+    for name, value in metrics.items():
+        parts.append(f"{name} {value:.4g}" if isinstance(value, float) and math.isfinite(value) else f"{name} {value}")
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    """Fans one metrics row out to the sinks; only the main process writes anything.
+
+    The values are this process's: reduce across ranks first (`px.reduce`) to log a global figure.
+    Sinks are created on the first call, so a run that logs nothing leaves no metrics files.
+    """
+
+    def __init__(self, run_dir: str, is_main: bool, sink_names: list[str], console: bool = True):
+        self.run_dir = run_dir
+        self.is_main = is_main
+        self.sink_names = sink_names
+        self.console = console
+        self.sinks: list[sink_registry.Sink] | None = None
+        self.progress_bar: Any = None  # the active px.progress bar: metrics show in its postfix
+        self._next_step = 0
+
+    def add_sink(self, sink: sink_registry.Sink) -> None:
+        if self.is_main:
+            self._open().append(sink)
+
+    def _open(self) -> list[sink_registry.Sink]:
+        if self.sinks is None:
+            self.sinks = sink_registry.create(self.sink_names, self.run_dir)
+        return self.sinks
+
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        if not self.is_main:
+            return
+        if not isinstance(metrics, Mapping) or not metrics:
+            raise ValueError(f"px.log expects a non-empty dict of name -> number, got {metrics!r:.80}")
+        row = {str(name): to_scalar(str(name), value) for name, value in metrics.items()}
+        if step is None:
+            step = self._next_step
+        self._next_step = int(step) + 1
+        for sink in self._open():
+            sink.write(int(step), row)
+        if self.progress_bar is not None:
+            self.progress_bar.set_postfix({k: f"{v:.4g}" if isinstance(v, float) else v for k, v in row.items()})
+        elif self.console:
+            print(format_line(int(step), row), flush=True)
+
+    def close(self) -> None:
+        for sink in self.sinks or []:
+            sink.close()
+        self.sinks = None
