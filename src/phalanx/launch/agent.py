@@ -92,6 +92,23 @@ def _no_cuda_init() -> Iterator[None]:
             os.environ[key] = previous
 
 
+_WRAPPER_FRAMES = ("<frozen runpy>", "phalanx/launch/worker.py", "elastic/multiprocessing/errors")
+
+
+def trim_traceback(text: str) -> str:
+    """Drop the frames of phalanx's worker wrapper, runpy and torch's `record`: users see their own."""
+    kept: list[str] = []
+    skipping = False
+    for line in text.splitlines():
+        if line.startswith("  File "):
+            skipping = any(marker in line for marker in _WRAPPER_FRAMES)
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def format_failures(error: Any, nproc_per_node: int) -> str:
     """`phalanx: rank R (local rank L on node N) failed with exit code C` + traceback, root cause first."""
     failures = sorted(error.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
@@ -105,8 +122,8 @@ def format_failures(error: Any, nproc_per_node: int) -> str:
         lines.append(f"phalanx: rank {rank} (local rank {failure.local_rank} on node {node}) {how}")
         message = failure.error_file_data.get("message") if failure.error_file_data else None
         if isinstance(message, dict):
-            lines.append(message.get("extraInfo", {}).get("py_callstack", "").rstrip())
-        elif isinstance(message, str) and message:
+            lines.append(trim_traceback(message.get("extraInfo", {}).get("py_callstack", "")).rstrip())
+        elif isinstance(message, str) and message and message != "<NONE>":
             lines.append(message)
     return "\n".join(lines)
 
