@@ -78,7 +78,9 @@ def _reset_inherited_process_state() -> None:
     torch = sys.modules.get("torch")
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
+        # A fresh torch caps the pool at the cores it may use; do the same.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(min(int(threads), cores))
     # torchrun starts workers with `python -u`.
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)

@@ -18,6 +18,8 @@ record = {
     "env_keys": sorted(os.environ),
     "argv": sys.argv,
     "name": __name__,
+    "module_argv0": globals().get("MODULE_ARGV0"),  # set when run through recmod (-m mode)
+    "module_name": globals().get("MODULE_NAME"),
     "num_threads": torch.get_num_threads(),
     "world_size": dist.get_world_size(),
 }
