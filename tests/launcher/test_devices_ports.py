@@ -72,3 +72,17 @@ def test_start_method_and_traceback_trim():
     assert agent.trim_traceback(text) == (
         'Traceback (most recent call last):\n  File "/u/train.py", line 5, in <module>\n    boom()\nRuntimeError: boom'
     )
+
+
+@pytest.mark.timeout(60)
+def test_launcher_modules_import_neither_torch_nor_runtime():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, phalanx.cli, phalanx.launch.agent, phalanx.launch.worker\n"
+        "phalanx.cli.build_parser()\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'phalanx.runtime')))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
