@@ -4,18 +4,24 @@ Each multi-process launch costs seconds, so assertions that belong to one launch
 """
 from __future__ import annotations
 
-import json
 import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import RECORD_ENV, SCRIPTS, read_records, run_cli
+from launch_helpers import RECORD_ENV, SCRIPTS, read_records, run_cli
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 SCRIPT_ARGS = ["--lr", "3", "--nproc-per-node", "9", "-m", "x"]  # flag-like: must reach the script
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "out"
+    path.mkdir()
+    return path
 
 
 def _occupy(port: int) -> socket.socket | None:

@@ -1,4 +1,7 @@
-"""Helpers for black-box launcher tests: run the CLI in a subprocess with a hard time-out."""
+"""Helpers for black-box launcher tests: run the CLI in a subprocess with a hard time-out.
+
+(A uniquely named module rather than conftest.py, so it cannot collide with other test folders.)
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
 RECORD_ENV = SCRIPTS / "record_env.py"
@@ -38,10 +39,3 @@ def run_cli(args: list[str], *, cwd: Path | None = None, env: dict[str, str] | N
 def read_records(out_dir: Path) -> dict[int, dict]:
     """rank -> what record_env.py wrote."""
     return {int(path.stem[4:]): json.loads(path.read_text()) for path in out_dir.glob("rank*.json")}
-
-
-@pytest.fixture
-def out_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "out"
-    path.mkdir()
-    return path
