@@ -106,7 +106,7 @@ def main():
                 preds, labels = px.gather_for_metrics((model(**batch).logits.argmax(-1), batch["labels"]))
                 correct += (preds == labels).sum().item()
                 seen += labels.numel()
-        px.log({"val_acc": correct / seen, "epoch": epoch}, step=step)
+        px.log({"val_acc": correct / seen}, step=step)
     px.print(f"validation accuracy {correct / seen:.4f} on {seen} reviews; metrics in {px.run_dir}")
 
 

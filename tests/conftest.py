@@ -17,3 +17,9 @@ def no_leaked_distributed_state():
     if dist.is_initialized():
         dist.destroy_process_group()
         pytest.fail("test left a process group initialised")
+
+
+@pytest.fixture(autouse=True)
+def run_dir_in_tmp(monkeypatch, tmp_path):
+    """Phalanx() writes logs/metrics under PHALANX_RUN_DIR (default ./runs/<time>): keep tests' in tmp."""
+    monkeypatch.setenv("PHALANX_RUN_DIR", str(tmp_path / "run"))

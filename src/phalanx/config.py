@@ -128,9 +128,23 @@ def _bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean (use true/false)")
 
 
+_YAML_BOOL_WORDS = {"mixed_precision": {False: "no", True: "yes"}, "progress": {False: "off", True: "on"}}
+
+
+def _number(value: Any, kind: type, what: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str) if kind is float else (int, str)):
+        raise ValueError(what)
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(what) from None
+
+
 def coerce(setting: Setting, value: Any) -> Any:
     """Check and convert a value from a file (typed) or an env var / flag (string)."""
     kind, text = setting.kind, value if isinstance(value, str) else None
+    if isinstance(value, bool) and setting.name in _YAML_BOOL_WORDS:
+        value = _YAML_BOOL_WORDS[setting.name][value]  # YAML 1.1 reads no/off/on as booleans
     try:
         if value is None:
             return None
@@ -140,22 +154,22 @@ def coerce(setting: Setting, value: Any) -> Any:
             if text is not None:
                 return _bool(text)
         elif kind in ("int", "positive_int"):
-            if isinstance(value, bool) or not isinstance(value, (int, str)):
-                raise ValueError("not an integer")
-            number = int(value)
+            number = _number(value, int, "not an integer")
             if kind == "positive_int" and number < 1:
                 raise ValueError("must be at least 1")
             return number
         elif kind == "int_or_auto":
             if value == "auto":
                 return "auto"
-            if isinstance(value, bool) or not isinstance(value, (int, str)) or int(value) < 1:
+            number = _number(value, int, "must be a positive integer or 'auto'")
+            if number < 1:
                 raise ValueError("must be a positive integer or 'auto'")
-            return int(value)
+            return number
         elif kind == "positive_float":
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)) or float(value) <= 0:
+            number = _number(value, float, "must be a positive number")
+            if number <= 0:
                 raise ValueError("must be a positive number")
-            return float(value)
+            return number
         elif kind == "str_list":
             items = value.split(",") if isinstance(value, str) else value
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):

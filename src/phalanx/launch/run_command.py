@@ -14,7 +14,8 @@ import os
 import sys
 from typing import Callable
 
-from phalanx import envvars
+from phalanx import config_command, envvars
+from phalanx.config import ConfigError
 from phalanx.launch import devices, ports
 from phalanx.launch.spec import START_METHODS, LaunchError, LaunchSpec, parse_gpus, parse_nproc_per_node, validate
 
@@ -86,6 +87,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("-m", "--module", action="store_true", help="run TARGET as a module, like python -m")
     add("target", metavar="SCRIPT", help="training script (or module with -m)")
     add("target_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script untouched")
+    config_command.add_config_flag(parser)  # --config FILE: settings under the flags (file < env < flag)
     _refuse_unknown_flags(parser)
 
 
@@ -108,7 +110,11 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
     """Turn parsed flags into a validated spec (pure: no torch, no processes)."""
-    worker_env = {
+    try:
+        file_env = config_command.apply_config_file(args)
+    except ConfigError as error:
+        raise LaunchError(str(error)) from None
+    worker_env = file_env | {
         flag.env_var: getattr(args, _dest(flag))
         for flag in PASSTHROUGH_FLAGS
         if getattr(args, _dest(flag)) is not None

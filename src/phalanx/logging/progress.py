@@ -7,6 +7,7 @@ byte is written. PHALANX_PROGRESS=on/off forces it either way.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from typing import Any, Iterable, Iterator
 
@@ -40,8 +41,11 @@ class Progress:
 
             if total is None and hasattr(iterable, "__len__"):
                 total = len(iterable)  # type: ignore[arg-type]
-            self.bar = tqdm(total=total, desc=desc, unit="step", file=sys.stdout, dynamic_ncols=True,
-                            leave=True, **tqdm_kwargs)
+            # shutil falls back to 80x24 where the terminal reports 0x0 (tqdm would then draw nothing)
+            columns, rows = shutil.get_terminal_size()
+            tqdm_kwargs.setdefault("ncols", columns)
+            tqdm_kwargs.setdefault("nrows", rows)
+            self.bar = tqdm(total=total, desc=desc, unit="step", file=sys.stdout, leave=True, **tqdm_kwargs)
 
     def __len__(self) -> int:
         return len(self.iterable)  # type: ignore[arg-type]
