@@ -44,6 +44,19 @@ def test_csv_and_jsonl_sinks_hold_every_row(tmp_path, capsys):
         "step 10 | loss 0.75 | lr 0.001", "step 20 | loss 0.5 | acc 0.875", "step 21 | acc 1"]
 
 
+def test_tensorboard_sink_events_read_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = MetricsLogger(str(tmp_path), is_main=True, sink_names=["auto"], console=False)
+    for step, loss in [(1, 0.9), (2, 0.7), (3, 0.4)]:
+        logger.log({"loss": loss}, step=step)
+    logger.close()
+    assert sorted(os.listdir(tmp_path)) == ["metrics.csv", "metrics.jsonl", "tensorboard"]  # auto: all three
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("loss")] == [(1, 0.9), (2, 0.7), (3, 0.4)]
+
+
 def test_non_main_ranks_write_nothing(tmp_path, capsys):
     logger = MetricsLogger(str(tmp_path), is_main=False, sink_names=["csv", "jsonl"])
     logger.log({"loss": 1.0}, step=1)
