@@ -113,6 +113,7 @@ def test_bar_rule():
     assert bar_enabled(True, "auto", Tty()) and not bar_enabled(False, "auto", Tty())  # main only
     assert not bar_enabled(True, "auto", open(os.devnull, "w"))
     assert bar_enabled(True, "on", open(os.devnull, "w")) and not bar_enabled(True, "off", Tty())
+    assert bar_enabled(True, True, open(os.devnull, "w")) and not bar_enabled(False, True, Tty())
 
 
 PROGRESS_SCRIPT = textwrap.dedent("""

@@ -14,8 +14,10 @@ from typing import Any, Iterable, Iterator
 from phalanx import envvars
 
 
-def bar_enabled(is_main: bool, setting: str | None = None, stream: Any = None) -> bool:
-    """Main process only; "auto" (default) means: when the stream is a terminal."""
+def bar_enabled(is_main: bool, setting: str | bool | None = None, stream: Any = None) -> bool:
+    """Main process only; "auto" (default) means: when the stream is a terminal. True/False = on/off."""
+    if isinstance(setting, bool):
+        setting = "on" if setting else "off"
     setting = (setting or os.environ.get(envvars.PHALANX_PROGRESS) or "auto").lower()
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"{envvars.PHALANX_PROGRESS}={setting!r}: use auto, on or off")
