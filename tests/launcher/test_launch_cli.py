@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_helpers import RECORD_ENV, SCRIPTS, read_records, run_cli
+from tests.launcher.launch_helpers import RECORD_ENV, SCRIPTS, read_records, run_cli
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
