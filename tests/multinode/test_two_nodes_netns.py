@@ -90,8 +90,9 @@ def runs(nodes, tmp_path_factory):
         ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDR['a']}:29614"],
         tmp,
     )
-    for name, pair in results.items():  # figures for the record (pytest -s)
-        print(f"netns {name}: " + ", ".join(f"node rc={r['rc']} {r['seconds']:.1f}s" for r in pair))
+    for name, runs_ in results.items():  # figures for the record (pytest -s)
+        runs_ = runs_ if isinstance(runs_, tuple) else (runs_,)
+        print(f"netns {name}: " + ", ".join(f"rc={r['rc']} {r['seconds']:.1f}s" for r in runs_))
     return results
 
 

@@ -14,6 +14,8 @@ from typing import Mapping
 from phalanx import envvars
 from phalanx.cluster.network import NetworkError, Route, interface_addresses, is_loopback, non_loopback_interfaces, route_to
 
+BOUND_STATIC_BACKEND = "phalanx-static"
+"""torch's static rendezvous, but the store listens only on the named address (cluster.bound_store)."""
 DEFAULT_RDZV_TIMEOUT_S = 600
 """torch's own c10d join timeout; `phalanx run --rdzv-timeout` lowers it."""
 MAX_READ_TIMEOUT_S = 60

@@ -20,7 +20,7 @@ import warnings
 from typing import Any, Iterator
 
 from phalanx.cluster.launch_plan import store_address
-from phalanx.cluster.rendezvous import NodePlan, describe_rendezvous_failure, rendezvous_configs
+from phalanx.cluster.rendezvous import BOUND_STATIC_BACKEND, NodePlan, describe_rendezvous_failure, rendezvous_configs
 from phalanx.launch.spec import LaunchSpec
 
 LOOPBACK = "127.0.0.1"
@@ -37,20 +37,24 @@ def choose_start_method(requested: str, num_gpus_in_use: int) -> str:
 def rendezvous_settings(spec: LaunchSpec, node: NodePlan | None = None) -> dict[str, Any]:
     """LaunchConfig fields for the rendezvous, following torchrun's rules with a loopback default.
 
-    Single node, no port and no endpoint: a c10d store on 127.0.0.1 port 0, so the kernel picks a
+    Single node, no port and no endpoint: a store on 127.0.0.1 port 0, so the kernel picks a
     free port (no race, and a busy 29500 never matters); workers get MASTER_ADDR=127.0.0.1 and the
     store's port, and connect over loopback.
+
+    Static rendezvous (one node or several) uses BOUND_STATIC_BACKEND: torch's static rendezvous
+    with a store that listens only on the named address (loopback on one node), where torch's own
+    store would listen on every interface.
     """
     # Every node must use the same run id (it prefixes the store's keys): a per-node uuid would
     # make the nodes wait for each other forever; torchrun defaults to a constant for the same reason.
     run_id = spec.rdzv_id or (uuid.uuid4().hex if spec.single_node else MULTINODE_RUN_ID)
     if spec.rdzv_backend == "static" and not spec.rdzv_endpoint and spec.single_node and spec.master_port is None:
         return {
-            "rdzv_backend": "c10d",
+            "rdzv_backend": BOUND_STATIC_BACKEND,
             "rdzv_endpoint": f"{LOOPBACK}:0",
             "local_addr": LOOPBACK,
             "run_id": run_id,
-            "rdzv_configs": {},
+            "rdzv_configs": {"rank": 0},
         }
     # Multi-node: timeouts, is_host and this node's address come from phalanx.cluster (`node`).
     configs = rendezvous_configs(spec.rdzv_backend, spec.rdzv_timeout, node) if not spec.single_node else {}
@@ -59,7 +63,7 @@ def rendezvous_settings(spec: LaunchSpec, node: NodePlan | None = None) -> dict[
         host = spec.master_addr or LOOPBACK
         endpoint = spec.rdzv_endpoint or f"{host}:{spec.master_port}"
         return {
-            "rdzv_backend": "static",
+            "rdzv_backend": BOUND_STATIC_BACKEND,
             "rdzv_endpoint": endpoint,
             "local_addr": local_addr,
             "run_id": run_id,
@@ -145,6 +149,10 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
     from torch.distributed import DistError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from phalanx.cluster import bound_store
+
+    bound_store.register()
 
     with _no_cuda_init():
         config = LaunchConfig(
