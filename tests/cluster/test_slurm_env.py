@@ -190,3 +190,11 @@ def test_dist_context_reads_slurm_under_plain_srun():
     env = srun_env(5, "gpu[01-02]", 1, "4(x2)", procid=6, localid=2, ntasks=8)
     ctx = DistContext.from_env(env, cpu=True)
     assert (ctx.rank, ctx.local_rank, ctx.world_size, ctx.local_world_size, ctx.node_rank) == (6, 2, 8, 4, 1)
+
+
+def test_ntasks_per_node_when_tasks_per_node_is_absent():
+    env = srun_env(5, "n[1-2]", 0, "", ntasks=8, SLURM_NTASKS_PER_NODE="4")
+    del env["SLURM_TASKS_PER_NODE"], env["SLURM_STEP_TASKS_PER_NODE"]
+    assert read_allocation(env).tasks_per_node == (4, 4)
+    with pytest.raises(SlurmError, match="SLURM started 4 tasks on this node"):
+        launch_settings(env)

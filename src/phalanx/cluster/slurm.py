@@ -97,7 +97,10 @@ def read_allocation(env: Mapping[str, str]) -> SlurmAllocation:
             f"{_nodelist(env)!r}. HINT: launch with srun inside the allocation, not by hand."
         )
     tasks_raw = (in_step and env.get(envvars.SLURM_STEP_TASKS_PER_NODE)) or env.get(envvars.SLURM_TASKS_PER_NODE)
-    tasks = tuple(expand_tasks_per_node(tasks_raw)) if tasks_raw else (1,) * len(hosts)
+    if tasks_raw:
+        tasks = tuple(expand_tasks_per_node(tasks_raw))
+    else:  # older SLURM or a hand-made environment: the requested count, else one per node
+        tasks = (_int(env, envvars.SLURM_NTASKS_PER_NODE, 1),) * len(hosts)
     if len(tasks) != len(hosts):
         raise SlurmError(
             f"SLURM lists {len(hosts)} host(s) ({_nodelist(env)!r}) but task counts for {len(tasks)} "
