@@ -60,6 +60,7 @@ def test_writes_the_script_and_says_how_to_submit(capsys, monkeypatch, script, t
     assert code == 0
     assert out.strip() == "phalanx slurm: wrote job.sh; submit with: sbatch job.sh"
     assert "#SBATCH --nodes=3" in (tmp_path / "job.sh").read_text()
+    assert (tmp_path / "logs").is_dir()  # SLURM opens the batch log before the script can mkdir it
 
 
 def test_submit_without_sbatch_says_so_and_keeps_the_script(capsys, monkeypatch, script, tmp_path):

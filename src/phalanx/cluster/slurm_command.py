@@ -75,6 +75,8 @@ def main(args: argparse.Namespace) -> int:
     path = args.output or f"{spec.job_name}.sbatch"
     with open(path, "w") as handle:
         handle.write(text)
+    # SLURM opens the batch log (--output) before the script runs: its directory must exist already.
+    os.makedirs(os.path.join(spec.workdir, spec.log_dir), exist_ok=True)
     if not args.submit:
         print(f"phalanx slurm: wrote {path}; submit with: sbatch {path}")
         return 0
