@@ -83,13 +83,18 @@ def runs(nodes, tmp_path_factory):
         "c10d": _pair(nodes, c10d, c10d, tmp),
     }
     # The second node never comes: node 0 alone (static) in one namespace while, in the other, a
-    # node waits for a c10d store nobody starts (10.250.0.1:29614 has no listener).
-    results["static_alone"], results["c10d_no_store"] = _pair(
-        nodes,
-        ["--master-addr", ADDR["a"], "--master-port", "29613", "--node-rank", "0"],
-        ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDR['a']}:29614"],
-        tmp,
-    )
+    # node waits for a c10d store nobody starts (10.250.0.1:29614 has no listener). Meanwhile (those
+    # two mostly wait) an elastic pair, --nnodes 1:2, on its own port.
+    elastic = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDR['a']}:29615", "--nnodes", "1:2"]
+    with ThreadPoolExecutor(1) as pool:
+        elastic_pair = pool.submit(_pair, nodes, elastic, elastic, tmp)
+        results["static_alone"], results["c10d_no_store"] = _pair(
+            nodes,
+            ["--master-addr", ADDR["a"], "--master-port", "29613", "--node-rank", "0"],
+            ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDR['a']}:29614"],
+            tmp,
+        )
+        results["elastic"] = elastic_pair.result()
     for name, runs_ in results.items():  # figures for the record (pytest -s)
         runs_ = runs_ if isinstance(runs_, tuple) else (runs_,)
         print(f"netns {name}: " + ", ".join(f"rc={r['rc']} {r['seconds']:.1f}s" for r in runs_))
@@ -108,6 +113,14 @@ def test_two_nodes_train_wine(runs, backend):
     assert "(2 process(es), strategy ddp)" in node0["out"]
     assert len(_losses(node0["out"])) == 2  # epochs 0 and 2 of 3, printed by rank 0 only
     assert node1["out"].strip() == ""  # rank 1 prints nothing: px.print is rank 0's
+
+
+def test_elastic_range_passes_through_and_both_nodes_train(runs):
+    node0, node1 = runs["elastic"]
+    assert node0["rc"] == 0 and node1["rc"] == 0, node0["err"] + node1["err"]
+    both = node0["out"] + node1["out"]  # which node gets rank 0 is the rendezvous's choice
+    assert "(2 process(es), strategy ddp)" in both
+    assert _losses(both) == _losses(runs["static"][0]["out"])
 
 
 def test_static_and_c10d_train_identically(runs):
