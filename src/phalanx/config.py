@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -43,12 +44,21 @@ class PhalanxConfig:
     nproc_per_node: int | str | None = field(default=None, metadata=_meta(
         LAUNCHER, "workers per node: a number, or auto (one per GPU, else 2 on CPU)",
         flag="--nproc-per-node", kind="int_or_auto"))
-    nnodes: int | None = field(default=None, metadata=_meta(LAUNCHER, "number of nodes", flag="--nnodes", kind="int"))
+    nnodes: int | str | None = field(default=None, metadata=_meta(
+        LAUNCHER, "number of nodes, or MIN:MAX for an elastic range (c10d)", flag="--nnodes"))
     node_rank: int | None = field(default=None, metadata=_meta(
         LAUNCHER, "rank of this node (usually given per node on the command line)", flag="--node-rank", kind="int"))
     master_addr: str | None = field(default=None, metadata=_meta(LAUNCHER, "address of node 0", flag="--master-addr"))
     master_port: int | None = field(default=None, metadata=_meta(
         LAUNCHER, "port of node 0's store", flag="--master-port", kind="int"))
+    rdzv_backend: str | None = field(default=None, metadata=_meta(
+        LAUNCHER, "rendezvous backend: static, c10d, etcd...", flag="--rdzv-backend"))
+    rdzv_endpoint: str | None = field(default=None, metadata=_meta(
+        LAUNCHER, "rendezvous endpoint HOST:PORT", flag="--rdzv-endpoint"))
+    rdzv_id: str | None = field(default=None, metadata=_meta(LAUNCHER, "job id shared by all nodes", flag="--rdzv-id"))
+    rdzv_timeout: float | None = field(default=None, metadata=_meta(
+        LAUNCHER, "seconds for all nodes to meet before failing with a report", flag="--rdzv-timeout",
+        kind="positive_float"))
     max_restarts: int | None = field(default=None, metadata=_meta(
         LAUNCHER, "restarts of the worker group after a failure", flag="--max-restarts", kind="int"))
     start_method: str | None = field(default=None, metadata=_meta(
@@ -223,6 +233,24 @@ def parse(data: Any, source: str = "config") -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def _yaml_loader() -> Any:
+    """PyYAML's SafeLoader minus YAML 1.1's base-60 integers, which read `nnodes: 1:2` as 62."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    int_tag = "tag:yaml.org,2002:int"
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != int_tag]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(
+        int_tag, re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+        list("-+0123456789"))
+    return Loader
+
+
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a YAML config file; returns only the keys it sets."""
     import yaml
@@ -230,7 +258,7 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as fp:
-            data = yaml.safe_load(fp)
+            data = yaml.load(fp, Loader=_yaml_loader())  # noqa: S506 (a SafeLoader subclass)
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} not found. HINT: `phalanx config {path}` writes a starter file.") from None
     except yaml.YAMLError as error:

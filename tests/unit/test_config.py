@@ -65,7 +65,7 @@ def test_unknown_keys_are_rejected_listing_the_valid_ones(tmp_path):
     ("watchdog_timeout: -5", "watchdog_timeout: invalid value -5: must be a positive number"),
     ("nproc_per_node: two", "nproc_per_node: invalid value 'two': must be a positive integer or 'auto'"),
     ("log_level: LOUD", "log_level: invalid value 'LOUD': must be one of DEBUG, INFO, WARNING, ERROR"),
-    ("nnodes: true", "nnodes: invalid value True"),
+    ("max_restarts: true", "max_restarts: invalid value True"),
     ("- strategy", "expected a mapping of settings at the top level, got list"),
 ])
 def test_bad_values_name_key_and_value(tmp_path, text, fragment):
@@ -119,9 +119,12 @@ def test_run_flags_default_as_before_without_a_config(script):
 
 def test_run_config_fills_launcher_and_runtime_settings(tmp_path, script):
     path = write(tmp_path, "nproc_per_node: 3\nmax_restarts: 2\nstrategy: dp\nwatchdog_timeout: 60\n"
-                           "grad_accum_steps: 4\ncheckpoint_dir: ckpt\n")
+                           "grad_accum_steps: 4\ncheckpoint_dir: ckpt\nnnodes: 1:2\nrdzv_backend: c10d\n"
+                           "rdzv_endpoint: 127.0.0.1:29400\nrdzv_timeout: 15\n")
     spec = launch_spec(["--config", path, script])
     assert (spec.nproc_per_node, spec.max_restarts) == (3, 2)
+    assert (spec.min_nnodes, spec.nnodes, spec.rdzv_backend, spec.rdzv_endpoint, spec.rdzv_timeout) == (
+        1, 2, "c10d", "127.0.0.1:29400", 15.0)
     assert spec.worker_env == {envvars.PHALANX_STRATEGY: "dp", envvars.PHALANX_WATCHDOG_TIMEOUT: "60.0",
                                envvars.PHALANX_GRAD_ACCUM_STEPS: "4",
                                envvars.PHALANX_CHECKPOINT_DIR: str(tmp_path / "ckpt")}
@@ -174,3 +177,8 @@ def test_from_config_precedence_and_pass_through(tmp_path, monkeypatch):
 def test_yaml_words_no_and_off_are_not_booleans_here(tmp_path):
     values = config.load(write(tmp_path, "mixed_precision: no\nprogress: off\nlog_all_ranks: yes\n"))
     assert values == {"mixed_precision": "no", "progress": "off", "log_all_ranks": True}
+
+
+def test_yaml_base_60_integers_are_not_read(tmp_path):
+    values = config.load(write(tmp_path, "nnodes: 1:2\nnproc_per_node: 4\nmaster_port: 0x7530\n"))
+    assert values == {"nnodes": "1:2", "nproc_per_node": 4, "master_port": 30000}
