@@ -119,6 +119,6 @@ def prune(root: Path, keep: int, protect: Path) -> list[Path]:
 
 def is_managed_root(path: Path) -> bool:
     """A directory of checkpoints (has `latest` or step-* dirs) rather than one checkpoint."""
-    return (path / LATEST_NAME).is_file() or bool(published(path)) or (
-        path.is_dir() and not (path / MANIFEST_NAME).exists() and not any(path.glob("*.distcp"))
-    )
+    if (path / LATEST_NAME).is_file() or published(path):
+        return True
+    return path.is_dir() and not (path / MANIFEST_NAME).exists() and not any(path.glob("*.distcp"))

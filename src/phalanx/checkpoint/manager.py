@@ -98,10 +98,11 @@ class Checkpointer:
         """Write a checkpoint (to `path`, or the next step directory of the managed root); return it."""
         self.wait()
         final, managed = self._save_target(path)
+        step = self.global_step
         staging = atomic.staging_path(final)
         sync.on_main(lambda: _prepare(final))
         common = {
-            "global_step": self.global_step,
+            "global_step": step,
             "models": list(group_by_model(self.models, self.optimizers)),
             "loaders": [loader.state_dict() for loader in self.loaders],
             "objects": [obj.state_dict() for obj in self.objects],
@@ -118,7 +119,7 @@ class Checkpointer:
             with _quiet_alone():
                 dcp.save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
                          no_dist=not sync.is_dist())
-            self._finalize(staging, final, managed, group=None)
+            self._finalize(staging, final, managed, step, group=None)
             return final
         group = self._group_for_async()
         with _quiet_alone():
@@ -127,7 +128,7 @@ class Checkpointer:
 
         def finish() -> None:
             upload.result()
-            self._finalize(staging, final, managed, group=group)
+            self._finalize(staging, final, managed, step, group=group)
 
         self._pending = self._executor_once().submit(finish)
         return final
@@ -138,7 +139,7 @@ class Checkpointer:
         if pending is not None:
             pending.result()
 
-    def _finalize(self, staging: Path, final: Path, managed: bool, group: Any) -> None:
+    def _finalize(self, staging: Path, final: Path, managed: bool, step: int, group: Any) -> None:
         rank = sync.rank()
         mine = [rank_file(rank)] + sorted(n for n in os.listdir(staging)
                                           if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
@@ -148,7 +149,7 @@ class Checkpointer:
             files = {name: entry for part in gathered for name, entry in part.items()}
             rest = [n for n in os.listdir(staging) if n not in files and n != MANIFEST_NAME]
             files.update(hash_files(staging, rest))
-            manifest = Manifest(step=self.global_step, world_size=sync.world_size(),
+            manifest = Manifest(step=step, world_size=sync.world_size(),
                                 strategy=self.strategy_name, files=files, created_unix=time.time())
             write_manifest(staging, manifest)
             atomic.publish(staging, final)
@@ -218,7 +219,9 @@ class Checkpointer:
                              "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.load_state('ckpt/step-10')")
         target = Path(path) if path is not None else self.directory
         assert target is not None
-        if not atomic.is_managed_root(target):  # one checkpoint, named explicitly: no fallback
+        if path is not None and not target.exists():
+            raise FileNotFoundError(f"load_state({str(path)!r}): no such checkpoint or checkpoint directory")
+        if path is not None and not atomic.is_managed_root(target):  # one checkpoint by name: no fallback
             problems = self._verify(target)
             if problems:
                 raise CheckpointDamaged(f"refusing to load damaged checkpoint {target}: " + "; ".join(problems))

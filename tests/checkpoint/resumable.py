@@ -1,0 +1,120 @@
+"""A deterministic training script that checkpoints every few steps and resumes by itself.
+
+Run by the tests on N ranks, through the test harness (`run`) or a launcher with restarts
+(`python resumable.py --ckpt DIR --out DIR ...`). `kills` makes chosen attempts die by SIGKILL:
+"12:1,20s:0" = on the first attempt rank 1 dies after step 12; on the second, rank 0 dies inside
+the save of step 20 (its shard written, the manifest not yet). Rank 0 appends one JSON line per
+event to OUT/events.jsonl and saves the final parameters to OUT/final.pt.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from phalanx import Phalanx
+from phalanx.checkpoint.manager import Checkpointer
+
+NUM_SAMPLES = 48  # with a global batch of 12: 4 steps per epoch, on 1, 2 or 3 ranks alike
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 3))
+
+
+def make_data() -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(NUM_SAMPLES, 13, generator=g), torch.randint(0, 3, (NUM_SAMPLES,), generator=g),
+                         torch.arange(NUM_SAMPLES))
+
+
+def parse_kills(text: str) -> dict[int, tuple[int, bool, int]]:
+    """attempt -> (step, during_save, rank)."""
+    kills = {}
+    for attempt, item in enumerate(filter(None, text.split(","))):
+        step, rank = item.split(":")
+        kills[attempt] = (int(step.rstrip("s")), step.endswith("s"), int(rank))
+    return kills
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run(ckpt: str, out: str, steps: int = 40, every: int = 5, global_batch: int = 12, kills: str = "",
+        async_save: bool = False, keep: int = 0) -> dict:
+    torch.use_deterministic_algorithms(True)
+    random.seed(1)
+    np.random.seed(1)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    px = Phalanx(checkpoint_dir=ckpt, checkpoint_keep=keep, checkpoint_async=async_save)
+    kill = parse_kills(kills).get(attempt)
+    if kill and kill[1] and kill[2] == px.rank:
+        finalize = Checkpointer._finalize
+
+        def finalize_or_die(self, staging, final, managed, step, group):
+            if step == kill[0]:
+                _die()
+            return finalize(self, staging, final, managed, step, group)
+
+        Checkpointer._finalize = finalize_or_die  # type: ignore[method-assign]
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
+    loader = DataLoader(make_data(), batch_size=global_batch // px.world_size, shuffle=True)
+    model, optimizer, loader, scheduler = px.prepare(model, optimizer, loader, scheduler)
+    records = []
+
+    def record(event: dict) -> None:
+        event = {"attempt": attempt, "world_size": px.world_size, **event}
+        records.append(event)
+        if px.is_main_process:
+            with open(Path(out) / "events.jsonl", "a") as f:
+                f.write(json.dumps(event) + "\n")
+
+    record({"event": "resumed" if px.load_state() else "started", "step": px.global_step})
+    while px.global_step < steps:
+        for x, y, idx in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y) + 1e-3 * float(np.random.rand()) + 1e-3 * random.random()
+            px.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            record({"event": "step", "step": px.global_step, "loss": px.reduce(loss.detach(), "mean").item(),
+                    "indices": px.gather(idx).tolist()})
+            if px.global_step % every == 0:
+                px.save_state()
+            if kill and not kill[1] and kill[0] == px.global_step and kill[2] == px.rank:
+                _die()
+            if px.global_step >= steps:
+                break
+    px.wait_for_checkpoint()
+    state = {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}
+    if px.is_main_process:
+        torch.save(state, Path(out) / "final.pt")
+    return {"records": records, "state": state, "strategy": px.strategy_name}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--kills", default="")
+    parser.add_argument("--async-save", action="store_true")
+    args = parser.parse_args()
+    run(args.ckpt, args.out, args.steps, args.every, kills=args.kills, async_save=args.async_save)
+
+
+if __name__ == "__main__":
+    main()
