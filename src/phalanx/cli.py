@@ -15,6 +15,8 @@ from typing import Sequence
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("phalanx.launch.run_command", "launch a training script on N processes / nodes"),
+    "export": ("phalanx.checkpoint.export", "consolidate a sharded checkpoint into one safetensors file"),
+    "inspect": ("phalanx.checkpoint.inspect_command", "print a checkpoint's manifest"),
 }
 
 

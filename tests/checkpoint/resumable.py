@@ -26,9 +26,9 @@ from phalanx.checkpoint.manager import Checkpointer
 NUM_SAMPLES = 48  # with a global batch of 12: 4 steps per epoch, on 1, 2 or 3 ranks alike
 
 
-def make_model() -> nn.Module:
+def make_model(dropout: float = 0.2) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 3))
+    return nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 3))
 
 
 def make_data() -> TensorDataset:
@@ -51,10 +51,10 @@ def _die() -> None:
 
 
 def run(ckpt: str, out: str, steps: int = 40, every: int = 5, global_batch: int = 12, kills: str = "",
-        async_save: bool = False, keep: int = 0) -> dict:
+        async_save: bool = False, keep: int = 0, noise: bool = True) -> dict:
+    """Train to `steps`; `noise=False` drops dropout and RNG terms (for runs on other world sizes)."""
+    dropout = 0.2 if noise else 0.0
     torch.use_deterministic_algorithms(True)
-    random.seed(1)
-    np.random.seed(1)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     px = Phalanx(checkpoint_dir=ckpt, checkpoint_keep=keep, checkpoint_async=async_save)
     kill = parse_kills(kills).get(attempt)
@@ -67,7 +67,11 @@ def run(ckpt: str, out: str, steps: int = 40, every: int = 5, global_batch: int 
             return finalize(self, staging, final, managed, step, group)
 
         Checkpointer._finalize = finalize_or_die  # type: ignore[method-assign]
-    model = make_model()
+    model = make_model(dropout)
+    # Different streams per rank (as real scripts have): restoring the right one to each rank matters.
+    torch.manual_seed(100 + px.rank)
+    np.random.seed(100 + px.rank)
+    random.seed(100 + px.rank)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
     loader = DataLoader(make_data(), batch_size=global_batch // px.world_size, shuffle=True)
@@ -85,7 +89,9 @@ def run(ckpt: str, out: str, steps: int = 40, every: int = 5, global_batch: int 
     while px.global_step < steps:
         for x, y, idx in loader:
             optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y) + 1e-3 * float(np.random.rand()) + 1e-3 * random.random()
+            loss = nn.functional.cross_entropy(model(x), y)
+            if noise:
+                loss = loss + 1e-3 * float(np.random.rand()) + 1e-3 * random.random()
             px.backward(loss)
             optimizer.step()
             scheduler.step()
