@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from phalanx import Phalanx
-from phalanx.checkpoint.manager import Checkpointer
+from phalanx.checkpoint.manager import Checkpointer, CheckpointFallbackWarning
 
 NUM_SAMPLES = 48  # with a global batch of 12: 4 steps per epoch, on 1, 2 or 3 ranks alike
 
@@ -50,6 +51,31 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def build(px: Phalanx, global_batch: int = 12, dropout: float = 0.2) -> tuple:
+    """Model, optimizer, loader and scheduler, prepared; then per-rank RNG streams."""
+    model = make_model(dropout)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
+    loader = DataLoader(make_data(), batch_size=global_batch // px.world_size, shuffle=True)
+    prepared = px.prepare(model, optimizer, loader, scheduler)
+    # Different streams per rank (as real scripts have): restoring the right one to each rank matters.
+    torch.manual_seed(100 + px.rank)
+    np.random.seed(100 + px.rank)
+    random.seed(100 + px.rank)
+    return prepared
+
+
+def load_report(root: str) -> dict:
+    """Load the latest good checkpoint under `root`; report what was loaded and what was skipped."""
+    px = Phalanx(checkpoint_dir=root)
+    build(px)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = px.load_state()
+    return {"loaded": loaded, "step": px.global_step,
+            "warnings": [str(w.message) for w in caught if issubclass(w.category, CheckpointFallbackWarning)]}
+
+
 def run(ckpt: str, out: str, steps: int = 40, every: int = 5, global_batch: int = 12, kills: str = "",
         async_save: bool = False, keep: int = 0, noise: bool = True) -> dict:
     """Train to `steps`; `noise=False` drops dropout and RNG terms (for runs on other world sizes)."""
@@ -67,15 +93,7 @@ def run(ckpt: str, out: str, steps: int = 40, every: int = 5, global_batch: int 
             return finalize(self, staging, final, managed, step, group)
 
         Checkpointer._finalize = finalize_or_die  # type: ignore[method-assign]
-    model = make_model(dropout)
-    # Different streams per rank (as real scripts have): restoring the right one to each rank matters.
-    torch.manual_seed(100 + px.rank)
-    np.random.seed(100 + px.rank)
-    random.seed(100 + px.rank)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
-    loader = DataLoader(make_data(), batch_size=global_batch // px.world_size, shuffle=True)
-    model, optimizer, loader, scheduler = px.prepare(model, optimizer, loader, scheduler)
+    model, optimizer, loader, scheduler = build(px, global_batch, dropout)
     records = []
 
     def record(event: dict) -> None:
