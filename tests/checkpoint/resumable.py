@@ -76,7 +76,7 @@ def load_report(root: str) -> dict:
             "warnings": [str(w.message) for w in caught if issubclass(w.category, CheckpointFallbackWarning)]}
 
 
-def run(ckpt: str, out: str, steps: int = 40, every: int = 5, global_batch: int = 12, kills: str = "",
+def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batch: int = 12, kills: str = "",
         async_save: bool = False, keep: int = 0, noise: bool = True) -> dict:
     """Train to `steps`; `noise=False` drops dropout and RNG terms (for runs on other world sizes)."""
     dropout = 0.2 if noise else 0.0
@@ -130,7 +130,7 @@ def run(ckpt: str, out: str, steps: int = 40, every: int = 5, global_batch: int 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--ckpt", default=None, help="default: phalanx run --checkpoint-dir")
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=5)

@@ -26,7 +26,8 @@ def killed(tmp_path_factory) -> dict:
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--max-restarts", "3",
-               "tests/checkpoint/resumable.py", "--ckpt", str(base / "ckpt"), "--out", str(base / "out"),
+               "--checkpoint-dir", str(base / "ckpt"),
+               "tests/checkpoint/resumable.py", "--out", str(base / "out"),
                "--kills", KILLS, "--async-save"]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]

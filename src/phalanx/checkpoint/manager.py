@@ -187,8 +187,11 @@ class Checkpointer:
         chosen = self._choose(path)
         if chosen is None:
             return False
+        # Everything that can be refused is read and checked before anything is changed.
         manifest = read_manifest(chosen)
         common = load_plain(chosen / COMMON_NAME)
+        rank = sync.rank()
+        rng = load_plain(chosen / rank_file(rank)) if rank < manifest.world_size else None
         entries = group_by_model(self.models, self.optimizers)
         _check_matches(common, entries, self.loaders, self.objects, chosen)
         if entries:
@@ -205,9 +208,8 @@ class Checkpointer:
         for loader, state in zip(self.loaders, common["loaders"]):
             loader.load_state_dict(state)
         self.global_step = int(common["global_step"])
-        rank = sync.rank()
-        if rank < manifest.world_size:
-            set_rng_state(load_plain(chosen / rank_file(rank)))
+        if rng is not None:
+            set_rng_state(rng)
         else:  # a rank the saved run did not have: a fresh stream, reproducible from seed and step
             seed_all(self.seed + 1_000_003 * self.global_step + rank)
         sync.barrier()
