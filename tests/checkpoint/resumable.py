@@ -121,7 +121,7 @@ def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batc
                 _die()
             if px.global_step >= steps:
                 break
-    px.wait_for_checkpoint()
+    # No wait_for_checkpoint(): an async save still in flight must be finished by the exit itself.
     state = {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}
     if px.is_main_process:
         torch.save(state, Path(out) / "final.pt")

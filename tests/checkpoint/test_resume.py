@@ -56,6 +56,13 @@ def test_each_restart_resumed_from_the_newest_intact_checkpoint(killed):
     assert "left by an interrupted save" in killed["log"]
 
 
+def test_exit_waits_for_the_last_async_save(killed):
+    """The script never waits: the step-40 async save in flight at exit must still be published."""
+    assert (killed["ckpt"] / "latest").read_text().strip() == "step-00000040"
+    assert (killed["ckpt"] / "step-00000040" / "manifest.json").is_file()
+    assert not list(killed["ckpt"].glob(".staging-*"))
+
+
 def test_every_replayed_step_sees_the_same_batch_and_loss(reference, killed):
     """Resumes land mid-epoch (4 steps per epoch): the next batch must be the one the run would have seen."""
     expected = {e["step"]: e for e in steps_of(reference["events"])}

@@ -121,6 +121,8 @@ class Checkpointer:
                          no_dist=not sync.is_dist())
             self._finalize(staging, final, managed, step, group=None)
             return final
+        if not sync.is_dist():  # DCP warns from its writer thread, outside any catch_warnings block
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", module="torch")
         group = self._group_for_async()
         with _quiet_alone():
             upload = dcp.async_save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
