@@ -25,9 +25,13 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 
 def base_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    """The torch optimizer inside any wrappers (e.g. gradient accumulation) that hold it as `.optimizer`."""
+    """The innermost torch optimizer inside wrappers that hold it as `.optimizer`.
+
+    Wrappers may themselves subclass Optimizer (e.g. gradient accumulation, which skips the inner
+    step on micro-steps): the step hook and the saved state belong to the optimizer that really steps.
+    """
     seen = 0
-    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer") and seen < 8:
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) and seen < 8:
         optimizer, seen = optimizer.optimizer, seen + 1
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"{type(optimizer).__name__} is not a torch optimizer and wraps none as `.optimizer`")
