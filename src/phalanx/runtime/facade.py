@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from phalanx import envvars
-from phalanx import config
+from phalanx import config, envvars
+from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.loader import BatchInfo, PreparedLoader
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
@@ -39,6 +39,9 @@ class Phalanx:
         cpu: bool = False,
         device_placement: bool = True,
         collective_timeout: float | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_keep: int = 3,
+        checkpoint_async: bool = False,
     ):
         self.ctx = DistContext.from_env(cpu=cpu)
         strategy = strategy or os.environ.get(envvars.PHALANX_STRATEGY) or "auto"
@@ -49,6 +52,10 @@ class Phalanx:
         init_process_group(self.ctx, collective_timeout)
         self.strategy: Strategy = registry.create(strategy, self.ctx, StrategyOptions(mixed_precision=mixed_precision))
         self._batch_info = BatchInfo()
+        self._checkpointer = Checkpointer(
+            strategy_name=self.strategy.name, seed=self.seed, keep=checkpoint_keep, async_save=checkpoint_async,
+            directory=checkpoint_dir or os.environ.get(envvars.PHALANX_CHECKPOINT_DIR) or None,
+        )
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s", self.rank, self.world_size,
                           self.device, self.strategy_name, self.run_dir)
@@ -110,17 +117,19 @@ class Phalanx:
                 prepared[i] = self.prepare_optimizer(obj, model)
             elif isinstance(obj, DataLoader):
                 prepared[i] = self.prepare_data_loader(obj)
+            elif not isinstance(obj, nn.Module) and hasattr(obj, "load_state_dict"):  # LR scheduler, grad scaler
+                self.register_for_checkpointing(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        return self.strategy.setup_model(model)
+        return self._checkpointer.track(self.strategy.setup_model(model))
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        return self.strategy.setup_optimizer(optimizer, model)
+        return self._checkpointer.track(self.strategy.setup_optimizer(optimizer, model))
 
     def prepare_data_loader(self, loader: DataLoader) -> PreparedLoader:
-        return PreparedLoader(loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
-                              batch_info=self._batch_info)
+        return self._checkpointer.track(PreparedLoader(loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
+                                                       batch_info=self._batch_info))
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -136,6 +145,35 @@ class Phalanx:
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)
+
+    # ---- checkpoints (phalanx.checkpoint) -------------------------------------------------------
+    def save_state(self, path: str | os.PathLike | None = None, *, async_save: bool | None = None) -> str:
+        """Save model, optimizer, data position, RNG, counters and registered objects; return the path.
+
+        Without `path`, writes the next `step-XXXXXXXX` checkpoint under `checkpoint_dir`.
+        """
+        return str(self._checkpointer.save(path, async_save))
+
+    def load_state(self, path: str | os.PathLike | None = None) -> bool:
+        """Restore the latest intact checkpoint (or `path`); False, changing nothing, when there is none.
+
+        Call it after `prepare(...)`: one script then both starts and resumes.
+        """
+        return self._checkpointer.load(path)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include objects with state_dict()/load_state_dict() (schedulers, scalers, your own) in checkpoints."""
+        for obj in objects:
+            self._checkpointer.register(obj)
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until an async `save_state` is published (the next save and exit also wait)."""
+        self._checkpointer.wait()
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (restored by load_state)."""
+        return self._checkpointer.global_step
 
     # ---- talking across ranks ----------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
