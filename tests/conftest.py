@@ -20,6 +20,7 @@ def no_leaked_distributed_state():
 
 
 @pytest.fixture(autouse=True)
-def run_dir_in_tmp(monkeypatch, tmp_path):
-    """Phalanx() writes logs/metrics under PHALANX_RUN_DIR (default ./runs/<time>): keep tests' in tmp."""
-    monkeypatch.setenv("PHALANX_RUN_DIR", str(tmp_path / "run"))
+def run_dir_in_tmp(monkeypatch, tmp_path_factory):
+    """Phalanx() writes logs/metrics under PHALANX_RUN_DIR (default ./runs/<time>): keep tests' in a
+    temporary directory of their own, outside tmp_path (tests compare tmp_path's files)."""
+    monkeypatch.setenv("PHALANX_RUN_DIR", str(tmp_path_factory.mktemp("phalanx-run")))
