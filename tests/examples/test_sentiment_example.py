@@ -72,3 +72,24 @@ def test_plot_of_the_run(run):
     assert cli.main(["plot", str(run_dir)]) == 0
     png = (run_dir / "metrics.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_model_flag_loads_a_local_pretrained_bert(tmp_path):
+    """--model PATH: from_pretrained on a local directory (here a tiny BERT saved by the test), one process."""
+    import subprocess
+    import sys
+
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"好不错差很一般书"]))
+    model_dir = tmp_path / "bert"
+    BertTokenizer(str(vocab)).save_pretrained(model_dir)
+    BertForSequenceClassification(BertConfig(vocab_size=14, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=64, num_labels=2)).save_pretrained(model_dir)
+    reviews = tmp_path / "reviews.csv"
+    reviews.write_text("label,review\n" + "".join(f"{i % 2},{'很好' if i % 2 else '很差'}{i}\n" for i in range(40)))
+    result = subprocess.run([sys.executable, str(EXAMPLE), "--model", str(model_dir), "--csv", str(reviews),
+                             "--epochs", "1", "--batch-size", "8"], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"validation accuracy \d\.\d{4} on 4 reviews", result.stdout), result.stdout
