@@ -8,9 +8,12 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
+from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, lend_batch
+from phalanx.data.iterable import ShardedIterable
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
+from phalanx.runtime.progress import Progress
 
 # DataLoader arguments carried over verbatim when the loader is rebuilt around a new sampler.
 _CARRIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
@@ -28,21 +31,36 @@ class BatchInfo:
 class PreparedLoader:
     """Iterates a rank's shard of the user's DataLoader, with batches moved to the device.
 
+    Every rank yields the same number of batches per pass, whatever the dataset size, batch size
+    or drop_last, so no rank ever waits in a collective that a peer will not reach:
+    - a map-style dataset sharded by phalanx is equal by construction (DistributedSampler-style
+      padding, or dropping with drop_last);
+    - pre-sharded data (`shard=False`) or per-rank datasets of different lengths: the ranks agree
+      on a batch count at the start of each pass; short ranks repeat batches (marked as padding,
+      so gather_for_metrics skips them) or, with drop_last, long ranks stop early;
+    - an IterableDataset (length unknown): the ranks agree at every step whether anyone still has
+      data, padding or stopping the same way.
+
     Each new pass advances the sampler's epoch, so shuffling differs per epoch without the
     user calling `set_epoch`. `len()` is the number of batches on this rank, equal on all ranks.
     """
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
-                 device_placement: bool = True, batch_info: BatchInfo | None = None):
+                 device_placement: bool = True, batch_info: BatchInfo | None = None,
+                 shard: bool = True, progress: Progress | None = None):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
         self.batch_info = batch_info if batch_info is not None else BatchInfo()
+        self.progress = progress
         self.epoch = 0  # the epoch the next pass will use
         self.seed = seed
         # Rebuilt even in a world of one: the sample order is then the same global order that N
         # ranks share out, so results do not depend on the world size.
-        self.loader = _shard(loader, ctx, seed)
+        self.loader = _shard(loader, ctx, seed) if shard else loader
+        self.drop = _drops_last(self.loader)
+        self.mode = _equalising_mode(self.loader, ctx, shard)
+        self._num_batches = agree_num_batches(len(self.loader), self.drop) if self.mode == "count" else None
 
     @property
     def sampler(self):
@@ -61,7 +79,9 @@ class PreparedLoader:
         return self.loader.batch_size
 
     def __len__(self) -> int:
-        return len(self.loader)
+        if self.mode == "count":
+            return self._num_batches  # type: ignore[return-value]
+        return len(self.loader)  # an IterableDataset without __len__ raises TypeError, as torch's does
 
     def set_epoch(self, epoch: int) -> None:
         """For scripts that call it themselves (as with DistributedSampler): same effect."""
@@ -77,6 +97,25 @@ class PreparedLoader:
             # Our own generator, re-seeded per epoch: a DataLoader without one draws its base seed
             # from the global torch RNG at every iter(), coupling the data to the model's randomness.
             self.loader.generator.manual_seed(self.seed + epoch)
+        if self.mode == "fixed":
+            batches = self._one_pass()
+        elif self.mode == "count":
+            self._num_batches = agree_num_batches(len(self.loader), self.drop)
+            batches = self._counted(self._num_batches)
+        else:
+            batches = self._agreed_per_step()
+        progress = self.progress
+        for batch, real in batches:
+            self.batch_info.size, self.batch_info.num_real = _batch_len(batch), real
+            if progress is not None:
+                progress.next_step()
+            yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
+            if progress is not None:
+                progress.enter("data")
+        self.batch_info.size = self.batch_info.num_real = None
+
+    def _one_pass(self) -> Iterator[tuple[Any, int | None]]:
+        """One pass over the underlying loader: (batch, how many of its samples are not padding)."""
         real_left = _real_samples(self.loader)
         pad_flags = None
         for index, batch in enumerate(self.loader):
@@ -90,9 +129,41 @@ class PreparedLoader:
                 real_left -= size
             else:
                 real = size
-            self.batch_info.size, self.batch_info.num_real = size, real
-            yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
-        self.batch_info.size = self.batch_info.num_real = None
+            yield batch, real
+
+    def _counted(self, target: int) -> Iterator[tuple[Any, int | None]]:
+        """Exactly `target` batches: this rank's own, then repeats of them marked as padding."""
+        count = 0
+        for item in self._one_pass():
+            if count == target:
+                return
+            yield item
+            count += 1
+        while count < target:
+            for batch, _ in self._one_pass():
+                if count == target:
+                    return
+                yield batch, 0
+                count += 1
+
+    def _agreed_per_step(self) -> Iterator[tuple[Any, int | None]]:
+        """Length unknown: before each step, all ranks agree whether to go on (and who pads)."""
+        it = self._one_pass()
+        last = None
+        while True:
+            item = next(it, None)
+            decision = agree_step(item is not None, last is not None, self.drop)
+            if not decision.proceed:
+                return
+            if decision.donor is not None:  # some rank has nothing to repeat yet: borrow a batch
+                lent = lend_batch(item[0] if item is not None else None, decision.donor)
+                if last is None and item is None:
+                    last = (lent, 0)
+            if item is None:
+                yield last[0], 0  # type: ignore[index]
+            else:
+                last = item
+                yield item
 
 
 def _real_samples(loader: DataLoader) -> int | None:
@@ -126,12 +197,10 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
-        warnings.warn(
-            "phalanx: an IterableDataset cannot be split by index; every rank iterates it whole. "
-            "Shard it inside the dataset by rank, or use a map-style Dataset.",
-            stacklevel=3,
-        )
-        return loader
+        # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
+        # too, even in a world of one.
+        return DataLoader(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
+                          drop_last=loader.drop_last, **kwargs)
     generator = torch.Generator()
     generator.manual_seed(seed)
     sampler = loader.sampler
@@ -153,3 +222,40 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
     drop_last = bool(getattr(batch_sampler, "drop_last", False))
     shard = BatchShardSampler(batch_sampler, ctx.world_size, ctx.rank, drop_last=drop_last)
     return DataLoader(dataset, batch_sampler=shard, generator=generator, **kwargs)
+
+
+def _drops_last(loader: DataLoader) -> bool:
+    """Whether the user chose to drop rather than pad (DataLoader or batch sampler drop_last)."""
+    if loader.batch_sampler is not None and hasattr(loader.batch_sampler, "drop_last"):
+        return bool(loader.batch_sampler.drop_last)
+    return bool(loader.drop_last)
+
+
+def _equalising_mode(loader: DataLoader, ctx: DistContext, shard: bool) -> str:
+    """How equal step counts are ensured: 'fixed' (by construction), 'count' (per pass), 'step'."""
+    if not ctx.is_distributed:
+        return "fixed"
+    if isinstance(loader.dataset, IterableDataset):
+        return "step"
+    try:
+        len(loader)
+    except TypeError:  # a custom sampler without __len__
+        return "step"
+    if not shard:
+        return "count"
+    try:
+        length = len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return "count"
+    lengths = gather_ints(length)
+    if len(set(lengths)) > 1:
+        warnings.warn(
+            f"phalanx: the dataset passed to prepare() has a different length on each rank "
+            f"(by rank: {lengths}): it looks already split per rank, and sharding it again drops "
+            f"data (each rank keeps only 1/{ctx.world_size} of its own part). HINT: pass "
+            "prepare(loader, shard=False) to use each rank's data as is; step counts are equalised "
+            "either way.",
+            stacklevel=4,
+        )
+        return "count"
+    return "fixed"

@@ -15,6 +15,9 @@ from phalanx.data.loader import BatchInfo, PreparedLoader
 from phalanx.runtime import collectives
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.process_group import init_process_group
+from phalanx.runtime.progress import Progress
+from phalanx.runtime import uneven
+from phalanx.runtime.uneven import UnevenInputs
 from phalanx.strategies import registry
 from phalanx.strategies.base import Strategy, StrategyOptions
 
@@ -45,6 +48,8 @@ class Phalanx:
         init_process_group(self.ctx, collective_timeout)
         self.strategy: Strategy = registry.create(strategy, self.ctx, StrategyOptions(mixed_precision=mixed_precision))
         self._batch_info = BatchInfo()
+        self.progress = Progress()  # step and phase of this rank, read by the watchdog
+        self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
 
     # ---- who am I --------------------------------------------------------------------------
     @property
@@ -76,11 +81,12 @@ class Phalanx:
         return self.strategy.name
 
     # ---- preparing -------------------------------------------------------------------------
-    def prepare(self, *objects: Any) -> Any:
+    def prepare(self, *objects: Any, shard: bool = True) -> Any:
         """Prepare models, optimizers and data loaders, in any number and order.
 
         Returns them in the order given (a single object when one was passed). Models are
         prepared first, so an optimizer can be bound to the model's wrapped parameters.
+        `shard=False`: the loaders hold data already split per rank; use it as is.
         """
         prepared: list[Any] = list(objects)
         models = [i for i, o in enumerate(objects) if isinstance(o, nn.Module)]
@@ -91,18 +97,22 @@ class Phalanx:
                 model = prepared[models[0]] if len(models) == 1 else None
                 prepared[i] = self.prepare_optimizer(obj, model)
             elif isinstance(obj, DataLoader):
-                prepared[i] = self.prepare_data_loader(obj)
+                prepared[i] = self.prepare_data_loader(obj, shard=shard)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        return self.strategy.setup_model(model)
+        model = self.strategy.setup_model(model)
+        self._prepared.append(model)
+        return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        return self.strategy.setup_optimizer(optimizer, model)
+        optimizer = self.strategy.setup_optimizer(optimizer, model)
+        self._prepared.append(optimizer)
+        return optimizer
 
-    def prepare_data_loader(self, loader: DataLoader) -> PreparedLoader:
+    def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         return PreparedLoader(loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
-                              batch_info=self._batch_info)
+                              batch_info=self._batch_info, shard=shard, progress=self.progress)
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -162,3 +172,13 @@ class Phalanx:
         yield
         if self.is_main_process:
             self.wait_for_everyone()
+
+    # ---- lockstep safety: uneven inputs, watchdog, debug -------------------------------------
+    def uneven_inputs(self, *objects: Any, method: str = "auto") -> UnevenInputs:
+        """Context for data whose length differs per rank: torch's Join where it applies, else a
+        step-level agreement. No objects: every model and optimizer this Phalanx prepared."""
+        return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self.progress)
+
+    def join(self, *objects: Any) -> UnevenInputs:
+        """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
+        return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self.progress)

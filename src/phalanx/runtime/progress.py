@@ -1,0 +1,41 @@
+"""Where this rank is in its training loop (step, phase), for the watchdog to publish.
+
+Written by the main thread at every phalanx call (plain attribute stores, ~100 ns), read by the
+watchdog thread. `ticks` changes at every transition, so "no tick for T seconds" means "stuck".
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+# Phases a rank is in while phalanx itself is running: a rank in one of these may be waiting for
+# its peers. "step" means "in the training script, between phalanx calls".
+STEP = "step"
+
+
+class Progress:
+    """The current step (batches taken from prepared loaders, from 0) and phase of this rank."""
+
+    __slots__ = ("step", "phase", "ticks")
+
+    def __init__(self) -> None:
+        self.step = -1  # no batch yet
+        self.phase = "start"
+        self.ticks = 0
+
+    def next_step(self) -> None:
+        self.step += 1
+        self.phase = STEP
+        self.ticks += 1
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        self.ticks += 1
+
+    @contextlib.contextmanager
+    def during(self, phase: str) -> Iterator[None]:
+        """Mark `phase` for the block, then return to the phase before it."""
+        previous = self.phase
+        self.enter(phase)
+        yield
+        self.enter(previous)
