@@ -6,17 +6,16 @@ import os
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
 from phalanx import envvars
 from phalanx.data.loader import BatchInfo, PreparedLoader
-from phalanx.runtime import collectives
+from phalanx.runtime import collectives, uneven, watchdog
+from phalanx.runtime import debug as debug_mode
 from phalanx.runtime.context import DistContext
-from phalanx.runtime.process_group import init_process_group
-from phalanx.runtime.progress import Progress
-from phalanx.runtime import uneven
+from phalanx.runtime.process_group import destroy_process_group, init_process_group
+from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
 from phalanx.strategies import registry
 from phalanx.strategies.base import Strategy, StrategyOptions
@@ -38,6 +37,8 @@ class Phalanx:
         cpu: bool = False,
         device_placement: bool = True,
         collective_timeout: float | None = None,
+        watchdog_timeout: float | None = None,
+        debug: bool | None = None,
     ):
         self.ctx = DistContext.from_env(cpu=cpu)
         strategy = strategy or os.environ.get(envvars.PHALANX_STRATEGY) or "auto"
@@ -45,11 +46,15 @@ class Phalanx:
         self.seed = int(seed if seed is not None else os.environ.get(envvars.PHALANX_SEED, 0))
         self.device_placement = device_placement
         registry.resolve_name(strategy, self.ctx)  # bad names fail before any group is joined
+        self.debug = debug_mode.resolve_debug(debug)  # check each collective's shapes across ranks first
+        watchdog_timeout = watchdog.resolve_timeout(watchdog_timeout)  # 0 = off
         init_process_group(self.ctx, collective_timeout)
         self.strategy: Strategy = registry.create(strategy, self.ctx, StrategyOptions(mixed_precision=mixed_precision))
         self._batch_info = BatchInfo()
         self.progress = Progress()  # step and phase of this rank, read by the watchdog
         self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
+        self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self.progress,
+                                                watchdog_timeout, destroy_process_group)
 
     # ---- who am I --------------------------------------------------------------------------
     @property
@@ -103,11 +108,13 @@ class Phalanx:
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = self.strategy.setup_model(model)
         self._prepared.append(model)
+        watch_module(self.progress, model)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> torch.optim.Optimizer:
         optimizer = self.strategy.setup_optimizer(optimizer, model)
         self._prepared.append(optimizer)
+        watch_optimizer(self.progress, optimizer)
         return optimizer
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
@@ -116,7 +123,8 @@ class Phalanx:
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
-        self.strategy.backward(loss)
+        with self.progress.during("backward"):
+            self.strategy.backward(loss)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         return self.strategy.no_sync(model)
@@ -136,10 +144,12 @@ class Phalanx:
             print(*args, **kwargs)
 
     def reduce(self, data: Any, reduction: str = "mean") -> Any:
-        return collectives.reduce(data, reduction)
+        with self.progress.during("reduce"):
+            return collectives.reduce(data, reduction, debug=self.debug)
 
     def gather(self, data: Any) -> Any:
-        return collectives.gather(data)
+        with self.progress.during("gather"):
+            return collectives.gather(data, debug=self.debug)
 
     def gather_for_metrics(self, data: Any) -> Any:
         """Gather like `gather`, without the repeats the sampler added to even out the ranks.
@@ -154,15 +164,16 @@ class Phalanx:
         def cut(t: torch.Tensor) -> torch.Tensor:
             return t[:real] if trim and t.dim() > 0 and t.shape[0] == size else t
 
-        if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
-            mine = data[:real] if trim and len(data) == size else data
-            return [x for part in collectives.gather_object(mine) for x in part]
-        return collectives.gather(collectives.map_tensors(cut, data))
+        with self.progress.during("gather_for_metrics"):
+            if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
+                mine = data[:real] if trim and len(data) == size else data
+                return [x for part in collectives.gather_object(mine, debug=self.debug) for x in part]
+            return collectives.gather(collectives.map_tensors(cut, data), debug=self.debug)
 
     def wait_for_everyone(self) -> None:
         """Barrier across all ranks (no-op in a world of one)."""
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+        with self.progress.during("barrier"):
+            collectives.barrier(debug=self.debug)
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:

@@ -6,7 +6,10 @@ watchdog thread. `ticks` changes at every transition, so "no tick for T seconds"
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    import torch
 
 # Phases a rank is in while phalanx itself is running: a rank in one of these may be waiting for
 # its peers. "step" means "in the training script, between phalanx calls".
@@ -39,3 +42,15 @@ class Progress:
         self.enter(phase)
         yield
         self.enter(previous)
+
+
+def watch_module(progress: Progress, module: "torch.nn.Module") -> None:
+    """Mark the model's forward (where DDP may broadcast buffers, FSDP all-gathers) as a phase."""
+    module.register_forward_pre_hook(lambda *_: progress.enter("forward"))
+    module.register_forward_hook(lambda *_: progress.enter(STEP))
+
+
+def watch_optimizer(progress: Progress, optimizer: "torch.optim.Optimizer") -> None:
+    """Mark optimizer.step (collectives under zero1..3) as a phase."""
+    optimizer.register_step_pre_hook(lambda *_: progress.enter("optimizer"))
+    optimizer.register_step_post_hook(lambda *_: progress.enter(STEP))

@@ -1,0 +1,94 @@
+"""A rank that raises, hangs, dies or leaves early: the job ends fast and says which rank, where."""
+import re
+import time
+
+import pytest
+
+from tests.dist.harness import RanksFailed, run_ranks
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(150)]
+
+WATCHDOG_S = 5.0
+
+
+def misbehave(how: str) -> tuple[str, float]:
+    """Run the 2-rank job; return its output and the seconds from rank 1's misbehaviour to the end."""
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks("tests.dist.failure_workloads:misbehave_at_step_3", 2, args=(how, WATCHDOG_S), timeout=120)
+    ended = time.time()
+    text = str(failed.value)
+    assert "timed out" not in text.splitlines()[0], text
+    started = float(re.search(r"misbehaves \(\w+\) at step 3 at t=([\d.]+)", text).group(1))
+    return text, ended - started
+
+
+def rank_output(text: str, rank: int) -> str:
+    return text.split(f"--- rank {rank} ")[1].split("\n--- rank ")[0]
+
+
+def test_rank_that_raises_ends_the_job_within_30s_with_its_traceback():
+    text, seconds = misbehave("raise")
+    assert seconds < 30, text
+    rank1 = rank_output(text, 1)
+    assert "(exit 1)" in rank1
+    assert "Traceback (most recent call last)" in rank1
+    assert "ValueError: rank 1 fails on purpose at step 3" in rank1
+    # The peer's collective error points at the real cause.
+    assert "phalanx watchdog: rank 1 raised an exception at step 3" in rank_output(text, 0)
+
+
+def test_rank_that_hangs_is_named_with_its_step_and_every_stack():
+    text, seconds = misbehave("sleep")
+    assert seconds < WATCHDOG_S + 30, text
+    assert "(exit 3)" in rank_output(text, 0) and "(exit 3)" in rank_output(text, 1)
+    assert text.count("phalanx watchdog: rank 1 stalled at step 3") == 1, "one report, from one rank"
+    assert "rank 0: step 3, phase 'backward' (waiting)" in text
+    assert "rank 1: step 3, phase 'step'  <-- stalled" in text
+    stacks = text.split("Python stack of each rank at that moment:")[1]
+    assert "time.sleep(10**6)" in stacks.split("--- rank 1 (main thread")[1]
+    assert "px.backward(" in stacks.split("--- rank 0 (main thread")[1].split("--- rank 1")[0]
+
+
+def test_rank_that_is_killed_is_named_with_its_step():
+    text, seconds = misbehave("kill")
+    assert seconds < WATCHDOG_S + 30, text
+    assert "(exit -9)" in rank_output(text, 1)
+    assert "phalanx watchdog: rank 1 stopped sending heartbeats at step 3" in rank_output(text, 0)
+
+
+def test_rank_that_leaves_its_loop_early_is_named():
+    text, seconds = misbehave("leave")
+    assert seconds < WATCHDOG_S + 30, text
+    assert "phalanx watchdog: rank 1 left its training loop after step 3" in text
+    assert "px.uneven_inputs" in text
+    assert "(exit 0)" not in text, "no rank of a stopped job may report success"
+
+
+def test_collective_timeout_fails_in_its_configured_seconds():
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks("tests.dist.failure_workloads:collective_timeout", 2, args=(3.0,), timeout=90)
+    rank0 = rank_output(str(failed.value), 0)
+    seconds = float(re.search(r"barrier failed after ([\d.]+) s", rank0).group(1))
+    assert 2.5 < seconds < 15, rank0
+
+
+def test_debug_mode_names_each_rank_shape():
+    r0, r1 = run_ranks("tests.dist.failure_workloads:debug_mismatch", 2, timeout=90)
+    assert r0 == r1
+    assert r0["reduce_shape"] == (
+        "phalanx debug: the ranks called reduce[mean] with mismatched tensors (shapes and dtypes must match):\n"
+        "  rank 0: reduce[mean](shape (4, 3) float32)\n"
+        "  rank 1: reduce[mean](shape (5, 3) float32)\n"
+        "HINT: every rank must call the same collectives in the same order with tensors of the same "
+        "shape and dtype; look for rank-dependent branches or batch sizes before this call."
+    )
+    assert "rank 0: reduce[mean](shape (4,) float32)" in r0["reduce_dtype"]
+    assert "rank 1: reduce[mean](shape (4,) float64)" in r0["reduce_dtype"]
+    assert "gather with mismatched tensors (dims after the first must match)" in r0["gather_trailing"]
+    assert "rank 1: gather(shape (2, 4) float32)" in r0["gather_trailing"]
+    assert "the ranks called different collectives" in r0["different_ops"]
+    assert "rank 0: reduce[mean](shape (2,) float32)" in r0["different_ops"]
+    assert "rank 1: gather(shape (2,) float32)" in r0["different_ops"]
+    assert "rank 0: barrier(no tensors)" in r0["barrier_vs_reduce"]
+    assert tuple(r0["gather_ragged_ok"]) == (3, 2)
+    assert r0["reduce_ok"] == 1.0
