@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from _spawn import spawn
 
-HIDDEN, LAYERS, BATCH, SAMPLES = 512, 4, 32, 4096
+HIDDEN, LAYERS, BATCH, SAMPLES = (int(os.environ.get("BENCH_HIDDEN", 512)), 4, 32, 4096)
 
 
 def make_model() -> nn.Module:
