@@ -169,40 +169,58 @@ class Watchdog:
             text = self.store.get(f"stack{r}").decode() if self.store.check([f"stack{r}"]) else "(no stack: the rank did not answer)\n"
             stacks.append(f"--- rank {r} (main thread, most recent call last) ---\n{text}")
         report = "\n".join([verdict.headline, *verdict.lines, "Python stack of each rank at that moment:", *stacks])
+        self.store.set("report", report)
         _announce(report, show=True)
-        try:
-            self.store.set("reported", "1")
-            # Followers exit once they see "reported"; when this rank hosts the store (no launcher
-            # agent), leaving first would cut them off before they know to stop.
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and not all(self.store.check([f"gone{r}"]) for r in waiting_for):
-                time.sleep(0.05)
-        finally:
-            os._exit(EXIT_CODE)  # a follower that hosted the store may be gone already: stop regardless
+        self.store.set("reported", "1")
+        os._exit(EXIT_CODE)  # first: a launcher then names this rank, with the report, as the root cause
 
     def _follow(self, headline: str) -> None:
         """Another rank reports: give it this rank's stack, wait for its report, then stop.
 
         Stops this rank whatever happens meanwhile (the reporter may take the store down with it).
         """
+        message = f"phalanx watchdog stopped rank {self.rank}; the report: {headline}"
         try:
             self.store.set(f"stack{self.rank}", main_thread_stack())
             deadline = time.monotonic() + 10.0
             while time.monotonic() < deadline and not self.store.check(["reported"]):
                 time.sleep(0.05)
-            self.store.set(f"gone{self.rank}", "1")
+            # The full report in this rank's error file too: a launcher that names only one failed
+            # rank (torch's fork start method names the lowest) shows it whichever rank it picks.
+            message = self.store.get("report").decode()
+            _announce(message, show=False)
+            time.sleep(1.0)  # let the reporter exit first (a launcher lists the first failure first)
         finally:
-            _stop_process(f"phalanx watchdog stopped rank {self.rank} (see the report of the rank that "
-                          f"detected it): {headline}", show=False)
+            _stop_process(message, show=False)
 
     # ---- at the end of the script ------------------------------------------------------------
+    def failed(self, exc_type: type) -> None:
+        """This rank is ending with an uncaught exception: tell the peers, and if it is a
+        RuntimeError (how a collective fails when a peer is gone), name the peer that went first.
+
+        Explaining takes a few heartbeats, which also lets the root cause exit first, so a launcher
+        lists it first."""
+        if self.progress.phase == "failed":
+            return  # already explained (excepthook, then atexit)
+        self.progress.enter("failed")
+        self.stop()
+        self._publish()  # peers learn at once that this rank failed, and at which step
+        if issubclass(exc_type, RuntimeError):
+            note = explain_failure(self)
+            if note:
+                print(note, file=sys.stderr, flush=True)
+
     def leave(self, destroy) -> None:
         """Mark this rank as out of its loop, leave the group while still watched, then stop.
 
         A failed teardown (a peer died or was stopped meanwhile) must not end in exit code 0,
         which is what an exception in an atexit handler would give: exit with EXIT_CODE instead.
         """
-        self.progress.enter(_LEFT_LOOP)
+        exc_type = sys.exc_info()[0]
+        if exc_type is not None:  # leaving because of an exception (forked workers get here)
+            self.failed(exc_type)
+        else:
+            self.progress.enter(_LEFT_LOOP)
         try:
             destroy()
         except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code
@@ -258,13 +276,25 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int) -> Verdict
 
 
 def main_thread_stack() -> str:
+    """The main thread's Python stack, from the training script's `__main__` on.
+
+    The frames above it (runpy, the launcher's worker wrapper, a forked agent's multiprocessing
+    machinery) are the same on every rank and say nothing about the hang.
+    """
     frame = sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001
-    return "".join(traceback.format_stack(frame)) if frame is not None else "(main thread has ended)\n"
+    if frame is None:
+        return "(main thread has ended)\n"
+    frames = traceback.extract_stack(frame)
+    starts = [i for i, f in enumerate(frames) if f.filename == "<frozen runpy>" or f.filename.endswith("runpy.py")]
+    if starts and starts[-1] + 1 < len(frames):
+        frames = frames[starts[-1] + 1:]
+    return "".join(traceback.format_list(frames))
 
 
 def _announce(message: str, show: bool) -> None:
-    """Print `message` (if `show`) and record it in TORCHELASTIC_ERROR_FILE for the launcher."""
-    if show:
+    """Record `message` in TORCHELASTIC_ERROR_FILE, which the launcher prints in its summary (so the
+    report appears once), or else print it (if `show`)."""
+    if show and not os.environ.get(envvars.TORCHELASTIC_ERROR_FILE):
         print(message, file=sys.stderr, flush=True)
     if os.environ.get(envvars.TORCHELASTIC_ERROR_FILE):
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
@@ -313,18 +343,12 @@ def explain_failure(watchdog: Watchdog) -> str | None:
 
 
 def _explain_uncaught_errors(watchdog: Watchdog) -> None:
-    """On an uncaught RuntimeError (how a collective fails when a peer is gone), say which peer died."""
+    """On an uncaught exception (plain `python`, spawned workers), tell peers and explain."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        watchdog.progress.enter("failed")
-        watchdog.stop()
-        watchdog._publish()  # peers learn at once that this rank failed, and at which step
         previous(exc_type, exc, tb)
-        if issubclass(exc_type, RuntimeError):
-            note = explain_failure(watchdog)
-            if note:
-                print(note, file=sys.stderr, flush=True)
+        watchdog.failed(exc_type)
 
     sys.excepthook = hook
 
