@@ -15,6 +15,8 @@ from typing import Sequence
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("phalanx.launch.run_command", "launch a training script on N processes / nodes"),
+    "slurm": ("phalanx.cluster.slurm_command", "write or submit an sbatch script that runs a script under phalanx"),
+    "doctor": ("phalanx.doctor.command", "check this machine and allocation before a launch"),
 }
 
 
