@@ -128,7 +128,13 @@ def presplit_train(px: Phalanx, drop_last: bool, shard: bool = False) -> dict:
 
 def user_loop_suite(strategy: str, methods: tuple[str, ...]) -> dict:
     px = Phalanx(strategy=strategy)
-    return {method: user_loop_uneven(px, method) for method in methods}
+    out = {method: user_loop_uneven(px, method) for method in methods}
+    try:
+        px.join()  # every prepared model and optimizer
+        out["join_error"] = None
+    except ValueError as error:
+        out["join_error"] = str(error)
+    return out
 
 
 def user_loop_uneven(px: Phalanx, method: str) -> dict:

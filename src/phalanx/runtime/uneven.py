@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Sequence
 
 from torch import nn
+from torch.optim import Optimizer
 from torch.distributed.algorithms import Join, Joinable
 
 from phalanx.data.equalize import agree_step
@@ -91,6 +92,12 @@ def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
                   progress: Progress | None = None) -> UnevenInputs:
     """Build the context for `objects` (prepared models and optimizers)."""
     chosen = choose_method(objects, ctx, method)
-    joinables = [o for o in objects if isinstance(o, Joinable)] if chosen == "join" else []
+    joinables = [o for o in map(_unwrap, objects) if isinstance(o, Joinable)] if chosen == "join" else []
     return UnevenInputs(chosen, joinables, progress)
 
+
+
+def _unwrap(obj: Any) -> Any:
+    """The optimizer inside a wrapper (an accumulation wrapper around zero1's Joinable optimizer)."""
+    inner = getattr(obj, "optimizer", None)
+    return inner if isinstance(obj, Optimizer) and isinstance(inner, Optimizer) else obj
