@@ -58,9 +58,13 @@ def collective_timeout(seconds: float) -> None:
         raise
 
 
-def debug_mismatch() -> dict:
-    """Debug mode: mismatched shapes, dtypes and collectives are reported by rank (caught here)."""
-    px = Phalanx(debug=True)
+def debug_mismatch_and_busy_rank0() -> dict:
+    """Debug mode: mismatched shapes, dtypes and collectives are reported by rank (caught here).
+
+    Then rank 0 works for longer than the watchdog timeout inside main_process_first while rank 1
+    waits: waiting on purpose is not a stall, so the job must finish.
+    """
+    px = Phalanx(debug=True, watchdog_timeout=2)
     r = px.rank
     errors = {}
     for name, call in {
@@ -78,4 +82,8 @@ def debug_mismatch() -> dict:
     # Ragged dim 0 is legal for gather and must pass the check; the group must still work after.
     errors["gather_ragged_ok"] = px.gather(torch.ones(1 + r, 2)).shape
     errors["reduce_ok"] = px.reduce(torch.tensor([float(r)]), "sum").item()
+    with px.main_process_first():
+        if px.is_main_process:
+            time.sleep(6)  # three watchdog timeouts
+    errors["survived_busy_rank0"] = True
     return errors

@@ -90,8 +90,17 @@ def test_collective_timeout_fails_in_its_configured_seconds():
     assert 2.5 < seconds < 15, rank0
 
 
-def test_debug_mode_names_each_rank_shape():
-    r0, r1 = run_ranks("tests.dist.failure_workloads:debug_mismatch", 2, timeout=90)
+@pytest.fixture(scope="module")
+def debug_run():
+    return run_ranks("tests.dist.failure_workloads:debug_mismatch_and_busy_rank0", 2, timeout=90)
+
+
+def test_rank0_busy_in_main_process_first_beyond_the_timeout_is_no_stall(debug_run):
+    assert debug_run[0]["survived_busy_rank0"] and debug_run[1]["survived_busy_rank0"]
+
+
+def test_debug_mode_names_each_rank_shape(debug_run):
+    r0, r1 = debug_run
     assert r0 == r1
     assert r0["reduce_shape"] == (
         "phalanx debug: the ranks called reduce[mean] with mismatched tensors (shapes and dtypes must match):\n"

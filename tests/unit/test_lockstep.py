@@ -97,6 +97,13 @@ def test_progress_phases():
     with progress.during("backward"):
         assert progress.phase == "backward"
     assert (progress.step, progress.phase, progress.ticks) == (0, "step", 3)
+    with pytest.raises(RuntimeError):
+        with progress.during("reduce"):
+            raise RuntimeError("a failed collective")
+    assert progress.phase == "step"  # a caught failure leaves the rank back in its script
+    with progress.busy_with("saving"):
+        assert (progress.busy, progress.phase) == (1, "saving")
+    assert (progress.busy, progress.phase) == (0, "step")
 
 
 class Numbers(IterableDataset):

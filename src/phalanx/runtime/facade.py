@@ -180,9 +180,11 @@ class Phalanx:
         """Let the main process run the block first (e.g. to download or cache a dataset)."""
         if not self.is_main_process:
             self.wait_for_everyone()
-        yield
-        if self.is_main_process:
-            self.wait_for_everyone()
+            yield
+            return
+        with self.busy("main_process_first"):  # the others wait on purpose: not a stall
+            yield
+        self.wait_for_everyone()
 
     # ---- lockstep safety: uneven inputs, watchdog, debug -------------------------------------
     def uneven_inputs(self, *objects: Any, method: str = "auto") -> UnevenInputs:
@@ -193,3 +195,8 @@ class Phalanx:
     def join(self, *objects: Any) -> UnevenInputs:
         """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
         return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self.progress)
+
+    def busy(self, what: str = "busy") -> contextlib.AbstractContextManager[None]:
+        """Mark long work on this rank that the others wait for on purpose (e.g. rank 0 saving a
+        checkpoint while the rest wait at a barrier): the watchdog does not call it a stall."""
+        return self.progress.busy_with(what)

@@ -19,12 +19,13 @@ STEP = "step"
 class Progress:
     """The current step (batches taken from prepared loaders, from 0) and phase of this rank."""
 
-    __slots__ = ("step", "phase", "ticks")
+    __slots__ = ("step", "phase", "ticks", "busy")
 
     def __init__(self) -> None:
         self.step = -1  # no batch yet
         self.phase = "start"
         self.ticks = 0
+        self.busy = 0  # > 0 inside `busy()`: long work the others are meant to wait for
 
     def next_step(self) -> None:
         self.step += 1
@@ -36,12 +37,25 @@ class Progress:
         self.ticks += 1
 
     @contextlib.contextmanager
+    def busy_with(self, phase: str) -> Iterator[None]:
+        """Long rank-local work the other ranks wait for on purpose (saving a checkpoint on rank 0,
+        building a cache first): the watchdog counts this rank as progressing while it lasts."""
+        self.busy += 1
+        try:
+            with self.during(phase):
+                yield
+        finally:
+            self.busy -= 1
+
+    @contextlib.contextmanager
     def during(self, phase: str) -> Iterator[None]:
         """Mark `phase` for the block, then return to the phase before it."""
         previous = self.phase
         self.enter(phase)
-        yield
-        self.enter(previous)
+        try:
+            yield
+        finally:
+            self.enter(previous)
 
 
 def watch_module(progress: Progress, module: "torch.nn.Module") -> None:

@@ -109,7 +109,7 @@ class Watchdog:
                 self._publish()
                 now = time.monotonic()
                 ticks = self.progress.ticks
-                if ticks != last_ticks:
+                if ticks != last_ticks or self.progress.busy:
                     last_ticks, moved_at, self._watching_since = ticks, now, None
                     continue
                 if now - moved_at < 2 * self.interval:
@@ -125,7 +125,8 @@ class Watchdog:
     def _publish(self) -> None:
         self._beat += 1
         p = self.progress
-        self.store.set(f"r{self.rank}", f"{self._beat}|{p.ticks}|{p.step}|{p.phase}")
+        ticks = p.ticks + self._beat if p.busy else p.ticks  # busy on purpose: counts as moving
+        self.store.set(f"r{self.rank}", f"{self._beat}|{ticks}|{p.step}|{p.phase}")
 
     def _watch_peers(self, now: float) -> None:
         if self.store.check(["verdict"]):
