@@ -360,7 +360,9 @@ def start_watchdog(rank: int, world_size: int, progress: Progress, timeout: floa
         return None
     if _running:  # a second Phalanx() in this process takes over this rank's record
         _running.pop().stop()
-    store = dist.PrefixStore(_PREFIX, dist.distributed_c10d._get_default_store().clone())  # noqa: SLF001
+    # Per restart attempt: records and verdicts of a previous attempt must never be read as this one's.
+    prefix = f"{_PREFIX}{os.environ.get(envvars.TORCHELASTIC_RESTART_COUNT, '0')}/"
+    store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store().clone())  # noqa: SLF001
     store.set_timeout(timedelta(seconds=max(30.0, timeout)))
     watchdog = Watchdog(store, rank, world_size, progress, timeout).start()
     atexit.register(watchdog.leave, destroy)  # runs before the process group's own exit hook
