@@ -258,22 +258,27 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int) -> Verdict
             note = "  <-- stalled" if phase != _LEFT_LOOP else "  <-- left its training loop"
         else:
             note = " (waiting)"
-        lines.append(f"  rank {r}: step {step}, phase {phase!r}{note}")
+        lines.append(f"  rank {r}: {_at(step)}, phase {phase!r}{note}")
     c = culprits[0]
     step, phase = peers[c].record[2], peers[c].record[3]  # type: ignore[index]
     who = f"rank {c}" if len(culprits) == 1 else f"ranks {culprits}"
     if c in dead:
-        what = f"{who} died (no heartbeat) at step {step}, phase {phase!r}"
+        what = f"{who} died (no heartbeat) at {_at(step)}, phase {phase!r}"
     elif phase == _LEFT_LOOP:
-        what = (f"{who} left its training loop after step {step} while the others still wait: its data ran "
+        what = (f"{who} left its training loop after {_at(step)} while the others still wait: its data ran "
                 "out first. HINT: prepare the DataLoader with px.prepare (equal batch counts on every rank) "
                 "or wrap the loop in px.uneven_inputs(model)")
     elif phase in _IN_SCRIPT:
-        what = f"{who} stalled at step {step} (phase {phase!r}: in the training script, between phalanx calls)"
+        what = f"{who} stalled at {_at(step)} (phase {phase!r}: in the training script, between phalanx calls)"
     else:
-        what = f"{who} stalled at step {step}, phase {phase!r}, behind the others"
+        what = f"{who} stalled at {_at(step)}, phase {phase!r}, behind the others"
     headline = f"phalanx watchdog: {what}; no rank progressed for at least {waited:.1f} s (timeout {timeout:g} s)"
     return Verdict(culprits, dead, headline, lines)
+
+
+def _at(step: int) -> str:
+    """'step 3' (steps count batches from prepared loaders, from 0), or before the first one."""
+    return f"step {step}" if step >= 0 else "step -1 (before its first batch)"
 
 
 def main_thread_stack() -> str:
@@ -333,9 +338,9 @@ def explain_failure(watchdog: Watchdog) -> str | None:
             continue
         _, _, step, phase = b.decode().split("|", 3)
         if phase == "failed":
-            failed.append(f"rank {rank} raised an exception at step {step}")
+            failed.append(f"rank {rank} raised an exception at {_at(int(step))}")
         else:
-            silent.append(f"rank {rank} stopped sending heartbeats at step {step}, phase {phase!r} "
+            silent.append(f"rank {rank} stopped sending heartbeats at {_at(int(step))}, phase {phase!r} "
                           "(killed by a signal? out of memory?)")
     if not failed and not silent:
         return None
