@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from phalanx import Phalanx
 from phalanx.runtime import debug, process_group, watchdog
 from phalanx.runtime.progress import Progress
-from phalanx.runtime.watchdog import PeerView, judge
+from phalanx.runtime.verdict import PeerView, judge
 
 NOW = 100.0
 

@@ -28,19 +28,17 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch.distributed as dist
 
 from phalanx import envvars
-from phalanx.runtime.progress import STEP, Progress
+from phalanx.runtime.progress import Progress
+from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
 
 DEFAULT_WATCHDOG_TIMEOUT_S = 60.0
 EXIT_CODE = 3  # a rank stopped by the watchdog (1 stays "the script raised")
 _PREFIX = "phalanx/watchdog/"
-_LEFT_LOOP = "exit"
-_IN_SCRIPT = ("start", STEP)  # phases in which a rank runs the user's code, not phalanx's
 
 
 def resolve_timeout(seconds: float | None) -> float:
@@ -55,23 +53,6 @@ def resolve_timeout(seconds: float | None) -> float:
     if seconds < 0:
         raise ValueError(f"watchdog timeout must be >= 0 seconds (0 = off), got {seconds}")
     return float(seconds)
-
-
-@dataclass
-class PeerView:
-    """What this rank has observed of one peer's record, on its own monotonic clock."""
-
-    record: tuple[int, int, int, str] | None = None  # heartbeat, ticks, step, phase
-    beat_at: float = 0.0  # when its heartbeat last changed
-    moved_at: float = 0.0  # when its ticks last changed
-
-
-@dataclass
-class Verdict:
-    culprits: list[int]
-    dead: list[int]
-    headline: str
-    lines: list[str] = field(default_factory=list)
 
 
 class Watchdog:
@@ -116,7 +97,7 @@ class Watchdog:
                     continue  # moving: peers are not this rank's business
                 self._watch_peers(now)
             except Exception as error:  # noqa: BLE001 - reported below, never hidden
-                if self._stop.is_set() or self.progress.phase == _LEFT_LOOP:
+                if self._stop.is_set() or self.progress.phase == LEFT_LOOP:
                     return  # the store's host finished first at exit: nothing left to watch
                 _stop_process(f"phalanx watchdog (rank {self.rank}): lost the rendezvous store: "
                               f"{type(error).__name__}: {error}\nIts host (the launcher's agent, or rank 0 "
@@ -221,7 +202,7 @@ class Watchdog:
         if exc_type is not None:  # leaving because of an exception (forked workers get here)
             self.failed(exc_type)
         else:
-            self.progress.enter(_LEFT_LOOP)
+            self.progress.enter(LEFT_LOOP)
         try:
             destroy()
         except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code
@@ -229,56 +210,6 @@ class Watchdog:
             _stop_process(f"phalanx (rank {self.rank}): leaving the process group failed: "
                           f"{type(error).__name__}: {error}", show=True)
         self.stop()
-
-
-def judge(peers: list[PeerView], now: float, timeout: float, me: int) -> Verdict | None:
-    """A verdict when nobody moved for `timeout` and the ranks are out of step (or one is silent)."""
-    if any(v.record is None for v in peers) or min(now - v.moved_at for v in peers) <= timeout:
-        return None
-    dead = [r for r, v in enumerate(peers) if r != me and now - v.beat_at > timeout]
-    places = {(v.record[2], v.record[3]) for v in peers}  # type: ignore[index]
-    left = [r for r, v in enumerate(peers) if v.record[3] == _LEFT_LOOP]  # type: ignore[index]
-    if not dead and not left and len(places) == 1:
-        return None  # everyone at the same place: long work, not a rank out of step
-    in_script = [r for r, v in enumerate(peers) if v.record[3] in _IN_SCRIPT]  # type: ignore[index]
-    if in_script:  # of the ranks busy in the script, the one(s) furthest behind
-        behind = min(peers[r].record[2] for r in in_script)  # type: ignore[index]
-        in_script = [r for r in in_script if peers[r].record[2] == behind]  # type: ignore[index]
-    culprits = sorted(set(dead) | set(left) | set(in_script))
-    if not culprits:
-        lowest = min(v.record[2] for v in peers)  # type: ignore[index]
-        culprits = [r for r, v in enumerate(peers) if v.record[2] == lowest]  # type: ignore[index]
-    waited = min(now - v.moved_at for v in peers)
-    lines = []
-    for r, v in enumerate(peers):
-        _, _, step, phase = v.record  # type: ignore[misc]
-        if r in dead:
-            note = f"  <-- died: no heartbeat for {now - v.beat_at:.1f} s"
-        elif r in culprits:
-            note = "  <-- stalled" if phase != _LEFT_LOOP else "  <-- left its training loop"
-        else:
-            note = " (waiting)"
-        lines.append(f"  rank {r}: {_at(step)}, phase {phase!r}{note}")
-    c = culprits[0]
-    step, phase = peers[c].record[2], peers[c].record[3]  # type: ignore[index]
-    who = f"rank {c}" if len(culprits) == 1 else f"ranks {culprits}"
-    if c in dead:
-        what = f"{who} died (no heartbeat) at {_at(step)}, phase {phase!r}"
-    elif phase == _LEFT_LOOP:
-        what = (f"{who} left its training loop after {_at(step)} while the others still wait: its data ran "
-                "out first. HINT: prepare the DataLoader with px.prepare (equal batch counts on every rank) "
-                "or wrap the loop in px.uneven_inputs(model)")
-    elif phase in _IN_SCRIPT:
-        what = f"{who} stalled at {_at(step)} (phase {phase!r}: in the training script, between phalanx calls)"
-    else:
-        what = f"{who} stalled at {_at(step)}, phase {phase!r}, behind the others"
-    headline = f"phalanx watchdog: {what}; no rank progressed for at least {waited:.1f} s (timeout {timeout:g} s)"
-    return Verdict(culprits, dead, headline, lines)
-
-
-def _at(step: int) -> str:
-    """'step 3' (steps count batches from prepared loaders, from 0), or before the first one."""
-    return f"step {step}" if step >= 0 else "step -1 (before its first batch)"
 
 
 def main_thread_stack() -> str:
@@ -338,9 +269,9 @@ def explain_failure(watchdog: Watchdog) -> str | None:
             continue
         _, _, step, phase = b.decode().split("|", 3)
         if phase == "failed":
-            failed.append(f"rank {rank} raised an exception at {_at(int(step))}")
+            failed.append(f"rank {rank} raised an exception at {at_step(int(step))}")
         else:
-            silent.append(f"rank {rank} stopped sending heartbeats at {_at(int(step))}, phase {phase!r} "
+            silent.append(f"rank {rank} stopped sending heartbeats at {at_step(int(step))}, phase {phase!r} "
                           "(killed by a signal? out of memory?)")
     if not failed and not silent:
         return None
