@@ -58,6 +58,7 @@ def test_rank_that_hangs_is_named_with_its_step_and_every_stack():
     assert re.search(r"^phalanx: rank \d \(local rank \d on node 0\) failed with exit code 3$", text, re.M), text[-3000:]
     summary = text[re.search(r"^phalanx: rank \d \(local", text, re.M).start():]
     assert summary.count("phalanx watchdog: rank 1 stalled at step 3") == 1
+    assert "(timeout 5 s)" in summary  # `phalanx run --watchdog-timeout 5` reached the workers
     assert text.count("phalanx watchdog: rank 1 stalled at step 3 (phase 'step'") == 1, "one report"
     assert "rank 0: step 3, phase 'backward' (waiting)" in summary
     assert "rank 1: step 3, phase 'step'  <-- stalled" in summary

@@ -128,3 +128,19 @@ def test_world_of_one_uneven_inputs_is_a_pass_through():
         assert list(uneven.iter([1, 2, 3])) == [1, 2, 3]
     with pytest.raises(ValueError, match="method must be one of"):
         px.uneven_inputs(model, method="maybe")
+
+
+def test_presplit_and_stream_positions_resume_per_rank():
+    px = Phalanx()
+    for make in (lambda: DataLoader(torch.arange(10), batch_size=2),  # pre-split map-style
+                 lambda: DataLoader(Numbers(), batch_size=2)):        # a stream
+        loader = px.prepare(make(), shard=False)
+        it = iter(loader)
+        taken = [next(it).tolist() for _ in range(3)]
+        state = loader.state_dict()
+        assert (state["unit"], state["consumed"], state["epoch"]) == ("batches_per_rank", 3, 0)
+        resumed = px.prepare(make(), shard=False)
+        resumed.load_state_dict(state)
+        assert [b.tolist() for b in resumed] == [[6, 7], [8, 9]]
+        assert taken == [[0, 1], [2, 3], [4, 5]]
+        assert resumed.state_dict()["epoch"] == 1  # the pass is complete: the next one starts afresh

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from phalanx import envvars
+from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.loader import BatchInfo, PreparedLoader
 from phalanx.runtime import collectives, uneven, watchdog
 from phalanx.runtime import debug as debug_mode
@@ -39,6 +40,9 @@ class Phalanx:
         collective_timeout: float | None = None,
         watchdog_timeout: float | None = None,
         debug: bool | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_keep: int = 3,
+        checkpoint_async: bool = False,
     ):
         self.ctx = DistContext.from_env(cpu=cpu)
         strategy = strategy or os.environ.get(envvars.PHALANX_STRATEGY) or "auto"
@@ -55,6 +59,10 @@ class Phalanx:
         self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
         self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self.progress,
                                                 watchdog_timeout, destroy_process_group)
+        self._checkpointer = Checkpointer(
+            strategy_name=self.strategy.name, seed=self.seed, keep=checkpoint_keep, async_save=checkpoint_async,
+            directory=checkpoint_dir or os.environ.get(envvars.PHALANX_CHECKPOINT_DIR) or None,
+        )
 
     # ---- who am I --------------------------------------------------------------------------
     @property
@@ -103,23 +111,26 @@ class Phalanx:
                 prepared[i] = self.prepare_optimizer(obj, model)
             elif isinstance(obj, DataLoader):
                 prepared[i] = self.prepare_data_loader(obj, shard=shard)
+            elif not isinstance(obj, nn.Module) and hasattr(obj, "load_state_dict"):  # LR scheduler, grad scaler
+                self.register_for_checkpointing(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        model = self.strategy.setup_model(model)
+        model = self._checkpointer.track(self.strategy.setup_model(model))
         self._prepared.append(model)
         watch_module(self.progress, model)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        optimizer = self.strategy.setup_optimizer(optimizer, model)
+        optimizer = self._checkpointer.track(self.strategy.setup_optimizer(optimizer, model))
         self._prepared.append(optimizer)
         watch_optimizer(self.progress, optimizer)
         return optimizer
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
-        return PreparedLoader(loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
-                              batch_info=self._batch_info, shard=shard, progress=self.progress)
+        return self._checkpointer.track(PreparedLoader(
+            loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
+            batch_info=self._batch_info, shard=shard, progress=self.progress))
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -136,6 +147,37 @@ class Phalanx:
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)
+
+    # ---- checkpoints (phalanx.checkpoint) -------------------------------------------------------
+    def save_state(self, path: str | os.PathLike | None = None, *, async_save: bool | None = None) -> str:
+        """Save model, optimizer, data position, RNG, counters and registered objects; return the path.
+
+        Without `path`, writes the next `step-XXXXXXXX` checkpoint under `checkpoint_dir`.
+        """
+        with self.busy("save_state"):  # writing can outlast the watchdog timeout on some ranks
+            return str(self._checkpointer.save(path, async_save))
+
+    def load_state(self, path: str | os.PathLike | None = None) -> bool:
+        """Restore the latest intact checkpoint (or `path`); False, changing nothing, when there is none.
+
+        Call it after `prepare(...)`: one script then both starts and resumes.
+        """
+        with self.busy("load_state"):
+            return self._checkpointer.load(path)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include objects with state_dict()/load_state_dict() (schedulers, scalers, your own) in checkpoints."""
+        for obj in objects:
+            self._checkpointer.register(obj)
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until an async `save_state` is published (the next save and exit also wait)."""
+        self._checkpointer.wait()
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (restored by load_state)."""
+        return self._checkpointer.global_step
 
     # ---- talking across ranks ----------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
