@@ -76,8 +76,8 @@ class PhalanxConfig:
         RUNTIME, "where checkpoints are written and resumed from", env=envvars.PHALANX_CHECKPOINT_DIR,
         flag="--checkpoint-dir", kind="path"))
     watchdog_timeout: float | None = field(default=None, metadata=_meta(
-        RUNTIME, "seconds without progress before a hang is reported", env=envvars.PHALANX_WATCHDOG_TIMEOUT,
-        flag="--watchdog-timeout", kind="positive_float"))
+        RUNTIME, "seconds without progress before a hang is reported; 0 turns the watchdog off",
+        env=envvars.PHALANX_WATCHDOG_TIMEOUT, flag="--watchdog-timeout", kind="non_negative_float"))
     collective_timeout: float | None = field(default=None, metadata=_meta(
         RUNTIME, "seconds a collective may wait before failing", env=envvars.PHALANX_COLLECTIVE_TIMEOUT,
         flag="--collective-timeout", kind="positive_float"))
@@ -175,10 +175,10 @@ def coerce(setting: Setting, value: Any) -> Any:
             if number < 1:
                 raise ValueError("must be a positive integer or 'auto'")
             return number
-        elif kind == "positive_float":
+        elif kind in ("positive_float", "non_negative_float"):
             number = _number(value, float, "must be a positive number")
-            if number <= 0:
-                raise ValueError("must be a positive number")
+            if number < 0 or (number == 0 and kind == "positive_float"):
+                raise ValueError("must be a positive number" if kind == "positive_float" else "must be >= 0 (0 = off)")
             return number
         elif kind == "str_list":
             items = value.split(",") if isinstance(value, str) else value

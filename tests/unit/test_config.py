@@ -62,7 +62,8 @@ def test_unknown_keys_are_rejected_listing_the_valid_ones(tmp_path):
 
 @pytest.mark.parametrize("text, fragment", [
     ("grad_accum_steps: 0", "grad_accum_steps: invalid value 0: must be at least 1"),
-    ("watchdog_timeout: -5", "watchdog_timeout: invalid value -5: must be a positive number"),
+    ("watchdog_timeout: -5", "watchdog_timeout: invalid value -5: must be >= 0 (0 = off)"),
+    ("collective_timeout: 0", "collective_timeout: invalid value 0: must be a positive number"),
     ("nproc_per_node: two", "nproc_per_node: invalid value 'two': must be a positive integer or 'auto'"),
     ("log_level: LOUD", "log_level: invalid value 'LOUD': must be one of DEBUG, INFO, WARNING, ERROR"),
     ("max_restarts: true", "max_restarts: invalid value True"),
