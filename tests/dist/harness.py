@@ -1,0 +1,78 @@
+"""Run a test function on N CPU ranks over gloo, each in a fresh process, with a hard timeout.
+
+`run_ranks("tests.dist.workloads:train", world_size=2, args=(...))` starts N processes with
+torchrun's variables set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT on loopback), calls
+the function in each and returns each rank's return value (anything torch.save can write).
+A rank that fails or outlives the timeout fails the test with every rank's output.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, port: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+    )
+    env.update(extra or {})
+    return env
+
+
+class RanksFailed(AssertionError):
+    pass
+
+
+def run_ranks(target: str, world_size: int = 2, args: Sequence[Any] = (), timeout: float = 120.0,
+              env: dict[str, str] | None = None) -> list[Any]:
+    with tempfile.TemporaryDirectory(prefix="phalanx-test-") as tmp:
+        out = Path(tmp)
+        torch.save(tuple(args), out / "args.pt")
+        port = free_port()
+        procs = []
+        for rank in range(world_size):
+            log = open(out / f"rank{rank}.log", "w+")
+            cmd = [sys.executable, "-m", "tests.dist.worker", target, str(out)]
+            procs.append((subprocess.Popen(cmd, cwd=ROOT, env=rank_env(rank, world_size, port, env),
+                                           stdout=log, stderr=subprocess.STDOUT), log))
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        while any(p.poll() is None for p, _ in procs):
+            if time.monotonic() > deadline:
+                timed_out = True
+                for p, _ in procs:
+                    p.kill()
+                break
+            time.sleep(0.05)
+        for p, _ in procs:
+            p.wait()
+        logs = []
+        for rank, (p, log) in enumerate(procs):
+            log.seek(0)
+            logs.append(f"--- rank {rank} (exit {p.returncode}) ---\n{log.read()}")
+            log.close()
+        if timed_out or any(p.returncode != 0 for p, _ in procs):
+            why = f"timed out after {timeout:.0f}s" if timed_out else "a rank failed"
+            raise RanksFailed(f"{target} on {world_size} ranks: {why}\n" + "\n".join(logs))
+        return [torch.load(out / f"result{rank}.pt", weights_only=False) for rank in range(world_size)]
