@@ -15,6 +15,7 @@ from typing import Sequence
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("phalanx.launch.run_command", "launch a training script on N processes / nodes"),
+    "plan": ("phalanx.plan.command", "per-strategy memory per rank for a model, and what auto would pick"),
 }
 
 
