@@ -1,0 +1,160 @@
+"""Hands a validated `LaunchSpec` to torch's elastic agent and reports failed ranks.
+
+Workers are started by `torch.distributed.launcher.api.elastic_launch`, the machinery behind
+torchrun, so they see exactly torchrun's environment. torch is imported here, lazily, only once
+the spec is valid.
+
+Start method: with "fork", each worker is forked from this process after torch is imported, so
+workers skip the ~1-2 s `import torch` (see bench/startup.py). CUDA must not be initialised before
+a fork, so this module never does (GPUs are counted through NVML), and "auto" uses fork only when
+no GPU is in use; "spawn" (a fresh `python -m phalanx.launch.worker`, like torchrun) is the escape
+hatch.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import uuid
+import warnings
+from typing import Any, Iterator
+
+from phalanx.launch.spec import LaunchSpec
+
+LOOPBACK = "127.0.0.1"
+
+
+def choose_start_method(requested: str, num_gpus_in_use: int) -> str:
+    """'auto' -> fork for CPU-only runs, spawn when GPUs are in use; explicit choices win."""
+    if requested != "auto":
+        return requested
+    return "spawn" if num_gpus_in_use > 0 else "fork"
+
+
+def rendezvous_settings(spec: LaunchSpec) -> dict[str, Any]:
+    """LaunchConfig fields for the rendezvous, following torchrun's rules with a loopback default.
+
+    Single node, no port and no endpoint: a c10d store on 127.0.0.1 port 0, so the kernel picks a
+    free port (no race, and a busy 29500 never matters); workers get MASTER_ADDR=127.0.0.1 and the
+    store's port, and connect over loopback.
+    """
+    run_id = spec.rdzv_id or uuid.uuid4().hex
+    if spec.rdzv_backend == "static" and not spec.rdzv_endpoint and spec.single_node and spec.master_port is None:
+        return {
+            "rdzv_backend": "c10d",
+            "rdzv_endpoint": f"{LOOPBACK}:0",
+            "local_addr": LOOPBACK,
+            "run_id": run_id,
+            "rdzv_configs": {},
+        }
+    if spec.rdzv_backend == "static":
+        host = spec.master_addr or LOOPBACK
+        endpoint = spec.rdzv_endpoint or f"{host}:{spec.master_port}"
+        return {
+            "rdzv_backend": "static",
+            "rdzv_endpoint": endpoint,
+            "local_addr": None,
+            "run_id": run_id,
+            "rdzv_configs": {"rank": spec.node_rank},
+        }
+    return {
+        "rdzv_backend": spec.rdzv_backend,
+        "rdzv_endpoint": spec.rdzv_endpoint,
+        "local_addr": None,
+        "run_id": run_id,
+        "rdzv_configs": {},
+    }
+
+
+def entrypoint_for(spec: LaunchSpec, start_method: str) -> tuple[Any, list[str]]:
+    """The agent's entrypoint and arguments: a function when forking, a command when spawning."""
+    if start_method == "fork":
+        from phalanx.launch.worker import run_forked
+
+        return run_forked, [spec.target, spec.is_module, *spec.target_args]  # type: ignore[list-item]
+    command = os.environ.get("PYTHON_EXEC", sys.executable)  # torchrun honours PYTHON_EXEC too
+    module_flag = ["-m"] if spec.is_module else []
+    return command, ["-u", "-m", "phalanx.launch.worker", *module_flag, spec.target, *spec.target_args]
+
+
+@contextlib.contextmanager
+def _no_cuda_init() -> Iterator[None]:
+    """LaunchConfig asks `torch.cuda.is_available()`; make it use NVML, which leaves CUDA alone."""
+    key = "PYTORCH_NVML_BASED_CUDA_CHECK"
+    previous = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = previous
+
+
+_WRAPPER_FRAMES = ("<frozen runpy>", "phalanx/launch/worker.py", "elastic/multiprocessing/errors")
+
+
+def trim_traceback(text: str) -> str:
+    """Drop the frames of phalanx's worker wrapper, runpy and torch's `record`: users see their own."""
+    kept: list[str] = []
+    skipping = False
+    for line in text.splitlines():
+        if line.startswith("  File "):
+            skipping = any(marker in line for marker in _WRAPPER_FRAMES)
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def format_failures(error: Any, nproc_per_node: int) -> str:
+    """`phalanx: rank R (local rank L on node N) failed with exit code C` + traceback, root cause first."""
+    failures = sorted(error.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+    lines: list[str] = []
+    for rank, failure in failures:
+        node = (rank - failure.local_rank) // max(1, nproc_per_node)
+        if failure.exitcode < 0:
+            how = f"was killed by signal {failure.signal_name()}"
+        else:
+            how = f"failed with exit code {failure.exitcode}"
+        lines.append(f"phalanx: rank {rank} (local rank {failure.local_rank} on node {node}) {how}")
+        message = failure.error_file_data.get("message") if failure.error_file_data else None
+        if isinstance(message, dict):
+            lines.append(trim_traceback(message.get("extraInfo", {}).get("py_callstack", "")).rstrip())
+        elif isinstance(message, str) and message and message != "<NONE>":
+            lines.append(message)
+    return "\n".join(lines)
+
+
+def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int) -> int:
+    """Run the workers to completion; return the launcher's exit code."""
+    start_method = choose_start_method(spec.start_method, num_gpus_in_use)
+    # Lazy and narrow: the launcher API, not `import torch.distributed.run` and its parser.
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    with _no_cuda_init():
+        config = LaunchConfig(
+            min_nodes=spec.nnodes,
+            max_nodes=spec.nnodes,
+            nproc_per_node=nproc_per_node,
+            max_restarts=spec.max_restarts,
+            start_method=start_method,
+            **rendezvous_settings(spec),
+        )
+    entrypoint, args = entrypoint_for(spec, start_method)
+    # Python >= 3.12 warns on fork from a threaded process; the agent's threads are not used in the
+    # child (it only runs the worker function), which is the case that warning does not apply to.
+    warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+    try:
+        elastic_launch(config, entrypoint)(*args)
+    except ChildFailedError as error:
+        print(format_failures(error, nproc_per_node), file=sys.stderr, flush=True)
+        return 1
+    except SignalException as error:
+        print(f"phalanx: stopped by {error.sigval.name}; workers were terminated", file=sys.stderr, flush=True)
+        return 128 + int(error.sigval)
+    return 0

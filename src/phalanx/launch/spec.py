@@ -1,0 +1,162 @@
+"""`LaunchSpec`: everything `phalanx run` was asked to do, as one validated value.
+
+Validation is pure (no torch, no processes) so every user error is reported before anything is
+spawned, and unit tests need no processes. Device- and port-dependent checks live in
+`devices.py` and `ports.py`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import sys
+
+START_METHODS = ("auto", "fork", "spawn")
+
+
+class LaunchError(ValueError):
+    """A user error in the `phalanx run` command line; the message says how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSpec:
+    """A validated launch request. Fields use torchrun's vocabulary."""
+
+    target: str
+    """The training script path, or a module name when `is_module`."""
+    target_args: tuple[str, ...] = ()
+    """Arguments for the script, passed through untouched."""
+    is_module: bool = False
+    """Run `target` like `python -m target`."""
+    nproc_per_node: int | None = None
+    """Workers on this node; None means auto (visible GPUs, else a CPU default)."""
+    nnodes: int = 1
+    """Number of nodes (fixed size; elastic min:max ranges are not supported yet)."""
+    node_rank: int = 0
+    """This node's rank, for the static rendezvous."""
+    master_addr: str | None = None
+    """Address of node 0; None means 127.0.0.1 on a single node."""
+    master_port: int | None = None
+    """Port of the store on node 0; None on a single node means a free port chosen by the store."""
+    rdzv_backend: str = "static"
+    """torch elastic rendezvous backend (static, c10d, etcd...)."""
+    rdzv_endpoint: str = ""
+    """host:port of the rendezvous backend; empty for static (master_addr:master_port is used)."""
+    rdzv_id: str = ""
+    """Job id shared by all nodes of one run; empty means generated."""
+    max_restarts: int = 0
+    """How many times the whole worker group is restarted after a failure."""
+    gpus: tuple[int, ...] | None = None
+    """Physical GPU indices to use (exported as CUDA_VISIBLE_DEVICES); None means all visible."""
+    start_method: str = "auto"
+    """How workers start: fork (inherit the launcher's torch import), spawn, or auto."""
+    worker_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Extra variables exported to every worker (phalanx settings such as PHALANX_STRATEGY)."""
+
+    @property
+    def single_node(self) -> bool:
+        return self.nnodes == 1
+
+
+def parse_nproc_per_node(value: str) -> int | None:
+    """'auto' -> None; a positive integer string -> int; anything else -> LaunchError."""
+    if value == "auto":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise LaunchError(
+            f"--nproc-per-node must be a positive integer or 'auto', got {value!r}"
+        ) from None
+    if number < 1:
+        raise LaunchError(
+            f"--nproc-per-node must be at least 1, got {number}. "
+            "HINT: omit it (or pass 'auto') to use one process per visible GPU."
+        )
+    return number
+
+
+def parse_gpus(value: str) -> tuple[int, ...]:
+    """'1,3' -> (1, 3). Rejects empty items, negatives, non-integers and repeats."""
+    items = [item.strip() for item in value.split(",")]
+    try:
+        indices = tuple(int(item) for item in items)
+    except ValueError:
+        raise LaunchError(
+            f"--gpus must be a comma-separated list of GPU indices such as 0,1, got {value!r}"
+        ) from None
+    if any(index < 0 for index in indices):
+        raise LaunchError(f"--gpus indices must be >= 0, got {value!r}")
+    if len(set(indices)) != len(indices):
+        raise LaunchError(f"--gpus lists a GPU twice: {value!r}")
+    return indices
+
+
+def check_target(target: str, is_module: bool) -> None:
+    """Fail fast when the script does not exist or the module cannot be imported."""
+    if not is_module:
+        if not os.path.isfile(target):
+            raise LaunchError(
+                f"training script {target!r} not found (working directory: {os.getcwd()}). "
+                "HINT: check the path, or pass -m to run a module."
+            )
+        return
+    # `python -m` searches the working directory first; do the same for the check.
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        found = importlib.util.find_spec(target) is not None
+    except (ImportError, ValueError):
+        found = False
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    if not found:
+        raise LaunchError(
+            f"module {target!r} (-m) is not importable from {cwd}. "
+            "HINT: install its package, run from the directory that contains it, or drop -m "
+            "to run a script path."
+        )
+
+
+def validate(spec: LaunchSpec) -> LaunchSpec:
+    """Check a spec for contradictions that need no device or network; return it unchanged."""
+    if spec.nproc_per_node is not None and spec.nproc_per_node < 1:
+        raise LaunchError(f"--nproc-per-node must be at least 1, got {spec.nproc_per_node}")
+    if spec.nnodes < 1:
+        raise LaunchError(f"--nnodes must be at least 1, got {spec.nnodes}")
+    if not 0 <= spec.node_rank < spec.nnodes:
+        raise LaunchError(
+            f"--node-rank {spec.node_rank} is out of range for --nnodes {spec.nnodes}: "
+            f"node ranks are 0..{spec.nnodes - 1}."
+        )
+    if spec.max_restarts < 0:
+        raise LaunchError(f"--max-restarts must be >= 0, got {spec.max_restarts}")
+    if spec.master_port is not None and not 0 < spec.master_port < 65536:
+        raise LaunchError(f"--master-port must be in 1..65535, got {spec.master_port}")
+    if spec.start_method not in START_METHODS:
+        raise LaunchError(
+            f"--start-method must be one of {', '.join(START_METHODS)}, got {spec.start_method!r}"
+        )
+    if spec.gpus is not None:
+        if len(spec.gpus) == 0:
+            raise LaunchError("--gpus is empty. HINT: list GPU indices such as --gpus 0,1")
+        if spec.nproc_per_node is not None and spec.nproc_per_node != len(spec.gpus):
+            raise LaunchError(
+                f"--nproc-per-node {spec.nproc_per_node} conflicts with --gpus "
+                f"{','.join(map(str, spec.gpus))} ({len(spec.gpus)} GPUs): one process runs per "
+                "GPU. HINT: drop --nproc-per-node, or list as many GPUs as processes."
+            )
+    if spec.nnodes > 1 and spec.rdzv_backend == "static" and not spec.master_addr and not spec.rdzv_endpoint:
+        raise LaunchError(
+            f"--nnodes {spec.nnodes} needs the address of node 0. "
+            "HINT: pass --master-addr HOST --master-port PORT (the same on every node)."
+        )
+    if spec.nnodes > 1 and spec.rdzv_backend == "static" and spec.master_port is None and not spec.rdzv_endpoint:
+        raise LaunchError(
+            f"--nnodes {spec.nnodes} needs a fixed --master-port shared by all nodes."
+        )
+    check_target(spec.target, spec.is_module)
+    return spec

@@ -1,0 +1,104 @@
+"""Runs one worker's training script exactly as `python SCRIPT ARGS` / `python -m MODULE ARGS` would,
+and records an uncaught exception's traceback in TORCHELASTIC_ERROR_FILE so the launcher can show
+which rank failed and why, for any unmodified script (plain torchrun needs `@record` for that).
+
+Two ways in, one per start method:
+- spawn: the agent runs `python -u -m phalanx.launch.worker [-m] TARGET ARGS` (see `main`);
+- fork: the agent calls `run_forked(...)` in a child forked from the launcher, which has already
+  imported torch; the elastic agent's own wrapper records the traceback there.
+This module imports nothing heavy: the worker's start-up time is the script's.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+
+
+def run_target(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
+    """Execute `target` as `__main__` with `sys.argv` and `sys.path[0]` set as the interpreter would."""
+    sys.argv = [target, *args]
+    if is_module:
+        # `python -m` puts the working directory first on sys.path, and argv[0] becomes the file.
+        sys.path[0:1] = [os.getcwd()]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        # `python script.py` puts the script's directory first on sys.path.
+        sys.path[0:1] = [os.path.dirname(os.path.abspath(target))]
+        runpy.run_path(target, run_name="__main__")
+
+
+def record_failure(error: BaseException) -> None:
+    """Write `error` and its traceback where torch's elastic agent reads them (torch's format)."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    # Lazy: torch is only needed when the worker has failed.
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    ErrorHandler().record_exception(error)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry for spawned workers: `python -m phalanx.launch.worker [-m] TARGET ARGS...`."""
+    argv = sys.argv[1:] if argv is None else argv
+    is_module = bool(argv) and argv[0] == "-m"
+    if is_module:
+        argv = argv[1:]
+    if not argv:
+        raise SystemExit("usage: python -m phalanx.launch.worker [-m] TARGET [ARGS...]")
+    try:
+        run_target(argv[0], is_module, argv[1:])
+    except Exception as error:
+        record_failure(error)
+        raise  # the interpreter prints the traceback and exits 1, as for a plain script
+
+
+def _reset_inherited_process_state() -> None:
+    """Undo what a forked child inherits from the launcher but a fresh interpreter would not have."""
+    import atexit
+
+    # The agent's signal handlers raise in the agent; a worker gets the interpreter's defaults.
+    names = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+    for name in names.split(","):
+        signum = getattr(signal, name.strip(), None)
+        if signum is None:
+            continue
+        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        signal.signal(signum, default)
+    # The launcher's exit handlers are not the worker's; the script's own ones run at the end.
+    atexit._clear()
+    # numpy's global RNG is not reseeded on fork (Python's `random` is): a fresh process would
+    # draw a fresh seed, so ranks must not share one.
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    # A fresh interpreter sizes torch's intra-op pool from OMP_NUM_THREADS when torch loads; the
+    # launcher loaded torch before that variable was set for workers, so apply it now.
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        # A fresh torch caps the pool at the cores it may use; do the same.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(min(int(threads), cores))
+    # torchrun starts workers with `python -u`.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(write_through=True)
+
+
+def run_forked(target: str, is_module: bool, *args: str) -> None:
+    """Entry for forked workers (a function entrypoint of torch's elastic agent)."""
+    import atexit
+
+    _reset_inherited_process_state()
+    try:
+        run_target(target, is_module, args)
+    finally:
+        # multiprocessing ends a forked child with os._exit, which skips atexit: run them here.
+        atexit._run_exitfuncs()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Pure validation of `phalanx run` input: no processes, no torch."""
+import pytest
+
+from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, parse_nproc_per_node, validate
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("")
+    return str(path)
+
+
+def test_parse_nproc_per_node():
+    assert parse_nproc_per_node("auto") is None
+    assert parse_nproc_per_node("3") == 3
+    for bad, message in [("0", "at least 1, got 0"), ("-2", "at least 1, got -2"), ("two", "got 'two'"), ("1.5", "got '1.5'")]:
+        with pytest.raises(LaunchError, match=message):
+            parse_nproc_per_node(bad)
+
+
+def test_parse_gpus():
+    assert parse_gpus("1,3") == (1, 3)
+    assert parse_gpus(" 0 , 2") == (0, 2)
+    for bad, message in [("a", "comma-separated"), ("0,,1", "comma-separated"), ("-1", ">= 0"), ("1,1", "twice")]:
+        with pytest.raises(LaunchError, match=message):
+            parse_gpus(bad)
+
+
+def test_valid_spec_passes(script):
+    spec = LaunchSpec(target=script, nproc_per_node=2)
+    assert validate(spec) is spec and spec.single_node
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"node_rank": 2, "nnodes": 2, "master_addr": "h", "master_port": 1}, r"--node-rank 2 is out of range for --nnodes 2"),
+        ({"nnodes": 0}, "--nnodes must be at least 1"),
+        ({"max_restarts": -1}, "--max-restarts must be >= 0"),
+        ({"master_port": 70000}, "--master-port must be in 1..65535"),
+        ({"gpus": (0, 1), "nproc_per_node": 4}, r"--nproc-per-node 4 conflicts with --gpus 0,1"),
+        ({"nnodes": 2}, "needs the address of node 0"),
+        ({"nnodes": 2, "master_addr": "h"}, "needs a fixed --master-port"),
+        ({"start_method": "forkserver"}, "--start-method must be one of"),
+    ],
+)
+def test_invalid_spec(script, changes, message):
+    with pytest.raises(LaunchError, match=message):
+        validate(LaunchSpec(target=script, **changes))
+
+
+def test_missing_script_and_module(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LaunchError, match="training script 'nope.py' not found"):
+        validate(LaunchSpec(target="nope.py"))
+    with pytest.raises(LaunchError, match=r"module 'no_such_module_x' \(-m\) is not importable"):
+        validate(LaunchSpec(target="no_such_module_x", is_module=True))
+    (tmp_path / "mymod.py").write_text("")  # found in the working directory, like python -m
+    validate(LaunchSpec(target="mymod", is_module=True))
