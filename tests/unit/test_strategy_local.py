@@ -142,3 +142,10 @@ def test_plan_command_explains_a_missing_factory(tmp_path):
     (tmp_path / "m.py").write_text("x = 1\n")
     with pytest.raises(ValueError, match="has no make_model / build_model"):
         plan_command.load_factory(str(tmp_path / "m.py"))
+
+
+def test_plan_is_a_phalanx_subcommand(capsys):
+    from phalanx import cli
+
+    assert cli.main(["plan", f"{__file__}:make_model", "--world-size", "4", "--budget", "1GB"]) == 0
+    assert "auto would pick: ddp (ddp needs 1.0 MiB per rank, within the 1.0 GiB budget)" in capsys.readouterr().out
