@@ -33,6 +33,8 @@ def _cases() -> dict[str, dict]:
         cases[f"clip-{name}"] = {**_kwargs(name), "clip": CLIP}
     for name in ("ddp", "zero3"):
         cases[f"bf16-{name}"] = {"strategy": name, "mixed_precision": "bf16", "epochs": 4}
+    for name in ("ddp", "zero3"):
+        cases[f"fp16-{name}"] = {"strategy": name, "mixed_precision": "fp16", "epochs": 4, "clip": 1.0}
     cases["deepspeed"] = {"deepspeed": DS_CONFIG}
     cases["auto-small-budget"] = {"strategy": "auto", "options": {"memory_budget_bytes": 1000}, "epochs": 1}
     cases["auto-large-budget"] = {"strategy": "auto", "options": {"memory_budget_bytes": 10**9}, "epochs": 1}
@@ -137,6 +139,16 @@ def test_bf16_trains(runs, name):
     first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
     assert last < first - 0.1, (first, last)
     assert runs["rank0"][f"bf16-{name}"]["strategy"] == name
+
+
+@pytest.mark.parametrize("name", ("ddp", "zero3"))
+def test_fp16_with_gradient_scaler_trains_and_ranks_agree_on_skipped_steps(runs, name):
+    r0, r1 = runs["rank0"][f"fp16-{name}"], runs["rank1"][f"fp16-{name}"]
+    # the scaler starts at 2**16: the first step overflows, is skipped on BOTH ranks, scale shrinks
+    assert r0["norms"][0] != r0["norms"][0] and r1["norms"][0] != r1["norms"][0]  # NaN
+    assert r0["norms"][1:] == r1["norms"][1:] and all(n == n for n in r0["norms"][1:])
+    losses = r0["losses"]
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.1, losses
 
 
 def test_deepspeed_config_maps_to_zero3_with_accumulation_and_clipping(runs, refs):
