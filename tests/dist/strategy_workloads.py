@@ -68,13 +68,16 @@ def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, 
     micro = global_batch // (px.world_size * px.grad_accum_steps)
     loader = DataLoader(make_data(), batch_size=micro, shuffle=True)
     model, optimizer, loader = px.prepare(model, optimizer, loader)
-    losses, norms = [], []
+    losses, norms, unsynced = [], [], []
     for _ in range(epochs):
         for x, y in loader:
             with px.accumulate(model):
                 optimizer.zero_grad()  # before the forward: must not clear a cycle's gradients
                 loss = nn.functional.cross_entropy(model(x), y)
                 px.backward(loss)
+                if not px.sync_gradients:  # what a skipped sync leaves: local grads, or none yet
+                    grads = [p.grad for p in model.parameters() if p.grad is not None]
+                    unsynced.append(None if not grads else float(sum(g.double().abs().sum() for g in grads)))
                 if clip is not None:
                     norm = px.clip_grad_norm_(model.parameters(), clip)
                     if norm is not None:
@@ -85,7 +88,7 @@ def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, 
     return {
         "strategy": px.strategy_name,
         "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
-        "losses": losses, "norms": norms, "bytes": vars(held).copy(),
+        "losses": losses, "norms": norms, "unsynced": unsynced, "bytes": vars(held).copy(),
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
         "is_optimizer": isinstance(optimizer, torch.optim.Optimizer),
     }

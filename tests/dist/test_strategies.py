@@ -82,9 +82,15 @@ def test_two_processes_k1_equal_one_process_k2(runs, refs, name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_accumulation_on_two_ranks_equals_one_process_k4(runs, refs, name):
-    r0 = runs["rank0"][f"accum-{name}"]
+    r0, r1 = runs["rank0"][f"accum-{name}"], runs["rank1"][f"accum-{name}"]
     assert len(r0["losses"]) == 16  # micro-steps
     _assert_state_equal(r0["state"], refs["accum4"]["state"])
+    # the sync really was skipped on the 8 non-final micro-steps
+    assert len(r0["unsynced"]) == len(r1["unsynced"]) == 8
+    if name in SHARDED:  # no reduce-scatter: FSDP keeps the unsharded sum, no sharded grad yet
+        assert r0["unsynced"] == r1["unsynced"] == [None] * 8
+    else:  # no all-reduce: each rank holds its own local gradients
+        assert all(a != b for a, b in zip(r0["unsynced"], r1["unsynced"]))
 
 
 @pytest.mark.parametrize("name", ALL)
