@@ -149,3 +149,37 @@ def test_plan_is_a_phalanx_subcommand(capsys):
 
     assert cli.main(["plan", f"{__file__}:make_model", "--world-size", "4", "--budget", "1GB"]) == 0
     assert "auto would pick: ddp (ddp needs 1.0 MiB per rank, within the 1.0 GiB budget)" in capsys.readouterr().out
+
+
+def test_default_sharding_units_are_blocks_and_top_level_children_and_can_be_overridden():
+    from phalanx.strategies.fsdp import shard_units
+    from tests.dist.strategy_workloads import Block, TinyNet
+
+    net = TinyNet()
+    assert shard_units(net, None) == [net.embed, net.blocks[0], net.blocks[1], net.head]
+    assert shard_units(net, [Block]) == [net.blocks[0], net.blocks[1]]
+    assert shard_units(net, lambda name, m: name == "head") == [net.head]
+    mlp = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+    assert shard_units(mlp, None) == [mlp[0], mlp[2]]  # ReLU has nothing to shard
+
+    class Wrapper(nn.Module):  # a lone child holding everything is looked into
+        def __init__(self):
+            super().__init__()
+            self.inner = TinyNet()
+
+    w = Wrapper()
+    assert shard_units(w, None) == [w.inner.embed, w.inner.blocks[0], w.inner.blocks[1], w.inner.head]
+    with pytest.raises(ValueError, match="shard_modules must be module classes or a predicate"):
+        shard_units(net, ["blocks"])
+
+
+def test_sharding_strategies_refuse_an_optimizer_that_already_has_state():
+    from phalanx.strategies.zero1 import refuse_optimizer_with_state
+
+    model = nn.Linear(2, 1)
+    opt = torch.optim.AdamW(model.parameters())
+    refuse_optimizer_with_state(opt, "zero3")  # fresh: fine
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    with pytest.raises(ValueError, match=r"already holds state for 2 parameter\(s\). HINT: call px.prepare"):
+        refuse_optimizer_with_state(opt, "zero3")
