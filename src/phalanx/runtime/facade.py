@@ -16,7 +16,7 @@ from phalanx.runtime import collectives
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.process_group import init_process_group
 from phalanx.strategies import memory, registry, settings
-from phalanx.strategies.accumulation import Accumulator, PreparedOptimizer
+from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
 from phalanx.strategies.base import Strategy, StrategyOptions
 
 
@@ -116,15 +116,7 @@ class Phalanx:
         ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
         inner = self.strategy.setup_optimizer(optimizer, model)
         self._optimizers.append(inner)
-        clip = self.settings.gradient_clipping
-        clip_fn = None
-        if clip is not None:
-            def clip_fn() -> torch.Tensor:
-                params = [p for g in inner.param_groups for p in g["params"]]
-                return self.strategy.clip_grad_norm_(params, clip)
-        if self._accumulator.num_steps == 1 and self.strategy.precision.scaler is None and clip_fn is None:
-            return inner  # nothing to add: the user keeps a plain optimizer
-        return PreparedOptimizer(inner, self._accumulator, self.strategy.precision, clip_fn)
+        return wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping)
 
     def prepare_data_loader(self, loader: DataLoader) -> PreparedLoader:
         if self.settings.deepspeed is not None:
@@ -139,6 +131,18 @@ class Phalanx:
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         return self.strategy.no_sync(model)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+        """Clip by the global gradient norm over all ranks (sharded strategies too) and return
+        it as a plain tensor; None on non-final accumulation micro-steps (nothing to clip yet)."""
+        if isinstance(parameters, nn.Module):
+            parameters = parameters.parameters()
+        return self._accumulator.when_syncing(self._clip, list(parameters), max_norm, norm_type)
+
+    def _clip(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
+        for opt in self._optimizers:  # fp16: clip the true gradients, not the scaled ones
+            self.strategy.precision.unscale_(opt)
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)
@@ -156,18 +160,6 @@ class Phalanx:
     @property
     def grad_accum_steps(self) -> int:
         return self._accumulator.num_steps
-
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
-        """Clip by the global gradient norm over all ranks (sharded strategies too) and return
-        it as a plain tensor; None on non-final accumulation micro-steps (nothing to clip yet)."""
-        if isinstance(parameters, nn.Module):
-            parameters = parameters.parameters()
-        return self._accumulator.when_syncing(self._clip, list(parameters), max_norm, norm_type)
-
-    def _clip(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
-        for opt in self._optimizers:  # fp16: clip the true gradients, not the scaled ones
-            self.strategy.precision.unscale_(opt)
-        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast for code outside the model's forward (the model's forward is already covered)."""

@@ -151,6 +151,16 @@ def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer
 
 
-def accumulate_context(accumulator: Accumulator, no_sync: Callable[[nn.Module], ContextManager[Any]],
-                       model: nn.Module) -> ContextManager[None]:
-    return accumulator.accumulate(lambda: no_sync(model))
+def wrap_optimizer(optimizer: torch.optim.Optimizer, accumulator: Accumulator, strategy: Any,
+                   clip_norm: float | None = None) -> torch.optim.Optimizer:
+    """`optimizer` itself when nothing needs adding (no accumulation, scaler or auto-clipping),
+    else a PreparedOptimizer around it."""
+    precision: Precision = strategy.precision
+    clip = None
+    if clip_norm is not None:
+        def clip() -> torch.Tensor:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            return strategy.clip_grad_norm_(params, clip_norm)
+    if accumulator.num_steps == 1 and precision.scaler is None and clip is None:
+        return optimizer
+    return PreparedOptimizer(optimizer, accumulator, precision, clip)
