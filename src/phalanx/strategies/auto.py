@@ -54,6 +54,6 @@ class AutoStrategy:
 
     def __getattr__(self, attr: str) -> Any:
         # setup_optimizer, backward, no_sync, unwrap, clip_grad_norm_, full_state_dict
-        if attr in ("chosen", "ctx", "options", "reason"):
+        if attr.startswith("_") or attr in ("chosen", "ctx", "options", "reason"):
             raise AttributeError(attr)
         return getattr(self._strategy(), attr)

@@ -27,9 +27,13 @@ class DPStrategy(LocalStrategy):
         super().__init__(ctx, options)
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        model = super().setup_model(model)
+        model = model.to(self.ctx.device)
         if self.ctx.device.type == "cuda" and torch.cuda.device_count() > 1:
-            return nn.DataParallel(model)
+            # Autocast goes on the wrapper: replicas copy the inner module's attributes, so a
+            # patched inner forward would run the original module; DataParallel carries the
+            # autocast state into its threads.
+            return self.precision.wrap_forward(nn.DataParallel(model))
+        model = self.precision.wrap_forward(model)
         where = "on CPU" if self.ctx.device.type != "cuda" else "with one visible GPU"
         warnings.warn(f"phalanx: strategy 'dp' {where} is a single-device run (nothing to split "
                       "the batch over).", stacklevel=3)
