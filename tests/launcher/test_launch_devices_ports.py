@@ -49,11 +49,11 @@ def test_busy_port_is_named():
 
 def test_rendezvous_settings():
     single = agent.rendezvous_settings(LaunchSpec(target="t.py"))
-    assert (single["rdzv_backend"], single["rdzv_endpoint"], single["local_addr"]) == ("c10d", "127.0.0.1:0", "127.0.0.1")
+    assert (single["rdzv_backend"], single["rdzv_endpoint"], single["local_addr"]) == ("phalanx-static", "127.0.0.1:0", "127.0.0.1")
     fixed = agent.rendezvous_settings(LaunchSpec(target="t.py", master_port=1234, node_rank=0))
-    assert (fixed["rdzv_backend"], fixed["rdzv_endpoint"], fixed["rdzv_configs"]) == ("static", "127.0.0.1:1234", {"rank": 0})
+    assert (fixed["rdzv_backend"], fixed["rdzv_endpoint"], fixed["rdzv_configs"]) == ("phalanx-static", "127.0.0.1:1234", {"rank": 0})
     multi = agent.rendezvous_settings(LaunchSpec(target="t.py", nnodes=2, node_rank=1, master_addr="n0", master_port=9, rdzv_id="j"))
-    assert (multi["rdzv_endpoint"], multi["rdzv_configs"], multi["run_id"]) == ("n0:9", {"rank": 1}, "j")
+    assert (multi["rdzv_endpoint"], multi["rdzv_configs"], multi["run_id"]) == ("n0:9", {"rank": 1, "timeout": 600}, "j")
 
 
 def test_start_method_and_traceback_trim():

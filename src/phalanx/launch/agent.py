@@ -19,9 +19,12 @@ import uuid
 import warnings
 from typing import Any, Iterator
 
+from phalanx.cluster.launch_plan import store_address
+from phalanx.cluster.rendezvous import BOUND_STATIC_BACKEND, NodePlan, describe_rendezvous_failure, rendezvous_configs
 from phalanx.launch.spec import LaunchSpec
 
 LOOPBACK = "127.0.0.1"
+MULTINODE_RUN_ID = "phalanx"
 
 
 def choose_start_method(requested: str, num_gpus_in_use: int) -> str:
@@ -31,38 +34,47 @@ def choose_start_method(requested: str, num_gpus_in_use: int) -> str:
     return "spawn" if num_gpus_in_use > 0 else "fork"
 
 
-def rendezvous_settings(spec: LaunchSpec) -> dict[str, Any]:
+def rendezvous_settings(spec: LaunchSpec, node: NodePlan | None = None) -> dict[str, Any]:
     """LaunchConfig fields for the rendezvous, following torchrun's rules with a loopback default.
 
-    Single node, no port and no endpoint: a c10d store on 127.0.0.1 port 0, so the kernel picks a
+    Single node, no port and no endpoint: a store on 127.0.0.1 port 0, so the kernel picks a
     free port (no race, and a busy 29500 never matters); workers get MASTER_ADDR=127.0.0.1 and the
     store's port, and connect over loopback.
+
+    Static rendezvous (one node or several) uses BOUND_STATIC_BACKEND: torch's static rendezvous
+    with a store that listens only on the named address (loopback on one node), where torch's own
+    store would listen on every interface.
     """
-    run_id = spec.rdzv_id or uuid.uuid4().hex
+    # Every node must use the same run id (it prefixes the store's keys): a per-node uuid would
+    # make the nodes wait for each other forever; torchrun defaults to a constant for the same reason.
+    run_id = spec.rdzv_id or (uuid.uuid4().hex if spec.single_node else MULTINODE_RUN_ID)
     if spec.rdzv_backend == "static" and not spec.rdzv_endpoint and spec.single_node and spec.master_port is None:
         return {
-            "rdzv_backend": "c10d",
+            "rdzv_backend": BOUND_STATIC_BACKEND,
             "rdzv_endpoint": f"{LOOPBACK}:0",
             "local_addr": LOOPBACK,
             "run_id": run_id,
-            "rdzv_configs": {},
+            "rdzv_configs": {"rank": 0},
         }
+    # Multi-node: timeouts, is_host and this node's address come from phalanx.cluster (`node`).
+    configs = rendezvous_configs(spec.rdzv_backend, spec.rdzv_timeout, node) if not spec.single_node else {}
+    local_addr = node.local_addr if node is not None else None
     if spec.rdzv_backend == "static":
         host = spec.master_addr or LOOPBACK
         endpoint = spec.rdzv_endpoint or f"{host}:{spec.master_port}"
         return {
-            "rdzv_backend": "static",
+            "rdzv_backend": BOUND_STATIC_BACKEND,
             "rdzv_endpoint": endpoint,
-            "local_addr": None,
+            "local_addr": local_addr,
             "run_id": run_id,
-            "rdzv_configs": {"rank": spec.node_rank},
+            "rdzv_configs": {"rank": spec.node_rank, **configs},
         }
     return {
         "rdzv_backend": spec.rdzv_backend,
         "rdzv_endpoint": spec.rdzv_endpoint,
-        "local_addr": None,
+        "local_addr": local_addr,
         "run_id": run_id,
-        "rdzv_configs": {},
+        "rdzv_configs": configs,
     }
 
 
@@ -128,22 +140,28 @@ def format_failures(error: Any, nproc_per_node: int) -> str:
     return "\n".join(lines)
 
 
-def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int) -> int:
+def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: NodePlan | None = None) -> int:
     """Run the workers to completion; return the launcher's exit code."""
     start_method = choose_start_method(spec.start_method, num_gpus_in_use)
     # Lazy and narrow: the launcher API, not `import torch.distributed.run` and its parser.
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed import DistError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from phalanx.cluster import bound_store
+
+    bound_store.register()
 
     with _no_cuda_init():
         config = LaunchConfig(
-            min_nodes=spec.nnodes,
+            min_nodes=spec.min_nnodes or spec.nnodes,
             max_nodes=spec.nnodes,
             nproc_per_node=nproc_per_node,
             max_restarts=spec.max_restarts,
             start_method=start_method,
-            **rendezvous_settings(spec),
+            **rendezvous_settings(spec, node),
         )
     entrypoint, args = entrypoint_for(spec, start_method)
     # Python >= 3.12 warns on fork from a threaded process; the agent's threads are not used in the
@@ -153,6 +171,17 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int) -> int:
         elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as error:
         print(format_failures(error, nproc_per_node), file=sys.stderr, flush=True)
+        return 1
+    except (RendezvousError, DistError, TimeoutError) as error:
+        if spec.single_node:
+            raise
+        host, port = store_address(spec)
+        print(describe_rendezvous_failure(
+            error, backend=spec.rdzv_backend, host=host or LOOPBACK, port=port,
+            nnodes=(spec.min_nnodes or spec.nnodes, spec.nnodes),
+            node_rank=spec.node_rank if spec.rdzv_backend == "static" else None,
+            timeout_s=spec.rdzv_timeout, plan=node,
+        ), file=sys.stderr, flush=True)
         return 1
     except SignalException as error:
         print(f"phalanx: stopped by {error.sigval.name}; workers were terminated", file=sys.stderr, flush=True)

@@ -15,6 +15,8 @@ import sys
 from typing import Callable
 
 from phalanx import envvars
+from phalanx.cluster.launch_plan import CLUSTER_ERRORS, apply_slurm, plan_for
+from phalanx.cluster.rendezvous import DEFAULT_RDZV_TIMEOUT_S, parse_nnodes
 from phalanx.launch import devices, ports
 from phalanx.launch.spec import START_METHODS, LaunchError, LaunchSpec, parse_gpus, parse_nproc_per_node, validate
 
@@ -68,7 +70,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--nproc-per-node", "--nproc_per_node", default="auto", metavar="N|auto",
         help="workers on this node; auto = one per visible GPU, else %d on CPU" % devices.CPU_DEFAULT_NPROC)
-    add("--nnodes", type=int, default=1, help="number of nodes")
+    add("--nnodes", default="1", metavar="N|MIN:MAX",
+        help="number of nodes, or an elastic range (c10d); inside SLURM: taken from the allocation")
     add("--node-rank", "--node_rank", type=int, default=0, help="rank of this node (static rendezvous)")
     add("--master-addr", "--master_addr", default=None, help="address of node 0 (default 127.0.0.1 on one node)")
     add("--master-port", "--master_port", type=int, default=None,
@@ -76,6 +79,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--rdzv-backend", "--rdzv_backend", default="static", help="rendezvous backend: static, c10d, etcd...")
     add("--rdzv-endpoint", "--rdzv_endpoint", default="", help="rendezvous endpoint HOST:PORT")
     add("--rdzv-id", "--rdzv_id", default="", help="job id shared by all nodes")
+    add("--rdzv-timeout", "--rdzv_timeout", type=float, default=DEFAULT_RDZV_TIMEOUT_S, metavar="SECONDS",
+        help="fail with a report of what is missing when the nodes have not all met by then")
     add("--max-restarts", "--max_restarts", type=int, default=0, help="restarts of the worker group on failure")
     add("--gpus", default=None, metavar="I,J,...", help="GPU indices to use; sets CUDA_VISIBLE_DEVICES and the process count")
     add("--start-method", "--start_method", default="auto", choices=START_METHODS,
@@ -113,12 +118,18 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         for flag in PASSTHROUGH_FLAGS
         if getattr(args, _dest(flag)) is not None
     }
+    try:
+        min_nnodes, nnodes = parse_nnodes(args.nnodes)
+    except ValueError as error:
+        raise LaunchError(str(error)) from None
     spec = LaunchSpec(
         target=args.target,
         target_args=tuple(args.target_args),
         is_module=args.module,
         nproc_per_node=parse_nproc_per_node(args.nproc_per_node),
-        nnodes=args.nnodes,
+        nnodes=nnodes,
+        min_nnodes=min_nnodes if min_nnodes != nnodes else None,
+        rdzv_timeout=args.rdzv_timeout,
         node_rank=args.node_rank,
         master_addr=args.master_addr,
         master_port=args.master_port,
@@ -130,7 +141,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         start_method=args.start_method,
         worker_env=worker_env,
     )
-    return validate(spec)
+    return validate(apply_slurm(spec, os.environ))
 
 
 def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
@@ -157,10 +168,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
         nproc, num_gpus_in_use, env = prepare(spec)
-    except LaunchError as error:
+        node = plan_for(spec, os.environ)  # multi-node: interface, own address, store host
+    except (LaunchError, *CLUSTER_ERRORS) as error:
         print(f"{PROG_ERROR} {error}", file=sys.stderr)
         return EXIT_USAGE
+    if node is not None:
+        env.update(node.env)
     os.environ.update(env)  # the elastic agent passes its environment on to every worker
     from phalanx.launch.agent import launch
 
-    return launch(spec, nproc, num_gpus_in_use)
+    return launch(spec, nproc, num_gpus_in_use, node)

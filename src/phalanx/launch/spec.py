@@ -31,7 +31,11 @@ class LaunchSpec:
     nproc_per_node: int | None = None
     """Workers on this node; None means auto (visible GPUs, else a CPU default)."""
     nnodes: int = 1
-    """Number of nodes (fixed size; elastic min:max ranges are not supported yet)."""
+    """Number of nodes; the maximum when `min_nnodes` is set."""
+    min_nnodes: int | None = None
+    """Elastic lower bound (`--nnodes MIN:MAX`); None means a fixed size of `nnodes`."""
+    rdzv_timeout: float = 600.0
+    """Seconds the rendezvous may take before the launch fails with a report of what is missing."""
     node_rank: int = 0
     """This node's rank, for the static rendezvous."""
     master_addr: str | None = None
@@ -127,6 +131,13 @@ def validate(spec: LaunchSpec) -> LaunchSpec:
         raise LaunchError(f"--nproc-per-node must be at least 1, got {spec.nproc_per_node}")
     if spec.nnodes < 1:
         raise LaunchError(f"--nnodes must be at least 1, got {spec.nnodes}")
+    if spec.min_nnodes is not None and spec.min_nnodes != spec.nnodes and spec.rdzv_backend == "static":
+        raise LaunchError(
+            f"--nnodes {spec.min_nnodes}:{spec.nnodes} is an elastic range, which the static rendezvous "
+            "cannot do. HINT: add --rdzv-backend c10d --rdzv-endpoint HOST:PORT."
+        )
+    if spec.rdzv_timeout <= 0:
+        raise LaunchError(f"--rdzv-timeout must be a positive number of seconds, got {spec.rdzv_timeout:g}")
     if not 0 <= spec.node_rank < spec.nnodes:
         raise LaunchError(
             f"--node-rank {spec.node_rank} is out of range for --nnodes {spec.nnodes}: "

@@ -8,6 +8,7 @@ from typing import Mapping
 import torch
 
 from phalanx import envvars
+from phalanx.cluster.slurm import torch_env_from_slurm
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,11 @@ class DistContext:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, cpu: bool = False) -> "DistContext":
-        """Read torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, ...)."""
+        """Read torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, ...), or SLURM's under plain srun."""
         env = os.environ if env is None else env
+        slurm_env = torch_env_from_slurm(env)  # `srun python train.py`: no launcher variables
+        if slurm_env:
+            env = {**env, **slurm_env}
         world_size = _int(env, envvars.WORLD_SIZE, 1)
         rank = _int(env, envvars.RANK, 0)
         local_rank = _int(env, envvars.LOCAL_RANK, 0)

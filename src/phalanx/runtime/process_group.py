@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx import envvars
+from phalanx.cluster.slurm import torch_env_from_slurm
 from phalanx.runtime.context import DistContext
 
 # torch's default collective timeout is 10-30 minutes: a stuck job should fail in minutes.
@@ -31,6 +32,9 @@ def init_process_group(ctx: DistContext, timeout_s: float | None = None) -> bool
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     kwargs = {}
+    slurm_env = torch_env_from_slurm(os.environ)
+    if slurm_env:  # `srun python train.py`: the store address comes from the allocation
+        kwargs["init_method"] = f"tcp://{slurm_env[envvars.MASTER_ADDR]}:{slurm_env[envvars.MASTER_PORT]}"
     if ctx.device.type == "cuda":
         kwargs["device_id"] = ctx.device  # binds NCCL eagerly: no rank-to-GPU guessing later
     dist.init_process_group(

@@ -1,0 +1,1 @@
+"""`phalanx doctor`: check a machine (and a SLURM allocation) for what breaks launches, before one."""
