@@ -115,8 +115,8 @@ VARIANTS: dict[str, Callable] = {
     "raw zero3 (fully_shard per block)": lambda: _raw_fsdp(True),
     "phalanx zero3": with_phalanx("zero3"),
     "phalanx zero3, no prefetch": with_phalanx("zero3", forward_prefetch=False),
-    "phalanx zero3, blocks only (embed in root)": with_phalanx("zero3", shard_modules=[Block]),
-    "phalanx zero3, blocks only, no prefetch": with_phalanx("zero3", shard_modules=[Block], forward_prefetch=False),
+    "phalanx zero3, embedding+head own units": with_phalanx(
+        "zero3", shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, Block)),
 }
 
 

@@ -152,13 +152,13 @@ def test_plan_is_a_phalanx_subcommand(capsys):
     assert "auto would pick: ddp (ddp needs 1.0 MiB per rank, within the 1.0 GiB budget)" in capsys.readouterr().out
 
 
-def test_default_sharding_units_are_blocks_and_top_level_children_and_can_be_overridden():
+def test_default_sharding_units_are_the_blocks_else_top_level_children_and_can_be_overridden():
     from phalanx.strategies.fsdp import shard_units
     from tests.dist.strategy_workloads import Block, TinyNet
 
     net = TinyNet()
-    assert shard_units(net, None) == [net.embed, net.blocks[0], net.blocks[1], net.head]
-    assert shard_units(net, [Block]) == [net.blocks[0], net.blocks[1]]
+    assert shard_units(net, None) == [net.blocks[0], net.blocks[1]]  # embed and head stay in the root
+    assert shard_units(net, [Block, nn.Embedding]) == [net.embed, net.blocks[0], net.blocks[1]]
     assert shard_units(net, lambda name, m: name == "head") == [net.head]
     mlp = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
     assert shard_units(mlp, None) == [mlp[0], mlp[2]]  # ReLU has nothing to shard
@@ -169,7 +169,7 @@ def test_default_sharding_units_are_blocks_and_top_level_children_and_can_be_ove
             self.inner = TinyNet()
 
     w = Wrapper()
-    assert shard_units(w, None) == [w.inner.embed, w.inner.blocks[0], w.inner.blocks[1], w.inner.head]
+    assert shard_units(w, None) == [w.inner.blocks[0], w.inner.blocks[1]]
     with pytest.raises(ValueError, match="shard_modules must be module classes or a predicate"):
         shard_units(net, ["blocks"])
 

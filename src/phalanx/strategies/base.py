@@ -24,8 +24,8 @@ class StrategyOptions:
     cpu_offload: bool = False
     """zero3: keep sharded parameters, gradients and optimizer state in CPU memory."""
     shard_modules: ShardSpec = None
-    """zero2/zero3 wrapping units; default: each block of a top-level ModuleList/Sequential, else
-    each top-level child with parameters."""
+    """zero2/zero3 wrapping units; default: each block of a top-level ModuleList/Sequential (the
+    rest stays in the root unit), else each top-level child with parameters."""
     forward_prefetch: bool = True
     """zero2/zero3: all-gather the next unit's parameters while the current one computes."""
     memory_budget_bytes: int | None = None

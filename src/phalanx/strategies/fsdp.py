@@ -26,19 +26,19 @@ def _has_params(module: nn.Module) -> bool:
 
 
 def default_units(model: nn.Module) -> list[nn.Module]:
-    """Each block of a top-level ModuleList/Sequential, and each other top-level child with
-    parameters (embeddings, heads); a lone child holding everything is looked into."""
+    """The blocks of the model's top-level ModuleList/Sequential (each transformer layer) when it
+    has one, else each top-level child with parameters; a lone child holding everything is looked
+    into. Embeddings, head and norms next to the blocks stay in the root unit, which keeps its
+    parameters gathered from forward to backward: measured in bench/strategies.py, this saves
+    re-gathering a large embedding in backward (~16% less CPU per step than a unit of its own)."""
     children = [c for c in model.children() if _has_params(c)]
     if len(children) == 1 and not isinstance(children[0], _CONTAINERS) and len(list(children[0].children())) > 0 \
             and not any(True for _ in model.parameters(recurse=False)):
         return default_units(children[0])
-    units: list[nn.Module] = []
-    for child in children:
-        if isinstance(child, _CONTAINERS):
-            units += [c for c in child.children() if _has_params(c)]
-        else:
-            units.append(child)
-    return units
+    containers = [c for c in children if isinstance(c, _CONTAINERS)]
+    if containers:
+        return [b for c in containers for b in c.children() if _has_params(b)]
+    return children
 
 
 def shard_units(model: nn.Module, spec: ShardSpec) -> list[nn.Module]:
