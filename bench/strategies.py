@@ -114,7 +114,7 @@ VARIANTS: dict[str, Callable] = {
     "phalanx zero2": with_phalanx("zero2"),
     "raw zero3 (fully_shard per block)": lambda: _raw_fsdp(True),
     "phalanx zero3": with_phalanx("zero3"),
-    "phalanx zero3, no prefetch": with_phalanx("zero3", forward_prefetch=False),
+    "phalanx zero3, explicit prefetch": with_phalanx("zero3", forward_prefetch=True),
     "phalanx zero3, embedding+head own units": with_phalanx(
         "zero3", shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, Block)),
 }

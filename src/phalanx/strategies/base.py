@@ -26,8 +26,9 @@ class StrategyOptions:
     shard_modules: ShardSpec = None
     """zero2/zero3 wrapping units; default: each block of a top-level ModuleList/Sequential (the
     rest stays in the root unit), else each top-level child with parameters."""
-    forward_prefetch: bool = True
-    """zero2/zero3: all-gather the next unit's parameters while the current one computes."""
+    forward_prefetch: bool | None = None
+    """zero2/zero3: issue the next unit's all-gather before the current one computes. None: on
+    for CUDA; off on CPU, where gloo gains no overlap from it and it measured slower."""
     memory_budget_bytes: int | None = None
     """auto: per-device bytes the model state may take under ddp (default: from the device)."""
     extra: dict[str, Any] = field(default_factory=dict)

@@ -92,11 +92,15 @@ class FSDPStrategy:
             last = i == len(units) - 1
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward and not last, **kwargs)
         fully_shard(model, reshard_after_forward=False, **kwargs)
-        if self.options.forward_prefetch and not nested and len(units) > 1:
+        prefetch = self.options.forward_prefetch
+        if prefetch is None:
+            prefetch = self.ctx.device.type == "cuda"
+        if prefetch and not nested and len(units) > 1:
             for i in range(len(units) - 1):
                 units[i].set_modules_to_forward_prefetch([units[i + 1]])
-            for i in range(1, len(units)):
-                units[i].set_modules_to_backward_prefetch([units[i - 1]])
+            if self.reshard_after_forward:  # zero2 has nothing to gather again in backward
+                for i in range(1, len(units)):
+                    units[i].set_modules_to_backward_prefetch([units[i - 1]])
         after = dict(model.named_parameters())
         for name, old in before.items():
             self._rebind[id(old)] = (weakref.ref(old), after[name])
