@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("phalanx.plan.command", "per-strategy memory per rank for a model, and what auto would pick"),
     "slurm": ("phalanx.cluster.slurm_command", "write or submit an sbatch script that runs a script under phalanx"),
     "doctor": ("phalanx.doctor.command", "check this machine and allocation before a launch"),
+    "export": ("phalanx.checkpoint.export", "consolidate a sharded checkpoint into one safetensors file"),
+    "inspect": ("phalanx.checkpoint.inspect_command", "print a checkpoint's manifest"),
 }
 
 

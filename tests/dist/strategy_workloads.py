@@ -57,17 +57,21 @@ def make_data(seed: int = 0) -> TensorDataset:
 
 def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, accum: int | None = None,
           clip: float | None = None, mixed_precision: str | None = None, options: dict | None = None,
-          deepspeed: dict | None = None, lr: float = 1e-2) -> dict[str, Any]:
-    """AdamW on TinyNet; returns the full weights, losses, clip norms and model-state bytes."""
-    px = Phalanx(strategy=strategy, mixed_precision=mixed_precision, grad_accum_steps=accum,
-                 deepspeed=deepspeed, strategy_options=options)
-    model = make_model()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
-    micro = global_batch // (px.world_size * px.grad_accum_steps)
-    loader = DataLoader(make_data(), batch_size=micro, shuffle=True)
-    model, optimizer, loader = px.prepare(model, optimizer, loader)
+          deepspeed: dict | None = None, lr: float = 1e-2, checkpoint: str | None = None) -> dict[str, Any]:
+    """AdamW on TinyNet; returns the full weights, losses, clip norms and model-state bytes.
+    With `checkpoint`, also saves there and reports whether a fresh run restores the same state."""
+    def build(seed: int = 0):
+        px = Phalanx(strategy=strategy, mixed_precision=mixed_precision, grad_accum_steps=accum,
+                     deepspeed=deepspeed, strategy_options=options)
+        model = make_model(seed)
+        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+        optimizer = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+        micro = global_batch // (px.world_size * px.grad_accum_steps)
+        loader = DataLoader(make_data(), batch_size=micro, shuffle=True)
+        return (px, *px.prepare(model, optimizer, loader))
+
+    px, model, optimizer, loader = build()
     losses, norms, unsynced = [], [], []
     for _ in range(epochs):
         for x, y in loader:
@@ -85,13 +89,31 @@ def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, 
                 optimizer.step()
             losses.append(px.reduce(loss.detach().float(), "mean").item())
     held = px.memory_report(model, optimizer)  # after the last step, gradients still held
+    restored = None
+    if checkpoint is not None:
+        px.save_state(checkpoint)
+        px2, model2, optimizer2, _ = build(seed=1)  # different initial weights, then restored
+        assert px2.load_state(checkpoint)
+        mine, theirs = px.get_state_dict(model), px2.get_state_dict(model2)
+        restored = {"global_step": (px.global_step, px2.global_step), "manifest_strategy": px2.strategy_name,
+                    "weights_equal": mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine),
+                    "optimizer_equal": _optimizer_states_equal(optimizer, optimizer2)}
     return {
         "strategy": px.strategy_name,
         "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
         "losses": losses, "norms": norms, "unsynced": unsynced, "bytes": vars(held).copy(),
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
-        "is_optimizer": isinstance(optimizer, torch.optim.Optimizer),
+        "is_optimizer": isinstance(optimizer, torch.optim.Optimizer), "restored": restored,
     }
+
+
+def _optimizer_states_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
+    def local(t: Any) -> Any:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    sa, sb = list(a.state.values()), list(b.state.values())
+    return len(sa) == len(sb) > 0 and all(
+        torch.equal(local(x[k]), local(y[k])) for x, y in zip(sa, sb) for k in x)
 
 
 def matrix(cases: dict[str, dict]) -> dict[str, dict]:

@@ -25,7 +25,7 @@ def _kwargs(name: str) -> dict:
     return {"strategy": "zero3", "options": {"cpu_offload": True}} if name == "offload" else {"strategy": name}
 
 
-def _cases() -> dict[str, dict]:
+def _cases(tmp: str) -> dict[str, dict]:
     cases: dict[str, dict] = {}
     for name in ALL:
         cases[f"plain-{name}"] = _kwargs(name)
@@ -36,14 +36,16 @@ def _cases() -> dict[str, dict]:
     for name in ("ddp", "zero3"):
         cases[f"fp16-{name}"] = {"strategy": name, "mixed_precision": "fp16", "epochs": 4, "clip": 1.0}
     cases["deepspeed"] = {"deepspeed": DS_CONFIG}
+    cases["checkpoint-zero3-accum"] = {"strategy": "zero3", "accum": 2, "epochs": 1, "checkpoint": f"{tmp}/ckpt"}
     cases["auto-small-budget"] = {"strategy": "auto", "options": {"memory_budget_bytes": 1000}, "epochs": 1}
     cases["auto-large-budget"] = {"strategy": "auto", "options": {"memory_budget_bytes": 10**9}, "epochs": 1}
     return cases
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict:
-    ranks = run_ranks("tests.dist.strategy_workloads:matrix", 2, args=(_cases(),), timeout=280)
+def runs(tmp_path_factory) -> dict:
+    tmp = str(tmp_path_factory.mktemp("strategies"))
+    ranks = run_ranks("tests.dist.strategy_workloads:matrix", 2, args=(_cases(tmp),), timeout=280)
     return {"rank0": ranks[0], "rank1": ranks[1]}
 
 
@@ -167,3 +169,12 @@ def test_deepspeed_config_maps_to_zero3_with_accumulation_and_clipping(runs, ref
 def test_auto_picks_zero3_over_budget_and_ddp_within(runs):
     assert runs["rank0"]["auto-small-budget"]["strategy"] == "zero3"
     assert runs["rank0"]["auto-large-budget"]["strategy"] == "ddp"
+
+
+def test_checkpoint_round_trip_under_zero3_with_accumulation(runs):
+    for rank in ("rank0", "rank1"):
+        restored = runs[rank]["checkpoint-zero3-accum"]["restored"]
+        assert restored["global_step"] == (4, 4)  # 8 micro-steps, k=2: 4 real optimizer steps
+        assert restored["optimizer_equal"], rank
+        assert restored["manifest_strategy"] == "zero3"
+    assert runs["rank0"]["checkpoint-zero3-accum"]["restored"]["weights_equal"]

@@ -37,6 +37,10 @@ def _existing_file(text: str) -> str:
     return os.path.abspath(text)  # workers may run from another directory
 
 
+def _absolute_path(text: str) -> str:
+    return os.path.abspath(text)  # workers may run from another directory
+
+
 _positive_float.__name__ = "number of seconds"
 _existing_file.__name__ = "file"
 
@@ -56,6 +60,9 @@ PASSTHROUGH_FLAGS: tuple[PassThroughFlag, ...] = (
     PassThroughFlag(("--mixed-precision", "--mixed_precision"), envvars.PHALANX_MIXED_PRECISION, "mixed precision mode, e.g. bf16, fp16, no"),
     PassThroughFlag(("--watchdog-timeout", "--watchdog_timeout"), envvars.PHALANX_WATCHDOG_TIMEOUT, "seconds without progress before the watchdog reports a hang", _positive_float),
     PassThroughFlag(("--deepspeed",), envvars.PHALANX_DEEPSPEED_CONFIG, "path of a DeepSpeed JSON config", _existing_file),
+    PassThroughFlag(("--checkpoint-dir", "--checkpoint_dir"), envvars.PHALANX_CHECKPOINT_DIR,
+                    "checkpoint root: px.save_state()/load_state() with no path use it (with --max-restarts, runs resume by themselves)",
+                    _absolute_path),
 )
 
 

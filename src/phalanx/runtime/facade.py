@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from phalanx import envvars
+from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.loader import BatchInfo, PreparedLoader
 from phalanx.runtime import collectives
 from phalanx.runtime.context import DistContext
@@ -39,6 +40,9 @@ class Phalanx:
         cpu: bool = False,
         device_placement: bool = True,
         collective_timeout: float | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_keep: int = 3,
+        checkpoint_async: bool = False,
     ):
         """`strategy`: dp, ddp, zero1, zero2, zero3 (= fsdp) or auto (default).
         `mixed_precision`: no, bf16 or fp16. `grad_accum_steps`: micro-steps per optimizer step
@@ -59,6 +63,10 @@ class Phalanx:
         self._accumulator = Accumulator(self.settings.grad_accum_steps)
         self._optimizers: list[torch.optim.Optimizer] = []
         self._batch_info = BatchInfo()
+        self._checkpointer = Checkpointer(
+            strategy_name=self.strategy.name, seed=self.seed, keep=checkpoint_keep, async_save=checkpoint_async,
+            directory=checkpoint_dir or os.environ.get(envvars.PHALANX_CHECKPOINT_DIR) or None,
+        )
 
     # ---- who am I --------------------------------------------------------------------------
     @property
@@ -106,23 +114,28 @@ class Phalanx:
                 prepared[i] = self.prepare_optimizer(obj, model)
             elif isinstance(obj, DataLoader):
                 prepared[i] = self.prepare_data_loader(obj)
+            elif not isinstance(obj, nn.Module) and hasattr(obj, "load_state_dict"):  # LR scheduler, grad scaler
+                self.register_for_checkpointing(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        return self.strategy.setup_model(model)
+        prepared = self.strategy.setup_model(model)
+        self._checkpointer.strategy_name = self.strategy.name  # `auto` has decided by now
+        return self._checkpointer.track(prepared)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The strategy's optimizer (rebound to sharded parameters under zero2/zero3, a
         ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
         inner = self.strategy.setup_optimizer(optimizer, model)
         self._optimizers.append(inner)
-        return wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping)
+        return self._checkpointer.track(
+            wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping))
 
     def prepare_data_loader(self, loader: DataLoader) -> PreparedLoader:
         if self.settings.deepspeed is not None:
             self.settings.deepspeed.check_loader(loader.batch_size)
-        return PreparedLoader(loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
-                              batch_info=self._batch_info)
+        return self._checkpointer.track(PreparedLoader(loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
+                                                       batch_info=self._batch_info))
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -174,6 +187,35 @@ class Phalanx:
     def memory_report(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> memory.RankBytes:
         """Bytes of parameters, gradients and optimizer state this rank holds now."""
         return memory.measure(model, optimizer)
+
+    # ---- checkpoints (phalanx.checkpoint) -------------------------------------------------------
+    def save_state(self, path: str | os.PathLike | None = None, *, async_save: bool | None = None) -> str:
+        """Save model, optimizer, data position, RNG, counters and registered objects; return the path.
+
+        Without `path`, writes the next `step-XXXXXXXX` checkpoint under `checkpoint_dir`.
+        """
+        return str(self._checkpointer.save(path, async_save))
+
+    def load_state(self, path: str | os.PathLike | None = None) -> bool:
+        """Restore the latest intact checkpoint (or `path`); False, changing nothing, when there is none.
+
+        Call it after `prepare(...)`: one script then both starts and resumes.
+        """
+        return self._checkpointer.load(path)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include objects with state_dict()/load_state_dict() (schedulers, scalers, your own) in checkpoints."""
+        for obj in objects:
+            self._checkpointer.register(obj)
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until an async `save_state` is published (the next save and exit also wait)."""
+        self._checkpointer.wait()
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (restored by load_state)."""
+        return self._checkpointer.global_step
 
     # ---- talking across ranks ----------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:

@@ -37,6 +37,9 @@ def init_process_group(ctx: DistContext, timeout_s: float | None = None) -> bool
         kwargs["init_method"] = f"tcp://{slurm_env[envvars.MASTER_ADDR]}:{slurm_env[envvars.MASTER_PORT]}"
     if ctx.device.type == "cuda":
         kwargs["device_id"] = ctx.device  # binds NCCL eagerly: no rank-to-GPU guessing later
+    store = None if "init_method" in kwargs else _restart_scoped_store(collective_timeout(timeout_s))
+    if store is not None:
+        kwargs["store"] = store
     dist.init_process_group(
         backend=ctx.backend,
         rank=ctx.rank,
@@ -47,6 +50,21 @@ def init_process_group(ctx: DistContext, timeout_s: float | None = None) -> bool
     _watch_for_uncaught_exceptions()
     atexit.register(destroy_process_group)
     return True
+
+
+def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """The elastic agent's store, with keys scoped to this restart (None when not under the agent).
+
+    Workers of every restart share the agent's TCPStore, and the keys the previous attempt wrote
+    (each rank's gloo address) are still there: a restarted rank could read a dead peer's address
+    and fail with "connection refused" or hang. A prefix per restart gives each attempt clean keys.
+    """
+    if os.environ.get(envvars.TORCHELASTIC_USE_AGENT_STORE) != "True":
+        return None
+    store = dist.TCPStore(os.environ[envvars.MASTER_ADDR], int(os.environ[envvars.MASTER_PORT]),
+                          is_master=False, timeout=timeout)
+    restart = os.environ.get(envvars.TORCHELASTIC_RESTART_COUNT, "0")
+    return dist.PrefixStore(f"phalanx/restart_{restart}", store)
 
 
 _state = {"failed": False}

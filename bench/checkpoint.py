@@ -1,0 +1,173 @@
+"""Checkpoint throughput and training stall, side by side in one run (alternating rounds).
+
+1. Save/load MB/s of `px.save_state`/`px.load_state` (DCP shards, fsync, sha256 manifest, verify
+   on load, atomic publish) vs plain `torch.save`/`torch.load` of the same model+optimizer state
+   (also with an fsync, the durable equivalent).
+2. The training-loop stall of an async save vs a blocking one: how long `save_state()` keeps the
+   loop from its next step, and the loop's total time with a save every few steps.
+
+Usage: python bench/checkpoint.py [--world-size 1] [--hidden 2048] [--layers 8] [--rounds 3]
+(world size 1 runs in this process; more ranks are spawned on CPU/gloo, each writing its shard).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def build(hidden: int, layers: int):
+    from phalanx import Phalanx
+
+    px = Phalanx()
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(hidden, hidden) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, optimizer = px.prepare(model, optimizer)
+    return px, model, optimizer
+
+
+def train_step(model, optimizer, px, batch: torch.Tensor) -> None:
+    optimizer.zero_grad()
+    px.backward(model(batch).square().mean())
+    optimizer.step()
+
+
+def state_mb(model, optimizer) -> float:
+    tensors = list(model.state_dict().values())
+    tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def throughput(px, model, optimizer, work: Path, rounds: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in ("torch.save", "torch.save+fsync", "phalanx save",
+                                                     "torch.load", "phalanx load")}
+    for r in range(rounds):
+        # alternate which goes first, so caches and background writeback favour neither
+        order = ["torch", "phalanx"] if r % 2 == 0 else ["phalanx", "torch"]
+        for who in order:
+            if who == "torch":
+                if px.is_main_process:  # plain torch.save holds the whole state in one process
+                    path = work / f"plain-{r}.pt"
+                    t = time.perf_counter()
+                    torch.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, path)
+                    times["torch.save"].append(time.perf_counter() - t)
+                    fsync_file(path)
+                    times["torch.save+fsync"].append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    state = torch.load(path, weights_only=True)
+                    model.load_state_dict(state["model"])
+                    optimizer.load_state_dict(state["optim"])
+                    times["torch.load"].append(time.perf_counter() - t)
+                    path.unlink()
+                px.wait_for_everyone()
+            else:
+                path = work / f"phalanx-{r}"
+                px.wait_for_everyone()
+                t = time.perf_counter()
+                px.save_state(path)
+                px.wait_for_everyone()
+                times["phalanx save"].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                assert px.load_state(path)
+                times["phalanx load"].append(time.perf_counter() - t)
+                if px.is_main_process:
+                    shutil.rmtree(path)
+                px.wait_for_everyone()
+    return times
+
+
+def stall(px, model, optimizer, work: Path, rounds: int, steps: int, every: int, hidden: int) -> dict[str, list[float]]:
+    batch = torch.randn(32, hidden)
+    out: dict[str, list[float]] = {}
+    for r in range(rounds):
+        for mode in (["blocking", "async"] if r % 2 == 0 else ["async", "blocking"]):
+            stalls, root = [], work / f"loop-{mode}-{r}"
+            t_loop = time.perf_counter()
+            for step in range(1, steps + 1):
+                train_step(model, optimizer, px, batch)
+                if step % every == 0:
+                    t = time.perf_counter()
+                    px.save_state(root / f"step-{step:08d}", async_save=(mode == "async"))
+                    stalls.append(time.perf_counter() - t)
+            px.wait_for_checkpoint()
+            out.setdefault(f"{mode} stall per save", []).append(statistics.mean(stalls))
+            out.setdefault(f"{mode} loop total", []).append(time.perf_counter() - t_loop)
+            px.wait_for_everyone()
+            if px.is_main_process:
+                shutil.rmtree(root)
+            px.wait_for_everyone()
+    t = time.perf_counter()
+    for _ in range(steps):
+        train_step(model, optimizer, px, batch)
+    out["no-save loop total"] = [time.perf_counter() - t]
+    return out
+
+
+def bench(args: argparse.Namespace, work: str) -> None:
+    px, model, optimizer = build(args.hidden, args.layers)
+    train_step(model, optimizer, px, torch.randn(8, args.hidden))  # optimizer state exists
+    mb = state_mb(model, optimizer)
+    work_dir = Path(work)
+    times = throughput(px, model, optimizer, work_dir, args.rounds)
+    loop = stall(px, model, optimizer, work_dir, args.rounds, args.steps, args.every, args.hidden)
+    if not px.is_main_process:
+        return
+    print(f"state: {mb:.0f} MB (model + AdamW), world_size={px.world_size}, rounds={args.rounds}, "
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs")
+    print(f"{'':22}{'median s':>10}{'MB/s':>10}")
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(f"{name:22}{med:10.3f}{mb / med:10.0f}")
+    ratio = lambda a, b: statistics.median(times[a]) / statistics.median(times[b])  # noqa: E731
+    print(f"phalanx save / torch.save+fsync time: {ratio('phalanx save', 'torch.save+fsync'):.2f}x; "
+          f"phalanx load / torch.load time: {ratio('phalanx load', 'torch.load'):.2f}x")
+    print(f"\ntraining loop: {args.steps} steps, a save every {args.every}")
+    for name, values in loop.items():
+        print(f"{name:24}{statistics.median(values):10.3f} s")
+    print(f"async stall / blocking stall: "
+          f"{statistics.median(loop['async stall per save']) / statistics.median(loop['blocking stall per save']):.3f}x")
+
+
+def _rank_main(args: argparse.Namespace, work: str) -> None:
+    bench(args, work)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--every", type=int, default=5)
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="phalanx-bench-ckpt-", dir=os.environ.get("BENCH_DIR"))
+    try:
+        if args.world_size == 1:
+            bench(args, work)
+        else:
+            from _spawn import spawn
+
+            spawn(_rank_main, args.world_size, args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Publishing a checkpoint so a crash at any moment leaves the previous one intact and loadable.
+
+A save is written into `.staging-<name>/`, fsynced, completed by its manifest, then renamed to
+`<name>/` (a rename is atomic on POSIX filesystems), and only then is the `latest` pointer moved
+(also write-then-rename). Loading picks the newest published checkpoint that verifies.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from phalanx.checkpoint.manifest import MANIFEST_NAME
+
+LATEST_NAME = "latest"
+STAGING_PREFIX = ".staging-"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+log = logging.getLogger(__name__)
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def staging_path(final: Path) -> Path:
+    return final.parent / (STAGING_PREFIX + final.name)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def prepare_staging(final: Path) -> Path:
+    """Create an empty staging directory for `final` (removing a leftover of a crashed save)."""
+    if final.exists():
+        raise FileExistsError(
+            f"checkpoint {final} already exists; phalanx never overwrites a checkpoint. "
+            "HINT: save to another path, or delete it first if you mean to replace it"
+        )
+    staging = staging_path(final)
+    if staging.exists():
+        log.warning("phalanx: removing %s, left by an interrupted save", staging)
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def publish(staging: Path, final: Path) -> None:
+    """Rename the complete staging directory to its final name, durably."""
+    if not (staging / MANIFEST_NAME).is_file():
+        raise RuntimeError(f"refusing to publish {staging}: it has no manifest (the save did not finish)")
+    fsync_dir(staging)
+    if final.exists():  # checked again: another job may share the directory
+        raise FileExistsError(f"checkpoint {final} appeared while saving; nothing was overwritten")
+    os.rename(staging, final)
+    fsync_dir(final.parent)
+
+
+def write_latest(root: Path, name: str) -> None:
+    tmp = root / (LATEST_NAME + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / LATEST_NAME)
+    fsync_dir(root)
+
+
+def read_latest(root: Path) -> str | None:
+    path = root / LATEST_NAME
+    if not path.is_file():
+        return None
+    return path.read_text().strip() or None
+
+
+def published(root: Path) -> list[tuple[int, Path]]:
+    """Published checkpoints under `root` as (step, path), newest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir():
+            found.append((int(match.group(1)), child))
+    return sorted(found, reverse=True)
+
+
+def candidates(root: Path) -> list[Path]:
+    """Where to look for the latest good checkpoint, best first.
+
+    The newest published directory comes first: it equals `latest` except when a crash fell
+    between the rename and the pointer move, and then it is complete all the same.
+    """
+    paths = [path for _, path in published(root)]
+    pointed = read_latest(root)
+    if pointed and (root / pointed) not in paths and (root / pointed).is_dir():
+        paths.insert(0, root / pointed)
+    return paths
+
+
+def prune(root: Path, keep: int, protect: Path) -> list[Path]:
+    """Delete published checkpoints beyond the newest `keep` (never `protect`); return them."""
+    if keep <= 0:
+        return []
+    removed = []
+    for _, path in published(root)[keep:]:
+        if path != protect:
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed
+
+
+def is_managed_root(path: Path) -> bool:
+    """A directory of checkpoints (has `latest` or step-* dirs) rather than one checkpoint."""
+    if (path / LATEST_NAME).is_file() or published(path):
+        return True
+    return path.is_dir() and not (path / MANIFEST_NAME).exists() and not any(path.glob("*.distcp"))

@@ -1,0 +1,86 @@
+"""`phalanx export CKPT OUT.safetensors`: one file of full weights from a sharded checkpoint.
+
+Runs in a single process with no process group: DCP reassembles every shard into full tensors
+(read through the safe reader: no code from the checkpoint runs). Keys are the model's own
+parameter names, without wrapper prefixes, ready for `model.load_state_dict(load_file(OUT))`.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory, or a checkpoint root (uses its latest intact one)")
+    parser.add_argument("output", metavar="OUT.safetensors", help="file to write")
+    parser.add_argument("--model", default="model", help="which model entry to export (model, model_1, ...; default: model)")
+    parser.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"), help="cast floating tensors on export")
+
+
+def main(args: argparse.Namespace) -> int:
+    path = export(args.checkpoint, args.output, model=args.model, dtype=args.dtype)
+    print(f"phalanx export: wrote {path}")
+    return 0
+
+
+def resolve(checkpoint: str | Path) -> Path:
+    """A checkpoint directory, or the newest intact one under a checkpoint root (verified)."""
+    from phalanx.checkpoint import atomic
+    from phalanx.checkpoint.manifest import CheckpointDamaged, verify
+
+    path = Path(checkpoint)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    if not atomic.is_managed_root(path):
+        verify(path)
+        return path
+    problems = []
+    for candidate in atomic.candidates(path):
+        try:
+            verify(candidate)
+            return candidate
+        except CheckpointDamaged as error:
+            problems.append(str(error))
+    raise CheckpointDamaged(f"no intact checkpoint under {path}" + (": " + " | ".join(problems) if problems else ""))
+
+
+def full_state_dict(checkpoint: str | Path, model: str = "model") -> dict[str, Any]:
+    """Full (unsharded) tensors of one model entry, on CPU."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from phalanx.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner, load_metadata
+
+    path = resolve(checkpoint)
+    metadata = load_metadata(path / ".metadata")
+    prefix = f"{model}.model."
+    tensors = {
+        fqn: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for fqn, meta in metadata.state_dict_metadata.items()
+        if fqn.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
+    }
+    if not tensors:
+        entries = sorted({fqn.split(".")[0] for fqn in metadata.state_dict_metadata})
+        raise ValueError(f"{path} has no model entry {model!r}; entries: {', '.join(entries)}")
+    dcp.load(tensors, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), no_dist=True)
+    return {fqn[len(prefix):]: tensor for fqn, tensor in tensors.items()}
+
+
+def export(checkpoint: str | Path, output: str | Path, model: str = "model", dtype: str | None = None) -> Path:
+    import warnings
+
+    import torch
+    from safetensors.torch import save_file
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        state = full_state_dict(checkpoint, model)
+    if dtype is not None:
+        cast = getattr(torch, dtype)
+        state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(output), metadata={"source": str(resolve(checkpoint))})
+    return output

@@ -1,0 +1,293 @@
+"""`Checkpointer`: what `px.save_state` / `px.load_state` do, and the objects they cover.
+
+Saving: stage -> every rank writes its DCP shard and its RNG file -> every rank hashes its own
+files -> rank 0 writes the manifest, renames the staging directory into place, moves `latest`,
+prunes. Loading: newest checkpoint that verifies (each rank checks a share of the files) ->
+model/optimizer through DCP (resharded to this world size) -> everything else.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import contextlib
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from phalanx.checkpoint import atomic, sync
+from phalanx.data.loader import PreparedLoader
+from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, Manifest, hash_files, read_manifest, \
+    verify_files, write_manifest
+from phalanx.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner, check_plain, load_plain
+from phalanx.checkpoint.state import base_optimizer, group_by_model, rng_state, seed_all, set_rng_state
+
+COMMON_NAME = "common.pt"
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """A damaged checkpoint was skipped in favour of an older intact one."""
+
+
+def rank_file(rank: int) -> str:
+    return f"rank{rank}.pt"
+
+
+class Checkpointer:
+    """Holds what a checkpoint covers and writes/reads checkpoints of it.
+
+    `directory`: a managed root of `step-XXXXXXXX/` checkpoints; `keep`: how many to keep there
+    (0 keeps all); `async_save`: return to training while DCP writes the shards in a thread.
+    """
+
+    def __init__(self, *, strategy_name: str, seed: int = 0, directory: str | os.PathLike | None = None,
+                 keep: int = 3, async_save: bool = False):
+        if keep < 0:
+            raise ValueError(f"checkpoint keep={keep}: must be >= 0 (0 keeps every checkpoint)")
+        self.strategy_name = strategy_name
+        self.seed = seed
+        self.directory = Path(directory) if directory is not None else None
+        self.keep = keep
+        self.async_save = async_save
+        self.models: list[nn.Module] = []
+        self.optimizers: list[Any] = []
+        self.loaders: list[Any] = []
+        self.objects: list[Any] = []
+        self.global_step = 0
+        self._counted: torch.optim.Optimizer | None = None
+        self._pending: concurrent.futures.Future | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._async_group: Any = None
+
+    # ---- what is covered ----------------------------------------------------------------------
+    def track(self, obj: Any) -> Any:
+        """Cover a prepared model, optimizer, loader, or any object with state_dict/load_state_dict."""
+        if isinstance(obj, nn.Module):
+            self.models.append(obj)
+        elif isinstance(obj, torch.optim.Optimizer) or (
+                isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer) and hasattr(obj, "zero_grad")):
+            self.optimizers.append(obj)
+            if self._counted is None:  # global_step counts the first optimizer's real steps
+                self._counted = base_optimizer(obj)
+                self._counted.register_step_post_hook(self._count_step)
+        elif isinstance(obj, PreparedLoader):
+            self.loaders.append(obj)
+        else:
+            self.register(obj)
+        return obj
+
+    def register(self, obj: Any) -> None:
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError(
+                f"cannot checkpoint a {type(obj).__name__}: it needs state_dict() and load_state_dict(). "
+                "HINT: wrap it in a small class that provides both"
+            )
+        self.objects.append(obj)
+
+    def _count_step(self, *_: Any) -> None:
+        self.global_step += 1
+
+    # ---- saving -------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike | None = None, async_save: bool | None = None) -> Path:
+        """Write a checkpoint (to `path`, or the next step directory of the managed root); return it."""
+        self.wait()
+        final, managed = self._save_target(path)
+        step = self.global_step
+        staging = atomic.staging_path(final)
+        sync.on_main(lambda: _prepare(final))
+        common = {
+            "global_step": step,
+            "models": list(group_by_model(self.models, self.optimizers)),
+            "loaders": [loader.state_dict() for loader in self.loaders],
+            "objects": [obj.state_dict() for obj in self.objects],
+        }
+        own = rng_state()
+        check_plain(common, "checkpoint state")
+        check_plain(own, "rng state")
+        if sync.rank() == 0:
+            _save_durably(common, staging / COMMON_NAME)
+        _save_durably(own, staging / rank_file(sync.rank()))
+        entries = group_by_model(self.models, self.optimizers)
+        use_async = self.async_save if async_save is None else async_save
+        if not use_async:
+            with _quiet_alone():
+                dcp.save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
+                         no_dist=not sync.is_dist())
+            self._finalize(staging, final, managed, step, group=None)
+            return final
+        if not sync.is_dist():  # DCP warns from its writer thread, outside any catch_warnings block
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", module="torch")
+        group = self._group_for_async()
+        with _quiet_alone():
+            upload = dcp.async_save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
+                                    process_group=group, no_dist=not sync.is_dist())
+
+        def finish() -> None:
+            upload.result()
+            self._finalize(staging, final, managed, step, group=group)
+
+        self._pending = self._executor_once().submit(finish)
+        return final
+
+    def wait(self) -> None:
+        """Block until an async save is published (raising its error, if it failed)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _finalize(self, staging: Path, final: Path, managed: bool, step: int, group: Any) -> None:
+        rank = sync.rank()
+        mine = [rank_file(rank)] + sorted(n for n in os.listdir(staging)
+                                          if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
+        gathered = sync.all_gather(hash_files(staging, mine), group)
+
+        def publish() -> None:
+            files = {name: entry for part in gathered for name, entry in part.items()}
+            rest = [n for n in os.listdir(staging) if n not in files and n != MANIFEST_NAME]
+            files.update(hash_files(staging, rest))
+            manifest = Manifest(step=step, world_size=sync.world_size(),
+                                strategy=self.strategy_name, files=files, created_unix=time.time())
+            write_manifest(staging, manifest)
+            atomic.publish(staging, final)
+            if managed:
+                atomic.write_latest(final.parent, final.name)
+                atomic.prune(final.parent, self.keep, protect=final)
+
+        sync.on_main(publish, group)
+
+    def _save_target(self, path: str | os.PathLike | None) -> tuple[Path, bool]:
+        if path is None:
+            if self.directory is None:
+                raise ValueError("save_state() without a path needs a checkpoint directory. "
+                                 "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.save_state('ckpt/step-10')")
+            return self.directory / atomic.step_dir_name(self.global_step), True
+        return Path(path), False
+
+    def _group_for_async(self) -> Any:
+        # DCP's background thread must not share the training loop's group: interleaved collectives
+        # on one gloo group abort the process (TORCH-CPU-FACTS).
+        if self._async_group is None and sync.is_dist():
+            self._async_group = dist.new_group(backend="gloo")
+        return self._async_group
+
+    def _executor_once(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="phalanx-ckpt")
+            atexit.register(self.wait)  # runs before the process group is destroyed (LIFO)
+        return self._executor
+
+    # ---- loading ------------------------------------------------------------------------------
+    def load(self, path: str | os.PathLike | None = None) -> bool:
+        """Restore the latest good checkpoint (or `path`); False, changing nothing, if there is none."""
+        self.wait()
+        chosen = self._choose(path)
+        if chosen is None:
+            return False
+        # Everything that can be refused is read and checked before anything is changed.
+        manifest = read_manifest(chosen)
+        common = load_plain(chosen / COMMON_NAME)
+        rank = sync.rank()
+        rng = load_plain(chosen / rank_file(rank)) if rank < manifest.world_size else None
+        entries = group_by_model(self.models, self.optimizers)
+        _check_matches(common, entries, self.loaders, self.objects, chosen)
+        if entries:
+            try:
+                with _quiet_alone():
+                    dcp.load(entries, storage_reader=SafeFileSystemReader(chosen), planner=SafeLoadPlanner(),
+                             no_dist=not sync.is_dist())
+            except BaseException as error:  # DCP's CheckpointException is a BaseException
+                if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                    raise
+                raise RuntimeError(f"loading model/optimizer from {chosen} failed: {error}") from error
+        for obj, state in zip(self.objects, common["objects"]):
+            obj.load_state_dict(state)
+        for loader, state in zip(self.loaders, common["loaders"]):
+            loader.load_state_dict(state)
+        self.global_step = int(common["global_step"])
+        if rng is not None:
+            set_rng_state(rng)
+        else:  # a rank the saved run did not have: a fresh stream, reproducible from seed and step
+            seed_all(self.seed + 1_000_003 * self.global_step + rank)
+        sync.barrier()
+        return True
+
+    def _choose(self, path: str | os.PathLike | None) -> Path | None:
+        if path is None and self.directory is None:
+            raise ValueError("load_state() without a path needs a checkpoint directory. "
+                             "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.load_state('ckpt/step-10')")
+        target = Path(path) if path is not None else self.directory
+        assert target is not None
+        if path is not None and not target.exists():
+            raise FileNotFoundError(f"load_state({str(path)!r}): no such checkpoint or checkpoint directory")
+        if path is not None and not atomic.is_managed_root(target):  # one checkpoint by name: no fallback
+            problems = self._verify(target)
+            if problems:
+                raise CheckpointDamaged(f"refusing to load damaged checkpoint {target}: " + "; ".join(problems))
+            return target
+        skipped = []
+        for candidate in atomic.candidates(target):
+            problems = self._verify(candidate)
+            if not problems:
+                if skipped:
+                    warnings.warn(f"phalanx: skipped damaged checkpoint(s): {' | '.join(skipped)}; "
+                                  f"loading {candidate} instead", CheckpointFallbackWarning, stacklevel=3)
+                return candidate
+            skipped.append("; ".join(problems))
+        if skipped:
+            raise CheckpointDamaged(f"every checkpoint under {target} is damaged: {' | '.join(skipped)}. "
+                                    "HINT: delete them to start afresh")
+        return None
+
+    def _verify(self, directory: Path) -> list[str]:
+        """Each rank checks its share of the files; every rank gets every problem."""
+        try:
+            manifest = read_manifest(directory)
+        except CheckpointDamaged as error:
+            problems = [str(error)]
+        else:
+            names = sorted(manifest.files)[sync.rank()::sync.world_size()]
+            problems = verify_files(directory, manifest, names)
+        return sorted({p for part in sync.all_gather(problems) for p in part})
+
+
+@contextlib.contextmanager
+def _quiet_alone() -> Iterator[None]:
+    """Silence DCP's "assuming the intent is to save in a single process": in a world of one it is."""
+    with warnings.catch_warnings():
+        if not sync.is_dist():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _prepare(final: Path) -> None:
+    atomic.prepare_staging(final)
+
+
+def _save_durably(obj: Any, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_matches(common: dict, entries: dict, loaders: list, objects: list, where: Path) -> None:
+    """Refuse, before changing anything, a checkpoint whose contents do not fit what is tracked."""
+    saved = list(common["models"])
+    if saved != list(entries):
+        raise RuntimeError(
+            f"{where} holds {len(saved)} model(s) ({saved}) but {len(entries)} are prepared ({list(entries)}). "
+            "HINT: call px.load_state() after px.prepare(model, optimizer, ...), with the same objects as when saving"
+        )
+    for kind, ours, theirs in (("data loader", loaders, common["loaders"]),
+                               ("registered object", objects, common["objects"])):
+        if len(ours) != len(theirs):
+            raise RuntimeError(
+                f"{where} holds {len(theirs)} {kind}(s) but {len(ours)} are prepared/registered. "
+                "HINT: prepare and register the same objects, in the same order, before px.load_state()"
+            )

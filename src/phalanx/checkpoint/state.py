@@ -1,0 +1,114 @@
+"""What a checkpoint holds, collected from and restored into live training objects.
+
+Model and optimizer go through `torch.distributed.checkpoint.state_dict`'s get/set functions, so
+one path serves every strategy (full replicas under DDP, DTensor shards under FSDP2) and keys
+carry no wrapper prefixes (`module.`), which is what lets a checkpoint load on another world size
+or strategy. The rest is small and plain: counters, data positions, RNG states.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+
+def base_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The innermost torch optimizer inside wrappers that hold it as `.optimizer`.
+
+    Wrappers may themselves subclass Optimizer (e.g. gradient accumulation, which skips the inner
+    step on micro-steps): the step hook and the saved state belong to the optimizer that really steps.
+    """
+    seen = 0
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) and seen < 8:
+        optimizer, seen = optimizer.optimizer, seen + 1
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"{type(optimizer).__name__} is not a torch optimizer and wraps none as `.optimizer`")
+    return optimizer
+
+
+def _owns(model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    params = {id(p) for p in model.parameters()}
+    return any(id(p) in params for group in optimizer.param_groups for p in group["params"])
+
+
+@dataclass
+class ModelAndOptimizers(Stateful):
+    """One model and the optimizers over its parameters, as DCP's Stateful."""
+
+    model: nn.Module
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
+        if self.optimizers:
+            state["optim"] = get_optimizer_state_dict(self.model, self.optimizers)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_model_state_dict(self.model, state_dict["model"], options=StateDictOptions(strict=True))
+        if self.optimizers:
+            set_optimizer_state_dict(self.model, self.optimizers, state_dict["optim"])
+
+
+def group_by_model(models: list[nn.Module], optimizers: list[Any]) -> dict[str, ModelAndOptimizers]:
+    """DCP entries `model`, `model_1`, ...: each model with the optimizers over its parameters."""
+    entries = {}
+    left = [base_optimizer(o) for o in optimizers]
+    for i, model in enumerate(models):
+        mine = [o for o in left if _owns(model, o)]
+        left = [o for o in left if not any(o is m for m in mine)]
+        entries["model" if i == 0 else f"model_{i}"] = ModelAndOptimizers(model, mine)
+    if left:
+        raise ValueError(
+            f"{len(left)} optimizer(s) act on parameters of no prepared model, so their state cannot be "
+            "saved with one. HINT: prepare the model together with its optimizer: px.prepare(model, optimizer)"
+        )
+    return entries
+
+
+# ---- RNG: every generator a training step may draw from, per rank ---------------------------
+def rng_state() -> dict[str, Any]:
+    version, mt_state, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": (version, list(mt_state), gauss),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, mt_state, gauss = state["python"]
+    random.setstate((version, tuple(mt_state), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        states = state["cuda"]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states)
+        else:  # another GPU count: each visible device takes the saved state of the same index
+            for i in range(min(len(states), torch.cuda.device_count())):
+                torch.cuda.set_rng_state(states[i], i)
+
+
+def seed_all(seed: int) -> None:
+    """Seed every generator (for ranks that did not exist when the checkpoint was saved)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
