@@ -73,7 +73,7 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int) -> str:
         lines.append(f"  {name:14s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
                      f"{fb(worst.total):>11s}  {ratio:6.2f}{note}")
     lines.append("  (at rest, between steps; during a step zero2 also holds every unit's gathered parameters\n"
-                 "   from its forward to its backward, up to ddp's params, while zero3 holds one or two units')")
+                 "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks')")
     choice, why = memory.recommend(sizes, world_size, budget, optimizer=optimizer)
     lines.append(f"auto would pick: {choice} ({why})")
     return "\n".join(lines)
