@@ -130,7 +130,7 @@ BAD_INPUTS = [
     (["--nproc", "2", "{script}"], "phalanx run: error: unrecognized arguments: --nproc."),
     (["--nproc-per-node", "4", "--gpus", "0,1", "{script}"], "phalanx run: error: --nproc-per-node 4 conflicts with --gpus 0,1"),
     (["--gpus", "0", "{script}"], "phalanx run: error: --gpus names GPU 0, but this machine has 0 visible GPU(s)"),
-    (["--watchdog-timeout", "-5", "{script}"], "phalanx run: error: argument --watchdog-timeout/--watchdog_timeout: must be a positive number"),
+    (["--watchdog-timeout", "-5", "{script}"], "phalanx run: error: argument --watchdog-timeout/--watchdog_timeout: must be a number of seconds (0 turns it off), got -5"),
     (["--deepspeed", "missing.json", "{script}"], "phalanx run: error: argument --deepspeed: file 'missing.json' not found"),
 ]
 

@@ -9,9 +9,12 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
+from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, lend_batch
+from phalanx.data.iterable import ShardedIterable
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
+from phalanx.runtime.progress import Progress
 
 # DataLoader arguments carried over verbatim when the loader is rebuilt around a new sampler.
 _CARRIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
@@ -29,21 +32,38 @@ class BatchInfo:
 class PreparedLoader:
     """Iterates a rank's shard of the user's DataLoader, with batches moved to the device.
 
+    Every rank yields the same number of batches per pass, whatever the dataset size, batch size
+    or drop_last, so no rank ever waits in a collective that a peer will not reach:
+    - a map-style dataset sharded by phalanx is equal by construction (DistributedSampler-style
+      padding, or dropping with drop_last);
+    - pre-sharded data (`shard=False`) or per-rank datasets of different lengths: the ranks agree
+      on a batch count at the start of each pass; short ranks repeat batches (marked as padding,
+      so gather_for_metrics skips them) or, with drop_last, long ranks stop early;
+    - an IterableDataset (length unknown): the ranks agree at every step whether anyone still has
+      data, padding or stopping the same way.
+
     Each new pass advances the sampler's epoch, so shuffling differs per epoch without the
     user calling `set_epoch`. `len()` is the number of batches on this rank, equal on all ranks.
     """
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
-                 device_placement: bool = True, batch_info: BatchInfo | None = None):
+                 device_placement: bool = True, batch_info: BatchInfo | None = None,
+                 shard: bool = True, progress: Progress | None = None):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
         self.batch_info = batch_info if batch_info is not None else BatchInfo()
+        self.progress = progress
         self.epoch = 0  # the epoch the next pass will use
         self.seed = seed
         # Rebuilt even in a world of one: the sample order is then the same global order that N
         # ranks share out, so results do not depend on the world size.
-        self.loader = _shard(loader, ctx, seed)
+        self.loader = _shard(loader, ctx, seed) if shard else loader
+        # Positions count per-rank batches when phalanx did not deal the data out by index.
+        self.per_rank_positions = not shard or isinstance(loader.dataset, IterableDataset)
+        self.drop = _drops_last(self.loader)
+        self.mode = _equalising_mode(self.loader, ctx, shard)
+        self._num_batches = agree_num_batches(len(self.loader), self.drop) if self.mode == "count" else None
         # Checkpointing: (epoch, batches yielded) of the pass in progress; batches to skip on resume.
         self._position: tuple[int, int] | None = None
         self._resume: tuple[int, int] | None = None
@@ -65,7 +85,9 @@ class PreparedLoader:
         return self.loader.batch_size
 
     def __len__(self) -> int:
-        return len(self.loader)
+        if self.mode == "count":
+            return self._num_batches  # type: ignore[return-value]
+        return len(self.loader)  # an IterableDataset without __len__ raises TypeError, as torch's does
 
     def set_epoch(self, epoch: int) -> None:
         """For scripts that call it themselves (as with DistributedSampler): same effect."""
@@ -74,16 +96,20 @@ class PreparedLoader:
     # ---- checkpointing: the data position as a global count, valid on any world size ----------
     def state_dict(self) -> dict[str, Any]:
         """Epoch and how much of it all ranks together consumed (a yielded batch counts as consumed)."""
-        if self._position is not None and self._position[1] < len(self.loader):
+        try:
+            total = len(self)
+        except TypeError:  # a stream without __len__: the pass ends when the stream does
+            total = None
+        if self._position is not None and (total is None or self._position[1] < total):
             epoch, done = self._position
         else:  # between passes, or the last batch was yielded: the next pass starts at its beginning
             epoch, done = self.epoch, 0
-        unit, consumed = _global_count(self.loader, self.original, done, self.ctx.world_size)
+        unit, consumed = _global_count(self.loader, self.per_rank_positions, done, self.ctx.world_size)
         return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at `state`'s position: the next pass starts `epoch` with the very next batch."""
-        skip = _batches_to_skip(self.loader, self.original, state, self.ctx.world_size)
+        skip = _batches_to_skip(self.loader, self.per_rank_positions, state, self.ctx.world_size)
         self.epoch = int(state["epoch"])
         self._resume = (self.epoch, skip) if skip else None
 
@@ -100,6 +126,30 @@ class PreparedLoader:
             # Our own generator, re-seeded per epoch: a DataLoader without one draws its base seed
             # from the global torch RNG at every iter(), coupling the data to the model's randomness.
             self.loader.generator.manual_seed(self.seed + epoch)
+        if self.mode == "fixed":
+            batches = self._one_pass(skip)
+        elif self.mode == "count":
+            self._num_batches = agree_num_batches(len(self.loader), self.drop)
+            batches = self._counted(self._num_batches, skip)
+        else:
+            batches = self._agreed_per_step(skip)
+        progress = self.progress
+        index = skip
+        for batch, real in batches:
+            self.batch_info.size, self.batch_info.num_real = _batch_len(batch), real
+            index += 1
+            self._position = (epoch, index)
+            if progress is not None:
+                progress.next_step()
+            yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
+            if progress is not None:
+                progress.enter("data")
+        self.batch_info.size = self.batch_info.num_real = None
+        self._position = None  # the pass is complete: a checkpoint now starts the next one
+
+    def _one_pass(self, skip: int = 0) -> Iterator[tuple[Any, int | None]]:
+        """One pass over the underlying loader, minus its first `skip` batches (a resume):
+        (batch, how many of its samples are not padding)."""
         real_left = _real_samples(self.loader)
         if real_left is not None and skip:
             real_left -= skip * (self.loader.batch_size or 0)
@@ -118,31 +168,63 @@ class PreparedLoader:
                 real_left -= size
             else:
                 real = size
-            self.batch_info.size, self.batch_info.num_real = size, real
-            self._position = (epoch, index + 1)
-            yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
-        self.batch_info.size = self.batch_info.num_real = None
+            yield batch, real
+
+    def _counted(self, target: int, skip: int = 0) -> Iterator[tuple[Any, int | None]]:
+        """Exactly `target` batches: this rank's own, then repeats of them marked as padding."""
+        count = skip
+        for item in self._one_pass(min(skip, len(self.loader))):
+            if count == target:
+                return
+            yield item
+            count += 1
+        while count < target:
+            for batch, _ in self._one_pass():
+                if count == target:
+                    return
+                yield batch, 0
+                count += 1
+
+    def _agreed_per_step(self, skip: int = 0) -> Iterator[tuple[Any, int | None]]:
+        """Length unknown: before each step, all ranks agree whether to go on (and who pads)."""
+        it = self._one_pass(skip)
+        last = None
+        while True:
+            item = next(it, None)
+            decision = agree_step(item is not None, last is not None, self.drop)
+            if not decision.proceed:
+                return
+            if decision.donor is not None:  # some rank has nothing to repeat yet: borrow a batch
+                lent = lend_batch(item[0] if item is not None else None, decision.donor)
+                if last is None and item is None:
+                    last = (lent, 0)
+            if item is None:
+                yield last[0], 0  # type: ignore[index]
+            else:
+                last = item
+                yield item
 
 
-def _global_count(loader: DataLoader, original: DataLoader, done: int, world_size: int) -> tuple[str, int]:
+def _global_count(loader: DataLoader, per_rank: bool, done: int, world_size: int) -> tuple[str, int]:
     """`done` batches per rank as a count over all ranks, in the unit the global order is dealt in."""
-    if loader is original:  # IterableDataset: not sharded by phalanx, only a per-rank count exists
+    if per_rank:  # an IterableDataset or pre-split data (shard=False): only a per-rank count exists
         return "batches_per_rank", done
     if isinstance(loader.batch_sampler, BatchShardSampler):  # whole batches dealt round-robin
         return "batches", done * world_size
     return "samples", done * int(loader.batch_size) * world_size  # DistributedSampler's global order
 
 
-def _batches_to_skip(loader: DataLoader, original: DataLoader, state: dict[str, Any], world_size: int) -> int:
+def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], world_size: int) -> int:
     unit, consumed, saved_world = state["unit"], int(state["consumed"]), int(state["world_size"])
-    expected_unit, _ = _global_count(loader, original, 0, world_size)
+    expected_unit, _ = _global_count(loader, per_rank, 0, world_size)
     if unit != expected_unit:
         raise ValueError(f"the checkpoint counts data in {unit}, this loader in {expected_unit}: "
                          "HINT: resume with the same DataLoader setup (sampler, batch_size) as the saved run")
     if unit == "batches_per_rank":
         if saved_world != world_size:
-            raise ValueError(f"an IterableDataset position saved on {saved_world} ranks cannot map to "
-                             f"{world_size}. HINT: resume on {saved_world} ranks or use a map-style Dataset")
+            raise ValueError(f"a per-rank data position (IterableDataset or shard=False) saved on {saved_world} "
+                             f"ranks cannot map to {world_size}. HINT: resume on {saved_world} ranks or use a "
+                             "map-style Dataset sharded by phalanx")
         return consumed
     per_step = world_size * (int(loader.batch_size) if unit == "samples" else 1)
     if consumed % per_step:
@@ -210,12 +292,10 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
-        warnings.warn(
-            "phalanx: an IterableDataset cannot be split by index; every rank iterates it whole. "
-            "Shard it inside the dataset by rank, or use a map-style Dataset.",
-            stacklevel=3,
-        )
-        return loader
+        # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
+        # too, even in a world of one.
+        return DataLoader(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
+                          drop_last=loader.drop_last, **kwargs)
     generator = torch.Generator()
     generator.manual_seed(seed)
     sampler = loader.sampler
@@ -237,3 +317,40 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
     drop_last = bool(getattr(batch_sampler, "drop_last", False))
     shard = BatchShardSampler(batch_sampler, ctx.world_size, ctx.rank, drop_last=drop_last)
     return DataLoader(dataset, batch_sampler=shard, generator=generator, **kwargs)
+
+
+def _drops_last(loader: DataLoader) -> bool:
+    """Whether the user chose to drop rather than pad (DataLoader or batch sampler drop_last)."""
+    if loader.batch_sampler is not None and hasattr(loader.batch_sampler, "drop_last"):
+        return bool(loader.batch_sampler.drop_last)
+    return bool(loader.drop_last)
+
+
+def _equalising_mode(loader: DataLoader, ctx: DistContext, shard: bool) -> str:
+    """How equal step counts are ensured: 'fixed' (by construction), 'count' (per pass), 'step'."""
+    if not ctx.is_distributed:
+        return "fixed"
+    if isinstance(loader.dataset, IterableDataset):
+        return "step"
+    try:
+        len(loader)
+    except TypeError:  # a custom sampler without __len__
+        return "step"
+    if not shard:
+        return "count"
+    try:
+        length = len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return "count"
+    lengths = gather_ints(length)
+    if len(set(lengths)) > 1:
+        warnings.warn(
+            f"phalanx: the dataset passed to prepare() has a different length on each rank "
+            f"(by rank: {lengths}): it looks already split per rank, and sharding it again drops "
+            f"data (each rank keeps only 1/{ctx.world_size} of its own part). HINT: pass "
+            "prepare(loader, shard=False) to use each rank's data as is; step counts are equalised "
+            "either way.",
+            stacklevel=4,
+        )
+        return "count"
+    return "fixed"

@@ -24,10 +24,10 @@ PROG_ERROR = "phalanx run: error:"
 EXIT_USAGE = 2
 
 
-def _positive_float(text: str) -> str:
-    value = float(text)  # argparse turns ValueError into "invalid _positive_float value"
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+def _timeout_or_off(text: str) -> str:
+    value = float(text)  # argparse turns ValueError into "invalid number of seconds value"
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds (0 turns it off), got {text}")
     return text
 
 
@@ -41,7 +41,7 @@ def _absolute_path(text: str) -> str:
     return os.path.abspath(text)  # workers may run from another directory
 
 
-_positive_float.__name__ = "number of seconds"
+_timeout_or_off.__name__ = "number of seconds"
 _existing_file.__name__ = "file"
 
 
@@ -58,7 +58,7 @@ class PassThroughFlag:
 PASSTHROUGH_FLAGS: tuple[PassThroughFlag, ...] = (
     PassThroughFlag(("--strategy",), envvars.PHALANX_STRATEGY, "distribution strategy: dp, ddp, zero1, zero2, zero3 (fsdp)"),
     PassThroughFlag(("--mixed-precision", "--mixed_precision"), envvars.PHALANX_MIXED_PRECISION, "mixed precision mode, e.g. bf16, fp16, no"),
-    PassThroughFlag(("--watchdog-timeout", "--watchdog_timeout"), envvars.PHALANX_WATCHDOG_TIMEOUT, "seconds without progress before the watchdog reports a hang", _positive_float),
+    PassThroughFlag(("--watchdog-timeout", "--watchdog_timeout"), envvars.PHALANX_WATCHDOG_TIMEOUT, "seconds without progress before the watchdog reports a hang; 0 turns it off", _timeout_or_off),
     PassThroughFlag(("--deepspeed",), envvars.PHALANX_DEEPSPEED_CONFIG, "path of a DeepSpeed JSON config", _existing_file),
     PassThroughFlag(("--checkpoint-dir", "--checkpoint_dir"), envvars.PHALANX_CHECKPOINT_DIR,
                     "checkpoint root: px.save_state()/load_state() with no path use it (with --max-restarts, runs resume by themselves)",

@@ -36,11 +36,20 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def reduce(data: Any, reduction: str = "mean") -> Any:
+def _check(op: str, data: Any, ragged_dim0: bool = False) -> None:
+    """Debug mode: every rank must be about to run the same collective on matching tensors."""
+    from phalanx.runtime.debug import check_collective  # lazy: debug builds on this module
+
+    check_collective(op, data, ragged_dim0)
+
+
+def reduce(data: Any, reduction: str = "mean", debug: bool = False) -> Any:
     """All-reduce every tensor; every rank receives the result. Input tensors are not modified."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     world = _world()
+    if debug and world > 1:
+        _check(f"reduce[{reduction}]", data)
 
     def one(t: torch.Tensor) -> torch.Tensor:
         out = t.detach().clone()
@@ -58,12 +67,14 @@ def reduce(data: Any, reduction: str = "mean") -> Any:
     return map_tensors(one, data)
 
 
-def gather(data: Any) -> Any:
+def gather(data: Any, debug: bool = False) -> Any:
     """Concatenate every tensor along dim 0 over ranks, in rank order.
 
     Ranks may hold different lengths along dim 0 (the last batch, a filtered batch); the other
     dims must match. 0-d tensors become one row per rank.
     """
+    if debug and _world() > 1:
+        _check("gather", map_tensors(lambda t: t.reshape(1) if t.dim() == 0 else t, data), ragged_dim0=True)
     if _world() == 1:
         return map_tensors(lambda t: t.detach().clone() if t.dim() else t.detach().reshape(1), data)
     return map_tensors(_gather_one, data)
@@ -88,23 +99,36 @@ def _gather_one(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([part[:n] for part, n in zip(parts, sizes)])
 
 
-def gather_object(obj: Any) -> list[Any]:
+def gather_object(obj: Any, debug: bool = False) -> list[Any]:
     """Gather one picklable object per rank into a list on every rank."""
     world = _world()
     if world == 1:
         return [obj]
+    if debug:
+        _check("gather_object", None)
     out: list[Any] = [None] * world
     dist.all_gather_object(out, obj)
     return out
 
 
-def broadcast(data: Any, src: int = 0) -> Any:
+def broadcast(data: Any, src: int = 0, debug: bool = False) -> Any:
     """Copy tensors from rank `src` to every rank (in place on the receivers, also returned)."""
     if _world() == 1:
         return data
+    if debug:
+        _check(f"broadcast[src={src}]", data)
 
     def one(t: torch.Tensor) -> torch.Tensor:
         dist.broadcast(t, src=src)
         return t
 
     return map_tensors(one, data)
+
+
+def barrier(debug: bool = False) -> None:
+    """Wait until every rank is here (no-op in a world of one)."""
+    if _world() == 1:
+        return
+    if debug:
+        _check("barrier", None)
+    dist.barrier()

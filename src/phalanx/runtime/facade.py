@@ -6,16 +6,18 @@ import os
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
 from phalanx import envvars
 from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.loader import BatchInfo, PreparedLoader
-from phalanx.runtime import collectives
+from phalanx.runtime import collectives, uneven, watchdog
+from phalanx.runtime import debug as debug_mode
 from phalanx.runtime.context import DistContext
-from phalanx.runtime.process_group import init_process_group
+from phalanx.runtime.process_group import destroy_process_group, init_process_group
+from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
+from phalanx.runtime.uneven import UnevenInputs
 from phalanx.strategies import memory, registry, settings
 from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
 from phalanx.strategies.base import Strategy, StrategyOptions
@@ -40,6 +42,8 @@ class Phalanx:
         cpu: bool = False,
         device_placement: bool = True,
         collective_timeout: float | None = None,
+        watchdog_timeout: float | None = None,
+        debug: bool | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_keep: int = 3,
         checkpoint_async: bool = False,
@@ -58,11 +62,17 @@ class Phalanx:
         self.seed = int(seed if seed is not None else os.environ.get(envvars.PHALANX_SEED, 0))
         self.device_placement = device_placement
         registry.resolve_name(self.settings.strategy, self.ctx)  # bad names fail before any group is joined
+        self.debug = debug_mode.resolve_debug(debug)  # check each collective's shapes across ranks first
+        watchdog_timeout = watchdog.resolve_timeout(watchdog_timeout)  # 0 = off
         init_process_group(self.ctx, collective_timeout)
         self.strategy: Strategy = registry.create(self.settings.strategy, self.ctx, self.settings.options)
         self._accumulator = Accumulator(self.settings.grad_accum_steps)
         self._optimizers: list[torch.optim.Optimizer] = []
         self._batch_info = BatchInfo()
+        self.progress = Progress()  # step and phase of this rank, read by the watchdog
+        self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
+        self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self.progress,
+                                                watchdog_timeout, destroy_process_group)
         self._checkpointer = Checkpointer(
             strategy_name=self.strategy.name, seed=self.seed, keep=checkpoint_keep, async_save=checkpoint_async,
             directory=checkpoint_dir or os.environ.get(envvars.PHALANX_CHECKPOINT_DIR) or None,
@@ -98,11 +108,12 @@ class Phalanx:
         return self.strategy.name
 
     # ---- preparing -------------------------------------------------------------------------
-    def prepare(self, *objects: Any) -> Any:
+    def prepare(self, *objects: Any, shard: bool = True) -> Any:
         """Prepare models, optimizers and data loaders, in any number and order.
 
         Returns them in the order given (a single object when one was passed). Models are
         prepared first, so an optimizer can be bound to the model's wrapped parameters.
+        `shard=False`: the loaders hold data already split per rank; use it as is.
         """
         prepared: list[Any] = list(objects)
         models = [i for i, o in enumerate(objects) if isinstance(o, nn.Module)]
@@ -113,34 +124,41 @@ class Phalanx:
                 model = prepared[models[0]] if len(models) == 1 else None
                 prepared[i] = self.prepare_optimizer(obj, model)
             elif isinstance(obj, DataLoader):
-                prepared[i] = self.prepare_data_loader(obj)
+                prepared[i] = self.prepare_data_loader(obj, shard=shard)
             elif not isinstance(obj, nn.Module) and hasattr(obj, "load_state_dict"):  # LR scheduler, grad scaler
                 self.register_for_checkpointing(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        prepared = self.strategy.setup_model(model)
+        model = self._checkpointer.track(self.strategy.setup_model(model))
         self._checkpointer.strategy_name = self.strategy.name  # `auto` has decided by now
-        return self._checkpointer.track(prepared)
+        self._prepared.append(model)
+        watch_module(self.progress, model)
+        return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The strategy's optimizer (rebound to sharded parameters under zero2/zero3, a
         ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
         inner = self.strategy.setup_optimizer(optimizer, model)
         self._optimizers.append(inner)
-        return self._checkpointer.track(
+        optimizer = self._checkpointer.track(
             wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping))
+        self._prepared.append(optimizer)
+        watch_optimizer(self.progress, optimizer)
+        return optimizer
 
-    def prepare_data_loader(self, loader: DataLoader) -> PreparedLoader:
+    def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         if self.settings.deepspeed is not None:
             self.settings.deepspeed.check_loader(loader.batch_size)
-        return self._checkpointer.track(PreparedLoader(loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
-                                                       batch_info=self._batch_info))
+        return self._checkpointer.track(PreparedLoader(
+            loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
+            batch_info=self._batch_info, shard=shard, progress=self.progress))
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         """`loss.backward()`, divided by grad_accum_steps and scaled for fp16 when needed."""
-        self.strategy.backward(self._accumulator.scale_loss(loss))
+        with self.progress.during("backward"):
+            self.strategy.backward(self._accumulator.scale_loss(loss))
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         return self.strategy.no_sync(model)
@@ -194,14 +212,16 @@ class Phalanx:
 
         Without `path`, writes the next `step-XXXXXXXX` checkpoint under `checkpoint_dir`.
         """
-        return str(self._checkpointer.save(path, async_save))
+        with self.busy("save_state"):  # writing can outlast the watchdog timeout on some ranks
+            return str(self._checkpointer.save(path, async_save))
 
     def load_state(self, path: str | os.PathLike | None = None) -> bool:
         """Restore the latest intact checkpoint (or `path`); False, changing nothing, when there is none.
 
         Call it after `prepare(...)`: one script then both starts and resumes.
         """
-        return self._checkpointer.load(path)
+        with self.busy("load_state"):
+            return self._checkpointer.load(path)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include objects with state_dict()/load_state_dict() (schedulers, scalers, your own) in checkpoints."""
@@ -224,10 +244,12 @@ class Phalanx:
             print(*args, **kwargs)
 
     def reduce(self, data: Any, reduction: str = "mean") -> Any:
-        return collectives.reduce(data, reduction)
+        with self.progress.during("reduce"):
+            return collectives.reduce(data, reduction, debug=self.debug)
 
     def gather(self, data: Any) -> Any:
-        return collectives.gather(data)
+        with self.progress.during("gather"):
+            return collectives.gather(data, debug=self.debug)
 
     def gather_for_metrics(self, data: Any) -> Any:
         """Gather like `gather`, without the repeats the sampler added to even out the ranks.
@@ -242,21 +264,39 @@ class Phalanx:
         def cut(t: torch.Tensor) -> torch.Tensor:
             return t[:real] if trim and t.dim() > 0 and t.shape[0] == size else t
 
-        if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
-            mine = data[:real] if trim and len(data) == size else data
-            return [x for part in collectives.gather_object(mine) for x in part]
-        return collectives.gather(collectives.map_tensors(cut, data))
+        with self.progress.during("gather_for_metrics"):
+            if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
+                mine = data[:real] if trim and len(data) == size else data
+                return [x for part in collectives.gather_object(mine, debug=self.debug) for x in part]
+            return collectives.gather(collectives.map_tensors(cut, data), debug=self.debug)
 
     def wait_for_everyone(self) -> None:
         """Barrier across all ranks (no-op in a world of one)."""
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+        with self.progress.during("barrier"):
+            collectives.barrier(debug=self.debug)
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
         """Let the main process run the block first (e.g. to download or cache a dataset)."""
         if not self.is_main_process:
             self.wait_for_everyone()
-        yield
-        if self.is_main_process:
-            self.wait_for_everyone()
+            yield
+            return
+        with self.busy("main_process_first"):  # the others wait on purpose: not a stall
+            yield
+        self.wait_for_everyone()
+
+    # ---- lockstep safety: uneven inputs, watchdog, debug -------------------------------------
+    def uneven_inputs(self, *objects: Any, method: str = "auto") -> UnevenInputs:
+        """Context for data whose length differs per rank: torch's Join where it applies, else a
+        step-level agreement. No objects: every model and optimizer this Phalanx prepared."""
+        return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self.progress)
+
+    def join(self, *objects: Any) -> UnevenInputs:
+        """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
+        return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self.progress)
+
+    def busy(self, what: str = "busy") -> contextlib.AbstractContextManager[None]:
+        """Mark long work on this rank that the others wait for on purpose (e.g. rank 0 saving a
+        checkpoint while the rest wait at a barrier): the watchdog does not call it a stall."""
+        return self.progress.busy_with(what)

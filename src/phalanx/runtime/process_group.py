@@ -89,6 +89,8 @@ def destroy_process_group() -> None:
     """
     if not dist.is_initialized():
         return
-    if not _state["failed"]:
+    # An exception on its way out counts too: forked workers (`phalanx run`) run the atexit
+    # handlers from a `finally`, and sys.excepthook is never called there.
+    if not _state["failed"] and sys.exc_info()[0] is None:
         dist.barrier()
     dist.destroy_process_group()

@@ -1,0 +1,103 @@
+"""Uneven inputs that no loader can equalise: rank-dependent user loops, per-rank streams.
+
+Two mechanisms behind one context manager, chosen by what the prepared objects support:
+- "join": torch's `Join` (ddp, and ZeroRedundancyOptimizer for zero1): a rank that runs out early
+  shadows its peers' gradient all-reduces until every rank is done, then DDP syncs the final model.
+  Every batch of every rank is trained on.
+- "agree": a step-level agreement for everything Join does not cover (FSDP2 zero2/zero3, or any
+  script with its own collectives in the loop): before each step all ranks say whether they have a
+  batch, and all stop together as soon as one has none. The longer ranks' extra batches are skipped.
+
+    with px.uneven_inputs(model) as uneven:
+        for batch in uneven.iter(my_rank_dependent_batches):
+            ...
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Sequence
+
+from torch import nn
+from torch.optim import Optimizer
+from torch.distributed.algorithms import Join, Joinable
+
+from phalanx.data.equalize import agree_step
+from phalanx.runtime.context import DistContext
+from phalanx.runtime.progress import Progress
+
+METHODS = ("auto", "join", "agree")
+
+
+class UnevenInputs:
+    """The context manager returned by `px.uneven_inputs` / `px.join`; `.iter()` wraps user iterables."""
+
+    def __init__(self, method: str, joinables: Sequence[Joinable] = (), progress: Progress | None = None):
+        self.method = method  # "join", "agree" or "none" (a world of one)
+        self._join = Join(list(joinables)) if method == "join" else None
+        self._progress = progress
+
+    def __enter__(self) -> "UnevenInputs":
+        if self._join is not None:
+            self._join.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> bool | None:
+        if self._join is None:
+            return None
+        if self._progress is not None:
+            # A rank that finished early waits here, shadowing its peers' collectives.
+            self._progress.enter("join")
+        return self._join.__exit__(*exc_info)
+
+    def iter(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """Yield `iterable`'s items; under "agree", stop on every rank once any rank runs out."""
+        if self.method != "agree":
+            yield from iterable
+            return
+        it = iter(iterable)
+        while True:
+            if self._progress is not None:
+                self._progress.enter("agree")
+            item = next(it, _END)
+            if not agree_step(item is not _END, can_pad=False, drop=True).proceed:
+                return
+            yield item
+
+
+_END = object()
+
+
+def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto") -> str:
+    """'join' when every model among `objects` is Joinable (ddp), else 'agree'; 'none' alone."""
+    if method not in METHODS:
+        raise ValueError(f"uneven_inputs method must be one of {METHODS}, got {method!r}")
+    if not ctx.is_distributed:
+        return "none"
+    models = [o for o in objects if isinstance(o, nn.Module)]
+    not_joinable = [type(m).__name__ for m in models if not isinstance(m, Joinable)]
+    if method == "join":
+        if not models or not_joinable:
+            raise ValueError(
+                f"phalanx: torch's Join needs Joinable models, got {not_joinable or 'no model'}. Join "
+                "covers ddp (DistributedDataParallel) and zero1's optimizer; sharded models (zero2, "
+                "zero3, fsdp) are not Joinable. HINT: use px.uneven_inputs(model), which falls back to "
+                "a step-level agreement, and iterate your data through `uneven.iter(...)`."
+            )
+        return "join"
+    if method == "agree":
+        return "agree"
+    return "join" if models and not not_joinable else "agree"
+
+
+def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto",
+                  progress: Progress | None = None) -> UnevenInputs:
+    """Build the context for `objects` (prepared models and optimizers)."""
+    chosen = choose_method(objects, ctx, method)
+    joinables = [o for o in map(_unwrap, objects) if isinstance(o, Joinable)] if chosen == "join" else []
+    return UnevenInputs(chosen, joinables, progress)
+
+
+
+def _unwrap(obj: Any) -> Any:
+    """The optimizer inside a wrapper (an accumulation wrapper around zero1's Joinable optimizer)."""
+    inner = getattr(obj, "optimizer", None)
+    return inner if isinstance(obj, Optimizer) and isinstance(inner, Optimizer) else obj

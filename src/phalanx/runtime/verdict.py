@@ -1,0 +1,79 @@
+"""The watchdog's judgement: from what each rank last reported, who is stalled or dead, and the words.
+
+A pure function of the observations (no store, no threads), so every case is unit-tested.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from phalanx.runtime.progress import STEP
+
+LEFT_LOOP = "exit"  # the phase of a rank that has left its script (atexit)
+_IN_SCRIPT = ("start", STEP)  # phases in which a rank runs the user's code, not phalanx's
+
+
+@dataclass
+class PeerView:
+    """What this rank has observed of one peer's record, on its own monotonic clock."""
+
+    record: tuple[int, int, int, str] | None = None  # heartbeat, ticks, step, phase
+    beat_at: float = 0.0  # when its heartbeat last changed
+    moved_at: float = 0.0  # when its ticks last changed
+
+
+@dataclass
+class Verdict:
+    culprits: list[int]
+    dead: list[int]
+    headline: str
+    lines: list[str] = field(default_factory=list)
+
+
+def judge(peers: list[PeerView], now: float, timeout: float, me: int) -> Verdict | None:
+    """A verdict when nobody moved for `timeout` and the ranks are out of step (or one is silent)."""
+    if any(v.record is None for v in peers) or min(now - v.moved_at for v in peers) <= timeout:
+        return None
+    dead = [r for r, v in enumerate(peers) if r != me and now - v.beat_at > timeout]
+    places = {(v.record[2], v.record[3]) for v in peers}  # type: ignore[index]
+    left = [r for r, v in enumerate(peers) if v.record[3] == LEFT_LOOP]  # type: ignore[index]
+    if not dead and not left and len(places) == 1:
+        return None  # everyone at the same place: long work, not a rank out of step
+    in_script = [r for r, v in enumerate(peers) if v.record[3] in _IN_SCRIPT]  # type: ignore[index]
+    if in_script:  # of the ranks busy in the script, the one(s) furthest behind
+        behind = min(peers[r].record[2] for r in in_script)  # type: ignore[index]
+        in_script = [r for r in in_script if peers[r].record[2] == behind]  # type: ignore[index]
+    culprits = sorted(set(dead) | set(left) | set(in_script))
+    if not culprits:
+        lowest = min(v.record[2] for v in peers)  # type: ignore[index]
+        culprits = [r for r, v in enumerate(peers) if v.record[2] == lowest]  # type: ignore[index]
+    waited = min(now - v.moved_at for v in peers)
+    lines = []
+    for r, v in enumerate(peers):
+        _, _, step, phase = v.record  # type: ignore[misc]
+        if r in dead:
+            note = f"  <-- died: no heartbeat for {now - v.beat_at:.1f} s"
+        elif r in culprits:
+            note = "  <-- stalled" if phase != LEFT_LOOP else "  <-- left its training loop"
+        else:
+            note = " (waiting)"
+        lines.append(f"  rank {r}: {at_step(step)}, phase {phase!r}{note}")
+    c = culprits[0]
+    step, phase = peers[c].record[2], peers[c].record[3]  # type: ignore[index]
+    who = f"rank {c}" if len(culprits) == 1 else f"ranks {culprits}"
+    if c in dead:
+        what = f"{who} died (no heartbeat) at {at_step(step)}, phase {phase!r}"
+    elif phase == LEFT_LOOP:
+        what = (f"{who} left its training loop after {at_step(step)} while the others still wait: its data ran "
+                "out first. HINT: prepare the DataLoader with px.prepare (equal batch counts on every rank) "
+                "or wrap the loop in px.uneven_inputs(model)")
+    elif phase in _IN_SCRIPT:
+        what = f"{who} stalled at {at_step(step)} (phase {phase!r}: in the training script, between phalanx calls)"
+    else:
+        what = f"{who} stalled at {at_step(step)}, phase {phase!r}, behind the others"
+    headline = f"phalanx watchdog: {what}; no rank progressed for at least {waited:.1f} s (timeout {timeout:g} s)"
+    return Verdict(culprits, dead, headline, lines)
+
+
+def at_step(step: int) -> str:
+    """'step 3' (steps count batches from prepared loaders, from 0), or before the first one."""
+    return f"step {step}" if step >= 0 else "step -1 (before its first batch)"

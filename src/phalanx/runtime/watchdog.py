@@ -1,0 +1,310 @@
+"""The watchdog: a thread per rank that says who stalled or died, where, within seconds.
+
+Every rank's thread publishes a heartbeat and its progress (step, phase; see progress.py) to the
+store the launcher already runs (the default process group's store: no new server), once per
+`interval`. As long as the rank's own progress moves, that is all it does: one small `set` per
+second. Once this rank itself has stood still for a moment (it is stalled, or waiting for someone
+who is), its thread also reads the peers' records. When no rank has progressed for `timeout`
+seconds and the ranks are not all at the same place (someone waits in a collective that another
+never reached), or a rank has stopped sending heartbeats, one rank wins the right to report:
+
+    phalanx watchdog: rank 1 stalled at step 3 (phase 'step': in the training script, between
+    phalanx calls) while the other ranks waited for 5.1 s
+      rank 0: step 3, phase 'backward' (waiting)
+      rank 1: step 3, phase 'step'  <-- stalled
+    Python stack of each rank at that moment: ...
+
+every live rank adds its Python stack to the store, the reporter prints the report (and records it
+in TORCHELASTIC_ERROR_FILE for the launcher), and all ranks exit with code EXIT_CODE.
+
+All ranks at the same step and phase for a long time (a long evaluation, a slow first compile) is
+not a hang the watchdog can tell from work: the collective timeout remains the backstop there.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from phalanx import envvars
+from phalanx.runtime.progress import Progress
+from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
+
+DEFAULT_WATCHDOG_TIMEOUT_S = 60.0
+EXIT_CODE = 3  # a rank stopped by the watchdog (1 stays "the script raised")
+_PREFIX = "phalanx/watchdog/"
+
+
+def resolve_timeout(seconds: float | None) -> float:
+    """Phalanx(watchdog_timeout=...) > PHALANX_WATCHDOG_TIMEOUT > 60 s; 0 turns the watchdog off."""
+    if seconds is None:
+        raw = os.environ.get(envvars.PHALANX_WATCHDOG_TIMEOUT, "")
+        try:
+            seconds = float(raw) if raw else DEFAULT_WATCHDOG_TIMEOUT_S
+        except ValueError:
+            raise ValueError(f"{envvars.PHALANX_WATCHDOG_TIMEOUT}={raw!r} is not a number of seconds "
+                             "(0 turns the watchdog off)") from None
+    if seconds < 0:
+        raise ValueError(f"watchdog timeout must be >= 0 seconds (0 = off), got {seconds}")
+    return float(seconds)
+
+
+class Watchdog:
+    """The reporting thread of one rank. `start()` after the process group exists."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, progress: Progress, timeout: float):
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.progress = progress
+        self.timeout = timeout
+        self.interval = min(1.0, timeout / 5)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="phalanx-watchdog", daemon=True)
+        self._beat = 0
+        self._peers = [PeerView() for _ in range(world_size)]
+        self._watching_since: float | None = None
+
+    # ---- lifetime ------------------------------------------------------------------------
+    def start(self) -> "Watchdog":
+        self._publish()  # before the thread: peers find this rank's record from the start
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5 * self.interval)
+
+    # ---- the thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        last_ticks, moved_at = -1, time.monotonic()
+        while not self._stop.wait(self.interval):
+            try:
+                self._publish()
+                now = time.monotonic()
+                ticks = self.progress.ticks
+                if ticks != last_ticks or self.progress.busy:
+                    last_ticks, moved_at, self._watching_since = ticks, now, None
+                    continue
+                if now - moved_at < 2 * self.interval:
+                    continue  # moving: peers are not this rank's business
+                self._watch_peers(now)
+            except Exception as error:  # noqa: BLE001 - reported below, never hidden
+                if self._stop.is_set() or self.progress.phase == LEFT_LOOP:
+                    return  # the store's host finished first at exit: nothing left to watch
+                _stop_process(f"phalanx watchdog (rank {self.rank}): lost the rendezvous store: "
+                              f"{type(error).__name__}: {error}\nIts host (the launcher's agent, or rank 0 "
+                              "when started without one) has probably died; stopping this rank.", show=True)
+
+    def _publish(self) -> None:
+        self._beat += 1
+        p = self.progress
+        ticks = p.ticks + self._beat if p.busy else p.ticks  # busy on purpose: counts as moving
+        self.store.set(f"r{self.rank}", f"{self._beat}|{ticks}|{p.step}|{p.phase}")
+
+    def _watch_peers(self, now: float) -> None:
+        if self.store.check(["verdict"]):
+            self._follow(self.store.get("verdict").decode())
+            return
+        if self._watching_since is None:
+            self._watching_since = now
+            for view in self._peers:
+                view.beat_at = view.moved_at = now  # unknown before: count from now
+        self._read_peers(now)
+        verdict = judge(self._peers, now, self.timeout, self.rank)
+        if verdict is None:
+            return
+        won = self.store.compare_set("verdict", "", verdict.headline).decode() == verdict.headline
+        if won:
+            self._report(verdict)
+        else:
+            self._follow(self.store.get("verdict").decode())
+
+    def _read_peers(self, now: float) -> None:
+        keys = [f"r{r}" for r in range(self.world_size)]
+        for rank, raw in enumerate(self.store.multi_get(keys)):
+            beat, ticks, step, phase = raw.decode().split("|", 3)
+            record = (int(beat), int(ticks), int(step), phase)
+            view = self._peers[rank]
+            if view.record is None or record[0] != view.record[0]:
+                view.beat_at = now
+            if view.record is None or record[1] != view.record[1]:
+                view.moved_at = now
+            view.record = record
+
+    # ---- stopping everyone -----------------------------------------------------------------
+    def _report(self, verdict: Verdict) -> None:
+        self.store.set(f"stack{self.rank}", main_thread_stack())
+        waiting_for = [r for r in range(self.world_size) if r != self.rank and r not in verdict.dead]
+        deadline = time.monotonic() + max(3.0, 3 * self.interval)
+        while time.monotonic() < deadline and not all(self.store.check([f"stack{r}"]) for r in waiting_for):
+            time.sleep(0.05)
+        stacks = []
+        for r in range(self.world_size):
+            text = self.store.get(f"stack{r}").decode() if self.store.check([f"stack{r}"]) else "(no stack: the rank did not answer)\n"
+            stacks.append(f"--- rank {r} (main thread, most recent call last) ---\n{text}")
+        report = "\n".join([verdict.headline, *verdict.lines, "Python stack of each rank at that moment:", *stacks])
+        self.store.set("report", report)
+        _announce(report, show=True)
+        self.store.set("reported", "1")
+        os._exit(EXIT_CODE)  # first: a launcher then names this rank, with the report, as the root cause
+
+    def _follow(self, headline: str) -> None:
+        """Another rank reports: give it this rank's stack, wait for its report, then stop.
+
+        Stops this rank whatever happens meanwhile (the reporter may take the store down with it).
+        """
+        message = f"phalanx watchdog stopped rank {self.rank}; the report: {headline}"
+        try:
+            self.store.set(f"stack{self.rank}", main_thread_stack())
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and not self.store.check(["reported"]):
+                time.sleep(0.05)
+            # The full report in this rank's error file too: a launcher that names only one failed
+            # rank (torch's fork start method names the lowest) shows it whichever rank it picks.
+            message = self.store.get("report").decode()
+            _announce(message, show=False)
+            time.sleep(1.0)  # let the reporter exit first (a launcher lists the first failure first)
+        finally:
+            _stop_process(message, show=False)
+
+    # ---- at the end of the script ------------------------------------------------------------
+    def failed(self, exc_type: type) -> None:
+        """This rank is ending with an uncaught exception: tell the peers, and if it is a
+        RuntimeError (how a collective fails when a peer is gone), name the peer that went first.
+
+        Explaining takes a few heartbeats, which also lets the root cause exit first, so a launcher
+        lists it first."""
+        if self.progress.phase == "failed":
+            return  # already explained (excepthook, then atexit)
+        self.progress.enter("failed")
+        self.stop()
+        self._publish()  # peers learn at once that this rank failed, and at which step
+        if issubclass(exc_type, RuntimeError):
+            note = explain_failure(self)
+            if note:
+                print(note, file=sys.stderr, flush=True)
+
+    def leave(self, destroy) -> None:
+        """Mark this rank as out of its loop, leave the group while still watched, then stop.
+
+        A failed teardown (a peer died or was stopped meanwhile) must not end in exit code 0,
+        which is what an exception in an atexit handler would give: exit with EXIT_CODE instead.
+        """
+        exc_type = sys.exc_info()[0]
+        if exc_type is not None:  # leaving because of an exception (forked workers get here)
+            self.failed(exc_type)
+        else:
+            self.progress.enter(LEFT_LOOP)
+        try:
+            destroy()
+        except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code
+            self.stop()
+            _stop_process(f"phalanx (rank {self.rank}): leaving the process group failed: "
+                          f"{type(error).__name__}: {error}", show=True)
+        self.stop()
+
+
+def main_thread_stack() -> str:
+    """The main thread's Python stack, from the training script's `__main__` on.
+
+    The frames above it (runpy, the launcher's worker wrapper, a forked agent's multiprocessing
+    machinery) are the same on every rank and say nothing about the hang.
+    """
+    frame = sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001
+    if frame is None:
+        return "(main thread has ended)\n"
+    frames = traceback.extract_stack(frame)
+    starts = [i for i, f in enumerate(frames) if f.filename == "<frozen runpy>" or f.filename.endswith("runpy.py")]
+    if starts and starts[-1] + 1 < len(frames):
+        frames = frames[starts[-1] + 1:]
+    return "".join(traceback.format_list(frames))
+
+
+def _announce(message: str, show: bool) -> None:
+    """Record `message` in TORCHELASTIC_ERROR_FILE, which the launcher prints in its summary (so the
+    report appears once), or else print it (if `show`)."""
+    if show and not os.environ.get(envvars.TORCHELASTIC_ERROR_FILE):
+        print(message, file=sys.stderr, flush=True)
+    if os.environ.get(envvars.TORCHELASTIC_ERROR_FILE):
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        try:
+            raise RuntimeError(message)
+        except RuntimeError as error:
+            ErrorHandler().record_exception(error)
+    sys.stdout.flush()
+
+
+def _stop_process(message: str, show: bool) -> None:
+    """Announce `message` and end this rank now.
+
+    os._exit: the main thread is blocked in a collective that will never finish, so a normal exit
+    (atexit handlers, process-group teardown) would block too.
+    """
+    _announce(message, show)
+    os._exit(EXIT_CODE)
+
+
+def explain_failure(watchdog: Watchdog) -> str | None:
+    """After a collective error: name the peers whose heartbeat stopped (they died first), if any.
+
+    Two reads of the peers' records, a few heartbeats apart: a rank whose heartbeat did not move
+    is gone, and this rank's error is most likely the consequence.
+    """
+    keys = [f"r{r}" for r in range(watchdog.world_size)]
+    first = watchdog.store.multi_get(keys)
+    time.sleep(3 * watchdog.interval)
+    second = watchdog.store.multi_get(keys)
+    failed, silent = [], []
+    for rank, (a, b) in enumerate(zip(first, second)):
+        if rank == watchdog.rank or a != b:
+            continue
+        _, _, step, phase = b.decode().split("|", 3)
+        if phase == "failed":
+            failed.append(f"rank {rank} raised an exception at {at_step(int(step))}")
+        else:
+            silent.append(f"rank {rank} stopped sending heartbeats at {at_step(int(step))}, phase {phase!r} "
+                          "(killed by a signal? out of memory?)")
+    if not failed and not silent:
+        return None
+    return (f"phalanx watchdog: {'; '.join(failed + silent)}. The error above on rank {watchdog.rank} is "
+            "most likely the consequence: look at that rank's own output first.")
+
+
+def _explain_uncaught_errors(watchdog: Watchdog) -> None:
+    """On an uncaught exception (plain `python`, spawned workers), tell peers and explain."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        previous(exc_type, exc, tb)
+        watchdog.failed(exc_type)
+
+    sys.excepthook = hook
+
+
+def start_watchdog(rank: int, world_size: int, progress: Progress, timeout: float, destroy) -> Watchdog | None:
+    """Start watching when there is a group and a timeout; `destroy` leaves the group at exit."""
+    if timeout == 0 or world_size == 1 or not dist.is_initialized():
+        return None
+    if _running:  # a second Phalanx() in this process takes over this rank's record
+        _running.pop().stop()
+    # Per restart attempt: records and verdicts of a previous attempt must never be read as this one's.
+    prefix = f"{_PREFIX}{os.environ.get(envvars.TORCHELASTIC_RESTART_COUNT, '0')}/"
+    store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store().clone())  # noqa: SLF001
+    store.set_timeout(timedelta(seconds=max(30.0, timeout)))
+    watchdog = Watchdog(store, rank, world_size, progress, timeout).start()
+    atexit.register(watchdog.leave, destroy)  # runs before the process group's own exit hook
+    _explain_uncaught_errors(watchdog)
+    _running.append(watchdog)
+    return watchdog
+
+
+_running: list[Watchdog] = []  # this process's watchdog: there is one rank per process
