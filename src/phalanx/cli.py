@@ -15,6 +15,7 @@ from typing import Sequence
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("phalanx.launch.run_command", "launch a training script on N processes / nodes"),
+    "plan": ("phalanx.plan.command", "per-strategy memory per rank for a model, and what auto would pick"),
     "slurm": ("phalanx.cluster.slurm_command", "write or submit an sbatch script that runs a script under phalanx"),
     "doctor": ("phalanx.doctor.command", "check this machine and allocation before a launch"),
     "export": ("phalanx.checkpoint.export", "consolidate a sharded checkpoint into one safetensors file"),

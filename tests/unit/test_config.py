@@ -162,17 +162,17 @@ def test_from_config_precedence_and_pass_through(tmp_path, monkeypatch):
     import logging
 
     path = write(tmp_path, "nproc_per_node: 4\nstrategy: ddp\nseed: 7\ncollective_timeout: 30\n"
-                           "grad_accum_steps: 3\nlog_level: DEBUG\n")
+                           "grad_accum_steps: 3\nlog_level: DEBUG\nlog_sinks: [jsonl]\n")
     monkeypatch.setenv(envvars.PHALANX_SEED, "11")
     monkeypatch.setenv(envvars.PHALANX_LOG_LEVEL, "WARNING")
     px = Phalanx.from_config(path)
     assert px.strategy_name == "single"  # ddp in a world of one
     assert px.seed == 11  # env over file (a Phalanx() argument)
     assert logging.getLogger("phalanx").level == logging.WARNING  # env over file (read from the env)
-    assert os.environ[envvars.PHALANX_GRAD_ACCUM_STEPS] == "3"  # no Phalanx() argument: passed on as env
+    assert px.settings.grad_accum_steps == 3  # file (a Phalanx() argument)
+    assert os.environ[envvars.PHALANX_LOG_SINKS] == "jsonl"  # no Phalanx() argument: passed on as env
     px = Phalanx.from_config(path, seed=5, grad_accum_steps=6, log_level="INFO")
-    assert px.seed == 5  # keyword over env
-    assert os.environ[envvars.PHALANX_GRAD_ACCUM_STEPS] == "6"
+    assert (px.seed, px.settings.grad_accum_steps) == (5, 6)  # keywords over env and file
     assert logging.getLogger("phalanx").level == logging.INFO
     with pytest.raises(config.ConfigError, match="unknown key"):
         Phalanx.from_config(write(tmp_path, "stratgy: ddp\n", "typo.yaml"))

@@ -36,4 +36,4 @@ def test_unknown_strategy_lists_valid_names():
 def test_auto_and_ddp_in_a_world_of_one_run_single_device():
     assert registry.resolve_name("auto", DistContext()) == "single"
     assert registry.resolve_name("ddp", DistContext()) == "single"
-    assert registry.resolve_name("auto", DistContext(world_size=2)) == "ddp"
+    assert registry.resolve_name("auto", DistContext(world_size=2)) == "auto"  # decided at prepare, from the model size

@@ -21,7 +21,8 @@ from phalanx.runtime.context import DistContext
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
-from phalanx.strategies import registry
+from phalanx.strategies import memory, registry, settings
+from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
 from phalanx.strategies.base import Strategy, StrategyOptions
 
 
@@ -37,6 +38,9 @@ class Phalanx:
         strategy: str | None = None,
         *,
         mixed_precision: str | None = None,
+        grad_accum_steps: int | None = None,
+        deepspeed: str | os.PathLike | dict | None = None,
+        strategy_options: dict[str, Any] | StrategyOptions | None = None,
         seed: int | None = None,
         cpu: bool = False,
         device_placement: bool = True,
@@ -47,16 +51,26 @@ class Phalanx:
         checkpoint_keep: int = 3,
         checkpoint_async: bool = False,
     ):
+        """`strategy`: dp, ddp, zero1, zero2, zero3 (= fsdp) or auto (default).
+        `mixed_precision`: no, bf16 or fp16. `grad_accum_steps`: micro-steps per optimizer step
+        (use with `px.accumulate`). `deepspeed`: a DeepSpeed JSON config (path or dict) mapped onto
+        these settings. `strategy_options`: fields of `StrategyOptions` (cpu_offload,
+        shard_modules, forward_prefetch, memory_budget_bytes, extra). Each falls back to its
+        PHALANX_* environment variable, as set by `phalanx run`.
+        """
         self.ctx = DistContext.from_env(cpu=cpu)
-        strategy = strategy or os.environ.get(envvars.PHALANX_STRATEGY) or "auto"
-        mixed_precision = mixed_precision or os.environ.get(envvars.PHALANX_MIXED_PRECISION) or "no"
+        self.settings = settings.resolve(strategy, mixed_precision, grad_accum_steps, deepspeed, strategy_options)
+        if self.settings.deepspeed is not None:
+            self.settings.deepspeed.check_world(self.ctx.world_size)
         self.seed = int(seed if seed is not None else os.environ.get(envvars.PHALANX_SEED, 0))
         self.device_placement = device_placement
-        registry.resolve_name(strategy, self.ctx)  # bad names fail before any group is joined
+        registry.resolve_name(self.settings.strategy, self.ctx)  # bad names fail before any group is joined
         self.debug = debug_mode.resolve_debug(debug)  # check each collective's shapes across ranks first
         watchdog_timeout = watchdog.resolve_timeout(watchdog_timeout)  # 0 = off
         init_process_group(self.ctx, collective_timeout)
-        self.strategy: Strategy = registry.create(strategy, self.ctx, StrategyOptions(mixed_precision=mixed_precision))
+        self.strategy: Strategy = registry.create(self.settings.strategy, self.ctx, self.settings.options)
+        self._accumulator = Accumulator(self.settings.grad_accum_steps)
+        self._optimizers: list[torch.optim.Optimizer] = []
         self._batch_info = BatchInfo()
         self._step_progress = Progress()  # step and phase of this rank, read by the watchdog
         self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
@@ -134,36 +148,80 @@ class Phalanx:
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = self._checkpointer.track(self.strategy.setup_model(model))
+        self._checkpointer.strategy_name = self.strategy.name  # `auto` has decided by now
         self._prepared.append(model)
         watch_module(self._step_progress, model)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        optimizer = self._checkpointer.track(self.strategy.setup_optimizer(optimizer, model))
+        """The strategy's optimizer (rebound to sharded parameters under zero2/zero3, a
+        ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
+        inner = self.strategy.setup_optimizer(optimizer, model)
+        self._optimizers.append(inner)
+        optimizer = self._checkpointer.track(
+            wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping))
         self._prepared.append(optimizer)
         watch_optimizer(self._step_progress, optimizer)
         return optimizer
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
+        if self.settings.deepspeed is not None:
+            self.settings.deepspeed.check_loader(loader.batch_size)
         return self._checkpointer.track(PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_info=self._batch_info, shard=shard, progress=self._step_progress))
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
+        """`loss.backward()`, divided by grad_accum_steps and scaled for fp16 when needed."""
         with self._step_progress.during("backward"):
-            self.strategy.backward(loss)
+            self.strategy.backward(self._accumulator.scale_loss(loss))
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         return self.strategy.no_sync(model)
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+        """Clip by the global gradient norm over all ranks (sharded strategies too) and return
+        it as a plain tensor; None on non-final accumulation micro-steps (nothing to clip yet)."""
         if isinstance(parameters, nn.Module):
             parameters = parameters.parameters()
+        return self._accumulator.when_syncing(self._clip, list(parameters), max_norm, norm_type)
+
+    def _clip(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
+        for opt in self._optimizers:  # fp16: clip the true gradients, not the scaled ones
+            self.strategy.precision.unscale_(opt)
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)
+
+    # ---- strategies: accumulation, clipping, precision, full weights ------------------------
+    def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """One micro-step: gradients sync (and the optimizer steps) on every grad_accum_steps-th."""
+        return self._accumulator.accumulate(lambda: self.strategy.no_sync(model))
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on the micro-step whose optimizer.step() really steps."""
+        return self._accumulator.sync_gradients
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self._accumulator.num_steps
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast for code outside the model's forward (the model's forward is already covered)."""
+        return self.strategy.precision.autocast()
+
+    def get_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The model's full, unsharded weights, with the user's parameter names, under every
+        strategy. On the main process always; other ranks get {} under zero2/zero3 (gathering N
+        full copies would defeat sharding) and the same full dict under replicated strategies."""
+        return self.strategy.full_state_dict(model)
+
+    def memory_report(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> memory.RankBytes:
+        """Bytes of parameters, gradients and optimizer state this rank holds now."""
+        return memory.measure(model, optimizer)
 
     # ---- checkpoints (phalanx.checkpoint) -------------------------------------------------------
     def save_state(self, path: str | os.PathLike | None = None, *, async_save: bool | None = None) -> str:

@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import Any, ContextManager, Iterable, Protocol
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ContextManager, Iterable, Protocol, Union
 
 import torch
 from torch import nn
 
 from phalanx.runtime.context import DistContext
+from phalanx.strategies.precision import Precision
+
+# Which submodules zero2/zero3 shard as one unit: module classes, or a predicate on (name, module).
+ShardSpec = Union[Iterable[type], Callable[[str, nn.Module], bool], None]
 
 
 @dataclass
@@ -16,19 +20,42 @@ class StrategyOptions:
     """Settings a strategy may use; strategies ignore what does not apply to them."""
 
     mixed_precision: str = "no"
+    """'no', 'bf16' or 'fp16'."""
+    cpu_offload: bool = False
+    """zero3: keep sharded parameters, gradients and optimizer state in CPU memory."""
+    shard_modules: ShardSpec = None
+    """zero2/zero3 wrapping units; default: each block of a top-level ModuleList/Sequential (the
+    rest stays in the root unit), else each top-level child with parameters."""
+    forward_prefetch: bool | None = None
+    """zero2/zero3: issue the next unit's all-gather before the current one computes. None: on
+    for CUDA; off on CPU, where gloo gains no overlap from it and it measured slower."""
+    memory_budget_bytes: int | None = None
+    """auto: per-device bytes the model state may take under ddp (default: from the device)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Strategy-specific keyword arguments, e.g. {'ddp_kwargs': {...}}."""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None, **overrides: Any) -> "StrategyOptions":
+        """Build from a user dict, refusing unknown keys (a typo must not be silently ignored)."""
+        values = {**(values or {}), **{k: v for k, v in overrides.items() if v is not None}}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown strategy option(s) {unknown}; valid options: {sorted(known)}")
+        return cls(**values)
 
 
 class Strategy(Protocol):
     """How a model and optimizer are spread over ranks and kept in step."""
 
     name: str
+    precision: Precision
 
     def setup_model(self, model: nn.Module) -> nn.Module:
         """Move `model` to the device and wrap it for this strategy."""
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        """Make `optimizer` act on the parameters of the wrapped `model`."""
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
+        """Make `optimizer` act on the parameters of the wrapped `model` (same groups/hyperparameters)."""
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate `loss` (scaling it when the strategy needs to)."""
@@ -40,7 +67,10 @@ class Strategy(Protocol):
         """The user's own module inside whatever wrapper the strategy added."""
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip by the global norm over all ranks; return that norm."""
+        """Clip by the global norm over all ranks; return that norm (a plain tensor)."""
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full, unsharded weights (on CPU for sharded strategies) on the main process."""
 
 
 class LocalStrategy:
@@ -51,15 +81,16 @@ class LocalStrategy:
     def __init__(self, ctx: DistContext, options: StrategyOptions | None = None):
         self.ctx = ctx
         self.options = options or StrategyOptions()
+        self.precision = Precision(self.options.mixed_precision, ctx.device)
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        return model.to(self.ctx.device)
+        return self.precision.wrap_forward(model.to(self.ctx.device))
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         return optimizer
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        self.precision.backward(loss)
 
     def no_sync(self, model: nn.Module) -> ContextManager[None]:
         return contextlib.nullcontext()
@@ -72,3 +103,7 @@ class LocalStrategy:
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         # Gradients are identical on every rank after the all-reduce: the local norm is global.
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        # Every rank holds the full weights already; detached so later steps do not change them.
+        return {k: v.detach() for k, v in self.unwrap(model).state_dict().items()}

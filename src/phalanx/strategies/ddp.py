@@ -13,7 +13,7 @@ class DDPStrategy(LocalStrategy):
     name = "ddp"
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.ctx.device)
+        model = super().setup_model(model)
         device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         return DistributedDataParallel(
             model,

@@ -1,0 +1,195 @@
+"""Strategies side by side: steps/s and per-rank model-state bytes, phalanx next to raw torch.
+
+    python bench/strategies.py [--world-size 2] [--rounds 5] [--steps 20]
+
+One workload (a large embedding + several residual MLP blocks + head, AdamW), one process group,
+alternating rounds. For each strategy: phalanx, and the same thing written by hand with raw torch
+(DDP, DDP + ZeroRedundancyOptimizer, fully_shard). Prints median steps/s, the ratio to raw DDP,
+and the largest rank's bytes of parameters + gradients + optimizer state.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Callable
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from _spawn import spawn
+
+VOCAB, DIM, BLOCKS, SEQ, BATCH, CLASSES = (int(os.environ.get("BENCH_VOCAB", 16384)), 256,
+                                           int(os.environ.get("BENCH_BLOCKS", 4)), 32, 16, 16)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.up = nn.Linear(DIM, 4 * DIM)
+        self.down = nn.Linear(4 * DIM, DIM)
+
+    def forward(self, x):
+        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.head = nn.Linear(DIM, CLASSES)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h.mean(1))
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return Net()
+
+
+def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(dist.get_rank())
+    return [(torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g))
+            for _ in range(n)]
+
+
+# ---- raw torch, written by hand -------------------------------------------------------------
+def raw_ddp():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(make_model(), gradient_as_bucket_view=True)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), lambda loss: loss.backward()
+
+
+def raw_zero1():
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(make_model(), gradient_as_bucket_view=True)
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    return model, opt, lambda loss: loss.backward()
+
+
+def _raw_fsdp(reshard: bool):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = make_model()
+    for block in model.blocks:  # the textbook recipe: each block, then the root
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), lambda loss: loss.backward()
+
+
+# ---- phalanx --------------------------------------------------------------------------------
+def with_phalanx(strategy: str, **options) -> Callable:
+    def build():
+        from phalanx import Phalanx
+
+        px = Phalanx(strategy=strategy, strategy_options=options or None)
+        model = make_model()
+        model, opt = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+        return model, opt, px.backward
+    return build
+
+
+VARIANTS: dict[str, Callable] = {
+    "raw ddp": raw_ddp,
+    "phalanx ddp": with_phalanx("ddp"),
+    "raw zero1 (DDP+ZeRO optimizer)": raw_zero1,
+    "phalanx zero1": with_phalanx("zero1"),
+    "raw zero2 (fully_shard, no reshard)": lambda: _raw_fsdp(False),
+    "phalanx zero2": with_phalanx("zero2"),
+    "raw zero3 (fully_shard per block)": lambda: _raw_fsdp(True),
+    "phalanx zero3": with_phalanx("zero3"),
+    "phalanx zero3, explicit prefetch": with_phalanx("zero3", forward_prefetch=True),
+    "phalanx zero3, embedding+head own units": with_phalanx(
+        "zero3", shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, Block)),
+}
+
+
+def run_variant(build: Callable, data, steps: int, warmup: int = 3) -> tuple[float, float, int]:
+    from phalanx.strategies import memory
+
+    model, opt, backward = build()
+    start = None
+    for i in range(warmup + steps):
+        if i == warmup:
+            dist.barrier()
+            start, cpu_start = time.perf_counter(), time.process_time()
+        x, y = data[i % len(data)]
+        opt.zero_grad(set_to_none=True)
+        backward(nn.functional.cross_entropy(model(x), y))
+        opt.step()
+    cpu_ms = (time.process_time() - cpu_start) / steps * 1000  # this process, all its threads
+    dist.barrier()
+    rate = steps / (time.perf_counter() - start)
+    held = memory.measure(model, opt)
+    most = torch.tensor([held.total], dtype=torch.int64)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return rate, cpu_ms, int(most.item())
+
+
+def worker(rounds: int, steps: int, only: list[str] | None) -> None:
+    names = [n for n in VARIANTS if not only or any(o in n for o in only)]
+    data = batches(8)
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    held: dict[str, int] = {}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else list(reversed(names))):
+            rate, cpu_ms, held[name] = run_variant(VARIANTS[name], data, steps)
+            rates[name].append(rate)
+            cpu[name].append(cpu_ms)
+    if dist.get_rank() == 0:
+        params = sum(p.numel() for p in make_model().parameters())
+        print(f"{dist.get_world_size()} ranks (gloo, CPU, 1 thread each), model {params / 1e6:.1f}M params "
+              f"(embedding {VOCAB}x{DIM}, {BLOCKS} blocks), batch {BATCH}x{SEQ} per rank; "
+              f"{rounds} alternating rounds of {steps} steps, median")
+        base_name = "raw ddp" if "raw ddp" in names else names[0]
+        base = sorted(rates[base_name])[rounds // 2]
+        base_bytes = held[base_name]
+        base_cpu = sorted(cpu[base_name])[rounds // 2]
+        print(f"  {'variant':44s} {'steps/s':>8s} {'vs ' + base_name:>11s} {'CPU ms/step':>12s} {'vs':>6s} "
+              f"{'state/rank':>11s} {'vs':>5s}")
+        for name in names:
+            med, c = sorted(rates[name])[rounds // 2], sorted(cpu[name])[rounds // 2]
+            print(f"  {name:44s} {med:8.2f} {med / base:11.3f} {c:12.1f} {base_cpu / c:6.3f} "
+                  f"{held[name] / 2**20:7.1f} MiB {held[name] / base_bytes:5.2f}")
+        print("  (CPU ms/step: rank 0's own CPU time, all threads; 'vs' = raw ddp's CPU time / this one's,\n"
+              "   a throughput ratio that ignores time stolen by other processes on a shared machine)")
+
+
+def _run(rounds: int, steps: int, only: list[str] | None) -> None:
+    dist.init_process_group("gloo")
+    try:
+        worker(rounds, steps, only)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--only", nargs="*", default=None, help="substrings of variant names to run")
+    args = parser.parse_args()
+    spawn(_run, args.world_size, args.rounds, args.steps, args.only)
+
+
+if __name__ == "__main__":
+    main()

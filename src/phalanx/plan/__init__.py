@@ -1,0 +1,1 @@
+"""`phalanx plan`: per-strategy memory plan for a model, before launching anything."""

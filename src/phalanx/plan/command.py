@@ -1,0 +1,104 @@
+"""`phalanx plan MODEL --world-size N`: per strategy, the bytes of parameters, gradients and
+optimizer state each rank will hold, and the strategy `auto` would pick.
+
+MODEL is `package.module:factory`, `path/to/file.py:factory`, or `path/to/file.py` exposing one of
+make_model / build_model / get_model / create_model. The model is built on the meta device, so
+planning a model larger than this machine's memory costs nothing. No torch import at module level.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+_FACTORY_NAMES = ("make_model", "build_model", "get_model", "create_model")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="module:factory, file.py:factory, or file.py exposing make_model()")
+    parser.add_argument("--world-size", "--world_size", type=int, required=True, help="number of ranks")
+    parser.add_argument("--optimizer", default="adamw",
+                        help="optimizer whose state to count: adamw, adam, sgd, sgd-momentum, adagrad, rmsprop")
+    parser.add_argument("--budget", default=None,
+                        help="per-device bytes for auto's choice, e.g. 16GB (default: "
+                             "PHALANX_MEMORY_BUDGET, else 60%% of this machine's GPU memory or RAM/local ranks)")
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
+                        help="ranks sharing this machine's RAM (CPU default budget only; default: world size)")
+
+
+def load_factory(spec: str) -> Callable[[], Any]:
+    target, _, attr = spec.partition(":")
+    if target.endswith(".py") or Path(target).is_file():
+        path = Path(target)
+        if not path.is_file():
+            raise ValueError(f"model file {target!r} does not exist")
+        module_spec = importlib.util.spec_from_file_location(f"_phalanx_plan_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.path.insert(0, str(path.resolve().parent))
+        try:
+            module_spec.loader.exec_module(module)
+        finally:
+            sys.path.pop(0)
+    else:
+        module = importlib.import_module(target)
+    names = [attr] if attr else [n for n in _FACTORY_NAMES if hasattr(module, n)][:1]
+    if not names or not hasattr(module, names[0]):
+        wanted = attr or " / ".join(_FACTORY_NAMES)
+        raise ValueError(f"{target!r} has no {wanted}. HINT: write MODEL as module:factory, where factory() "
+                         "returns the nn.Module.")
+    return getattr(module, names[0])
+
+
+def render(sizes: list, world_size: int, optimizer: str, budget: int) -> str:
+    from phalanx.strategies import memory
+
+    fb = memory.format_bytes
+    table = memory.plan(sizes, world_size, optimizer)
+    num_params = sum(s.numel for s in sizes)
+    lines = [f"model: {num_params:,} trainable parameters ({fb(sum(s.nbytes for s in sizes))}), "
+             f"optimizer {optimizer}, world_size {world_size}",
+             f"per-rank model state (the largest rank; activations not included):",
+             f"  {'strategy':14s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'total':>11s}  "
+             f"{'vs ddp':>6s}"]
+    ddp_total = table["ddp"][0].total
+    for name, ranks in table.items():
+        worst = max(ranks, key=lambda b: b.total + b.host)
+        note = ""
+        if worst.host:
+            note = f"  (+{fb(worst.host)} in CPU memory)"
+        ratio = worst.total / ddp_total if ddp_total else 0.0
+        lines.append(f"  {name:14s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
+                     f"{fb(worst.total):>11s}  {ratio:6.2f}{note}")
+    lines.append("  (at rest, between steps; during a step zero2 also holds every unit's gathered parameters\n"
+                 "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks')")
+    choice, why = memory.recommend(sizes, world_size, budget, optimizer=optimizer)
+    lines.append(f"auto would pick: {choice} ({why})")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    import os
+
+    import torch
+
+    from phalanx import envvars
+    from phalanx.strategies import memory
+
+    if args.world_size < 1:
+        raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
+    factory = load_factory(args.model)
+    with torch.device("meta"):
+        model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"{args.model} returned {type(model).__name__}, not a torch.nn.Module")
+    raw = args.budget or os.environ.get(envvars.PHALANX_MEMORY_BUDGET)
+    if raw:
+        budget = memory.parse_bytes(raw)
+    else:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        budget = memory.device_budget_bytes(device, args.nproc_per_node or args.world_size)
+    print(render(memory.model_sizes(model), args.world_size, args.optimizer, budget))
+    return 0

@@ -1,0 +1,166 @@
+"""Gradient accumulation: which micro-step syncs, the loss scale, and the optimizer wrapper
+whose `step()` / `zero_grad()` act only when a full accumulation cycle is done."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+from torch import nn
+
+from phalanx.strategies.precision import Precision
+
+
+class Accumulator:
+    """Counts micro-steps of `grad_accum_steps` and says when gradients must be synchronised.
+
+    `with accumulate(model):` marks one micro-step. On the non-final micro-steps of a cycle the
+    strategy's `no_sync` skips the gradient all-reduce / reduce-scatter, and `backward` divides the
+    loss by `num_steps` so that k micro-batches of size b equal one batch of size k*b.
+    """
+
+    def __init__(self, num_steps: int = 1):
+        if int(num_steps) != num_steps or num_steps < 1:
+            raise ValueError(f"grad_accum_steps must be a positive integer, got {num_steps!r}")
+        self.num_steps = int(num_steps)
+        self.micro_step = 0  # micro-steps begun so far
+        self.sync_gradients = True  # True on the final micro-step of a cycle (always when k == 1)
+        self.inside = False
+        self.holding_grads = False  # gradients of an unfinished cycle are held: zero_grad must wait
+
+    @contextlib.contextmanager
+    def accumulate(self, no_sync: Callable[[], ContextManager[Any]]) -> Iterator[None]:
+        self.micro_step += 1
+        self.sync_gradients = self.micro_step % self.num_steps == 0
+        self.inside = True
+        try:
+            with contextlib.nullcontext() if self.sync_gradients else no_sync():
+                yield
+        finally:
+            self.inside = False
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        if self.num_steps == 1:
+            return loss
+        if not self.inside:
+            raise RuntimeError(
+                f"grad_accum_steps={self.num_steps} but backward() was called outside "
+                "`with px.accumulate(model):`, so phalanx cannot tell which micro-step this is. "
+                "HINT: wrap each micro-step's forward/backward/step in `with px.accumulate(model):`."
+            )
+        self.holding_grads = True
+        return loss / self.num_steps
+
+    def when_syncing(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call `fn` on the final micro-step only (partial, unsynced gradients are not clipped)."""
+        return fn(*args, **kwargs) if self.sync_gradients else None
+
+
+_DELEGATED = ("register_step_pre_hook", "register_step_post_hook", "register_state_dict_pre_hook",
+              "register_state_dict_post_hook", "register_load_state_dict_pre_hook",
+              "register_load_state_dict_post_hook", "add_param_group")
+
+
+class PreparedOptimizer(torch.optim.Optimizer):
+    """The user's optimizer (possibly rebuilt by the strategy), stepped only on sync micro-steps.
+
+    It is an `Optimizer` for isinstance checks and LR schedulers; `param_groups`, `state`,
+    `defaults`, `state_dict()` and `load_state_dict()` are the wrapped optimizer's own.
+    `zero_grad()` is skipped while an unfinished cycle's gradients are held, so it may be called
+    before the forward or after `step()`: both orders accumulate correctly.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, accumulator: Accumulator, precision: Precision,
+                 clip: Callable[[], Any] | None = None):
+        # No super().__init__: this object owns no parameters; the wrapped optimizer does.
+        self.optimizer = optimizer
+        self.accumulator = accumulator
+        self.precision = precision
+        self.clip = clip  # called before each real step (DeepSpeed's gradient_clipping)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        if not self.accumulator.sync_gradients:
+            return None
+        if self.clip is not None:
+            self.precision.unscale_(self.optimizer)
+            self.clip()
+        result = self.precision.step(self.optimizer, closure)
+        self.accumulator.holding_grads = False
+        return result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.accumulator.num_steps > 1 and self.accumulator.holding_grads:
+            return
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not found normally (e.g. ZeroRedundancyOptimizer's own).
+        if name == "optimizer":
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"PreparedOptimizer({self.optimizer!r})"
+
+
+def _delegate(name: str) -> Callable[..., Any]:
+    def method(self: PreparedOptimizer, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.optimizer, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+for _name in _DELEGATED:
+    setattr(PreparedOptimizer, _name, _delegate(_name))
+
+
+def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    while isinstance(optimizer, PreparedOptimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def wrap_optimizer(optimizer: torch.optim.Optimizer, accumulator: Accumulator, strategy: Any,
+                   clip_norm: float | None = None) -> torch.optim.Optimizer:
+    """`optimizer` itself when nothing needs adding (no accumulation, scaler or auto-clipping),
+    else a PreparedOptimizer around it."""
+    precision: Precision = strategy.precision
+    clip = None
+    if clip_norm is not None:
+        def clip() -> torch.Tensor:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            return strategy.clip_grad_norm_(params, clip_norm)
+    if accumulator.num_steps == 1 and precision.scaler is None and clip is None:
+        return optimizer
+    return PreparedOptimizer(optimizer, accumulator, precision, clip)

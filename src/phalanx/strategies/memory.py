@@ -1,0 +1,188 @@
+"""Model-state memory per rank: what each strategy will hold (the plan) and what a rank holds
+(the measurement), in bytes of parameters, gradients and optimizer state.
+
+The plan follows each strategy's placement rules: ddp replicates everything; zero1 gives each
+whole parameter's optimizer state to one rank (greedy, largest first, onto the least loaded rank,
+as torch's ZeroRedundancyOptimizer does); zero2/zero3 split every parameter along dim 0 into
+`world_size` chunks (as FSDP2 does). Activations and communication buffers are not model state.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+# Optimizer state tensors per parameter, each the parameter's size, plus a scalar `step` tensor.
+OPTIMIZER_STATES: dict[str, tuple[int, bool]] = {
+    "adamw": (2, True), "adam": (2, True), "sgd": (0, False), "sgd-momentum": (1, False),
+    "adagrad": (1, True), "rmsprop": (1, True),
+}
+STEP_BYTES = 4  # AdamW's `step` is a float32 scalar tensor per parameter on CPU
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero3-offload")
+DEFAULT_BUDGET_FRACTION = 0.6  # of device memory; the rest is left for activations and buffers
+
+
+@dataclass(frozen=True)
+class ParamSize:
+    name: str
+    shape: tuple[int, ...]
+    element_size: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.element_size
+
+
+@dataclass
+class RankBytes:
+    """Model-state bytes one rank holds on its device (offloaded bytes are in `host`)."""
+
+    params: int = 0
+    grads: int = 0
+    optimizer: int = 0
+    host: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def model_sizes(model: nn.Module) -> list[ParamSize]:
+    """Trainable parameters' shapes (works on a model built on the meta device)."""
+    return [ParamSize(n, tuple(p.shape), p.element_size()) for n, p in model.named_parameters()
+            if p.requires_grad]
+
+
+def _optimizer_bytes(size: ParamSize, numel: int, optimizer: str) -> int:
+    try:
+        states, has_step = OPTIMIZER_STATES[optimizer]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {optimizer!r} for the memory plan; "
+                         f"known: {', '.join(OPTIMIZER_STATES)}") from None
+    return states * numel * size.element_size + (STEP_BYTES if has_step and numel > 0 else 0)
+
+
+def _dim0_chunk(shape: tuple[int, ...], world_size: int, rank: int) -> int:
+    """Elements of rank `rank`'s dim-0 chunk, as torch.chunk splits (FSDP2's sharding)."""
+    if not shape:
+        return 1 if rank == 0 else 0
+    rows = math.ceil(shape[0] / world_size)
+    mine = max(0, min(rows, shape[0] - rank * rows))
+    return mine * math.prod(shape[1:])
+
+
+def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
+    """Which rank holds each parameter's optimizer state under zero1."""
+    load = [0] * world_size
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: sizes[i].numel, reverse=True):
+        rank = load.index(min(load))
+        owner[i] = rank
+        load[rank] += sizes[i].numel
+    return owner
+
+
+def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw") -> dict[str, list[RankBytes]]:
+    """Per strategy, per rank: the model-state bytes that rank will hold."""
+    full = RankBytes(params=sum(s.nbytes for s in sizes), grads=sum(s.nbytes for s in sizes),
+                     optimizer=sum(_optimizer_bytes(s, s.numel, optimizer) for s in sizes))
+    out: dict[str, list[RankBytes]] = {"ddp": [RankBytes(full.params, full.grads, full.optimizer)
+                                              for _ in range(world_size)]}
+    owners = zero1_owners(sizes, world_size)
+    out["zero1"] = [RankBytes(full.params, full.grads,
+                              sum(_optimizer_bytes(s, s.numel, optimizer) for s, o in zip(sizes, owners) if o == r))
+                    for r in range(world_size)]
+    sharded = []
+    for r in range(world_size):
+        numels = [(s, _dim0_chunk(s.shape, world_size, r)) for s in sizes]
+        shard = sum(n * s.element_size for s, n in numels)
+        sharded.append(RankBytes(shard, shard, sum(_optimizer_bytes(s, n, optimizer) for s, n in numels)))
+    out["zero2"] = sharded
+    out["zero3"] = [RankBytes(b.params, b.grads, b.optimizer) for b in sharded]
+    out["zero3-offload"] = [RankBytes(host=b.total) for b in sharded]
+    return out
+
+
+def recommend(sizes: list[ParamSize], world_size: int, budget_bytes: int, mixed_precision: str = "no",
+              optimizer: str = "adamw") -> tuple[str, str]:
+    """What `auto` picks, and why: ddp when its per-rank state fits the budget, else zero3."""
+    if world_size <= 1:
+        return "single", "world_size is 1: nothing to distribute"
+    need = plan(sizes, world_size, optimizer)["ddp"][0].total
+    if need <= budget_bytes:
+        return "ddp", f"ddp needs {format_bytes(need)} per rank, within the {format_bytes(budget_bytes)} budget"
+    return "zero3", (f"ddp would need {format_bytes(need)} per rank, over the {format_bytes(budget_bytes)} "
+                     "budget: sharding with zero3")
+
+
+def device_budget_bytes(device: torch.device, local_world_size: int = 1) -> int:
+    """Default per-device budget: a fraction of the GPU's memory, or of RAM shared by local ranks."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(local_world_size, 1)
+    return int(total * DEFAULT_BUDGET_FRACTION)
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'8GB', '512MiB', '1e9' -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size; HINT: write e.g. 8GB, 512MiB or 1000000")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+# ---- measuring a real rank ---------------------------------------------------------------------
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _tensors(obj: Any) -> Iterable[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def _bytes(t: torch.Tensor) -> int:
+    t = _local(t)
+    return t.numel() * t.element_size()
+
+
+def measure(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> RankBytes:
+    """Bytes of the parameters, gradients and optimizer state this rank holds (local shards)."""
+    params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    out = RankBytes(params=sum(_bytes(p) for p in params), grads=sum(_bytes(g) for g in grads))
+    if optimizer is not None:
+        from phalanx.strategies.accumulation import unwrap_optimizer
+
+        optimizer = unwrap_optimizer(optimizer)
+        inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local optimizer
+        out.optimizer = sum(_bytes(t) for t in _tensors(list(inner.state.values())))
+    return out
