@@ -72,6 +72,9 @@ class PhalanxConfig:
     grad_accum_steps: int | None = field(default=None, metadata=_meta(
         RUNTIME, "micro-batches per optimizer step", env=envvars.PHALANX_GRAD_ACCUM_STEPS,
         flag="--grad-accum-steps", kind="positive_int"))
+    memory_budget: str | None = field(default=None, metadata=_meta(
+        RUNTIME, "per-device memory budget for strategy auto, e.g. 8GB", env=envvars.PHALANX_MEMORY_BUDGET,
+        flag="--memory-budget"))
     checkpoint_dir: str | None = field(default=None, metadata=_meta(
         RUNTIME, "where checkpoints are written and resumed from", env=envvars.PHALANX_CHECKPOINT_DIR,
         flag="--checkpoint-dir", kind="path"))

@@ -20,7 +20,7 @@ _DEFAULTS_ATTR = "_phalanx_flag_defaults"
 _EXAMPLES = {"nproc_per_node": "2", "nnodes": "1", "master_addr": "127.0.0.1", "master_port": "29500",
              "rdzv_backend": "c10d", "rdzv_endpoint": "node0:29400", "rdzv_id": "job1", "rdzv_timeout": "300",
              "deepspeed": "ds_config.json", "seed": "0", "strategy": "ddp", "mixed_precision": "no", "grad_accum_steps": "1",
-             "checkpoint_dir": "ckpt", "watchdog_timeout": "600", "log_level": "INFO", "log_sinks": "[csv, jsonl]"}
+             "memory_budget": "8GB", "checkpoint_dir": "ckpt", "watchdog_timeout": "600", "log_level": "INFO", "log_sinks": "[csv, jsonl]"}
 
 
 # ---- `phalanx config` --------------------------------------------------------------------------

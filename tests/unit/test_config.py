@@ -48,6 +48,9 @@ def test_schema_names_every_setting_of_the_issue_with_its_variable():
     for name, env in expected.items():
         assert config.BY_NAME[name].env == env, name
     assert all(getattr(envvars, s.env) == s.env for s in config.SETTINGS if s.env)  # named in envvars.py
+    # every phalanx setting variable has its config key (PHALANX_SLURM is a launcher switch, not a setting)
+    variables = {v for k, v in vars(envvars).items() if k.startswith("PHALANX_")} - {envvars.PHALANX_SLURM}
+    assert variables == {s.env for s in config.SETTINGS if s.env}
 
 
 def test_unknown_keys_are_rejected_listing_the_valid_ones(tmp_path):
