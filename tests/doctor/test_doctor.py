@@ -4,9 +4,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
+from phalanx.doctor import allreduce as allreduce_module
 from phalanx.doctor import checks
 from phalanx.doctor.allreduce import run_allreduce
 from phalanx.doctor.findings import FAIL, OK, WARN, exit_code
@@ -110,8 +112,16 @@ def test_master_check_names_the_interface():
     assert finding.status == OK and finding.data["ifname"] == "lo" and finding.data["is_local"] is True
 
 
+def _never_finishing_worker(*args) -> None:
+    time.sleep(120)
+
+
 @pytest.mark.timeout(60)
-def test_hung_allreduce_is_cut_at_the_timeout():
-    finding = run_allreduce(2, 1, timeout_s=0.05)
-    assert finding.status == FAIL and "did not finish within 0.05 s" in finding.detail
+def test_hung_allreduce_is_cut_at_the_timeout(monkeypatch):
+    # A real hang (the worker never returns), not a race against a short timeout.
+    monkeypatch.setattr(allreduce_module, "_worker", _never_finishing_worker)
+    start = time.monotonic()
+    finding = run_allreduce(2, 1, timeout_s=1.0)
+    assert finding.status == FAIL and "did not finish within 1 s (ranks [0, 1] still running)" in finding.detail
+    assert time.monotonic() - start < 30
     assert exit_code([finding]) == 1
