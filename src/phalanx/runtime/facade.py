@@ -77,6 +77,8 @@ class Phalanx:
             strategy_name=self.strategy.name, seed=self.seed, keep=checkpoint_keep, async_save=checkpoint_async,
             directory=checkpoint_dir or os.environ.get(envvars.PHALANX_CHECKPOINT_DIR) or None,
         )
+        if self.strategy.precision.scaler is not None:  # fp16: the loss scale is training state too
+            self._checkpointer.register(self.strategy.precision.scaler)
 
     # ---- who am I --------------------------------------------------------------------------
     @property
