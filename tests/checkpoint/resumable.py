@@ -97,7 +97,7 @@ def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batc
     records = []
 
     def record(event: dict) -> None:
-        event = {"attempt": attempt, "world_size": px.world_size, **event}
+        event = {"attempt": attempt, "world_size": px.world_size, "strategy": px.strategy_name, **event}
         records.append(event)
         if px.is_main_process:
             with open(Path(out) / "events.jsonl", "a") as f:
@@ -122,7 +122,7 @@ def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batc
             if px.global_step >= steps:
                 break
     # No wait_for_checkpoint(): an async save still in flight must be finished by the exit itself.
-    state = {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}
+    state = {k: v.detach().clone() for k, v in px.get_state_dict(model).items()}  # full weights, any strategy
     if px.is_main_process:
         torch.save(state, Path(out) / "final.pt")
     return {"records": records, "state": state, "strategy": px.strategy_name}

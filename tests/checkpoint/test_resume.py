@@ -35,6 +35,34 @@ def killed(tmp_path_factory) -> dict:
             "final": torch.load(base / "out" / "final.pt", weights_only=True), "log": proc.stderr}
 
 
+def launch_with_restarts(base: Path, kills: str, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--max-restarts", "3",
+               "--checkpoint-dir", str(base / "ckpt"), *extra,
+               "tests/checkpoint/resumable.py", "--out", str(base / "out"), "--kills", kills]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_kill_and_auto_resume_under_zero3_matches_the_uninterrupted_run(tmp_path):
+    """The same exact-resume contract with sharded (FSDP2) model and optimizer state."""
+    (tmp_path / "ref" / "out").mkdir(parents=True)
+    reference = run_ranks(RESUMABLE, 2, args=(str(tmp_path / "ref" / "ckpt"), str(tmp_path / "ref" / "out"), 40, 5),
+                          env={"PHALANX_STRATEGY": "zero3"}, timeout=150)
+    assert [r["strategy"] for r in reference] == ["zero3", "zero3"]
+    (tmp_path / "killed" / "out").mkdir(parents=True)
+    proc = launch_with_restarts(tmp_path / "killed", "17:1,28:0", "--strategy", "zero3")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    events = read_events(tmp_path / "killed" / "out")
+    assert {e["strategy"] for e in events} == {"zero3"}
+    assert [e["step"] for e in events if e["event"] == "resumed"] == [15, 25]
+    expected = torch.load(tmp_path / "ref" / "out" / "final.pt", weights_only=True)
+    final = torch.load(tmp_path / "killed" / "out" / "final.pt", weights_only=True)
+    assert final.keys() == expected.keys() and len(final) == 4
+    for name, tensor in expected.items():
+        torch.testing.assert_close(final[name], tensor, rtol=1e-5, atol=1e-6)
+
+
 def steps_of(events):
     return [e for e in events if e["event"] == "step"]
 

@@ -80,6 +80,8 @@ class Phalanx:
             strategy_name=self.strategy.name, seed=self.seed, keep=checkpoint_keep, async_save=checkpoint_async,
             directory=checkpoint_dir or os.environ.get(envvars.PHALANX_CHECKPOINT_DIR) or None,
         )
+        if self.strategy.precision.scaler is not None:  # fp16: the loss scale is training state too
+            self._checkpointer.register(self.strategy.precision.scaler)
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s", self.rank, self.world_size,
                           self.device, self.strategy_name, self.run_dir)
