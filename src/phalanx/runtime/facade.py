@@ -80,8 +80,6 @@ class Phalanx:
             strategy_name=self.strategy.name, seed=self.seed, keep=checkpoint_keep, async_save=checkpoint_async,
             directory=checkpoint_dir or os.environ.get(envvars.PHALANX_CHECKPOINT_DIR) or None,
         )
-        if self.strategy.precision.scaler is not None:  # fp16: the loss scale is training state too
-            self._checkpointer.register(self.strategy.precision.scaler)
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s", self.rank, self.world_size,
                           self.device, self.strategy_name, self.run_dir)
@@ -151,6 +149,9 @@ class Phalanx:
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = self._checkpointer.track(self.strategy.setup_model(model))
         self._checkpointer.strategy_name = self.strategy.name  # `auto` has decided by now
+        scaler = self.strategy.precision.scaler  # fp16: the loss scale is training state too
+        if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
+            self._checkpointer.register(scaler)  # here, not in __init__: `auto` has no precision before
         self._prepared.append(model)
         watch_module(self._step_progress, model)
         return model
