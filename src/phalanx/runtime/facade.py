@@ -77,8 +77,6 @@ class Phalanx:
             strategy_name=self.strategy.name, seed=self.seed, keep=checkpoint_keep, async_save=checkpoint_async,
             directory=checkpoint_dir or os.environ.get(envvars.PHALANX_CHECKPOINT_DIR) or None,
         )
-        if self.strategy.precision.scaler is not None:  # fp16: the loss scale is training state too
-            self._checkpointer.register(self.strategy.precision.scaler)
 
     # ---- who am I --------------------------------------------------------------------------
     @property
@@ -143,6 +141,9 @@ class Phalanx:
         ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
         inner = self.strategy.setup_optimizer(optimizer, model)
         self._optimizers.append(inner)
+        scaler = self.strategy.precision.scaler  # known once `auto` has decided, at prepare
+        if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
+            self._checkpointer.register(scaler)  # fp16: the loss scale is training state too
         optimizer = self._checkpointer.track(
             wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping))
         self._prepared.append(optimizer)
