@@ -18,31 +18,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
 from _spawn import spawn
+from _workload import BATCH, dataset, make_model
 
-HIDDEN, LAYERS, BATCH, SAMPLES = (int(os.environ.get("BENCH_HIDDEN", 512)), 4, 32, 4096)
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Linear(64, HIDDEN), nn.ReLU()]
-    for _ in range(LAYERS):
-        layers += [nn.Linear(HIDDEN, HIDDEN), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(HIDDEN, 10))
-
-
-def dataset() -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(SAMPLES, 64, generator=g), torch.randint(0, 10, (SAMPLES,), generator=g))
+SAMPLES = 4096
 
 
 def hand_written(steps: int, **ddp_kwargs) -> float:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = DDP(make_model(), **ddp_kwargs)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sampler = DistributedSampler(dataset(), num_replicas=world, rank=rank, shuffle=True)
+    sampler = DistributedSampler(dataset(SAMPLES), num_replicas=world, rank=rank, shuffle=True)
     loader = DataLoader(sampler.dataset, batch_size=BATCH, sampler=sampler)
     return _time_loop(steps, lambda epoch: (sampler.set_epoch(epoch), loader)[1], model, opt, lambda l: l.backward())
 
@@ -53,7 +41,7 @@ def with_phalanx(steps: int) -> float:
     px = Phalanx()
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loader = DataLoader(dataset(), batch_size=BATCH, shuffle=True)
+    loader = DataLoader(dataset(SAMPLES), batch_size=BATCH, shuffle=True)
     model, opt, loader = px.prepare(model, opt, loader)
     return _time_loop(steps, lambda epoch: loader, model, opt, px.backward)
 

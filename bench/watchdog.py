@@ -22,24 +22,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from _spawn import spawn
+from _workload import BATCH, HIDDEN, dataset, make_model
 
-HIDDEN, LAYERS, BATCH, SAMPLES = (int(os.environ.get("BENCH_HIDDEN", 512)), 4, 32, 8192)
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Linear(64, HIDDEN), nn.ReLU()]
-    for _ in range(LAYERS):
-        layers += [nn.Linear(HIDDEN, HIDDEN), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(HIDDEN, 10))
-
-
-def dataset() -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(SAMPLES, 64, generator=g), torch.randint(0, 10, (SAMPLES,), generator=g))
+SAMPLES = 8192
 
 
 def endless(loader):
@@ -65,7 +53,7 @@ def bench(rounds: int, steps: int) -> None:
     from phalanx.runtime.watchdog import _PREFIX, Watchdog
 
     px = Phalanx(watchdog_timeout=0)  # threads started by hand below, round by round
-    loader = DataLoader(dataset(), batch_size=BATCH, shuffle=True)
+    loader = DataLoader(dataset(SAMPLES), batch_size=BATCH, shuffle=True)
 
     bare_model = px.strategy.setup_model(make_model())  # no phase hooks
     bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-3)

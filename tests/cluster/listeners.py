@@ -1,6 +1,5 @@
 """Which local addresses listen on a TCP port, read from /proc/net/tcp{,6} (no ss needed)."""
 import ipaddress
-import socket
 import struct
 
 

@@ -5,7 +5,6 @@ Each multi-process launch costs seconds, so assertions that belong to one launch
 from __future__ import annotations
 
 import socket
-import sys
 from pathlib import Path
 
 import pytest

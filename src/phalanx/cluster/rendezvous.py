@@ -136,7 +136,7 @@ def describe_rendezvous_failure(
             f"store at {where}, but fewer than {low} node(s) joined."
         )
         lines.append(
-            f"  HINT: start `phalanx run` on every other node with the same --nnodes and "
+            "  HINT: start `phalanx run` on every other node with the same --nnodes and "
             + ("--master-addr/--master-port" if backend == "static" else "--rdzv-endpoint")
             + f", and check they can reach {plan.route.address}:{port} (firewall, `ip route get {plan.route.address}`)."
         )

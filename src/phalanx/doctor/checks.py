@@ -89,7 +89,7 @@ def check_ports(ports: list[int], required: set[int]) -> list[Finding]:
         needed = port in required
         findings.append(Finding(
             f"port {port}", FAIL if needed else WARN,
-            f"in use on this machine" + (" (the port the launch will use)" if needed else " (torchrun's default)"),
+            "in use on this machine" + (" (the port the launch will use)" if needed else " (torchrun's default)"),
             f"find the owner with `ss -ltnp 'sport = :{port}'` and stop it, or pick another --master-port "
             "(on one node, phalanx run without --master-port picks a free port itself)",
             {"port": port, "free": False},

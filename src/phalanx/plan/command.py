@@ -60,7 +60,7 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int) -> str:
     num_params = sum(s.numel for s in sizes)
     lines = [f"model: {num_params:,} trainable parameters ({fb(sum(s.nbytes for s in sizes))}), "
              f"optimizer {optimizer}, world_size {world_size}",
-             f"per-rank model state (the largest rank; activations not included):",
+             "per-rank model state (the largest rank; activations not included):",
              f"  {'strategy':14s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'total':>11s}  "
              f"{'vs ddp':>6s}"]
     ddp_total = table["ddp"][0].total

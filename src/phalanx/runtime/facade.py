@@ -149,9 +149,6 @@ class Phalanx:
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = self._checkpointer.track(self.strategy.setup_model(model))
         self._checkpointer.strategy_name = self.strategy.name  # `auto` has decided by now
-        scaler = self.strategy.precision.scaler  # fp16: the loss scale is training state too
-        if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
-            self._checkpointer.register(scaler)  # here, not in __init__: `auto` has no precision before
         self._prepared.append(model)
         watch_module(self._step_progress, model)
         return model
@@ -161,6 +158,9 @@ class Phalanx:
         ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
         inner = self.strategy.setup_optimizer(optimizer, model)
         self._optimizers.append(inner)
+        scaler = self.strategy.precision.scaler  # known once `auto` has decided, at prepare
+        if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
+            self._checkpointer.register(scaler)  # fp16: the loss scale is training state too
         optimizer = self._checkpointer.track(
             wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping))
         self._prepared.append(optimizer)

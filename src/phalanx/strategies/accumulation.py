@@ -6,7 +6,6 @@ import contextlib
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
-from torch import nn
 
 from phalanx.strategies.precision import Precision
 
@@ -156,11 +155,11 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accumulator: Accumulator, s
     """`optimizer` itself when nothing needs adding (no accumulation, scaler or auto-clipping),
     else a PreparedOptimizer around it."""
     precision: Precision = strategy.precision
-    clip = None
-    if clip_norm is not None:
-        def clip() -> torch.Tensor:
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            return strategy.clip_grad_norm_(params, clip_norm)
+    def clip_all() -> torch.Tensor:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        return strategy.clip_grad_norm_(params, clip_norm)
+
+    clip = clip_all if clip_norm is not None else None
     if accumulator.num_steps == 1 and precision.scaler is None and clip is None:
         return optimizer
     return PreparedOptimizer(optimizer, accumulator, precision, clip)
