@@ -4,7 +4,7 @@ import os
 import pytest
 import yaml
 
-from phalanx import Phalanx, cli, config, config_command, envvars
+from phalanx import Phalanx, cli, config, envvars
 from phalanx.launch.run_command import spec_from_args
 from phalanx.launch.spec import LaunchError
 
