@@ -35,10 +35,10 @@ def hand_written(steps: int, **ddp_kwargs) -> float:
     return _time_loop(steps, lambda epoch: (sampler.set_epoch(epoch), loader)[1], model, opt, lambda l: l.backward())
 
 
-def with_phalanx(steps: int) -> float:
+def with_phalanx(steps: int, **strategy_options) -> float:
     from phalanx import Phalanx
 
-    px = Phalanx()
+    px = Phalanx(strategy_options=strategy_options or None)
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(dataset(SAMPLES), batch_size=BATCH, shuffle=True)
@@ -70,6 +70,7 @@ VARIANTS = {
     "ddp (bucket view)": lambda steps: hand_written(steps, gradient_as_bucket_view=True),
     "ddp (bucket view, 100MB buckets)": lambda steps: hand_written(steps, gradient_as_bucket_view=True, bucket_cap_mb=100),
     "phalanx": with_phalanx,
+    "phalanx (100MB buckets)": lambda steps: with_phalanx(steps, extra={"ddp_kwargs": {"bucket_cap_mb": 100}}),
 }
 
 
