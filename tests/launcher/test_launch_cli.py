@@ -44,7 +44,7 @@ def default_run(tmp_path_factory):
     try:
         result = run_cli([
             "run", "--nproc-per-node", "2", "--strategy", "ddp", "--mixed_precision", "bf16",
-            "--watchdog-timeout", "30", "--deepspeed", str(ds_config),
+            "--watchdog-timeout", "30", "--deepspeed", str(ds_config), "--grad-accum-steps", "4",
             str(RECORD_ENV), str(out_dir), *SCRIPT_ARGS,
         ], env={"OMP_NUM_THREADS": None})
     finally:
@@ -68,6 +68,7 @@ def test_two_ranks_see_torchrun_env_and_untouched_args(default_run):
         assert record["name"] == "__main__" and record["world_size"] == 2
         assert env["PHALANX_STRATEGY"] == "ddp" and env["PHALANX_MIXED_PRECISION"] == "bf16"
         assert env["PHALANX_WATCHDOG_TIMEOUT"] == "30" and env["PHALANX_DEEPSPEED_CONFIG"] == str(ds_config)
+        assert env["PHALANX_GRAD_ACCUM_STEPS"] == "4"
         # An equal share of the cores, and torch in the worker really uses it.
         from phalanx.launch.devices import count_cpu_cores
 
@@ -129,6 +130,7 @@ BAD_INPUTS = [
     (["--nproc", "2", "{script}"], "phalanx run: error: unrecognized arguments: --nproc."),
     (["--nproc-per-node", "4", "--gpus", "0,1", "{script}"], "phalanx run: error: --nproc-per-node 4 conflicts with --gpus 0,1"),
     (["--gpus", "0", "{script}"], "phalanx run: error: --gpus names GPU 0, but this machine has 0 visible GPU(s)"),
+    (["--grad-accum-steps", "0", "{script}"], "phalanx run: error: argument --grad-accum-steps/--grad_accum_steps: must be a whole number >= 1, got 0"),
     (["--watchdog-timeout", "-5", "{script}"], "phalanx run: error: argument --watchdog-timeout/--watchdog_timeout: must be a number of seconds (0 turns it off), got -5"),
     (["--deepspeed", "missing.json", "{script}"], "phalanx run: error: argument --deepspeed: file 'missing.json' not found"),
 ]

@@ -32,6 +32,12 @@ def _timeout_or_off(text: str) -> str:
     return text
 
 
+def _positive_int(text: str) -> str:
+    if int(text) < 1:  # argparse turns ValueError into "invalid count value"
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text}")
+    return text
+
+
 def _existing_file(text: str) -> str:
     if not os.path.isfile(text):
         raise argparse.ArgumentTypeError(f"file {text!r} not found")
@@ -44,6 +50,7 @@ def _absolute_path(text: str) -> str:
 
 _timeout_or_off.__name__ = "number of seconds"
 _existing_file.__name__ = "file"
+_positive_int.__name__ = "count"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +71,8 @@ PASSTHROUGH_FLAGS: tuple[PassThroughFlag, ...] = (
     PassThroughFlag(("--checkpoint-dir", "--checkpoint_dir"), envvars.PHALANX_CHECKPOINT_DIR,
                     "checkpoint root: px.save_state()/load_state() with no path use it (with --max-restarts, runs resume by themselves)",
                     _absolute_path),
+    PassThroughFlag(("--grad-accum-steps", "--grad_accum_steps"), envvars.PHALANX_GRAD_ACCUM_STEPS,
+                    "micro-steps per optimizer step (px.accumulate)", _positive_int),
 )
 
 
