@@ -15,14 +15,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+from phalanx.runtime.collectives import world_size
 
 
 def gather_ints(value: int) -> list[int]:
     """Every rank's `value`, in rank order (a world of one returns `[value]`)."""
-    world = _world()
+    world = world_size()
     if world == 1:
         return [value]
     mine = torch.tensor([value], dtype=torch.int64)
@@ -65,7 +63,7 @@ def agree_step(has_data: bool, can_pad: bool, drop: bool) -> StepDecision:
     A rank that ran out pads by repeating a batch it already yielded; a rank that never had one
     borrows one from `donor` (see `lend_batch`), so no data is ever skipped in pad mode.
     """
-    world = _world()
+    world = world_size()
     if world == 1:
         return StepDecision(has_data, int(has_data))
     mine = torch.tensor([int(has_data), int(can_pad)], dtype=torch.int64)

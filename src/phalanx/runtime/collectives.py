@@ -32,7 +32,8 @@ def move_to_device(data: Any, device: torch.device) -> Any:
     return map_tensors(lambda t: t.to(device, non_blocking=True), data)
 
 
-def _world() -> int:
+def world_size() -> int:
+    """Ranks in the default group; 1 with no group (a plain `python train.py`)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
@@ -47,7 +48,7 @@ def reduce(data: Any, reduction: str = "mean", debug: bool = False) -> Any:
     """All-reduce every tensor; every rank receives the result. Input tensors are not modified."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    world = _world()
+    world = world_size()
     if debug and world > 1:
         _check(f"reduce[{reduction}]", data)
 
@@ -73,9 +74,9 @@ def gather(data: Any, debug: bool = False) -> Any:
     Ranks may hold different lengths along dim 0 (the last batch, a filtered batch); the other
     dims must match. 0-d tensors become one row per rank.
     """
-    if debug and _world() > 1:
+    if debug and world_size() > 1:
         _check("gather", map_tensors(lambda t: t.reshape(1) if t.dim() == 0 else t, data), ragged_dim0=True)
-    if _world() == 1:
+    if world_size() == 1:
         return map_tensors(lambda t: t.detach().clone() if t.dim() else t.detach().reshape(1), data)
     return map_tensors(_gather_one, data)
 
@@ -85,7 +86,7 @@ def _gather_one(t: torch.Tensor) -> torch.Tensor:
     if t.dim() == 0:
         t = t.reshape(1)
     t = t.contiguous()
-    world = _world()
+    world = world_size()
     length = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
     lengths = [torch.zeros_like(length) for _ in range(world)]
     dist.all_gather(lengths, length)
@@ -101,7 +102,7 @@ def _gather_one(t: torch.Tensor) -> torch.Tensor:
 
 def gather_object(obj: Any, debug: bool = False) -> list[Any]:
     """Gather one picklable object per rank into a list on every rank."""
-    world = _world()
+    world = world_size()
     if world == 1:
         return [obj]
     if debug:
@@ -113,7 +114,7 @@ def gather_object(obj: Any, debug: bool = False) -> list[Any]:
 
 def broadcast(data: Any, src: int = 0, debug: bool = False) -> Any:
     """Copy tensors from rank `src` to every rank (in place on the receivers, also returned)."""
-    if _world() == 1:
+    if world_size() == 1:
         return data
     if debug:
         _check(f"broadcast[src={src}]", data)
@@ -127,7 +128,7 @@ def broadcast(data: Any, src: int = 0, debug: bool = False) -> Any:
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank `src`'s picklable object, returned on every rank."""
-    if _world() == 1:
+    if world_size() == 1:
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src)
@@ -136,7 +137,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 def barrier(debug: bool = False) -> None:
     """Wait until every rank is here (no-op in a world of one)."""
-    if _world() == 1:
+    if world_size() == 1:
         return
     if debug:
         _check("barrier", None)

@@ -37,14 +37,15 @@ def init_process_group(ctx: DistContext, timeout_s: float | None = None) -> bool
         kwargs["init_method"] = f"tcp://{slurm_env[envvars.MASTER_ADDR]}:{slurm_env[envvars.MASTER_PORT]}"
     if ctx.device.type == "cuda":
         kwargs["device_id"] = ctx.device  # binds NCCL eagerly: no rank-to-GPU guessing later
-    store = None if "init_method" in kwargs else _restart_scoped_store(collective_timeout(timeout_s))
+    timeout = collective_timeout(timeout_s)
+    store = None if "init_method" in kwargs else _restart_scoped_store(timeout)
     if store is not None:
         kwargs["store"] = store
     dist.init_process_group(
         backend=ctx.backend,
         rank=ctx.rank,
         world_size=ctx.world_size,
-        timeout=collective_timeout(timeout_s),
+        timeout=timeout,
         **kwargs,
     )
     _watch_for_uncaught_exceptions()
