@@ -76,9 +76,9 @@ def test_elastic_range_needs_c10d(script, clean_env):
 
 
 def test_bad_nnodes_and_timeout(script, clean_env):
-    with pytest.raises(LaunchError, match="--nnodes must be N or MIN:MAX"):
+    with pytest.raises(LaunchError, match="--nnodes two: expected N or MIN:MAX"):
         run_command.spec_from_args(_parse(["--nnodes", "two", script]))
-    with pytest.raises(LaunchError, match="--rdzv-timeout must be a positive number of seconds, got -1"):
+    with pytest.raises(LaunchError, match="--rdzv-timeout -1: expected a number of seconds > 0"):
         run_command.spec_from_args(_parse(["--rdzv-timeout", "-1", script]))
 
 

@@ -25,7 +25,7 @@ LIMIT, VAL, BATCH = 640, 64, 8  # 10% of the slice is validation
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("sentiment")
     config = root / "run.yaml"
-    config.write_text("nproc_per_node: 2\nstrategy: zero9  # the --strategy flag wins\n"
+    config.write_text("nproc_per_node: 2\nstrategy: zero1  # the --strategy flag wins\n"
                       "log_sinks: [csv, jsonl]\nrun_dir: run\n")
     result = run_cli(["run", "--config", str(config), "--strategy", "ddp", str(EXAMPLE),
                       "--limit", str(LIMIT), "--epochs", "1", "--batch-size", str(BATCH)],

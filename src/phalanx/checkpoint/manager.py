@@ -21,7 +21,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from phalanx.checkpoint import atomic, sync
+from phalanx.checkpoint import atomic
+from phalanx.runtime import collectives
 from phalanx.data.loader import PreparedLoader
 from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, Manifest, hash_files, read_manifest, \
     verify_files, write_manifest
@@ -100,7 +101,7 @@ class Checkpointer:
         final, managed = self._save_target(path)
         step = self.global_step
         staging = atomic.staging_path(final)
-        sync.on_main(lambda: _prepare(final))
+        collectives.on_main(lambda: _prepare(final))
         common = {
             "global_step": step,
             "models": list(group_by_model(self.models, self.optimizers)),
@@ -110,23 +111,23 @@ class Checkpointer:
         own = rng_state()
         check_plain(common, "checkpoint state")
         check_plain(own, "rng state")
-        if sync.rank() == 0:
+        if collectives.rank() == 0:
             _save_durably(common, staging / COMMON_NAME)
-        _save_durably(own, staging / rank_file(sync.rank()))
+        _save_durably(own, staging / rank_file(collectives.rank()))
         entries = group_by_model(self.models, self.optimizers)
         use_async = self.async_save if async_save is None else async_save
         if not use_async:
             with _quiet_alone():
                 dcp.save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
-                         no_dist=not sync.is_dist())
+                         no_dist=not collectives.is_distributed())
             self._finalize(staging, final, managed, step, group=None)
             return final
-        if not sync.is_dist():  # DCP warns from its writer thread, outside any catch_warnings block
+        if not collectives.is_distributed():  # DCP warns from its writer thread, outside any catch_warnings block
             warnings.filterwarnings("ignore", message="torch.distributed is disabled", module="torch")
         group = self._group_for_async()
         with _quiet_alone():
             upload = dcp.async_save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
-                                    process_group=group, no_dist=not sync.is_dist())
+                                    process_group=group, no_dist=not collectives.is_distributed())
 
         def finish() -> None:
             upload.result()
@@ -142,16 +143,16 @@ class Checkpointer:
             pending.result()
 
     def _finalize(self, staging: Path, final: Path, managed: bool, step: int, group: Any) -> None:
-        rank = sync.rank()
+        rank = collectives.rank()
         mine = [rank_file(rank)] + sorted(n for n in os.listdir(staging)
                                           if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
-        gathered = sync.all_gather(hash_files(staging, mine), group)
+        gathered = collectives.gather_object(hash_files(staging, mine), group=group)
 
         def publish() -> None:
             files = {name: entry for part in gathered for name, entry in part.items()}
             rest = [n for n in os.listdir(staging) if n not in files and n != MANIFEST_NAME]
             files.update(hash_files(staging, rest))
-            manifest = Manifest(step=step, world_size=sync.world_size(),
+            manifest = Manifest(step=step, world_size=collectives.world_size(),
                                 strategy=self.strategy_name, files=files, created_unix=time.time())
             write_manifest(staging, manifest)
             atomic.publish(staging, final)
@@ -159,7 +160,7 @@ class Checkpointer:
                 atomic.write_latest(final.parent, final.name)
                 atomic.prune(final.parent, self.keep, protect=final)
 
-        sync.on_main(publish, group)
+        collectives.on_main(publish, group)
 
     def _save_target(self, path: str | os.PathLike | None) -> tuple[Path, bool]:
         if path is None:
@@ -172,7 +173,7 @@ class Checkpointer:
     def _group_for_async(self) -> Any:
         # DCP's background thread must not share the training loop's group: interleaved collectives
         # on one gloo group abort the process (TORCH-CPU-FACTS).
-        if self._async_group is None and sync.is_dist():
+        if self._async_group is None and collectives.is_distributed():
             self._async_group = dist.new_group(backend="gloo")
         return self._async_group
 
@@ -192,7 +193,7 @@ class Checkpointer:
         # Everything that can be refused is read and checked before anything is changed.
         manifest = read_manifest(chosen)
         common = load_plain(chosen / COMMON_NAME)
-        rank = sync.rank()
+        rank = collectives.rank()
         rng = load_plain(chosen / rank_file(rank)) if rank < manifest.world_size else None
         entries = group_by_model(self.models, self.optimizers)
         _check_matches(common, entries, self.loaders, self.objects, chosen)
@@ -200,7 +201,7 @@ class Checkpointer:
             try:
                 with _quiet_alone():
                     dcp.load(entries, storage_reader=SafeFileSystemReader(chosen), planner=SafeLoadPlanner(),
-                             no_dist=not sync.is_dist())
+                             no_dist=not collectives.is_distributed())
             except BaseException as error:  # DCP's CheckpointException is a BaseException
                 if isinstance(error, (KeyboardInterrupt, SystemExit)):
                     raise
@@ -214,7 +215,7 @@ class Checkpointer:
             set_rng_state(rng)
         else:  # a rank the saved run did not have: a fresh stream, reproducible from seed and step
             seed_all(self.seed + 1_000_003 * self.global_step + rank)
-        sync.barrier()
+        collectives.barrier()
         return True
 
     def _choose(self, path: str | os.PathLike | None) -> Path | None:
@@ -251,16 +252,16 @@ class Checkpointer:
         except CheckpointDamaged as error:
             problems = [str(error)]
         else:
-            names = sorted(manifest.files)[sync.rank()::sync.world_size()]
+            names = sorted(manifest.files)[collectives.rank()::collectives.world_size()]
             problems = verify_files(directory, manifest, names)
-        return sorted({p for part in sync.all_gather(problems) for p in part})
+        return sorted({p for part in collectives.gather_object(problems) for p in part})
 
 
 @contextlib.contextmanager
 def _quiet_alone() -> Iterator[None]:
     """Silence DCP's "assuming the intent is to save in a single process": in a world of one it is."""
     with warnings.catch_warnings():
-        if not sync.is_dist():
+        if not collectives.is_distributed():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
 

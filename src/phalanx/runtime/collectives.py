@@ -4,12 +4,13 @@ Every function is a no-op identity in a world of one, so scripts run unchanged w
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
 
 REDUCTIONS = ("mean", "sum", "max", "min")
+T = TypeVar("T")
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
@@ -32,9 +33,17 @@ def move_to_device(data: Any, device: torch.device) -> Any:
     return map_tensors(lambda t: t.to(device, non_blocking=True), data)
 
 
-def world_size() -> int:
-    """Ranks in the default group; 1 with no group (a plain `python train.py`)."""
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size(group: Any = None) -> int:
+    """Ranks in `group` (default: the default group); 1 with no group (a plain `python train.py`)."""
+    return dist.get_world_size(group) if is_distributed() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
 
 
 def _check(op: str, data: Any, ragged_dim0: bool = False) -> None:
@@ -100,15 +109,15 @@ def _gather_one(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([part[:n] for part, n in zip(parts, sizes)])
 
 
-def gather_object(obj: Any, debug: bool = False) -> list[Any]:
-    """Gather one picklable object per rank into a list on every rank."""
-    world = world_size()
-    if world == 1:
+def gather_object(obj: Any, debug: bool = False, group: Any = None) -> list[Any]:
+    """Gather one picklable object per rank of `group` into a list on every rank."""
+    world = world_size(group)
+    if world == 1 and not is_distributed():
         return [obj]
     if debug:
         _check("gather_object", None)
     out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 
@@ -126,19 +135,35 @@ def broadcast(data: Any, src: int = 0, debug: bool = False) -> Any:
     return map_tensors(one, data)
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank `src`'s picklable object, returned on every rank."""
-    if world_size() == 1:
+def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
+    """Rank `src`'s picklable object, returned on every rank of `group`."""
+    if not is_distributed():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
 
 
-def barrier(debug: bool = False) -> None:
-    """Wait until every rank is here (no-op in a world of one)."""
-    if world_size() == 1:
+def barrier(debug: bool = False, group: Any = None) -> None:
+    """Wait until every rank of `group` is here (no-op in a world of one)."""
+    if not is_distributed():
         return
     if debug:
         _check("barrier", None)
-    dist.barrier()
+    dist.barrier(group=group)
+
+
+def on_main(fn: Callable[[], T], group: Any = None) -> T:
+    """Run `fn` on rank 0 and share its result; if it raises, every rank raises (no rank hangs)."""
+    result, error = None, None
+    if rank() == 0:
+        try:
+            result = fn()
+        except Exception as exc:  # re-raised below on rank 0, reported to the other ranks
+            error = exc
+    shared_error = broadcast_object(None if error is None else f"{type(error).__name__}: {error}", group=group)
+    if error is not None:
+        raise error
+    if shared_error is not None:
+        raise RuntimeError(f"rank 0 failed while handling the checkpoint: {shared_error}")
+    return broadcast_object(result, group=group)

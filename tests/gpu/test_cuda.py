@@ -1,0 +1,63 @@
+"""The CUDA paths the CPU suite exercises only through their twins: device binding, autocast and the
+fp16 scaler on a GPU, `phalanx run` choosing one process per GPU and the spawn start method,
+`--gpus`, `dp`, and `cpu=True` on a GPU machine. Run on a machine with a GPU (`-m gpu`)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from phalanx import Phalanx
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run these on a GPU machine)")]
+
+
+def _train(px: Phalanx, steps: int = 30) -> tuple[float, float]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(13, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(256, 13), torch.randint(0, 3, (256,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True)
+    model, optimizer, loader = px.prepare(model, optimizer, loader)
+    losses = []
+    while len(losses) < steps:
+        for xb, yb in loader:
+            assert xb.device.type == "cuda" and next(model.parameters()).device.type == "cuda"
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            px.backward(loss)
+            optimizer.step()
+            losses.append(loss.item())
+    return losses[0], losses[-1]
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])
+def test_one_process_trains_on_the_gpu(precision, tmp_path):
+    px = Phalanx(mixed_precision=precision, run_dir=str(tmp_path), watchdog_timeout=0)
+    assert px.device == torch.device("cuda", 0) and px.ctx.backend == "nccl"
+    first, last = _train(px)
+    assert last < first
+
+
+def test_cpu_setting_keeps_a_gpu_machine_on_the_cpu(tmp_path):
+    px = Phalanx(cpu=True, run_dir=str(tmp_path), watchdog_timeout=0)
+    assert px.device == torch.device("cpu") and px.ctx.backend == "gloo"
+
+
+def test_dp_wraps_data_parallel_over_the_visible_gpus(tmp_path):
+    px = Phalanx("dp", run_dir=str(tmp_path), watchdog_timeout=0)
+    model = px.prepare(torch.nn.Linear(4, 2))
+    assert isinstance(model, torch.nn.DataParallel)
+    assert model(torch.randn(8, 4, device="cuda")).shape == (8, 2)
+
+
+@pytest.mark.parametrize("flags", [[], ["--gpus", "0"]])
+def test_phalanx_run_uses_one_process_per_gpu(flags, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "phalanx", "run", *flags, "--run-dir", str(tmp_path),
+                             str(ROOT / "examples" / "wine.py"), "--epochs", "3"],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"({torch.cuda.device_count()} process(es)" in result.stdout
