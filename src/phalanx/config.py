@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from phalanx import envvars
+from phalanx.logging import sinks
+from phalanx.runtime import profile_steps
 
 
 class ConfigError(ValueError):
@@ -106,6 +108,14 @@ class PhalanxConfig:
     progress: str | None = field(default=None, metadata=_meta(
         RUNTIME, "progress bar: auto (when stdout is a terminal), on or off", env=envvars.PHALANX_PROGRESS,
         flag="--progress", kind="choice", choices=("auto", "on", "off")))
+    trackers: list[str] | None = field(default=None, metadata=_meta(
+        RUNTIME, "experiment trackers px.log() also reaches, on the main process: wandb, mlflow, swanlab, tensorboard "
+        "(each a pip extra, e.g. phalanx[wandb])", env=envvars.PHALANX_TRACKERS, flag="--trackers", kind="str_list",
+        choices=sinks.NAMES))
+    # --- runtime: tools ---
+    profile: str | None = field(default=None, metadata=_meta(
+        RUNTIME, "START:STOP: trace optimizer steps START..STOP-1 with torch.profiler on every rank, into RUN_DIR/profile",
+        env=envvars.PHALANX_PROFILE, flag="--profile", kind="step_range"))
 
 
 @dataclass(frozen=True)
@@ -187,7 +197,13 @@ def coerce(setting: Setting, value: Any) -> Any:
             items = value.split(",") if isinstance(value, str) else value
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
                 raise ValueError("must be a list of names")
-            return [i.strip() for i in items if i.strip()]
+            names = [i.strip() for i in items if i.strip()]
+            unknown = [n for n in names if setting.choices and n not in setting.choices]
+            if unknown:
+                raise ValueError(f"unknown name(s) {', '.join(unknown)}; valid: {', '.join(setting.choices)}")
+            return names
+        elif kind == "step_range" and isinstance(value, str):
+            return profile_steps.parse(value).text
         elif kind == "choice":
             if isinstance(value, str):
                 wanted = value.upper() if setting.name == "log_level" else value

@@ -62,3 +62,5 @@ PHALANX_SLURM = "PHALANX_SLURM"  # "0": phalanx run ignores a surrounding SLURM 
 PHALANX_LOG_ALL_RANKS = "PHALANX_LOG_ALL_RANKS"  # 1: phalanx's messages from every rank, not only rank 0
 PHALANX_LOG_SINKS = "PHALANX_LOG_SINKS"  # comma-separated sink names for px.log(): csv, jsonl, tensorboard
 PHALANX_PROGRESS = "PHALANX_PROGRESS"  # auto (bar when stdout is a terminal), on, off
+PHALANX_TRACKERS = "PHALANX_TRACKERS"  # comma-separated experiment trackers for px.log(): wandb, mlflow, swanlab, tensorboard
+PHALANX_PROFILE = "PHALANX_PROFILE"  # START:STOP optimizer steps traced by torch.profiler into RUN_DIR/profile

@@ -48,6 +48,20 @@ def _absolute_path(text: str) -> str:
     return os.path.abspath(text)  # workers may run from another directory
 
 
+def _schema_value(name: str) -> Callable[[str], str]:
+    """A flag checked by its PhalanxConfig row (names, ranges), exported in its env form."""
+    from phalanx import config
+
+    def check(text: str) -> str:
+        try:
+            return config.to_env_value(config.coerce(config.BY_NAME[name], text))
+        except ConfigError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    check.__name__ = name
+    return check
+
+
 _timeout_or_off.__name__ = "number of seconds"
 _existing_file.__name__ = "file"
 _positive_int.__name__ = "count"
@@ -73,6 +87,12 @@ PASSTHROUGH_FLAGS: tuple[PassThroughFlag, ...] = (
                     _absolute_path),
     PassThroughFlag(("--grad-accum-steps", "--grad_accum_steps"), envvars.PHALANX_GRAD_ACCUM_STEPS,
                     "micro-steps per optimizer step (px.accumulate)", _positive_int),
+    PassThroughFlag(("--trackers",), envvars.PHALANX_TRACKERS,
+                    "experiment trackers for px.log(), comma-separated: wandb, mlflow, swanlab, tensorboard",
+                    _schema_value("trackers")),
+    PassThroughFlag(("--profile",), envvars.PHALANX_PROFILE,
+                    "START:STOP: trace optimizer steps START..STOP-1 on every rank into RUN_DIR/profile",
+                    _schema_value("profile")),
 )
 
 

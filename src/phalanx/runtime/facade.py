@@ -18,6 +18,8 @@ from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives, uneven, watchdog
 from phalanx.runtime import debug as debug_mode
 from phalanx.runtime.context import DistContext
+from phalanx.checkpoint.state import base_optimizer
+from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
@@ -50,12 +52,16 @@ class Phalanx:
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_keep: int = 3,
         checkpoint_async: bool = False,
+        trackers: list[str] | None = None,
+        profile: str | None = None,
     ):
         """`strategy`: dp, ddp, zero1, zero2, zero3 (= fsdp) or auto (default).
         `mixed_precision`: no, bf16 or fp16. `grad_accum_steps`: micro-steps per optimizer step
         (use with `px.accumulate`). `deepspeed`: a DeepSpeed JSON config (path or dict) mapped onto
         these settings. `strategy_options`: fields of `StrategyOptions` (cpu_offload,
-        shard_modules, forward_prefetch, memory_budget_bytes, extra). Each falls back to its
+        shard_modules, forward_prefetch, memory_budget_bytes, extra). `trackers`: experiment
+        trackers `px.log` also reaches (wandb, mlflow, swanlab, tensorboard). `profile`: "START:STOP"
+        optimizer steps to trace with torch.profiler into RUN_DIR/profile. Each falls back to its
         PHALANX_* environment variable, as set by `phalanx run`.
         """
         self.ctx = DistContext.from_env(cpu=cpu)
@@ -80,7 +86,12 @@ class Phalanx:
             strategy_name=self.strategy.name, seed=self.seed, keep=checkpoint_keep, async_save=checkpoint_async,
             directory=checkpoint_dir or os.environ.get(envvars.PHALANX_CHECKPOINT_DIR) or None,
         )
-        self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object)
+        self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
+                                          trackers=trackers)
+        self._logging.metrics.params = self._run_params
+        profile = profile if profile is not None else os.environ.get(envvars.PHALANX_PROFILE) or None
+        self._profiler = None if profile is None else StepProfiler(
+            profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s", self.rank, self.world_size,
                           self.device, self.strategy_name, self.run_dir)
 
@@ -165,6 +176,8 @@ class Phalanx:
             wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping))
         self._prepared.append(optimizer)
         watch_optimizer(self._step_progress, optimizer)
+        if self._profiler is not None:  # after the step counter's hook: it reads global_step
+            self._profiler.attach(base_optimizer(optimizer))
         return optimizer
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
@@ -333,6 +346,16 @@ class Phalanx:
         Other ranks' calls are ignored: reduce first (`px.reduce`) to log a global value.
         """
         self._logging.log(values, step)
+
+    def log_hyperparams(self, params: dict[str, Any]) -> None:
+        """Record hyper-parameters (lr, epochs, ...) with the trackers, beside phalanx's own settings."""
+        self._logging.metrics.log_hyperparams(params)
+
+    def _run_params(self) -> dict[str, Any]:
+        """The run's settings, logged by the trackers as hyper-parameters when they open."""
+        return {**config.from_env(os.environ), "strategy": self.strategy_name, "world_size": self.world_size,
+                "mixed_precision": self.strategy.precision.name,
+                "grad_accum_steps": self.grad_accum_steps, "seed": self.seed, "run_dir": self.run_dir}
 
     def add_sink(self, sink: Any) -> None:
         """Send `px.log` rows also to `sink` (an object with `write(step, metrics)` and `close()`)."""

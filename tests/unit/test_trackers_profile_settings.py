@@ -1,0 +1,66 @@
+"""The `trackers` and `profile` settings: names and ranges checked everywhere they can be given,
+a missing tracker library named with its pip extra, and `phalanx run` refusing before any worker."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from phalanx import Phalanx, config, envvars
+from phalanx.logging import sinks
+from phalanx.logging.metrics import MetricsLogger
+from phalanx.runtime import profile_steps
+from tests.launcher.launch_helpers import run_cli
+
+VALID = "csv, jsonl, tensorboard, wandb, mlflow, swanlab"
+
+
+def test_unknown_tracker_lists_the_valid_names_at_phalanx_init(tmp_path, monkeypatch):
+    monkeypatch.setenv(envvars.PHALANX_RUN_DIR, str(tmp_path))
+    with pytest.raises(ValueError, match=f"trackers: unknown metrics sink\\(s\\)/tracker\\(s\\) \\['neptune'\\]; valid: {VALID}\\."):
+        Phalanx(trackers=["mlflow", "neptune"])
+    monkeypatch.setenv(envvars.PHALANX_TRACKERS, "nope")
+    with pytest.raises(ValueError, match="environment variable PHALANX_TRACKERS: trackers: invalid value 'nope': "
+                                         f"unknown name\\(s\\) nope; valid: {VALID}"):
+        Phalanx()
+
+
+def test_missing_library_names_the_pip_extra(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swanlab" else real(name, *a))
+    with pytest.raises(ValueError, match=r"trackers: 'swanlab' needs the swanlab package\. HINT: pip install "
+                                         r"'phalanx\[swanlab\]' \(or pip install swanlab\), or leave swanlab out of trackers\."):
+        MetricsLogger(str(tmp_path), is_main=True, sink_names=["jsonl"], trackers=["swanlab"]).log({"a": 1})
+
+
+def test_trackers_add_to_log_sinks_once_each():
+    assert sinks.expand(["csv", "jsonl"], ["mlflow", "csv"]) == ["csv", "jsonl", "mlflow"]
+    assert sinks.expand(["auto"], ["wandb"]) == sinks.default_names() + ["wandb"]
+
+
+def test_schema_rows_coerce_and_refuse():
+    trackers, profile = config.BY_NAME["trackers"], config.BY_NAME["profile"]
+    assert (trackers.env, trackers.flag, profile.env, profile.flag) == (
+        "PHALANX_TRACKERS", "--trackers", "PHALANX_PROFILE", "--profile")
+    assert config.coerce(trackers, "wandb, mlflow") == ["wandb", "mlflow"]
+    assert config.coerce(trackers, ["swanlab"]) == ["swanlab"]  # from YAML
+    assert config.coerce(profile, " 10 : 15 ") == "10:15"
+    assert profile_steps.parse("10:15") == profile_steps.StepRange(10, 15)
+    assert 14 in profile_steps.parse("10:15") and 15 not in profile_steps.parse("10:15")
+    for bad in ("5:5", "6:2", "10", "a:b", "-1:3", "1:2:3"):
+        with pytest.raises(config.ConfigError, match=f"profile: invalid value '{bad}': profile range '{bad}': "
+                                                     "expected START:STOP with 0 <= START < STOP"):
+            config.coerce(profile, bad)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--trackers", "wandb,neptune"], f"argument --trackers: trackers: invalid value 'wandb,neptune': unknown name(s) neptune; valid: {VALID}"),
+    (["--profile", "15:10"], "argument --profile: profile: invalid value '15:10': profile range '15:10': expected START:STOP"),
+])
+def test_phalanx_run_refuses_bad_values_before_any_worker(tmp_path, flags, message):
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(tmp_path / 'started')!r}, 'w').close()\n")
+    result = run_cli(["run", "--nproc-per-node", "2", *flags, str(script)], timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not Path(tmp_path / "started").exists()
