@@ -20,7 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("phalanx.doctor.command", "check this machine and allocation before a launch"),
     "export": ("phalanx.checkpoint.export", "consolidate a sharded checkpoint into one safetensors file"),
     "inspect": ("phalanx.checkpoint.inspect_command", "print a checkpoint's manifest"),
-    "config": ("phalanx.config_command", "write a commented starter config file (phalanx.yaml)"),
+    "config": ("phalanx.config_command", "write the settings template (phalanx.yaml): every setting at its default"),
     "plot": ("phalanx.logging.plot", "plot the metrics a run logged with px.log() to a PNG"),
 }
 

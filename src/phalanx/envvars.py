@@ -43,24 +43,6 @@ SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
 SLURM_JOB_GPUS = "SLURM_JOB_GPUS"
 SLURM_STEP_GPUS = "SLURM_STEP_GPUS"
 
-# --- phalanx's own settings: PHALANX_<SETTING>, each mirroring a CLI flag / Phalanx() argument ---
-PHALANX_STRATEGY = "PHALANX_STRATEGY"
-PHALANX_MIXED_PRECISION = "PHALANX_MIXED_PRECISION"
-PHALANX_GRAD_ACCUM_STEPS = "PHALANX_GRAD_ACCUM_STEPS"
-PHALANX_DEEPSPEED_CONFIG = "PHALANX_DEEPSPEED_CONFIG"
-PHALANX_MEMORY_BUDGET = "PHALANX_MEMORY_BUDGET"  # per-device bytes for strategy auto, e.g. "8GB"
-PHALANX_WATCHDOG_TIMEOUT = "PHALANX_WATCHDOG_TIMEOUT"
-PHALANX_COLLECTIVE_TIMEOUT = "PHALANX_COLLECTIVE_TIMEOUT"
-PHALANX_DEBUG = "PHALANX_DEBUG"
-PHALANX_CHECKPOINT_DIR = "PHALANX_CHECKPOINT_DIR"
-PHALANX_RUN_DIR = "PHALANX_RUN_DIR"
-PHALANX_LOG_LEVEL = "PHALANX_LOG_LEVEL"
-PHALANX_SEED = "PHALANX_SEED"
+# --- phalanx's own settings are PHALANX_<NAME>, derived from the schema (phalanx.config.schema);
+# this is a launcher switch, not a setting:
 PHALANX_SLURM = "PHALANX_SLURM"  # "0": phalanx run ignores a surrounding SLURM allocation
-
-# --- logging, metrics and progress (phalanx.logging) ---
-PHALANX_LOG_ALL_RANKS = "PHALANX_LOG_ALL_RANKS"  # 1: phalanx's messages from every rank, not only rank 0
-PHALANX_LOG_SINKS = "PHALANX_LOG_SINKS"  # comma-separated sink names for px.log(): csv, jsonl, tensorboard
-PHALANX_PROGRESS = "PHALANX_PROGRESS"  # auto (bar when stdout is a terminal), on, off
-PHALANX_TRACKERS = "PHALANX_TRACKERS"  # comma-separated experiment trackers for px.log(): wandb, mlflow, swanlab, tensorboard
-PHALANX_PROFILE = "PHALANX_PROFILE"  # START:STOP optimizer steps traced by torch.profiler into RUN_DIR/profile

@@ -121,18 +121,18 @@ def test_failing_worker_names_rank_and_traceback():
 BAD_INPUTS = [
     (["nope.py"], "phalanx run: error: training script 'nope.py' not found"),
     (["-m", "no_such_module_x"], "phalanx run: error: module 'no_such_module_x' (-m) is not importable"),
-    (["--nproc-per-node", "0", "{script}"], "phalanx run: error: --nproc-per-node must be at least 1, got 0"),
-    (["--nproc-per-node", "-1", "{script}"], "phalanx run: error: --nproc-per-node must be at least 1, got -1"),
-    (["--nproc_per_node", "two", "{script}"], "phalanx run: error: --nproc-per-node must be a positive integer or 'auto', got 'two'"),
+    (["--nproc-per-node", "0", "{script}"], "phalanx run: error: --nproc-per-node 0: expected a whole number >= 1, or auto"),
+    (["--nproc-per-node", "-1", "{script}"], "phalanx run: error: --nproc-per-node -1: expected a whole number >= 1, or auto"),
+    (["--nproc_per_node", "two", "{script}"], "phalanx run: error: --nproc-per-node two: expected a whole number >= 1, or auto"),
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1", "{script}"],
      "phalanx run: error: --node-rank 2 is out of range for --nnodes 2"),
     (["--bogus", "3", "{script}"], "phalanx run: error: unrecognized arguments: --bogus. phalanx run's own flags go before the script"),
     (["--nproc", "2", "{script}"], "phalanx run: error: unrecognized arguments: --nproc."),
     (["--nproc-per-node", "4", "--gpus", "0,1", "{script}"], "phalanx run: error: --nproc-per-node 4 conflicts with --gpus 0,1"),
     (["--gpus", "0", "{script}"], "phalanx run: error: --gpus names GPU 0, but this machine has 0 visible GPU(s)"),
-    (["--grad-accum-steps", "0", "{script}"], "phalanx run: error: argument --grad-accum-steps/--grad_accum_steps: must be a whole number >= 1, got 0"),
-    (["--watchdog-timeout", "-5", "{script}"], "phalanx run: error: argument --watchdog-timeout/--watchdog_timeout: must be a number of seconds (0 turns it off), got -5"),
-    (["--deepspeed", "missing.json", "{script}"], "phalanx run: error: argument --deepspeed: file 'missing.json' not found"),
+    (["--grad-accum-steps", "0", "{script}"], "phalanx run: error: --grad-accum-steps 0: expected a whole number >= 1"),
+    (["--watchdog-timeout", "-5", "{script}"], "phalanx run: error: --watchdog-timeout -5: expected a number of seconds >= 0 (0 turns it off)"),
+    (["--deepspeed", "missing.json", "{script}"], "phalanx run: error: --deepspeed missing.json: file not found"),
 ]
 
 
@@ -145,7 +145,6 @@ def test_bad_input_fails_fast_without_spawning(args, message, out_dir):
     result = run_cli(["run", *args, str(out_dir)], timeout=30)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
-    assert result.seconds < 15  # torch-free checks take ~0.1 s; the GPU count ~2 s
     assert not list(out_dir.iterdir())  # no worker ran
 
 

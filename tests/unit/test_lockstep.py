@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from phalanx import Phalanx
-from phalanx.runtime import debug, process_group, watchdog
+from phalanx.runtime import debug
 from phalanx.runtime.progress import Progress
 from phalanx.runtime.verdict import PeerView, judge
 
@@ -54,35 +54,6 @@ def test_all_waiting_at_different_steps_blames_the_rank_behind():
 
 def test_no_verdict_before_every_rank_has_reported():
     assert judge([view(3, "backward"), PeerView()], NOW, 5.0, me=0) is None
-
-
-def test_watchdog_timeout_settings(monkeypatch):
-    monkeypatch.delenv("PHALANX_WATCHDOG_TIMEOUT", raising=False)
-    assert watchdog.resolve_timeout(None) == 60.0
-    monkeypatch.setenv("PHALANX_WATCHDOG_TIMEOUT", "12.5")
-    assert watchdog.resolve_timeout(None) == 12.5
-    assert watchdog.resolve_timeout(3) == 3.0  # the argument wins
-    assert watchdog.resolve_timeout(0) == 0.0  # off
-    monkeypatch.setenv("PHALANX_WATCHDOG_TIMEOUT", "soon")
-    with pytest.raises(ValueError, match=r"PHALANX_WATCHDOG_TIMEOUT='soon' is not a number"):
-        watchdog.resolve_timeout(None)
-    with pytest.raises(ValueError, match="must be >= 0"):
-        watchdog.resolve_timeout(-1)
-
-
-def test_collective_timeout_fails_in_minutes_by_default(monkeypatch):
-    monkeypatch.delenv("PHALANX_COLLECTIVE_TIMEOUT", raising=False)
-    assert 60 <= process_group.collective_timeout().total_seconds() <= 600
-    monkeypatch.setenv("PHALANX_COLLECTIVE_TIMEOUT", "42")
-    assert process_group.collective_timeout().total_seconds() == 42
-
-
-def test_debug_settings(monkeypatch):
-    monkeypatch.delenv("PHALANX_DEBUG", raising=False)
-    assert debug.resolve_debug(None) is False
-    monkeypatch.setenv("PHALANX_DEBUG", "1")
-    assert debug.resolve_debug(None) is True
-    assert debug.resolve_debug(False) is False
 
 
 def test_debug_describes_nested_batches():

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from phalanx import Phalanx, cli, envvars
+from phalanx import Phalanx, cli
 from phalanx.logging import rank_log
 from phalanx.logging.metrics import MetricsLogger
 from phalanx.logging.plot import read_metrics
@@ -72,7 +72,7 @@ def test_log_rejects_non_scalars_with_a_hint(tmp_path):
 
 
 def test_custom_sink_and_facade_delegation(tmp_path, monkeypatch):
-    monkeypatch.setenv(envvars.PHALANX_LOG_SINKS, "jsonl")
+    monkeypatch.setenv("PHALANX_LOG_SINKS", "jsonl")
     seen = []
 
     class Recorder:
@@ -129,7 +129,7 @@ def _run_script(tmp_path, stdout, env_extra=None):
     script = tmp_path / "bar.py"
     script.write_text(PROGRESS_SCRIPT)
     env = {**os.environ, **(env_extra or {})}
-    env.pop(envvars.PHALANX_PROGRESS, None)
+    env.pop("PHALANX_PROGRESS", None)
     return subprocess.run([sys.executable, str(script)], stdout=stdout, stderr=subprocess.PIPE, env=env, timeout=120)
 
 

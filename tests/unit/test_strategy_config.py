@@ -6,9 +6,10 @@ import warnings
 
 import pytest
 
-from phalanx import envvars
 from phalanx.runtime.context import DistContext
-from phalanx.strategies import deepspeed_config, registry, settings
+from phalanx import config
+from phalanx.strategies import deepspeed_config, registry
+from phalanx.strategies.choice import choose
 from phalanx.strategies.base import StrategyOptions
 from phalanx.strategies.precision import check_name
 
@@ -104,24 +105,25 @@ def test_hf_auto_values_mean_not_set():
     assert (ds.grad_accum_steps, ds.mixed_precision, ds.micro_batch_size) == (None, None, None)
 
 
-def test_settings_precedence_and_conflicts(monkeypatch):
-    monkeypatch.delenv(envvars.PHALANX_STRATEGY, raising=False)
+def choice_for(env=None, **kwargs):
+    resolved = config.resolve(config.from_env(env or {}), config.from_kwargs(kwargs))
+    return choose(resolved.config, resolved.deepspeed)
+
+
+def test_settings_precedence_and_conflicts():
     ds = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2}
-    s = settings.resolve(deepspeed=ds)
+    s = choice_for(deepspeed=ds)
     assert (s.strategy, s.grad_accum_steps, s.options.mixed_precision) == ("zero2", 2, "no")
-    with pytest.raises(ValueError, match="strategy='zero3' was passed but the DeepSpeed config says 'zero2'"):
-        settings.resolve(strategy="zero3", deepspeed=ds)
-    monkeypatch.setenv(envvars.PHALANX_STRATEGY, "zero1")
-    monkeypatch.setenv(envvars.PHALANX_GRAD_ACCUM_STEPS, "3")
-    monkeypatch.setenv(envvars.PHALANX_MIXED_PRECISION, "bf16")
-    s = settings.resolve()
+    with pytest.raises(config.ConfigError, match="strategy='zero3' was given by Phalanx\\(\\) but the DeepSpeed config says 'zero2'"):
+        choice_for(strategy="zero3", deepspeed=ds)
+    env = {"PHALANX_STRATEGY": "zero1", "PHALANX_GRAD_ACCUM_STEPS": "3", "PHALANX_MIXED_PRECISION": "bf16"}
+    s = choice_for(env)
     assert (s.strategy, s.grad_accum_steps, s.options.mixed_precision) == ("zero1", 3, "bf16")
-    assert settings.resolve(strategy="ddp", grad_accum_steps=1).strategy == "ddp"  # argument beats env
+    assert choice_for(env, strategy="ddp", grad_accum_steps=1).strategy == "ddp"  # argument beats env
 
 
-def test_settings_from_env_deepspeed_path(monkeypatch, tmp_path):
+def test_settings_from_env_deepspeed_path(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}))
-    monkeypatch.setenv(envvars.PHALANX_DEEPSPEED_CONFIG, str(path))
-    s = settings.resolve()
+    s = choice_for({"PHALANX_DEEPSPEED_CONFIG": str(path)})
     assert (s.strategy, s.options.cpu_offload) == ("zero3", True)

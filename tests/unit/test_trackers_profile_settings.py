@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx import Phalanx, config, envvars
+from phalanx import Phalanx, config
 from phalanx.logging import sinks
 from phalanx.logging.metrics import MetricsLogger
 from phalanx.runtime import profile_steps
@@ -17,13 +17,15 @@ VALID = "csv, jsonl, tensorboard, wandb, mlflow, swanlab"
 
 
 def test_unknown_tracker_lists_the_valid_names_at_phalanx_init(tmp_path, monkeypatch):
-    monkeypatch.setenv(envvars.PHALANX_RUN_DIR, str(tmp_path))
-    with pytest.raises(ValueError, match=f"trackers: unknown metrics sink\\(s\\)/tracker\\(s\\) \\['neptune'\\]; valid: {VALID}\\."):
+    monkeypatch.setenv("PHALANX_RUN_DIR", str(tmp_path))
+    with pytest.raises(config.ConfigError, match=r"Phalanx\(trackers=\['mlflow', 'neptune'\]\): unknown name\(s\) "
+                                                 f"neptune; choose from {VALID}"):
         Phalanx(trackers=["mlflow", "neptune"])
-    monkeypatch.setenv(envvars.PHALANX_TRACKERS, "nope")
-    with pytest.raises(ValueError, match="environment variable PHALANX_TRACKERS: trackers: invalid value 'nope': "
-                                         f"unknown name\\(s\\) nope; valid: {VALID}"):
+    monkeypatch.setenv("PHALANX_TRACKERS", "nope")
+    with pytest.raises(config.ConfigError, match=f"PHALANX_TRACKERS=nope: unknown name\\(s\\) nope; choose from {VALID}"):
         Phalanx()
+    with pytest.raises(ValueError, match=f"trackers: unknown metrics sink\\(s\\)/tracker\\(s\\) \\['nope'\\]; valid: {VALID}\\."):
+        MetricsLogger(str(tmp_path), is_main=True, sink_names=["jsonl"], trackers=["nope"]).log({"a": 1})
 
 
 def test_missing_library_names_the_pip_extra(tmp_path, monkeypatch):
@@ -32,6 +34,9 @@ def test_missing_library_names_the_pip_extra(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"trackers: 'swanlab' needs the swanlab package\. HINT: pip install "
                                          r"'phalanx\[swanlab\]' \(or pip install swanlab\), or leave swanlab out of trackers\."):
         MetricsLogger(str(tmp_path), is_main=True, sink_names=["jsonl"], trackers=["swanlab"]).log({"a": 1})
+    monkeypatch.setenv("PHALANX_RUN_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match=r"'swanlab' needs the swanlab package"):  # at init, before any px.log
+        Phalanx(trackers=["swanlab"])
 
 
 def test_trackers_add_to_log_sinks_once_each():
@@ -39,28 +44,29 @@ def test_trackers_add_to_log_sinks_once_each():
     assert sinks.expand(["auto"], ["wandb"]) == sinks.default_names() + ["wandb"]
 
 
-def test_schema_rows_coerce_and_refuse():
+def test_schema_rows_parse_and_refuse():
     trackers, profile = config.BY_NAME["trackers"], config.BY_NAME["profile"]
     assert (trackers.env, trackers.flag, profile.env, profile.flag) == (
         "PHALANX_TRACKERS", "--trackers", "PHALANX_PROFILE", "--profile")
-    assert config.coerce(trackers, "wandb, mlflow") == ["wandb", "mlflow"]
-    assert config.coerce(trackers, ["swanlab"]) == ["swanlab"]  # from YAML
-    assert config.coerce(profile, " 10 : 15 ") == "10:15"
+    assert (trackers.default, profile.default) == (None, None)  # no trackers, no profiling
+    assert trackers.kind.from_text("wandb, mlflow") == ["wandb", "mlflow"]
+    assert trackers.kind.from_object(["swanlab"]) == ["swanlab"]  # from YAML
+    assert profile.kind.from_text(" 10 : 15 ") == "10:15"
     assert profile_steps.parse("10:15") == profile_steps.StepRange(10, 15)
     assert 14 in profile_steps.parse("10:15") and 15 not in profile_steps.parse("10:15")
     for bad in ("5:5", "6:2", "10", "a:b", "-1:3", "1:2:3"):
-        with pytest.raises(config.ConfigError, match=f"profile: invalid value '{bad}': profile range '{bad}': "
-                                                     "expected START:STOP with 0 <= START < STOP"):
-            config.coerce(profile, bad)
+        with pytest.raises(ValueError, match=f"profile range '{bad}': expected START:STOP with 0 <= START < STOP"):
+            profile.kind.from_text(bad)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--trackers", "wandb,neptune"], f"argument --trackers: trackers: invalid value 'wandb,neptune': unknown name(s) neptune; valid: {VALID}"),
-    (["--profile", "15:10"], "argument --profile: profile: invalid value '15:10': profile range '15:10': expected START:STOP"),
+@pytest.mark.parametrize("flags, env, message", [
+    (["--trackers", "wandb,neptune"], {}, f"--trackers wandb,neptune: unknown name(s) neptune; choose from {VALID}"),
+    ([], {"PHALANX_TRACKERS": "zz"}, f"PHALANX_TRACKERS=zz: unknown name(s) zz; choose from {VALID}"),
+    (["--profile", "15:10"], {}, "--profile 15:10: profile range '15:10': expected START:STOP"),
 ])
-def test_phalanx_run_refuses_bad_values_before_any_worker(tmp_path, flags, message):
+def test_phalanx_run_refuses_bad_values_before_any_worker(tmp_path, flags, env, message):
     script = tmp_path / "train.py"
     script.write_text(f"open({str(tmp_path / 'started')!r}, 'w').close()\n")
-    result = run_cli(["run", "--nproc-per-node", "2", *flags, str(script)], timeout=60)
+    result = run_cli(["run", "--nproc-per-node", "2", *flags, str(script)], env=env, timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not Path(tmp_path / "started").exists()

@@ -12,6 +12,7 @@ import ipaddress
 from typing import Mapping
 
 from phalanx import envvars
+from phalanx.config import kinds
 from phalanx.cluster.network import NetworkError, Route, interface_addresses, is_loopback, non_loopback_interfaces, route_to
 
 BOUND_STATIC_BACKEND = "phalanx-static"
@@ -49,17 +50,13 @@ class NodePlan:
 
 def parse_nnodes(value: str) -> tuple[int, int]:
     """`--nnodes`: "2" -> (2, 2); "1:4" -> (1, 4) (an elastic range, like torchrun)."""
-    parts = value.split(":")
     try:
-        low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+        return kinds.nnodes_range(value)
     except ValueError:
-        low, high = 0, -1
-    if len(parts) > 2 or not 1 <= low <= high:
         raise ValueError(
             f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {value!r}. "
             "HINT: --nnodes 2, or --nnodes 1:4 for an elastic job (needs --rdzv-backend c10d)."
-        )
-    return low, high
+        ) from None
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int | None]:

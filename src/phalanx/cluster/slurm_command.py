@@ -10,14 +10,13 @@ import shutil
 import subprocess
 import sys
 
+from phalanx import config
 from phalanx.cluster.slurm_script import SlurmJobSpec, render_script
 
 PROG_ERROR = "phalanx slurm: error:"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from phalanx.launch.run_command import PASSTHROUGH_FLAGS, _dest
-
     parser.allow_abbrev = False
     parser.usage = "%(prog)s [options] SCRIPT [ARGS...]"
     add = parser.add_argument
@@ -32,8 +31,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("-o", "--output", default=None, help="where to write the script (default: JOB_NAME.sbatch)")
     add("--python", default=sys.executable, help="interpreter on the compute nodes (default: this one)")
     add("--max-restarts", type=int, default=None, help="passed to phalanx run")
-    for flag in PASSTHROUGH_FLAGS:
-        add(flag.flags[0], dest=_dest(flag), default=None, help=f"passed to phalanx run ({flag.help})")
+    for setting in config.RUNTIME:  # every runtime setting, passed on to `phalanx run` (checked here first)
+        add(*setting.flags, dest=setting.name, default=None,
+            help=f"passed to phalanx run ({setting.help})".replace("%", "%%"))
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the script, write nothing")
     mode.add_argument("--submit", action="store_true", help="write the script and submit it with sbatch")
@@ -42,15 +42,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def job_spec_from_args(args: argparse.Namespace) -> SlurmJobSpec:
-    from phalanx.launch.run_command import PASSTHROUGH_FLAGS, _dest
-
     if not os.path.isfile(args.target):
         raise ValueError(f"training script {args.target!r} not found (working directory: {os.getcwd()})")
     run_flags: list[str] = []
-    for flag in PASSTHROUGH_FLAGS:
-        value = getattr(args, _dest(flag))
-        if value is not None:
-            run_flags += [flag.flags[0], value]
+    given = {s.name: getattr(args, s.name) for s in config.RUNTIME}
+    config.from_flags(given)  # a bad value fails here, not on the compute nodes
+    for setting in config.RUNTIME:
+        if given[setting.name] is not None:
+            run_flags += [setting.flag, given[setting.name]]
     if args.max_restarts is not None:
         run_flags += ["--max-restarts", str(args.max_restarts)]
     name = args.job_name or os.path.splitext(os.path.basename(args.target))[0]

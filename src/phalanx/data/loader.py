@@ -105,7 +105,9 @@ class PreparedLoader:
         else:  # between passes, or the last batch was yielded: the next pass starts at its beginning
             epoch, done = self.epoch, 0
         unit, consumed = _global_count(self.loader, self.per_rank_positions, done, self.ctx.world_size)
-        return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.world_size}
+        _, per_step = _global_count(self.loader, self.per_rank_positions, 1, self.ctx.world_size)
+        return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.world_size,
+                "global_batch": per_step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at `state`'s position: the next pass starts `epoch` with the very next batch."""
@@ -214,12 +216,25 @@ def _global_count(loader: DataLoader, per_rank: bool, done: int, world_size: int
     return "samples", done * int(loader.batch_size) * world_size  # DistributedSampler's global order
 
 
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
 def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], world_size: int) -> int:
     unit, consumed, saved_world = state["unit"], int(state["consumed"]), int(state["world_size"])
     expected_unit, _ = _global_count(loader, per_rank, 0, world_size)
     if unit != expected_unit:
         raise ValueError(f"the checkpoint counts data in {unit}, this loader in {expected_unit}: "
                          "HINT: resume with the same DataLoader setup (sampler, batch_size) as the saved run")
+    _, global_batch = _global_count(loader, per_rank, 1, world_size)
+    saved_global = state.get("global_batch")
+    if unit == "samples" and saved_global is not None and int(saved_global) != global_batch:
+        saved_batch = int(saved_global) // max(saved_world, 1)
+        raise ValueError(
+            f"the global batch changed: the checkpoint took {saved_global} {unit} per step ({_ranks(saved_world)} x "
+            f"{saved_batch}), this run takes {global_batch} ({_ranks(world_size)} x {global_batch // world_size}). "
+            "Resuming would change the optimisation. HINT: keep the global batch: "
+            f"batch_size = {saved_global} / world_size = {int(saved_global) / world_size:g}")
     if unit == "batches_per_rank":
         if saved_world != world_size:
             raise ValueError(f"a per-rank data position (IterableDataset or shard=False) saved on {saved_world} "

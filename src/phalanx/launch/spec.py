@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import os
 import sys
+from typing import Any
 
 START_METHODS = ("auto", "fork", "spawn")
 
@@ -56,6 +57,8 @@ class LaunchSpec:
     """How workers start: fork (inherit the launcher's torch import), spawn, or auto."""
     worker_env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Extra variables exported to every worker (phalanx settings such as PHALANX_STRATEGY)."""
+    deepspeed: Any = None
+    """The DeepSpeed config the settings were checked against (DeepSpeedSettings), if any."""
 
     @property
     def single_node(self) -> bool:

@@ -6,21 +6,19 @@ byte is written. PHALANX_PROGRESS=on/off forces it either way.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from typing import Any, Iterable, Iterator
 
-from phalanx import envvars
 
 
 def bar_enabled(is_main: bool, setting: str | bool | None = None, stream: Any = None) -> bool:
     """Main process only; "auto" (default) means: when the stream is a terminal. True/False = on/off."""
     if isinstance(setting, bool):
         setting = "on" if setting else "off"
-    setting = (setting or os.environ.get(envvars.PHALANX_PROGRESS) or "auto").lower()
+    setting = (setting or "auto").lower()
     if setting not in ("auto", "on", "off"):
-        raise ValueError(f"{envvars.PHALANX_PROGRESS}={setting!r}: use auto, on or off")
+        raise ValueError(f"progress={setting!r}: use auto, on or off")
     if not is_main or setting == "off":
         return False
     if setting == "on":

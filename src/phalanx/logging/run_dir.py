@@ -5,7 +5,6 @@ import os
 import time
 from typing import Callable
 
-from phalanx import envvars
 
 DEFAULT_ROOT = "runs"
 
@@ -21,17 +20,15 @@ def make_unique_dir(root: str, now: float | None = None) -> str:
             return path
         except FileExistsError:
             continue
-    raise RuntimeError(f"could not create a fresh run directory under {root!r}. HINT: set {envvars.PHALANX_RUN_DIR}.")
+    raise RuntimeError(f"could not create a fresh run directory under {root!r}. HINT: set run_dir (--run-dir, PHALANX_RUN_DIR).")
 
 
-def resolve_run_dir(env: dict[str, str] | os._Environ, is_main: bool,
-                    share: Callable[[str | None], str]) -> str:
-    """PHALANX_RUN_DIR if set (the launcher or the user chose), else a fresh `runs/<time>`.
+def resolve_run_dir(chosen: str | None, is_main: bool, share: Callable[[str | None], str]) -> str:
+    """The run_dir setting if given (the launcher or the user chose), else a fresh `runs/<time>`.
 
     `share(value)` returns rank 0's value on every rank (a broadcast; identity in a world of one),
     so all ranks agree on one directory without a shared clock.
     """
-    chosen = env.get(envvars.PHALANX_RUN_DIR)
     if chosen:
         path = os.path.abspath(chosen)
         os.makedirs(path, exist_ok=True)

@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import atexit
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from phalanx import config
 from phalanx.logging import progress as progress_mod
 from phalanx.logging import rank_log, sinks
 from phalanx.logging.metrics import MetricsLogger
@@ -20,40 +18,42 @@ class LoggingSession:
     run_dir: str
     is_main: bool
     metrics: MetricsLogger
+    progress_setting: str = "auto"
 
     def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
         self.metrics.log(values, step)
 
     def progress(self, iterable: Iterable[Any], **kwargs: Any) -> progress_mod.Progress:
-        enabled = progress_mod.bar_enabled(self.is_main, kwargs.pop("enabled", None))
+        enabled = progress_mod.bar_enabled(self.is_main, kwargs.pop("enabled", None) or self.progress_setting)
         return progress_mod.Progress(iterable, enabled=enabled, is_main=self.is_main, metrics=self.metrics, **kwargs)
 
 
-def _setting(env: Mapping[str, str], name: str, default: Any) -> Any:
-    """A logging setting from its PHALANX_* variable, checked like a config file value."""
-    setting = config.BY_NAME[name]
-    raw = env.get(setting.env or "", "")
-    if raw == "":
-        return default
-    try:
-        return config.coerce(setting, raw)
-    except config.ConfigError as error:
-        raise config.ConfigError(f"environment variable {setting.env}: {error}") from None
+@dataclass(frozen=True)
+class LoggingSettings:
+    """The logging rows of the settings schema, resolved."""
+
+    run_dir: str | None = None
+    log_level: str = "INFO"
+    log_all_ranks: bool = False
+    log_sinks: tuple[str, ...] = ("auto",)
+    progress: str = "auto"
+    trackers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "LoggingSettings":
+        return cls(cfg.run_dir, cfg.log_level, cfg.log_all_ranks, tuple(cfg.log_sinks), cfg.progress,
+                   tuple(cfg.trackers or ()))
 
 
-def start(rank: int, is_main: bool, share: Callable[[Any], Any], env: Mapping[str, str] | None = None,
-          trackers: list[str] | None = None) -> LoggingSession:
+def start(rank: int, is_main: bool, share: Callable[[Any], Any],
+          settings: LoggingSettings = LoggingSettings()) -> LoggingSession:
     """Pick the run dir (same on all ranks), configure phalanx's logger and the metrics sinks.
 
-    `trackers` (None: PHALANX_TRACKERS) are checked here on every rank, so a bad name or a missing
-    library fails at `Phalanx()`, not at the first `px.log`."""
-    env = os.environ if env is None else env
-    sink_names = _setting(env, "log_sinks", ["auto"])
-    trackers = list(trackers) if trackers is not None else _setting(env, "trackers", [])
-    sinks.expand(sink_names, trackers)
-    run_dir = resolve_run_dir(env, is_main, share)
-    rank_log.setup(rank, run_dir, _setting(env, "log_level", "INFO"), _setting(env, "log_all_ranks", False))
-    metrics = MetricsLogger(run_dir, is_main, sink_names, trackers=trackers)
+    Sinks and trackers are checked here on every rank (names, installed libraries), so a missing
+    library fails at `Phalanx()`, not at the first `px.log`; they open at the first `px.log`."""
+    sinks.expand(list(settings.log_sinks), list(settings.trackers))
+    run_dir = resolve_run_dir(settings.run_dir, is_main, share)
+    rank_log.setup(rank, run_dir, settings.log_level, settings.log_all_ranks)
+    metrics = MetricsLogger(run_dir, is_main, list(settings.log_sinks), trackers=list(settings.trackers))
     atexit.register(metrics.close)
-    return LoggingSession(run_dir, is_main, metrics)
-
+    return LoggingSession(run_dir, is_main, metrics, settings.progress)

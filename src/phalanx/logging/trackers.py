@@ -71,8 +71,8 @@ class MLflowTracker:
         from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
 
         if not is_tracking_uri_set():
-            # MLflow 3 keeps its file store behind an opt-in; a local file store is the point here.
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            # MLflow 3 keeps its file store behind an opt-in (an env variable): a local store is the point here.
+            _allow_mlflow_file_store()
             mlflow.set_tracking_uri("file://" + os.path.abspath(os.path.join(run.run_dir, MLRUNS_DIR)))
         self._mlflow = mlflow
         self._run = mlflow.start_run(run_name=run.name)
@@ -90,6 +90,15 @@ class MLflowTracker:
         run, self._run = self._run, None
         if run is not None:
             self._mlflow.end_run()
+
+
+def _allow_mlflow_file_store() -> None:
+    try:
+        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+    except ImportError:  # MLflow 2: the file store needs no opt-in
+        return
+    if not MLFLOW_ALLOW_FILE_STORE.defined:
+        MLFLOW_ALLOW_FILE_STORE.set("true")
 
 
 class SwanLabTracker:

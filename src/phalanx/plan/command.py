@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
+
+from phalanx import config
 
 _FACTORY_NAMES = ("make_model", "build_model", "get_model", "create_model")
 
@@ -79,12 +82,14 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int) -> str:
     return "\n".join(lines)
 
 
-def main(args: argparse.Namespace) -> int:
-    import os
+def launcher_budget() -> int | None:
+    """memory_budget as `phalanx run` would hand it to the workers (PHALANX_MEMORY_BUDGET), if set."""
+    return config.resolve(config.from_env(os.environ)).config.memory_budget
 
+
+def main(args: argparse.Namespace) -> int:
     import torch
 
-    from phalanx import envvars
     from phalanx.strategies import memory
 
     if args.world_size < 1:
@@ -94,10 +99,8 @@ def main(args: argparse.Namespace) -> int:
         model = factory()
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"{args.model} returned {type(model).__name__}, not a torch.nn.Module")
-    raw = args.budget or os.environ.get(envvars.PHALANX_MEMORY_BUDGET)
-    if raw:
-        budget = memory.parse_bytes(raw)
-    else:
+    budget = memory.parse_bytes(args.budget) if args.budget else launcher_budget()
+    if budget is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         budget = memory.device_budget_bytes(device, args.nproc_per_node or args.world_size)
     print(render(memory.model_sizes(model), args.world_size, args.optimizer, budget))

@@ -7,7 +7,7 @@ from typing import Mapping
 
 import torch
 
-from phalanx import envvars
+from phalanx import config, envvars
 from phalanx.cluster.slurm import torch_env_from_slurm
 
 
@@ -57,6 +57,11 @@ class DistContext:
             )
         device, backend = _pick_device(local_rank, cpu)
         return cls(rank, local_rank, world_size, local_world_size, node_rank, device, backend)
+
+
+def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:
+    """The settings the launcher handed this process as PHALANX_* variables, checked."""
+    return config.from_env(os.environ if env is None else env)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -1,28 +1,18 @@
 """Debug mode: before each phalanx collective, check that every rank calls the same one with
 matching tensors, and say which rank differs, instead of hanging or aborting inside gloo/NCCL.
 
-Costs one small all_gather_object per collective, so it is opt-in: `Phalanx(debug=True)` or
-PHALANX_DEBUG=1. (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL does this for its own collectives but
+Costs one small all_gather_object per collective, so it is opt-in: `Phalanx(debug=True)`
+(or --debug / PHALANX_DEBUG=1). (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL does this for its own collectives but
 crashes when DDP is constructed under it on these machines.)
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch.distributed as dist
 
-from phalanx import envvars
 from phalanx.runtime.collectives import map_tensors
 
-_TRUE = ("1", "true", "yes", "on")
-
-
-def resolve_debug(debug: bool | None) -> bool:
-    """Phalanx(debug=...) wins over PHALANX_DEBUG."""
-    if debug is not None:
-        return bool(debug)
-    return os.environ.get(envvars.PHALANX_DEBUG, "").strip().lower() in _TRUE
 
 
 def describe(data: Any) -> list[tuple[tuple[int, ...], str]]:

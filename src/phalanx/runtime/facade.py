@@ -10,22 +10,22 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from phalanx import config, envvars
+from phalanx import config
 from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.loader import BatchInfo, PreparedLoader
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives, uneven, watchdog
-from phalanx.runtime import debug as debug_mode
-from phalanx.runtime.context import DistContext
+from phalanx.runtime.context import DistContext, launcher_settings
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
-from phalanx.strategies import memory, registry, settings
+from phalanx.strategies import memory, registry
 from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
 from phalanx.strategies.base import Strategy, StrategyOptions
+from phalanx.strategies.choice import choose
 
 
 class Phalanx:
@@ -39,41 +39,28 @@ class Phalanx:
         self,
         strategy: str | None = None,
         *,
-        mixed_precision: str | None = None,
-        grad_accum_steps: int | None = None,
-        deepspeed: str | os.PathLike | dict | None = None,
         strategy_options: dict[str, Any] | StrategyOptions | None = None,
-        seed: int | None = None,
-        cpu: bool = False,
-        device_placement: bool = True,
-        collective_timeout: float | None = None,
-        watchdog_timeout: float | None = None,
-        debug: bool | None = None,
-        checkpoint_dir: str | os.PathLike | None = None,
-        checkpoint_keep: int = 3,
-        checkpoint_async: bool = False,
-        trackers: list[str] | None = None,
-        profile: str | None = None,
+        config_file: str | os.PathLike | None = None,
+        **settings: Any,
     ):
-        """`strategy`: dp, ddp, zero1, zero2, zero3 (= fsdp) or auto (default).
-        `mixed_precision`: no, bf16 or fp16. `grad_accum_steps`: micro-steps per optimizer step
-        (use with `px.accumulate`). `deepspeed`: a DeepSpeed JSON config (path or dict) mapped onto
-        these settings. `strategy_options`: fields of `StrategyOptions` (cpu_offload,
-        shard_modules, forward_prefetch, memory_budget_bytes, extra). `trackers`: experiment
-        trackers `px.log` also reaches (wandb, mlflow, swanlab, tensorboard). `profile`: "START:STOP"
-        optimizer steps to trace with torch.profiler into RUN_DIR/profile. Each falls back to its
-        PHALANX_* environment variable, as set by `phalanx run`.
+        """Every setting of phalanx's schema (`phalanx.config.SETTINGS`) is a keyword argument here;
+        one left out (or None) comes from its PHALANX_* variable (as `phalanx run` sets them), then
+        from `config_file` (a YAML file), then its default. `strategy_options`: fields of
+        `StrategyOptions` (cpu_offload, shard_modules, forward_prefetch, extra), Python only.
         """
-        self.ctx = DistContext.from_env(cpu=cpu)
-        self.settings = settings.resolve(strategy, mixed_precision, grad_accum_steps, deepspeed, strategy_options)
+        layers = [config.from_yaml_runtime(config_file)] if config_file is not None else []
+        resolved = config.resolve(*layers, launcher_settings(),
+                                  config.from_kwargs({"strategy": strategy, **settings}))
+        cfg = self.config = resolved.config
+        self.ctx = DistContext.from_env(cpu=cfg.cpu)
+        self.settings = choose(cfg, resolved.deepspeed, strategy_options)
         if self.settings.deepspeed is not None:
             self.settings.deepspeed.check_world(self.ctx.world_size)
-        self.seed = int(seed if seed is not None else os.environ.get(envvars.PHALANX_SEED, 0))
-        self.device_placement = device_placement
+        self.seed = 0 if cfg.seed is None else cfg.seed
+        self.device_placement = cfg.device_placement
         registry.resolve_name(self.settings.strategy, self.ctx)  # bad names fail before any group is joined
-        self.debug = debug_mode.resolve_debug(debug)  # check each collective's shapes across ranks first
-        watchdog_timeout = watchdog.resolve_timeout(watchdog_timeout)  # 0 = off
-        init_process_group(self.ctx, collective_timeout)
+        self.debug = cfg.debug  # check each collective's shapes across ranks first
+        init_process_group(self.ctx, cfg.collective_timeout)
         self.strategy: Strategy = registry.create(self.settings.strategy, self.ctx, self.settings.options)
         self._accumulator = Accumulator(self.settings.grad_accum_steps)
         self._optimizers: list[torch.optim.Optimizer] = []
@@ -81,30 +68,26 @@ class Phalanx:
         self._step_progress = Progress()  # step and phase of this rank, read by the watchdog
         self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
         self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self._step_progress,
-                                                watchdog_timeout, destroy_process_group)
+                                                cfg.watchdog_timeout, destroy_process_group)
         self._checkpointer = Checkpointer(
-            strategy_name=self.strategy.name, seed=self.seed, keep=checkpoint_keep, async_save=checkpoint_async,
-            directory=checkpoint_dir or os.environ.get(envvars.PHALANX_CHECKPOINT_DIR) or None,
+            strategy_name=self.strategy.name, seed=self.seed, keep=cfg.checkpoint_keep,
+            async_save=cfg.checkpoint_async, directory=cfg.checkpoint_dir,
         )
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
-                                          trackers=trackers)
+                                          log_session.LoggingSettings.from_config(cfg))
         self._logging.metrics.params = self._run_params
-        profile = profile if profile is not None else os.environ.get(envvars.PHALANX_PROFILE) or None
-        self._profiler = None if profile is None else StepProfiler(
-            profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
+        self._profiler = None if cfg.profile is None else StepProfiler(
+            cfg.profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s", self.rank, self.world_size,
                           self.device, self.strategy_name, self.run_dir)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "Phalanx":
-        """Build from a YAML config file; precedence file < PHALANX_* env < keyword overrides.
+        """`Phalanx(config_file=path, **overrides)`: precedence file < PHALANX_* env < keyword overrides.
 
-        Settings `Phalanx()` takes as arguments are passed; the rest are exported as their
-        PHALANX_* variables for the modules that read them (as `phalanx run --config` does).
+        Launcher keys in the file (nproc_per_node, ...) are allowed and ignored here.
         """
-        kwargs, exported = config.runtime_kwargs(path, os.environ, overrides, inspect.signature(cls).parameters)
-        os.environ.update(exported)
-        return cls(**kwargs)
+        return cls(config_file=path, **overrides)
 
     # ---- who am I --------------------------------------------------------------------------
     @property
@@ -353,9 +336,9 @@ class Phalanx:
 
     def _run_params(self) -> dict[str, Any]:
         """The run's settings, logged by the trackers as hyper-parameters when they open."""
-        return {**config.from_env(os.environ), "strategy": self.strategy_name, "world_size": self.world_size,
-                "mixed_precision": self.strategy.precision.name,
-                "grad_accum_steps": self.grad_accum_steps, "seed": self.seed, "run_dir": self.run_dir}
+        return {**{s.name: getattr(self.config, s.name) for s in config.RUNTIME}, "strategy": self.strategy_name, "world_size": self.world_size,
+                "mixed_precision": self.strategy.precision.name, "grad_accum_steps": self.grad_accum_steps,
+                "seed": self.seed, "run_dir": self.run_dir}
 
     def add_sink(self, sink: Any) -> None:
         """Send `px.log` rows also to `sink` (an object with `write(step, metrics)` and `close()`)."""
@@ -365,3 +348,13 @@ class Phalanx:
         """Iterate with a progress bar (steps/s, ETA, latest logged metrics) on the main process
         when stdout is a terminal; elsewhere just iterate. kwargs: total, desc, enabled, tqdm's."""
         return self._logging.progress(iterable, **kwargs)
+
+
+def _signature() -> inspect.Signature:
+    """`Phalanx`'s signature as help() and IDEs show it: the fixed arguments, then every runtime setting."""
+    fixed = [p for p in inspect.signature(Phalanx.__init__).parameters.values() if p.kind != p.VAR_KEYWORD]
+    named = {p.name for p in fixed}
+    return inspect.Signature([*fixed, *(p for p in config.keyword_parameters() if p.name not in named)])
+
+
+Phalanx.__init__.__signature__ = _signature()  # type: ignore[attr-defined]

@@ -17,15 +17,13 @@ from phalanx.runtime.context import DistContext
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
 
-def collective_timeout(seconds: float | None = None) -> datetime.timedelta:
-    if seconds is None:
-        seconds = float(os.environ.get(envvars.PHALANX_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S))
+def collective_timeout(seconds: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> datetime.timedelta:
     if seconds <= 0:
         raise ValueError(f"collective timeout must be positive, got {seconds}")
     return datetime.timedelta(seconds=seconds)
 
 
-def init_process_group(ctx: DistContext, timeout_s: float | None = None) -> bool:
+def init_process_group(ctx: DistContext, timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> bool:
     """Join the default group when the world has several ranks; True if this call created it."""
     if not ctx.is_distributed or dist.is_initialized():
         return False

@@ -41,20 +41,6 @@ EXIT_CODE = 3  # a rank stopped by the watchdog (1 stays "the script raised")
 _PREFIX = "phalanx/watchdog/"
 
 
-def resolve_timeout(seconds: float | None) -> float:
-    """Phalanx(watchdog_timeout=...) > PHALANX_WATCHDOG_TIMEOUT > 60 s; 0 turns the watchdog off."""
-    if seconds is None:
-        raw = os.environ.get(envvars.PHALANX_WATCHDOG_TIMEOUT, "")
-        try:
-            seconds = float(raw) if raw else DEFAULT_WATCHDOG_TIMEOUT_S
-        except ValueError:
-            raise ValueError(f"{envvars.PHALANX_WATCHDOG_TIMEOUT}={raw!r} is not a number of seconds "
-                             "(0 turns the watchdog off)") from None
-    if seconds < 0:
-        raise ValueError(f"watchdog timeout must be >= 0 seconds (0 = off), got {seconds}")
-    return float(seconds)
-
-
 class Watchdog:
     """The reporting thread of one rank. `start()` after the process group exists."""
 

@@ -7,6 +7,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
+from phalanx.logging.rank_log import get_logger
 from phalanx.strategies.precision import Precision
 
 
@@ -26,6 +27,7 @@ class Accumulator:
         self.sync_gradients = True  # True on the final micro-step of a cycle (always when k == 1)
         self.inside = False
         self.holding_grads = False  # gradients of an unfinished cycle are held: zero_grad must wait
+        self.warned_outside = False
 
     @contextlib.contextmanager
     def accumulate(self, no_sync: Callable[[], ContextManager[Any]]) -> Iterator[None]:
@@ -42,11 +44,17 @@ class Accumulator:
         if self.num_steps == 1:
             return loss
         if not self.inside:
-            raise RuntimeError(
-                f"grad_accum_steps={self.num_steps} but backward() was called outside "
-                "`with px.accumulate(model):`, so phalanx cannot tell which micro-step this is. "
-                "HINT: wrap each micro-step's forward/backward/step in `with px.accumulate(model):`."
-            )
+            # A script written without px.accumulate (the config file asked for accumulation): each
+            # backward is a micro-step. Gradients are synced on every one (the forward ran outside
+            # no_sync), which costs traffic but gives the same result.
+            self.micro_step += 1
+            self.sync_gradients = self.micro_step % self.num_steps == 0
+            if not self.warned_outside:
+                self.warned_outside = True
+                get_logger("accumulation").info(
+                    "grad_accum_steps=%d: each backward() counts as a micro-step; wrap the forward and "
+                    "backward in `with px.accumulate(model):` to skip the gradient sync on the first %d",
+                    self.num_steps, self.num_steps - 1)
         self.holding_grads = True
         return loss / self.num_steps
 

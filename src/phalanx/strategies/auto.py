@@ -2,12 +2,10 @@
 when the model is known). Delegates everything to the strategy it picked."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from torch import nn
 
-from phalanx import envvars
 from phalanx.runtime.context import DistContext
 from phalanx.strategies.base import Strategy, StrategyOptions
 from phalanx.strategies import memory
@@ -31,9 +29,6 @@ class AutoStrategy:
     def budget_bytes(self) -> int:
         if self.options.memory_budget_bytes is not None:
             return int(self.options.memory_budget_bytes)
-        raw = os.environ.get(envvars.PHALANX_MEMORY_BUDGET)
-        if raw:
-            return memory.parse_bytes(raw)
         return memory.device_budget_bytes(self.ctx.device, self.ctx.local_world_size)
 
     def _strategy(self) -> Strategy:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
 from torch import nn
+
+from phalanx.config import kinds
 
 # Optimizer state tensors per parameter, each the parameter's size, plus a scalar `step` tensor.
 OPTIMIZER_STATES: dict[str, tuple[int, bool]] = {
@@ -133,16 +134,14 @@ def device_budget_bytes(device: torch.device, local_world_size: int = 1) -> int:
     return int(total * DEFAULT_BUDGET_FRACTION)
 
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
-          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
 
 
 def parse_bytes(text: str) -> int:
-    """'8GB', '512MiB', '1e9' -> bytes (binary units)."""
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a size; HINT: write e.g. 8GB, 512MiB or 1000000")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    """'8GB', '512MiB', '1e9' -> bytes (binary units); ValueError with a HINT otherwise."""
+    try:
+        return kinds.parse_bytes(text)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a size; HINT: write e.g. 8GB, 512MiB or 1000000") from None
 
 
 def format_bytes(n: float) -> str:

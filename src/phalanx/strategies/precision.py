@@ -11,13 +11,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-VALID = ("no", "bf16", "fp16")
+from phalanx.strategies import names
+
+VALID = names.PRECISIONS
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_name(name: str) -> str:
-    key = (name or "no").strip().lower()
-    key = {"none": "no", "fp32": "no", "bfloat16": "bf16", "float16": "fp16"}.get(key, key)
+    key = names.canonical_precision(name)
     if key not in VALID:
         raise ValueError(f"unknown mixed_precision {name!r}; valid values: {', '.join(VALID)}")
     return key

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable
 
 from phalanx.runtime.context import DistContext
+from phalanx.strategies import names
 from phalanx.strategies.base import Strategy, StrategyOptions
 from phalanx.strategies.auto import AutoStrategy
 from phalanx.strategies.ddp import DDPStrategy
@@ -23,7 +24,8 @@ STRATEGIES: dict[str, Factory] = {
     "zero3": FSDPStrategy,
     "auto": AutoStrategy,
 }
-ALIASES: dict[str, str] = {"fsdp": "zero3"}
+ALIASES: dict[str, str] = names.STRATEGY_ALIASES
+assert set(names.STRATEGIES) == {*STRATEGIES, *ALIASES}, "strategies/names.py lists every registered name"
 # Strategies that mean nothing without peers and fall back to a plain single-device run.
 WORLD_OF_ONE_IS_SINGLE: set[str] = {"ddp", "zero1", "zero2", "zero3", "auto"}
 
@@ -34,8 +36,7 @@ def valid_names() -> list[str]:
 
 def resolve_name(name: str, ctx: DistContext) -> str:
     """Map an alias to a registered name; raise ValueError listing valid names."""
-    key = name.strip().lower()
-    key = ALIASES.get(key, key)
+    key = names.canonical_strategy(name)
     if key not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; valid strategies: {', '.join(valid_names())}")
     if not ctx.is_distributed and key in WORLD_OF_ONE_IS_SINGLE:

@@ -1,0 +1,215 @@
+"""How each kind of setting turns text (a flag, an env variable) or an object (YAML, a keyword
+argument) into a typed value, and what to say when it cannot. Pure Python: the launcher imports it.
+
+A kind raises ValueError with the reason only ("choose one of ..."); the caller prefixes the source
+and the bad value, so every message reads `SOURCE VALUE: REASON`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A value type: `text` parses a flag/env string, `obj` checks a YAML/keyword value."""
+
+    name: str
+    text: Callable[[str], Any]
+    obj: Callable[[Any], Any] | None = None  # None: objects must be strings, parsed by `text`
+    example: str = "..."
+    choices: Callable[[], tuple[str, ...]] | None = None  # the valid names, for choice kinds
+
+    def from_text(self, raw: str) -> Any:
+        return self.text(raw)
+
+    def from_object(self, value: Any) -> Any:
+        if self.obj is not None:
+            return self.obj(value)
+        if isinstance(value, str):
+            return self.text(value)
+        raise ValueError(f"expected {self.name}, got {type(value).__name__}")
+
+
+def _integer(text: Any, minimum: int | None, what: str) -> int:
+    if isinstance(text, bool) or isinstance(text, float):
+        raise ValueError(what)
+    try:
+        number = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(what) from None
+    if minimum is not None and number < minimum:
+        raise ValueError(what)
+    return number
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Kind:
+    if minimum == 1:
+        what = "expected a whole number >= 1"
+    elif minimum is not None:
+        what = f"expected a whole number >= {minimum}"
+    else:
+        what = "expected a whole number"
+    if maximum is not None:
+        what = f"expected a whole number in {minimum}..{maximum}"
+
+    def parse(value: Any) -> int:
+        number = _integer(value, minimum, what)
+        if maximum is not None and number > maximum:
+            raise ValueError(what)
+        return number
+
+    return Kind("integer", parse, parse, example=str(minimum or 0))
+
+
+def seconds(allow_zero: bool) -> Kind:
+    what = "expected a number of seconds >= 0 (0 turns it off)" if allow_zero else "expected a number of seconds > 0"
+
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(what)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(what) from None
+        if number < 0 or (number == 0 and not allow_zero) or number != number:
+            raise ValueError(what)
+        return number
+
+    return Kind("seconds", parse, parse, example="60")
+
+
+def _bool_text(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError("expected true or false (also 1/0, yes/no, on/off)")
+
+
+def _bool_obj(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return _bool_text(value)
+    raise ValueError("expected true or false")
+
+
+BOOL = Kind("boolean", _bool_text, _bool_obj, example="false")
+
+
+def choice(choices: Callable[[], tuple[str, ...]] | tuple[str, ...],
+           normalize: Callable[[str], str] = str.strip) -> Kind:
+    """One of a list of names; `choices` may be a function so the registry that owns them decides."""
+
+    def names() -> tuple[str, ...]:
+        return choices() if callable(choices) else choices
+
+    def parse(value: Any) -> str:
+        if isinstance(value, str):
+            key = normalize(value)
+            if key in names():
+                return key
+        raise ValueError(f"choose one of {', '.join(names())}")
+
+    return Kind("choice", parse, parse, choices=names)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"expected text, got {type(value).__name__}")
+    return str(value)
+
+
+TEXT = Kind("text", _text, _text)
+PATH = Kind("path", _text, lambda v: _text(v.__fspath__() if hasattr(v, "__fspath__") else v), example="path/to/dir")
+
+
+def names_list(valid: Callable[[], tuple[str, ...]] | None = None) -> Kind:
+    """A comma-separated list ("a,b") or a YAML/Python list of names, each checked when `valid` is given."""
+
+    def check(items: list[str]) -> list[str]:
+        items = [i.strip() for i in items if i.strip()]
+        if valid is not None:
+            bad = [i for i in items if i not in valid()]
+            if bad:
+                raise ValueError(f"unknown name(s) {', '.join(bad)}; choose from {', '.join(valid())}")
+        return items
+
+    def parse_obj(value: Any) -> list[str]:
+        if isinstance(value, str):
+            return check(value.split(","))
+        if isinstance(value, (list, tuple)) and all(isinstance(i, str) for i in value):
+            return check(list(value))
+        raise ValueError("expected a list of names (or a comma-separated string)")
+
+    return Kind("list of names", lambda text: check(text.split(",")), parse_obj, example="[auto]")
+
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
+          "g": 1024**3, "gb": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4, "tib": 1024**4}
+
+
+def parse_bytes(text: Any) -> int:
+    """'8GB', '512MiB', '1e9' -> bytes (binary units)."""
+    if isinstance(text, bool):
+        raise ValueError("expected a size such as 8GB, 512MiB or 1000000")
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError("expected a size such as 8GB, 512MiB or 1000000")
+    try:
+        return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    except ValueError:
+        raise ValueError("expected a size such as 8GB, 512MiB or 1000000") from None
+
+
+BYTES = Kind("size", parse_bytes, parse_bytes, example="8GB")
+
+
+def _count_or_auto(value: Any) -> int | str:
+    if value == "auto":
+        return "auto"
+    return _integer(value, 1, "expected a whole number >= 1, or auto")
+
+
+COUNT_OR_AUTO = Kind("count or auto", _count_or_auto, _count_or_auto, example="auto")
+
+
+def nnodes_range(text: str) -> tuple[int, int]:
+    """"2" -> (2, 2); "1:4" -> (1, 4); ValueError otherwise."""
+    parts = text.split(":")
+    try:
+        low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+    except ValueError:
+        low, high = 0, -1
+    if len(parts) > 2 or not 1 <= low <= high:
+        raise ValueError("expected N or MIN:MAX with 1 <= MIN <= MAX (e.g. 2, or 1:4 for an elastic job)")
+    return low, high
+
+
+def _nnodes(value: Any) -> str:
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str):
+        raise ValueError("expected N or MIN:MAX")
+    nnodes_range(text)
+    return text
+
+
+NNODES = Kind("N or MIN:MAX", _nnodes, _nnodes, example="1")
+
+
+def _python_object(value: Any) -> Any:
+    return value
+
+
+def python(text: Callable[[str], Any], describe: str) -> Kind:
+    """A setting whose keyword argument may be any Python object (a dict, a callable); text parses the rest."""
+    return Kind(describe, text, _python_object)
+

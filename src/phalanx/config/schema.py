@@ -1,0 +1,195 @@
+"""The one description of every phalanx setting. Each row gives its name (the `Phalanx()` keyword
+argument and the YAML key), its kind, default and help; the flag (`--name`, also `--name_with_underscores`)
+and the environment variable (`PHALANX_NAME`) follow from the name. `phalanx run`'s flags, the
+variables exported to workers, `Phalanx()`'s arguments, config files and the `phalanx config`
+template are all derived from these rows: a new setting is one row here.
+
+Launcher rows are read by `phalanx run` only (flags and config files); runtime rows reach each
+worker's `Phalanx()`. Pure Python, no torch: the launcher checks everything before a worker starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.config import kinds
+from phalanx.config.kinds import Kind
+
+
+class Scope:
+    LAUNCHER = "launcher"
+    RUNTIME = "runtime"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the schema."""
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    scope: str = Scope.RUNTIME
+    env_name: str | None = None  # only where a public name predates the PHALANX_<NAME> rule
+    bool_flag: bool = False  # `--name` / `--no-name` instead of `--name VALUE`
+    value_name: str | None = None  # how --help shows the value (default: the name's last word)
+
+    @property
+    def env(self) -> str | None:
+        """The PHALANX_* variable of a runtime setting (launcher settings have none)."""
+        if self.scope != Scope.RUNTIME:
+            return None
+        return self.env_name or f"PHALANX_{self.name.upper()}"
+
+    @property
+    def metavar(self) -> str:
+        return self.value_name or self.name.split("_")[-1].upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """Both spellings, as torchrun accepts them."""
+        underscored = "--" + self.name
+        return (self.flag,) if underscored == self.flag else (self.flag, underscored)
+
+
+def _strategy_names() -> tuple[str, ...]:
+    from phalanx.strategies.names import STRATEGIES
+
+    return STRATEGIES
+
+
+def _precision_names() -> tuple[str, ...]:
+    from phalanx.strategies.names import PRECISIONS
+
+    return PRECISIONS
+
+
+def _sink_names() -> tuple[str, ...]:
+    return ("auto", *_tracker_names())
+
+
+def _tracker_names() -> tuple[str, ...]:
+    from phalanx.logging.sinks import NAMES  # stdlib only: one registry of sinks and trackers
+
+    return NAMES
+
+
+def _step_range(text: str) -> str:
+    from phalanx.runtime.profile_steps import parse  # stdlib only
+
+    return parse(text).text
+
+
+def _strategy(text: str) -> str:
+    from phalanx.strategies.names import canonical_strategy
+
+    key = text.strip().lower()
+    return key if key in _strategy_names() else canonical_strategy(key)
+
+
+def _precision(text: str) -> str:
+    from phalanx.strategies.names import canonical_precision
+
+    return canonical_precision(text)
+
+
+def _deepspeed_text(text: str) -> str:
+    return kinds.PATH.from_text(text)
+
+
+L, R = Scope.LAUNCHER, Scope.RUNTIME
+
+SETTINGS: tuple[Setting, ...] = (
+    # --- launcher: how many processes, where -------------------------------------------------------
+    Setting("nproc_per_node", kinds.COUNT_OR_AUTO, "auto",
+            "workers per node: a number, or auto (one per visible GPU, else 2 on CPU)", L,
+            value_name="N|auto"),
+    Setting("nnodes", kinds.NNODES, "1", "number of nodes, or MIN:MAX for an elastic range (c10d)", L,
+            value_name="N|MIN:MAX"),
+    Setting("node_rank", kinds.integer(0), 0, "rank of this node (static rendezvous)", L),
+    Setting("master_addr", kinds.TEXT, None, "address of node 0 (default 127.0.0.1 on one node)", L),
+    Setting("master_port", kinds.integer(1, 65535), None, "port of node 0's store (default on one node: a free port)", L),
+    Setting("rdzv_backend", kinds.TEXT, "static", "rendezvous backend: static, c10d, etcd...", L),
+    Setting("rdzv_endpoint", kinds.TEXT, "", "rendezvous endpoint HOST:PORT", L),
+    Setting("rdzv_id", kinds.TEXT, "", "job id shared by all nodes", L),
+    Setting("rdzv_timeout", kinds.seconds(False), 600.0,
+            "seconds for all nodes to meet before failing with a report of what is missing", L),
+    Setting("max_restarts", kinds.integer(0), 0, "restarts of the worker group after a failure", L),
+    Setting("start_method", kinds.choice(("auto", "fork", "spawn")), "auto",
+            "fork: workers inherit the launcher's torch import (fast); spawn: fresh interpreters like torchrun; "
+            "auto: fork unless GPUs are in use", L),
+    Setting("gpus", kinds.TEXT, None, "GPU indices to use, e.g. 0,1; sets CUDA_VISIBLE_DEVICES and the process count", L),
+    # --- runtime: the strategy -----------------------------------------------------------------------
+    Setting("strategy", kinds.choice(_strategy_names, _strategy), "auto",
+            "dp, ddp, zero1, zero2, zero3 (= fsdp) or auto: ddp if the model fits the memory budget, else zero3"),
+    Setting("mixed_precision", kinds.choice(_precision_names, _precision), "no", "no, bf16 or fp16"),
+    Setting("grad_accum_steps", kinds.integer(1), 1, "micro-batches per optimizer step (px.accumulate)"),
+    Setting("memory_budget", kinds.BYTES, None,
+            "per-device memory budget strategy auto compares the model with, e.g. 8GB "
+            "(default: 60% of the GPU, or of RAM shared by the local ranks)"),
+    Setting("deepspeed", kinds.python(_deepspeed_text, "path of a DeepSpeed JSON config (or a dict)"), None,
+            "path of a DeepSpeed JSON config, mapped onto these settings", env_name="PHALANX_DEEPSPEED_CONFIG"),
+    Setting("cpu", kinds.BOOL, False, "run on the CPU (gloo) even when GPUs are visible", bool_flag=True),
+    Setting("device_placement", kinds.BOOL, True, "move each batch of a prepared loader to the rank's device",
+            bool_flag=True),
+    # --- runtime: reproducibility and lockstep safety --------------------------------------------
+    Setting("seed", kinds.integer(), None,
+            "seed of the data order and of Python's, NumPy's and torch's RNGs on every rank "
+            "(unset: data order from seed 0, global RNGs untouched)"),
+    Setting("collective_timeout", kinds.seconds(False), 300.0, "seconds a collective may wait before failing"),
+    Setting("watchdog_timeout", kinds.seconds(True), 60.0,
+            "seconds without progress on any rank before the hang is reported; 0 turns the watchdog off"),
+    Setting("debug", kinds.BOOL, False, "check every phalanx collective for mismatched calls across ranks (slower)",
+            bool_flag=True),
+    # --- runtime: checkpoints ------------------------------------------------------------------------
+    Setting("checkpoint_dir", kinds.PATH, None,
+            "checkpoint root: px.save_state()/load_state() with no path use it "
+            "(with --max-restarts, runs resume by themselves)"),
+    Setting("checkpoint_keep", kinds.integer(0), 3, "checkpoints kept under checkpoint_dir, newest first (0 keeps all)"),
+    Setting("checkpoint_async", kinds.BOOL, False, "px.save_state() writes in the background by default",
+            bool_flag=True),
+    # --- runtime: logs, metrics, progress ------------------------------------------------------------
+    Setting("run_dir", kinds.PATH, None, "directory for metrics and per-rank logs (default runs/<time>)"),
+    Setting("log_level", kinds.choice(("DEBUG", "INFO", "WARNING", "ERROR"), lambda t: t.strip().upper()), "INFO",
+            "level of phalanx's own messages"),
+    Setting("log_all_ranks", kinds.BOOL, False, "print phalanx's messages from every rank, not only rank 0",
+            bool_flag=True),
+    Setting("log_sinks", kinds.names_list(_sink_names), ["auto"],
+            "where px.log() writes: auto (csv, jsonl, tensorboard if installed) or a list of csv, jsonl, tensorboard"),
+    Setting("progress", kinds.choice(("auto", "on", "off")), "auto",
+            "progress bar: auto (when stdout is a terminal), on or off"),
+    Setting("trackers", kinds.names_list(_tracker_names), None,
+            "experiment trackers px.log() also reaches, from the main process only: wandb, mlflow, swanlab, "
+            "tensorboard (each a pip extra, e.g. phalanx[mlflow]); added to log_sinks"),
+    # --- runtime: tools ------------------------------------------------------------------------------
+    Setting("profile", kinds.Kind("step range", _step_range, lambda v: _step_range(str(v)), example="10:15"), None,
+            "START:STOP: trace optimizer steps START..STOP-1 with torch.profiler on every rank, one Chrome "
+            "trace per rank in RUN_DIR/profile", value_name="START:STOP"),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+RUNTIME: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.scope == Scope.RUNTIME)
+LAUNCHER: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.scope == Scope.LAUNCHER)
+BY_ENV: dict[str, Setting] = {s.env: s for s in RUNTIME if s.env}
+
+# The resolved values: one frozen, typed object handed down to the modules that use them.
+PhalanxConfig = dataclasses.make_dataclass(
+    "PhalanxConfig",
+    [(s.name, Any, dataclasses.field(default_factory=lambda s=s: _copy(s.default))) for s in SETTINGS],
+    frozen=True,
+    namespace={"__doc__": "Every setting's resolved value (see phalanx.config.schema.SETTINGS)."},
+)
+PhalanxConfig.__module__ = __name__
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
+
+
+def valid_keys() -> list[str]:
+    return [s.name for s in SETTINGS]

@@ -1,0 +1,39 @@
+"""The strategy a run asked for, from resolved settings: name, options, accumulation and clipping.
+
+Settings were merged and checked once (phalanx.config, DeepSpeed JSON included); this only turns
+them into what the strategy registry and the optimizer wrapper take.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from phalanx.strategies import deepspeed_config
+from phalanx.strategies.base import StrategyOptions
+
+
+@dataclass
+class StrategyChoice:
+    strategy: str
+    options: StrategyOptions
+    grad_accum_steps: int = 1
+    gradient_clipping: float | None = None  # clip before every optimizer.step() (DeepSpeed's key)
+    deepspeed: deepspeed_config.DeepSpeedSettings | None = None
+
+
+def choose(cfg: Any, deepspeed: deepspeed_config.DeepSpeedSettings | None = None,
+           strategy_options: Mapping[str, Any] | StrategyOptions | None = None) -> StrategyChoice:
+    """`cfg`: a resolved PhalanxConfig; `deepspeed`: the DeepSpeed config it was checked against."""
+    if isinstance(strategy_options, StrategyOptions):
+        options = strategy_options
+    else:
+        options = StrategyOptions.from_dict(dict(strategy_options or {}))
+    if deepspeed is not None and deepspeed.cpu_offload and not options.cpu_offload:
+        options.cpu_offload = True
+    if options.mixed_precision == "no" or cfg.mixed_precision != "no":
+        options.mixed_precision = cfg.mixed_precision
+    if options.memory_budget_bytes is None:
+        options.memory_budget_bytes = cfg.memory_budget
+    return StrategyChoice(strategy=cfg.strategy, options=options, grad_accum_steps=cfg.grad_accum_steps,
+                          gradient_clipping=deepspeed.gradient_clipping if deepspeed is not None else None,
+                          deepspeed=deepspeed)
