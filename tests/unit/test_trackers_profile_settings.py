@@ -70,3 +70,23 @@ def test_phalanx_run_refuses_bad_values_before_any_worker(tmp_path, flags, env, 
     result = run_cli(["run", "--nproc-per-node", "2", *flags, str(script)], env=env, timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not Path(tmp_path / "started").exists()
+
+
+def test_profile_counts_optimizer_steps_not_micro_steps(tmp_path, monkeypatch):
+    import json
+
+    import torch
+
+    monkeypatch.setenv("PHALANX_RUN_DIR", str(tmp_path))
+    px = Phalanx(profile="1:3", grad_accum_steps=2, log_sinks=["jsonl"])
+    model = torch.nn.Linear(3, 1)
+    model, optimizer = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for micro in range(10):  # 5 optimizer steps
+        with px.accumulate(model), torch.profiler.record_function(f"micro_{micro}"):
+            px.backward(model(torch.ones(2, 3)).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+    assert px.global_step == 5
+    names = {e.get("name") for e in json.loads((tmp_path / "profile" / "rank0.pt.trace.json").read_text())["traceEvents"]}
+    assert {n for n in names if str(n).startswith("ProfilerStep#")} == {"ProfilerStep#1", "ProfilerStep#2"}
+    assert {n for n in names if str(n).startswith("micro_")} == {"micro_2", "micro_3", "micro_4", "micro_5"}
