@@ -90,3 +90,17 @@ def test_profile_counts_optimizer_steps_not_micro_steps(tmp_path, monkeypatch):
     names = {e.get("name") for e in json.loads((tmp_path / "profile" / "rank0.pt.trace.json").read_text())["traceEvents"]}
     assert {n for n in names if str(n).startswith("ProfilerStep#")} == {"ProfilerStep#1", "ProfilerStep#2"}
     assert {n for n in names if str(n).startswith("micro_")} == {"micro_2", "micro_3", "micro_4", "micro_5"}
+
+
+def test_phalanx_run_refuses_a_missing_tracker_library_before_any_worker(tmp_path, monkeypatch):
+    from phalanx import cli
+    from phalanx.launch import run_command
+    from phalanx.launch.spec import LaunchError
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    args = cli.build_parser().parse_args(["run", "--trackers", "mlflow,wandb", str(script)])
+    with pytest.raises(LaunchError, match=r"trackers: 'wandb' needs the wandb package\. HINT: pip install 'phalanx\[wandb\]'"):
+        run_command.spec_from_args(args)
