@@ -10,6 +10,7 @@ initialised, with a character vocabulary built from the training text (nothing i
 """
 import argparse
 import csv
+import json
 import os
 from collections import Counter
 
@@ -46,6 +47,8 @@ def main():
     parser.add_argument("--limit", type=int, help="train and validate on this many reviews only (quick runs)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32, help="per process")
+    parser.add_argument("--save", metavar="DIR", help="after training: a checkpoint, the HF config and tokenizer, "
+                                                      "and sample predictions under DIR (for phalanx export --format hf)")
     args = parser.parse_args()
 
     px = Phalanx()
@@ -100,6 +103,27 @@ def main():
                 seen += labels.numel()
         px.log({"val_acc": correct / seen}, step=step)
     px.print(f"validation accuracy {correct / seen:.4f} on {seen} reviews; metrics in {px.run_dir}")
+    if args.save:
+        save_for_export(px, model, tokenizer, collate, val_set, args.save)
+
+
+def save_for_export(px, model, tokenizer, collate, val_set, directory):
+    """DIR/checkpoint (px.save_state), DIR/hf-config (config + tokenizer) and DIR/predictions.json
+    (logits of the first validation reviews), so that
+    `phalanx export DIR/checkpoint OUT --format hf --config-from DIR/hf-config` gives a directory
+    `from_pretrained` loads, and the predictions can be compared."""
+    px.save_state(os.path.join(directory, "checkpoint"))
+    texts = [val_set[i][0] for i in range(min(32, len(val_set)))]
+    model.eval()
+    with torch.no_grad():  # on every rank: sharded strategies gather parameters in the forward
+        logits = model(**collate([(text, 0) for text in texts]).to(px.device)).logits
+    if px.is_main_process:
+        hf_dir = os.path.join(directory, "hf-config")
+        px.unwrap_model(model).config.save_pretrained(hf_dir)
+        tokenizer.save_pretrained(hf_dir)
+        with open(os.path.join(directory, "predictions.json"), "w", encoding="utf-8") as fp:
+            json.dump({"texts": texts, "logits": logits.float().cpu().tolist()}, fp, ensure_ascii=False)
+    px.wait_for_everyone()
 
 
 if __name__ == "__main__":

@@ -70,9 +70,19 @@ def _precision_names() -> tuple[str, ...]:
 
 
 def _sink_names() -> tuple[str, ...]:
-    from phalanx.logging.sinks import SINKS  # stdlib only
+    return ("auto", *_tracker_names())
 
-    return ("auto", *SINKS)
+
+def _tracker_names() -> tuple[str, ...]:
+    from phalanx.logging.sinks import NAMES  # stdlib only: one registry of sinks and trackers
+
+    return NAMES
+
+
+def _step_range(text: str) -> str:
+    from phalanx.runtime.profile_steps import parse  # stdlib only
+
+    return parse(text).text
 
 
 def _strategy(text: str) -> str:
@@ -153,6 +163,13 @@ SETTINGS: tuple[Setting, ...] = (
             "where px.log() writes: auto (csv, jsonl, tensorboard if installed) or a list of csv, jsonl, tensorboard"),
     Setting("progress", kinds.choice(("auto", "on", "off")), "auto",
             "progress bar: auto (when stdout is a terminal), on or off"),
+    Setting("trackers", kinds.names_list(_tracker_names), None,
+            "experiment trackers px.log() also reaches, from the main process only: wandb, mlflow, swanlab, "
+            "tensorboard (each a pip extra, e.g. phalanx[mlflow]); added to log_sinks"),
+    # --- runtime: tools ------------------------------------------------------------------------------
+    Setting("profile", kinds.Kind("step range", _step_range, lambda v: _step_range(str(v)), example="10:15"), None,
+            "START:STOP: trace optimizer steps START..STOP-1 with torch.profiler on every rank, one Chrome "
+            "trace per rank in RUN_DIR/profile", value_name="START:STOP"),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

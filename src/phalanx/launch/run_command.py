@@ -17,6 +17,7 @@ from phalanx.cluster.launch_plan import CLUSTER_ERRORS, apply_slurm, plan_for
 from phalanx.cluster.rendezvous import parse_nnodes
 from phalanx.launch import devices, ports
 from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, validate
+from phalanx.logging import sinks
 
 PROG_ERROR = "phalanx run: error:"
 EXIT_USAGE = 2
@@ -83,6 +84,10 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
     except config.ConfigError as error:
         raise LaunchError(str(error)) from None
     cfg = resolved.config
+    try:  # a tracker whose library is missing here: refused before any worker starts
+        sinks.expand(list(cfg.log_sinks), list(cfg.trackers or []))
+    except ValueError as error:
+        raise LaunchError(str(error)) from None
     min_nnodes, nnodes = parse_nnodes(cfg.nnodes)
     spec = LaunchSpec(
         target=args.target,

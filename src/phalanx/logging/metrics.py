@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from phalanx.logging import sinks as sink_registry
+from phalanx.logging.trackers import RunInfo
 
 
 def to_scalar(name: str, value: Any) -> float | int:
@@ -34,10 +35,17 @@ class MetricsLogger:
     Sinks are created on the first call, so a run that logs nothing leaves no metrics files.
     """
 
-    def __init__(self, run_dir: str, is_main: bool, sink_names: list[str], console: bool = True):
+    def __init__(self, run_dir: str, is_main: bool, sink_names: list[str], console: bool = True,
+                 trackers: list[str] | None = None, params: Callable[[], dict[str, Any]] | None = None):
+        """`trackers`: more destinations by name (wandb, mlflow, ...), opened with the sinks.
+        `params`: the run's settings, asked for when the sinks open (strategy auto has decided by
+        then) and logged by the trackers as hyper-parameters."""
         self.run_dir = run_dir
         self.is_main = is_main
         self.sink_names = sink_names
+        self.tracker_names = list(trackers or [])
+        self.params = params
+        self.extra_params: dict[str, Any] = {}
         self.console = console
         self.sinks: list[sink_registry.Sink] | None = None
         self.progress_bar: Any = None  # the active px.progress bar: metrics show in its postfix
@@ -49,8 +57,19 @@ class MetricsLogger:
 
     def _open(self) -> list[sink_registry.Sink]:
         if self.sinks is None:
-            self.sinks = sink_registry.create(self.sink_names, self.run_dir)
+            params = {**(self.params() if self.params is not None else {}), **self.extra_params}
+            self.sinks = sink_registry.create(self.sink_names, self.run_dir, RunInfo(self.run_dir, params=params),
+                                              self.tracker_names)
         return self.sinks
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        """Add hyper-parameters for the trackers (those open now get them at once)."""
+        if not self.is_main:
+            return
+        self.extra_params.update(params)
+        for sink in self.sinks or []:
+            if callable(getattr(sink, "log_params", None)):
+                sink.log_params(dict(params))
 
     def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         if not self.is_main:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from phalanx.logging import progress as progress_mod
-from phalanx.logging import rank_log
+from phalanx.logging import rank_log, sinks
 from phalanx.logging.metrics import MetricsLogger
 from phalanx.logging.run_dir import resolve_run_dir
 
@@ -37,17 +37,23 @@ class LoggingSettings:
     log_all_ranks: bool = False
     log_sinks: tuple[str, ...] = ("auto",)
     progress: str = "auto"
+    trackers: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: Any) -> "LoggingSettings":
-        return cls(cfg.run_dir, cfg.log_level, cfg.log_all_ranks, tuple(cfg.log_sinks), cfg.progress)
+        return cls(cfg.run_dir, cfg.log_level, cfg.log_all_ranks, tuple(cfg.log_sinks), cfg.progress,
+                   tuple(cfg.trackers or ()))
 
 
 def start(rank: int, is_main: bool, share: Callable[[Any], Any],
           settings: LoggingSettings = LoggingSettings()) -> LoggingSession:
-    """Pick the run dir (same on all ranks), configure phalanx's logger and the metrics sinks."""
+    """Pick the run dir (same on all ranks), configure phalanx's logger and the metrics sinks.
+
+    Sinks and trackers are checked here on every rank (names, installed libraries), so a missing
+    library fails at `Phalanx()`, not at the first `px.log`; they open at the first `px.log`."""
+    sinks.expand(list(settings.log_sinks), list(settings.trackers))
     run_dir = resolve_run_dir(settings.run_dir, is_main, share)
     rank_log.setup(rank, run_dir, settings.log_level, settings.log_all_ranks)
-    metrics = MetricsLogger(run_dir, is_main, list(settings.log_sinks))
+    metrics = MetricsLogger(run_dir, is_main, list(settings.log_sinks), trackers=list(settings.trackers))
     atexit.register(metrics.close)
     return LoggingSession(run_dir, is_main, metrics, settings.progress)

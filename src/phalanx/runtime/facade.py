@@ -17,6 +17,8 @@ from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives, uneven, watchdog
 from phalanx.runtime.context import DistContext, launcher_settings
+from phalanx.checkpoint.state import base_optimizer
+from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
@@ -73,6 +75,9 @@ class Phalanx:
         )
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
                                           log_session.LoggingSettings.from_config(cfg))
+        self._logging.metrics.params = self._run_params
+        self._profiler = None if cfg.profile is None else StepProfiler(
+            cfg.profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s", self.rank, self.world_size,
                           self.device, self.strategy_name, self.run_dir)
 
@@ -154,6 +159,8 @@ class Phalanx:
             wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping))
         self._prepared.append(optimizer)
         watch_optimizer(self._step_progress, optimizer)
+        if self._profiler is not None:  # after the step counter's hook: it reads global_step
+            self._profiler.attach(base_optimizer(optimizer))
         return optimizer
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
@@ -322,6 +329,16 @@ class Phalanx:
         Other ranks' calls are ignored: reduce first (`px.reduce`) to log a global value.
         """
         self._logging.log(values, step)
+
+    def log_hyperparams(self, params: dict[str, Any]) -> None:
+        """Record hyper-parameters (lr, epochs, ...) with the trackers, beside phalanx's own settings."""
+        self._logging.metrics.log_hyperparams(params)
+
+    def _run_params(self) -> dict[str, Any]:
+        """The run's settings, logged by the trackers as hyper-parameters when they open."""
+        return {**{s.name: getattr(self.config, s.name) for s in config.RUNTIME}, "strategy": self.strategy_name, "world_size": self.world_size,
+                "mixed_precision": self.strategy.precision.name, "grad_accum_steps": self.grad_accum_steps,
+                "seed": self.seed, "run_dir": self.run_dir}
 
     def add_sink(self, sink: Any) -> None:
         """Send `px.log` rows also to `sink` (an object with `write(step, metrics)` and `close()`)."""
