@@ -42,7 +42,7 @@ class PhalanxConfig:
 
     # --- launcher: how many processes, where ---
     nproc_per_node: int | str | None = field(default=None, metadata=_meta(
-        LAUNCHER, "workers per node: a number, or auto (one per GPU, else 2 on CPU)",
+        LAUNCHER, "workers per node: a number, auto (one per GPU, else 2 on CPU), gpu or cpu (one per core)",
         flag="--nproc-per-node", kind="int_or_auto"))
     nnodes: int | str | None = field(default=None, metadata=_meta(
         LAUNCHER, "number of nodes, or MIN:MAX for an elastic range (c10d)", flag="--nnodes"))
@@ -62,8 +62,8 @@ class PhalanxConfig:
     max_restarts: int | None = field(default=None, metadata=_meta(
         LAUNCHER, "restarts of the worker group after a failure", flag="--max-restarts", kind="int"))
     start_method: str | None = field(default=None, metadata=_meta(
-        LAUNCHER, "how workers start: auto, fork or spawn", flag="--start-method", kind="choice",
-        choices=("auto", "fork", "spawn")))
+        LAUNCHER, "how workers start: auto, fork, spawn or forkserver", flag="--start-method", kind="choice",
+        choices=("auto", "fork", "spawn", "forkserver")))
     # --- runtime: what each worker's Phalanx() does ---
     strategy: str | None = field(default=None, metadata=_meta(
         RUNTIME, "auto, single, dp, ddp, zero1, zero2, zero3 (fsdp)", env=envvars.PHALANX_STRATEGY, flag="--strategy"))
@@ -172,8 +172,8 @@ def coerce(setting: Setting, value: Any) -> Any:
                 raise ValueError("must be at least 1")
             return number
         elif kind == "int_or_auto":
-            if value == "auto":
-                return "auto"
+            if value in ("auto", "gpu", "cpu"):  # torchrun's words for --nproc-per-node
+                return value
             number = _number(value, int, "must be a positive integer or 'auto'")
             if number < 1:
                 raise ValueError("must be a positive integer or 'auto'")

@@ -18,7 +18,7 @@ from phalanx import config_command, envvars
 from phalanx.config import ConfigError
 from phalanx.cluster.launch_plan import CLUSTER_ERRORS, apply_slurm, plan_for
 from phalanx.cluster.rendezvous import DEFAULT_RDZV_TIMEOUT_S, parse_nnodes
-from phalanx.launch import devices, ports
+from phalanx.launch import devices, local_rank, ports, torchrun_flags
 from phalanx.launch.spec import START_METHODS, LaunchError, LaunchSpec, parse_gpus, parse_nproc_per_node, validate
 
 PROG_ERROR = "phalanx run: error:"
@@ -85,8 +85,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.allow_abbrev = False  # `--nproc 2` must not silently mean --nproc-per-node
     parser.usage = "%(prog)s [options] (SCRIPT | -m MODULE) [ARGS...]"
     add = parser.add_argument
-    add("--nproc-per-node", "--nproc_per_node", default="auto", metavar="N|auto",
-        help="workers on this node; auto = one per visible GPU, else %d on CPU" % devices.CPU_DEFAULT_NPROC)
+    add("--nproc-per-node", "--nproc_per_node", default="auto", metavar="N|auto|gpu|cpu",
+        help="workers on this node; auto = one per visible GPU, else %d on CPU; gpu = one per visible GPU; "
+             "cpu = one per core" % devices.CPU_DEFAULT_NPROC)
     add("--nnodes", default="1", metavar="N|MIN:MAX",
         help="number of nodes, or an elastic range (c10d); inside SLURM: taken from the allocation")
     add("--node-rank", "--node_rank", type=int, default=0, help="rank of this node (static rendezvous)")
@@ -105,6 +106,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
              "like torchrun; auto: fork unless GPUs are in use")
     for flag in PASSTHROUGH_FLAGS:
         add(*flag.flags, dest=_dest(flag), type=flag.type, default=None, help=f"{flag.help} (exported as {flag.env_var})")
+    add(local_rank.FLAG_NAME, "--pass_local_rank", dest="pass_local_rank", nargs="?", const=local_rank.DEFAULT_SPELLING,
+        default=None, metavar="FLAG",
+        help="append FLAG=<local rank> to each worker's arguments, as torch.distributed.launch did "
+             "(default --local-rank; --pass-local-rank=--local_rank for the old spelling)")
+    torchrun_flags.configure(parser)
     add("-m", "--module", action="store_true", help="run TARGET as a module, like python -m")
     add("target", metavar="SCRIPT", help="training script (or module with -m)")
     add("target_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script untouched")
@@ -116,7 +122,13 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser) -> None:
     """Report unknown flags before the script as `phalanx run` errors, not the top-level parser's."""
     parse_known = parser.parse_known_args
 
+    def takes_value(option: str) -> bool:
+        action = parser._option_string_actions.get(option)
+        return action is not None and action.nargs != 0
+
     def strict_parse_known_args(args=None, namespace=None):  # type: ignore[no-untyped-def]
+        if args is not None:
+            args = local_rank.expand_bare_flag(list(args), takes_value)
         namespace, extras = parse_known(args, namespace)
         if extras:
             parser.error(
@@ -131,10 +143,12 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
     """Turn parsed flags into a validated spec (pure: no torch, no processes)."""
+    torchrun_flags.apply_pet_env(args, os.environ)  # PET_* as torchrun reads them (Kubeflow sets them)
     try:
         file_env = config_command.apply_config_file(args)
     except ConfigError as error:
         raise LaunchError(str(error)) from None
+    agent = torchrun_flags.agent_options(args)
     worker_env = file_env | {
         flag.env_var: getattr(args, _dest(flag))
         for flag in PASSTHROUGH_FLAGS
@@ -144,11 +158,15 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         min_nnodes, nnodes = parse_nnodes(args.nnodes)
     except ValueError as error:
         raise LaunchError(str(error)) from None
+    nproc_kind = args.nproc_per_node if args.nproc_per_node in ("gpu", "cpu") else "auto"
+    if getattr(args, "standalone", False):
+        _check_standalone(args)
     spec = LaunchSpec(
         target=args.target,
         target_args=tuple(args.target_args),
         is_module=args.module,
-        nproc_per_node=parse_nproc_per_node(args.nproc_per_node),
+        nproc_per_node=None if nproc_kind != "auto" else parse_nproc_per_node(args.nproc_per_node),
+        nproc_kind=nproc_kind,
         nnodes=nnodes,
         min_nnodes=min_nnodes if min_nnodes != nnodes else None,
         rdzv_timeout=args.rdzv_timeout,
@@ -162,8 +180,20 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         gpus=None if args.gpus is None else parse_gpus(args.gpus),
         start_method=args.start_method,
         worker_env=worker_env,
+        pass_local_rank=None if args.pass_local_rank is None else local_rank.check_spelling(args.pass_local_rank),
+        agent=agent,
     )
+    torchrun_flags.check_agent_options(agent, is_module=spec.is_module, nproc_per_node=spec.nproc_per_node)
     return validate(apply_slurm(spec, os.environ))
+
+
+def _check_standalone(args: argparse.Namespace) -> None:
+    """--standalone: one node, a private rendezvous on a free loopback port (phalanx's single-node default)."""
+    if args.nnodes not in ("1", "1:1"):
+        raise LaunchError(f"--standalone runs a single node, but --nnodes is {args.nnodes}. HINT: drop one of them.")
+    if args.rdzv_endpoint or args.rdzv_backend not in ("static", "c10d"):
+        raise LaunchError("--standalone picks its own rendezvous on loopback; drop --rdzv-endpoint/--rdzv-backend.")
+    args.rdzv_backend = "static"  # phalanx's loopback-only store on a free port: what torchrun's standalone means
 
 
 def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
@@ -179,8 +209,12 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
         num_gpus_in_use = len(spec.gpus)
     else:
         num_gpus_in_use = devices.count_visible_gpus()
-    nproc = devices.resolve_nproc(spec.nproc_per_node, spec.gpus, lambda: num_gpus_in_use, num_cores)
+    nproc = devices.resolve_nproc(spec.nproc_per_node, spec.gpus, lambda: num_gpus_in_use, num_cores, spec.nproc_kind)
     env = devices.worker_env_for_devices(nproc, spec.gpus, os.environ, num_cores)
+    warning = devices.oversubscription_warning(nproc, num_cores, num_gpus_in_use,
+                                               env.get(envvars.OMP_NUM_THREADS) or os.environ.get(envvars.OMP_NUM_THREADS))
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     env.update(spec.worker_env)
     return nproc, num_gpus_in_use, env
 

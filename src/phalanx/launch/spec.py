@@ -10,8 +10,12 @@ import dataclasses
 import importlib.util
 import os
 import sys
+from typing import TYPE_CHECKING
 
-START_METHODS = ("auto", "fork", "spawn")
+if TYPE_CHECKING:
+    from phalanx.launch.torchrun_flags import AgentOptions
+
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
 
 
 class LaunchError(ValueError):
@@ -56,6 +60,12 @@ class LaunchSpec:
     """How workers start: fork (inherit the launcher's torch import), spawn, or auto."""
     worker_env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Extra variables exported to every worker (phalanx settings such as PHALANX_STRATEGY)."""
+    nproc_kind: str = "auto"
+    """With `nproc_per_node` None: "auto" (GPUs, else the CPU default), "gpu" or "cpu" (one per core)."""
+    pass_local_rank: str | None = None
+    """Append `<this>=<local rank>` to each worker's arguments (torch.distributed.launch scripts)."""
+    agent: AgentOptions | None = None
+    """torchrun's other settings, passed to torch's elastic agent (None: torchrun's defaults)."""
 
     @property
     def single_node(self) -> bool:
