@@ -42,10 +42,15 @@ def test_busy_port_is_named():
             bind_listener("127.0.0.1", port)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("flags", [[], ["--master-port", "0"]], ids=["free-port", "explicit"])
+@pytest.mark.parametrize("flags", [[], ["--master-port", "0"], ["--standalone"],
+                                   ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]],
+                         ids=["free-port", "explicit", "standalone", "c10d"])
 def test_single_node_phalanx_run_store_is_loopback_only(flags, tmp_path):
-    if flags:
+    """Listening on 127.0.0.1 only, and refused on the machine's other addresses (torchrun's
+    standalone and c10d stores would accept connections there)."""
+    if flags == ["--master-port", "0"]:
         with bind_listener("127.0.0.1", 0) as probe:
             flags = ["--master-port", str(probe.getsockname()[1])]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
@@ -55,5 +60,6 @@ def test_single_node_phalanx_run_store_is_loopback_only(flags, tmp_path):
     (line,) = [l for l in proc.stdout.splitlines() if l.startswith("LISTENERS")]
     _, addr, port, listeners = line.split()
     assert (addr, listeners) == ("127.0.0.1", "127.0.0.1")
-    if flags:
+    assert "REACHABLE_ELSEWHERE none" in proc.stdout.splitlines()
+    if flags[:1] == ["--master-port"]:
         assert port == flags[1]
