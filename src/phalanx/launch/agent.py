@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from phalanx.cluster.launch_plan import store_address
 from phalanx.cluster.rendezvous import (
+    BOUND_C10D_BACKEND,
     BOUND_STATIC_BACKEND,
     NodePlan,
     describe_rendezvous_failure,
@@ -101,7 +102,8 @@ def _rendezvous_settings(spec: LaunchSpec, node: NodePlan | None) -> dict[str, A
             "rdzv_configs": {"rank": spec.node_rank, **configs},
         }
     return {
-        "rdzv_backend": spec.rdzv_backend,
+        # c10d's host binds its store to this node's address only, not every interface
+        "rdzv_backend": BOUND_C10D_BACKEND if spec.rdzv_backend == "c10d" else spec.rdzv_backend,
         "rdzv_endpoint": spec.rdzv_endpoint,
         "local_addr": local_addr,
         "run_id": run_id,
