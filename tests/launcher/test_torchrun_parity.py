@@ -77,7 +77,7 @@ def test_every_added_flag_in_underscore_spelling_reaches_the_launch_config(scrip
     settings = agent.rendezvous_settings(spec)
     assert settings["rdzv_configs"] == {"rank": 0, "join_timeout": "7", "x": "y"}
     assert settings["local_addr"] == "10.0.0.5"
-    assert agent.entrypoint_for(spec, "spawn")[0].__name__ == "run_forked"  # --run-path: runpy in the worker
+    assert agent.entrypoint_for(spec, "spawn")[0].__name__ == "run_in_process"  # --run-path: runpy in the worker
 
 
 def test_kubeflow_pet_variables_fill_what_the_command_line_left_out(script, monkeypatch):
@@ -137,6 +137,8 @@ def test_torchrun_rejects_the_same_stream_specs():
 @pytest.mark.parametrize("argv, message", [
     (["--standalone", "--nnodes", "2"], "--standalone runs a single node, but --nnodes is 2"),
     (["--no-python", "-m"], "--no-python and -m/--module cannot be combined"),
+    (["--no-python", "--run-path"], "--no-python and --run-path cannot be combined"),
+    (["--no-python"], r"--no-python runs 'train.py' as a program, but it is not an executable file"),
     (["--nproc-per-node", "2", "--local-ranks-filter", "0,3"], r"--local-ranks-filter names local rank\(s\) 3, but this node runs 2"),
     (["--pass-local-rank=local_rank"], r"--pass-local-rank takes the flag name the script expects.*got 'local_rank'"),
 ])

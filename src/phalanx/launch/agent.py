@@ -123,9 +123,10 @@ def entrypoint_for(spec: LaunchSpec, start_method: str) -> tuple[Any, list[str]]
     if options.no_python:
         return spec.target, script_args
     if start_method == "fork" or options.run_path:
-        from phalanx.launch.worker import run_forked
+        from phalanx.launch.worker import run_forked, run_in_process
 
-        return run_forked, [spec.target, spec.is_module, *script_args]  # type: ignore[list-item]
+        function = run_forked if start_method == "fork" else run_in_process
+        return function, [spec.target, spec.is_module, *script_args]  # type: ignore[list-item]
     command = os.environ.get("PYTHON_EXEC", sys.executable)  # torchrun honours PYTHON_EXEC too
     module_flag = ["-m"] if spec.is_module else []
     return command, ["-u", "-m", "phalanx.launch.worker", *module_flag, spec.target, *script_args]

@@ -183,7 +183,8 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         pass_local_rank=None if args.pass_local_rank is None else local_rank.check_spelling(args.pass_local_rank),
         agent=agent,
     )
-    torchrun_flags.check_agent_options(agent, is_module=spec.is_module, nproc_per_node=spec.nproc_per_node)
+    torchrun_flags.check_agent_options(agent, is_module=spec.is_module, nproc_per_node=spec.nproc_per_node,
+                                       target=spec.target)
     return validate(apply_slurm(spec, os.environ))
 
 

@@ -179,5 +179,6 @@ def validate(spec: LaunchSpec) -> LaunchSpec:
         raise LaunchError(
             f"--nnodes {spec.nnodes} needs a fixed --master-port shared by all nodes."
         )
-    check_target(spec.target, spec.is_module)
+    if spec.agent is None or not spec.agent.no_python:  # --no-python: an executable, checked by torchrun_flags
+        check_target(spec.target, spec.is_module)
     return spec

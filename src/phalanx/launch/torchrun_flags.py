@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import shutil
 import signal
 from typing import Any, Callable, Mapping
 
@@ -297,7 +298,7 @@ def agent_options(args: argparse.Namespace) -> AgentOptions:
     return AgentOptions(**{name: getattr(args, name) for name in names if hasattr(args, name)})
 
 
-def check_agent_options(options: AgentOptions, *, is_module: bool, nproc_per_node: int | None) -> None:
+def check_agent_options(options: AgentOptions, *, is_module: bool, nproc_per_node: int | None, target: str) -> None:
     """Contradictions torchrun would refuse too, reported before anything starts."""
     if options.no_python and is_module:
         raise LaunchError("--no-python and -m/--module cannot be combined: -m runs a Python module. "
@@ -312,6 +313,9 @@ def check_agent_options(options: AgentOptions, *, is_module: bool, nproc_per_nod
         if outside:
             raise LaunchError(f"--local-ranks-filter names local rank(s) {','.join(map(str, outside))}, but this node "
                               f"runs {nproc_per_node} worker(s) (local ranks 0..{nproc_per_node - 1}).")
+    if options.no_python and not is_module and shutil.which(target) is None:
+        raise LaunchError(f"--no-python runs {target!r} as a program, but it is not an executable file or a command on "
+                          "PATH. HINT: check the name and its execute permission, or drop --no-python for a Python script.")
 
 
 def _std(text: str) -> Any:

@@ -155,5 +155,12 @@ def run_forked(target: str, is_module: bool, *args: str) -> None:
         atexit._run_exitfuncs()
 
 
+def run_in_process(target: str, is_module: bool, *args: str) -> None:
+    """Entry for `--run-path` with the spawn/forkserver start methods: a fresh interpreter runs the
+    script with runpy (torchrun's run_path); nothing inherited to undo, exit handlers run as usual."""
+    line_buffered_output()
+    run_explained(target, is_module, args)
+
+
 if __name__ == "__main__":
     main()
