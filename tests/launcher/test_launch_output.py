@@ -1,6 +1,5 @@
 """Workers' output: whole lines on the launcher's streams, torchrun's --log-dir/--tee/--local-ranks-filter."""
 import re
-from pathlib import Path
 
 import pytest
 
