@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+
+from phalanx.cluster import bound_store
 from phalanx.cluster.bound_store import BoundStaticRendezvous, bind_listener
 
 from tests.cluster.listeners import listening_addresses
@@ -34,6 +37,22 @@ def test_bound_store_listens_on_loopback_only_and_serves_clients():
     assert handler.next_rendezvous().bootstrap_store_info.master_port == port  # restarts reuse the store
 
 
+def test_hosting_c10d_store_listens_on_the_nodes_own_address_only():
+    """Multi-node c10d (torch's store would bind every interface): the host binds its local_addr."""
+    params = RendezvousParameters(backend="phalanx-c10d", endpoint="127.0.0.1:0", run_id="c", min_nodes=1,
+                                  max_nodes=1, local_addr="127.0.0.1", is_host=True, join_timeout=20)
+    before = len(bound_store._C10D_LISTENERS)
+    bound_store.register()
+    handler = rendezvous_handler_registry.create_handler(params)  # as torch's agent gets it
+    info = handler.next_rendezvous()
+    rendezvous_port, workers_port = [s.getsockname()[1] for s in bound_store._C10D_LISTENERS[before:]]
+    assert workers_port == info.bootstrap_store_info.master_port  # the store torch opens for the workers
+    assert listening_addresses(rendezvous_port) == ["127.0.0.1"]
+    assert listening_addresses(workers_port) == ["127.0.0.1"]
+    assert (info.rank, info.world_size, info.bootstrap_store_info.master_addr) == (0, 1, "127.0.0.1")
+    handler.shutdown()
+
+
 def test_busy_port_is_named():
     with bind_listener("127.0.0.1", 0) as taken:
         port = taken.getsockname()[1]
@@ -42,10 +61,15 @@ def test_busy_port_is_named():
             bind_listener("127.0.0.1", port)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("flags", [[], ["--master-port", "0"]], ids=["free-port", "explicit"])
+@pytest.mark.parametrize("flags", [[], ["--master-port", "0"], ["--standalone"],
+                                   ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]],
+                         ids=["free-port", "explicit", "standalone", "c10d"])
 def test_single_node_phalanx_run_store_is_loopback_only(flags, tmp_path):
-    if flags:
+    """Listening on 127.0.0.1 only, and refused on the machine's other addresses (torchrun's
+    standalone and c10d stores would accept connections there)."""
+    if flags == ["--master-port", "0"]:
         with bind_listener("127.0.0.1", 0) as probe:
             flags = ["--master-port", str(probe.getsockname()[1])]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
@@ -55,5 +79,6 @@ def test_single_node_phalanx_run_store_is_loopback_only(flags, tmp_path):
     (line,) = [l for l in proc.stdout.splitlines() if l.startswith("LISTENERS")]
     _, addr, port, listeners = line.split()
     assert (addr, listeners) == ("127.0.0.1", "127.0.0.1")
-    if flags:
+    assert "REACHABLE_ELSEWHERE none" in proc.stdout.splitlines()
+    if flags[:1] == ["--master-port"]:
         assert port == flags[1]

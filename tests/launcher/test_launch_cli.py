@@ -121,9 +121,9 @@ def test_failing_worker_names_rank_and_traceback():
 BAD_INPUTS = [
     (["nope.py"], "phalanx run: error: training script 'nope.py' not found"),
     (["-m", "no_such_module_x"], "phalanx run: error: module 'no_such_module_x' (-m) is not importable"),
-    (["--nproc-per-node", "0", "{script}"], "phalanx run: error: --nproc-per-node 0: expected a whole number >= 1, or auto"),
-    (["--nproc-per-node", "-1", "{script}"], "phalanx run: error: --nproc-per-node -1: expected a whole number >= 1, or auto"),
-    (["--nproc_per_node", "two", "{script}"], "phalanx run: error: --nproc-per-node two: expected a whole number >= 1, or auto"),
+    (["--nproc-per-node", "0", "{script}"], "phalanx run: error: --nproc-per-node 0: expected a whole number >= 1, auto, gpu or cpu"),
+    (["--nproc-per-node", "-1", "{script}"], "phalanx run: error: --nproc-per-node -1: expected a whole number >= 1, auto, gpu or cpu"),
+    (["--nproc_per_node", "two", "{script}"], "phalanx run: error: --nproc-per-node two: expected a whole number >= 1, auto, gpu or cpu"),
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1", "{script}"],
      "phalanx run: error: --node-rank 2 is out of range for --nnodes 2"),
     (["--bogus", "3", "{script}"], "phalanx run: error: unrecognized arguments: --bogus. phalanx run's own flags go before the script"),

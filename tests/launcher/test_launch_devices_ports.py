@@ -16,6 +16,25 @@ def test_resolve_nproc():
     assert devices.resolve_nproc(None, None, lambda: 0, num_cores=1) == 1
 
 
+def test_resolve_nproc_torchrun_words():
+    never = lambda: pytest.fail("GPUs must not be counted")  # noqa: E731
+    assert devices.resolve_nproc(None, None, never, num_cores=6, kind="cpu") == 6
+    assert devices.resolve_nproc(None, None, lambda: 3, num_cores=6, kind="gpu") == 3
+    with pytest.raises(LaunchError, match=r"--nproc-per-node gpu: no GPU is visible here. HINT: use --nproc-per-node N or cpu"):
+        devices.resolve_nproc(None, None, lambda: 0, num_cores=6, kind="gpu")
+
+
+def test_oversubscription_is_one_warning_with_the_numbers():
+    assert devices.oversubscription_warning(4, 2, 0, "1") == (
+        "phalanx: warning: 4 workers on 2 CPU core(s) (oversubscribed: they will compete for cores); "
+        "OMP_NUM_THREADS=1 per worker.")
+    assert devices.oversubscription_warning(3, 64, 2, "8") == (
+        "phalanx: warning: 3 workers share 2 visible GPU(s) on this node (oversubscribed: ranks will share devices); "
+        "OMP_NUM_THREADS=8 per worker.")
+    assert devices.oversubscription_warning(2, 2, 0, "1") is None
+    assert devices.oversubscription_warning(2, 1, 2, "1") is None  # one worker per GPU: cores do not matter
+
+
 def test_omp_share_and_user_setting_wins():
     assert devices.omp_threads_per_worker(8, 2) == 4
     assert devices.omp_threads_per_worker(2, 4) == 1

@@ -42,7 +42,7 @@ def test_valid_spec_passes(script):
         ({"gpus": (0, 1), "nproc_per_node": 4}, r"--nproc-per-node 4 conflicts with --gpus 0,1"),
         ({"nnodes": 2}, "needs the address of node 0"),
         ({"nnodes": 2, "master_addr": "h"}, "needs a fixed --master-port"),
-        ({"start_method": "forkserver"}, "--start-method must be one of"),
+        ({"start_method": "thread"}, "--start-method must be one of"),
     ],
 )
 def test_invalid_spec(script, changes, message):

@@ -79,11 +79,14 @@ def test_wrapper_is_an_optimizer_with_the_inner_state_and_works_with_schedulers(
     assert opt.state_dict()["param_groups"][0]["lr"] == 0.5
 
 
-def test_backward_outside_accumulate_is_refused_when_accumulating():
+def test_backward_outside_accumulate_counts_micro_steps_and_says_how_to_skip_syncs(caplog):
     px = Phalanx(grad_accum_steps=2)
-    loss = nn.Linear(2, 1)(torch.ones(1, 2)).sum()
-    with pytest.raises(RuntimeError, match=r"grad_accum_steps=2 but backward\(\) was called outside"):
-        px.backward(loss)
+    with caplog.at_level("INFO", logger="phalanx"):
+        for expected_sync in (False, True, False):
+            px.backward(nn.Linear(2, 1)(torch.ones(1, 2)).sum())
+            assert px.sync_gradients is expected_sync
+    hints = [r.getMessage() for r in caplog.records if "counts as a micro-step" in r.getMessage()]
+    assert len(hints) == 1 and "with px.accumulate(model):" in hints[0]  # said once
 
 
 def test_bf16_autocasts_the_forward_in_a_world_of_one():

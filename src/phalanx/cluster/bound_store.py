@@ -1,4 +1,4 @@
-"""A static rendezvous whose store listens on the address the user named, and nowhere else.
+"""Rendezvous stores that listen on the address the user named, and nowhere else (static and c10d).
 
 Why: torch's TCPStore server binds every interface (`*:port`) whatever host it is given, so a
 single-node job's store on "127.0.0.1" is reachable from the whole network, and a multi-node
@@ -21,7 +21,9 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
-from phalanx.cluster.rendezvous import BOUND_STATIC_BACKEND, DEFAULT_RDZV_TIMEOUT_S, split_endpoint
+from phalanx.cluster.rendezvous import BOUND_C10D_BACKEND, BOUND_STATIC_BACKEND, DEFAULT_RDZV_TIMEOUT_S, split_endpoint
+
+C10D_DEFAULT_PORT = 29400  # torchrun's default port for a c10d endpoint without one
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -101,6 +103,48 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     )
 
 
+_C10D_LISTENERS: list[socket.socket] = []
+"""Listening sockets of hosted c10d stores, kept open for the launcher's lifetime."""
+
+
+def create_c10d_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """torch's c10d rendezvous, with its two stores bound to one address each instead of every interface.
+
+    - the rendezvous store, on the hosting node (`is_host`): bound to `params.local_addr` (the
+      address the other nodes reach it on), else the endpoint's host;
+    - the workers' store that torch opens on whichever node becomes rank 0: bound to that node's
+      address (`_create_tcp_store_server`, replaced on the handler).
+    File stores and joining nodes open no rendezvous listener, so their handler is torch's own.
+    """
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as dynamic_handler
+    from torch.distributed.elastic.rendezvous.registry import _create_c10d_handler
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    if params.get("store_type", "tcp").strip().lower() != "tcp" or not params.get_as_bool("is_host", False):
+        return _bind_workers_store(_create_c10d_handler(params))
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=C10D_DEFAULT_PORT)
+    read_timeout = datetime.timedelta(seconds=params.get_as_int("read_timeout", 60) or 60)
+    store = _bound_tcp_store(params.local_addr or host, port, read_timeout)
+    return _bind_workers_store(dynamic_handler(store, C10dRendezvousBackend(store, params.run_id), params))
+
+
+def _bound_tcp_store(host: str, port: int, timeout: datetime.timedelta | None = None) -> TCPStore:
+    listener = bind_listener(host, port)
+    _C10D_LISTENERS.append(listener)
+    extra = {"timeout": timeout} if timeout is not None else {}
+    return TCPStore(host, listener.getsockname()[1], is_master=True, multi_tenant=True,
+                    master_listen_fd=listener.fileno(), **extra)
+
+
+def _bind_workers_store(handler: RendezvousHandler) -> RendezvousHandler:
+    handler._backend_name = BOUND_C10D_BACKEND  # type: ignore[attr-defined]  # torch's registry checks the name
+    if hasattr(handler, "_create_tcp_store_server"):  # absent in a torch without the shared workers' store
+        handler._create_tcp_store_server = lambda addr, port: _bound_tcp_store(addr, port)  # type: ignore[attr-defined]
+    return handler
+
+
 def register() -> None:
-    """Make `BOUND_STATIC_BACKEND` known to torch's elastic agent (idempotent)."""
+    """Make `BOUND_STATIC_BACKEND` and `BOUND_C10D_BACKEND` known to torch's elastic agent (idempotent)."""
     rendezvous_handler_registry.register(BOUND_STATIC_BACKEND, create_handler)
+    rendezvous_handler_registry.register(BOUND_C10D_BACKEND, create_c10d_handler)

@@ -17,6 +17,8 @@ from phalanx.cluster.network import NetworkError, Route, interface_addresses, is
 
 BOUND_STATIC_BACKEND = "phalanx-static"
 """torch's static rendezvous, but the store listens only on the named address (cluster.bound_store)."""
+BOUND_C10D_BACKEND = "phalanx-c10d"
+"""torch's c10d rendezvous, but the hosting node's store listens only on its own address (cluster.bound_store)."""
 DEFAULT_RDZV_TIMEOUT_S = 600
 """torch's own c10d join timeout; `phalanx run --rdzv-timeout` lowers it."""
 MAX_READ_TIMEOUT_S = 60

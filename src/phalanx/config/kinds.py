@@ -174,9 +174,9 @@ BYTES = Kind("size", parse_bytes, parse_bytes, example="8GB")
 
 
 def _count_or_auto(value: Any) -> int | str:
-    if value == "auto":
-        return "auto"
-    return _integer(value, 1, "expected a whole number >= 1, or auto")
+    if value in ("auto", "gpu", "cpu"):  # torchrun's words for --nproc-per-node
+        return value
+    return _integer(value, 1, "expected a whole number >= 1, auto, gpu or cpu")
 
 
 COUNT_OR_AUTO = Kind("count or auto", _count_or_auto, _count_or_auto, example="auto")

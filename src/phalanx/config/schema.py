@@ -107,8 +107,9 @@ L, R = Scope.LAUNCHER, Scope.RUNTIME
 SETTINGS: tuple[Setting, ...] = (
     # --- launcher: how many processes, where -------------------------------------------------------
     Setting("nproc_per_node", kinds.COUNT_OR_AUTO, "auto",
-            "workers per node: a number, or auto (one per visible GPU, else 2 on CPU)", L,
-            value_name="N|auto"),
+            "workers per node: a number; auto (one per visible GPU, else 2 on CPU); gpu (one per visible GPU); "
+            "cpu (one per core)", L,
+            value_name="N|auto|gpu|cpu"),
     Setting("nnodes", kinds.NNODES, "1", "number of nodes, or MIN:MAX for an elastic range (c10d)", L,
             value_name="N|MIN:MAX"),
     Setting("node_rank", kinds.integer(0), 0, "rank of this node (static rendezvous)", L),
@@ -120,9 +121,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rdzv_timeout", kinds.seconds(False), 600.0,
             "seconds for all nodes to meet before failing with a report of what is missing", L),
     Setting("max_restarts", kinds.integer(0), 0, "restarts of the worker group after a failure", L),
-    Setting("start_method", kinds.choice(("auto", "fork", "spawn")), "auto",
-            "fork: workers inherit the launcher's torch import (fast); spawn: fresh interpreters like torchrun; "
-            "auto: fork unless GPUs are in use", L),
+    Setting("start_method", kinds.choice(("auto", "fork", "spawn", "forkserver")), "auto",
+            "fork: workers inherit the launcher's torch import (fast); spawn, forkserver: fresh interpreters like "
+            "torchrun; auto: fork unless GPUs are in use", L),
     Setting("gpus", kinds.TEXT, None, "GPU indices to use, e.g. 0,1; sets CUDA_VISIBLE_DEVICES and the process count", L),
     # --- runtime: the strategy -----------------------------------------------------------------------
     Setting("strategy", kinds.choice(_strategy_names, _strategy), "auto",

@@ -20,7 +20,15 @@ import warnings
 from typing import Any, Iterator
 
 from phalanx.cluster.launch_plan import store_address
-from phalanx.cluster.rendezvous import BOUND_STATIC_BACKEND, NodePlan, describe_rendezvous_failure, rendezvous_configs
+from phalanx.cluster.rendezvous import (
+    BOUND_C10D_BACKEND,
+    BOUND_STATIC_BACKEND,
+    NodePlan,
+    describe_rendezvous_failure,
+    rendezvous_configs,
+    split_endpoint,
+)
+from phalanx.launch import local_rank, torchrun_flags
 from phalanx.launch.spec import LaunchSpec
 
 LOOPBACK = "127.0.0.1"
@@ -43,11 +51,35 @@ def rendezvous_settings(spec: LaunchSpec, node: NodePlan | None = None) -> dict[
 
     Static rendezvous (one node or several) uses BOUND_STATIC_BACKEND: torch's static rendezvous
     with a store that listens only on the named address (loopback on one node), where torch's own
-    store would listen on every interface.
+    store would listen on every interface. A single node with c10d (or --standalone) is the same
+    job, so it gets the bound store too, on the endpoint's host (loopback by default).
     """
     # Every node must use the same run id (it prefixes the store's keys): a per-node uuid would
     # make the nodes wait for each other forever; torchrun defaults to a constant for the same reason.
+    settings = _rendezvous_settings(spec, node)
+    options = spec.agent or torchrun_flags.AgentOptions()
+    # --rdzv-conf wins over phalanx's computed settings, as in torchrun, except the static node rank
+    user = {key: value for key, value in options.rdzv_conf.items() if key != "rank"}
+    settings["rdzv_configs"] = {**settings["rdzv_configs"], **user}
+    if options.local_addr:
+        settings["local_addr"] = options.local_addr
+    return settings
+
+
+def _single_node_c10d_endpoint(spec: LaunchSpec) -> str | None:
+    """One node with c10d: the same job as static, so the store can listen on the endpoint's host only."""
+    if spec.rdzv_backend != "c10d" or not spec.single_node or spec.min_nnodes not in (None, 1):
+        return None
+    host, port = split_endpoint(spec.rdzv_endpoint) if spec.rdzv_endpoint else (LOOPBACK, 0)
+    return f"{LOOPBACK if host == 'localhost' else host}:{port or 0}"
+
+
+def _rendezvous_settings(spec: LaunchSpec, node: NodePlan | None) -> dict[str, Any]:
     run_id = spec.rdzv_id or (uuid.uuid4().hex if spec.single_node else MULTINODE_RUN_ID)
+    c10d_endpoint = _single_node_c10d_endpoint(spec)
+    if c10d_endpoint is not None:
+        return {"rdzv_backend": BOUND_STATIC_BACKEND, "rdzv_endpoint": c10d_endpoint,
+                "local_addr": c10d_endpoint.rpartition(":")[0].strip("[]"), "run_id": run_id, "rdzv_configs": {"rank": 0}}
     if spec.rdzv_backend == "static" and not spec.rdzv_endpoint and spec.single_node and spec.master_port is None:
         return {
             "rdzv_backend": BOUND_STATIC_BACKEND,
@@ -70,7 +102,8 @@ def rendezvous_settings(spec: LaunchSpec, node: NodePlan | None = None) -> dict[
             "rdzv_configs": {"rank": spec.node_rank, **configs},
         }
     return {
-        "rdzv_backend": spec.rdzv_backend,
+        # c10d's host binds its store to this node's address only, not every interface
+        "rdzv_backend": BOUND_C10D_BACKEND if spec.rdzv_backend == "c10d" else spec.rdzv_backend,
         "rdzv_endpoint": spec.rdzv_endpoint,
         "local_addr": local_addr,
         "run_id": run_id,
@@ -79,14 +112,24 @@ def rendezvous_settings(spec: LaunchSpec, node: NodePlan | None = None) -> dict[
 
 
 def entrypoint_for(spec: LaunchSpec, start_method: str) -> tuple[Any, list[str]]:
-    """The agent's entrypoint and arguments: a function when forking, a command when spawning."""
-    if start_method == "fork":
-        from phalanx.launch.worker import run_forked
+    """The agent's entrypoint and arguments: a function when forking (or --run-path), a command otherwise.
 
-        return run_forked, [spec.target, spec.is_module, *spec.target_args]  # type: ignore[list-item]
+    --pass-local-rank puts `FLAG=${local_rank}` before the script's arguments, where
+    torch.distributed.launch put it; torch's agent substitutes each worker's local rank.
+    """
+    options = spec.agent or torchrun_flags.AgentOptions()
+    passed = [local_rank.worker_argument(spec.pass_local_rank)] if spec.pass_local_rank else []
+    script_args = [*passed, *spec.target_args]
+    if options.no_python:
+        return spec.target, script_args
+    if start_method == "fork" or options.run_path:
+        from phalanx.launch.worker import run_forked, run_in_process
+
+        function = run_forked if start_method == "fork" else run_in_process
+        return function, [spec.target, spec.is_module, *script_args]  # type: ignore[list-item]
     command = os.environ.get("PYTHON_EXEC", sys.executable)  # torchrun honours PYTHON_EXEC too
     module_flag = ["-m"] if spec.is_module else []
-    return command, ["-u", "-m", "phalanx.launch.worker", *module_flag, spec.target, *spec.target_args]
+    return command, ["-u", "-m", "phalanx.launch.worker", *module_flag, spec.target, *script_args]
 
 
 @contextlib.contextmanager
@@ -162,6 +205,7 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
             max_restarts=spec.max_restarts,
             start_method=start_method,
             **rendezvous_settings(spec, node),
+            **torchrun_flags.launch_config_kwargs(spec.agent or torchrun_flags.AgentOptions()),
         )
     entrypoint, args = entrypoint_for(spec, start_method)
     # Python >= 3.12 warns on fork from a threaded process; the agent's threads are not used in the

@@ -71,13 +71,38 @@ def resolve_nproc(
     gpus: tuple[int, ...] | None,
     count_gpus: Callable[[], int],
     num_cores: int,
+    kind: str = "auto",
 ) -> int:
-    """The worker count: explicit, else one per `--gpus` entry, else visible GPUs, else CPU default."""
+    """The worker count: explicit, else one per `--gpus` entry, else by `kind`.
+
+    kind (torchrun's `--nproc-per-node` words): "auto" = visible GPUs, else the CPU default;
+    "gpu" = visible GPUs (none is an error); "cpu" = one per core.
+    """
     if nproc_per_node is not None:
         return nproc_per_node
     if gpus is not None:
         return len(gpus)
+    if kind == "cpu":
+        return num_cores
+    if kind == "gpu":
+        found = count_gpus()
+        if not found:
+            raise LaunchError("--nproc-per-node gpu: no GPU is visible here. HINT: use --nproc-per-node N or cpu "
+                              "to run on CPU, or check nvidia-smi and CUDA_VISIBLE_DEVICES.")
+        return found
     return count_gpus() or cpu_nproc(num_cores)
+
+
+def oversubscription_warning(nproc_per_node: int, num_cores: int, num_gpus: int, omp_threads: str | None) -> str | None:
+    """One warning when workers outnumber the GPUs in use, or the cores on a CPU run; else None."""
+    threads = f"OMP_NUM_THREADS={omp_threads} per worker" if omp_threads else "OMP_NUM_THREADS unset"
+    if num_gpus and nproc_per_node > num_gpus:
+        return (f"phalanx: warning: {nproc_per_node} workers share {num_gpus} visible GPU(s) on this node "
+                f"(oversubscribed: ranks will share devices); {threads}.")
+    if not num_gpus and nproc_per_node > num_cores:
+        return (f"phalanx: warning: {nproc_per_node} workers on {num_cores} CPU core(s) "
+                f"(oversubscribed: they will compete for cores); {threads}.")
+    return None
 
 
 def worker_env_for_devices(

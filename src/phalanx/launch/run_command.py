@@ -14,8 +14,9 @@ from typing import Mapping
 
 from phalanx import config
 from phalanx.cluster.launch_plan import CLUSTER_ERRORS, apply_slurm, plan_for
+from phalanx import envvars
 from phalanx.cluster.rendezvous import parse_nnodes
-from phalanx.launch import devices, ports
+from phalanx.launch import devices, local_rank, ports, torchrun_flags
 from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, validate
 from phalanx.logging import sinks
 
@@ -46,6 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--config", metavar="FILE", default=None,
         help="YAML file of launcher and runtime settings (`phalanx config` writes a template); "
              "flags and PHALANX_* variables override it")
+    add(local_rank.FLAG_NAME, "--pass_local_rank", dest="pass_local_rank", nargs="?", const=local_rank.DEFAULT_SPELLING,
+        default=None, metavar="FLAG",
+        help="append FLAG=<local rank> to each worker's arguments, as torch.distributed.launch did "
+             "(default --local-rank; --pass-local-rank=--local_rank for the old spelling)")
+    torchrun_flags.configure(parser)  # torchrun's agent flags (--tee, --log-dir, ...), checked against torch's parser
     add("-m", "--module", action="store_true", help="run TARGET as a module, like python -m")
     add("target", metavar="SCRIPT", help="training script (or module with -m)")
     add("target_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script untouched")
@@ -56,7 +62,13 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser) -> None:
     """Report unknown flags before the script as `phalanx run` errors, not the top-level parser's."""
     parse_known = parser.parse_known_args
 
+    def takes_value(option: str) -> bool:
+        action = parser._option_string_actions.get(option)
+        return action is not None and action.nargs != 0
+
     def strict_parse_known_args(args=None, namespace=None):  # type: ignore[no-untyped-def]
+        if args is not None:
+            args = local_rank.expand_bare_flag(list(args), takes_value)
         namespace, extras = parse_known(args, namespace)
         if extras:
             parser.error(
@@ -79,6 +91,9 @@ def resolve_settings(args: argparse.Namespace, env: Mapping[str, str] | None = N
 
 def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
     """Turn parsed flags into a validated spec (pure: no torch, no processes)."""
+    torchrun_flags.apply_pet_env(args, os.environ)  # PET_* as torchrun reads them (Kubeflow sets them)
+    if getattr(args, "standalone", False):
+        _check_standalone(args)
     try:
         resolved = resolve_settings(args)
     except config.ConfigError as error:
@@ -88,12 +103,15 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         sinks.expand(list(cfg.log_sinks), list(cfg.trackers or []))
     except ValueError as error:
         raise LaunchError(str(error)) from None
+    agent = torchrun_flags.agent_options(args)
     min_nnodes, nnodes = parse_nnodes(cfg.nnodes)
+    nproc_kind = cfg.nproc_per_node if isinstance(cfg.nproc_per_node, str) else "auto"
     spec = LaunchSpec(
         target=args.target,
         target_args=tuple(args.target_args),
         is_module=args.module,
-        nproc_per_node=None if cfg.nproc_per_node == "auto" else cfg.nproc_per_node,
+        nproc_per_node=None if isinstance(cfg.nproc_per_node, str) else cfg.nproc_per_node,
+        nproc_kind=nproc_kind,
         nnodes=nnodes,
         min_nnodes=min_nnodes if min_nnodes != nnodes else None,
         rdzv_timeout=cfg.rdzv_timeout,
@@ -108,8 +126,21 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         start_method=cfg.start_method,
         worker_env=config.worker_env(resolved),
         deepspeed=resolved.deepspeed,
+        pass_local_rank=None if args.pass_local_rank is None else local_rank.check_spelling(args.pass_local_rank),
+        agent=agent,
     )
+    torchrun_flags.check_agent_options(agent, is_module=spec.is_module, nproc_per_node=spec.nproc_per_node,
+                                       target=spec.target)
     return validate(apply_slurm(spec, os.environ))
+
+
+def _check_standalone(args: argparse.Namespace) -> None:
+    """--standalone: one node, a private rendezvous on a free loopback port (phalanx's single-node default)."""
+    if args.nnodes not in (None, "1", "1:1"):
+        raise LaunchError(f"--standalone runs a single node, but --nnodes is {args.nnodes}. HINT: drop one of them.")
+    if args.rdzv_endpoint or args.rdzv_backend not in (None, "static", "c10d"):
+        raise LaunchError("--standalone picks its own rendezvous on loopback; drop --rdzv-endpoint/--rdzv-backend.")
+    args.rdzv_backend = "static"  # phalanx's loopback-only store on a free port: what torchrun's standalone means
 
 
 def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
@@ -125,13 +156,17 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
         num_gpus_in_use = len(spec.gpus)
     else:
         num_gpus_in_use = devices.count_visible_gpus()
-    nproc = devices.resolve_nproc(spec.nproc_per_node, spec.gpus, lambda: num_gpus_in_use, num_cores)
+    nproc = devices.resolve_nproc(spec.nproc_per_node, spec.gpus, lambda: num_gpus_in_use, num_cores, spec.nproc_kind)
     if spec.deepspeed is not None and spec.min_nnodes is None:
         try:  # DeepSpeed's batch identity needs the world size, known from here on
             spec.deepspeed.check_world(nproc * spec.nnodes)
         except ValueError as error:
             raise LaunchError(str(error)) from None
     env = devices.worker_env_for_devices(nproc, spec.gpus, os.environ, num_cores)
+    warning = devices.oversubscription_warning(nproc, num_cores, num_gpus_in_use,
+                                               env.get(envvars.OMP_NUM_THREADS) or os.environ.get(envvars.OMP_NUM_THREADS))
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     env.update(spec.worker_env)
     return nproc, num_gpus_in_use, env
 

@@ -10,9 +10,12 @@ import dataclasses
 import importlib.util
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-START_METHODS = ("auto", "fork", "spawn")
+if TYPE_CHECKING:
+    from phalanx.launch.torchrun_flags import AgentOptions
+
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
 
 
 class LaunchError(ValueError):
@@ -59,6 +62,12 @@ class LaunchSpec:
     """Extra variables exported to every worker (phalanx settings such as PHALANX_STRATEGY)."""
     deepspeed: Any = None
     """The DeepSpeed config the settings were checked against (DeepSpeedSettings), if any."""
+    nproc_kind: str = "auto"
+    """With `nproc_per_node` None: "auto" (GPUs, else the CPU default), "gpu" or "cpu" (one per core)."""
+    pass_local_rank: str | None = None
+    """Append `<this>=<local rank>` to each worker's arguments (torch.distributed.launch scripts)."""
+    agent: AgentOptions | None = None
+    """torchrun's other settings, passed to torch's elastic agent (None: torchrun's defaults)."""
 
     @property
     def single_node(self) -> bool:
@@ -172,5 +181,6 @@ def validate(spec: LaunchSpec) -> LaunchSpec:
         raise LaunchError(
             f"--nnodes {spec.nnodes} needs a fixed --master-port shared by all nodes."
         )
-    check_target(spec.target, spec.is_module)
+    if spec.agent is None or not spec.agent.no_python:  # --no-python: an executable, checked by torchrun_flags
+        check_target(spec.target, spec.is_module)
     return spec

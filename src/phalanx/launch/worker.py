@@ -39,6 +39,63 @@ def record_failure(error: BaseException) -> None:
     ErrorHandler().record_exception(error)
 
 
+def record_hint(text: str) -> None:
+    """Write a phalanx hint where the agent reads a failed worker's error (torch's JSON layout)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import json
+    import time
+
+    data = {"message": {"message": f"phalanx: {text}",
+                        "extraInfo": {"py_callstack": f"phalanx: {text}", "timestamp": str(int(time.time()))}}}
+    with open(path, "w") as fp:
+        json.dump(data, fp)
+
+
+def _remember_argparse_errors() -> list[str]:
+    """Keep the messages argparse exits with, to explain a missing/unknown --local-rank argument."""
+    import argparse
+
+    seen: list[str] = []
+    original = argparse.ArgumentParser.error
+
+    def error(self: argparse.ArgumentParser, message: str):  # type: ignore[no-untyped-def]
+        seen.append(message)
+        return original(self, message)
+
+    argparse.ArgumentParser.error = error  # type: ignore[method-assign]
+    return seen
+
+
+def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
+    """`run_target`, and when argparse rejects the script's local-rank argument, a hint for the report."""
+    seen = _remember_argparse_errors()
+    try:
+        run_target(target, is_module, args)
+    except SystemExit as exit_:
+        if exit_.code not in (0, None) and seen:
+            from phalanx.launch.local_rank import hint_for_argparse_error
+
+            passed = any(arg.startswith(("--local-rank=", "--local_rank=")) for arg in args)
+            hint = hint_for_argparse_error(seen[-1], passed)
+            if hint:
+                record_hint(hint)
+        raise
+
+
+def line_buffered_output() -> None:
+    """One write() per line: workers sharing a terminal or pipe never merge two lines into one.
+
+    `python -u` (torchrun's worker flag) writes a print() in several pieces ("text", "\n"), which
+    other ranks' output lands between; line buffering flushes each complete line at once.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True, write_through=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry for spawned workers: `python -m phalanx.launch.worker [-m] TARGET ARGS...`."""
     argv = sys.argv[1:] if argv is None else argv
@@ -47,8 +104,9 @@ def main(argv: list[str] | None = None) -> None:
         argv = argv[1:]
     if not argv:
         raise SystemExit("usage: python -m phalanx.launch.worker [-m] TARGET [ARGS...]")
+    line_buffered_output()
     try:
-        run_target(argv[0], is_module, argv[1:])
+        run_explained(argv[0], is_module, argv[1:])
     except Exception as error:
         record_failure(error)
         raise  # the interpreter prints the traceback and exits 1, as for a plain script
@@ -81,11 +139,8 @@ def _reset_inherited_process_state() -> None:
         # A fresh torch caps the pool at the cores it may use; do the same.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch.set_num_threads(min(int(threads), cores))
-    # torchrun starts workers with `python -u`.
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(write_through=True)
+    # Unbuffered like torchrun's `python -u`, but a whole line per write.
+    line_buffered_output()
 
 
 def run_forked(target: str, is_module: bool, *args: str) -> None:
@@ -94,10 +149,17 @@ def run_forked(target: str, is_module: bool, *args: str) -> None:
 
     _reset_inherited_process_state()
     try:
-        run_target(target, is_module, args)
+        run_explained(target, is_module, args)
     finally:
         # multiprocessing ends a forked child with os._exit, which skips atexit: run them here.
         atexit._run_exitfuncs()
+
+
+def run_in_process(target: str, is_module: bool, *args: str) -> None:
+    """Entry for `--run-path` with the spawn/forkserver start methods: a fresh interpreter runs the
+    script with runpy (torchrun's run_path); nothing inherited to undo, exit handlers run as usual."""
+    line_buffered_output()
+    run_explained(target, is_module, args)
 
 
 if __name__ == "__main__":
