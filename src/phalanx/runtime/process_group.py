@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 
 from phalanx import envvars
-from phalanx.cluster.slurm import torch_env_from_slurm
 from phalanx.runtime.context import DistContext
 
 # torch's default collective timeout is 10-30 minutes: a stuck job should fail in minutes.
@@ -26,15 +25,20 @@ def collective_timeout(seconds: float | None = None) -> datetime.timedelta:
 
 
 def init_process_group(ctx: DistContext, timeout_s: float | None = None) -> bool:
-    """Join the default group when the world has several ranks; True if this call created it."""
+    """Join the default group when the world has several ranks; True if this call created it.
+
+    A group that exists already (ctx.adopted) is used as it is and never destroyed by phalanx:
+    whoever created it owns its lifetime.
+    """
     if not ctx.is_distributed or dist.is_initialized():
+        if ctx.adopted and ctx.device.type == "cuda":
+            torch.cuda.set_device(ctx.device)
         return False
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     kwargs = {}
-    slurm_env = torch_env_from_slurm(os.environ)
-    if slurm_env:  # `srun python train.py`: the store address comes from the allocation
-        kwargs["init_method"] = f"tcp://{slurm_env[envvars.MASTER_ADDR]}:{slurm_env[envvars.MASTER_PORT]}"
+    if ctx.init_method:  # `srun`/`mpiexec python train.py`: the store address came with the context
+        kwargs["init_method"] = ctx.init_method
     if ctx.device.type == "cuda":
         kwargs["device_id"] = ctx.device  # binds NCCL eagerly: no rank-to-GPU guessing later
     timeout = collective_timeout(timeout_s)
