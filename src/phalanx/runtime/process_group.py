@@ -52,6 +52,7 @@ def init_process_group(ctx: DistContext, timeout_s: float | None = None) -> bool
         timeout=timeout,
         **kwargs,
     )
+    _state["owned"] = True
     _watch_for_uncaught_exceptions()
     atexit.register(destroy_process_group)
     return True
@@ -72,7 +73,7 @@ def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"phalanx/restart_{restart}", store)
 
 
-_state = {"failed": False}
+_state = {"failed": False, "owned": False}  # owned: phalanx created the default group
 
 
 def _watch_for_uncaught_exceptions() -> None:
@@ -91,9 +92,11 @@ def destroy_process_group() -> None:
     After a clean run, a barrier first: without it gloo occasionally aborts at exit
     (TORCH-CPU-FACTS). After an uncaught exception, no barrier: the peers are still inside
     their own collectives and waiting for them would only delay the failure report.
+    A group phalanx did not create (adopted) is left to its creator.
     """
-    if not dist.is_initialized():
+    if not dist.is_initialized() or not _state["owned"]:
         return
+    _state["owned"] = False
     # An exception on its way out counts too: forked workers (`phalanx run`) run the atexit
     # handlers from a `finally`, and sys.excepthook is never called there.
     if not _state["failed"] and sys.exc_info()[0] is None:
