@@ -111,3 +111,10 @@ def test_mpiexec_gives_a_world_of_two(tmp_path):
     reports = read_reports(tmp_path)
     check_two_rank_reports(reports, proc.stdout)
     assert [r["local_rank"] for r in reports] == [0, 1]  # MPI_LOCALRANKID
+
+
+def test_wine_mp_spawn_example_trains_each_rank_on_its_half(tmp_path):
+    pytest.importorskip("sklearn")
+    proc = run([sys.executable, str(ROOT / "examples" / "wine_mp_spawn.py"), "--epochs", "2"], tmp_path)
+    assert proc.stdout.count("2 ranks (strategy ddp) saw [71, 71] of 142 training samples per epoch") == 1, proc.stdout
+    assert proc.stdout.count("epoch 1: loss") == 1
