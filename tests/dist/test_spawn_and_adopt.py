@@ -64,6 +64,7 @@ def test_phalanx_spawn_from_a_script(tmp_path, start_method):
     error = (tmp_path / "error.txt").read_text()
     assert error.startswith("phalanx: rank 1 (local rank 1 on node 0) failed with exit code 1"), error
     assert 'raise ValueError("rank one cannot go on")' in error and "ValueError: rank one cannot go on" in error
+    assert "run_in_worker" not in error  # the user's frames only, not phalanx's wrapper
 
 
 NOTEBOOK_CELLS = [
@@ -89,10 +90,16 @@ def test_phalanx_spawn_in_a_jupyter_kernel(tmp_path, monkeypatch):
     for key, value in script_env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
+    from ipykernel.kernelspec import write_kernel_spec
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    # A kernel spec of our own, running this interpreter: a user's "python3" spec may point elsewhere.
+    write_kernel_spec(tmp_path / "kernels" / "phalanx-test")
+    kernel = KernelManager(kernel_name="phalanx-test",
+                           kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
-    # "python3" is ipykernel's built-in spec, which runs this interpreter (sys.executable).
-    nbclient.NotebookClient(notebook, kernel_name="python3", timeout=180,
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(notebook, km=kernel, timeout=180, resources={"metadata": {"path": str(tmp_path)}}).execute()
     stdout = "".join(o.get("text", "") for cell in notebook.cells for o in cell.outputs if o.get("name") == "stdout")
     results_line = next(line for line in stdout.splitlines() if line.startswith("RESULTS "))
     reports = eval(results_line[len("RESULTS "):])  # the repr of a list of dicts of ints and strings
