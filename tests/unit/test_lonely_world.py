@@ -78,3 +78,22 @@ def test_plain_python_with_a_stray_local_rank_exits_with_the_reason(tmp_path):
     assert proc.returncode == 1
     assert "LonelyWorldError: phalanx would run this process as a world of ONE" in proc.stderr
     assert "LOCAL_RANK=1 is set without RANK and WORLD_SIZE" in proc.stderr
+
+
+def test_phalanx_adopts_an_existing_group_and_leaves_it_alive(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from phalanx import Phalanx
+    from phalanx.runtime.process_group import destroy_process_group
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        px = Phalanx()
+        assert px.ctx.adopted and (px.rank, px.world_size, px.strategy_name) == (0, 1, "single")
+        destroy_process_group()  # phalanx's exit handler must not end a group it did not create
+        assert dist.is_initialized()
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with pytest.raises(LonelyWorldError, match=r"sees a multi-process launch: WORLD_SIZE=2"):
+            Phalanx()
+    finally:
+        dist.destroy_process_group()

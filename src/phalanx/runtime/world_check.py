@@ -59,7 +59,7 @@ def refuse_silent_world_of_one(env: Mapping[str, str], group_world_size: int | N
         "`phalanx run` or `torchrun` (which set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), "
         "`srun python train.py` inside a SLURM step, `mpiexec -n N python train.py` with "
         "`pip install 'phalanx[mpi]'`, or phalanx.spawn(fn); or remove the stray variables "
-        "to really run one process."
+        f"to really run one process ({envvars.PHALANX_SLURM}=0 ignores a SLURM allocation)."
     )
 
 
