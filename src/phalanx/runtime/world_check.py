@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from phalanx import envvars
-from phalanx.cluster.mpi import read_mpi_world
+from phalanx.cluster.mpi import MpiError, read_mpi_world
 
 
 class LonelyWorldError(RuntimeError):
@@ -41,7 +41,7 @@ def multi_process_signs(env: Mapping[str, str], group_world_size: int | None = N
             break
     try:
         mpi = read_mpi_world(env)
-    except ValueError:
+    except MpiError:  # malformed MPI variables are reported where they are used, not here
         mpi = None
     if mpi is not None and mpi.size > 1:
         signs.append(f"{mpi.source}={mpi.rank}/{mpi.size} (an MPI launch)")
