@@ -70,6 +70,7 @@ def test_adopted_group_of_one_with_signs_is_refused():
         DistContext.from_group(0, 1, "gloo", env={"WORLD_SIZE": "2"})
 
 
+@pytest.mark.dist
 def test_plain_python_with_a_stray_local_rank_exits_with_the_reason(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
     env.update(LOCAL_RANK="1", PYTHONPATH=str(ROOT / "src"))
