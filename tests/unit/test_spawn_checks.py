@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from phalanx.launch import spawn as spawn_module
-from phalanx.launch.spawn import SpawnError, check_can_start, spawn, spawn_start_method
+from phalanx.launch.spawn import SpawnError, check_arguments_can_be_sent, check_can_start, spawn, spawn_start_method
 
 
 def top_level():
@@ -63,3 +63,16 @@ def test_start_method_choice():
     assert spawn_start_method("auto", interactive=False, num_gpus=0) == "fork"
     assert spawn_start_method("auto", interactive=False, num_gpus=2) == "spawn"
     assert spawn_start_method("spawn", interactive=True, num_gpus=0) == "spawn"
+
+
+def test_unpicklable_arguments_are_named_under_spawn(monkeypatch):
+    import threading
+
+    with pytest.raises(SpawnError, match=r"^argument 1 \(lock\) cannot be sent to spawned workers"):
+        check_arguments_can_be_sent((1, threading.Lock()), {})
+    with pytest.raises(SpawnError, match=r"^callback \(function\) cannot be sent"):
+        check_arguments_can_be_sent((), {"callback": lambda: 0})
+    check_arguments_can_be_sent((1, "a"), {"lr": 0.1})
+    monkeypatch.setattr(spawn_module, "_launch", lambda *a: pytest.fail("a worker was started"))
+    with pytest.raises(SpawnError, match="argument 0"):
+        spawn(top_level, threading.Lock(), nprocs=2, start_method="spawn")

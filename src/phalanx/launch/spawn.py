@@ -45,6 +45,8 @@ def spawn(fn: Callable[..., Any], *args: Any, nprocs: int | None = None, start_m
         nprocs = devices.resolve_nproc(None, None, lambda: num_gpus, devices.count_cpu_cores())
     method = spawn_start_method(start_method, interactive=is_interactive(), num_gpus=num_gpus)
     check_can_start(fn, method, cuda_initialised=_cuda_initialised(), interactive=is_interactive())
+    if method == "spawn":
+        check_arguments_can_be_sent(args, kwargs)
     return _launch(fn, args, kwargs, nprocs, method)
 
 
@@ -95,6 +97,19 @@ def check_can_start(fn: Callable[..., Any], method: str, cuda_initialised: bool,
             "at the top level of a module or of the script (lambdas and functions defined inside "
             "other functions cannot be pickled), or use start_method='fork' on a CPU-only machine."
         ) from None
+
+
+def check_arguments_can_be_sent(args: tuple, kwargs: dict) -> None:
+    """Spawned workers receive the arguments pickled: refuse what cannot be, naming it."""
+    for name, value in [*((f"argument {i}", a) for i, a in enumerate(args)), *kwargs.items()]:
+        try:
+            pickle.dumps(value)
+        except Exception as error:
+            raise SpawnError(
+                f"{name} ({type(value).__name__}) cannot be sent to spawned workers "
+                f"({type(error).__name__}: {error}). HINT: pass something picklable (paths, numbers, "
+                "tensors) and build the rest inside the function, or use start_method='fork' on CPU."
+            ) from None
 
 
 def _cuda_initialised() -> bool:
