@@ -55,7 +55,7 @@ def main():
 
     for epoch in range(args.epochs):
         model.train()
-        total = torch.zeros(())
+        total = torch.zeros((), device=px.device)
         for x, y in train_loader:
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)

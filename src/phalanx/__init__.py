@@ -1,15 +1,16 @@
 """phalanx: take a single-device PyTorch training script to many processes, GPUs and machines.
 
-Public API: `from phalanx import Phalanx`. The launcher is the `phalanx` command.
+Public API: `from phalanx import Phalanx` (and `phalanx.spawn` to launch from Python). The launcher is the `phalanx` command.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["Phalanx", "__version__"]
+__all__ = ["Phalanx", "spawn", "__version__"]
 
 if TYPE_CHECKING:
+    from phalanx.launch.spawn import spawn
     from phalanx.runtime.facade import Phalanx
 
 
@@ -19,4 +20,8 @@ def __getattr__(name: str):
         from phalanx.runtime.facade import Phalanx
 
         return Phalanx
+    if name == "spawn":  # phalanx.spawn(fn, *args, nprocs=None, **kwargs): N ranks from Python
+        from phalanx.launch.spawn import spawn
+
+        return spawn
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

@@ -147,7 +147,8 @@ def _no_cuda_init() -> Iterator[None]:
             os.environ[key] = previous
 
 
-_WRAPPER_FRAMES = ("<frozen runpy>", "phalanx/launch/worker.py", "elastic/multiprocessing/errors")
+_WRAPPER_FRAMES = ("<frozen runpy>", "phalanx/launch/worker.py", "phalanx/launch/spawn.py",
+                   "elastic/multiprocessing/errors")
 
 
 def trim_traceback(text: str) -> str:

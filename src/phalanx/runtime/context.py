@@ -8,7 +8,9 @@ from typing import Mapping
 import torch
 
 from phalanx import config, envvars
+from phalanx.cluster.mpi import torch_env_from_mpi
 from phalanx.cluster.slurm import torch_env_from_slurm
+from phalanx.runtime.world_check import refuse_silent_world_of_one
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,10 @@ class DistContext:
     node_rank: int = 0
     device: torch.device = torch.device("cpu")
     backend: str = "gloo"
+    init_method: str | None = None
+    """Where to rendezvous when no launcher set MASTER_ADDR/PORT (srun, mpiexec); None: torch's env://."""
+    adopted: bool = False
+    """True when the process group was initialised before Phalanx() (mp.spawn, another library)."""
 
     @property
     def is_distributed(self) -> bool:
@@ -40,11 +46,25 @@ class DistContext:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, cpu: bool = False) -> "DistContext":
-        """Read torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, ...), or SLURM's under plain srun."""
+        """The layout of this process, from the first source that describes it.
+
+        1. A process group the script (or another library) already initialised: its rank, size and
+           backend (`mp.spawn` + `init_process_group`, then `Phalanx()`).
+        2. torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, ...), as `phalanx run` sets them.
+        3. SLURM's under plain `srun python train.py`; MPI's under `mpiexec python train.py`.
+        A world of one is refused when any sign of a multi-process launch is present.
+        """
         env = os.environ if env is None else env
-        slurm_env = torch_env_from_slurm(env)  # `srun python train.py`: no launcher variables
-        if slurm_env:
-            env = {**env, **slurm_env}
+        group = _initialised_group()
+        if group is not None:
+            return cls.from_group(*group, env=env, cpu=cpu)
+        cluster_env = torch_env_from_slurm(env)  # `srun python train.py`: no launcher variables
+        if not cluster_env:
+            cluster_env = torch_env_from_mpi(env)  # `mpiexec python train.py`
+        init_method = None
+        if cluster_env:
+            init_method = f"tcp://{cluster_env[envvars.MASTER_ADDR]}:{cluster_env[envvars.MASTER_PORT]}"
+            env = {**env, **cluster_env}
         world_size = _int(env, envvars.WORLD_SIZE, 1)
         rank = _int(env, envvars.RANK, 0)
         local_rank = _int(env, envvars.LOCAL_RANK, 0)
@@ -55,8 +75,41 @@ class DistContext:
                 f"RANK={rank} is outside WORLD_SIZE={world_size}. These variables come from the "
                 "launcher: start the script with `phalanx run` or `torchrun` rather than setting them by hand."
             )
+        if world_size == 1:
+            refuse_silent_world_of_one(env)
         device, backend = _pick_device(local_rank, cpu)
-        return cls(rank, local_rank, world_size, local_world_size, node_rank, device, backend)
+        return cls(rank, local_rank, world_size, local_world_size, node_rank, device, backend, init_method)
+
+    @classmethod
+    def from_group(cls, rank: int, world_size: int, backend: str, env: Mapping[str, str] | None = None,
+                   cpu: bool = False, gpu_count: int | None = None) -> "DistContext":
+        """Adopt an initialised process group: rank, size and backend are the group's.
+
+        local_rank is LOCAL_RANK when set, else rank % the local world size (LOCAL_WORLD_SIZE,
+        else one process per visible GPU, else every rank on this machine). The device is
+        cuda:local_rank under an NCCL group, the CPU otherwise.
+        """
+        env = os.environ if env is None else env
+        if world_size == 1:
+            refuse_silent_world_of_one(env)
+        use_cuda = "nccl" in backend and not cpu
+        if gpu_count is None:
+            gpu_count = torch.cuda.device_count() if use_cuda else 0
+        default_local = min(world_size, gpu_count) if gpu_count > 0 else world_size
+        local_world_size = _int(env, envvars.LOCAL_WORLD_SIZE, default_local)
+        local_rank = _int(env, envvars.LOCAL_RANK, rank % max(local_world_size, 1))
+        node_rank = rank // max(local_world_size, 1)
+        device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+        return cls(rank, local_rank, world_size, local_world_size, node_rank, device, backend, adopted=True)
+
+
+def _initialised_group() -> tuple[int, int, str] | None:
+    """(rank, world size, backend) of the default process group when one exists already."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
 
 
 def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:

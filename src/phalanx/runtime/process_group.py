@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 
 from phalanx import envvars
-from phalanx.cluster.slurm import torch_env_from_slurm
 from phalanx.runtime.context import DistContext
 
 # torch's default collective timeout is 10-30 minutes: a stuck job should fail in minutes.
@@ -24,15 +23,20 @@ def collective_timeout(seconds: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> datetim
 
 
 def init_process_group(ctx: DistContext, timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> bool:
-    """Join the default group when the world has several ranks; True if this call created it."""
+    """Join the default group when the world has several ranks; True if this call created it.
+
+    A group that exists already (ctx.adopted) is used as it is and never destroyed by phalanx:
+    whoever created it owns its lifetime.
+    """
     if not ctx.is_distributed or dist.is_initialized():
+        if ctx.adopted and ctx.device.type == "cuda":
+            torch.cuda.set_device(ctx.device)
         return False
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     kwargs = {}
-    slurm_env = torch_env_from_slurm(os.environ)
-    if slurm_env:  # `srun python train.py`: the store address comes from the allocation
-        kwargs["init_method"] = f"tcp://{slurm_env[envvars.MASTER_ADDR]}:{slurm_env[envvars.MASTER_PORT]}"
+    if ctx.init_method:  # `srun`/`mpiexec python train.py`: the store address came with the context
+        kwargs["init_method"] = ctx.init_method
     if ctx.device.type == "cuda":
         kwargs["device_id"] = ctx.device  # binds NCCL eagerly: no rank-to-GPU guessing later
     timeout = collective_timeout(timeout_s)
@@ -46,6 +50,7 @@ def init_process_group(ctx: DistContext, timeout_s: float = DEFAULT_COLLECTIVE_T
         timeout=timeout,
         **kwargs,
     )
+    _state["owned"] = True
     _watch_for_uncaught_exceptions()
     atexit.register(destroy_process_group)
     return True
@@ -66,7 +71,7 @@ def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"phalanx/restart_{restart}", store)
 
 
-_state = {"failed": False}
+_state = {"failed": False, "owned": False}  # owned: phalanx created the default group
 
 
 def _watch_for_uncaught_exceptions() -> None:
@@ -85,9 +90,11 @@ def destroy_process_group() -> None:
     After a clean run, a barrier first: without it gloo occasionally aborts at exit
     (TORCH-CPU-FACTS). After an uncaught exception, no barrier: the peers are still inside
     their own collectives and waiting for them would only delay the failure report.
+    A group phalanx did not create (adopted) is left to its creator.
     """
-    if not dist.is_initialized():
+    if not dist.is_initialized() or not _state["owned"]:
         return
+    _state["owned"] = False
     # An exception on its way out counts too: forked workers (`phalanx run`) run the atexit
     # handlers from a `finally`, and sys.excepthook is never called there.
     if not _state["failed"] and sys.exc_info()[0] is None:

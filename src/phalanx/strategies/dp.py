@@ -35,6 +35,7 @@ class DPStrategy(LocalStrategy):
             return self.precision.wrap_forward(nn.DataParallel(model))
         model = self.precision.wrap_forward(model)
         where = "on CPU" if self.ctx.device.type != "cuda" else "with one visible GPU"
-        warnings.warn(f"phalanx: strategy 'dp' {where} is a single-device run (nothing to split "
-                      "the batch over).", stacklevel=3)
+        warnings.warn(f"phalanx: strategy 'dp' {where} is a single-device run: it trains on ONE device "
+                      f"({self.ctx.device}), with nothing to split the batch over. HINT: for several "
+                      "processes use strategy 'ddp' under `phalanx run` (or phalanx.spawn).", stacklevel=3)
         return model

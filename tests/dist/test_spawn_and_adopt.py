@@ -1,0 +1,127 @@
+"""Ranks started without `phalanx run`: mp.spawn with the script's own process group,
+phalanx.spawn from a script and from a Jupyter kernel, and mpiexec. Each must give Phalanx() a
+world of 2 with disjoint shards covering the data, and one print."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dist.harness import ROOT
+from tests.dist.spawn_workloads import NUM_SAMPLES, PRINTED
+
+SCRIPTS = Path(__file__).parent / "scripts"
+pytestmark = pytest.mark.dist
+
+
+def script_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=script_env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def check_two_rank_reports(reports: list[dict], printed: str) -> None:
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    assert all(r["world_size"] == 2 for r in reports)
+    assert all(r["strategy"] == "ddp" for r in reports)  # auto picked ddp: a real multi-rank run
+    shards = [set(r["seen"]) for r in reports]
+    assert len(reports[0]["seen"]) == len(reports[1]["seen"]) == NUM_SAMPLES // 2
+    assert shards[0].isdisjoint(shards[1]) and shards[0] | shards[1] == set(range(NUM_SAMPLES))
+    assert printed.count(PRINTED) == 1, printed
+
+
+def read_reports(out: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))]
+
+
+def test_mp_spawn_with_own_process_group_is_adopted(tmp_path):
+    proc = run([sys.executable, str(SCRIPTS / "own_group.py"), str(tmp_path / "init"), str(tmp_path)], tmp_path)
+    reports = read_reports(tmp_path)
+    check_two_rank_reports(reports, proc.stdout)
+    assert [r["local_rank"] for r in reports] == [0, 1]  # no LOCAL_RANK under mp.spawn: rank % local size
+    assert all(r["group_alive"] for r in reports)  # phalanx's exit handlers left the script's group alone
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_phalanx_spawn_from_a_script(tmp_path, start_method):
+    proc = run([sys.executable, str(SCRIPTS / "spawn_job.py"), str(tmp_path), start_method], tmp_path)
+    reports = json.loads((tmp_path / "reports.json").read_text())
+    assert [r["rank"] for r in reports] == [0, 1]  # returned in rank order
+    check_two_rank_reports(reports, proc.stdout)
+    error = (tmp_path / "error.txt").read_text()
+    assert error.startswith("phalanx: rank 1 (local rank 1 on node 0) failed with exit code 1"), error
+    assert 'raise ValueError("rank one cannot go on")' in error and "ValueError: rank one cannot go on" in error
+    assert "run_in_worker" not in error  # the user's frames only, not phalanx's wrapper
+
+
+NOTEBOOK_CELLS = [
+    """import torch
+from torch.utils.data import DataLoader, TensorDataset
+import phalanx
+from phalanx import Phalanx
+
+def shards(n):
+    px = Phalanx()
+    loader = px.prepare(DataLoader(TensorDataset(torch.arange(n)), batch_size=2, shuffle=True))
+    seen = [i for (batch,) in loader for i in batch.tolist()]
+    px.print("%s")
+    return {"rank": px.rank, "world_size": px.world_size, "seen": seen, "strategy": "ddp"}""" % PRINTED,
+    "results = phalanx.spawn(shards, %d)\nprint('RESULTS', results)" % NUM_SAMPLES,
+]
+
+
+def test_phalanx_spawn_in_a_jupyter_kernel(tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    for key, value in script_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    from ipykernel.kernelspec import write_kernel_spec
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    # A kernel spec of our own, running this interpreter: a user's "python3" spec may point elsewhere.
+    write_kernel_spec(tmp_path / "kernels" / "phalanx-test")
+    kernel = KernelManager(kernel_name="phalanx-test",
+                           kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
+    nbclient.NotebookClient(notebook, km=kernel, timeout=180, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    stdout = "".join(o.get("text", "") for cell in notebook.cells for o in cell.outputs if o.get("name") == "stdout")
+    results_line = next(line for line in stdout.splitlines() if line.startswith("RESULTS "))
+    reports = eval(results_line[len("RESULTS "):])  # the repr of a list of dicts of ints and strings
+    check_two_rank_reports(reports, stdout)
+
+
+def mpiexec() -> str | None:
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+@pytest.mark.skipif(mpiexec() is None or importlib.util.find_spec("mpi4py") is None,
+                    reason="no MPI: pip install mpich mpi4py (the `mpi` and `test` extras)")
+def test_mpiexec_gives_a_world_of_two(tmp_path):
+    proc = run([mpiexec(), "-n", "2", sys.executable, str(SCRIPTS / "mpi_job.py"), str(tmp_path)], tmp_path)
+    reports = read_reports(tmp_path)
+    check_two_rank_reports(reports, proc.stdout)
+    assert [r["local_rank"] for r in reports] == [0, 1]  # MPI_LOCALRANKID
+
+
+def test_wine_mp_spawn_example_trains_each_rank_on_its_half(tmp_path):
+    pytest.importorskip("sklearn")
+    proc = run([sys.executable, str(ROOT / "examples" / "wine_mp_spawn.py"), "--epochs", "2"], tmp_path)
+    assert proc.stdout.count("2 ranks (strategy ddp) saw [71, 71] of 142 training samples per epoch") == 1, proc.stdout
+    assert proc.stdout.count("epoch 1: loss") == 1
