@@ -18,7 +18,7 @@ def test_nprocs_must_be_a_positive_integer(nprocs):
 
 
 def test_unknown_start_method():
-    with pytest.raises(SpawnError, match=r"start_method must be one of auto, fork, spawn, got 'thread'"):
+    with pytest.raises(SpawnError, match=r"start_method must be one of auto, fork, spawn, forkserver, got 'thread'"):
         spawn(top_level, nprocs=2, start_method="thread")
 
 

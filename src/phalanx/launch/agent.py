@@ -133,7 +133,7 @@ def entrypoint_for(spec: LaunchSpec, start_method: str) -> tuple[Any, list[str]]
 
 
 @contextlib.contextmanager
-def _no_cuda_init() -> Iterator[None]:
+def no_cuda_init() -> Iterator[None]:
     """LaunchConfig asks `torch.cuda.is_available()`; make it use NVML, which leaves CUDA alone."""
     key = "PYTORCH_NVML_BASED_CUDA_CHECK"
     previous = os.environ.get(key)
@@ -198,7 +198,7 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
 
     bound_store.register()
 
-    with _no_cuda_init():
+    with no_cuda_init():
         config = LaunchConfig(
             min_nodes=spec.min_nnodes or spec.nnodes,
             max_nodes=spec.nnodes,

@@ -21,7 +21,7 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from phalanx.launch import devices
-from phalanx.launch.agent import _no_cuda_init, choose_start_method, format_failures, rendezvous_settings
+from phalanx.launch.agent import no_cuda_init, choose_start_method, format_failures, rendezvous_settings
 from phalanx.launch.spec import START_METHODS, LaunchSpec
 
 
@@ -124,7 +124,7 @@ def _launch(fn: Callable[..., Any], args: tuple, kwargs: dict, nprocs: int, meth
     from phalanx.cluster import bound_store
 
     bound_store.register()
-    with _no_cuda_init():
+    with no_cuda_init():
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, max_restarts=0,
                               start_method=method, **rendezvous_settings(LaunchSpec(target="<spawn>")))
     worker_env = devices.worker_env_for_devices(nprocs, None, os.environ, devices.count_cpu_cores())
@@ -142,10 +142,10 @@ def run_in_worker(fn: Callable[..., Any], args: tuple, kwargs: dict, forked: boo
     """The agent's entrypoint in every worker: a forked one first drops what it inherited."""
     import atexit
 
-    from phalanx.launch.worker import _reset_inherited_process_state
+    from phalanx.launch.worker import reset_inherited_process_state
 
     if forked:
-        _reset_inherited_process_state()
+        reset_inherited_process_state()
     try:
         return fn(*args, **kwargs)
     finally:

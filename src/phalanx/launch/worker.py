@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         raise  # the interpreter prints the traceback and exits 1, as for a plain script
 
 
-def _reset_inherited_process_state() -> None:
+def reset_inherited_process_state() -> None:
     """Undo what a forked child inherits from the launcher but a fresh interpreter would not have."""
     import atexit
 
@@ -147,7 +147,7 @@ def run_forked(target: str, is_module: bool, *args: str) -> None:
     """Entry for forked workers (a function entrypoint of torch's elastic agent)."""
     import atexit
 
-    _reset_inherited_process_state()
+    reset_inherited_process_state()
     try:
         run_explained(target, is_module, args)
     finally:
