@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 
-from phalanx.cluster import bound_store
-from phalanx.cluster.bound_store import BoundStaticRendezvous, bind_listener
+from phalanx.launch import bound_store
+from phalanx.launch.bound_store import BoundStaticRendezvous, bind_listener
 
 from tests.cluster.listeners import listening_addresses
 

@@ -3,7 +3,7 @@ import argparse
 
 import pytest
 
-from phalanx.cluster.rendezvous import NodePlan
+from phalanx.launch.rendezvous import NodeSetup
 from phalanx.cluster.network import Route
 from phalanx.launch import agent, run_command
 from phalanx.launch.spec import LaunchError, LaunchSpec
@@ -84,7 +84,7 @@ def test_bad_nnodes_and_timeout(script, clean_env):
 
 def _plan(is_host):
     route = Route("10.250.0.1", ("10.250.0.1",), "10.250.0.1", "10.250.0.2", "veth1", is_host)
-    return NodePlan("10.250.0.1", 29400, route, "veth1", "10.250.0.2", is_host, {})
+    return NodeSetup("10.250.0.1", 29400, route, "veth1", "10.250.0.2", is_host, {})
 
 
 def test_c10d_settings_carry_is_host_local_addr_and_timeouts():

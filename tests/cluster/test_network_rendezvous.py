@@ -1,9 +1,10 @@
 """Interface choice, store ownership, rendezvous settings and failure reports (no traffic sent)."""
 import pytest
 
-from phalanx.cluster import network, rendezvous
+from phalanx.cluster import network
+from phalanx.launch import rendezvous
 from phalanx.cluster.network import NetworkError
-from phalanx.cluster.rendezvous import describe_rendezvous_failure, parse_nnodes, plan_node, rendezvous_configs
+from phalanx.launch.rendezvous import describe_rendezvous_failure, parse_nnodes, setup_node, rendezvous_configs
 
 
 def test_loopback_route():
@@ -33,7 +34,7 @@ def _external():
 
 def test_own_address_makes_this_node_the_host():
     table, name, addr = _external()
-    plan = plan_node(addr, 29500, {}, table)
+    plan = setup_node(addr, 29500, {}, table)
     assert (plan.ifname, plan.local_addr, plan.is_host) == (name, addr, True)
     assert plan.env == {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
     assert plan.describe() == (f"phalanx: this node ({addr} on {name}) hosts the store at {addr}:29500 ({addr}); "
@@ -42,20 +43,20 @@ def test_own_address_makes_this_node_the_host():
 
 def test_user_interface_variables_are_kept():
     table, name, addr = _external()
-    plan = plan_node(addr, 1, {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": "ib0"}, table)
+    plan = setup_node(addr, 1, {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": "ib0"}, table)
     assert plan.env == {} and plan.ifname == name
 
 
 def test_user_interface_that_does_not_exist_is_refused():
     table, _, addr = _external()
     with pytest.raises(NetworkError, match=r"GLOO_SOCKET_IFNAME='nope0' names no interface"):
-        plan_node(addr, 1, {"GLOO_SOCKET_IFNAME": "nope0"}, table)
+        setup_node(addr, 1, {"GLOO_SOCKET_IFNAME": "nope0"}, table)
 
 
 def test_hostname_resolving_to_loopback_on_node0_uses_the_only_external_interface(monkeypatch):
     monkeypatch.setattr(network, "resolve", lambda host: ("127.0.1.1",))
     table = {"lo": ("127.0.0.1", "::1"), "ens5": ("10.1.2.3",)}
-    plan = plan_node("node0", 29500, {}, table)
+    plan = setup_node("node0", 29500, {}, table)
     assert (plan.ifname, plan.local_addr, plan.is_host) == ("ens5", "10.1.2.3", True)
 
 
@@ -63,7 +64,7 @@ def test_hostname_resolving_to_loopback_with_several_interfaces_asks_the_user(mo
     monkeypatch.setattr(network, "resolve", lambda host: ("127.0.1.1",))
     table = {"lo": ("127.0.0.1",), "ens5": ("10.1.2.3",), "ib0": ("192.168.7.3",)}
     with pytest.raises(NetworkError) as info:
-        plan_node("node0", 29500, {}, table)
+        setup_node("node0", 29500, {}, table)
     assert "2 external interface(s) (ens5 (10.1.2.3), ib0 (192.168.7.3))" in str(info.value)
     assert "set GLOO_SOCKET_IFNAME" in str(info.value)
 
@@ -71,7 +72,7 @@ def test_hostname_resolving_to_loopback_with_several_interfaces_asks_the_user(mo
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
 def test_loopback_store_address_is_refused_for_several_nodes(host):
     with pytest.raises(NetworkError, match="loopback address: other nodes cannot reach it"):
-        plan_node(host, 1, {})
+        setup_node(host, 1, {})
 
 
 @pytest.mark.parametrize("value, expected", [("2", (2, 2)), ("1:4", (1, 4)), ("3:3", (3, 3))])
@@ -93,7 +94,7 @@ def test_split_endpoint():
 
 def _plan(is_host):
     route = network.Route("10.250.0.1", ("10.250.0.1",), "10.250.0.1", "10.250.0.2", "veth1", is_host)
-    return rendezvous.NodePlan("10.250.0.1", 29400, route, "veth1", "10.250.0.2", is_host, {})
+    return rendezvous.NodeSetup("10.250.0.1", 29400, route, "veth1", "10.250.0.2", is_host, {})
 
 
 def test_rendezvous_configs():
@@ -104,7 +105,7 @@ def test_rendezvous_configs():
 
 def test_failure_report_for_a_node_that_cannot_reach_the_store():
     text = describe_rendezvous_failure(TimeoutError("connect timed out\nmore"), backend="c10d", host="10.250.0.1",
-                                       port=29400, nnodes=(2, 2), node_rank=None, timeout_s=15, plan=_plan(False))
+                                       port=29400, nnodes=(2, 2), node_rank=None, timeout_s=15, setup=_plan(False))
     assert text.splitlines()[:2] == [
         "phalanx: the rendezvous did not complete within 15 s (c10d, 2 node(s) expected).",
         "  missing: the store at 10.250.0.1:29400. This node tried 10.250.0.1 from 10.250.0.2 on veth1; either the "
@@ -115,6 +116,6 @@ def test_failure_report_for_a_node_that_cannot_reach_the_store():
 
 def test_failure_report_for_the_host_left_alone_with_an_elastic_range():
     text = describe_rendezvous_failure(RuntimeError("x"), backend="c10d", host="10.250.0.1", port=29400,
-                                       nnodes=(2, 4), node_rank=None, timeout_s=30, plan=_plan(True))
+                                       nnodes=(2, 4), node_rank=None, timeout_s=30, setup=_plan(True))
     assert "(c10d, 2 to 4 node(s) expected)" in text
     assert "hosts the store at 10.250.0.1:29400, but fewer than 2 node(s) joined" in text

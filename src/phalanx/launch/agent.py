@@ -19,11 +19,11 @@ import uuid
 import warnings
 from typing import Any, Iterator
 
-from phalanx.cluster.launch_plan import store_address
-from phalanx.cluster.rendezvous import (
+from phalanx.launch.node_setup import store_address
+from phalanx.launch.rendezvous import (
     BOUND_C10D_BACKEND,
     BOUND_STATIC_BACKEND,
-    NodePlan,
+    NodeSetup,
     describe_rendezvous_failure,
     rendezvous_configs,
     split_endpoint,
@@ -42,7 +42,7 @@ def choose_start_method(requested: str, num_gpus_in_use: int) -> str:
     return "spawn" if num_gpus_in_use > 0 else "fork"
 
 
-def rendezvous_settings(spec: LaunchSpec, node: NodePlan | None = None) -> dict[str, Any]:
+def rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None = None) -> dict[str, Any]:
     """LaunchConfig fields for the rendezvous, following torchrun's rules with a loopback default.
 
     Single node, no port and no endpoint: a store on 127.0.0.1 port 0, so the kernel picks a
@@ -74,7 +74,7 @@ def _single_node_c10d_endpoint(spec: LaunchSpec) -> str | None:
     return f"{LOOPBACK if host == 'localhost' else host}:{port or 0}"
 
 
-def _rendezvous_settings(spec: LaunchSpec, node: NodePlan | None) -> dict[str, Any]:
+def _rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None) -> dict[str, Any]:
     run_id = spec.rdzv_id or (uuid.uuid4().hex if spec.single_node else MULTINODE_RUN_ID)
     c10d_endpoint = _single_node_c10d_endpoint(spec)
     if c10d_endpoint is not None:
@@ -184,7 +184,7 @@ def format_failures(error: Any, nproc_per_node: int) -> str:
     return "\n".join(lines)
 
 
-def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: NodePlan | None = None) -> int:
+def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: NodeSetup | None = None) -> int:
     """Run the workers to completion; return the launcher's exit code."""
     start_method = choose_start_method(spec.start_method, num_gpus_in_use)
     # Lazy and narrow: the launcher API, not `import torch.distributed.run` and its parser.
@@ -194,7 +194,7 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from phalanx.cluster import bound_store
+    from phalanx.launch import bound_store
 
     bound_store.register()
 
@@ -225,7 +225,7 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
             error, backend=spec.rdzv_backend, host=host or LOOPBACK, port=port,
             nnodes=(spec.min_nnodes or spec.nnodes, spec.nnodes),
             node_rank=spec.node_rank if spec.rdzv_backend == "static" else None,
-            timeout_s=spec.rdzv_timeout, plan=node,
+            timeout_s=spec.rdzv_timeout, setup=node,
         ), file=sys.stderr, flush=True)
         return 1
     except SignalException as error:

@@ -13,9 +13,9 @@ import sys
 from typing import Mapping
 
 from phalanx import config
-from phalanx.cluster.launch_plan import CLUSTER_ERRORS, apply_slurm, plan_for
+from phalanx.launch.node_setup import CLUSTER_ERRORS, apply_slurm, node_setup_for
 from phalanx import envvars
-from phalanx.cluster.rendezvous import parse_nnodes
+from phalanx.launch.rendezvous import parse_nnodes
 from phalanx.launch import devices, local_rank, ports, torchrun_flags
 from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, validate
 from phalanx.logging import sinks
@@ -176,7 +176,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
         nproc, num_gpus_in_use, env = prepare(spec)
-        node = plan_for(spec, os.environ)  # multi-node: interface, own address, store host
+        node = node_setup_for(spec, os.environ)  # multi-node: interface, own address, store host
     except (LaunchError, *CLUSTER_ERRORS) as error:
         print(f"{PROG_ERROR} {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -121,7 +121,7 @@ def _launch(fn: Callable[..., Any], args: tuple, kwargs: dict, nprocs: int, meth
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from phalanx.cluster import bound_store
+    from phalanx.launch import bound_store
 
     bound_store.register()
     with no_cuda_init():

@@ -109,7 +109,7 @@ def nproc_per_node(text: str) -> str:
 
 def nnodes(text: str) -> str:
     """--nnodes: N or MIN:MAX (checked; run_command splits it)."""
-    from phalanx.cluster.rendezvous import parse_nnodes
+    from phalanx.launch.rendezvous import parse_nnodes
 
     try:
         parse_nnodes(text)

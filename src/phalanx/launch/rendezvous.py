@@ -1,6 +1,6 @@
 """Multi-node rendezvous settings worked out from the network, and clear failure reports.
 
-The launcher calls `plan_node` for a multi-node run: it picks the interface that reaches the master
+The launcher calls `setup_node` for a multi-node run: it picks the interface that reaches the master
 (exported as GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME unless the user set them), this node's own
 address (torchrun's `--local-addr`), and whether this node hosts the c10d store (torchrun's
 `--rdzv-conf is_host=1/0`), so users never pass those by hand.
@@ -16,16 +16,16 @@ from phalanx.config import kinds
 from phalanx.cluster.network import NetworkError, Route, interface_addresses, is_loopback, non_loopback_interfaces, route_to
 
 BOUND_STATIC_BACKEND = "phalanx-static"
-"""torch's static rendezvous, but the store listens only on the named address (cluster.bound_store)."""
+"""torch's static rendezvous, but the store listens only on the named address (launch.bound_store)."""
 BOUND_C10D_BACKEND = "phalanx-c10d"
-"""torch's c10d rendezvous, but the hosting node's store listens only on its own address (cluster.bound_store)."""
+"""torch's c10d rendezvous, but the hosting node's store listens only on its own address (launch.bound_store)."""
 DEFAULT_RDZV_TIMEOUT_S = 600
 """torch's own c10d join timeout; `phalanx run --rdzv-timeout` lowers it."""
 MAX_READ_TIMEOUT_S = 60
 
 
 @dataclasses.dataclass(frozen=True)
-class NodePlan:
+class NodeSetup:
     """What this node adds to a multi-node launch."""
 
     host: str
@@ -72,7 +72,7 @@ def split_endpoint(endpoint: str) -> tuple[str, int | None]:
     return endpoint, None
 
 
-def plan_node(host: str, port: int, env: Mapping[str, str], table: dict[str, tuple[str, ...]] | None = None) -> NodePlan:
+def setup_node(host: str, port: int, env: Mapping[str, str], table: dict[str, tuple[str, ...]] | None = None) -> NodeSetup:
     """Interface, own address and store ownership for a node reaching the store at host:port."""
     _refuse_loopback_literal(host)
     table = interface_addresses() if table is None else table
@@ -93,10 +93,10 @@ def plan_node(host: str, port: int, env: Mapping[str, str], table: dict[str, tup
         # The other nodes reach it through a real interface; use the only one there is.
         ifname, local_addr = _only_external_interface(host, table)
     exported = {name: ifname for name in (envvars.GLOO_SOCKET_IFNAME, envvars.NCCL_SOCKET_IFNAME) if not env.get(name)}
-    return NodePlan(host, port, route, ifname, local_addr, route.is_local, exported)
+    return NodeSetup(host, port, route, ifname, local_addr, route.is_local, exported)
 
 
-def rendezvous_configs(backend: str, timeout_s: float, plan: NodePlan | None) -> dict[str, object]:
+def rendezvous_configs(backend: str, timeout_s: float, setup: NodeSetup | None) -> dict[str, object]:
     """torch rdzv_configs for the timeout (static: `timeout`; c10d: `join_timeout`) and is_host."""
     seconds = int(max(1, round(timeout_s)))
     if backend == "static":
@@ -105,8 +105,8 @@ def rendezvous_configs(backend: str, timeout_s: float, plan: NodePlan | None) ->
     # so half the budget keeps an unreachable store's report within about `timeout_s`.
     read_timeout = max(1, min(seconds // 2, MAX_READ_TIMEOUT_S))
     configs: dict[str, object] = {"join_timeout": seconds, "read_timeout": read_timeout}
-    if backend == "c10d" and plan is not None:
-        configs["is_host"] = plan.is_host
+    if backend == "c10d" and setup is not None:
+        configs["is_host"] = setup.is_host
     return configs
 
 
@@ -119,37 +119,37 @@ def describe_rendezvous_failure(
     nnodes: tuple[int, int],
     node_rank: int | None,
     timeout_s: float,
-    plan: NodePlan | None,
+    setup: NodeSetup | None,
 ) -> str:
     """One report for a rendezvous that did not complete: what is missing, which addresses were tried."""
     low, high = nnodes
     wanted = f"{low}" if low == high else f"{low} to {high}"
     where = f"{host}:{port}" if port is not None else host
-    tried = ", ".join(plan.route.addresses) if plan else host
+    tried = ", ".join(setup.route.addresses) if setup else host
     me = f"node {node_rank}" if node_rank is not None else "this node"
     about_me = f"{me}, " if node_rank is not None else ""
     lines = [f"phalanx: the rendezvous did not complete within {timeout_s:g} s ({backend}, {wanted} node(s) expected)."]
-    if plan is not None and plan.is_host:
+    if setup is not None and setup.is_host:
         lines.append(
-            f"  missing: the other node(s). This node ({about_me}{plan.local_addr} on {plan.ifname}) hosts the "
+            f"  missing: the other node(s). This node ({about_me}{setup.local_addr} on {setup.ifname}) hosts the "
             f"store at {where}, but fewer than {low} node(s) joined."
         )
         lines.append(
             "  HINT: start `phalanx run` on every other node with the same --nnodes and "
             + ("--master-addr/--master-port" if backend == "static" else "--rdzv-endpoint")
-            + f", and check they can reach {plan.route.address}:{port} (firewall, `ip route get {plan.route.address}`)."
+            + f", and check they can reach {setup.route.address}:{port} (firewall, `ip route get {setup.route.address}`)."
         )
     elif "wait timeout" in str(error):  # connected: the store answered, the peers did not come
         lines.append(
             f"  missing: the other node(s). {me.capitalize()} reached the store at {where} "
-            f"({plan.route.address if plan else host}), but not all {low} node(s) arrived."
+            f"({setup.route.address if setup else host}), but not all {low} node(s) arrived."
         )
         lines.append(
             "  HINT: start `phalanx run` on every node with the same --nnodes, store address and "
             "--rdzv-id (if you pass one)."
         )
     else:
-        via = f" from {plan.local_addr} on {plan.ifname}" if plan else ""
+        via = f" from {setup.local_addr} on {setup.ifname}" if setup else ""
         lines.append(
             f"  missing: the store at {where}. {me.capitalize()} tried {tried}{via}; either the host node has "
             "not started, or the address/port is wrong, or a firewall drops the connection."

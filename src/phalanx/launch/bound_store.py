@@ -21,7 +21,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
-from phalanx.cluster.rendezvous import BOUND_C10D_BACKEND, BOUND_STATIC_BACKEND, DEFAULT_RDZV_TIMEOUT_S, split_endpoint
+from phalanx.launch.rendezvous import BOUND_C10D_BACKEND, BOUND_STATIC_BACKEND, DEFAULT_RDZV_TIMEOUT_S, split_endpoint
 
 C10D_DEFAULT_PORT = 29400  # torchrun's default port for a c10d endpoint without one
 

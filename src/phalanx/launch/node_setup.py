@@ -1,6 +1,6 @@
-"""The seam between `phalanx run` and this package: SLURM defaults and the multi-node node plan.
+"""The launcher's view of the cluster: SLURM defaults for `phalanx run`, and the multi-node setup.
 
-The launcher calls `apply_slurm` on its spec before validating it, and `plan_for` once the spec is
+The launcher calls `apply_slurm` on its spec before validating it, and `node_setup_for` once the spec is
 valid. Both keep the launcher free of SLURM and network details.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Mapping, TypeVar
 from phalanx import envvars
 from phalanx.cluster import slurm
 from phalanx.cluster.network import NetworkError
-from phalanx.cluster.rendezvous import NodePlan, plan_node, split_endpoint
+from phalanx.launch.rendezvous import NodeSetup, setup_node, split_endpoint
 
 CLUSTER_ERRORS = (slurm.SlurmError, NetworkError)
 """User-facing errors from this package, reported like the launcher's own usage errors."""
@@ -63,11 +63,11 @@ def store_address(spec: object) -> tuple[str, int | None]:
     return getattr(spec, "master_addr"), getattr(spec, "master_port")
 
 
-def plan_for(spec: object, env: Mapping[str, str]) -> NodePlan | None:
-    """The node plan of a multi-node run (None on a single node); prints the interface chosen."""
+def node_setup_for(spec: object, env: Mapping[str, str]) -> NodeSetup | None:
+    """The setup of this node in a multi-node run (None on a single node); prints the interface chosen."""
     if getattr(spec, "nnodes") <= 1:
         return None
     host, port = store_address(spec)
-    plan = plan_node(host, port or 0, env)
-    print(plan.describe(), file=sys.stderr, flush=True)
-    return plan
+    setup = setup_node(host, port or 0, env)
+    print(setup.describe(), file=sys.stderr, flush=True)
+    return setup
