@@ -152,7 +152,7 @@ class Resolved:
 
     config: Any  # PhalanxConfig
     origin: dict[str, str] = field(default_factory=dict)  # name -> source, for settings not left at default
-    deepspeed: Any = None  # phalanx.strategies.deepspeed_config.DeepSpeedSettings
+    deepspeed: Any = None  # phalanx.strategies.deepspeed_config.DeepSpeedConfig
 
     def is_set(self, name: str) -> bool:
         return name in self.origin

@@ -61,7 +61,7 @@ class LaunchSpec:
     worker_env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Extra variables exported to every worker (phalanx settings such as PHALANX_STRATEGY)."""
     deepspeed: Any = None
-    """The DeepSpeed config the settings were checked against (DeepSpeedSettings), if any."""
+    """The DeepSpeed config the settings were checked against (DeepSpeedConfig), if any."""
     nproc_kind: str = "auto"
     """With `nproc_per_node` None: "auto" (GPUs, else the CPU default), "gpu" or "cpu" (one per core)."""
     pass_local_rank: str | None = None

@@ -18,10 +18,10 @@ class StrategyChoice:
     options: StrategyOptions
     grad_accum_steps: int = 1
     gradient_clipping: float | None = None  # clip before every optimizer.step() (DeepSpeed's key)
-    deepspeed: deepspeed_config.DeepSpeedSettings | None = None
+    deepspeed: deepspeed_config.DeepSpeedConfig | None = None
 
 
-def choose(cfg: Any, deepspeed: deepspeed_config.DeepSpeedSettings | None = None,
+def choose(cfg: Any, deepspeed: deepspeed_config.DeepSpeedConfig | None = None,
            strategy_options: Mapping[str, Any] | StrategyOptions | None = None) -> StrategyChoice:
     """`cfg`: a resolved PhalanxConfig; `deepspeed`: the DeepSpeed config it was checked against."""
     if isinstance(strategy_options, StrategyOptions):

@@ -26,7 +26,7 @@ _TOP_LEVEL = {"zero_optimization", "bf16", "bfloat16", "fp16", "gradient_accumul
 
 
 @dataclass
-class DeepSpeedSettings:
+class DeepSpeedConfig:
     """What a DeepSpeed config asks for, in phalanx's terms (None: the config does not say)."""
 
     strategy: str | None = None
@@ -72,7 +72,7 @@ def _enabled(section: Any) -> bool | None:
     return bool(value) if _is_set(value) else None
 
 
-def load(config: str | os.PathLike | Mapping[str, Any], warn: bool = True) -> DeepSpeedSettings:
+def load(config: str | os.PathLike | Mapping[str, Any], warn: bool = True) -> DeepSpeedConfig:
     """Parse a DeepSpeed config (a path to JSON, or the dict itself)."""
     if isinstance(config, Mapping):
         raw, source = dict(config), "DeepSpeed config"
@@ -87,7 +87,7 @@ def load(config: str | os.PathLike | Mapping[str, Any], warn: bool = True) -> De
         source = f"DeepSpeed config {str(path)!r}"
     if not isinstance(raw, Mapping):
         raise ValueError(f"{source} must be a JSON object, got {type(raw).__name__}")
-    out = DeepSpeedSettings(source=source)
+    out = DeepSpeedConfig(source=source)
     out.unsupported += sorted(k for k in raw if k not in _TOP_LEVEL)
     _read_zero(raw.get("zero_optimization"), out)
     _read_precision(raw, out)
@@ -105,7 +105,7 @@ def load(config: str | os.PathLike | Mapping[str, Any], warn: bool = True) -> De
     return out
 
 
-def _read_zero(zero: Any, out: DeepSpeedSettings) -> None:
+def _read_zero(zero: Any, out: DeepSpeedConfig) -> None:
     if zero is None:
         out.strategy = "ddp"  # DeepSpeed's default is stage 0: plain data parallelism
         return
@@ -134,7 +134,7 @@ def _read_zero(zero: Any, out: DeepSpeedSettings) -> None:
         out.cpu_offload = True
 
 
-def _read_precision(raw: Mapping[str, Any], out: DeepSpeedSettings) -> None:
+def _read_precision(raw: Mapping[str, Any], out: DeepSpeedConfig) -> None:
     bf16 = _enabled(raw.get("bf16", raw.get("bfloat16")))
     fp16 = _enabled(raw.get("fp16"))
     if bf16 and fp16:
