@@ -64,6 +64,9 @@ class PhalanxConfig:
     start_method: str | None = field(default=None, metadata=_meta(
         LAUNCHER, "how workers start: auto, fork or spawn", flag="--start-method", kind="choice",
         choices=("auto", "fork", "spawn")))
+    verbose: bool | None = field(default=None, metadata=_meta(
+        LAUNCHER, "also show torch's elastic agent logging on the terminal (always in RUN_DIR/logs/launcher.log)",
+        flag="--verbose", kind="bool"))
     # --- runtime: what each worker's Phalanx() does ---
     strategy: str | None = field(default=None, metadata=_meta(
         RUNTIME, "auto, single, dp, ddp, zero1, zero2, zero3 (fsdp)", env=envvars.PHALANX_STRATEGY, flag="--strategy"))

@@ -15,7 +15,7 @@ import sys
 from typing import Callable
 
 from phalanx import config_command, envvars
-from phalanx.config import ConfigError
+from phalanx.config import BY_NAME, ConfigError, coerce
 from phalanx.cluster.launch_plan import CLUSTER_ERRORS, apply_slurm, plan_for
 from phalanx.cluster.rendezvous import DEFAULT_RDZV_TIMEOUT_S, parse_nnodes
 from phalanx.launch import devices, ports
@@ -105,6 +105,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
              "like torchrun; auto: fork unless GPUs are in use")
     for flag in PASSTHROUGH_FLAGS:
         add(*flag.flags, dest=_dest(flag), type=flag.type, default=None, help=f"{flag.help} (exported as {flag.env_var})")
+    add("--verbose", action="store_true", default=False,
+        help="also show torch's elastic agent logging on the terminal (always in RUN_DIR/logs/launcher.log)")
     add("-m", "--module", action="store_true", help="run TARGET as a module, like python -m")
     add("target", metavar="SCRIPT", help="training script (or module with -m)")
     add("target_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script untouched")
@@ -196,7 +198,29 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if node is not None:
         env.update(node.env)
+    log_dir = launcher_log_dir(env, spec.single_node)
     os.environ.update(env)  # the elastic agent passes its environment on to every worker
     from phalanx.launch.agent import launch
+    from phalanx.launch.report import agent_log_level_is_debug
 
-    return launch(spec, nproc, num_gpus_in_use, node)
+    verbose = bool(coerce(BY_NAME["verbose"], args.verbose)) or agent_log_level_is_debug(os.environ)
+    return launch(spec, nproc, num_gpus_in_use, node, verbose=verbose, log_dir=log_dir)
+
+
+def launcher_log_dir(env: dict[str, str], single_node: bool) -> str:
+    """RUN_DIR/logs, where the launcher's log goes beside the ranks' logs.
+
+    On one node with no run directory chosen, the launcher creates `runs/<time>` and exports it
+    (PHALANX_RUN_DIR), so the workers use the same one. Across nodes rank 0 still chooses the
+    workers' directory; each launcher then logs under a fresh local `runs/<time>` of its own.
+    """
+    from phalanx.logging.run_dir import DEFAULT_ROOT, make_unique_dir
+
+    run_dir = env.get(envvars.PHALANX_RUN_DIR) or os.environ.get(envvars.PHALANX_RUN_DIR)
+    if run_dir:
+        run_dir = os.path.abspath(run_dir)
+    else:
+        run_dir = make_unique_dir(DEFAULT_ROOT)
+        if single_node:
+            env[envvars.PHALANX_RUN_DIR] = run_dir
+    return os.path.join(run_dir, "logs")
