@@ -1,11 +1,16 @@
 """`phalanx run`'s failure path, black-box: exit codes, the quiet report, restarts spoken aloud."""
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from tests.launcher.launch_helpers import SCRIPTS, run_cli
+from tests.launcher.launch_helpers import LAUNCH_TIMEOUT_S, SCRIPTS, run_cli
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -62,3 +67,26 @@ def test_restart_after_sigkill_names_the_rank_its_step_and_the_resume_checkpoint
     assert lines == [f"phalanx: restart 1 of 1: rank 1 was killed by signal SIGKILL at step 2 of that attempt; "
                      f"resuming from checkpoint step 2 ({ckpt / 'step-00000002'})"], result.stderr[-4000:]
     assert (tmp_path / "resumed.txt").read_text().splitlines() == ["0 False 0", "1 True 2"]
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_ctrl_c_ends_quietly_with_130(tmp_path, start_method):
+    """Ctrl-C reaches the launcher and every worker (one process group, as in a terminal)."""
+    proc = subprocess.Popen([sys.executable, "-m", "phalanx", "run", "--start-method", start_method,
+                             "--nproc-per-node", "2", str(SCRIPTS / "wait_for_ctrl_c.py"), str(tmp_path)],
+                            env={**os.environ, "PHALANX_RUN_DIR": str(tmp_path / "run")},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=30)
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "phalanx: stopped by SIGINT; workers were terminated" in err

@@ -47,11 +47,24 @@ def main(argv: list[str] | None = None) -> None:
         argv = argv[1:]
     if not argv:
         raise SystemExit("usage: python -m phalanx.launch.worker [-m] TARGET [ARGS...]")
+    _quiet_keyboard_interrupt()
     try:
         run_target(argv[0], is_module, argv[1:])
     except Exception as error:
         record_failure(error)
         raise  # the interpreter prints the traceback and exits 1, as for a plain script
+
+
+def _quiet_keyboard_interrupt() -> None:
+    """Ctrl-C stops every worker at once: the launcher says so in one line, so the workers print no
+    KeyboardInterrupt traceback each (the exit status still says SIGINT)."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+        if not issubclass(exc_type, KeyboardInterrupt):
+            previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
 
 
 def _reset_inherited_process_state() -> None:

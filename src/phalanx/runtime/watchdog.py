@@ -33,6 +33,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from phalanx import envvars, store_keys
+from phalanx.runtime.process_group import ignoring_sigint
 from phalanx.runtime.progress import Progress
 from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
 
@@ -205,17 +206,18 @@ class Watchdog:
         which is what an exception in an atexit handler would give: exit with EXIT_CODE instead.
         """
         exc_type = sys.exc_info()[0]
-        if exc_type is not None:  # leaving because of an exception (forked workers get here)
-            self.failed(exc_type)
-        else:
-            self.progress.enter(LEFT_LOOP)
-        try:
-            destroy()
-        except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code
+        with ignoring_sigint():  # a second Ctrl-C must not cut the exit path short (see there)
+            if exc_type is not None:  # leaving because of an exception (forked workers get here)
+                self.failed(exc_type)
+            else:
+                self.progress.enter(LEFT_LOOP)
+            try:
+                destroy()
+            except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code
+                self.stop()
+                _stop_process(f"phalanx (rank {self.rank}): leaving the process group failed: "
+                              f"{type(error).__name__}: {error}", show=True)
             self.stop()
-            _stop_process(f"phalanx (rank {self.rank}): leaving the process group failed: "
-                          f"{type(error).__name__}: {error}", show=True)
-        self.stop()
 
 
 def main_thread_stack() -> str:
