@@ -67,6 +67,11 @@ def test_restart_after_sigkill_names_the_rank_its_step_and_the_resume_checkpoint
     assert lines == [f"phalanx: restart 1 of 1: rank 1 was killed by signal SIGKILL at step 2 of that attempt; "
                      f"resuming from checkpoint step 2 ({ckpt / 'step-00000002'})"], result.stderr[-4000:]
     assert (tmp_path / "resumed.txt").read_text().splitlines() == ["0 False 0", "1 True 2"]
+    # the start-up line does not pretend auto is a strategy; what it chose is said at prepare
+    output = result.stdout + result.stderr
+    assert "strategy auto (decided at prepare(model), when the model is known)" in output
+    assert re.search(r"\[rank 0\] INFO phalanx: strategy auto chose ddp: ddp needs [\d.]+ \w+ per rank, within the "
+                     r"[\d.]+ \w+ budget", output), output[-3000:]
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
