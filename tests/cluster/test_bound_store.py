@@ -42,6 +42,7 @@ def test_busy_port_is_named():
             bind_listener("127.0.0.1", port)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("flags", [[], ["--master-port", "0"]], ids=["free-port", "explicit"])
 def test_single_node_phalanx_run_store_is_loopback_only(flags, tmp_path):

@@ -74,6 +74,7 @@ def test_start_method_and_traceback_trim():
     )
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(60)
 def test_launcher_modules_import_neither_torch_nor_runtime():
     import subprocess
