@@ -17,7 +17,7 @@ from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged
 from tests.checkpoint.resumable import build, load_report
 from tests.dist.harness import run_ranks
 
-pytestmark = [pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
 
 def copy_root(reference: dict, dest: Path, steps=(35, 40)) -> Path:

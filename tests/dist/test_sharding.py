@@ -43,8 +43,13 @@ def test_unshuffled_eval_keeps_order_per_rank_and_counts_each_item_once():
     assert sorted(results[0]["gathered"][0]) == list(range(101))
 
 
-def test_collectives():
-    r0, r1 = run_ranks("tests.dist.workloads:collectives", 2)
+@pytest.fixture(scope="module")
+def collective_results():
+    return run_ranks("tests.dist.workloads:collectives", 2)
+
+
+def test_collectives(collective_results):
+    r0, r1 = collective_results
     for r in (r0, r1):
         assert r["mean"].item() == 1.5
         assert r["sum"].item() == 3.0
@@ -56,3 +61,8 @@ def test_collectives():
         assert r["objects"] == ["pred-0", "pred-1"]
         assert r["device"] == "cpu"
     assert (r0["is_main"], r1["is_main"]) == (True, False)
+
+
+def test_print_only_on_main(collective_results):
+    r0, r1 = collective_results
+    assert (r0["printed"], r1["printed"]) == ("hello 0\n", "")

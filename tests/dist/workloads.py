@@ -1,6 +1,9 @@
 """Functions run on every rank by tests.dist.harness (and in-process as world-of-one references)."""
 from __future__ import annotations
 
+import contextlib
+import io
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -61,7 +64,11 @@ def collectives() -> dict:
     px = Phalanx()
     r = px.rank
     ragged = torch.full((r + 1, 2), float(r))  # rank 0 holds 1 row, rank 1 holds 2
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        px.print("hello", r)
     return {
+        "printed": printed.getvalue(),
         "mean": px.reduce(torch.tensor([float(r + 1)]), "mean"),
         "sum": px.reduce({"a": torch.tensor([float(r + 1)])}, "sum")["a"],
         "gather": px.gather(torch.tensor([r, r])),

@@ -43,6 +43,7 @@ def broken():
     return port, proc
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(180)
 def test_clean_report_on_this_machine(clean):
     code, report = clean
@@ -52,6 +53,7 @@ def test_clean_report_on_this_machine(clean):
     assert {"versions", "gpus", "port 29500", "hostname", "master", "shm", "open files", "slurm"} <= set(statuses)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(180)
 def test_clean_report_measures_a_live_allreduce(clean):
     _, report = clean
@@ -62,6 +64,7 @@ def test_clean_report_measures_a_live_allreduce(clean):
     print(f"doctor all-reduce: {allreduce['detail']}")
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(180)
 def test_each_problem_is_named_with_its_fix_and_fails_the_exit_code(broken):
     port, proc = broken
@@ -116,6 +119,7 @@ def _never_finishing_worker(*args) -> None:
     time.sleep(120)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(60)
 def test_hung_allreduce_is_cut_at_the_timeout(monkeypatch):
     # A real hang (the worker never returns), not a race against a short timeout.

@@ -5,7 +5,7 @@ import pytest
 
 from tests.launcher.launch_helpers import SCRIPTS, run_cli
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
 
 def test_unmodified_accelerate_script_runs_on_two_ranks(tmp_path):

@@ -3,7 +3,7 @@ import socket
 
 import pytest
 
-from phalanx.launch import agent, devices, ports
+from phalanx.launch import agent, devices, ports, report
 from phalanx.launch.spec import LaunchError, LaunchSpec
 
 
@@ -88,11 +88,12 @@ def test_start_method_and_traceback_trim():
         "    boom()\n"
         "RuntimeError: boom\n"
     )
-    assert agent.trim_traceback(text) == (
+    assert report.trim_traceback(text) == (
         'Traceback (most recent call last):\n  File "/u/train.py", line 5, in <module>\n    boom()\nRuntimeError: boom'
     )
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(60)
 def test_launcher_modules_import_neither_torch_nor_runtime():
     import subprocess

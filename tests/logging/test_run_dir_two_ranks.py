@@ -1,4 +1,4 @@
-"""Two ranks under `phalanx run` with no PHALANX_RUN_DIR: rank 0 picks runs/<time>, both use it;
+"""Two ranks under `phalanx run` with no PHALANX_RUN_DIR: the launcher picks runs/<time>, both ranks use it;
 PHALANX_LOG_ALL_RANKS=1 shows every rank's INFO with its [rank N] prefix."""
 from __future__ import annotations
 

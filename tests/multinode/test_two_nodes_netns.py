@@ -25,7 +25,7 @@ NETNS = Path(__file__).parent / "netns.sh"
 ADDR = {"a": "10.250.0.1", "b": "10.250.0.2"}
 RDZV_TIMEOUT_S = 15
 RUN_TIMEOUT_S = 180
-pytestmark = [pytest.mark.multinode, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multinode, pytest.mark.dist, pytest.mark.timeout(600)]
 
 
 def _why_no_netns() -> str | None:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WINE = ROOT / "examples" / "wine.py"
 LOCAL_SLURM = Path(__file__).parent / "local_slurm.sh"
 JOB_TIMEOUT_S = 240
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slurm, pytest.mark.dist, pytest.mark.timeout(600)]
 
 
 def _why_not() -> str | None:

@@ -133,6 +133,7 @@ def _run_script(tmp_path, stdout, env_extra=None):
     return subprocess.run([sys.executable, str(script)], stdout=stdout, stderr=subprocess.PIPE, env=env, timeout=120)
 
 
+@pytest.mark.dist
 def test_progress_bar_absent_when_stdout_is_not_a_tty(tmp_path):
     result = _run_script(tmp_path, subprocess.PIPE)
     out = result.stdout.decode()
@@ -141,6 +142,7 @@ def test_progress_bar_absent_when_stdout_is_not_a_tty(tmp_path):
     assert "\r" not in out and "it/s" not in out and "step/s" not in out
 
 
+@pytest.mark.dist
 def test_progress_bar_drawn_on_a_terminal(tmp_path):
     """The control for the test above: on a pseudo-terminal the same script draws a bar."""
     leader, follower = pty.openpty()

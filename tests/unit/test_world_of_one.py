@@ -31,7 +31,8 @@ def test_gather_for_metrics_outside_a_loader_is_plain_gather():
     assert px.gather_for_metrics(["a", "b"]) == ["a", "b"]
 
 
-def test_print_only_on_main(capsys):
+def test_print_in_a_world_of_one_prints(capsys):
+    """(Printing on the main process only, with 2 ranks: tests/dist/test_sharding.py::test_print_only_on_main.)"""
     Phalanx().print("hello")
     assert capsys.readouterr().out == "hello\n"
 

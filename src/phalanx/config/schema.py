@@ -124,6 +124,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("start_method", kinds.choice(("auto", "fork", "spawn", "forkserver")), "auto",
             "fork: workers inherit the launcher's torch import (fast); spawn, forkserver: fresh interpreters like "
             "torchrun; auto: fork unless GPUs are in use", L),
+    Setting("verbose", kinds.BOOL, False,
+            "also show torch's elastic agent logging on the terminal (always in RUN_DIR/logs/launcher.log)", L,
+            bool_flag=True),
     Setting("gpus", kinds.TEXT, None, "GPU indices to use, e.g. 0,1; sets CUDA_VISIBLE_DEVICES and the process count", L),
     # --- runtime: the strategy -----------------------------------------------------------------------
     Setting("strategy", kinds.choice(_strategy_names, _strategy), "auto",

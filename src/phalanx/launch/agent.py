@@ -19,6 +19,7 @@ import uuid
 import warnings
 from typing import Any, Iterator
 
+from phalanx import config
 from phalanx.launch.node_setup import store_address
 from phalanx.launch.rendezvous import (
     BOUND_C10D_BACKEND,
@@ -28,10 +29,11 @@ from phalanx.launch.rendezvous import (
     rendezvous_configs,
     split_endpoint,
 )
-from phalanx.launch import local_rank, torchrun_flags
+from phalanx.launch import local_rank, report, restarts, torchrun_flags
 from phalanx.launch.spec import LaunchSpec
 
 LOOPBACK = "127.0.0.1"
+CHECKPOINT_DIR_VARIABLE = config.BY_NAME["checkpoint_dir"].env or ""
 MULTINODE_RUN_ID = "phalanx"
 
 
@@ -147,45 +149,12 @@ def no_cuda_init() -> Iterator[None]:
             os.environ[key] = previous
 
 
-_WRAPPER_FRAMES = ("<frozen runpy>", "phalanx/launch/worker.py", "phalanx/launch/spawn.py",
-                   "elastic/multiprocessing/errors")
+def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: NodeSetup | None = None,
+           verbose: bool = False, log_dir: str | None = None) -> int:
+    """Run the workers to completion; return the launcher's exit code (the first failed rank's).
 
-
-def trim_traceback(text: str) -> str:
-    """Drop the frames of phalanx's worker wrapper, runpy and torch's `record`: users see their own."""
-    kept: list[str] = []
-    skipping = False
-    for line in text.splitlines():
-        if line.startswith("  File "):
-            skipping = any(marker in line for marker in _WRAPPER_FRAMES)
-        elif not line.startswith("    "):
-            skipping = False
-        if not skipping:
-            kept.append(line)
-    return "\n".join(kept)
-
-
-def format_failures(error: Any, nproc_per_node: int) -> str:
-    """`phalanx: rank R (local rank L on node N) failed with exit code C` + traceback, root cause first."""
-    failures = sorted(error.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
-    lines: list[str] = []
-    for rank, failure in failures:
-        node = (rank - failure.local_rank) // max(1, nproc_per_node)
-        if failure.exitcode < 0:
-            how = f"was killed by signal {failure.signal_name()}"
-        else:
-            how = f"failed with exit code {failure.exitcode}"
-        lines.append(f"phalanx: rank {rank} (local rank {failure.local_rank} on node {node}) {how}")
-        message = failure.error_file_data.get("message") if failure.error_file_data else None
-        if isinstance(message, dict):
-            lines.append(trim_traceback(message.get("extraInfo", {}).get("py_callstack", "")).rstrip())
-        elif isinstance(message, str) and message and message != "<NONE>":
-            lines.append(message)
-    return "\n".join(lines)
-
-
-def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: NodeSetup | None = None) -> int:
-    """Run the workers to completion; return the launcher's exit code."""
+    torch's agent logging goes to `log_dir`/launcher.log, and to the terminal only when `verbose`.
+    """
     start_method = choose_start_method(spec.start_method, num_gpus_in_use)
     # Lazy and narrow: the launcher API, not `import torch.distributed.run` and its parser.
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -212,11 +181,16 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
     # Python >= 3.12 warns on fork from a threaded process; the agent's threads are not used in the
     # child (it only runs the worker function), which is the case that warning does not apply to.
     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+    seen = restarts.Observations()
+    log_path = os.path.join(log_dir, report.AGENT_LOG_NAME) if log_dir else None
     try:
-        elastic_launch(config, entrypoint)(*args)
+        with report.quiet_agent_logging(log_path, verbose), \
+                restarts.agent_class_installed(spec.worker_env.get(CHECKPOINT_DIR_VARIABLE)
+                                               or os.environ.get(CHECKPOINT_DIR_VARIABLE), seen):
+            elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as error:
-        print(format_failures(error, nproc_per_node), file=sys.stderr, flush=True)
-        return 1
+        print(report.format_failures(error, nproc_per_node, seen.progress, log_dir), file=sys.stderr, flush=True)
+        return report.first_exit_code(error, seen.progress)
     except (RendezvousError, DistError, TimeoutError) as error:
         if spec.single_node:
             raise

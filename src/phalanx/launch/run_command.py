@@ -127,6 +127,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         worker_env=config.worker_env(resolved),
         deepspeed=resolved.deepspeed,
         pass_local_rank=None if args.pass_local_rank is None else local_rank.check_spelling(args.pass_local_rank),
+        verbose=cfg.verbose,
         agent=agent,
     )
     torchrun_flags.check_agent_options(agent, is_module=spec.is_module, nproc_per_node=spec.nproc_per_node,
@@ -182,7 +183,30 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if node is not None:
         env.update(node.env)
+    log_dir = launcher_log_dir(env, spec.single_node)
     os.environ.update(env)  # the elastic agent passes its environment on to every worker
     from phalanx.launch.agent import launch
+    from phalanx.launch.report import agent_log_level_is_debug
 
-    return launch(spec, nproc, num_gpus_in_use, node)
+    verbose = spec.verbose or agent_log_level_is_debug(os.environ)
+    return launch(spec, nproc, num_gpus_in_use, node, verbose=verbose, log_dir=log_dir)
+
+
+def launcher_log_dir(env: dict[str, str], single_node: bool) -> str:
+    """RUN_DIR/logs, where the launcher's log goes beside the ranks' logs.
+
+    On one node with no run directory chosen, the launcher creates `runs/<time>` and exports it
+    (PHALANX_RUN_DIR), so the workers use the same one. Across nodes rank 0 still chooses the
+    workers' directory; each launcher then logs under a fresh local `runs/<time>` of its own.
+    """
+    from phalanx.logging.run_dir import DEFAULT_ROOT, make_unique_dir
+
+    variable = config.BY_NAME["run_dir"].env or ""
+    run_dir = env.get(variable) or os.environ.get(variable)
+    if run_dir:
+        run_dir = os.path.abspath(run_dir)
+    else:
+        run_dir = make_unique_dir(DEFAULT_ROOT)
+        if single_node:
+            env[variable] = run_dir
+    return os.path.join(run_dir, "logs")

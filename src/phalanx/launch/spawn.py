@@ -21,7 +21,8 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from phalanx.launch import devices
-from phalanx.launch.agent import no_cuda_init, choose_start_method, format_failures, rendezvous_settings
+from phalanx.launch.agent import choose_start_method, no_cuda_init, rendezvous_settings
+from phalanx.launch.report import format_failures
 from phalanx.launch.spec import START_METHODS, LaunchSpec
 
 

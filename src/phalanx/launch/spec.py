@@ -66,6 +66,8 @@ class LaunchSpec:
     """With `nproc_per_node` None: "auto" (GPUs, else the CPU default), "gpu" or "cpu" (one per core)."""
     pass_local_rank: str | None = None
     """Append `<this>=<local rank>` to each worker's arguments (torch.distributed.launch scripts)."""
+    verbose: bool = False
+    """Show torch's elastic agent logging on the terminal too (it always goes to RUN_DIR/logs/launcher.log)."""
     agent: AgentOptions | None = None
     """torchrun's other settings, passed to torch's elastic agent (None: torchrun's defaults)."""
 

@@ -105,11 +105,24 @@ def main(argv: list[str] | None = None) -> None:
     if not argv:
         raise SystemExit("usage: python -m phalanx.launch.worker [-m] TARGET [ARGS...]")
     line_buffered_output()
+    _quiet_keyboard_interrupt()
     try:
         run_explained(argv[0], is_module, argv[1:])
     except Exception as error:
         record_failure(error)
         raise  # the interpreter prints the traceback and exits 1, as for a plain script
+
+
+def _quiet_keyboard_interrupt() -> None:
+    """Ctrl-C stops every worker at once: the launcher says so in one line, so the workers print no
+    KeyboardInterrupt traceback each (the exit status still says SIGINT)."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+        if not issubclass(exc_type, KeyboardInterrupt):
+            previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
 
 
 def reset_inherited_process_state() -> None:

@@ -2,7 +2,8 @@
 optimizer state each rank will hold, and the strategy `auto` would pick.
 
 MODEL is `package.module:factory`, `path/to/file.py:factory`, or `path/to/file.py` exposing one of
-make_model / build_model / get_model / create_model. The model is built on the meta device, so
+make_model / build_model / get_model / create_model, or defining exactly one nn.Module subclass that
+can be built with no arguments (a training script's model class). The model is built on the meta device, so
 planning a model larger than this machine's memory costs nothing. No torch import at module level.
 """
 from __future__ import annotations
@@ -21,8 +22,10 @@ _FACTORY_NAMES = ("make_model", "build_model", "get_model", "create_model")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="module:factory, file.py:factory, or file.py exposing make_model()")
-    parser.add_argument("--world-size", "--world_size", type=int, required=True, help="number of ranks")
+    parser.add_argument("model", help="module:factory, file.py:factory, or file.py exposing make_model() "
+                                      "or defining one nn.Module class that needs no arguments")
+    parser.add_argument("--world-size", "--world_size", type=int, default=None,
+                        help="number of ranks (default: what `phalanx run` would start here: one per GPU, else 2)")
     parser.add_argument("--optimizer", default="adamw",
                         help="optimizer whose state to count: adamw, adam, sgd, sgd-momentum, adagrad, rmsprop")
     parser.add_argument("--budget", default=None,
@@ -33,7 +36,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
+    """The model factory MODEL names; ValueError with what to pass when there is none.
+
+    For a file or module without `:factory`: a function named make_model / build_model / get_model
+    / create_model, else the one nn.Module subclass the file itself defines that can be built with
+    no arguments (a training script's model class, e.g. examples/wine.py's SimpleNN). Importing a
+    script runs its top level, not its `if __name__ == "__main__":` block.
+    """
     target, _, attr = spec.partition(":")
+    module = _import(target)
+    if attr:
+        if not hasattr(module, attr):
+            raise ValueError(f"{target!r} has no {attr!r}. {_hint(target, module)}")
+        return getattr(module, attr)
+    names = [n for n in _FACTORY_NAMES if hasattr(module, n)]
+    if names:
+        return getattr(module, names[0])
+    classes = _model_classes(module)
+    if len(classes) == 1:
+        return classes[0]
+    if classes:
+        listed = ", ".join(f"{target}:{c.__name__}" for c in classes)
+        raise ValueError(f"{target!r} defines several models that need no arguments: pick one, e.g. {listed}")
+    raise ValueError(f"{target!r} has no make_model / build_model / get_model / create_model and defines no "
+                     f"nn.Module that can be built without arguments. {_hint(target, module)}")
+
+
+def _import(target: str) -> Any:
     if target.endswith(".py") or Path(target).is_file():
         path = Path(target)
         if not path.is_file():
@@ -43,16 +72,46 @@ def load_factory(spec: str) -> Callable[[], Any]:
         sys.path.insert(0, str(path.resolve().parent))
         try:
             module_spec.loader.exec_module(module)
+        except Exception as error:  # noqa: BLE001 - the user's file: say which and why, no traceback
+            raise ValueError(f"importing {target!r} failed: {type(error).__name__}: {error}") from None
         finally:
             sys.path.pop(0)
-    else:
-        module = importlib.import_module(target)
-    names = [attr] if attr else [n for n in _FACTORY_NAMES if hasattr(module, n)][:1]
-    if not names or not hasattr(module, names[0]):
-        wanted = attr or " / ".join(_FACTORY_NAMES)
-        raise ValueError(f"{target!r} has no {wanted}. HINT: write MODEL as module:factory, where factory() "
-                         "returns the nn.Module.")
-    return getattr(module, names[0])
+        return module
+    try:
+        return importlib.import_module(target)
+    except ImportError as error:
+        raise ValueError(f"cannot import module {target!r}: {error}. HINT: MODEL is module:factory or "
+                         "path/to/file.py[:factory]") from None
+
+
+def _model_classes(module: Any) -> list[type]:
+    """nn.Module subclasses defined in `module` itself whose constructor needs no argument."""
+    import inspect
+
+    import torch
+
+    found = []
+    for value in vars(module).values():
+        if (inspect.isclass(value) and issubclass(value, torch.nn.Module)
+                and value.__module__ == module.__name__):
+            try:
+                parameters = list(inspect.signature(value).parameters.values())
+            except (TypeError, ValueError):
+                continue
+            if all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+                found.append(value)
+    return found
+
+
+def _hint(target: str, module: Any) -> str:
+    import inspect
+
+    callables = sorted(n for n, v in vars(module).items()
+                       if not n.startswith("_") and (inspect.isfunction(v) or inspect.isclass(v))
+                       and getattr(v, "__module__", None) == module.__name__)
+    shown = f" (it defines: {', '.join(callables)})" if callables else ""
+    return (f"HINT: pass {target}:NAME, where NAME() builds and returns the nn.Module{shown}, or add a "
+            "make_model() function to the file.")
 
 
 def render(sizes: list, world_size: int, optimizer: str, budget: int) -> str:
@@ -92,13 +151,26 @@ def main(args: argparse.Namespace) -> int:
 
     from phalanx.strategies import memory
 
-    if args.world_size < 1:
-        raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
-    factory = load_factory(args.model)
-    with torch.device("meta"):
-        model = factory()
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"{args.model} returned {type(model).__name__}, not a torch.nn.Module")
+    try:
+        if args.world_size is None:  # what `phalanx run` would start on this machine
+            from phalanx.launch import devices
+
+            args.world_size = devices.count_visible_gpus() or devices.CPU_DEFAULT_NPROC
+        if args.world_size < 1:
+            raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
+        factory = load_factory(args.model)
+        try:
+            with torch.device("meta"):
+                model = factory()
+        except Exception as error:  # noqa: BLE001 - the user's code: say which and why, no traceback
+            raise ValueError(f"building the model with {args.model} failed: {type(error).__name__}: {error}. "
+                             "HINT: MODEL must be callable with no arguments") from None
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"{args.model} returned {type(model).__name__}, not a torch.nn.Module. "
+                             "HINT: pass file.py:NAME, where NAME() returns the model")
+    except ValueError as error:
+        print(f"phalanx plan: error: {error}", file=sys.stderr)
+        return 2
     budget = memory.parse_bytes(args.budget) if args.budget else launcher_budget()
     if budget is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

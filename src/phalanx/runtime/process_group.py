@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
+import signal
 import sys
+import threading
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -84,6 +88,22 @@ def _watch_for_uncaught_exceptions() -> None:
     sys.excepthook = hook
 
 
+@contextlib.contextmanager
+def ignoring_sigint() -> Iterator[None]:
+    """Ctrl-C reaches every rank twice (from the terminal, then forwarded by the launcher's agent
+    as it shuts the workers down): the second must not interrupt the exit path half-way, which
+    ends in a KeyboardInterrupt traceback from an atexit handler. A rank stuck here is still ended
+    by the agent (SIGTERM, then SIGKILL)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def destroy_process_group() -> None:
     """Leave the group at exit.
 
@@ -97,6 +117,7 @@ def destroy_process_group() -> None:
     _state["owned"] = False
     # An exception on its way out counts too: forked workers (`phalanx run`) run the atexit
     # handlers from a `finally`, and sys.excepthook is never called there.
-    if not _state["failed"] and sys.exc_info()[0] is None:
-        dist.barrier()
-    dist.destroy_process_group()
+    with ignoring_sigint():
+        if not _state["failed"] and sys.exc_info()[0] is None:
+            dist.barrier()
+        dist.destroy_process_group()

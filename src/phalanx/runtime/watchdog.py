@@ -32,13 +32,13 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from phalanx import envvars
+from phalanx import envvars, store_keys
+from phalanx.runtime.process_group import ignoring_sigint
 from phalanx.runtime.progress import Progress
 from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
 
 DEFAULT_WATCHDOG_TIMEOUT_S = 60.0
 EXIT_CODE = 3  # a rank stopped by the watchdog (1 stays "the script raised")
-_PREFIX = "phalanx/watchdog/"
 
 
 class Watchdog:
@@ -56,6 +56,7 @@ class Watchdog:
         self._beat = 0
         self._peers = [PeerView() for _ in range(world_size)]
         self._watching_since: float | None = None
+        self._failed_at: float | None = None  # unix time of this rank's uncaught exception
 
     # ---- lifetime ------------------------------------------------------------------------
     def start(self) -> "Watchdog":
@@ -172,7 +173,13 @@ class Watchdog:
             return  # already explained (excepthook, then atexit)
         self.progress.enter("failed")
         self.stop()
-        self._publish()  # peers learn at once that this rank failed, and at which step
+        self._failed_at = time.time()
+        try:
+            # The moment, to the microsecond: peers and the launcher order failures by it.
+            self.store.set(f"failed{self.rank}", f"{self._failed_at:.6f}|{self.progress.step}")
+            self._publish()  # peers learn at once that this rank failed, and at which step
+        except Exception:  # noqa: BLE001 - the store's host may be gone already; the exit goes on
+            return
         if issubclass(exc_type, RuntimeError):
             note = explain_failure(self)
             if note:
@@ -185,17 +192,18 @@ class Watchdog:
         which is what an exception in an atexit handler would give: exit with EXIT_CODE instead.
         """
         exc_type = sys.exc_info()[0]
-        if exc_type is not None:  # leaving because of an exception (forked workers get here)
-            self.failed(exc_type)
-        else:
-            self.progress.enter(LEFT_LOOP)
-        try:
-            destroy()
-        except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code
+        with ignoring_sigint():  # a second Ctrl-C must not cut the exit path short (see there)
+            if exc_type is not None:  # leaving because of an exception (forked workers get here)
+                self.failed(exc_type)
+            else:
+                self.progress.enter(LEFT_LOOP)
+            try:
+                destroy()
+            except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code
+                self.stop()
+                _stop_process(f"phalanx (rank {self.rank}): leaving the process group failed: "
+                              f"{type(error).__name__}: {error}", show=True)
             self.stop()
-            _stop_process(f"phalanx (rank {self.rank}): leaving the process group failed: "
-                          f"{type(error).__name__}: {error}", show=True)
-        self.stop()
 
 
 def main_thread_stack() -> str:
@@ -249,20 +257,27 @@ def explain_failure(watchdog: Watchdog) -> str | None:
     first = watchdog.store.multi_get(keys)
     time.sleep(3 * watchdog.interval)
     second = watchdog.store.multi_get(keys)
+    mine = watchdog._failed_at or time.time()  # noqa: SLF001
     failed, silent = [], []
     for rank, (a, b) in enumerate(zip(first, second)):
         if rank == watchdog.rank or a != b:
             continue
         _, _, step, phase = b.decode().split("|", 3)
         if phase == "failed":
-            failed.append(f"rank {rank} raised an exception at {at_step(int(step))}")
+            # Only a peer that failed before this rank can be the cause; one that failed later (or
+            # at once, in the same collective) is a consequence or a coincidence, never the cause.
+            key = f"failed{rank}"
+            note = store_keys.parse(None, watchdog.store.get(key) if watchdog.store.check([key]) else None)
+            if note.failed_at is not None and note.failed_at < mine:
+                failed.append(f"rank {rank} raised an exception at {at_step(int(step))}, "
+                              f"{mine - note.failed_at:.1f} s before this rank's error")
         else:
             silent.append(f"rank {rank} stopped sending heartbeats at {at_step(int(step))}, phase {phase!r} "
                           "(killed by a signal? out of memory?)")
     if not failed and not silent:
         return None
-    return (f"phalanx watchdog: {'; '.join(failed + silent)}. The error above on rank {watchdog.rank} is "
-            "most likely the consequence: look at that rank's own output first.")
+    return (f"phalanx watchdog (rank {watchdog.rank}): {'; '.join(failed + silent)}. This rank's error "
+            f"(rank {watchdog.rank}) is most likely a consequence: look at that rank's own error first.")
 
 
 def _explain_uncaught_errors(watchdog: Watchdog) -> None:
@@ -283,9 +298,16 @@ def start_watchdog(rank: int, world_size: int, progress: Progress, timeout: floa
     if _running:  # a second Phalanx() in this process takes over this rank's record
         _running.pop().stop()
     # Per restart attempt: records and verdicts of a previous attempt must never be read as this one's.
-    prefix = f"{_PREFIX}{os.environ.get(envvars.TORCHELASTIC_RESTART_COUNT, '0')}/"
-    store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store().clone())  # noqa: SLF001
-    store.set_timeout(timedelta(seconds=max(30.0, timeout)))
+    prefix = store_keys.watchdog_prefix(os.environ.get(envvars.TORCHELASTIC_RESTART_COUNT, "0"))
+    store_timeout = timedelta(seconds=max(30.0, timeout))
+    if os.environ.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True":
+        # The agent's store, unprefixed: the launcher reads the records back under store_keys' names.
+        base = dist.TCPStore(os.environ[envvars.MASTER_ADDR], int(os.environ[envvars.MASTER_PORT]),
+                             is_master=False, timeout=store_timeout)
+    else:
+        base = dist.distributed_c10d._get_default_store().clone()  # noqa: SLF001
+    store = dist.PrefixStore(prefix, base)
+    store.set_timeout(store_timeout)
     watchdog = Watchdog(store, rank, world_size, progress, timeout).start()
     atexit.register(watchdog.leave, destroy)  # runs before the process group's own exit hook
     _explain_uncaught_errors(watchdog)

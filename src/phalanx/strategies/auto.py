@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from phalanx.logging.rank_log import get_logger
 from phalanx.runtime.context import DistContext
 from phalanx.strategies.base import Strategy, StrategyOptions
 from phalanx.strategies import memory
@@ -45,6 +46,8 @@ class AutoStrategy:
             name, self.reason = memory.recommend(sizes, self.ctx.world_size, self.budget_bytes(),
                                                  self.options.mixed_precision)
             self.chosen = registry.create(name, self.ctx, self.options)
+            # The start-up line could only say "auto": say what it chose, once the model is known.
+            get_logger().info("strategy auto chose %s: %s", name, self.reason)
         return self.chosen.setup_model(model)
 
     def __getattr__(self, attr: str) -> Any:

@@ -1,0 +1,137 @@
+"""What the launcher says while torch's elastic agent supervises the workers: restarts and failures.
+
+torch's `LocalElasticAgent` polls its workers (`_monitor_workers`) and, on a failure with restarts
+left, restarts the whole group (`_restart_workers`). `observing_agent` subclasses it to hook both
+points, with no process management of its own:
+
+- when a poll finds failed ranks, it reads each one's step from the store (the watchdog's records,
+  `phalanx.store_keys`) before the workers are stopped;
+- before each automatic restart it prints one line: attempt k of N, which rank died and how, and
+  the checkpoint step the group resumes from (or "from the start").
+
+`torch.distributed.launcher.api.launch_agent` builds its agent from the module-level name
+`LocalElasticAgent`; `agent_class_installed` points that name at the subclass for one launch.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from phalanx import store_keys
+
+
+@dataclass
+class Observations:
+    """What the agent saw, for the final report: each failed rank's progress, from the store."""
+
+    progress: dict[int, store_keys.RankProgress] = field(default_factory=dict)
+    restarts: list[str] = field(default_factory=list)  # the lines printed, in order
+
+
+def describe_exit(exitcode: int, signal_name: str | None = None) -> str:
+    """'exit code 3' / 'killed by signal SIGKILL' for a worker's raw exit code."""
+    if exitcode < 0:
+        return f"killed by signal {signal_name or -exitcode}"
+    return f"exit code {exitcode}"
+
+
+def resume_point(checkpoint_dir: str | None) -> str:
+    """'from checkpoint step 40 (DIR/step-00000040)', or 'from the start' when there is none.
+
+    The newest published checkpoint whose manifest lists files that are all present at their
+    recorded size; the workers verify checksums when they load, and say so if it is damaged.
+    """
+    if not checkpoint_dir:
+        return "from the start (no --checkpoint-dir)"
+    from phalanx.checkpoint import atomic, manifest
+
+    for path in atomic.candidates(Path(checkpoint_dir)):
+        try:
+            found = manifest.read_manifest(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if all((path / name).is_file() and (path / name).stat().st_size == entry.size
+               for name, entry in found.files.items()):
+            return f"from checkpoint step {found.step} ({path})"
+    return f"from the start (no checkpoint in {checkpoint_dir} yet)"
+
+
+def restart_line(attempt: int, max_restarts: int, failures: dict[int, Any],
+                 progress: dict[int, store_keys.RankProgress], resume: str) -> str:
+    """`phalanx: restart 1 of 2: rank 1 was killed by signal SIGKILL at step 7; resuming from ...`."""
+    first = sorted(failures.items(), key=lambda item: failure_order(item[0], item[1], progress))
+    parts = []
+    for rank, failure in first:
+        how = describe_exit(failure.exitcode, failure.signal_name() if failure.exitcode < 0 else None)
+        step = progress.get(rank, store_keys.RankProgress()).step
+        where = f" at step {step} of that attempt" if step is not None and step >= 0 else ""
+        parts.append(f"rank {rank} {'was ' if failure.exitcode < 0 else 'ended with '}{how}{where}")
+    return f"phalanx: restart {attempt} of {max_restarts}: {', then '.join(parts)}; resuming {resume}"
+
+
+def failure_order(rank: int, failure: Any, progress: dict[int, store_keys.RankProgress]) -> tuple:
+    """Sort key: torch's failure timestamp (whole seconds), then the watchdog's sub-second failure
+    time when a rank recorded one, then the rank (only to make equal keys deterministic)."""
+    failed_at = progress.get(rank, store_keys.RankProgress()).failed_at
+    return (failure.timestamp, failed_at if failed_at is not None else float("inf"), rank)
+
+
+def read_progress(store: Any, restart: int, ranks: list[int]) -> dict[int, store_keys.RankProgress]:
+    """Each rank's record and failure note from the agent's store; missing keys are skipped."""
+    base = store
+    while hasattr(base, "underlying_store"):  # the agent sees the rendezvous' PrefixStore
+        base = base.underlying_store
+    found = {}
+    for rank in ranks:
+        record_key, failed_key = store_keys.record_key(restart, rank), store_keys.failed_key(restart, rank)
+        try:
+            record = base.get(record_key) if base.check([record_key]) else None
+            failed = base.get(failed_key) if base.check([failed_key]) else None
+        except Exception:  # noqa: BLE001 - the step is a detail of the report, never a reason to fail it
+            continue
+        found[rank] = store_keys.parse(record, failed)
+    return found
+
+
+def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
+                    say: Callable[[str], None] | None = None) -> type:
+    """A subclass of torch's LocalElasticAgent (`base`) that records failures and speaks restarts."""
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    class PhalanxAgent(base):  # type: ignore[misc, valid-type]
+        def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
+            result = super()._monitor_workers(worker_group)
+            if result.is_failed() and worker_group.store is not None:
+                restart = worker_group.spec.max_restarts - self._remaining_restarts
+                seen.progress = read_progress(worker_group.store, restart, sorted(result.failures))
+                self._phalanx_failures = result.failures
+            return result
+
+        def _restart_workers(self, worker_group):  # type: ignore[no-untyped-def]
+            failures = getattr(self, "_phalanx_failures", None)
+            if failures:  # a failure, not a membership change (new nodes joining)
+                spec = worker_group.spec
+                attempt = spec.max_restarts - self._remaining_restarts
+                line = restart_line(attempt, spec.max_restarts, failures, seen.progress, resume_point(checkpoint_dir))
+                seen.restarts.append(line)
+                say(line)
+                self._phalanx_failures = None
+            return super()._restart_workers(worker_group)
+
+    return PhalanxAgent
+
+
+@contextlib.contextmanager
+def agent_class_installed(checkpoint_dir: str | None, seen: Observations) -> Iterator[None]:
+    """Make torch's `launch_agent` build the observing agent, for the duration of the block."""
+    from torch.distributed.launcher import api
+
+    original = api.LocalElasticAgent
+    api.LocalElasticAgent = observing_agent(original, checkpoint_dir, seen)
+    try:
+        yield
+    finally:
+        api.LocalElasticAgent = original

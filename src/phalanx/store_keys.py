@@ -1,0 +1,49 @@
+"""Keys the workers write into the launcher's store and the launcher reads back (no torch here).
+
+Each rank's watchdog publishes its progress record, and on an uncaught exception the moment it
+failed; the launcher's agent reads both when a rank fails, to name the step in its report and to
+order failures that torch's whole-second timestamps cannot tell apart. One place for the layout,
+so writer and reader cannot drift apart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def watchdog_prefix(restart: int | str) -> str:
+    """The watchdog's key prefix for one restart attempt (records of other attempts never mix)."""
+    return f"phalanx/watchdog/{restart}"
+
+
+def record_key(restart: int | str, rank: int) -> str:
+    """Full key of rank `rank`'s progress record: `beat|ticks|step|phase`."""
+    return f"{watchdog_prefix(restart)}/r{rank}"
+
+
+def failed_key(restart: int | str, rank: int) -> str:
+    """Full key of rank `rank`'s failure note: `unix time|step`, written when it raised."""
+    return f"{watchdog_prefix(restart)}/failed{rank}"
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """What the launcher learnt about one rank from the store."""
+
+    step: int | None = None  # batches taken from prepared loaders, from 0; -1 before the first
+    phase: str | None = None
+    failed_at: float | None = None  # unix time of its uncaught exception (sub-second)
+
+
+def parse(record: bytes | None, failed: bytes | None) -> RankProgress:
+    """Decode a record and a failure note (either may be missing or garbled: then None fields)."""
+    step = phase = failed_at = None
+    try:
+        if record:
+            _, _, raw_step, phase = record.decode().split("|", 3)
+            step = int(raw_step)
+        if failed:
+            raw_time, raw_step = failed.decode().split("|", 1)
+            failed_at, step = float(raw_time), int(raw_step)
+    except ValueError:
+        pass
+    return RankProgress(step, phase, failed_at)

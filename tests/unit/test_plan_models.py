@@ -1,0 +1,57 @@
+"""`phalanx plan` on training scripts: the script's own model class is found; bad MODELs get an
+error naming the fix (exit 2), never a traceback."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from phalanx import cli
+from phalanx.plan import command as plan_command
+
+WINE = Path(__file__).resolve().parents[2] / "examples" / "wine.py"
+
+
+def test_a_script_with_one_model_class_is_planned(capsys):
+    assert cli.main(["plan", str(WINE), "--world-size", "2", "--budget", "1GB"]) == 0
+    out = capsys.readouterr().out
+    assert "model: 1,091 trainable parameters" in out  # 13*64+64 + 64*3+3
+    assert "auto would pick: ddp (ddp needs" in out
+
+
+def test_world_size_defaults_to_what_phalanx_run_would_start(capsys, monkeypatch):
+    from phalanx.launch import devices
+
+    monkeypatch.setattr(devices, "count_visible_gpus", lambda: 0)
+    assert cli.main(["plan", str(WINE), "--budget", "1GB"]) == 0
+    assert "world_size 2" in capsys.readouterr().out
+
+
+def test_several_model_classes_are_listed_to_pick_from(tmp_path):
+    (tmp_path / "two.py").write_text("import torch\nclass A(torch.nn.Linear):\n    def __init__(self):\n"
+                                     "        super().__init__(2, 2)\nclass B(A):\n    pass\n"
+                                     "class NeedsArgs(torch.nn.Linear):\n    pass\n")
+    try:
+        plan_command.load_factory(str(tmp_path / "two.py"))
+    except ValueError as error:
+        message = str(error)
+    assert message == (f"'{tmp_path / 'two.py'}' defines several models that need no arguments: pick one, "
+                       f"e.g. {tmp_path / 'two.py'}:A, {tmp_path / 'two.py'}:B")
+
+
+def test_bad_models_are_one_line_errors_with_the_fix(capsys, tmp_path):
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no data here')\n")
+    cases = [
+        ([str(tmp_path / "nope.py")], f"phalanx plan: error: model file '{tmp_path / 'nope.py'}' does not exist"),
+        ([f"{WINE}:load_data"], f"phalanx plan: error: {WINE}:load_data returned tuple, not a torch.nn.Module. "
+                                "HINT: pass file.py:NAME, where NAME() returns the model"),
+        ([f"{WINE}:Nope"], f"phalanx plan: error: '{WINE}' has no 'Nope'. HINT: pass {WINE}:NAME, where NAME() "
+                           "builds and returns the nn.Module (it defines: SimpleNN, load_data, main), or add a "
+                           "make_model() function to the file."),
+        ([str(tmp_path / "broken.py")], f"phalanx plan: error: importing '{tmp_path / 'broken.py'}' failed: "
+                                        "RuntimeError: no data here"),
+        (["no_such_module_xyz:f"], "phalanx plan: error: cannot import module 'no_such_module_xyz'"),
+    ]
+    for args, expected in cases:
+        assert cli.main(["plan", *args, "--world-size", "2"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(expected), err
+        assert "Traceback" not in err
