@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["Phalanx", "__version__"]
+__all__ = ["Phalanx", "seed_everything", "__version__"]
 
 if TYPE_CHECKING:
     from phalanx.runtime.facade import Phalanx
+    from phalanx.runtime.seeding import seed_everything
 
 
 def __getattr__(name: str):
@@ -19,4 +20,8 @@ def __getattr__(name: str):
         from phalanx.runtime.facade import Phalanx
 
         return Phalanx
+    if name == "seed_everything":
+        from phalanx.runtime.seeding import seed_everything
+
+        return seed_everything
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

@@ -27,8 +27,9 @@ RUNTIME = "runtime"
 
 
 def _meta(scope: str, help: str, *, env: str | None = None, flag: str | None = None,
-          kind: str = "str", choices: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {"scope": scope, "help": help, "env": env, "flag": flag, "kind": kind, "choices": choices}
+          kind: str = "str", choices: tuple[str, ...] = (), default: Any = None) -> dict[str, Any]:
+    return {"scope": scope, "help": help, "env": env, "flag": flag, "kind": kind, "choices": choices,
+            "default": default}
 
 
 @dataclass
@@ -87,7 +88,8 @@ class PhalanxConfig:
     deepspeed: str | None = field(default=None, metadata=_meta(
         RUNTIME, "path of a DeepSpeed JSON config", env=envvars.PHALANX_DEEPSPEED_CONFIG, flag="--deepspeed", kind="path"))
     seed: int | None = field(default=None, metadata=_meta(
-        RUNTIME, "seed for data order and the script's RNGs", env=envvars.PHALANX_SEED, flag="--seed", kind="int"))
+        RUNTIME, "seed for data order and DataLoader workers (default 0); when set, also seeds Python, NumPy and "
+        "torch identically on every rank", env=envvars.PHALANX_SEED, flag="--seed", kind="int", default=0))
     debug: bool | None = field(default=None, metadata=_meta(
         RUNTIME, "check collectives for mismatches (slower)", env=envvars.PHALANX_DEBUG, flag="--debug", kind="bool"))
     # --- runtime: logging and metrics ---
@@ -119,6 +121,7 @@ class Setting:
     flag: str | None
     kind: str
     choices: tuple[str, ...]
+    default: Any = None  # what "not set anywhere" means, where the runtime needs a value
 
 
 SETTINGS: tuple[Setting, ...] = tuple(

@@ -15,6 +15,7 @@ from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.progress import Progress
+from phalanx.runtime.seeding import seed_worker_generator
 
 # DataLoader arguments carried over verbatim when the loader is rebuilt around a new sampler.
 _CARRIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
@@ -48,7 +49,7 @@ class PreparedLoader:
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
                  device_placement: bool = True, batch_info: BatchInfo | None = None,
-                 shard: bool = True, progress: Progress | None = None):
+                 shard: bool = True, progress: Progress | None = None, rank_aware_workers: bool = True):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
@@ -56,9 +57,15 @@ class PreparedLoader:
         self.progress = progress
         self.epoch = 0  # the epoch the next pass will use
         self.seed = seed
+        self.rank_aware_workers = rank_aware_workers  # workers' seeds from (seed, rank, worker, epoch)
         # Rebuilt even in a world of one: the sample order is then the same global order that N
         # ranks share out, so results do not depend on the world size.
         self.loader = _shard(loader, ctx, seed) if shard else loader
+        # The generator that yields the workers' base seed at each iter(): phalanx's own, re-seeded
+        # per pass (a loader kept as is gets one only if it has none and uses workers).
+        self._worker_generator = self.loader.generator if self.loader is not loader else None
+        if self._worker_generator is None and loader.generator is None and loader.num_workers > 0:
+            self._worker_generator = loader.generator = torch.Generator()
         # Positions count per-rank batches when phalanx did not deal the data out by index.
         self.per_rank_positions = not shard or isinstance(loader.dataset, IterableDataset)
         self.drop = _drops_last(self.loader)
@@ -122,10 +129,14 @@ class PreparedLoader:
         for s in (self.loader.sampler, self.loader.batch_sampler):
             if hasattr(s, "set_epoch"):
                 s.set_epoch(epoch)
-        if self.loader is not self.original and self.loader.generator is not None:
-            # Our own generator, re-seeded per epoch: a DataLoader without one draws its base seed
-            # from the global torch RNG at every iter(), coupling the data to the model's randomness.
-            self.loader.generator.manual_seed(self.seed + epoch)
+        if self._worker_generator is not None:
+            # Our own generator, re-seeded per epoch: a DataLoader without one draws its workers' base
+            # seed from the global torch RNG at every iter(), coupling the data to the model's
+            # randomness. Seeded per rank too, or every rank's workers would draw the same numbers.
+            if self.rank_aware_workers:
+                seed_worker_generator(self._worker_generator, self.seed, self.ctx.rank, epoch)
+            else:
+                self._worker_generator.manual_seed(self.seed + epoch)
         if self.mode == "fixed":
             batches = self._one_pass(skip)
         elif self.mode == "count":
@@ -291,13 +302,13 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
     else:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     dataset = loader.dataset
+    generator = torch.Generator()
+    generator.manual_seed(seed)
     if isinstance(dataset, IterableDataset):
         # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
         # too, even in a world of one.
         return DataLoader(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
-                          drop_last=loader.drop_last, **kwargs)
-    generator = torch.Generator()
-    generator.manual_seed(seed)
+                          drop_last=loader.drop_last, generator=generator, **kwargs)
     sampler = loader.sampler
     if loader.batch_size is not None and isinstance(sampler, (RandomSampler, SequentialSampler)) \
             and type(loader.batch_sampler) is BatchSampler:

@@ -15,7 +15,7 @@ from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.loader import BatchInfo, PreparedLoader
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
-from phalanx.runtime import collectives, uneven, watchdog
+from phalanx.runtime import collectives, seeding, uneven, watchdog
 from phalanx.runtime import debug as debug_mode
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
@@ -62,7 +62,12 @@ class Phalanx:
         self.settings = settings.resolve(strategy, mixed_precision, grad_accum_steps, deepspeed, strategy_options)
         if self.settings.deepspeed is not None:
             self.settings.deepspeed.check_world(self.ctx.world_size)
-        self.seed = int(seed if seed is not None else os.environ.get(envvars.PHALANX_SEED, 0))
+        # A given seed seeds Python/NumPy/torch alike on every rank (identical models); without one,
+        # data order and worker seeds still follow the `seed` setting's default, and global RNGs are
+        # left alone (the script may have seeded them itself).
+        self.seed, seed_given = settings.resolve_seed(seed)
+        if seed_given:
+            seeding.seed_everything(self.seed, workers=seeding.rank_aware_workers())
         self.device_placement = device_placement
         registry.resolve_name(self.settings.strategy, self.ctx)  # bad names fail before any group is joined
         self.debug = debug_mode.resolve_debug(debug)  # check each collective's shapes across ranks first
@@ -172,7 +177,8 @@ class Phalanx:
             self.settings.deepspeed.check_loader(loader.batch_size)
         return self._checkpointer.track(PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
-            batch_info=self._batch_info, shard=shard, progress=self._step_progress))
+            batch_info=self._batch_info, shard=shard, progress=self._step_progress,
+            rank_aware_workers=seeding.rank_aware_workers()))
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:

@@ -7,9 +7,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from phalanx import envvars
+from phalanx import config, envvars
 from phalanx.strategies import deepspeed_config
 from phalanx.strategies.base import StrategyOptions
+from phalanx.runtime import seeding
 from phalanx.strategies.precision import check_name
 
 
@@ -61,3 +62,20 @@ def resolve(strategy: str | None = None, mixed_precision: str | None = None, gra
     return TrainingSettings(strategy=strategy or "auto", options=options,
                             grad_accum_steps=int(grad_accum_steps or 1), gradient_clipping=clipping,
                             deepspeed=ds)
+
+
+def resolve_seed(seed: int | None) -> tuple[int, bool]:
+    """(the run's seed, whether it was given): argument > PHALANX_SEED > the last seed_everything()
+    seed > the `seed` row's default. Only a given seed re-seeds the global RNGs; the default still
+    fixes data order, and a seed_everything() seed has seeded them already."""
+    if seed is not None:
+        return seeding.check_seed(seed), True
+    raw = _env(envvars.PHALANX_SEED)
+    if raw is not None:
+        try:
+            return int(raw), True
+        except ValueError:
+            raise ValueError(f"{envvars.PHALANX_SEED}={raw!r} is not an integer. HINT: phalanx run --seed 42") from None
+    if seeding.last_seed() is not None:
+        return seeding.last_seed(), False  # type: ignore[return-value]
+    return int(config.BY_NAME["seed"].default), False

@@ -1,0 +1,72 @@
+"""seed_everything and Phalanx's seed setting, in one process."""
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import phalanx
+from phalanx import config
+from phalanx.runtime import seeding
+
+
+def _draws():
+    return random.random(), float(np.random.rand()), torch.rand(1).item()
+
+
+@pytest.fixture(autouse=True)
+def forget_seed_everything(monkeypatch):
+    monkeypatch.setattr(seeding, "_state", seeding._State())
+    monkeypatch.delenv("PHALANX_SEED", raising=False)
+
+
+def test_seed_everything_seeds_python_numpy_and_torch():
+    assert phalanx.seed_everything(7) == 7
+    first = _draws()
+    phalanx.seed_everything(7)
+    assert _draws() == first
+    phalanx.seed_everything(8)
+    assert _draws() != first
+
+
+def test_import_phalanx_does_not_import_torch():
+    code = "import phalanx, sys; assert 'torch' not in sys.modules; print(callable(phalanx.seed_everything))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+
+
+def test_phalanx_seeds_globals_only_when_a_seed_is_given():
+    phalanx.seed_everything(5)
+    expected = _draws()
+    phalanx.seed_everything(5)
+    px = phalanx.Phalanx()  # no seed: global RNGs untouched, the seed_everything seed is the run's
+    assert px.seed == 5
+    assert _draws() == expected
+    random.seed(99)
+    px = phalanx.Phalanx(seed=5)
+    assert px.seed == 5 and _draws() == expected
+
+
+def test_default_seed_comes_from_the_config_row():
+    assert config.BY_NAME["seed"].default == 0
+    assert phalanx.Phalanx().seed == 0
+
+
+def test_seed_from_env_and_bad_values(monkeypatch):
+    monkeypatch.setenv("PHALANX_SEED", "11")
+    assert phalanx.Phalanx().seed == 11
+    monkeypatch.setenv("PHALANX_SEED", "eleven")
+    with pytest.raises(ValueError, match=r"PHALANX_SEED='eleven' is not an integer"):
+        phalanx.Phalanx()
+    with pytest.raises(ValueError, match=r"seed must be an integer, got '3'"):
+        phalanx.seed_everything("3")
+
+
+def test_worker_base_seeds_differ_per_rank_and_epoch():
+    seeds = {seeding.worker_base_seed(3, rank, epoch) for rank in range(4) for epoch in range(4)}
+    assert len(seeds) == 16
+    assert seeding.worker_base_seed(3, 1, 2) == seeding.worker_base_seed(3, 1, 2)
+    assert all(0 <= s < 2**63 for s in seeds)
