@@ -73,6 +73,10 @@ class PhalanxConfig:
     grad_accum_steps: int | None = field(default=None, metadata=_meta(
         RUNTIME, "micro-batches per optimizer step", env=envvars.PHALANX_GRAD_ACCUM_STEPS,
         flag="--grad-accum-steps", kind="positive_int"))
+    grad_accum_remainder: str | None = field(default=None, metadata=_meta(
+        RUNTIME, "an epoch's last, incomplete accumulation cycle: flush (step on the epoch's last batch) or "
+        "drop (discard its gradients)", env=envvars.PHALANX_GRAD_ACCUM_REMAINDER, flag="--grad-accum-remainder",
+        kind="choice", choices=("flush", "drop"), default="flush"))
     memory_budget: str | None = field(default=None, metadata=_meta(
         RUNTIME, "per-device memory budget for strategy auto, e.g. 8GB", env=envvars.PHALANX_MEMORY_BUDGET,
         flag="--memory-budget"))

@@ -28,6 +28,8 @@ class BatchInfo:
 
     size: int | None = None  # samples in the batch on this rank
     num_real: int | None = None  # of those, how many are not padding repeats
+    left: int | None = None  # batches left in the pass, this one included (None: unknown); ends
+    # gradient accumulation cycles with the epoch
 
 
 class PreparedLoader:
@@ -146,8 +148,10 @@ class PreparedLoader:
             batches = self._agreed_per_step(skip)
         progress = self.progress
         index = skip
+        total = self._pass_length()
         for batch, real in batches:
             self.batch_info.size, self.batch_info.num_real = _batch_len(batch), real
+            self.batch_info.left = None if total is None else total - index
             index += 1
             self._position = (epoch, index)
             if progress is not None:
@@ -155,8 +159,17 @@ class PreparedLoader:
             yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
             if progress is not None:
                 progress.enter("data")
-        self.batch_info.size = self.batch_info.num_real = None
+        self.batch_info.size = self.batch_info.num_real = self.batch_info.left = None
         self._position = None  # the pass is complete: a checkpoint now starts the next one
+
+    def _pass_length(self) -> int | None:
+        """Batches a pass yields, when known before it ends (not for streams)."""
+        if isinstance(self.loader.dataset, IterableDataset):
+            return None
+        try:
+            return len(self)
+        except TypeError:
+            return None
 
     def _one_pass(self, skip: int = 0) -> Iterator[tuple[Any, int | None]]:
         """One pass over the underlying loader, minus its first `skip` batches (a resume):

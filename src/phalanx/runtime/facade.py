@@ -22,6 +22,7 @@ from phalanx.runtime.process_group import destroy_process_group, init_process_gr
 from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
 from phalanx.strategies import memory, registry, settings
+from phalanx.strategies import scheduler as lr_scheduler
 from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
 from phalanx.strategies.base import Strategy, StrategyOptions
 
@@ -39,6 +40,7 @@ class Phalanx:
         *,
         mixed_precision: str | None = None,
         grad_accum_steps: int | None = None,
+        grad_accum_remainder: str | None = None,
         deepspeed: str | os.PathLike | dict | None = None,
         strategy_options: dict[str, Any] | StrategyOptions | None = None,
         seed: int | None = None,
@@ -53,13 +55,15 @@ class Phalanx:
     ):
         """`strategy`: dp, ddp, zero1, zero2, zero3 (= fsdp) or auto (default).
         `mixed_precision`: no, bf16 or fp16. `grad_accum_steps`: micro-steps per optimizer step
-        (use with `px.accumulate`). `deepspeed`: a DeepSpeed JSON config (path or dict) mapped onto
+        (use with `px.accumulate`); `grad_accum_remainder`: what an epoch's last, incomplete cycle
+        does: `flush` (step on the epoch's last batch, default) or `drop` (discard its gradients). `deepspeed`: a DeepSpeed JSON config (path or dict) mapped onto
         these settings. `strategy_options`: fields of `StrategyOptions` (cpu_offload,
         shard_modules, forward_prefetch, memory_budget_bytes, extra). Each falls back to its
         PHALANX_* environment variable, as set by `phalanx run`.
         """
         self.ctx = DistContext.from_env(cpu=cpu)
-        self.settings = settings.resolve(strategy, mixed_precision, grad_accum_steps, deepspeed, strategy_options)
+        self.settings = settings.resolve(strategy, mixed_precision, grad_accum_steps, deepspeed, strategy_options,
+                                         grad_accum_remainder=grad_accum_remainder)
         if self.settings.deepspeed is not None:
             self.settings.deepspeed.check_world(self.ctx.world_size)
         # A given seed seeds Python/NumPy/torch alike on every rank (identical models); without one,
@@ -74,9 +78,11 @@ class Phalanx:
         watchdog_timeout = watchdog.resolve_timeout(watchdog_timeout)  # 0 = off
         init_process_group(self.ctx, collective_timeout)
         self.strategy: Strategy = registry.create(self.settings.strategy, self.ctx, self.settings.options)
-        self._accumulator = Accumulator(self.settings.grad_accum_steps)
-        self._optimizers: list[torch.optim.Optimizer] = []
         self._batch_info = BatchInfo()
+        self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
+                                        batches_left=lambda: self._batch_info.left)
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = Progress()  # step and phase of this rank, read by the watchdog
         self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
         self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self._step_progress,
@@ -147,7 +153,11 @@ class Phalanx:
                 prepared[i] = self.prepare_optimizer(obj, model)
             elif isinstance(obj, DataLoader):
                 prepared[i] = self.prepare_data_loader(obj, shard=shard)
-            elif not isinstance(obj, nn.Module) and hasattr(obj, "load_state_dict"):  # LR scheduler, grad scaler
+        for i, obj in enumerate(objects):  # after the optimizers, which schedulers may need rebinding to
+            if lr_scheduler.is_scheduler(obj):
+                prepared[i] = self.prepare_scheduler(obj)
+            elif not isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) \
+                    and hasattr(obj, "load_state_dict"):  # a grad scaler, the user's own state
                 self.register_for_checkpointing(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -162,6 +172,8 @@ class Phalanx:
         """The strategy's optimizer (rebound to sharded parameters under zero2/zero3, a
         ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
         inner = self.strategy.setup_optimizer(optimizer, model)
+        if inner is not optimizer:
+            self._replaced_optimizers[id(optimizer)] = inner
         self._optimizers.append(inner)
         scaler = self.strategy.precision.scaler  # known once `auto` has decided, at prepare
         if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
@@ -171,6 +183,14 @@ class Phalanx:
         self._prepared.append(optimizer)
         watch_optimizer(self._step_progress, optimizer)
         return optimizer
+
+    def prepare_scheduler(self, scheduler: Any) -> lr_scheduler.PreparedScheduler:
+        """The scheduler, bound to the prepared optimizer, stepping only after a real optimizer step
+        (accumulation boundaries, fp16 steps not skipped); checkpointed with the rest."""
+        lr_scheduler.rebind(scheduler, self._replaced_optimizers)
+        prepared = lr_scheduler.PreparedScheduler(scheduler)
+        self.register_for_checkpointing(prepared)
+        return prepared
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         if self.settings.deepspeed is not None:

@@ -19,6 +19,7 @@ class TrainingSettings:
     strategy: str
     options: StrategyOptions
     grad_accum_steps: int = 1
+    grad_accum_remainder: str = "flush"  # an epoch's last, incomplete cycle: flush (step) or drop
     gradient_clipping: float | None = None  # clip before every optimizer.step() (DeepSpeed's key)
     deepspeed: deepspeed_config.DeepSpeedSettings | None = None
 
@@ -30,7 +31,8 @@ def _env(name: str) -> str | None:
 
 def resolve(strategy: str | None = None, mixed_precision: str | None = None, grad_accum_steps: int | None = None,
             deepspeed: str | os.PathLike | Mapping[str, Any] | None = None,
-            strategy_options: Mapping[str, Any] | StrategyOptions | None = None) -> TrainingSettings:
+            strategy_options: Mapping[str, Any] | StrategyOptions | None = None, *,
+            grad_accum_remainder: str | None = None) -> TrainingSettings:
     strategy = strategy if strategy is not None else _env(envvars.PHALANX_STRATEGY)
     mixed_precision = mixed_precision if mixed_precision is not None else _env(envvars.PHALANX_MIXED_PRECISION)
     if grad_accum_steps is None and _env(envvars.PHALANX_GRAD_ACCUM_STEPS) is not None:
@@ -59,9 +61,23 @@ def resolve(strategy: str | None = None, mixed_precision: str | None = None, gra
             options.cpu_offload = True
         clipping = ds.gradient_clipping
     options.mixed_precision = check_name(mixed_precision or options.mixed_precision)
+    remainder = grad_accum_remainder if grad_accum_remainder is not None else _env(envvars.PHALANX_GRAD_ACCUM_REMAINDER)
+    remainder = _choice("grad_accum_remainder", remainder)
     return TrainingSettings(strategy=strategy or "auto", options=options,
                             grad_accum_steps=int(grad_accum_steps or 1), gradient_clipping=clipping,
-                            deepspeed=ds)
+                            deepspeed=ds, grad_accum_remainder=remainder)
+
+
+def _choice(name: str, value: Any) -> Any:
+    """`value` checked against the setting's choices; its default when None."""
+    setting = config.BY_NAME[name]
+    if value is None:
+        return setting.default
+    if value not in setting.choices:
+        source = f" (from {setting.env})" if _env(setting.env or "") == value else ""
+        raise ValueError(f"{name}={value!r}{source} is not one of {', '.join(setting.choices)}. "
+                         f"HINT: Phalanx({name}={setting.choices[0]!r}) or {setting.flag} {setting.choices[0]}")
+    return value
 
 
 def resolve_seed(seed: int | None) -> tuple[int, bool]:
