@@ -94,6 +94,29 @@ class PhalanxConfig:
     seed: int | None = field(default=None, metadata=_meta(
         RUNTIME, "seed for data order and DataLoader workers (default 0); when set, also seeds Python, NumPy and "
         "torch identically on every rank", env=envvars.PHALANX_SEED, flag="--seed", kind="int", default=0))
+    # --- runtime: DistributedDataParallel (strategies ddp and zero1) ---
+    find_unused_parameters: bool | None = field(default=None, metadata=_meta(
+        RUNTIME, "DDP: let some parameters get no gradient in a step (slower; only for models that need it)",
+        env=envvars.PHALANX_FIND_UNUSED_PARAMETERS, flag="--find-unused-parameters", kind="bool", default=False))
+    static_graph: bool | None = field(default=None, metadata=_meta(
+        RUNTIME, "DDP: the set of used parameters never changes between steps (lets DDP optimise)",
+        env=envvars.PHALANX_STATIC_GRAPH, flag="--static-graph", kind="bool", default=False))
+    bucket_cap_mb: float | None = field(default=None, metadata=_meta(
+        RUNTIME, "DDP: gradient bucket size in MB (torch's default 25)", env=envvars.PHALANX_BUCKET_CAP_MB,
+        flag="--bucket-cap-mb", kind="positive_float"))
+    gradient_as_bucket_view: bool | None = field(default=None, metadata=_meta(
+        RUNTIME, "DDP: gradients are views into the communication buckets (one copy less)",
+        env=envvars.PHALANX_GRADIENT_AS_BUCKET_VIEW, flag="--gradient-as-bucket-view", kind="bool", default=True))
+    comm_hook: str | None = field(default=None, metadata=_meta(
+        RUNTIME, "DDP gradient compression: none, bf16, fp16 or powersgd (torch's comm hooks)",
+        env=envvars.PHALANX_COMM_HOOK, flag="--comm-hook", kind="choice",
+        choices=("none", "bf16", "fp16", "powersgd"), default="none"))
+    powersgd_rank: int | None = field(default=None, metadata=_meta(
+        RUNTIME, "comm_hook powersgd: rank of the low-rank gradient approximation", env=envvars.PHALANX_POWERSGD_RANK,
+        flag="--powersgd-rank", kind="positive_int", default=1))
+    powersgd_start_iter: int | None = field(default=None, metadata=_meta(
+        RUNTIME, "comm_hook powersgd: plain all-reduce for this many steps first (at least 2)",
+        env=envvars.PHALANX_POWERSGD_START_ITER, flag="--powersgd-start-iter", kind="positive_int", default=1000))
     debug: bool | None = field(default=None, metadata=_meta(
         RUNTIME, "check collectives for mismatches (slower)", env=envvars.PHALANX_DEBUG, flag="--debug", kind="bool"))
     # --- runtime: logging and metrics ---

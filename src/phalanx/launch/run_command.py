@@ -19,6 +19,7 @@ from phalanx.config import ConfigError
 from phalanx.cluster.launch_plan import CLUSTER_ERRORS, apply_slurm, plan_for
 from phalanx.cluster.rendezvous import DEFAULT_RDZV_TIMEOUT_S, parse_nnodes
 from phalanx.launch import devices, ports
+from phalanx.strategies import ddp_rules
 from phalanx.launch.spec import START_METHODS, LaunchError, LaunchSpec, parse_gpus, parse_nproc_per_node, validate
 
 PROG_ERROR = "phalanx run: error:"
@@ -48,6 +49,12 @@ def _absolute_path(text: str) -> str:
     return os.path.abspath(text)  # workers may run from another directory
 
 
+def _comm_hook(text: str) -> str:
+    if text not in ddp_rules.COMM_HOOKS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(ddp_rules.COMM_HOOKS)}, got {text!r}")
+    return text
+
+
 _timeout_or_off.__name__ = "number of seconds"
 _existing_file.__name__ = "file"
 _positive_int.__name__ = "count"
@@ -73,6 +80,8 @@ PASSTHROUGH_FLAGS: tuple[PassThroughFlag, ...] = (
                     _absolute_path),
     PassThroughFlag(("--grad-accum-steps", "--grad_accum_steps"), envvars.PHALANX_GRAD_ACCUM_STEPS,
                     "micro-steps per optimizer step (px.accumulate)", _positive_int),
+    PassThroughFlag(("--comm-hook", "--comm_hook"), envvars.PHALANX_COMM_HOOK,
+                    "DDP gradient compression (ddp, zero1): none, bf16, fp16 or powersgd", _comm_hook),
 )
 
 
@@ -140,6 +149,10 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         for flag in PASSTHROUGH_FLAGS
         if getattr(args, _dest(flag)) is not None
     }
+    try:  # DDP-only settings under zero2/zero3/dp: refused before any worker starts
+        ddp_rules.check_env({**os.environ, **worker_env})
+    except ValueError as error:
+        raise LaunchError(str(error)) from None
     try:
         min_nnodes, nnodes = parse_nnodes(args.nnodes)
     except ValueError as error:

@@ -21,7 +21,7 @@ from phalanx.runtime.context import DistContext
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
-from phalanx.strategies import memory, registry, settings
+from phalanx.strategies import ddp_options, memory, registry, settings
 from phalanx.strategies import scheduler as lr_scheduler
 from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
 from phalanx.strategies.base import Strategy, StrategyOptions
@@ -52,6 +52,13 @@ class Phalanx:
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_keep: int = 3,
         checkpoint_async: bool = False,
+        find_unused_parameters: bool | None = None,
+        static_graph: bool | None = None,
+        bucket_cap_mb: float | None = None,
+        gradient_as_bucket_view: bool | None = None,
+        comm_hook: str | None = None,
+        powersgd_rank: int | None = None,
+        powersgd_start_iter: int | None = None,
     ):
         """`strategy`: dp, ddp, zero1, zero2, zero3 (= fsdp) or auto (default).
         `mixed_precision`: no, bf16 or fp16. `grad_accum_steps`: micro-steps per optimizer step
@@ -60,10 +67,19 @@ class Phalanx:
         these settings. `strategy_options`: fields of `StrategyOptions` (cpu_offload,
         shard_modules, forward_prefetch, memory_budget_bytes, extra). Each falls back to its
         PHALANX_* environment variable, as set by `phalanx run`.
+        DDP (strategies ddp and zero1): `find_unused_parameters`, `static_graph`, `bucket_cap_mb`,
+        `gradient_as_bucket_view` are DistributedDataParallel's; `comm_hook` none, bf16, fp16 or
+        powersgd (torch's hooks; `powersgd_rank`, `powersgd_start_iter`), its state checkpointed.
+        Under zero2/zero3/dp they are refused.
         """
         self.ctx = DistContext.from_env(cpu=cpu)
         self.settings = settings.resolve(strategy, mixed_precision, grad_accum_steps, deepspeed, strategy_options,
-                                         grad_accum_remainder=grad_accum_remainder)
+                                         grad_accum_remainder=grad_accum_remainder, ddp={
+                                             "find_unused_parameters": find_unused_parameters,
+                                             "static_graph": static_graph, "bucket_cap_mb": bucket_cap_mb,
+                                             "gradient_as_bucket_view": gradient_as_bucket_view,
+                                             "comm_hook": comm_hook, "powersgd_rank": powersgd_rank,
+                                             "powersgd_start_iter": powersgd_start_iter})
         if self.settings.deepspeed is not None:
             self.settings.deepspeed.check_world(self.ctx.world_size)
         # A given seed seeds Python/NumPy/torch alike on every rank (identical models); without one,
@@ -163,6 +179,9 @@ class Phalanx:
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = self._checkpointer.track(self.strategy.setup_model(model))
+        hook_state = ddp_options.hook_state_of(model)
+        if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
+            self._checkpointer.register(hook_state, per_rank=True)
         self._checkpointer.strategy_name = self.strategy.name  # `auto` has decided by now
         self._prepared.append(model)
         watch_module(self._step_progress, model)

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from phalanx import config, envvars
-from phalanx.strategies import deepspeed_config
+from phalanx.strategies import ddp_rules, deepspeed_config
 from phalanx.strategies.base import StrategyOptions
+from phalanx.strategies.ddp_options import DDPOptions
 from phalanx.runtime import seeding
 from phalanx.strategies.precision import check_name
 
@@ -32,7 +33,7 @@ def _env(name: str) -> str | None:
 def resolve(strategy: str | None = None, mixed_precision: str | None = None, grad_accum_steps: int | None = None,
             deepspeed: str | os.PathLike | Mapping[str, Any] | None = None,
             strategy_options: Mapping[str, Any] | StrategyOptions | None = None, *,
-            grad_accum_remainder: str | None = None) -> TrainingSettings:
+            grad_accum_remainder: str | None = None, ddp: Mapping[str, Any] | None = None) -> TrainingSettings:
     strategy = strategy if strategy is not None else _env(envvars.PHALANX_STRATEGY)
     mixed_precision = mixed_precision if mixed_precision is not None else _env(envvars.PHALANX_MIXED_PRECISION)
     if grad_accum_steps is None and _env(envvars.PHALANX_GRAD_ACCUM_STEPS) is not None:
@@ -61,23 +62,40 @@ def resolve(strategy: str | None = None, mixed_precision: str | None = None, gra
             options.cpu_offload = True
         clipping = ds.gradient_clipping
     options.mixed_precision = check_name(mixed_precision or options.mixed_precision)
-    remainder = grad_accum_remainder if grad_accum_remainder is not None else _env(envvars.PHALANX_GRAD_ACCUM_REMAINDER)
-    remainder = _choice("grad_accum_remainder", remainder)
+    options.ddp = resolve_ddp(strategy or "auto", ddp or {})
+    remainder = _with_default("grad_accum_remainder", grad_accum_remainder)
     return TrainingSettings(strategy=strategy or "auto", options=options,
                             grad_accum_steps=int(grad_accum_steps or 1), gradient_clipping=clipping,
                             deepspeed=ds, grad_accum_remainder=remainder)
 
 
-def _choice(name: str, value: Any) -> Any:
-    """`value` checked against the setting's choices; its default when None."""
-    setting = config.BY_NAME[name]
-    if value is None:
-        return setting.default
-    if value not in setting.choices:
-        source = f" (from {setting.env})" if _env(setting.env or "") == value else ""
-        raise ValueError(f"{name}={value!r}{source} is not one of {', '.join(setting.choices)}. "
-                         f"HINT: Phalanx({name}={setting.choices[0]!r}) or {setting.flag} {setting.choices[0]}")
-    return value
+def setting_value(name: str, value: Any) -> Any:
+    """A runtime setting's value: the argument, else its PHALANX_* variable, else None; checked
+    against the setting's row in `phalanx.config` (kind, choices)."""
+    row = config.BY_NAME[name]
+    if value is not None:
+        return config.coerce(row, value)
+    raw = _env(row.env) if row.env else None
+    if raw is None:
+        return None
+    try:
+        return config.coerce(row, raw)
+    except config.ConfigError as error:
+        raise config.ConfigError(f"environment variable {row.env}: {error}") from None
+
+
+def _with_default(name: str, value: Any) -> Any:
+    value = setting_value(name, value)
+    return config.BY_NAME[name].default if value is None else value
+
+
+def resolve_ddp(strategy: str, given: Mapping[str, Any]) -> DDPOptions:
+    """DDP options from arguments (None: not given) and PHALANX_* variables; refused under a
+    strategy without DDP, before any process group is joined."""
+    values = {name: setting_value(name, given.get(name)) for name in ddp_rules.DDP_SETTINGS}
+    values = {k: v for k, v in values.items() if v is not None}
+    ddp_rules.refuse_without_ddp(strategy, values)
+    return DDPOptions(**values, given=tuple(values))
 
 
 def resolve_seed(seed: int | None) -> tuple[int, bool]:
