@@ -79,6 +79,8 @@ class Checkpointer:
                 self._counted.register_step_post_hook(self._count_step)
         elif isinstance(obj, PreparedLoader):
             self.loaders.append(obj)
+            if obj.stateful:  # e.g. torchdata's StatefulDataLoader: its own state, per rank
+                self.register(obj.stateful_state(), per_rank=True)
         else:
             self.register(obj)
         return obj

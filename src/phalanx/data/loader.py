@@ -63,6 +63,9 @@ class PreparedLoader:
         # Rebuilt even in a world of one: the sample order is then the same global order that N
         # ranks share out, so results do not depend on the world size.
         self.loader = _shard(loader, ctx, seed) if shard else loader
+        # A loader with its own state_dict (torchdata's StatefulDataLoader): its state is what a
+        # checkpoint stores, per rank, and it resumes itself mid-epoch.
+        self.stateful = is_stateful(self.loader)
         # The generator that yields the workers' base seed at each iter(): phalanx's own, re-seeded
         # per pass (a loader kept as is gets one only if it has none and uses workers).
         self._worker_generator = self.loader.generator if self.loader is not loader else None
@@ -113,12 +116,17 @@ class PreparedLoader:
             epoch, done = self._position
         else:  # between passes, or the last batch was yielded: the next pass starts at its beginning
             epoch, done = self.epoch, 0
-        unit, consumed = _global_count(self.loader, self.per_rank_positions, done, self.ctx.world_size)
+        unit, consumed = _global_count(self.loader, self.per_rank_positions or self.stateful, done,
+                                       self.ctx.world_size)
         return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.world_size}
+
+    def stateful_state(self) -> "StatefulLoaderState":
+        """The user loader's own state, as a per-rank checkpoint entry (stateful loaders only)."""
+        return StatefulLoaderState(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at `state`'s position: the next pass starts `epoch` with the very next batch."""
-        skip = _batches_to_skip(self.loader, self.per_rank_positions, state, self.ctx.world_size)
+        skip = _batches_to_skip(self.loader, self.per_rank_positions or self.stateful, state, self.ctx.world_size)
         self.epoch = int(state["epoch"])
         self._resume = (self.epoch, skip) if skip else None
 
@@ -178,9 +186,12 @@ class PreparedLoader:
         if real_left is not None and skip:
             real_left -= skip * (self.loader.batch_size or 0)
         pad_flags = None
-        source = _skipping(self.loader, skip)
-        batches = (enumerate(source, start=skip) if source is not self.loader
-                   else itertools.islice(enumerate(source), skip, None))  # can only skip by reading
+        source = _skipping(self.loader, skip) if not self.stateful else self.loader
+        if self.stateful:  # restored by its own load_state_dict: it starts at batch `skip` by itself
+            batches: Iterator[tuple[int, Any]] = enumerate(source, start=skip)
+        else:
+            batches = (enumerate(source, start=skip) if source is not self.loader
+                       else itertools.islice(enumerate(source), skip, None))  # can only skip by reading
         for index, batch in batches:
             if pad_flags is None and isinstance(self.loader.batch_sampler, BatchShardSampler):
                 pad_flags = self.loader.batch_sampler.padding_flags
@@ -229,6 +240,26 @@ class PreparedLoader:
                 yield item
 
 
+def is_stateful(loader: DataLoader) -> bool:
+    """A DataLoader subclass that saves and restores its own position (torchdata's StatefulDataLoader)."""
+    return type(loader) is not DataLoader and callable(getattr(loader, "state_dict", None)) \
+        and callable(getattr(loader, "load_state_dict", None))
+
+
+class StatefulLoaderState:
+    """A stateful loader's own state_dict, saved in each rank's checkpoint file (positions, worker
+    and dataset states are per rank)."""
+
+    def __init__(self, prepared: PreparedLoader):
+        self.prepared = prepared
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.prepared.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prepared.loader.load_state_dict(state)
+
+
 def _global_count(loader: DataLoader, per_rank: bool, done: int, world_size: int) -> tuple[str, int]:
     """`done` batches per rank as a count over all ranks, in the unit the global order is dealt in."""
     if per_rank:  # an IterableDataset or pre-split data (shard=False): only a per-rank count exists
@@ -246,7 +277,7 @@ def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], 
                          "HINT: resume with the same DataLoader setup (sampler, batch_size) as the saved run")
     if unit == "batches_per_rank":
         if saved_world != world_size:
-            raise ValueError(f"a per-rank data position (IterableDataset or shard=False) saved on {saved_world} "
+            raise ValueError(f"a per-rank data position (IterableDataset, shard=False or a stateful loader) saved on {saved_world} "
                              f"ranks cannot map to {world_size}. HINT: resume on {saved_world} ranks or use a "
                              "map-style Dataset sharded by phalanx")
         return consumed
@@ -314,23 +345,26 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
         kwargs["persistent_workers"] = False
     else:
         kwargs["prefetch_factor"] = loader.prefetch_factor
+    if is_stateful(loader):  # rebuilt as the same class, with its own settings
+        kwargs["loader_class"] = type(loader)
+        if hasattr(loader, "snapshot_every_n_steps"):
+            kwargs["snapshot_every_n_steps"] = loader.snapshot_every_n_steps
     dataset = loader.dataset
     generator = torch.Generator()
     generator.manual_seed(seed)
     if isinstance(dataset, IterableDataset):
         # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
         # too, even in a world of one.
-        return DataLoader(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
-                          drop_last=loader.drop_last, generator=generator, **kwargs)
-    sampler = loader.sampler
-    if loader.batch_size is not None and isinstance(sampler, (RandomSampler, SequentialSampler)) \
-            and type(loader.batch_sampler) is BatchSampler:
+        return _build(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
+                      drop_last=loader.drop_last, generator=generator, **kwargs)
+    shuffle = _default_shuffle(loader)
+    if shuffle is not None:
         sharded = ShardedSampler(
             dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-            shuffle=isinstance(sampler, RandomSampler), seed=seed, drop_last=loader.drop_last,
+            shuffle=shuffle, seed=seed, drop_last=loader.drop_last,
         )
-        return DataLoader(dataset, batch_size=loader.batch_size, sampler=sharded,
-                          drop_last=loader.drop_last, generator=generator, **kwargs)
+        return _build(dataset, batch_size=loader.batch_size, sampler=sharded,
+                      drop_last=loader.drop_last, generator=generator, **kwargs)
     # A custom sampler or batch sampler: deal its whole batches to ranks.
     batch_sampler = loader.batch_sampler
     if batch_sampler is None:  # batch_size=None: the sampler yields single samples
@@ -340,7 +374,30 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
         )
     drop_last = bool(getattr(batch_sampler, "drop_last", False))
     shard = BatchShardSampler(batch_sampler, ctx.world_size, ctx.rank, drop_last=drop_last)
-    return DataLoader(dataset, batch_sampler=shard, generator=generator, **kwargs)
+    return _build(dataset, batch_sampler=shard, generator=generator, **kwargs)
+
+
+def _build(dataset: Any, loader_class: type = DataLoader, **kwargs: Any) -> DataLoader:
+    return loader_class(dataset, **kwargs)
+
+
+_TORCHDATA_SAMPLERS = "torchdata.stateful_dataloader.sampler"  # StatefulDataLoader's own default samplers
+
+
+def _is(obj: Any, torch_class: type) -> bool:
+    """`obj` is `torch_class` exactly, or torchdata's stateful class of the same name."""
+    cls = type(obj)
+    return cls is torch_class or (cls.__name__ == torch_class.__name__ and cls.__module__ == _TORCHDATA_SAMPLERS)
+
+
+def _default_shuffle(loader: DataLoader) -> bool | None:
+    """True/False when the loader's samplers are the ones DataLoader(shuffle=True/False) builds
+    (torch's or, for a StatefulDataLoader, torchdata's); None for a custom sampler."""
+    if loader.batch_size is None or not _is(loader.batch_sampler, BatchSampler):
+        return None
+    if isinstance(loader.sampler, RandomSampler) or _is(loader.sampler, RandomSampler):
+        return True
+    return False if isinstance(loader.sampler, SequentialSampler) else None
 
 
 def _drops_last(loader: DataLoader) -> bool:
