@@ -63,3 +63,41 @@ def test_scheduler_skips_when_fp16_skips_the_step():
     assert stepped == [False, True]
     assert scheduler.last_epoch == 1 and px.global_step == 1
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def _scheduled(tmp_path):
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from phalanx import Phalanx
+
+    px = Phalanx(grad_accum_steps=2, checkpoint_dir=str(tmp_path))
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    loader = DataLoader(TensorDataset(torch.randn(12, 4), torch.randint(0, 2, (12,))), batch_size=2)
+    return px, *px.prepare(model, optimizer, loader, scheduler)
+
+
+def test_scheduler_state_and_a_pending_step_survive_a_checkpoint(tmp_path):
+    from torch import nn
+
+    px, model, optimizer, loader, scheduler = _scheduled(tmp_path)
+    for i, (x, y) in enumerate(loader):
+        with px.accumulate(model):
+            px.backward(nn.functional.cross_entropy(model(x), y))
+            optimizer.step()
+            if i == 5:  # the optimizer stepped, the scheduler not yet: saved in between
+                px.save_state()
+            else:
+                scheduler.step()
+            optimizer.zero_grad()
+    assert scheduler.last_epoch == 2 and px.global_step == 3
+
+    px2, model2, optimizer2, loader2, scheduler2 = _scheduled(tmp_path)
+    assert px2.load_state() is True
+    assert scheduler2.last_epoch == 2 and optimizer2.param_groups[0]["lr"] == 0.25
+    assert scheduler2.step() is True  # the step still owed to the optimizer's third step
+    assert scheduler2.last_epoch == 3 and optimizer2.param_groups[0]["lr"] == 0.125
+    assert scheduler2.step() is False  # nothing more owed
