@@ -20,7 +20,8 @@ _DEFAULTS_ATTR = "_phalanx_flag_defaults"
 _EXAMPLES = {"nproc_per_node": "2", "nnodes": "1", "master_addr": "127.0.0.1", "master_port": "29500",
              "rdzv_backend": "c10d", "rdzv_endpoint": "node0:29400", "rdzv_id": "job1", "rdzv_timeout": "300",
              "deepspeed": "ds_config.json", "seed": "0", "strategy": "ddp", "mixed_precision": "no", "grad_accum_steps": "1",
-             "memory_budget": "8GB", "checkpoint_dir": "ckpt", "watchdog_timeout": "600", "log_level": "INFO", "log_sinks": "[csv, jsonl]"}
+             "memory_budget": "8GB", "checkpoint_dir": "ckpt", "watchdog_timeout": "600", "log_level": "INFO", "log_sinks": "[csv, jsonl]",
+             "bucket_cap_mb": "25"}
 
 
 # ---- `phalanx config` --------------------------------------------------------------------------
@@ -40,6 +41,8 @@ def starter_text() -> str:
 
 
 def _example(setting: config.Setting) -> str:
+    if setting.default is not None:  # the value that applies when the key is absent
+        return str(setting.default).lower() if isinstance(setting.default, bool) else str(setting.default)
     if setting.choices:
         return setting.choices[0]
     return {"int": "0", "positive_int": "1", "int_or_auto": "auto", "positive_float": "300", "non_negative_float": "60", "bool": "false",
