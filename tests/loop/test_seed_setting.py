@@ -70,3 +70,32 @@ def test_worker_base_seeds_differ_per_rank_and_epoch():
     assert len(seeds) == 16
     assert seeding.worker_base_seed(3, 1, 2) == seeding.worker_base_seed(3, 1, 2)
     assert all(0 <= s < 2**63 for s in seeds)
+
+
+class _WorkerSeeds(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        return torch.tensor([info.seed - info.id, info.id])
+
+
+def _first_base_seeds(workers: bool) -> set[int]:
+    phalanx.seed_everything(3, workers=workers)
+    px = phalanx.Phalanx()
+    loader = px.prepare(torch.utils.data.DataLoader(_WorkerSeeds(), batch_size=1, num_workers=2))
+    rows = torch.cat([batch for batch in loader])
+    assert sorted(rows[:, 1].tolist()) == [0, 0, 1, 1]
+    return set(rows[:, 0].tolist())
+
+
+def _draw(generator_seed: int) -> int:
+    return int(torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(generator_seed)))
+
+
+def test_worker_base_seed_comes_from_seed_rank_and_epoch():
+    # Worker w gets base + w; the base is drawn from the loader's generator, seeded per (seed, rank, epoch).
+    assert _first_base_seeds(workers=True) == {_draw(seeding.worker_base_seed(3, 0, 0))}
+    # workers=False: torch's default seeding from a generator seeded with seed + epoch (the same on every rank).
+    assert _first_base_seeds(workers=False) == {_draw(3)}
