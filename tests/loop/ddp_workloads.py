@@ -34,11 +34,13 @@ def _weights(px: Phalanx, model) -> dict:
 
 
 def hook_resume(directory: str, hooks: list[str]) -> dict:
-    """Per hook: 8 steps in one go (saving after 4), and 4 steps resumed from that save."""
+    """Per hook (`name` or `name@strategy`, default ddp): 8 steps in one go (saving after 4), and
+    4 steps resumed from that save."""
     out = {}
-    for hook in hooks:
-        kwargs = {"strategy": "ddp", "comm_hook": hook, "powersgd_rank": 1, "powersgd_start_iter": 2,
-                  "checkpoint_dir": f"{directory}/{hook}"}
+    for spec in hooks:
+        hook, _, strategy = spec.partition("@")
+        kwargs = {"strategy": strategy or "ddp", "comm_hook": hook, "powersgd_rank": 1, "powersgd_start_iter": 2,
+                  "checkpoint_dir": f"{directory}/{hook}-{strategy}"}
         if hook == "bf16":  # several buckets (torch's PowerSGD hangs with several buckets on gloo)
             kwargs["bucket_cap_mb"] = 0.01
         px = Phalanx(**kwargs)
@@ -46,6 +48,11 @@ def hook_resume(directory: str, hooks: list[str]) -> dict:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         model, optimizer = px.prepare(model, optimizer)
         losses = _steps(px, model, optimizer, 4)
+        if strategy == "zero1":  # save_state cannot save a ZeroRedundancyOptimizer (not consolidated)
+            losses += _steps(px, model, optimizer, 4)
+            out[spec] = {"strategy": px.strategy_name, "losses": losses, "straight": _weights(px, model),
+                         "hook_name": type(model.phalanx_comm_hook_state).__name__}
+            continue
         px.save_state()
         losses += _steps(px, model, optimizer, 4)
         straight = _weights(px, model)
@@ -60,7 +67,7 @@ def hook_resume(directory: str, hooks: list[str]) -> dict:
         model, optimizer = resumed_px.prepare(model, optimizer)
         assert resumed_px.load_state() is True
         _steps(resumed_px, model, optimizer, 4)
-        out[hook] = {"losses": losses, "straight": straight, "resumed": _weights(resumed_px, model),
+        out[spec] = {"strategy": resumed_px.strategy_name, "losses": losses, "straight": straight, "resumed": _weights(resumed_px, model),
                      "error_norm": error_norm, "bucket_bytes": bucket_bytes, "hook_name": type(model.phalanx_comm_hook_state).__name__}
     return out
 
