@@ -83,3 +83,19 @@ def test_launcher_refuses_comm_hook_under_zero3_before_starting_workers(tmp_path
     result = run_cli(["run", "--strategy", "zero2", str(script)], env={"PHALANX_FIND_UNUSED_PARAMETERS": "1"})
     assert result.returncode == 2
     assert "find_unused_parameters='1': DistributedDataParallel options, but strategy 'zero2'" in result.stderr
+
+
+def test_settings_from_a_config_file(tmp_path):
+    path = tmp_path / "phalanx.yaml"
+    path.write_text("strategy: ddp\ncomm_hook: powersgd\npowersgd_rank: 4\npowersgd_start_iter: 10\n"
+                    "bucket_cap_mb: 50\nstatic_graph: true\ngrad_accum_remainder: drop\n")
+    px = Phalanx.from_config(path)
+    ddp = px.settings.options.ddp
+    assert (ddp.comm_hook, ddp.powersgd_rank, ddp.powersgd_start_iter, ddp.bucket_cap_mb, ddp.static_graph) == \
+        ("powersgd", 4, 10, 50.0, True)
+    assert ddp.ddp_kwargs() == {"find_unused_parameters": False, "static_graph": True,
+                                "gradient_as_bucket_view": True, "bucket_cap_mb": 50.0}
+    assert px.settings.grad_accum_remainder == "drop"
+    path.write_text("strategy: zero3\ncomm_hook: fp16\n")
+    with pytest.raises(ValueError, match=r"comm_hook='fp16': DistributedDataParallel options, but strategy 'zero3'"):
+        Phalanx.from_config(path)
