@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["Phalanx", "spawn", "__version__"]
+__all__ = ["Phalanx", "seed_everything", "spawn", "__version__"]
 
 if TYPE_CHECKING:
     from phalanx.launch.spawn import spawn
     from phalanx.runtime.facade import Phalanx
+    from phalanx.runtime.seeding import seed_everything
 
 
 def __getattr__(name: str):
@@ -24,4 +25,8 @@ def __getattr__(name: str):
         from phalanx.launch.spawn import spawn
 
         return spawn
+    if name == "seed_everything":
+        from phalanx.runtime.seeding import seed_everything
+
+        return seed_everything
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

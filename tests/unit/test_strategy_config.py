@@ -107,7 +107,7 @@ def test_hf_auto_values_mean_not_set():
 
 def choice_for(env=None, **kwargs):
     resolved = config.resolve(config.from_env(env or {}), config.from_kwargs(kwargs))
-    return choose(resolved.config, resolved.deepspeed)
+    return choose(resolved)
 
 
 def test_settings_precedence_and_conflicts():

@@ -60,6 +60,7 @@ class Checkpointer:
         self.optimizers: list[Any] = []
         self.loaders: list[Any] = []
         self.objects: list[Any] = []
+        self.rank_objects: list[Any] = []  # state that differs per rank (e.g. PowerSGD's error feedback)
         self.global_step = 0
         self._counted: torch.optim.Optimizer | None = None
         self._pending: concurrent.futures.Future | None = None
@@ -79,17 +80,19 @@ class Checkpointer:
                 self._counted.register_step_post_hook(self._count_step)
         elif isinstance(obj, PreparedLoader):
             self.loaders.append(obj)
+            if obj.stateful:  # e.g. torchdata's StatefulDataLoader: its own state, per rank
+                self.register(obj.stateful_state(), per_rank=True)
         else:
             self.register(obj)
         return obj
 
-    def register(self, obj: Any) -> None:
+    def register(self, obj: Any, per_rank: bool = False) -> None:
         if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
             raise TypeError(
                 f"cannot checkpoint a {type(obj).__name__}: it needs state_dict() and load_state_dict(). "
                 "HINT: wrap it in a small class that provides both"
             )
-        self.objects.append(obj)
+        (self.rank_objects if per_rank else self.objects).append(obj)
 
     def _count_step(self, *_: Any) -> None:
         self.global_step += 1
@@ -109,6 +112,8 @@ class Checkpointer:
             "objects": [obj.state_dict() for obj in self.objects],
         }
         own = rng_state()
+        if self.rank_objects:  # saved in this rank's own file, beside its RNG state
+            own["objects"] = [obj.state_dict() for obj in self.rank_objects]
         check_plain(common, "checkpoint state")
         check_plain(own, "rng state")
         if collectives.rank() == 0:
@@ -212,6 +217,8 @@ class Checkpointer:
             loader.load_state_dict(state)
         self.global_step = int(common["global_step"])
         if rng is not None:
+            for obj, state in zip(self.rank_objects, rng.get("objects", [])):
+                obj.load_state_dict(state)
             set_rng_state(rng)
         else:  # a rank the saved run did not have: a fresh stream, reproducible from seed and step
             seed_all(self.seed + 1_000_003 * self.global_step + rank)

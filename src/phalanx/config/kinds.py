@@ -83,6 +83,23 @@ def seconds(allow_zero: bool) -> Kind:
     return Kind("seconds", parse, parse, example="60")
 
 
+def positive_number(unit: str) -> Kind:
+    what = f"expected a number of {unit} > 0"
+
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(what)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(what) from None
+        if not number > 0:
+            raise ValueError(what)
+        return number
+
+    return Kind(unit, parse, parse, example="25")
+
+
 def _bool_text(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in _TRUE:

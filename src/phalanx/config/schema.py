@@ -133,6 +133,9 @@ SETTINGS: tuple[Setting, ...] = (
             "dp, ddp, zero1, zero2, zero3 (= fsdp) or auto: ddp if the model fits the memory budget, else zero3"),
     Setting("mixed_precision", kinds.choice(_precision_names, _precision), "no", "no, bf16 or fp16"),
     Setting("grad_accum_steps", kinds.integer(1), 1, "micro-batches per optimizer step (px.accumulate)"),
+    Setting("grad_accum_remainder", kinds.choice(("flush", "drop")), "flush",
+            "an epoch's last, incomplete accumulation cycle: flush (step on the epoch's last batch) or drop "
+            "(discard its gradients)"),
     Setting("memory_budget", kinds.BYTES, None,
             "per-device memory budget strategy auto compares the model with, e.g. 8GB "
             "(default: 60% of the GPU, or of RAM shared by the local ranks)"),
@@ -141,6 +144,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cpu", kinds.BOOL, False, "run on the CPU (gloo) even when GPUs are visible", bool_flag=True),
     Setting("device_placement", kinds.BOOL, True, "move each batch of a prepared loader to the rank's device",
             bool_flag=True),
+    # --- runtime: DistributedDataParallel (strategies ddp and zero1) ----------------------------------
+    Setting("find_unused_parameters", kinds.BOOL, False,
+            "DDP: let some parameters get no gradient in a step (slower; only for models that need it)", bool_flag=True),
+    Setting("static_graph", kinds.BOOL, False,
+            "DDP: the set of used parameters never changes between steps (lets DDP optimise)", bool_flag=True),
+    Setting("bucket_cap_mb", kinds.positive_number("MB"), None, "DDP: gradient bucket size in MB (torch's default 25)"),
+    Setting("gradient_as_bucket_view", kinds.BOOL, True,
+            "DDP: gradients are views into the communication buckets (one copy less)", bool_flag=True),
+    Setting("comm_hook", kinds.choice(("none", "bf16", "fp16", "powersgd")), "none",
+            "DDP gradient compression: none, bf16, fp16 or powersgd (torch's comm hooks)"),
+    Setting("powersgd_rank", kinds.integer(1), 1, "comm_hook powersgd: rank of the low-rank gradient approximation"),
+    Setting("powersgd_start_iter", kinds.integer(1), 1000,
+            "comm_hook powersgd: plain all-reduce for this many steps first (at least 2)"),
     # --- runtime: reproducibility and lockstep safety --------------------------------------------
     Setting("seed", kinds.integer(), None,
             "seed of the data order and of Python's, NumPy's and torch's RNGs on every rank "

@@ -190,7 +190,20 @@ def resolve(*layers: Layer, warn: bool = True) -> Resolved:
                 raise ConfigError(f"{name}={mine!r} was given by {origin[name]} but the {ds.source} says "
                                   f"{theirs!r}. HINT: drop one of them.")
             values[name], origin[name] = theirs, ds.source
+    _refuse_ddp_options_without_ddp(values, origin)
     return Resolved(PhalanxConfig(**values), origin, ds)
+
+
+def _refuse_ddp_options_without_ddp(values: dict[str, Any], origin: dict[str, str]) -> None:
+    """DDP's options under zero2/zero3/dp would be silently ignored: refuse them, naming where they came from."""
+    from phalanx.strategies.ddp_rules import DDP_SETTINGS, refuse_without_ddp
+
+    given = {name: values[name] for name in DDP_SETTINGS if name in origin}
+    sources = sorted({origin[name] for name in given} | ({origin["strategy"]} if "strategy" in origin else set()))
+    try:
+        refuse_without_ddp(values.get("strategy"), given, f" (from {', '.join(sources)})" if sources else "")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def to_env_value(value: Any) -> str:

@@ -15,6 +15,7 @@ from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.progress import Progress
+from phalanx.runtime.seeding import seed_worker_generator
 
 # DataLoader arguments carried over verbatim when the loader is rebuilt around a new sampler.
 _CARRIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
@@ -27,6 +28,8 @@ class BatchInfo:
 
     size: int | None = None  # samples in the batch on this rank
     num_real: int | None = None  # of those, how many are not padding repeats
+    left: int | None = None  # batches left in the pass, this one included (None: unknown); ends
+    # gradient accumulation cycles with the epoch
 
 
 class PreparedLoader:
@@ -48,7 +51,7 @@ class PreparedLoader:
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
                  device_placement: bool = True, batch_info: BatchInfo | None = None,
-                 shard: bool = True, progress: Progress | None = None):
+                 shard: bool = True, progress: Progress | None = None, rank_aware_workers: bool = True):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
@@ -56,9 +59,18 @@ class PreparedLoader:
         self.progress = progress
         self.epoch = 0  # the epoch the next pass will use
         self.seed = seed
+        self.rank_aware_workers = rank_aware_workers  # workers' seeds from (seed, rank, worker, epoch)
         # Rebuilt even in a world of one: the sample order is then the same global order that N
         # ranks share out, so results do not depend on the world size.
         self.loader = _shard(loader, ctx, seed) if shard else loader
+        # A loader with its own state_dict (torchdata's StatefulDataLoader): its state is what a
+        # checkpoint stores, per rank, and it resumes itself mid-epoch.
+        self.stateful = is_stateful(self.loader)
+        # The generator that yields the workers' base seed at each iter(): phalanx's own, re-seeded
+        # per pass (a loader kept as is gets one only if it has none and uses workers).
+        self._worker_generator = self.loader.generator if self.loader is not loader else None
+        if self._worker_generator is None and loader.generator is None and loader.num_workers > 0:
+            self._worker_generator = loader.generator = torch.Generator()
         # Positions count per-rank batches when phalanx did not deal the data out by index.
         self.per_rank_positions = not shard or isinstance(loader.dataset, IterableDataset)
         self.drop = _drops_last(self.loader)
@@ -104,14 +116,19 @@ class PreparedLoader:
             epoch, done = self._position
         else:  # between passes, or the last batch was yielded: the next pass starts at its beginning
             epoch, done = self.epoch, 0
-        unit, consumed = _global_count(self.loader, self.per_rank_positions, done, self.ctx.world_size)
-        _, per_step = _global_count(self.loader, self.per_rank_positions, 1, self.ctx.world_size)
+        per_rank = self.per_rank_positions or self.stateful
+        unit, consumed = _global_count(self.loader, per_rank, done, self.ctx.world_size)
+        _, per_step = _global_count(self.loader, per_rank, 1, self.ctx.world_size)
         return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.world_size,
                 "global_batch": per_step}
 
+    def stateful_state(self) -> "StatefulLoaderState":
+        """The user loader's own state, as a per-rank checkpoint entry (stateful loaders only)."""
+        return StatefulLoaderState(self)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at `state`'s position: the next pass starts `epoch` with the very next batch."""
-        skip = _batches_to_skip(self.loader, self.per_rank_positions, state, self.ctx.world_size)
+        skip = _batches_to_skip(self.loader, self.per_rank_positions or self.stateful, state, self.ctx.world_size)
         self.epoch = int(state["epoch"])
         self._resume = (self.epoch, skip) if skip else None
 
@@ -124,10 +141,14 @@ class PreparedLoader:
         for s in (self.loader.sampler, self.loader.batch_sampler):
             if hasattr(s, "set_epoch"):
                 s.set_epoch(epoch)
-        if self.loader is not self.original and self.loader.generator is not None:
-            # Our own generator, re-seeded per epoch: a DataLoader without one draws its base seed
-            # from the global torch RNG at every iter(), coupling the data to the model's randomness.
-            self.loader.generator.manual_seed(self.seed + epoch)
+        if self._worker_generator is not None:
+            # Our own generator, re-seeded per epoch: a DataLoader without one draws its workers' base
+            # seed from the global torch RNG at every iter(), coupling the data to the model's
+            # randomness. Seeded per rank too, or every rank's workers would draw the same numbers.
+            if self.rank_aware_workers:
+                seed_worker_generator(self._worker_generator, self.seed, self.ctx.rank, epoch)
+            else:
+                self._worker_generator.manual_seed(self.seed + epoch)
         if self.mode == "fixed":
             batches = self._one_pass(skip)
         elif self.mode == "count":
@@ -137,8 +158,10 @@ class PreparedLoader:
             batches = self._agreed_per_step(skip)
         progress = self.progress
         index = skip
+        total = self._pass_length()
         for batch, real in batches:
             self.batch_info.size, self.batch_info.num_real = _batch_len(batch), real
+            self.batch_info.left = None if total is None else total - index
             index += 1
             self._position = (epoch, index)
             if progress is not None:
@@ -146,8 +169,17 @@ class PreparedLoader:
             yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
             if progress is not None:
                 progress.enter("data")
-        self.batch_info.size = self.batch_info.num_real = None
+        self.batch_info.size = self.batch_info.num_real = self.batch_info.left = None
         self._position = None  # the pass is complete: a checkpoint now starts the next one
+
+    def _pass_length(self) -> int | None:
+        """Batches a pass yields, when known before it ends (not for streams)."""
+        if isinstance(self.loader.dataset, IterableDataset):
+            return None
+        try:
+            return len(self)
+        except TypeError:
+            return None
 
     def _one_pass(self, skip: int = 0) -> Iterator[tuple[Any, int | None]]:
         """One pass over the underlying loader, minus its first `skip` batches (a resume):
@@ -156,9 +188,12 @@ class PreparedLoader:
         if real_left is not None and skip:
             real_left -= skip * (self.loader.batch_size or 0)
         pad_flags = None
-        source = _skipping(self.loader, skip)
-        batches = (enumerate(source, start=skip) if source is not self.loader
-                   else itertools.islice(enumerate(source), skip, None))  # can only skip by reading
+        source = _skipping(self.loader, skip) if not self.stateful else self.loader
+        if self.stateful:  # restored by its own load_state_dict: it starts at batch `skip` by itself
+            batches: Iterator[tuple[int, Any]] = enumerate(source, start=skip)
+        else:
+            batches = (enumerate(source, start=skip) if source is not self.loader
+                       else itertools.islice(enumerate(source), skip, None))  # can only skip by reading
         for index, batch in batches:
             if pad_flags is None and isinstance(self.loader.batch_sampler, BatchShardSampler):
                 pad_flags = self.loader.batch_sampler.padding_flags
@@ -207,6 +242,26 @@ class PreparedLoader:
                 yield item
 
 
+def is_stateful(loader: DataLoader) -> bool:
+    """A DataLoader subclass that saves and restores its own position (torchdata's StatefulDataLoader)."""
+    return type(loader) is not DataLoader and callable(getattr(loader, "state_dict", None)) \
+        and callable(getattr(loader, "load_state_dict", None))
+
+
+class StatefulLoaderState:
+    """A stateful loader's own state_dict, saved in each rank's checkpoint file (positions, worker
+    and dataset states are per rank)."""
+
+    def __init__(self, prepared: PreparedLoader):
+        self.prepared = prepared
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.prepared.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prepared.loader.load_state_dict(state)
+
+
 def _global_count(loader: DataLoader, per_rank: bool, done: int, world_size: int) -> tuple[str, int]:
     """`done` batches per rank as a count over all ranks, in the unit the global order is dealt in."""
     if per_rank:  # an IterableDataset or pre-split data (shard=False): only a per-rank count exists
@@ -237,7 +292,7 @@ def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], 
             f"batch_size = {saved_global} / world_size = {int(saved_global) / world_size:g}")
     if unit == "batches_per_rank":
         if saved_world != world_size:
-            raise ValueError(f"a per-rank data position (IterableDataset or shard=False) saved on {saved_world} "
+            raise ValueError(f"a per-rank data position (IterableDataset, shard=False or a stateful loader) saved on {saved_world} "
                              f"ranks cannot map to {world_size}. HINT: resume on {saved_world} ranks or use a "
                              "map-style Dataset sharded by phalanx")
         return consumed
@@ -305,23 +360,26 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
         kwargs["persistent_workers"] = False
     else:
         kwargs["prefetch_factor"] = loader.prefetch_factor
+    if is_stateful(loader):  # rebuilt as the same class, with its own settings
+        kwargs["loader_class"] = type(loader)
+        if hasattr(loader, "snapshot_every_n_steps"):
+            kwargs["snapshot_every_n_steps"] = loader.snapshot_every_n_steps
     dataset = loader.dataset
+    generator = torch.Generator()
+    generator.manual_seed(seed)
     if isinstance(dataset, IterableDataset):
         # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
         # too, even in a world of one.
-        return DataLoader(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
-                          drop_last=loader.drop_last, **kwargs)
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    sampler = loader.sampler
-    if loader.batch_size is not None and isinstance(sampler, (RandomSampler, SequentialSampler)) \
-            and type(loader.batch_sampler) is BatchSampler:
+        return _build(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
+                      drop_last=loader.drop_last, generator=generator, **kwargs)
+    shuffle = _default_shuffle(loader)
+    if shuffle is not None:
         sharded = ShardedSampler(
             dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-            shuffle=isinstance(sampler, RandomSampler), seed=seed, drop_last=loader.drop_last,
+            shuffle=shuffle, seed=seed, drop_last=loader.drop_last,
         )
-        return DataLoader(dataset, batch_size=loader.batch_size, sampler=sharded,
-                          drop_last=loader.drop_last, generator=generator, **kwargs)
+        return _build(dataset, batch_size=loader.batch_size, sampler=sharded,
+                      drop_last=loader.drop_last, generator=generator, **kwargs)
     # A custom sampler or batch sampler: deal its whole batches to ranks.
     batch_sampler = loader.batch_sampler
     if batch_sampler is None:  # batch_size=None: the sampler yields single samples
@@ -331,7 +389,30 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
         )
     drop_last = bool(getattr(batch_sampler, "drop_last", False))
     shard = BatchShardSampler(batch_sampler, ctx.world_size, ctx.rank, drop_last=drop_last)
-    return DataLoader(dataset, batch_sampler=shard, generator=generator, **kwargs)
+    return _build(dataset, batch_sampler=shard, generator=generator, **kwargs)
+
+
+def _build(dataset: Any, loader_class: type = DataLoader, **kwargs: Any) -> DataLoader:
+    return loader_class(dataset, **kwargs)
+
+
+_TORCHDATA_SAMPLERS = "torchdata.stateful_dataloader.sampler"  # StatefulDataLoader's own default samplers
+
+
+def _is(obj: Any, torch_class: type) -> bool:
+    """`obj` is `torch_class` exactly, or torchdata's stateful class of the same name."""
+    cls = type(obj)
+    return cls is torch_class or (cls.__name__ == torch_class.__name__ and cls.__module__ == _TORCHDATA_SAMPLERS)
+
+
+def _default_shuffle(loader: DataLoader) -> bool | None:
+    """True/False when the loader's samplers are the ones DataLoader(shuffle=True/False) builds
+    (torch's or, for a StatefulDataLoader, torchdata's); None for a custom sampler."""
+    if loader.batch_size is None or not _is(loader.batch_sampler, BatchSampler):
+        return None
+    if isinstance(loader.sampler, RandomSampler) or _is(loader.sampler, RandomSampler):
+        return True
+    return False if isinstance(loader.sampler, SequentialSampler) else None
 
 
 def _drops_last(loader: DataLoader) -> bool:

@@ -15,14 +15,15 @@ from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.loader import BatchInfo, PreparedLoader
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
-from phalanx.runtime import collectives, uneven, watchdog
+from phalanx.runtime import collectives, seeding, uneven, watchdog
 from phalanx.runtime.context import DistContext, launcher_settings
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
-from phalanx.strategies import memory, registry
+from phalanx.strategies import ddp_options, memory, registry
+from phalanx.strategies import scheduler as lr_scheduler
 from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
 from phalanx.strategies.base import Strategy, StrategyOptions
 from phalanx.strategies.choice import choose
@@ -53,18 +54,27 @@ class Phalanx:
                                   config.from_kwargs({"strategy": strategy, **settings}))
         cfg = self.config = resolved.config
         self.ctx = DistContext.from_env(cpu=cfg.cpu)
-        self.settings = choose(cfg, resolved.deepspeed, strategy_options)
+        self.settings = choose(resolved, strategy_options)
         if self.settings.deepspeed is not None:
             self.settings.deepspeed.check_world(self.ctx.world_size)
-        self.seed = 0 if cfg.seed is None else cfg.seed
+        # A given seed seeds Python/NumPy/torch alike on every rank (identical models); without one,
+        # data order and worker seeds follow the last seed_everything() seed (else 0), and the global
+        # RNGs are left alone (the script may have seeded them itself).
+        if cfg.seed is not None:
+            self.seed = cfg.seed
+            seeding.seed_everything(self.seed, workers=seeding.rank_aware_workers())
+        else:
+            self.seed = seeding.last_seed() if seeding.last_seed() is not None else 0
         self.device_placement = cfg.device_placement
         registry.resolve_name(self.settings.strategy, self.ctx)  # bad names fail before any group is joined
         self.debug = cfg.debug  # check each collective's shapes across ranks first
         init_process_group(self.ctx, cfg.collective_timeout)
         self.strategy: Strategy = registry.create(self.settings.strategy, self.ctx, self.settings.options)
-        self._accumulator = Accumulator(self.settings.grad_accum_steps)
-        self._optimizers: list[torch.optim.Optimizer] = []
         self._batch_info = BatchInfo()
+        self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
+                                        batches_left=lambda: self._batch_info.left)
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = Progress()  # step and phase of this rank, read by the watchdog
         self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
         self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self._step_progress,
@@ -137,12 +147,19 @@ class Phalanx:
                 prepared[i] = self.prepare_optimizer(obj, model)
             elif isinstance(obj, DataLoader):
                 prepared[i] = self.prepare_data_loader(obj, shard=shard)
-            elif not isinstance(obj, nn.Module) and hasattr(obj, "load_state_dict"):  # LR scheduler, grad scaler
+        for i, obj in enumerate(objects):  # after the optimizers, which schedulers may need rebinding to
+            if lr_scheduler.is_scheduler(obj):
+                prepared[i] = self.prepare_scheduler(obj)
+            elif not isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) \
+                    and hasattr(obj, "load_state_dict"):  # a grad scaler, the user's own state
                 self.register_for_checkpointing(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = self._checkpointer.track(self.strategy.setup_model(model))
+        hook_state = ddp_options.hook_state_of(model)
+        if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
+            self._checkpointer.register(hook_state, per_rank=True)
         self._checkpointer.strategy_name = self.strategy.name  # `auto` has decided by now
         self._prepared.append(model)
         watch_module(self._step_progress, model)
@@ -152,6 +169,8 @@ class Phalanx:
         """The strategy's optimizer (rebound to sharded parameters under zero2/zero3, a
         ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
         inner = self.strategy.setup_optimizer(optimizer, model)
+        if inner is not optimizer:
+            self._replaced_optimizers[id(optimizer)] = inner
         self._optimizers.append(inner)
         scaler = self.strategy.precision.scaler  # known once `auto` has decided, at prepare
         if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
@@ -164,12 +183,21 @@ class Phalanx:
             self._profiler.attach(base_optimizer(optimizer))
         return optimizer
 
+    def prepare_scheduler(self, scheduler: Any) -> lr_scheduler.PreparedScheduler:
+        """The scheduler, bound to the prepared optimizer, stepping only after a real optimizer step
+        (accumulation boundaries, fp16 steps not skipped); checkpointed with the rest."""
+        lr_scheduler.rebind(scheduler, self._replaced_optimizers)
+        prepared = lr_scheduler.PreparedScheduler(scheduler)
+        self.register_for_checkpointing(prepared)
+        return prepared
+
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         if self.settings.deepspeed is not None:
             self.settings.deepspeed.check_loader(loader.batch_size)
         return self._checkpointer.track(PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
-            batch_info=self._batch_info, shard=shard, progress=self._step_progress))
+            batch_info=self._batch_info, shard=shard, progress=self._step_progress,
+            rank_aware_workers=seeding.rank_aware_workers()))
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:

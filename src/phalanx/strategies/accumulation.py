@@ -11,28 +11,56 @@ from phalanx.logging.rank_log import get_logger
 from phalanx.strategies.precision import Precision
 
 
+REMAINDERS = ("flush", "drop")
+
+
 class Accumulator:
     """Counts micro-steps of `grad_accum_steps` and says when gradients must be synchronised.
 
     `with accumulate(model):` marks one micro-step. On the non-final micro-steps of a cycle the
     strategy's `no_sync` skips the gradient all-reduce / reduce-scatter, and `backward` divides the
-    loss by `num_steps` so that k micro-batches of size b equal one batch of size k*b.
+    loss by the cycle's length so that k micro-batches of size b equal one batch of size k*b.
+
+    `batches_left()` (the prepared loader's count of batches left in its pass, this one included;
+    None when unknown) ends cycles at the end of an epoch: with `remainder="flush"` (default) the
+    last, shorter cycle steps the optimizer on the epoch's last batch, its loss divided by its own
+    length (as one smaller batch would be); with "drop" its gradients are discarded, no step.
     """
 
-    def __init__(self, num_steps: int = 1):
+    def __init__(self, num_steps: int = 1, remainder: str = "flush",
+                 batches_left: Callable[[], int | None] | None = None):
         if int(num_steps) != num_steps or num_steps < 1:
             raise ValueError(f"grad_accum_steps must be a positive integer, got {num_steps!r}")
+        if remainder not in REMAINDERS:
+            raise ValueError(f"grad_accum_remainder must be one of {', '.join(REMAINDERS)}, got {remainder!r}")
         self.num_steps = int(num_steps)
+        self.remainder = remainder
+        self.batches_left = batches_left
         self.micro_step = 0  # micro-steps begun so far
+        self.cycle_pos = 0  # micro-steps done in the current cycle
+        self.cycle_len = self.num_steps  # micro-steps the current cycle has (fewer at an epoch's end)
+        self.dropping = False  # the current cycle is an epoch's remainder, to be discarded
         self.sync_gradients = True  # True on the final micro-step of a cycle (always when k == 1)
         self.inside = False
         self.holding_grads = False  # gradients of an unfinished cycle are held: zero_grad must wait
         self.warned_outside = False
 
+    def _begin_micro_step(self) -> None:
+        self.micro_step += 1
+        if self.cycle_pos == 0:
+            left = self.batches_left() if self.batches_left is not None else None
+            short = left is not None and 0 < left < self.num_steps
+            self.cycle_len = left if short else self.num_steps
+            self.dropping = short and self.remainder == "drop"
+        self.cycle_pos += 1
+        last = self.cycle_pos == self.cycle_len
+        self.sync_gradients = last and not self.dropping
+        if last:
+            self.cycle_pos = 0
+
     @contextlib.contextmanager
     def accumulate(self, no_sync: Callable[[], ContextManager[Any]]) -> Iterator[None]:
-        self.micro_step += 1
-        self.sync_gradients = self.micro_step % self.num_steps == 0
+        self._begin_micro_step()
         self.inside = True
         try:
             with contextlib.nullcontext() if self.sync_gradients else no_sync():
@@ -47,16 +75,16 @@ class Accumulator:
             # A script written without px.accumulate (the config file asked for accumulation): each
             # backward is a micro-step. Gradients are synced on every one (the forward ran outside
             # no_sync), which costs traffic but gives the same result.
-            self.micro_step += 1
-            self.sync_gradients = self.micro_step % self.num_steps == 0
+            self._begin_micro_step()
             if not self.warned_outside:
                 self.warned_outside = True
                 get_logger("accumulation").info(
                     "grad_accum_steps=%d: each backward() counts as a micro-step; wrap the forward and "
                     "backward in `with px.accumulate(model):` to skip the gradient sync on the first %d",
                     self.num_steps, self.num_steps - 1)
-        self.holding_grads = True
-        return loss / self.num_steps
+        # A dropped remainder's last micro-step lets zero_grad() discard what it accumulated.
+        self.holding_grads = not (self.dropping and self.cycle_pos == 0)
+        return loss / self.cycle_len
 
     def when_syncing(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call `fn` on the final micro-step only (partial, unsynced gradients are not clipped)."""

@@ -9,7 +9,7 @@ from torch import nn
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime.context import DistContext
 from phalanx.strategies.base import Strategy, StrategyOptions
-from phalanx.strategies import memory
+from phalanx.strategies import ddp_rules, memory
 
 
 class AutoStrategy:
@@ -45,6 +45,7 @@ class AutoStrategy:
             sizes = memory.model_sizes(model)
             name, self.reason = memory.recommend(sizes, self.ctx.world_size, self.budget_bytes(),
                                                  self.options.mixed_precision)
+            ddp_rules.refuse_without_ddp(name, self.options.ddp.asked(), f" (strategy auto chose {name}: {self.reason})")
             self.chosen = registry.create(name, self.ctx, self.options)
             # The start-up line could only say "auto": say what it chose, once the model is known.
             get_logger().info("strategy auto chose %s: %s", name, self.reason)

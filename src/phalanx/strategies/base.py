@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from phalanx.runtime.context import DistContext
+from phalanx.strategies.ddp_options import DDPOptions
 from phalanx.strategies.precision import Precision
 
 # Which submodules zero2/zero3 shard as one unit: module classes, or a predicate on (name, module).
@@ -31,6 +32,8 @@ class StrategyOptions:
     for CUDA; off on CPU, where gloo gains no overlap from it and it measured slower."""
     memory_budget_bytes: int | None = None
     """auto: per-device bytes the model state may take under ddp (default: from the device)."""
+    ddp: DDPOptions = field(default_factory=DDPOptions)
+    """ddp/zero1: DistributedDataParallel's options and comm hook (from the settings schema)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Strategy-specific keyword arguments, e.g. {'ddp_kwargs': {...}}."""
 

@@ -10,6 +10,8 @@ from typing import Any, Mapping
 
 from phalanx.strategies import deepspeed_config
 from phalanx.strategies.base import StrategyOptions
+from phalanx.strategies.ddp_options import DDPOptions
+from phalanx.strategies.ddp_rules import DDP_SETTINGS
 
 
 @dataclass
@@ -17,13 +19,14 @@ class StrategyChoice:
     strategy: str
     options: StrategyOptions
     grad_accum_steps: int = 1
+    grad_accum_remainder: str = "flush"  # an epoch's last, incomplete cycle: flush (step) or drop
     gradient_clipping: float | None = None  # clip before every optimizer.step() (DeepSpeed's key)
     deepspeed: deepspeed_config.DeepSpeedConfig | None = None
 
 
-def choose(cfg: Any, deepspeed: deepspeed_config.DeepSpeedConfig | None = None,
-           strategy_options: Mapping[str, Any] | StrategyOptions | None = None) -> StrategyChoice:
-    """`cfg`: a resolved PhalanxConfig; `deepspeed`: the DeepSpeed config it was checked against."""
+def choose(resolved: Any, strategy_options: Mapping[str, Any] | StrategyOptions | None = None) -> StrategyChoice:
+    """`resolved`: phalanx.config.Resolved (the settings, where each came from, the DeepSpeed config)."""
+    cfg, deepspeed = resolved.config, resolved.deepspeed
     if isinstance(strategy_options, StrategyOptions):
         options = strategy_options
     else:
@@ -34,6 +37,9 @@ def choose(cfg: Any, deepspeed: deepspeed_config.DeepSpeedConfig | None = None,
         options.mixed_precision = cfg.mixed_precision
     if options.memory_budget_bytes is None:
         options.memory_budget_bytes = cfg.memory_budget
+    given = tuple(name for name in DDP_SETTINGS if resolved.is_set(name))
+    options.ddp = DDPOptions(**{name: getattr(cfg, name) for name in DDP_SETTINGS}, given=given)
     return StrategyChoice(strategy=cfg.strategy, options=options, grad_accum_steps=cfg.grad_accum_steps,
+                          grad_accum_remainder=cfg.grad_accum_remainder,
                           gradient_clipping=deepspeed.gradient_clipping if deepspeed is not None else None,
                           deepspeed=deepspeed)

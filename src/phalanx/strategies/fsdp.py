@@ -65,7 +65,7 @@ class FSDPStrategy:
     def __init__(self, ctx: DistContext, options: StrategyOptions | None = None):
         self.ctx = ctx
         self.options = options or StrategyOptions()
-        self.precision = Precision(self.options.mixed_precision, ctx.device)
+        self.precision = Precision(self.options.mixed_precision, ctx.device, sharded=True)
         # id(original parameter) -> (weak ref to it, its sharded replacement), for the optimizer.
         self._rebind: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any, ContextManager
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from phalanx.strategies import names
@@ -31,17 +30,28 @@ class Precision:
     - `no`: fp32 everywhere.
     - `bf16`: forward under autocast(bf16) (replicated strategies) or FSDP2 params cast to bf16
       with fp32 gradient reduction (sharded strategies); no scaler needed.
-    - `fp16`: the same with fp16 plus a gradient scaler, whose skip-the-step decision is made
-      on the global (all-ranks) inf check so ranks never diverge.
+    - `fp16`: the same with fp16 plus a gradient scaler, whose skip-the-step decision is the
+      same on every rank: replicated strategies all-reduce gradients before the inf check, so every
+      rank sees the same infs; `sharded` strategies (each rank checks only its shard) use torch's
+      ShardedGradScaler, which all-reduces the inf flag.
     """
 
     name: str = "no"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    sharded: bool = False  # gradients are sharded over ranks (zero2/zero3)
 
     def __post_init__(self) -> None:
         self.name = check_name(self.name)
         self.dtype = _DTYPES.get(self.name)
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.name == "fp16" else None
+        self.scaler: Any = None
+        if self.name == "fp16":
+            if self.sharded:
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                self.scaler = ShardedGradScaler(self.device.type)
+            else:
+                self.scaler = torch.amp.GradScaler(self.device.type)
+        self._unscaled: set[int] = set()  # optimizers unscaled since the scaler's last update()
 
     @property
     def enabled(self) -> bool:
@@ -80,18 +90,12 @@ class Precision:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Unscale gradients once per step, before clipping or stepping; agree on infs globally."""
-        if self.scaler is None:
-            return
-        state = self.scaler._per_optimizer_states[id(optimizer)]
-        if state["stage"].name == "UNSCALED":
+        """Unscale gradients once per step, before clipping or stepping (torch refuses a second
+        unscale_ before update(), and clipping unscales before the step does)."""
+        if self.scaler is None or id(optimizer) in self._unscaled:
             return
         self.scaler.unscale_(optimizer)
-        if dist.is_available() and dist.is_initialized():
-            # Sharded gradients see different infs per rank: one skipping the step alone would
-            # leave the ranks with different weights.
-            for found in state["found_inf_per_device"].values():
-                dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        self._unscaled.add(id(optimizer))
 
     def step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
         if self.scaler is None:
@@ -102,4 +106,5 @@ class Precision:
         self.unscale_(optimizer)
         result = self.scaler.step(optimizer)
         self.scaler.update()
+        self._unscaled.clear()
         return result

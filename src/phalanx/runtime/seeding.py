@@ -1,0 +1,76 @@
+"""Seeding: the same global RNG streams on every rank, a distinct stream per DataLoader worker.
+
+Global RNGs (Python's `random`, NumPy's legacy global generator, torch on every device) get the
+same seed on every rank, so a model built after seeding starts identical everywhere. DataLoader
+workers must NOT share streams across ranks (random crops and masks would repeat on every rank):
+each prepared loader draws its workers' base seed from `worker_base_seed(seed, rank, epoch)`, and
+torch's own worker loop then seeds `random`, NumPy and torch in worker `w` from that base and `w`.
+A user's `worker_init_fn` still runs after that, as with any DataLoader.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+_MASK64 = (1 << 64) - 1
+_INT63 = (1 << 63) - 1
+
+
+def seed_everything(seed: int, workers: bool = True) -> int:
+    """Seed Python's `random`, NumPy and torch (CPU and every GPU) with `seed`; return it.
+
+    Call it with the same seed on every rank: the ranks then build identical models. A `Phalanx()`
+    created afterwards without a seed of its own uses this one (data order, worker seeds, fresh
+    ranks on resume). `workers=True` (default): every DataLoader worker of every rank gets its own
+    reproducible stream derived from (seed, rank, worker id, epoch). `workers=False`: workers of
+    loaders prepared afterwards get torch's default seeds, the same on every rank (for datasets whose
+    augmentation must match across ranks).
+    """
+    seed = check_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # every device's generator too
+    _state.seed, _state.workers = seed, bool(workers)
+    return seed
+
+
+def check_seed(seed: object) -> int:
+    """`seed` as an int, or a ValueError naming it."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}. HINT: seed_everything(42)")
+    return int(seed)
+
+
+def worker_base_seed(seed: int, rank: int, epoch: int) -> int:
+    """A base seed for the DataLoader workers of `rank` in `epoch`: distinct per (seed, rank, epoch).
+
+    torch gives worker `w` the seed `base + w` (and NumPy a SeedSequence of (base, w)), so workers of
+    one rank differ by their id, and ranks differ by the base; 63 bits make overlaps negligible.
+    """
+    words = np.random.SeedSequence([seed & _MASK64, rank, epoch]).generate_state(2, dtype=np.uint32)
+    return ((int(words[0]) << 32) | int(words[1])) & _INT63
+
+
+def seed_worker_generator(generator: torch.Generator, seed: int, rank: int, epoch: int) -> None:
+    """Re-seed a loader's generator so that the next `iter(loader)` draws this rank's worker base seed."""
+    generator.manual_seed(worker_base_seed(seed, rank, epoch))
+
+
+class _State:
+    seed: int | None = None  # the last seed_everything() seed
+    workers: bool = True  # its `workers` argument
+
+
+_state = _State()
+
+
+def last_seed() -> int | None:
+    """The seed of the last `seed_everything` call in this process, if any."""
+    return _state.seed
+
+
+def rank_aware_workers() -> bool:
+    """False after `seed_everything(..., workers=False)`: prepared loaders keep torch's worker seeds."""
+    return _state.workers
