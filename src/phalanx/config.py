@@ -90,6 +90,12 @@ class PhalanxConfig:
         RUNTIME, "seed for data order and the script's RNGs", env=envvars.PHALANX_SEED, flag="--seed", kind="int"))
     debug: bool | None = field(default=None, metadata=_meta(
         RUNTIME, "check collectives for mismatches (slower)", env=envvars.PHALANX_DEBUG, flag="--debug", kind="bool"))
+    activation_checkpointing: bool | list[str] | None = field(default=None, metadata=_meta(
+        RUNTIME, "recompute activations in backward: true (each sharding unit), false, or module class names",
+        env=envvars.PHALANX_ACTIVATION_CHECKPOINTING, flag="--activation-checkpointing", kind="bool_or_str_list"))
+    compile: bool | None = field(default=None, metadata=_meta(
+        RUNTIME, "torch.compile each sharding unit (regional compilation)", env=envvars.PHALANX_COMPILE,
+        flag="--compile", kind="bool"))
     # --- runtime: logging and metrics ---
     run_dir: str | None = field(default=None, metadata=_meta(
         RUNTIME, "directory for metrics and per-rank logs (default runs/<time>)", env=envvars.PHALANX_RUN_DIR,
@@ -183,6 +189,15 @@ def coerce(setting: Setting, value: Any) -> Any:
             if number < 0 or (number == 0 and kind == "positive_float"):
                 raise ValueError("must be a positive number" if kind == "positive_float" else "must be >= 0 (0 = off)")
             return number
+        elif kind == "bool_or_str_list":  # true/false, or a comma list / YAML list of names
+            if isinstance(value, bool):
+                return value
+            if text is not None and text.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+                return _bool(text)
+            items = value.split(",") if isinstance(value, str) else value
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise ValueError("must be true, false or a list of names")
+            return [i.strip() for i in items if i.strip()]
         elif kind == "str_list":
             items = value.split(",") if isinstance(value, str) else value
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):

@@ -43,7 +43,7 @@ def _example(setting: config.Setting) -> str:
     if setting.choices:
         return setting.choices[0]
     return {"int": "0", "positive_int": "1", "int_or_auto": "auto", "positive_float": "300", "non_negative_float": "60", "bool": "false",
-            "str_list": "[auto]", "path": "path/to/dir"}.get(setting.kind, "...")
+            "str_list": "[auto]", "path": "path/to/dir", "bool_or_str_list": "false"}.get(setting.kind, "...")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -56,6 +56,8 @@ PHALANX_CHECKPOINT_DIR = "PHALANX_CHECKPOINT_DIR"
 PHALANX_RUN_DIR = "PHALANX_RUN_DIR"
 PHALANX_LOG_LEVEL = "PHALANX_LOG_LEVEL"
 PHALANX_SEED = "PHALANX_SEED"
+PHALANX_ACTIVATION_CHECKPOINTING = "PHALANX_ACTIVATION_CHECKPOINTING"  # true/false or module class names
+PHALANX_COMPILE = "PHALANX_COMPILE"  # true: torch.compile each sharding unit
 PHALANX_SLURM = "PHALANX_SLURM"  # "0": phalanx run ignores a surrounding SLURM allocation
 
 # --- logging, metrics and progress (phalanx.logging) ---

@@ -21,7 +21,8 @@ from phalanx.runtime.context import DistContext
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
-from phalanx.strategies import memory, registry, settings
+from phalanx.strategies import load_model as model_loading
+from phalanx.strategies import memory, meta_init, registry, settings
 from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
 from phalanx.strategies.base import Strategy, StrategyOptions
 
@@ -50,16 +51,22 @@ class Phalanx:
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_keep: int = 3,
         checkpoint_async: bool = False,
+        activation_checkpointing: Any = None,
+        compile: bool | dict[str, Any] | None = None,
     ):
         """`strategy`: dp, ddp, zero1, zero2, zero3 (= fsdp) or auto (default).
         `mixed_precision`: no, bf16 or fp16. `grad_accum_steps`: micro-steps per optimizer step
         (use with `px.accumulate`). `deepspeed`: a DeepSpeed JSON config (path or dict) mapped onto
         these settings. `strategy_options`: fields of `StrategyOptions` (cpu_offload,
-        shard_modules, forward_prefetch, memory_budget_bytes, extra). Each falls back to its
-        PHALANX_* environment variable, as set by `phalanx run`.
+        shard_modules, forward_prefetch, memory_budget_bytes, init_weights, extra).
+        `activation_checkpointing`: True (each sharding unit), module classes or class names, or a
+        predicate module -> bool. `compile`: True or a dict of torch.compile options, applied to
+        each sharding unit. Each falls back to its PHALANX_* environment variable, as set by
+        `phalanx run`.
         """
         self.ctx = DistContext.from_env(cpu=cpu)
-        self.settings = settings.resolve(strategy, mixed_precision, grad_accum_steps, deepspeed, strategy_options)
+        self.settings = settings.resolve(strategy, mixed_precision, grad_accum_steps, deepspeed, strategy_options,
+                                         activation_checkpointing=activation_checkpointing, compile=compile)
         if self.settings.deepspeed is not None:
             self.settings.deepspeed.check_world(self.ctx.world_size)
         self.seed = int(seed if seed is not None else os.environ.get(envvars.PHALANX_SEED, 0))
@@ -145,6 +152,19 @@ class Phalanx:
             elif not isinstance(obj, nn.Module) and hasattr(obj, "load_state_dict"):  # LR scheduler, grad scaler
                 self.register_for_checkpointing(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def init_module(self) -> contextlib.AbstractContextManager[None]:
+        """Build the model inside: on the meta device under zero2/zero3 (prepare then allocates and
+        initialises only this rank's shards) and auto (which sizes the model before choosing), on
+        `px.device` otherwise."""
+        return meta_init.init_module(self.strategy.name in ("zero2", "zero3", "auto"), self.device)
+
+    def load_model(self, model: nn.Module, source: Any, *, strict: bool = True) -> model_loading.LoadResult:
+        """Load a full checkpoint (safetensors file or sharded index, torch file, or a state dict on
+        rank 0) into a prepared model; under zero2/zero3 no rank holds more than its shards plus
+        one tensor. Missing/unexpected keys or shape mismatches load nothing unless strict=False."""
+        with self.busy("load_model"):
+            return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = self._checkpointer.track(self.strategy.setup_model(model))

@@ -27,9 +27,27 @@ def _env(name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
+def _regions(options: StrategyOptions, activation_checkpointing: Any, compile: Any) -> None:
+    """activation_checkpointing / compile: argument > PHALANX_* variable > strategy_options."""
+    from phalanx.strategies import activation_ckpt
+
+    if activation_checkpointing is None and _env(envvars.PHALANX_ACTIVATION_CHECKPOINTING) is not None:
+        activation_checkpointing = activation_ckpt.parse(_env(envvars.PHALANX_ACTIVATION_CHECKPOINTING))
+    if activation_checkpointing is not None:
+        options.activation_checkpointing = activation_checkpointing
+    if compile is None and _env(envvars.PHALANX_COMPILE) is not None:
+        raw = _env(envvars.PHALANX_COMPILE).strip().lower()
+        if raw not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ValueError(f"{envvars.PHALANX_COMPILE}={raw!r} is not a boolean (use true/false)")
+        compile = raw in ("1", "true", "yes", "on")
+    if compile is not None:
+        options.compile = compile
+
+
 def resolve(strategy: str | None = None, mixed_precision: str | None = None, grad_accum_steps: int | None = None,
             deepspeed: str | os.PathLike | Mapping[str, Any] | None = None,
-            strategy_options: Mapping[str, Any] | StrategyOptions | None = None) -> TrainingSettings:
+            strategy_options: Mapping[str, Any] | StrategyOptions | None = None,
+            activation_checkpointing: Any = None, compile: Any = None) -> TrainingSettings:
     strategy = strategy if strategy is not None else _env(envvars.PHALANX_STRATEGY)
     mixed_precision = mixed_precision if mixed_precision is not None else _env(envvars.PHALANX_MIXED_PRECISION)
     if grad_accum_steps is None and _env(envvars.PHALANX_GRAD_ACCUM_STEPS) is not None:
@@ -57,6 +75,7 @@ def resolve(strategy: str | None = None, mixed_precision: str | None = None, gra
         if ds.cpu_offload and not options.cpu_offload:
             options.cpu_offload = True
         clipping = ds.gradient_clipping
+    _regions(options, activation_checkpointing, compile)
     options.mixed_precision = check_name(mixed_precision or options.mixed_precision)
     return TrainingSettings(strategy=strategy or "auto", options=options,
                             grad_accum_steps=int(grad_accum_steps or 1), gradient_clipping=clipping,
