@@ -70,10 +70,9 @@ def select(model: nn.Module, spec: CheckpointSpec, units: list[nn.Module]) -> li
 
 def replace_module(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
     """Put `new` where `old` is registered in `model` (every place, for shared modules)."""
-    for parent in model.modules():
-        for name, child in list(parent.named_children()):
-            if child is old:
-                parent.register_module(name, new)
+    places = [(parent, name) for parent in model.modules() for name, child in parent.named_children() if child is old]
+    for parent, name in places:  # found first: the wrapper holds `old` and must not be searched
+        parent.register_module(name, new)
 
 
 def apply(model: nn.Module, spec: CheckpointSpec, units: list[nn.Module]) -> list[nn.Module]:

@@ -90,7 +90,8 @@ class LocalStrategy:
         self.options = options or StrategyOptions()
         self.precision = Precision(self.options.mixed_precision, ctx.device)
 
-    def setup_model(self, model: nn.Module) -> nn.Module:
+    def place(self, model: nn.Module) -> nn.Module:
+        """The model on the device, initialised if built on meta, its units checkpointed/compiled."""
         from phalanx.strategies import meta_init
         from phalanx.strategies.fsdp import default_units
         from phalanx.strategies.regions import transform_units
@@ -98,7 +99,10 @@ class LocalStrategy:
         if meta_init.is_meta(model):  # replicated: every rank holds it whole anyway
             meta_init.materialize(model, self.ctx.device, self.options.init_weights)
         transform_units(model, default_units(model), self.options, self.ctx.device)
-        return self.precision.wrap_forward(model.to(self.ctx.device))
+        return model.to(self.ctx.device)
+
+    def setup_model(self, model: nn.Module) -> nn.Module:
+        return self.precision.wrap_forward(self.place(model))
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         return optimizer

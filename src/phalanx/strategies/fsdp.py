@@ -107,7 +107,8 @@ class FSDPStrategy:
                 for i in range(1, len(units)):
                     units[i].set_modules_to_backward_prefetch([units[i - 1]])
         if meta:
-            meta_init.materialize(model, self.ctx.device, self.options.init_weights)
+            meta_init.materialize(model, self.ctx.device, self.options.init_weights,
+                                  param_device=torch.device("cpu") if self.options.cpu_offload else None)
         after = dict(model.named_parameters())
         for name, old in before.items():
             self._rebind[id(old)] = (weakref.ref(old), after[name])

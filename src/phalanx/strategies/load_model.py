@@ -109,36 +109,39 @@ def _refuse_or_warn(result: LoadResult, strict: bool, what: str) -> None:
 
 
 # ---- loading -----------------------------------------------------------------------------------
-def _slices_of(files: Mapping[str, str], keys: list[str], model_sd: Mapping[str, Any],
-               result: LoadResult) -> dict[str, torch.Tensor]:
-    """Each key's local part, read from the file: a DTensor's own slice, a plain tensor whole."""
-    from safetensors import safe_open
+def _read_local(f: Any, key: str, target: torch.Tensor, result: LoadResult) -> torch.Tensor:
+    """`key`'s part this rank holds, read from an open safetensors file: a DTensor's own slice
+    (rows of the memory-mapped file, nothing else touched), a plain tensor whole."""
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    out: dict[str, torch.Tensor] = {}
+    from phalanx.strategies.meta_init import local_index
+
+    if not isinstance(target, DTensor):
+        tensor = f.get_tensor(key)
+        result.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor.to(device=target.device, dtype=target.dtype)
+    index = local_index(target)
+    local = f.get_slice(key)[index] if index else f.get_tensor(key)
+    result.bytes_read += local.numel() * local.element_size()
+    local = local.to(device=target.to_local().device, dtype=target.dtype)
+    return DTensor.from_local(local, target.device_mesh, target.placements, shape=target.shape,
+                              stride=target.stride(), run_check=False)
+
+
+def _load_safetensors(model: nn.Module, files: Mapping[str, str], keys: list[str], model_sd: Mapping[str, Any],
+                      result: LoadResult) -> None:
+    """One tensor at a time through set_model_state_dict: a rank holds its shards plus one slice."""
+    from safetensors import safe_open
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=not _is_sharded(model), strict=False)
     by_file: dict[str, list[str]] = {}
     for key in keys:
         by_file.setdefault(files[key], []).append(key)
     for path, names in by_file.items():
         with safe_open(path, framework="pt") as f:
             for key in names:
-                target = model_sd[key]
-                view = f.get_slice(key)
-                if isinstance(target, DTensor):
-                    shape, offset = compute_local_shape_and_global_offset(
-                        target.shape, target.device_mesh, target.placements)
-                    index = tuple(slice(o, o + s) for o, s in zip(offset, shape))
-                    local = view[index] if index else f.get_tensor(key)
-                    result.bytes_read += local.numel() * local.element_size()
-                    local = local.to(device=target.to_local().device, dtype=target.dtype)
-                    out[key] = DTensor.from_local(local, target.device_mesh, target.placements,
-                                                  shape=target.shape, stride=target.stride(), run_check=False)
-                else:
-                    tensor = f.get_tensor(key)
-                    result.bytes_read += tensor.numel() * tensor.element_size()
-                    out[key] = tensor.to(device=target.device, dtype=target.dtype)
-    return out
+                set_model_state_dict(model, {key: _read_local(f, key, model_sd[key], result)}, options=options)
 
 
 def _full_on_rank0(source: Any) -> Mapping[str, torch.Tensor] | None:
@@ -170,9 +173,7 @@ def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int 
     if files is not None:  # every rank reads headers, then its own slices
         result = compare(expected, _safetensors_shapes(files))
         _refuse_or_warn(result, strict, what)
-        local = _slices_of(files, result.loaded, model_sd, result)
-        full = not _is_sharded(model)
-        set_model_state_dict(model, local, options=StateDictOptions(full_state_dict=full, strict=False))
+        _load_safetensors(model, files, result.loaded, model_sd, result)
         return result
     # torch file / state dict: rank 0 reads it, checks it and broadcasts tensor by tensor
     broadcast = _distributed()

@@ -63,17 +63,25 @@ def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
 
 
 def _full_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return torch.empty(tuple(t.shape), dtype=t.dtype, device=device)
+    """A full-size stand-in; floating ones start as NaN so that a value init left alone shows."""
+    full = torch.empty(tuple(t.shape), dtype=t.dtype, device=device)
+    return full.fill_(float("nan")) if full.is_floating_point() else full
+
+
+def local_index(target: torch.Tensor) -> tuple[slice, ...]:
+    """The index of this rank's part of a DTensor in the full tensor (any mesh and placements)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
 
 
 def _local_slice(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """This rank's part of `full` for a DTensor `target` (the whole of it for a plain tensor)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    """This rank's part of `full` for a DTensor `target` (the whole of it for a plain tensor): a
+    view, no copy."""
+    from torch.distributed.tensor import DTensor
 
-    if isinstance(target, DTensor):
-        # src_data_rank=None: every rank holds the same full tensor; slice locally, no communication.
-        return distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None).to_local()
-    return full
+    return full[local_index(target)] if isinstance(target, DTensor) else full
 
 
 @torch.no_grad()
@@ -97,20 +105,38 @@ def _init_one(module: nn.Module, init_fn: InitFn | None, device: torch.device) -
             module._parameters[name] = p
         for name, b in temp_buffers.items():
             module._buffers[name] = buffers[name]
+    untouched = [n for n, t in drawn.items() if _has_nan(t)]  # the full tensors: every rank agrees
+    if untouched:
+        how = "init_weights" if init_fn is not None else f"{type(module).__name__}.reset_parameters()"
+        raise ValueError(f"initialising a meta-device model: {how} left {', '.join(untouched)} of this "
+                         f"{type(module).__name__} (wholly or partly) unset. HINT: initialise every parameter and "
+                         "buffer the module owns there, or build the model off the meta device.")
     for name, target in {**params, **{n: buffers[n] for n in temp_buffers}}.items():
         _local(target).copy_(_local_slice(drawn[name].detach(), target))
 
 
-def sync_rng_from_rank0() -> None:
-    """Every rank draws initial weights from rank 0's generator state, so their slices come from one
-    model (as DTensor's RNG tracker does on GPUs); ranks seeded alike are unchanged by this."""
+def _has_nan(t: torch.Tensor, chunk: int = 1 << 20) -> bool:
+    """NaN anywhere in `t`, checked a chunk at a time (no full-size mask next to a large shard)."""
+    if not t.is_floating_point():
+        return False
+    flat = t.detach().reshape(-1)
+    return any(bool(torch.isnan(part).any()) for part in flat.split(chunk))
+
+
+def sync_rng_from_rank0(device: torch.device) -> None:
+    """Every rank draws initial weights from rank 0's generator state (CPU, and the accelerator's),
+    so their slices come from one model, as DTensor's RNG tracker does on GPUs; ranks seeded alike
+    are unchanged by this."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    states = [torch.get_rng_state()]
+    accelerator = getattr(torch, device.type) if device.type != "cpu" else None
+    states = [torch.get_rng_state(), accelerator.get_rng_state() if accelerator is not None else None]
     dist.broadcast_object_list(states, src=0)
     torch.set_rng_state(states[0])
+    if accelerator is not None:
+        accelerator.set_rng_state(states[1])
 
 
 def _named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -122,16 +148,23 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None = None) -> None:
+def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None = None,
+                param_device: torch.device | None = None) -> None:
     """Allocate `model`'s meta tensors on `device` (only the local shards of sharded parameters)
-    and initialise them per module, in registration order, as a normal construction would."""
+    and initialise them per module, in registration order, as a normal construction would.
+    `param_device`: where parameters live when not on `device` (CPU offload); buffers stay on `device`."""
     check_initialisable(model, init_fn)
     meta_modules = [m for m in model.modules() if _owns_state(m) and any(t.is_meta for t in _own_tensors(m))]
-    sync_rng_from_rank0()
+    sync_rng_from_rank0(device)
     # to_empty re-allocates every tensor (FSDP2 re-points its shard storage on it): keep the values
     # of tensors that were real already (a partly meta model) and put them back.
     kept = {name: _local(t).detach().clone() for name, t in _named_tensors(model) if not t.is_meta}
-    model.to_empty(device=device)
+    model.to_empty(device=param_device or device)
+    if param_device is not None and param_device != device:
+        for module in model.modules():
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None:
+                    module._buffers[name] = buffer.to(device)
     with torch.no_grad():
         for name, t in _named_tensors(model):
             if name in kept:
