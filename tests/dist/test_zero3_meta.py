@@ -86,6 +86,7 @@ def test_load_model_safetensors_and_torch_file_equal_the_file(small):
     for result in small:
         assert result["load"]["st_ddp_equal"] is True  # ddp: every rank, plain load
     assert small[0]["load"]["pt_zero3_equal"] is True  # torch file: rank 0 reads, broadcast to rank 1
+    assert small[0]["load"]["st_zero3_ac_equal"] is True  # checkpoint wrappers change no names
 
 
 def test_load_model_bad_keys_load_nothing_and_name_every_problem(small):
