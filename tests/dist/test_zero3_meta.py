@@ -14,9 +14,13 @@ pytestmark = pytest.mark.dist
 
 
 # ---- a 1.6 GB model under zero3 --------------------------------------------------------------------
+def _quiet(tmp_path_factory) -> dict[str, str]:
+    return {"PHALANX_RUN_DIR": str(tmp_path_factory.mktemp("run"))}  # phalanx's logs outside the repo
+
+
 @pytest.fixture(scope="module")
-def big():
-    return run_ranks("tests.dist.zero3_workloads:big_meta", 2, timeout=600)
+def big(tmp_path_factory):
+    return run_ranks("tests.dist.zero3_workloads:big_meta", 2, timeout=600, env=_quiet(tmp_path_factory))
 
 
 @pytest.mark.timeout(700)
@@ -58,7 +62,8 @@ def test_training_steps_run_on_the_meta_built_model(big):
 # ---- small models: init equal to normal construction, load_model, activation checkpointing --------
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    return run_ranks("tests.dist.zero3_workloads:both", 2, args=(str(tmp_path_factory.mktemp("load")),), timeout=300)
+    return run_ranks("tests.dist.zero3_workloads:both", 2, args=(str(tmp_path_factory.mktemp("load")),), timeout=300,
+                     env=_quiet(tmp_path_factory))
 
 
 @pytest.mark.timeout(400)
@@ -115,8 +120,8 @@ def test_activation_checkpointing_gives_the_same_gradients_under_ddp_and_zero3(s
 
 # ---- compile -------------------------------------------------------------------------------------
 @pytest.mark.timeout(600)
-def test_compiled_losses_equal_eager_over_20_steps_under_ddp_and_zero3():
-    ranks = run_ranks("tests.dist.zero3_workloads:compiled_losses", 2, timeout=560)
+def test_compiled_losses_equal_eager_over_20_steps_under_ddp_and_zero3(tmp_path_factory):
+    ranks = run_ranks("tests.dist.zero3_workloads:compiled_losses", 2, timeout=560, env=_quiet(tmp_path_factory))
     for result in ranks:
         for strategy in ("ddp", "zero3"):
             eager, compiled = result[f"{strategy}_eager"], result[f"{strategy}_compiled"]

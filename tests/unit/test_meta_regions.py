@@ -220,3 +220,41 @@ def test_an_init_that_leaves_a_tensor_unset_is_an_error_naming_it():
         model = WithTable()
     with pytest.raises(ValueError, match=r"Freqs.reset_parameters\(\) left table of this Freqs \(wholly or partly\) unset"):
         Phalanx().prepare(model)
+
+
+def test_load_model_from_sharded_safetensors_by_index_or_folder(tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    torch.manual_seed(9)
+    source = {k: v.contiguous() for k, v in TinyNet().state_dict().items()}
+    keys = sorted(source)
+    parts = {"model-00001-of-00002.safetensors": keys[:5], "model-00002-of-00002.safetensors": keys[5:]}
+    for name, part in parts.items():
+        save_file({k: source[k] for k in part}, tmp_path / name)
+    index = {"metadata": {}, "weight_map": {k: name for name, part in parts.items() for k in part}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    px = Phalanx()
+    for given in (tmp_path / "model.safetensors.index.json", tmp_path):
+        model = px.prepare(TinyNet())
+        result = px.load_model(model, given)
+        assert sorted(result.loaded) == keys and result.bytes_read == sum(v.nbytes for v in source.values())
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in source.items())
+
+
+def test_compile_wraps_the_checkpointed_unit():
+    torch.manual_seed(2)
+    eager = TinyNet(num_blocks=2)
+    model = Phalanx(activation_checkpointing=True, compile=True).prepare(TinyNet(num_blocks=2))
+    model.load_state_dict(eager.state_dict())
+    assert type(model.blocks[0]).__name__ == "CheckpointWrapper"
+    assert not hasattr(model.blocks[0].forward, "__func__")  # the wrapper's forward is the compiled one
+    tokens = torch.randint(0, 32, (4, 6), generator=torch.Generator().manual_seed(0))
+    out, ref = model(tokens), eager(tokens)
+    out.pow(2).mean().backward()
+    ref.pow(2).mean().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in model.named_parameters()}
+    for name, p in eager.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-6)
