@@ -25,3 +25,15 @@ def spawn(fn: Callable, world_size: int, *args) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     mp.spawn(_entry, args=(world_size, _free_port(), fn, args), nprocs=world_size, join=True)
+
+
+def in_process_group(fn: Callable, *args) -> None:
+    """Join the gloo group (from the spawned rank's environment), run `fn(*args)`, leave cleanly."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        fn(*args)
+    finally:
+        dist.barrier()  # see TORCH-CPU-FACTS: a barrier before destroy avoids aborts at exit
+        dist.destroy_process_group()

@@ -226,6 +226,36 @@ def _python_object(value: Any) -> Any:
     return value
 
 
+def _bool_or_names_text(text: str) -> bool | list[str]:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE or lowered == "":
+        return False
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _bool_or_names_obj(value: Any) -> Any:
+    """YAML: true/false or a list of names; a keyword argument may also be classes or a predicate."""
+    if isinstance(value, str):
+        return _bool_or_names_text(value)
+    if isinstance(value, (bool, list, tuple)) or callable(value):
+        return list(value) if isinstance(value, tuple) else value
+    raise ValueError("expected true, false or a list of module class names")
+
+
+BOOL_OR_NAMES = Kind("true, false or module class names", _bool_or_names_text, _bool_or_names_obj, example="false")
+
+
+def _bool_or_mapping_obj(value: Any) -> Any:
+    if isinstance(value, dict):
+        return value
+    return _bool_obj(value)
+
+
+BOOL_OR_OPTIONS = Kind("true, false (or a dict of options)", _bool_text, _bool_or_mapping_obj, example="false")
+
+
 def python(text: Callable[[str], Any], describe: str) -> Kind:
     """A setting whose keyword argument may be any Python object (a dict, a callable); text parses the rest."""
     return Kind(describe, text, _python_object)

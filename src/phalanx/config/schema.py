@@ -141,6 +141,12 @@ SETTINGS: tuple[Setting, ...] = (
             "(default: 60% of the GPU, or of RAM shared by the local ranks)"),
     Setting("deepspeed", kinds.python(_deepspeed_text, "path of a DeepSpeed JSON config (or a dict)"), None,
             "path of a DeepSpeed JSON config, mapped onto these settings", env_name="PHALANX_DEEPSPEED_CONFIG"),
+    Setting("activation_checkpointing", kinds.BOOL_OR_NAMES, False,
+            "recompute activations in backward: true (each sharding unit), false, or module class names "
+            "(Phalanx(): also classes or a predicate)"),
+    Setting("compile", kinds.BOOL_OR_OPTIONS, False,
+            "torch.compile each sharding unit (regional compilation; Phalanx(): also a dict of torch.compile options)",
+            bool_flag=True),
     Setting("cpu", kinds.BOOL, False, "run on the CPU (gloo) even when GPUs are visible", bool_flag=True),
     Setting("device_placement", kinds.BOOL, True, "move each batch of a prepared loader to the rank's device",
             bool_flag=True),

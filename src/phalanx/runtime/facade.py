@@ -22,7 +22,8 @@ from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
-from phalanx.strategies import ddp_options, memory, registry
+from phalanx.strategies import ddp_options, memory, meta_init, registry
+from phalanx.strategies import load_model as model_loading
 from phalanx.strategies import scheduler as lr_scheduler
 from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
 from phalanx.strategies.base import Strategy, StrategyOptions
@@ -154,6 +155,19 @@ class Phalanx:
                     and hasattr(obj, "load_state_dict"):  # a grad scaler, the user's own state
                 self.register_for_checkpointing(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def init_module(self) -> contextlib.AbstractContextManager[None]:
+        """Build the model inside: on the meta device under zero2/zero3 (prepare then allocates and
+        initialises only this rank's shards) and auto (which sizes the model before choosing), on
+        `px.device` otherwise."""
+        return meta_init.init_module(self.strategy.name in ("zero2", "zero3", "auto"), self.device)
+
+    def load_model(self, model: nn.Module, source: Any, *, strict: bool = True) -> model_loading.LoadResult:
+        """Load a full checkpoint (safetensors file or sharded index, torch file, or a state dict on
+        rank 0) into a prepared model; under zero2/zero3 no rank holds more than its shards plus
+        one tensor. Missing/unexpected keys or shape mismatches load nothing unless strict=False."""
+        with self.busy("load_model"):
+            return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = self._checkpointer.track(self.strategy.setup_model(model))

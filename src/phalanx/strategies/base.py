@@ -30,6 +30,13 @@ class StrategyOptions:
     forward_prefetch: bool | None = None
     """zero2/zero3: issue the next unit's all-gather before the current one computes. None: on
     for CUDA; off on CPU, where gloo gains no overlap from it and it measured slower."""
+    init_weights: Callable[[nn.Module], None] | None = None
+    """A model built on the meta device: fn(module) initialising one module's own parameters and
+    buffers, called per module at prepare (default: the module's reset_parameters())."""
+    activation_checkpointing: Any = None
+    """True (each sharding unit), module classes or class names, or a predicate module -> bool."""
+    compile: Any = None
+    """True or a dict of torch.compile options: compile each sharding unit's forward."""
     memory_budget_bytes: int | None = None
     """auto: per-device bytes the model state may take under ddp (default: from the device)."""
     ddp: DDPOptions = field(default_factory=DDPOptions)
@@ -86,8 +93,19 @@ class LocalStrategy:
         self.options = options or StrategyOptions()
         self.precision = Precision(self.options.mixed_precision, ctx.device)
 
+    def place(self, model: nn.Module) -> nn.Module:
+        """The model on the device, initialised if built on meta, its units checkpointed/compiled."""
+        from phalanx.strategies import meta_init
+        from phalanx.strategies.fsdp import default_units
+        from phalanx.strategies.regions import transform_units
+
+        if meta_init.is_meta(model):  # replicated: every rank holds it whole anyway
+            meta_init.materialize(model, self.ctx.device, self.options.init_weights)
+        transform_units(model, default_units(model), self.options, self.ctx.device)
+        return model.to(self.ctx.device)
+
     def setup_model(self, model: nn.Module) -> nn.Module:
-        return self.precision.wrap_forward(model.to(self.ctx.device))
+        return self.precision.wrap_forward(self.place(model))
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         return optimizer

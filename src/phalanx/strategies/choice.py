@@ -37,6 +37,10 @@ def choose(resolved: Any, strategy_options: Mapping[str, Any] | StrategyOptions 
         options.mixed_precision = cfg.mixed_precision
     if options.memory_budget_bytes is None:
         options.memory_budget_bytes = cfg.memory_budget
+    if resolved.is_set("activation_checkpointing"):
+        options.activation_checkpointing = cfg.activation_checkpointing
+    if resolved.is_set("compile"):
+        options.compile = cfg.compile
     given = tuple(name for name in DDP_SETTINGS if resolved.is_set(name))
     options.ddp = DDPOptions(**{name: getattr(cfg, name) for name in DDP_SETTINGS}, given=given)
     return StrategyChoice(strategy=cfg.strategy, options=options, grad_accum_steps=cfg.grad_accum_steps,

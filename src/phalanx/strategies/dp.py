@@ -27,7 +27,7 @@ class DPStrategy(LocalStrategy):
         super().__init__(ctx, options)
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.ctx.device)
+        model = self.place(model)
         if self.ctx.device.type == "cuda" and torch.cuda.device_count() > 1:
             # Autocast goes on the wrapper: replicas copy the inner module's attributes, so a
             # patched inner forward would run the original module; DataParallel carries the

@@ -81,10 +81,15 @@ class FSDPStrategy:
     def setup_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
-        model = model.to(self.ctx.device)
+        from phalanx.strategies import meta_init
+        from phalanx.strategies.regions import transform_units
+
+        # Not moved whole to the device first: fully_shard moves each unit's shards there, and a
+        # meta model is allocated (shards only) and initialised after sharding.
+        meta = meta_init.is_meta(model)
+        units = transform_units(model, shard_units(model, self.options.shard_modules), self.options, self.ctx.device)
         before = {name: p for name, p in model.named_parameters()}
         kwargs = self._fsdp_kwargs()
-        units = shard_units(model, self.options.shard_modules)
         nested = any(a is not b and any(m is b for m in a.modules()) for a in units for b in units)
         for i, unit in reversed(list(enumerate(units))):  # inner units first when nested
             # The last unit runs first in backward: freeing it after forward only to gather it
@@ -101,6 +106,9 @@ class FSDPStrategy:
             if self.reshard_after_forward:  # zero2 has nothing to gather again in backward
                 for i in range(1, len(units)):
                     units[i].set_modules_to_backward_prefetch([units[i - 1]])
+        if meta:
+            meta_init.materialize(model, self.ctx.device, self.options.init_weights,
+                                  param_device=torch.device("cpu") if self.options.cpu_offload else None)
         after = dict(model.named_parameters())
         for name, old in before.items():
             self._rebind[id(old)] = (weakref.ref(old), after[name])

@@ -1,0 +1,173 @@
+"""Models built on the meta device: never materialise the whole model on one rank.
+
+`init_module(sharded, device)` is the context a script builds its model in (meta for zero2/zero3,
+the device otherwise). After a strategy has sharded a meta model, `materialize` allocates only the
+local shards on the device and initialises them module by module: each module that owns
+parameters or buffers gets a full-size temporary copy of *its own* tensors (one module at a time,
+never the model), runs its `reset_parameters()` (or the user's `init_weights(module)`) on it, and
+keeps this rank's slice. The random draws therefore happen in the same order and from the same
+generator as a normal construction: with the same seed the weights equal a model built normally
+(DTensor's own RNG cannot do that on CPU, where it is unsupported and every rank would draw the
+same values for its different slice).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+InitFn = Callable[[nn.Module], None]
+
+
+def is_meta(model: nn.Module) -> bool:
+    """True when any parameter or buffer of `model` lives on the meta device."""
+    return any(t.is_meta for t in _tensors(model))
+
+
+def _tensors(model: nn.Module) -> Iterator[torch.Tensor]:
+    yield from model.parameters()
+    yield from model.buffers()
+
+
+@contextlib.contextmanager
+def init_module(sharded: bool, device: torch.device) -> Iterator[None]:
+    """Build modules on the meta device (`sharded`: zero2/zero3; prepare allocates only the shards)
+    or directly on `device` (replicated strategies: no copy from host memory afterwards)."""
+    with torch.device("meta" if sharded else device):
+        yield
+
+
+def _owns_state(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
+
+
+def check_initialisable(model: nn.Module, init_fn: InitFn | None) -> None:
+    """Refuse, naming them, modules with their own meta tensors and no way to initialise them."""
+    if init_fn is not None:
+        return
+    lacking = [f"{name or '<root>'} ({type(m).__name__})" for name, m in model.named_modules()
+               if _owns_state(m) and any(t.is_meta for t in _own_tensors(m))
+               and not callable(getattr(m, "reset_parameters", None))]
+    if lacking:
+        raise ValueError(
+            "the model was built on the meta device, but these modules hold parameters or buffers and "
+            f"have no reset_parameters() to initialise them: {', '.join(lacking)}. HINT: give them a "
+            "reset_parameters() method, or pass strategy_options={'init_weights': fn} with fn(module) "
+            "initialising a module's own tensors, or build the model off the meta device.")
+
+
+def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
+    return [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+
+
+def _full_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A full-size stand-in; floating ones start as NaN so that a value init left alone shows."""
+    full = torch.empty(tuple(t.shape), dtype=t.dtype, device=device)
+    return full.fill_(float("nan")) if full.is_floating_point() else full
+
+
+def local_index(target: torch.Tensor) -> tuple[slice, ...]:
+    """The index of this rank's part of a DTensor in the full tensor (any mesh and placements)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
+
+
+def _local_slice(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `full` for a DTensor `target` (the whole of it for a plain tensor): a
+    view, no copy."""
+    from torch.distributed.tensor import DTensor
+
+    return full[local_index(target)] if isinstance(target, DTensor) else full
+
+
+@torch.no_grad()
+def _init_one(module: nn.Module, init_fn: InitFn | None, device: torch.device) -> None:
+    params = dict(module.named_parameters(recurse=False))
+    buffers = dict(module.named_buffers(recurse=False))
+    temps = {name: nn.Parameter(_full_like(p, device), requires_grad=p.requires_grad) for name, p in params.items()}
+    temp_buffers = {name: _full_like(b, device) for name, b in buffers.items() if b is not None}
+    for name, t in temps.items():  # swap in full-size stand-ins; the shards stay aside
+        module._parameters[name] = t
+    for name, t in temp_buffers.items():
+        module._buffers[name] = t
+    try:
+        if init_fn is not None:
+            init_fn(module)
+        else:
+            module.reset_parameters()
+        drawn = {**{n: module._parameters[n] for n in temps}, **{n: module._buffers[n] for n in temp_buffers}}
+    finally:
+        for name, p in params.items():
+            module._parameters[name] = p
+        for name, b in temp_buffers.items():
+            module._buffers[name] = buffers[name]
+    untouched = [n for n, t in drawn.items() if _has_nan(t)]  # the full tensors: every rank agrees
+    if untouched:
+        how = "init_weights" if init_fn is not None else f"{type(module).__name__}.reset_parameters()"
+        raise ValueError(f"initialising a meta-device model: {how} left {', '.join(untouched)} of this "
+                         f"{type(module).__name__} (wholly or partly) unset. HINT: initialise every parameter and "
+                         "buffer the module owns there, or build the model off the meta device.")
+    for name, target in {**params, **{n: buffers[n] for n in temp_buffers}}.items():
+        _local(target).copy_(_local_slice(drawn[name].detach(), target))
+
+
+def _has_nan(t: torch.Tensor, chunk: int = 1 << 20) -> bool:
+    """NaN anywhere in `t`, checked a chunk at a time (no full-size mask next to a large shard)."""
+    if not t.is_floating_point():
+        return False
+    flat = t.detach().reshape(-1)
+    return any(bool(torch.isnan(part).any()) for part in flat.split(chunk))
+
+
+def sync_rng_from_rank0(device: torch.device) -> None:
+    """Every rank draws initial weights from rank 0's generator state (CPU, and the accelerator's),
+    so their slices come from one model, as DTensor's RNG tracker does on GPUs; ranks seeded alike
+    are unchanged by this."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    accelerator = getattr(torch, device.type) if device.type != "cpu" else None
+    states = [torch.get_rng_state(), accelerator.get_rng_state() if accelerator is not None else None]
+    dist.broadcast_object_list(states, src=0)
+    torch.set_rng_state(states[0])
+    if accelerator is not None:
+        accelerator.set_rng_state(states[1])
+
+
+def _named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None = None,
+                param_device: torch.device | None = None) -> None:
+    """Allocate `model`'s meta tensors on `device` (only the local shards of sharded parameters)
+    and initialise them per module, in registration order, as a normal construction would.
+    `param_device`: where parameters live when not on `device` (CPU offload); buffers stay on `device`."""
+    check_initialisable(model, init_fn)
+    meta_modules = [m for m in model.modules() if _owns_state(m) and any(t.is_meta for t in _own_tensors(m))]
+    sync_rng_from_rank0(device)
+    # to_empty re-allocates every tensor (FSDP2 re-points its shard storage on it): keep the values
+    # of tensors that were real already (a partly meta model) and put them back.
+    kept = {name: _local(t).detach().clone() for name, t in _named_tensors(model) if not t.is_meta}
+    model.to_empty(device=param_device or device)
+    if param_device is not None and param_device != device:
+        for module in model.modules():
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None:
+                    module._buffers[name] = buffer.to(device)
+    with torch.no_grad():
+        for name, t in _named_tensors(model):
+            if name in kept:
+                _local(t).copy_(kept[name])
+    for module in meta_modules:
+        _init_one(module, init_fn, device)
