@@ -22,7 +22,7 @@ from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
-from phalanx.strategies import ddp_options, memory, meta_init, registry
+from phalanx.strategies import auto, ddp_options, memory, meta_init, registry
 from phalanx.strategies import load_model as model_loading
 from phalanx.strategies import scheduler as lr_scheduler
 from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
@@ -67,10 +67,12 @@ class Phalanx:
         else:
             self.seed = seeding.last_seed() if seeding.last_seed() is not None else 0
         self.device_placement = cfg.device_placement
-        registry.resolve_name(self.settings.strategy, self.ctx)  # bad names fail before any group is joined
+        name = registry.resolve_name(self.settings.strategy, self.ctx)  # bad names fail before any group is joined
         self.debug = cfg.debug  # check each collective's shapes across ranks first
         init_process_group(self.ctx, cfg.collective_timeout)
-        self.strategy: Strategy = registry.create(self.settings.strategy, self.ctx, self.settings.options)
+        # auto is decided once the model is known (prepare_model); every other name is a strategy now.
+        self._strategy: Strategy | None = None if name == registry.AUTO else registry.create(
+            name, self.ctx, self.settings.options)
         self._batch_info = BatchInfo()
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
                                         batches_left=lambda: self._batch_info.left)
@@ -81,7 +83,7 @@ class Phalanx:
         self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self._step_progress,
                                                 cfg.watchdog_timeout, destroy_process_group)
         self._checkpointer = Checkpointer(
-            strategy_name=self.strategy.name, seed=self.seed, keep=cfg.checkpoint_keep,
+            strategy_name=self.strategy_name, seed=self.seed, keep=cfg.checkpoint_keep,
             async_save=cfg.checkpoint_async, directory=cfg.checkpoint_dir,
         )
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
@@ -128,7 +130,15 @@ class Phalanx:
 
     @property
     def strategy_name(self) -> str:
-        return self.strategy.name
+        """The strategy in use; "auto" until prepare(model) has decided."""
+        return registry.AUTO if self._strategy is None else self._strategy.name
+
+    @property
+    def strategy(self) -> Strategy:
+        if self._strategy is None:
+            raise RuntimeError("strategy 'auto' decides when the model is prepared. "
+                               "HINT: call px.prepare(model, ...) first.")
+        return self._strategy
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
@@ -160,7 +170,7 @@ class Phalanx:
         """Build the model inside: on the meta device under zero2/zero3 (prepare then allocates and
         initialises only this rank's shards) and auto (which sizes the model before choosing), on
         `px.device` otherwise."""
-        return meta_init.init_module(self.strategy.name in ("zero2", "zero3", "auto"), self.device)
+        return meta_init.init_module(self.strategy_name in ("zero2", "zero3", "hsdp", registry.AUTO), self.device)
 
     def load_model(self, model: nn.Module, source: Any, *, strict: bool = True) -> model_loading.LoadResult:
         """Load a full checkpoint (safetensors file or sharded index, torch file, or a state dict on
@@ -170,11 +180,15 @@ class Phalanx:
             return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
+        if self._strategy is None:  # auto: sized from this model, then a concrete strategy
+            name, reason = auto.decide(model, self.ctx, self.settings.options)
+            self._strategy = registry.create(name, self.ctx, self.settings.options)
+            get_logger().info("strategy auto chose %s: %s", name, reason)
         model = self._checkpointer.track(self.strategy.setup_model(model))
         hook_state = ddp_options.hook_state_of(model)
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
             self._checkpointer.register(hook_state, per_rank=True)
-        self._checkpointer.strategy_name = self.strategy.name  # `auto` has decided by now
+        self._checkpointer.strategy_name = self.strategy.name
         self._prepared.append(model)
         watch_module(self._step_progress, model)
         return model
