@@ -5,7 +5,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from phalanx import Phalanx
 from phalanx.runtime import debug
-from phalanx.runtime.progress import Progress
+from phalanx.runtime.step_tracker import StepTracker
 from phalanx.runtime.verdict import PeerView, judge
 
 NOW = 100.0
@@ -62,7 +62,7 @@ def test_debug_describes_nested_batches():
 
 
 def test_progress_phases():
-    progress = Progress()
+    progress = StepTracker()
     assert (progress.step, progress.phase) == (-1, "start")
     progress.next_step()
     with progress.during("backward"):

@@ -1,6 +1,7 @@
 """`prepare(loader)`: the user's DataLoader rebuilt to shard over ranks and feed the device."""
 from __future__ import annotations
 
+import enum
 import itertools
 import warnings
 from dataclasses import dataclass
@@ -14,12 +15,20 @@ from phalanx.data.iterable import ShardedIterable
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
-from phalanx.runtime.progress import Progress
+from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.runtime.seeding import seed_worker_generator
 
 # DataLoader arguments carried over verbatim when the loader is rebuilt around a new sampler.
 _CARRIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
             "multiprocessing_context", "persistent_workers", "pin_memory_device", "in_order")
+
+
+class Equalising(enum.Enum):
+    """How a prepared loader gives every rank the same number of batches."""
+
+    FIXED = "fixed"  # by construction: DistributedSampler padding or drop_last, or a world of one
+    COUNT = "count"  # ranks agree on a count at the start of each pass (pre-split data, shard=False)
+    STEP = "step"  # ranks agree at every step whether anyone still has data (streams)
 
 
 @dataclass
@@ -51,7 +60,7 @@ class PreparedLoader:
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
                  device_placement: bool = True, batch_info: BatchInfo | None = None,
-                 shard: bool = True, progress: Progress | None = None, rank_aware_workers: bool = True):
+                 shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
@@ -75,7 +84,7 @@ class PreparedLoader:
         self.per_rank_positions = not shard or isinstance(loader.dataset, IterableDataset)
         self.drop = _drops_last(self.loader)
         self.mode = _equalising_mode(self.loader, ctx, shard)
-        self._num_batches = agree_num_batches(len(self.loader), self.drop) if self.mode == "count" else None
+        self._num_batches = agree_num_batches(len(self.loader), self.drop) if self.mode is Equalising.COUNT else None
         # Checkpointing: (epoch, batches yielded) of the pass in progress; batches to skip on resume.
         self._position: tuple[int, int] | None = None
         self._resume: tuple[int, int] | None = None
@@ -97,7 +106,7 @@ class PreparedLoader:
         return self.loader.batch_size
 
     def __len__(self) -> int:
-        if self.mode == "count":
+        if self.mode is Equalising.COUNT:
             return self._num_batches  # type: ignore[return-value]
         return len(self.loader)  # an IterableDataset without __len__ raises TypeError, as torch's does
 
@@ -149,9 +158,9 @@ class PreparedLoader:
                 seed_worker_generator(self._worker_generator, self.seed, self.ctx.rank, epoch)
             else:
                 self._worker_generator.manual_seed(self.seed + epoch)
-        if self.mode == "fixed":
+        if self.mode is Equalising.FIXED:
             batches = self._one_pass(skip)
-        elif self.mode == "count":
+        elif self.mode is Equalising.COUNT:
             self._num_batches = agree_num_batches(len(self.loader), self.drop)
             batches = self._counted(self._num_batches, skip)
         else:
@@ -168,7 +177,7 @@ class PreparedLoader:
                 progress.next_step()
             yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
             if progress is not None:
-                progress.enter("data")
+                progress.enter(Phase.DATA)
         self.batch_info.size = self.batch_info.num_real = self.batch_info.left = None
         self._position = None  # the pass is complete: a checkpoint now starts the next one
 
@@ -422,10 +431,10 @@ def _drops_last(loader: DataLoader) -> bool:
     return bool(loader.drop_last)
 
 
-def _equalising_mode(loader: DataLoader, ctx: DistContext, shard: bool) -> str:
-    """How equal step counts are ensured: 'fixed' (by construction), 'count' (per pass), 'step'."""
+def _equalising_mode(loader: DataLoader, ctx: DistContext, shard: bool) -> Equalising:
+    """How this loader's equal step counts are ensured (see Equalising)."""
     if not ctx.is_distributed:
-        return "fixed"
+        return Equalising.FIXED
     if isinstance(loader.dataset, IterableDataset):
         return "step"
     try:

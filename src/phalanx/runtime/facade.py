@@ -20,7 +20,7 @@ from phalanx.runtime.context import DistContext, launcher_settings
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
-from phalanx.runtime.progress import Progress, watch_module, watch_optimizer
+from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
 from phalanx.strategies import auto, ddp_options, memory, meta_init, registry
 from phalanx.strategies import load_model as model_loading
@@ -78,7 +78,7 @@ class Phalanx:
                                         batches_left=lambda: self._batch_info.left)
         self._optimizers: list[torch.optim.Optimizer] = []
         self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
-        self._step_progress = Progress()  # step and phase of this rank, read by the watchdog
+        self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
         self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
         self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self._step_progress,
                                                 cfg.watchdog_timeout, destroy_process_group)
@@ -176,7 +176,7 @@ class Phalanx:
         """Load a full checkpoint (safetensors file or sharded index, torch file, or a state dict on
         rank 0) into a prepared model; under zero2/zero3 no rank holds more than its shards plus
         one tensor. Missing/unexpected keys or shape mismatches load nothing unless strict=False."""
-        with self.busy("load_model"):
+        with self.busy(Phase.LOAD_MODEL):
             return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
@@ -230,7 +230,7 @@ class Phalanx:
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         """`loss.backward()`, divided by grad_accum_steps and scaled for fp16 when needed."""
-        with self._step_progress.during("backward"):
+        with self._step_progress.during(Phase.BACKWARD):
             self.strategy.backward(self._accumulator.scale_loss(loss))
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
@@ -285,7 +285,7 @@ class Phalanx:
 
         Without `path`, writes the next `step-XXXXXXXX` checkpoint under `checkpoint_dir`.
         """
-        with self.busy("save_state"):  # writing can outlast the watchdog timeout on some ranks
+        with self.busy(Phase.SAVE_STATE):  # writing can outlast the watchdog timeout on some ranks
             return str(self._checkpointer.save(path, async_save))
 
     def load_state(self, path: str | os.PathLike | None = None) -> bool:
@@ -293,7 +293,7 @@ class Phalanx:
 
         Call it after `prepare(...)`: one script then both starts and resumes.
         """
-        with self.busy("load_state"):
+        with self.busy(Phase.LOAD_STATE):
             return self._checkpointer.load(path)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -317,11 +317,11 @@ class Phalanx:
             print(*args, **kwargs)
 
     def reduce(self, data: Any, reduction: str = "mean") -> Any:
-        with self._step_progress.during("reduce"):
+        with self._step_progress.during(Phase.REDUCE):
             return collectives.reduce(data, reduction, debug=self.debug)
 
     def gather(self, data: Any) -> Any:
-        with self._step_progress.during("gather"):
+        with self._step_progress.during(Phase.GATHER):
             return collectives.gather(data, debug=self.debug)
 
     def gather_for_metrics(self, data: Any) -> Any:
@@ -337,7 +337,7 @@ class Phalanx:
         def cut(t: torch.Tensor) -> torch.Tensor:
             return t[:real] if trim and t.dim() > 0 and t.shape[0] == size else t
 
-        with self._step_progress.during("gather_for_metrics"):
+        with self._step_progress.during(Phase.GATHER_FOR_METRICS):
             if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
                 mine = data[:real] if trim and len(data) == size else data
                 return [x for part in collectives.gather_object(mine, debug=self.debug) for x in part]
@@ -345,7 +345,7 @@ class Phalanx:
 
     def wait_for_everyone(self) -> None:
         """Barrier across all ranks (no-op in a world of one)."""
-        with self._step_progress.during("barrier"):
+        with self._step_progress.during(Phase.BARRIER):
             collectives.barrier(debug=self.debug)
 
     @contextlib.contextmanager
@@ -355,7 +355,7 @@ class Phalanx:
             self.wait_for_everyone()
             yield
             return
-        with self.busy("main_process_first"):  # the others wait on purpose: not a stall
+        with self.busy(Phase.MAIN_PROCESS_FIRST):  # the others wait on purpose: not a stall
             yield
         self.wait_for_everyone()
 

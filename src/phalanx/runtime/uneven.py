@@ -22,7 +22,7 @@ from torch.distributed.algorithms import Join, Joinable
 
 from phalanx.data.equalize import agree_step
 from phalanx.runtime.context import DistContext
-from phalanx.runtime.progress import Progress
+from phalanx.runtime.step_tracker import Phase, StepTracker
 
 METHODS = ("auto", "join", "agree")
 
@@ -30,7 +30,7 @@ METHODS = ("auto", "join", "agree")
 class UnevenInputs:
     """The context manager returned by `px.uneven_inputs` / `px.join`; `.iter()` wraps user iterables."""
 
-    def __init__(self, method: str, joinables: Sequence[Joinable] = (), progress: Progress | None = None):
+    def __init__(self, method: str, joinables: Sequence[Joinable] = (), progress: StepTracker | None = None):
         self.method = method  # "join", "agree" or "none" (a world of one)
         self._join = Join(list(joinables)) if method == "join" else None
         self._progress = progress
@@ -45,7 +45,7 @@ class UnevenInputs:
             return None
         if self._progress is not None:
             # A rank that finished early waits here, shadowing its peers' collectives.
-            self._progress.enter("join")
+            self._progress.enter(Phase.JOIN)
         return self._join.__exit__(*exc_info)
 
     def iter(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -56,7 +56,7 @@ class UnevenInputs:
         it = iter(iterable)
         while True:
             if self._progress is not None:
-                self._progress.enter("agree")
+                self._progress.enter(Phase.AGREE)
             item = next(it, _END)
             if not agree_step(item is not _END, can_pad=False, drop=True).proceed:
                 return
@@ -89,7 +89,7 @@ def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
 
 
 def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto",
-                  progress: Progress | None = None) -> UnevenInputs:
+                  progress: StepTracker | None = None) -> UnevenInputs:
     """Build the context for `objects` (prepared models and optimizers)."""
     chosen = choose_method(objects, ctx, method)
     joinables = [o for o in map(_unwrap, objects) if isinstance(o, Joinable)] if chosen == "join" else []

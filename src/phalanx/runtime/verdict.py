@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from phalanx.runtime.progress import STEP
+from phalanx.runtime.step_tracker import Phase
 
-LEFT_LOOP = "exit"  # the phase of a rank that has left its script (atexit)
-_IN_SCRIPT = ("start", STEP)  # phases in which a rank runs the user's code, not phalanx's
+LEFT_LOOP = Phase.EXIT  # the phase of a rank that has left its script (atexit)
+_IN_SCRIPT = (Phase.START, Phase.STEP)  # phases in which a rank runs the user's code, not phalanx's
 
 
 @dataclass

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from phalanx import envvars, store_keys
 from phalanx.runtime.process_group import ignoring_sigint
-from phalanx.runtime.progress import Progress
+from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
 
 DEFAULT_WATCHDOG_TIMEOUT_S = 60.0
@@ -44,7 +44,7 @@ EXIT_CODE = 3  # a rank stopped by the watchdog (1 stays "the script raised")
 class Watchdog:
     """The reporting thread of one rank. `start()` after the process group exists."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, progress: Progress, timeout: float):
+    def __init__(self, store: dist.Store, rank: int, world_size: int, progress: StepTracker, timeout: float):
         self.store = store
         self.rank = rank
         self.world_size = world_size
@@ -169,9 +169,9 @@ class Watchdog:
 
         Explaining takes a few heartbeats, which also lets the root cause exit first, so a launcher
         lists it first."""
-        if self.progress.phase == "failed":
+        if self.progress.phase == Phase.FAILED:
             return  # already explained (excepthook, then atexit)
-        self.progress.enter("failed")
+        self.progress.enter(Phase.FAILED)
         self.stop()
         self._failed_at = time.time()
         try:
@@ -291,7 +291,7 @@ def _explain_uncaught_errors(watchdog: Watchdog) -> None:
     sys.excepthook = hook
 
 
-def start_watchdog(rank: int, world_size: int, progress: Progress, timeout: float, destroy) -> Watchdog | None:
+def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: float, destroy) -> Watchdog | None:
     """Start watching when there is a group and a timeout; `destroy` leaves the group at exit."""
     if timeout == 0 or world_size == 1 or not dist.is_initialized():
         return None

@@ -6,24 +6,52 @@ watchdog thread. `ticks` changes at every transition, so "no tick for T seconds"
 from __future__ import annotations
 
 import contextlib
+import enum
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     import torch
 
-# Phases a rank is in while phalanx itself is running: a rank in one of these may be waiting for
-# its peers. "step" means "in the training script, between phalanx calls".
-STEP = "step"
+
+class Phase(str, enum.Enum):
+    """Where a rank is. STEP and START mean "in the training script, between phalanx calls"; in the
+    others phalanx itself runs and the rank may be waiting for its peers. Published to the store as
+    its value; work named with `px.busy(name)` publishes that name instead."""
+
+    START = "start"
+    STEP = "step"
+    DATA = "data"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    REDUCE = "reduce"
+    GATHER = "gather"
+    GATHER_FOR_METRICS = "gather_for_metrics"
+    BARRIER = "barrier"
+    JOIN = "join"
+    AGREE = "agree"
+    SAVE_STATE = "save_state"
+    LOAD_STATE = "load_state"
+    LOAD_MODEL = "load_model"
+    MAIN_PROCESS_FIRST = "main_process_first"
+    FAILED = "failed"
+    EXIT = "exit"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 
-class Progress:
+STEP = Phase.STEP
+
+
+class StepTracker:
     """The current step (batches taken from prepared loaders, from 0) and phase of this rank."""
 
     __slots__ = ("step", "phase", "ticks", "busy")
 
     def __init__(self) -> None:
         self.step = -1  # no batch yet
-        self.phase = "start"
+        self.phase: str = Phase.START
         self.ticks = 0
         self.busy = 0  # > 0 inside `busy()`: long work the others are meant to wait for
 
@@ -58,13 +86,13 @@ class Progress:
             self.enter(previous)
 
 
-def watch_module(progress: Progress, module: "torch.nn.Module") -> None:
+def watch_module(progress: StepTracker, module: "torch.nn.Module") -> None:
     """Mark the model's forward (where DDP may broadcast buffers, FSDP all-gathers) as a phase."""
-    module.register_forward_pre_hook(lambda *_: progress.enter("forward"))
+    module.register_forward_pre_hook(lambda *_: progress.enter(Phase.FORWARD))
     module.register_forward_hook(lambda *_: progress.enter(STEP))
 
 
-def watch_optimizer(progress: Progress, optimizer: "torch.optim.Optimizer") -> None:
+def watch_optimizer(progress: StepTracker, optimizer: "torch.optim.Optimizer") -> None:
     """Mark optimizer.step (collectives under zero1..3) as a phase."""
-    optimizer.register_step_pre_hook(lambda *_: progress.enter("optimizer"))
+    optimizer.register_step_pre_hook(lambda *_: progress.enter(Phase.OPTIMIZER))
     optimizer.register_step_post_hook(lambda *_: progress.enter(STEP))
