@@ -11,14 +11,14 @@ __all__ = ["Phalanx", "seed_everything", "spawn", "__version__"]
 
 if TYPE_CHECKING:
     from phalanx.launch.spawn import spawn
-    from phalanx.runtime.facade import Phalanx
+    from phalanx.facade import Phalanx
     from phalanx.runtime.seeding import seed_everything
 
 
 def __getattr__(name: str):
     # Lazy: `import phalanx` (e.g. by the launcher) must not import torch.
     if name == "Phalanx":
-        from phalanx.runtime.facade import Phalanx
+        from phalanx.facade import Phalanx
 
         return Phalanx
     if name == "spawn":  # phalanx.spawn(fn, *args, nprocs=None, **kwargs): N ranks from Python

@@ -1,1 +1,1 @@
-"""Code that runs inside each worker: context, process group, collectives, the facade."""
+"""Code that runs inside each worker: context, process group, collectives, watchdog, seeding, profiler."""
