@@ -1,9 +1,9 @@
 """Model-state memory per rank: what each strategy will hold (the plan) and what a rank holds
 (the measurement), in bytes of parameters, gradients and optimizer state.
 
-The plan follows each strategy's placement rules: ddp replicates everything; zero1 gives each
-whole parameter's optimizer state to one rank (greedy, largest first, onto the least loaded rank,
-as torch's ZeroRedundancyOptimizer does); zero2/zero3 split every parameter along dim 0 into
+The plan follows each strategy's placement rules: ddp replicates everything; zero1 keeps full
+parameters and gradients and splits every parameter's optimizer state along dim 0 over the ranks
+(strategies/sharded_optimizer.py); zero2/zero3 split every parameter along dim 0 into
 `world_size` chunks (as FSDP2 does). Activations and communication buffers are not model state.
 """
 from __future__ import annotations
@@ -80,8 +80,18 @@ def _dim0_chunk(shape: tuple[int, ...], world_size: int, rank: int) -> int:
     return mine * math.prod(shape[1:])
 
 
+def zero1_optimizer_bytes(size: ParamSize, world_size: int, rank: int, optimizer: str = "adamw") -> int:
+    """zero1's optimizer state for one parameter on `rank`: the state of its dim-0 chunk (a scalar
+    parameter is stepped whole on every rank); every rank keeps a `step`, even for an empty chunk."""
+    numel = size.numel if not size.shape else _dim0_chunk(size.shape, world_size, rank)
+    _optimizer_bytes(size, 0, optimizer)  # an unknown optimizer's error
+    states, has_step = OPTIMIZER_STATES[optimizer]
+    return states * numel * size.element_size + (STEP_BYTES if has_step else 0)
+
+
 def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
-    """Which rank holds each parameter's optimizer state under zero1."""
+    """Which rank holds each whole parameter's optimizer state under torch's
+    ZeroRedundancyOptimizer (greedy, largest first; zero1 itself splits every parameter)."""
     load = [0] * world_size
     owner = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: sizes[i].numel, reverse=True):
@@ -97,9 +107,8 @@ def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw") -> d
                      optimizer=sum(_optimizer_bytes(s, s.numel, optimizer) for s in sizes))
     out: dict[str, list[RankBytes]] = {"ddp": [RankBytes(full.params, full.grads, full.optimizer)
                                               for _ in range(world_size)]}
-    owners = zero1_owners(sizes, world_size)
     out["zero1"] = [RankBytes(full.params, full.grads,
-                              sum(_optimizer_bytes(s, s.numel, optimizer) for s, o in zip(sizes, owners) if o == r))
+                              sum(zero1_optimizer_bytes(s, world_size, r, optimizer) for s in sizes))
                     for r in range(world_size)]
     sharded = []
     for r in range(world_size):
