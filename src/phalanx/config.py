@@ -66,7 +66,7 @@ class PhalanxConfig:
         choices=("auto", "fork", "spawn")))
     # --- runtime: what each worker's Phalanx() does ---
     strategy: str | None = field(default=None, metadata=_meta(
-        RUNTIME, "auto, single, dp, ddp, zero1, zero2, zero3 (fsdp)", env=envvars.PHALANX_STRATEGY, flag="--strategy"))
+        RUNTIME, "auto, single, dp, ddp, zero1, zero2, zero3 (fsdp), hsdp", env=envvars.PHALANX_STRATEGY, flag="--strategy"))
     mixed_precision: str | None = field(default=None, metadata=_meta(
         RUNTIME, "no, bf16 or fp16", env=envvars.PHALANX_MIXED_PRECISION, flag="--mixed-precision"))
     grad_accum_steps: int | None = field(default=None, metadata=_meta(

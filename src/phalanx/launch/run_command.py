@@ -64,7 +64,7 @@ class PassThroughFlag:
 
 
 PASSTHROUGH_FLAGS: tuple[PassThroughFlag, ...] = (
-    PassThroughFlag(("--strategy",), envvars.PHALANX_STRATEGY, "distribution strategy: dp, ddp, zero1, zero2, zero3 (fsdp)"),
+    PassThroughFlag(("--strategy",), envvars.PHALANX_STRATEGY, "distribution strategy: dp, ddp, zero1, zero2, zero3 (fsdp), hsdp"),
     PassThroughFlag(("--mixed-precision", "--mixed_precision"), envvars.PHALANX_MIXED_PRECISION, "mixed precision mode, e.g. bf16, fp16, no"),
     PassThroughFlag(("--watchdog-timeout", "--watchdog_timeout"), envvars.PHALANX_WATCHDOG_TIMEOUT, "seconds without progress before the watchdog reports a hang; 0 turns it off", _timeout_or_off),
     PassThroughFlag(("--deepspeed",), envvars.PHALANX_DEEPSPEED_CONFIG, "path of a DeepSpeed JSON config", _existing_file),

@@ -51,7 +51,7 @@ class Phalanx:
         checkpoint_keep: int = 3,
         checkpoint_async: bool = False,
     ):
-        """`strategy`: dp, ddp, zero1, zero2, zero3 (= fsdp) or auto (default).
+        """`strategy`: dp, ddp, zero1, zero2, zero3 (= fsdp), hsdp or auto (default).
         `mixed_precision`: no, bf16 or fp16. `grad_accum_steps`: micro-steps per optimizer step
         (use with `px.accumulate`). `deepspeed`: a DeepSpeed JSON config (path or dict) mapped onto
         these settings. `strategy_options`: fields of `StrategyOptions` (cpu_offload,

@@ -29,6 +29,10 @@ class StrategyOptions:
     forward_prefetch: bool | None = None
     """zero2/zero3: issue the next unit's all-gather before the current one computes. None: on
     for CUDA; off on CPU, where gloo gains no overlap from it and it measured slower."""
+    replicate_size: int | None = None
+    """hsdp: replica groups (default: world size / shard_size, i.e. one per node)."""
+    shard_size: int | None = None
+    """hsdp: ranks each replica's parameters are sharded over (default: the processes per node)."""
     memory_budget_bytes: int | None = None
     """auto: per-device bytes the model state may take under ddp (default: from the device)."""
     extra: dict[str, Any] = field(default_factory=dict)

@@ -69,11 +69,16 @@ class FSDPStrategy:
         # id(original parameter) -> (weak ref to it, its sharded replacement), for the optimizer.
         self._rebind: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
 
-    def _fsdp_kwargs(self) -> dict[str, Any]:
+    def device_mesh(self) -> Any:
+        """The mesh parameters are sharded over: every rank (hsdp overrides it with a 2-D one)."""
         from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+
+    def _fsdp_kwargs(self) -> dict[str, Any]:
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
-        mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+        mesh = self.device_mesh()
         offload = (CPUOffloadPolicy(pin_memory=self.ctx.device.type == "cuda")
                    if self.options.cpu_offload else OffloadPolicy())
         return {"mesh": mesh, "mp_policy": self.precision.fsdp_policy(), "offload_policy": offload}
