@@ -56,6 +56,18 @@ def shard_units(model: nn.Module, spec: ShardSpec) -> list[nn.Module]:
     return [m for m in chosen if _has_params(m)]
 
 
+def prefer_foreach(optimizer: torch.optim.Optimizer) -> None:
+    """Use the multi-tensor (foreach) step where the user left `foreach` unset. torch picks the
+    per-parameter loop on CPU, and over FSDP2's DTensor parameters every one of its ~8 ops per
+    parameter pays DTensor's dispatch: measured on bench/strategies.py's encoder (51 parameters),
+    AdamW's step went from 21 to 13 ms CPU. An explicit foreach=False is kept."""
+    if "foreach" not in optimizer.defaults:
+        return
+    for group in optimizer.param_groups:
+        if group.get("foreach") is None:
+            group["foreach"] = True
+
+
 class FSDPStrategy:
     """zero3 (also named fsdp): full sharding; `cpu_offload` keeps shards in CPU memory."""
 
@@ -131,6 +143,7 @@ class FSDPStrategy:
                     )
                 params.append(new)
             group["params"] = params
+        prefer_foreach(optimizer)
         return optimizer
 
     def backward(self, loss: torch.Tensor) -> None:
