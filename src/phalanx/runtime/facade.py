@@ -55,8 +55,8 @@ class Phalanx:
         `mixed_precision`: no, bf16 or fp16. `grad_accum_steps`: micro-steps per optimizer step
         (use with `px.accumulate`). `deepspeed`: a DeepSpeed JSON config (path or dict) mapped onto
         these settings. `strategy_options`: fields of `StrategyOptions` (cpu_offload,
-        shard_modules, forward_prefetch, memory_budget_bytes, extra). Each falls back to its
-        PHALANX_* environment variable, as set by `phalanx run`.
+        shard_modules, forward_prefetch, replicate_size and shard_size for hsdp, memory_budget_bytes,
+        extra). Each falls back to its PHALANX_* environment variable, as set by `phalanx run`.
         """
         self.ctx = DistContext.from_env(cpu=cpu)
         self.settings = settings.resolve(strategy, mixed_precision, grad_accum_steps, deepspeed, strategy_options)

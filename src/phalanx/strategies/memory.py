@@ -101,8 +101,10 @@ def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
     return owner
 
 
-def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw") -> dict[str, list[RankBytes]]:
-    """Per strategy, per rank: the model-state bytes that rank will hold."""
+def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
+         hsdp_shard_size: int | None = None) -> dict[str, list[RankBytes]]:
+    """Per strategy, per rank: the model-state bytes that rank will hold. With `hsdp_shard_size`
+    (ranks per shard group, by default the processes of a node) hsdp too: zero3 within a group."""
     full = RankBytes(params=sum(s.nbytes for s in sizes), grads=sum(s.nbytes for s in sizes),
                      optimizer=sum(_optimizer_bytes(s, s.numel, optimizer) for s in sizes))
     out: dict[str, list[RankBytes]] = {"ddp": [RankBytes(full.params, full.grads, full.optimizer)
@@ -110,15 +112,22 @@ def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw") -> d
     out["zero1"] = [RankBytes(full.params, full.grads,
                               sum(zero1_optimizer_bytes(s, world_size, r, optimizer) for s in sizes))
                     for r in range(world_size)]
-    sharded = []
-    for r in range(world_size):
-        numels = [(s, _dim0_chunk(s.shape, world_size, r)) for s in sizes]
-        shard = sum(n * s.element_size for s, n in numels)
-        sharded.append(RankBytes(shard, shard, sum(_optimizer_bytes(s, n, optimizer) for s, n in numels)))
+    sharded = [_sharded_bytes(sizes, world_size, r, optimizer) for r in range(world_size)]
     out["zero2"] = sharded
     out["zero3"] = [RankBytes(b.params, b.grads, b.optimizer) for b in sharded]
     out["zero3-offload"] = [RankBytes(host=b.total) for b in sharded]
+    if hsdp_shard_size is not None:
+        if hsdp_shard_size < 1 or world_size % hsdp_shard_size:
+            raise ValueError(f"hsdp shard size {hsdp_shard_size} does not divide world size {world_size}")
+        out["hsdp"] = [_sharded_bytes(sizes, hsdp_shard_size, r % hsdp_shard_size, optimizer)
+                       for r in range(world_size)]
     return out
+
+
+def _sharded_bytes(sizes: list[ParamSize], group_size: int, rank: int, optimizer: str) -> RankBytes:
+    numels = [(s, _dim0_chunk(s.shape, group_size, rank)) for s in sizes]
+    shard = sum(n * s.element_size for s, n in numels)
+    return RankBytes(shard, shard, sum(_optimizer_bytes(s, n, optimizer) for s, n in numels))
 
 
 def recommend(sizes: list[ParamSize], world_size: int, budget_bytes: int, mixed_precision: str = "no",
