@@ -15,6 +15,7 @@ from torch import nn
 
 from phalanx.runtime.context import DistContext
 from phalanx.strategies.base import ShardSpec, StrategyOptions
+from phalanx.strategies.gloo_comms import use_all_reduce_for_gradients
 from phalanx.strategies.precision import Precision
 from phalanx.strategies.zero1 import refuse_optimizer_with_state
 
@@ -109,6 +110,7 @@ class FSDPStrategy:
             last = i == len(units) - 1
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward and not last, **kwargs)
         fully_shard(model, reshard_after_forward=False, **kwargs)
+        use_all_reduce_for_gradients([*units, model], self.ctx.backend)  # gloo: cheaper than its reduce-scatter
         prefetch = self.options.forward_prefetch
         if prefetch is None:
             prefetch = self.ctx.device.type == "cuda"
