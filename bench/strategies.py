@@ -1,9 +1,9 @@
 """Strategies side by side: steps/s and per-rank model-state bytes, phalanx next to raw torch.
 
-    python bench/strategies.py [--world-size 2] [--rounds 5] [--steps 20]
+    python bench/strategies.py [--model mlp encoder] [--world-size 2] [--rounds 7] [--steps 6] [--only zero3 ...]
 
-One workload (a large embedding + several residual MLP blocks + head, AdamW), one process group,
-alternating rounds. For each strategy: phalanx, and the same thing written by hand with raw torch
+Two workloads (a large embedding + 4 residual MLP blocks or 4 nn.TransformerEncoderLayers + head,
+AdamW), each in one process group with alternating rounds. For each strategy: phalanx, and the same thing written by hand with raw torch
 (DDP, DDP + ZeroRedundancyOptimizer, fully_shard). Prints median steps/s, the ratio to raw DDP,
 and the largest rank's bytes of parameters + gradients + optimizer state.
 """
@@ -53,9 +53,23 @@ class Net(nn.Module):
         return self.head(h.mean(1))
 
 
+class Encoder(Net):
+    """The transformer-encoder workload: Net with 4 nn.TransformerEncoderLayers as its blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(DIM, nhead=4, dim_feedforward=4 * DIM, dropout=0.0, batch_first=True)
+            for _ in range(BLOCKS))
+
+
+MODELS = {"mlp": Net, "encoder": Encoder}
+MODEL = os.environ.get("BENCH_MODEL", "mlp")  # set by --model before the ranks start
+
+
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return Net()
+    return MODELS[MODEL]()
 
 
 def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -116,7 +130,7 @@ VARIANTS: dict[str, Callable] = {
     "phalanx zero3": with_phalanx("zero3"),
     "phalanx zero3, explicit prefetch": with_phalanx("zero3", forward_prefetch=True),
     "phalanx zero3, embedding+head own units": with_phalanx(
-        "zero3", shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, Block)),
+        "zero3", shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, (Block, nn.TransformerEncoderLayer))),
 }
 
 
@@ -155,7 +169,7 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
             cpu[name].append(cpu_ms)
     if dist.get_rank() == 0:
         params = sum(p.numel() for p in make_model().parameters())
-        print(f"{dist.get_world_size()} ranks (gloo, CPU, 1 thread each), model {params / 1e6:.1f}M params "
+        print(f"{dist.get_world_size()} ranks (gloo, CPU, 1 thread each), {MODEL} model {params / 1e6:.1f}M params "
               f"(embedding {VOCAB}x{DIM}, {BLOCKS} blocks), batch {BATCH}x{SEQ} per rank; "
               f"{rounds} alternating rounds of {steps} steps, median")
         base_name = "raw ddp" if "raw ddp" in names else names[0]
@@ -163,13 +177,16 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
         base_bytes = held[base_name]
         base_cpu = sorted(cpu[base_name])[rounds // 2]
         print(f"  {'variant':44s} {'steps/s':>8s} {'vs ' + base_name:>11s} {'CPU ms/step':>12s} {'vs':>6s} "
-              f"{'state/rank':>11s} {'vs':>5s}")
+              f"{'vs, per round: min-max':>22s} {'state/rank':>11s} {'vs':>5s}")
         for name in names:
             med, c = sorted(rates[name])[rounds // 2], sorted(cpu[name])[rounds // 2]
+            per_round = [b / x for b, x in zip(cpu[base_name], cpu[name])]  # same round, side by side
             print(f"  {name:44s} {med:8.2f} {med / base:11.3f} {c:12.1f} {base_cpu / c:6.3f} "
+                  f"{min(per_round):10.3f}-{max(per_round):.3f}      "
                   f"{held[name] / 2**20:7.1f} MiB {held[name] / base_bytes:5.2f}")
-        print("  (CPU ms/step: rank 0's own CPU time, all threads; 'vs' = raw ddp's CPU time / this one's,\n"
-              "   a throughput ratio that ignores time stolen by other processes on a shared machine)")
+        print(f"  (CPU ms/step: rank 0's own CPU time, all threads; 'vs' = {base_name}'s CPU time / this one's,\n"
+              "   a throughput ratio that ignores time stolen by other processes on a shared machine;\n"
+              "   state/rank: the largest rank's parameters + gradients + optimizer state after a step)")
 
 
 def _run(rounds: int, steps: int, only: list[str] | None) -> None:
@@ -187,8 +204,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--only", nargs="*", default=None, help="substrings of variant names to run")
+    parser.add_argument("--model", nargs="+", choices=sorted(MODELS), default=["mlp"],
+                        help="mlp: residual MLP blocks; encoder: nn.TransformerEncoderLayer blocks; "
+                             "several: one table each, one after the other")
     args = parser.parse_args()
-    spawn(_run, args.world_size, args.rounds, args.steps, args.only)
+    for model in args.model:
+        os.environ["BENCH_MODEL"] = model  # read by each spawned rank when it imports this file
+        spawn(_run, args.world_size, args.rounds, args.steps, args.only)
 
 
 if __name__ == "__main__":

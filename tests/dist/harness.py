@@ -27,11 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_env(rank: int, world_size: int, port: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+def rank_env(rank: int, world_size: int, port: int, extra: dict[str, str] | None = None,
+             local_world_size: int | None = None) -> dict[str, str]:
+    """torchrun's variables for `rank`; `local_world_size` < world_size plays several nodes."""
     env = dict(os.environ)
+    local = local_world_size or world_size
     env.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0",
+        RANK=str(rank), LOCAL_RANK=str(rank % local), WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(local), GROUP_RANK=str(rank // local),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
         GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
@@ -45,7 +48,7 @@ class RanksFailed(AssertionError):
 
 
 def run_ranks(target: str, world_size: int = 2, args: Sequence[Any] = (), timeout: float = 120.0,
-              env: dict[str, str] | None = None) -> list[Any]:
+              env: dict[str, str] | None = None, local_world_size: int | None = None) -> list[Any]:
     with tempfile.TemporaryDirectory(prefix="phalanx-test-") as tmp:
         out = Path(tmp)
         torch.save(tuple(args), out / "args.pt")
@@ -54,7 +57,7 @@ def run_ranks(target: str, world_size: int = 2, args: Sequence[Any] = (), timeou
         for rank in range(world_size):
             log = open(out / f"rank{rank}.log", "w+")
             cmd = [sys.executable, "-m", "tests.dist.worker", target, str(out)]
-            procs.append((subprocess.Popen(cmd, cwd=ROOT, env=rank_env(rank, world_size, port, env),
+            procs.append((subprocess.Popen(cmd, cwd=ROOT, env=rank_env(rank, world_size, port, env, local_world_size),
                                            stdout=log, stderr=subprocess.STDOUT), log))
         deadline = time.monotonic() + timeout
         timed_out = False

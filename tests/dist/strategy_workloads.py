@@ -55,18 +55,24 @@ def make_data(seed: int = 0) -> TensorDataset:
                          torch.randint(0, CLASSES, (SAMPLES,), generator=g))
 
 
+def make_optimizer(model: nn.Module, lr: float = 1e-2) -> torch.optim.Optimizer:
+    """AdamW, weight decay on matrices only (two param groups)."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+
+
 def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, accum: int | None = None,
           clip: float | None = None, mixed_precision: str | None = None, options: dict | None = None,
-          deepspeed: dict | None = None, lr: float = 1e-2, checkpoint: str | None = None) -> dict[str, Any]:
+          deepspeed: dict | None = None, lr: float = 1e-2, checkpoint: str | None = None,
+          full_optimizer: bool = False) -> dict[str, Any]:
     """AdamW on TinyNet; returns the full weights, losses, clip norms and model-state bytes.
     With `checkpoint`, also saves there and reports whether a fresh run restores the same state."""
     def build(seed: int = 0):
         px = Phalanx(strategy=strategy, mixed_precision=mixed_precision, grad_accum_steps=accum,
                      deepspeed=deepspeed, strategy_options=options)
         model = make_model(seed)
-        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-        optimizer = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+        optimizer = make_optimizer(model, lr)
         micro = global_batch // (px.world_size * px.grad_accum_steps)
         loader = DataLoader(make_data(), batch_size=micro, shuffle=True)
         return (px, *px.prepare(model, optimizer, loader))
@@ -104,7 +110,32 @@ def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, 
         "losses": losses, "norms": norms, "unsynced": unsynced, "bytes": vars(held).copy(),
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
         "is_optimizer": isinstance(optimizer, torch.optim.Optimizer), "restored": restored,
+        "optim_full": full_optimizer_state(model, optimizer) if full_optimizer else None,
     }
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
+    """The optimizer's state as full tensors keyed by parameter name, on every rank, any strategy."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from phalanx.checkpoint.state import base_optimizer
+
+    state = get_optimizer_state_dict(model, base_optimizer(optimizer), options=StateDictOptions(full_state_dict=True))
+    return {name: {k: v.detach().clone().float() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+            for name, values in state["state"].items()}
+
+
+def resume_under(strategy: str, checkpoint: str, options: dict | None = None) -> dict[str, Any]:
+    """A fresh run under `strategy` (other initial weights) restored from `checkpoint`."""
+    px = Phalanx(strategy=strategy, strategy_options=options)
+    model = make_model(seed=1)
+    optimizer = make_optimizer(model)
+    loader = DataLoader(make_data(), batch_size=4, shuffle=True)
+    model, optimizer, loader = px.prepare(model, optimizer, loader)
+    assert px.load_state(checkpoint)
+    return {"strategy": px.strategy_name, "global_step": px.global_step,
+            "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+            "optim_full": full_optimizer_state(model, optimizer)}
 
 
 def _optimizer_states_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:

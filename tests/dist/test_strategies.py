@@ -14,14 +14,16 @@ from tests.dist.harness import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
-SHARDED = ("zero2", "zero3", "offload")
-ALL = ("ddp", "zero1", "zero2", "zero3", "offload")
+SHARDED = ("zero2", "zero3", "offload", "hsdp")
+ALL = ("ddp", "zero1", "zero2", "zero3", "offload", "hsdp")
 CLIP = 0.05  # small enough that clipping binds on every step
 DS_CONFIG = {"zero_optimization": {"stage": 3}, "gradient_accumulation_steps": 2, "gradient_clipping": CLIP,
              "train_micro_batch_size_per_gpu": 4, "train_batch_size": 16, "bf16": {"enabled": False}}
 
 
 def _kwargs(name: str) -> dict:
+    if name == "hsdp":  # 2 replicas of 1 shard: the replicate dimension's all-reduce (4 ranks: test_hsdp.py)
+        return {"strategy": "hsdp", "options": {"replicate_size": 2, "shard_size": 1}}
     return {"strategy": "zero3", "options": {"cpu_offload": True}} if name == "offload" else {"strategy": name}
 
 

@@ -20,7 +20,7 @@ def test_unknown_strategy_lists_every_valid_name():
     with pytest.raises(ValueError) as e:
         registry.resolve_name("zero4", TWO)
     assert str(e.value) == ("unknown strategy 'zero4'; valid strategies: "
-                            "auto, ddp, dp, fsdp, single, zero1, zero2, zero3")
+                            "auto, ddp, dp, fsdp, hsdp, single, zero1, zero2, zero3")
 
 
 def test_names_resolve_and_fsdp_is_zero3():

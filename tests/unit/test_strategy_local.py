@@ -15,14 +15,16 @@ from phalanx.strategies.accumulation import Accumulator, PreparedOptimizer
 from phalanx.strategies.precision import Precision
 
 
-def test_zero3_chunks_follow_torch_chunk_and_zero1_balances_greedily():
+def test_zero3_chunks_follow_torch_chunk_and_zero1_splits_every_parameter():
     sizes = [memory.ParamSize("emb", (10, 4), 4), memory.ParamSize("w", (3, 4), 4), memory.ParamSize("b", (3,), 4)]
     table = memory.plan(sizes, world_size=2, optimizer="adamw")
     assert [r.params for r in table["zero3"]] == [(5 * 4 + 2 * 4 + 2) * 4, (5 * 4 + 1 * 4 + 1) * 4]
     assert [r.optimizer for r in table["zero3"]] == [2 * 30 * 4 + 12, 2 * 25 * 4 + 12]
-    # zero1: the 40-element embedding alone on rank 0, the rest on rank 1
+    # zero1: every parameter's state split by dim-0 chunks like zero3's, a `step` per parameter on each rank
+    assert [r.optimizer for r in table["zero1"]] == [2 * 30 * 4 + 12, 2 * 25 * 4 + 12]
+    assert all(r.params == r.grads == 55 * 4 for r in table["zero1"])
+    # torch's ZeroRedundancyOptimizer would put the 40-element embedding alone on rank 0
     assert memory.zero1_owners(sizes, 2) == [0, 1, 1]
-    assert [r.optimizer for r in table["zero1"]] == [2 * 40 * 4 + 4, 2 * 15 * 4 + 8]
     assert table["ddp"][1].total == 55 * 4 * 2 + 2 * 55 * 4 + 12
     assert table["zero3-offload"][0].total == 0 and table["zero3-offload"][0].host == table["zero3"][0].total
 

@@ -130,7 +130,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpus", kinds.TEXT, None, "GPU indices to use, e.g. 0,1; sets CUDA_VISIBLE_DEVICES and the process count", L),
     # --- runtime: the strategy -----------------------------------------------------------------------
     Setting("strategy", kinds.choice(_strategy_names, _strategy), "auto",
-            "dp, ddp, zero1, zero2, zero3 (= fsdp) or auto: ddp if the model fits the memory budget, else zero3"),
+            "dp, ddp, zero1, zero2, zero3 (= fsdp), hsdp or auto: ddp if the model fits the memory budget, else zero3"),
     Setting("mixed_precision", kinds.choice(_precision_names, _precision), "no", "no, bf16 or fp16"),
     Setting("grad_accum_steps", kinds.integer(1), 1, "micro-batches per optimizer step (px.accumulate)"),
     Setting("grad_accum_remainder", kinds.choice(("flush", "drop")), "flush",

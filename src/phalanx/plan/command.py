@@ -32,7 +32,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="per-device bytes for auto's choice, e.g. 16GB (default: "
                              "PHALANX_MEMORY_BUDGET, else 60%% of this machine's GPU memory or RAM/local ranks)")
     parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
-                        help="ranks sharing this machine's RAM (CPU default budget only; default: world size)")
+                        help="ranks per node: hsdp's shard group, and the ranks sharing this machine's RAM "
+                             "(CPU default budget); default: world size")
+    parser.add_argument("--input", default=None, metavar="SHAPE[:DTYPE]",
+                        help="one rank's batch, e.g. 16x32 (token ids) or 16x3x224x224:float32: also "
+                             "estimate activation bytes (a forward on the meta device)")
+    parser.add_argument("--activation-checkpointing", "--activation_checkpointing", action="store_true",
+                        help="count activations as with activation checkpointing of each block")
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -114,11 +120,12 @@ def _hint(target: str, module: Any) -> str:
             "make_model() function to the file.")
 
 
-def render(sizes: list, world_size: int, optimizer: str, budget: int) -> str:
+def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard_size: int | None = None,
+           activations: Any = None, activation_checkpointing: bool = False) -> str:
     from phalanx.strategies import memory
 
     fb = memory.format_bytes
-    table = memory.plan(sizes, world_size, optimizer)
+    table = memory.plan(sizes, world_size, optimizer, hsdp_shard_size=hsdp_shard_size)
     num_params = sum(s.numel for s in sizes)
     lines = [f"model: {num_params:,} trainable parameters ({fb(sum(s.nbytes for s in sizes))}), "
              f"optimizer {optimizer}, world_size {world_size}",
@@ -132,10 +139,14 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int) -> str:
         if worst.host:
             note = f"  (+{fb(worst.host)} in CPU memory)"
         ratio = worst.total / ddp_total if ddp_total else 0.0
+        if name == "hsdp":
+            name = f"hsdp {world_size // hsdp_shard_size}x{hsdp_shard_size}"
         lines.append(f"  {name:14s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
                      f"{fb(worst.total):>11s}  {ratio:6.2f}{note}")
     lines.append("  (at rest, between steps; during a step zero2 also holds every unit's gathered parameters\n"
                  "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks')")
+    if activations is not None:
+        lines.append(activation_lines(activations, activation_checkpointing, fb))
     choice, why = memory.recommend(sizes, world_size, budget, optimizer=optimizer)
     lines.append(f"auto would pick: {choice} ({why})")
     return "\n".join(lines)
@@ -144,6 +155,16 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int) -> str:
 def launcher_budget() -> int | None:
     """memory_budget as `phalanx run` would hand it to the workers (PHALANX_MEMORY_BUDGET), if set."""
     return config.resolve(config.from_env(os.environ)).config.memory_budget
+
+
+def activation_lines(acts: Any, checkpointing: bool, fb: Callable[[float], str]) -> str:
+    """The activation estimate, the same under every strategy (each rank runs its own batch)."""
+    end, peak = (acts.outside + sum(acts.unit_inputs), acts.peak_checkpointed) if checkpointing \
+        else (acts.full, acts.peak)
+    other = acts.peak if checkpointing else acts.peak_checkpointed
+    return (f"activations per rank, any strategy, {'with' if checkpointing else 'without'} activation "
+            f"checkpointing of the {len(acts.unit_saved)} blocks: {fb(end)} after the forward, {fb(peak)} "
+            f"at the backward's peak ({fb(other)} {'without' if checkpointing else 'with'} it)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -175,5 +196,28 @@ def main(args: argparse.Namespace) -> int:
     if budget is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         budget = memory.device_budget_bytes(device, args.nproc_per_node or args.world_size)
-    print(render(memory.model_sizes(model), args.world_size, args.optimizer, budget))
+    try:
+        shard, acts = _shard_and_activations(args, model)
+    except ValueError as error:
+        print(f"phalanx plan: error: {error}", file=sys.stderr)
+        return 2
+    print(render(memory.model_sizes(model), args.world_size, args.optimizer, budget, shard, acts,
+                 args.activation_checkpointing))
     return 0
+
+
+def _shard_and_activations(args: argparse.Namespace, model: Any) -> tuple[int, Any]:
+    """hsdp's shard size (the processes per node), and the activation estimate when --input is given."""
+    shard = args.nproc_per_node or args.world_size
+    if args.world_size % shard:
+        raise ValueError(f"--nproc-per-node {shard} does not divide --world-size {args.world_size}")
+    if args.input is None:
+        if args.activation_checkpointing:
+            raise ValueError("--activation-checkpointing changes the activation estimate, which needs --input "
+                             "SHAPE[:DTYPE], e.g. --input 16x512")
+        return shard, None
+    from phalanx.plan import activations
+    from phalanx.strategies.fsdp import default_units
+
+    shape, dtype = activations.parse_input(args.input)
+    return shard, activations.measure(model, [activations.meta_input(shape, dtype)], default_units(model))

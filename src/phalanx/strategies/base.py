@@ -37,6 +37,10 @@ class StrategyOptions:
     """True (each sharding unit), module classes or class names, or a predicate module -> bool."""
     compile: Any = None
     """True or a dict of torch.compile options: compile each sharding unit's forward."""
+    replicate_size: int | None = None
+    """hsdp: replica groups (default: world size / shard_size, i.e. one per node)."""
+    shard_size: int | None = None
+    """hsdp: ranks each replica's parameters are sharded over (default: the processes per node)."""
     memory_budget_bytes: int | None = None
     """auto: per-device bytes the model state may take under ddp (default: from the device)."""
     ddp: DDPOptions = field(default_factory=DDPOptions)

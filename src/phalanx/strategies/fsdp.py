@@ -15,6 +15,7 @@ from torch import nn
 
 from phalanx.runtime.context import DistContext
 from phalanx.strategies.base import ShardSpec, StrategyOptions
+from phalanx.strategies.gloo_comms import use_all_reduce_for_gradients
 from phalanx.strategies.precision import Precision
 from phalanx.strategies.zero1 import refuse_optimizer_with_state
 
@@ -56,6 +57,18 @@ def shard_units(model: nn.Module, spec: ShardSpec) -> list[nn.Module]:
     return [m for m in chosen if _has_params(m)]
 
 
+def prefer_foreach(optimizer: torch.optim.Optimizer) -> None:
+    """Use the multi-tensor (foreach) step where the user left `foreach` unset. torch picks the
+    per-parameter loop on CPU, and over FSDP2's DTensor parameters every one of its ~8 ops per
+    parameter pays DTensor's dispatch: measured on bench/strategies.py's encoder (51 parameters),
+    AdamW's step went from 21 to 13 ms CPU. An explicit foreach=False is kept."""
+    if "foreach" not in optimizer.defaults:
+        return
+    for group in optimizer.param_groups:
+        if group.get("foreach") is None:
+            group["foreach"] = True
+
+
 class FSDPStrategy:
     """zero3 (also named fsdp): full sharding; `cpu_offload` keeps shards in CPU memory."""
 
@@ -69,11 +82,16 @@ class FSDPStrategy:
         # id(original parameter) -> (weak ref to it, its sharded replacement), for the optimizer.
         self._rebind: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
 
-    def _fsdp_kwargs(self) -> dict[str, Any]:
+    def device_mesh(self) -> Any:
+        """The mesh parameters are sharded over: every rank (hsdp overrides it with a 2-D one)."""
         from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+
+    def _fsdp_kwargs(self) -> dict[str, Any]:
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
-        mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+        mesh = self.device_mesh()
         offload = (CPUOffloadPolicy(pin_memory=self.ctx.device.type == "cuda")
                    if self.options.cpu_offload else OffloadPolicy())
         return {"mesh": mesh, "mp_policy": self.precision.fsdp_policy(), "offload_policy": offload}
@@ -97,6 +115,7 @@ class FSDPStrategy:
             last = i == len(units) - 1
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward and not last, **kwargs)
         fully_shard(model, reshard_after_forward=False, **kwargs)
+        use_all_reduce_for_gradients([*units, model], self.ctx.backend)  # gloo: cheaper than its reduce-scatter
         prefetch = self.options.forward_prefetch
         if prefetch is None:
             prefetch = self.ctx.device.type == "cuda"
@@ -134,6 +153,7 @@ class FSDPStrategy:
                     )
                 params.append(new)
             group["params"] = params
+        prefer_foreach(optimizer)
         return optimizer
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -1,9 +1,9 @@
 """Model-state memory per rank: what each strategy will hold (the plan) and what a rank holds
 (the measurement), in bytes of parameters, gradients and optimizer state.
 
-The plan follows each strategy's placement rules: ddp replicates everything; zero1 gives each
-whole parameter's optimizer state to one rank (greedy, largest first, onto the least loaded rank,
-as torch's ZeroRedundancyOptimizer does); zero2/zero3 split every parameter along dim 0 into
+The plan follows each strategy's placement rules: ddp replicates everything; zero1 keeps full
+parameters and gradients and splits every parameter's optimizer state along dim 0 over the ranks
+(strategies/sharded_optimizer.py); zero2/zero3 split every parameter along dim 0 into
 `world_size` chunks (as FSDP2 does). Activations and communication buffers are not model state.
 """
 from __future__ import annotations
@@ -81,8 +81,18 @@ def _dim0_chunk(shape: tuple[int, ...], world_size: int, rank: int) -> int:
     return mine * math.prod(shape[1:])
 
 
+def zero1_optimizer_bytes(size: ParamSize, world_size: int, rank: int, optimizer: str = "adamw") -> int:
+    """zero1's optimizer state for one parameter on `rank`: the state of its dim-0 chunk (a scalar
+    parameter is stepped whole on every rank); every rank keeps a `step`, even for an empty chunk."""
+    numel = size.numel if not size.shape else _dim0_chunk(size.shape, world_size, rank)
+    _optimizer_bytes(size, 0, optimizer)  # an unknown optimizer's error
+    states, has_step = OPTIMIZER_STATES[optimizer]
+    return states * numel * size.element_size + (STEP_BYTES if has_step else 0)
+
+
 def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
-    """Which rank holds each parameter's optimizer state under zero1."""
+    """Which rank holds each whole parameter's optimizer state under torch's
+    ZeroRedundancyOptimizer (greedy, largest first; zero1 itself splits every parameter)."""
     load = [0] * world_size
     owner = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: sizes[i].numel, reverse=True):
@@ -92,25 +102,33 @@ def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
     return owner
 
 
-def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw") -> dict[str, list[RankBytes]]:
-    """Per strategy, per rank: the model-state bytes that rank will hold."""
+def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
+         hsdp_shard_size: int | None = None) -> dict[str, list[RankBytes]]:
+    """Per strategy, per rank: the model-state bytes that rank will hold. With `hsdp_shard_size`
+    (ranks per shard group, by default the processes of a node) hsdp too: zero3 within a group."""
     full = RankBytes(params=sum(s.nbytes for s in sizes), grads=sum(s.nbytes for s in sizes),
                      optimizer=sum(_optimizer_bytes(s, s.numel, optimizer) for s in sizes))
     out: dict[str, list[RankBytes]] = {"ddp": [RankBytes(full.params, full.grads, full.optimizer)
                                               for _ in range(world_size)]}
-    owners = zero1_owners(sizes, world_size)
     out["zero1"] = [RankBytes(full.params, full.grads,
-                              sum(_optimizer_bytes(s, s.numel, optimizer) for s, o in zip(sizes, owners) if o == r))
+                              sum(zero1_optimizer_bytes(s, world_size, r, optimizer) for s in sizes))
                     for r in range(world_size)]
-    sharded = []
-    for r in range(world_size):
-        numels = [(s, _dim0_chunk(s.shape, world_size, r)) for s in sizes]
-        shard = sum(n * s.element_size for s, n in numels)
-        sharded.append(RankBytes(shard, shard, sum(_optimizer_bytes(s, n, optimizer) for s, n in numels)))
+    sharded = [_sharded_bytes(sizes, world_size, r, optimizer) for r in range(world_size)]
     out["zero2"] = sharded
     out["zero3"] = [RankBytes(b.params, b.grads, b.optimizer) for b in sharded]
     out["zero3-offload"] = [RankBytes(host=b.total) for b in sharded]
+    if hsdp_shard_size is not None:
+        if hsdp_shard_size < 1 or world_size % hsdp_shard_size:
+            raise ValueError(f"hsdp shard size {hsdp_shard_size} does not divide world size {world_size}")
+        out["hsdp"] = [_sharded_bytes(sizes, hsdp_shard_size, r % hsdp_shard_size, optimizer)
+                       for r in range(world_size)]
     return out
+
+
+def _sharded_bytes(sizes: list[ParamSize], group_size: int, rank: int, optimizer: str) -> RankBytes:
+    numels = [(s, _dim0_chunk(s.shape, group_size, rank)) for s in sizes]
+    shard = sum(n * s.element_size for s, n in numels)
+    return RankBytes(shard, shard, sum(_optimizer_bytes(s, n, optimizer) for s, n in numels))
 
 
 def recommend(sizes: list[ParamSize], world_size: int, budget_bytes: int, mixed_precision: str = "no",

@@ -3,7 +3,7 @@ before any worker starts. `registry` and `precision` own the behaviour behind ea
 from __future__ import annotations
 
 # In the order users read them in error messages; "single" is what a world of one runs.
-STRATEGIES: tuple[str, ...] = ("dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "auto", "single")
+STRATEGIES: tuple[str, ...] = ("dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "auto", "hsdp", "single")
 STRATEGY_ALIASES: dict[str, str] = {"fsdp": "zero3"}
 
 PRECISIONS: tuple[str, ...] = ("no", "bf16", "fp16")

@@ -9,6 +9,7 @@ from phalanx.strategies.base import Strategy, StrategyOptions
 from phalanx.strategies.ddp import DDPStrategy
 from phalanx.strategies.dp import DPStrategy
 from phalanx.strategies.fsdp import FSDPStrategy, Zero2Strategy
+from phalanx.strategies.hsdp import HSDPStrategy
 from phalanx.strategies.single import SingleDeviceStrategy
 from phalanx.strategies.zero1 import Zero1Strategy
 
@@ -21,12 +22,13 @@ STRATEGIES: dict[str, Factory] = {
     "zero1": Zero1Strategy,
     "zero2": Zero2Strategy,
     "zero3": FSDPStrategy,
+    "hsdp": HSDPStrategy,
 }
 AUTO = "auto"  # not a strategy: the facade decides (strategies/auto.py) once the model is known
 ALIASES: dict[str, str] = names.STRATEGY_ALIASES
 assert set(names.STRATEGIES) == {*STRATEGIES, *ALIASES, AUTO}, "strategies/names.py lists every registered name"
 # Strategies that mean nothing without peers and fall back to a plain single-device run.
-WORLD_OF_ONE_IS_SINGLE: set[str] = {"ddp", "zero1", "zero2", "zero3", "auto"}
+WORLD_OF_ONE_IS_SINGLE: set[str] = {"ddp", "zero1", "zero2", "zero3", "hsdp", "auto"}
 
 
 def valid_names() -> list[str]:

@@ -1,5 +1,7 @@
-"""ZeRO-1: DDP for gradients + torch's ZeroRedundancyOptimizer, which keeps each parameter's
-optimizer state on one rank only and broadcasts the updated parameters after each step."""
+"""ZeRO-1: DDP for gradients + an optimizer whose state is split evenly over ranks: each rank steps
+its dim-0 chunk of every parameter and the chunks are all-gathered after each step
+(strategies/sharded_optimizer.py). torch's ZeroRedundancyOptimizer, which gives each whole
+parameter to one rank, is still accepted when the user passes one."""
 from __future__ import annotations
 
 import inspect
@@ -10,19 +12,19 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch import nn
 
 from phalanx.strategies.ddp import DDPStrategy
+from phalanx.strategies.sharded_optimizer import ShardedStateOptimizer
 
 
 class Zero1Strategy(DDPStrategy):
     name = "zero1"
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
-        if isinstance(optimizer, ZeroRedundancyOptimizer):
+        if isinstance(optimizer, (ZeroRedundancyOptimizer, ShardedStateOptimizer)):
             return optimizer
         refuse_optimizer_with_state(optimizer, self.name)
         # DDP keeps the user's Parameter objects, so the groups carry over as they are.
         groups = [dict(group) for group in optimizer.param_groups]
-        return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer),
-                                       **constructor_defaults(optimizer))
+        return ShardedStateOptimizer(groups, optimizer_class=type(optimizer), **constructor_defaults(optimizer))
 
 
 def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -1,0 +1,220 @@
+"""zero1's optimizer: every parameter's optimizer state split evenly over ranks, row by row.
+
+torch's ZeroRedundancyOptimizer gives each *whole* parameter to one rank, so a model whose
+embedding is most of its bytes leaves that rank holding nearly all the optimizer state. Here each
+rank owns the same dim-0 chunk of every parameter (torch.chunk's split, as FSDP2 shards), steps
+the user's optimizer class on those chunks only, then all-gathers the updated chunks so every rank
+holds the full parameters again. Gradients stay full on every rank (DDP all-reduces them).
+
+Checkpoints: `state_dict()` exposes each chunk's state as a DTensor sharded on dim 0 of the full
+parameter, the layout zero3 (FSDP2) saves, so DCP checkpoints move between zero1, zero3, hsdp and
+ddp in both directions.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+
+# all_gather_into_tensor's new name (torch >= 2.13 warns on the old one; older torch lacks the new).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def dim0_chunk(rows: int, world_size: int, rank: int) -> tuple[int, int]:
+    """[start, end) rows of `rank`'s chunk when `rows` are split as torch.chunk does."""
+    per = math.ceil(rows / world_size) if rows else 0
+    start = min(rows, rank * per)
+    return start, min(rows, start + per)
+
+
+class _Slot:
+    """One parameter: its full tensor, this rank's chunk (a view into the local buffer) and where
+    that chunk sits in the buffer all ranks gather."""
+
+    def __init__(self, param: nn.Parameter, world_size: int, rank: int, offset: int):
+        self.param = param
+        self.replicated = param.dim() == 0  # a scalar cannot be split: every rank steps it
+        rows = 1 if self.replicated else param.shape[0]
+        self.row_numel = 1 if self.replicated else math.prod(param.shape[1:])
+        self.rows_per_rank = rows if self.replicated else math.ceil(rows / world_size)
+        self.start, self.end = (0, 1) if self.replicated else dim0_chunk(rows, world_size, rank)
+        self.offset = offset
+        self.padded = self.rows_per_rank * self.row_numel  # numel this slot takes in the buffer
+        self.chunk: nn.Parameter | None = None
+
+    def grad_chunk(self) -> torch.Tensor | None:
+        g = self.param.grad
+        if g is None:
+            return None
+        return g if self.replicated else g[self.start:self.end]
+
+
+class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
+    """`optimizer_class` stepped on this rank's dim-0 chunk of every parameter, then all-gathered.
+
+    `param_groups` hold the model's full parameters and the hyperparameters (what LR schedulers
+    and DCP read); `optim` is the local optimizer over the chunks (what holds the state).
+    """
+
+    def __init__(self, param_groups: list[dict[str, Any]], optimizer_class: type[torch.optim.Optimizer],
+                 process_group: Any = None, **defaults: Any):
+        super().__init__(param_groups, defaults)
+        Joinable.__init__(self)
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        params = [p for g in self.param_groups for p in g["params"]]
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError("a parameter appears in more than one param group; zero1 shards each once")
+        device = params[0].device if params else torch.device("cpu")
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) > 1:
+            raise ValueError(f"zero1 needs one parameter dtype, got {sorted(map(str, dtypes))}. HINT: cast "
+                             "the model to one dtype before px.prepare (mixed precision is a setting).")
+        self._slots: list[_Slot] = []
+        offset = 0
+        for p in params:
+            slot = _Slot(p, self.world_size, self.rank, offset)
+            offset += slot.padded
+            self._slots.append(slot)
+        dtype = params[0].dtype if params else torch.float32
+        self._local = torch.zeros(offset, dtype=dtype, device=device)
+        self._gathered = torch.empty(offset * self.world_size, dtype=dtype, device=device)
+        by_param = {}
+        with torch.no_grad():
+            for slot in self._slots:
+                own = (slot.end - slot.start) * slot.row_numel
+                view = self._local[slot.offset:slot.offset + own]
+                if slot.replicated:
+                    view = view.view(())
+                    view.copy_(slot.param)
+                else:
+                    view = view.view(slot.end - slot.start, *slot.param.shape[1:])
+                    view.copy_(slot.param[slot.start:slot.end])
+                slot.chunk = nn.Parameter(view, requires_grad=slot.param.requires_grad)
+                by_param[slot.param] = slot
+        self._by_param: dict[nn.Parameter, _Slot] = by_param
+        self.optim = optimizer_class(
+            [{**{k: v for k, v in g.items() if k != "params"}, "params": [by_param[p].chunk for p in g["params"]]}
+             for g in self.param_groups], **defaults)
+
+    # ---- the step --------------------------------------------------------------------------
+    def _sync_hyperparameters(self) -> None:
+        for mine, local in zip(self.param_groups, self.optim.param_groups):
+            for key, value in mine.items():
+                if key != "params":
+                    local[key] = value
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        Join.notify_join_context(self)
+        self._sync_hyperparameters()
+        for slot in self._slots:
+            slot.chunk.grad = slot.grad_chunk()
+        self.optim.step()
+        for slot in self._slots:
+            slot.chunk.grad = None  # a view of the full gradient: no second reference kept
+        self.gather_params()
+        if not self.state:
+            self._refresh_state()  # non-empty from the first step on, as DCP expects
+        return loss
+
+    @torch.no_grad()
+    def gather_params(self) -> None:
+        """Every rank's updated chunks -> the full parameters on every rank (one all-gather)."""
+        _all_gather_single(self._gathered, self._local, group=self.process_group)
+        table = self._gathered.view(self.world_size, -1)
+        for slot in self._slots:
+            if slot.replicated:
+                slot.param.copy_(slot.chunk)
+                continue
+            rows = table[:, slot.offset:slot.offset + slot.padded].reshape(-1, *slot.param.shape[1:])
+            slot.param.copy_(rows[:slot.param.shape[0]])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if hasattr(self, "optim"):
+            raise NotImplementedError("zero1 shards the optimizer's parameters once, at px.prepare; "
+                                      "HINT: build the optimizer with every param group before prepare")
+        super().add_param_group(param_group)
+
+    # ---- checkpoints: chunk state <-> DTensors over the full shapes -------------------------
+    def _mesh(self) -> Any:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if getattr(self, "_device_mesh", None) is None:
+            ranks = dist.get_process_group_ranks(self.process_group) if self.process_group else \
+                list(range(self.world_size))
+            self._device_mesh = DeviceMesh(self._local.device.type, ranks)
+        return self._device_mesh
+
+    def _as_global(self, slot: _Slot, value: Any) -> Any:
+        from torch.distributed.tensor import DTensor, Shard
+
+        if slot.replicated or not isinstance(value, torch.Tensor) or value.shape != slot.chunk.shape:
+            return value  # e.g. AdamW's scalar `step`: the same on every rank
+        return DTensor.from_local(value, self._mesh(), [Shard(0)], run_check=False,
+                                  shape=slot.param.shape, stride=slot.param.stride())
+
+    def _refresh_state(self) -> None:
+        """`state`, keyed by the full parameters: the chunks' state tensors wrapped (no copy)."""
+        self.state.clear()
+        for slot in self._slots:
+            local = self.optim.state.get(slot.chunk)
+            if local:
+                self.state[slot.param] = {k: self._as_global(slot, v) for k, v in local.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        self._refresh_state()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.tensor import DTensor
+
+        super().load_state_dict(state_dict)
+        for slot in self._slots:
+            loaded = self.state.get(slot.param)
+            if not loaded:
+                continue
+            local = {}
+            for key, value in loaded.items():
+                if isinstance(value, DTensor):
+                    value = value.to_local()
+                elif isinstance(value, torch.Tensor) and not slot.replicated and value.dim() > 0 \
+                        and value.shape == slot.param.shape:  # full tensors (from a ddp checkpoint)
+                    value = value[slot.start:slot.end]
+                local[key] = value.clone() if isinstance(value, torch.Tensor) else value
+            self.optim.state[slot.chunk] = local
+        self._refresh_state()
+        for group, local in zip(self.param_groups, self.optim.param_groups):
+            local.update({k: v for k, v in group.items() if k != "params"})
+
+    # ---- Join: a rank out of data still takes part in the others' all-gathers --------------
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        return _GatherJoinHook(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._local.device
+
+    @property
+    def join_process_group(self) -> Any:
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+
+class _GatherJoinHook(JoinHook):
+    def __init__(self, optimizer: ShardedStateOptimizer):
+        self.optimizer = optimizer
+
+    def main_hook(self) -> None:
+        self.optimizer.gather_params()
