@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -101,18 +101,24 @@ def ignoring_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def destroy_process_group() -> None:
+def destroy_process_group(before_destroy: Callable[[], None] | None = None) -> None:
     """Leave the group at exit.
 
     After a clean run, a barrier first: without it gloo occasionally aborts at exit
     (TORCH-CPU-FACTS). After an uncaught exception, no barrier: the peers are still inside
     their own collectives and waiting for them would only delay the failure report.
+    `before_destroy` runs between the two (the watchdog stops its thread there: see
+    `Watchdog.leave`).
     """
     if not dist.is_initialized():
+        if before_destroy is not None:
+            before_destroy()
         return
     # An exception on its way out counts too: forked workers (`phalanx run`) run the atexit
     # handlers from a `finally`, and sys.excepthook is never called there.
     with ignoring_sigint():
         if not _state["failed"] and sys.exc_info()[0] is None:
             dist.barrier()
+        if before_destroy is not None:
+            before_destroy()
         dist.destroy_process_group()
