@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -104,15 +104,24 @@ def ignoring_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def destroy_process_group() -> None:
+def destroy_process_group(before_destroy: Callable[[], None] | None = None) -> None:
     """Leave the group at exit.
 
     After a clean run, a barrier first: without it gloo occasionally aborts at exit
     (TORCH-CPU-FACTS). After an uncaught exception, no barrier: the peers are still inside
     their own collectives and waiting for them would only delay the failure report.
+<<<<<<< HEAD
     A group phalanx did not create (adopted) is left to its creator.
     """
     if not dist.is_initialized() or not _state["owned"]:
+=======
+    `before_destroy` runs between the two (the watchdog stops its thread there: see
+    `Watchdog.leave`).
+    """
+    if not dist.is_initialized():
+        if before_destroy is not None:
+            before_destroy()
+>>>>>>> h-fail
         return
     _state["owned"] = False
     # An exception on its way out counts too: forked workers (`phalanx run`) run the atexit
@@ -120,4 +129,6 @@ def destroy_process_group() -> None:
     with ignoring_sigint():
         if not _state["failed"] and sys.exc_info()[0] is None:
             dist.barrier()
+        if before_destroy is not None:
+            before_destroy()
         dist.destroy_process_group()

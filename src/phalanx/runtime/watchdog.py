@@ -51,6 +51,7 @@ class Watchdog:
         self.progress = progress
         self.timeout = timeout
         self.interval = min(1.0, timeout / 5)
+        self.store_timeout_s = max(30.0, timeout)  # how long one store call may block
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="phalanx-watchdog", daemon=True)
         self._beat = 0
@@ -65,9 +66,16 @@ class Watchdog:
         return self
 
     def stop(self) -> None:
+        """Stop the thread and wait until it has ended.
+
+        Never return while the thread may still be inside a store call: a daemon thread that is
+        in a torch call when the interpreter finalizes aborts the process ("terminate called
+        without an active exception", exit -6: the flaky test_uneven failure). Each store call
+        ends within the store's timeout, so this wait is bounded; normally it takes microseconds.
+        """
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5 * self.interval)
+            self._thread.join(timeout=self.store_timeout_s + 2 * self.interval)
 
     # ---- the thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -186,8 +194,11 @@ class Watchdog:
                 print(note, file=sys.stderr, flush=True)
 
     def leave(self, destroy) -> None:
-        """Mark this rank as out of its loop, leave the group while still watched, then stop.
+        """Mark this rank as out of its loop, pass the exit barrier while still watched, stop the
+        thread, then leave the group.
 
+        The thread ends before the group (and on its host, the store) is torn down, so it never
+        uses a store that is going away and is never left inside a store call at interpreter exit.
         A failed teardown (a peer died or was stopped meanwhile) must not end in exit code 0,
         which is what an exception in an atexit handler would give: exit with EXIT_CODE instead.
         """
@@ -198,7 +209,7 @@ class Watchdog:
             else:
                 self.progress.enter(LEFT_LOOP)
             try:
-                destroy()
+                destroy(before_destroy=self.stop)
             except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code
                 self.stop()
                 _stop_process(f"phalanx (rank {self.rank}): leaving the process group failed: "
@@ -276,7 +287,7 @@ def explain_failure(watchdog: Watchdog) -> str | None:
                           "(killed by a signal? out of memory?)")
     if not failed and not silent:
         return None
-    return (f"phalanx watchdog (rank {watchdog.rank}): {'; '.join(failed + silent)}. This rank's error "
+    return (f"phalanx watchdog: {'; '.join(failed + silent)}. This rank's error "
             f"(rank {watchdog.rank}) is most likely a consequence: look at that rank's own error first.")
 
 
@@ -299,7 +310,7 @@ def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: f
         _running.pop().stop()
     # Per restart attempt: records and verdicts of a previous attempt must never be read as this one's.
     prefix = store_keys.watchdog_prefix(os.environ.get(envvars.TORCHELASTIC_RESTART_COUNT, "0"))
-    store_timeout = timedelta(seconds=max(30.0, timeout))
+    store_timeout = timedelta(seconds=max(30.0, timeout))  # = Watchdog.store_timeout_s
     if os.environ.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True":
         # The agent's store, unprefixed: the launcher reads the records back under store_keys' names.
         base = dist.TCPStore(os.environ[envvars.MASTER_ADDR], int(os.environ[envvars.MASTER_PORT]),
