@@ -61,3 +61,49 @@ def test_phalanx_run_uses_one_process_per_gpu(flags, tmp_path):
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"({torch.cuda.device_count()} process(es)" in result.stdout
+
+
+class _Blocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU())
+                                          for _ in range(4))
+        self.head = torch.nn.Linear(64, 4)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _losses(px: Phalanx, steps: int = 10) -> list[float]:
+    torch.manual_seed(0)
+    with px.init_module():
+        model = _Blocks()
+    model = px.prepare(model)
+    optimizer = px.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    data = torch.randn(steps, 32, 64, device=px.device)
+    out = []
+    for x in data:
+        optimizer.zero_grad()
+        loss = model(x).pow(2).mean()
+        px.backward(loss)
+        optimizer.step()
+        out.append(loss.item())
+    return out
+
+
+def test_compile_and_activation_checkpointing_on_the_gpu_equal_eager(tmp_path):
+    eager = _losses(Phalanx(run_dir=str(tmp_path), watchdog_timeout=0))
+    compiled = _losses(Phalanx(compile=True, activation_checkpointing=True, run_dir=str(tmp_path), watchdog_timeout=0))
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-4, atol=1e-5)
+
+
+def _device_of_rank() -> str:
+    return str(Phalanx(watchdog_timeout=0).device)
+
+
+def test_phalanx_spawn_starts_gpu_workers_with_spawn():
+    import phalanx
+
+    assert phalanx.spawn(_device_of_rank, nprocs=1) == ["cuda:0"]

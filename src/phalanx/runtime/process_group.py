@@ -110,18 +110,12 @@ def destroy_process_group(before_destroy: Callable[[], None] | None = None) -> N
     After a clean run, a barrier first: without it gloo occasionally aborts at exit
     (TORCH-CPU-FACTS). After an uncaught exception, no barrier: the peers are still inside
     their own collectives and waiting for them would only delay the failure report.
-<<<<<<< HEAD
-    A group phalanx did not create (adopted) is left to its creator.
+    A group phalanx did not create (adopted) is left to its creator. `before_destroy` runs between
+    the two (the watchdog stops its thread there: see `Watchdog.leave`).
     """
     if not dist.is_initialized() or not _state["owned"]:
-=======
-    `before_destroy` runs between the two (the watchdog stops its thread there: see
-    `Watchdog.leave`).
-    """
-    if not dist.is_initialized():
         if before_destroy is not None:
             before_destroy()
->>>>>>> h-fail
         return
     _state["owned"] = False
     # An exception on its way out counts too: forked workers (`phalanx run`) run the atexit
