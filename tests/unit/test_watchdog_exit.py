@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from phalanx.runtime.progress import Progress
+from phalanx.runtime.step_tracker import StepTracker
 from phalanx.runtime.watchdog import Watchdog
 
 
@@ -28,7 +28,7 @@ class SlowStore:
 
 def test_stop_waits_for_a_store_call_in_flight():
     store = SlowStore(delay=2.0)
-    dog = Watchdog(store, rank=0, world_size=2, progress=Progress(), timeout=1.0).start()  # beats every 0.2 s
+    dog = Watchdog(store, rank=0, world_size=2, progress=StepTracker(), timeout=1.0).start()  # beats every 0.2 s
     store.slow.set()
     assert store.in_set.wait(5)  # the thread is now inside a 2 s store call
     dog.stop()
@@ -37,7 +37,7 @@ def test_stop_waits_for_a_store_call_in_flight():
 
 def test_leave_stops_the_thread_after_the_barrier_and_before_the_group_goes():
     store = SlowStore(delay=0.0)
-    dog = Watchdog(store, rank=0, world_size=2, progress=Progress(), timeout=1.0).start()
+    dog = Watchdog(store, rank=0, world_size=2, progress=StepTracker(), timeout=1.0).start()
     seen = []
 
     def destroy(before_destroy):
