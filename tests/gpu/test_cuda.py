@@ -47,10 +47,15 @@ def test_cpu_setting_keeps_a_gpu_machine_on_the_cpu(tmp_path):
     assert px.device == torch.device("cpu") and px.ctx.backend == "gloo"
 
 
-def test_dp_wraps_data_parallel_over_the_visible_gpus(tmp_path):
+def test_dp_wraps_data_parallel_over_the_visible_gpus_and_says_so_with_one(tmp_path):
     px = Phalanx("dp", run_dir=str(tmp_path), watchdog_timeout=0)
-    model = px.prepare(torch.nn.Linear(4, 2))
-    assert isinstance(model, torch.nn.DataParallel)
+    if torch.cuda.device_count() > 1:
+        model = px.prepare(torch.nn.Linear(4, 2))
+        assert isinstance(model, torch.nn.DataParallel)
+    else:
+        with pytest.warns(UserWarning, match=r"trains on ONE device \(cuda:0\)"):
+            model = px.prepare(torch.nn.Linear(4, 2))
+        assert not isinstance(model, torch.nn.DataParallel) and model.weight.device.type == "cuda"
     assert model(torch.randn(8, 4, device="cuda")).shape == (8, 2)
 
 

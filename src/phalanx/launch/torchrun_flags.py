@@ -358,4 +358,30 @@ def launch_config_kwargs(options: AgentOptions) -> dict[str, Any]:
         from torch.numa.binding import AffinityMode, NumaOptions
 
         kwargs["numa_options"] = NumaOptions(affinity_mode=AffinityMode(options.numa_binding))
-    return kwargs
+    return _supported_by_this_torch(kwargs, options)
+
+
+def _supported_by_this_torch(kwargs: dict[str, Any], options: AgentOptions) -> dict[str, Any]:
+    """Drop LaunchConfig fields an older torch does not have while they hold torchrun's default;
+    a value the user asked for that this torch cannot honour is an error, never silently dropped."""
+    import dataclasses as dc
+
+    import torch
+    from torch.distributed.launcher.api import LaunchConfig
+
+    known = {field.name for field in dc.fields(LaunchConfig)}
+    defaults = AgentOptions()
+    unsupported = {
+        "duplicate_stdout_filters": options.duplicate_stdout_filters != defaults.duplicate_stdout_filters,
+        "duplicate_stderr_filters": options.duplicate_stderr_filters != defaults.duplicate_stderr_filters,
+        "virtual_local_rank": options.virtual_local_rank != defaults.virtual_local_rank,
+        "shutdown_timeout": options.shutdown_timeout != defaults.shutdown_timeout,
+        "signals_to_handle": options.signals_to_handle != defaults.signals_to_handle,
+        "numa_options": options.numa_binding is not None,
+        "event_log_handler": options.event_log_handler != defaults.event_log_handler,
+    }
+    asked = [name for name in kwargs if name not in known and unsupported.get(name, True)]
+    if asked:
+        raise LaunchError(f"torch {torch.__version__}'s elastic agent has no {', '.join(asked)}; "
+                          "HINT: drop the flag, or use the torch phalanx pins for tests (2.13)")
+    return {name: value for name, value in kwargs.items() if name in known}
