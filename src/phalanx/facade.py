@@ -393,8 +393,9 @@ class Phalanx:
 
     def _run_params(self) -> dict[str, Any]:
         """The run's settings, logged by the trackers as hyper-parameters when they open."""
-        return {**{s.name: getattr(self.config, s.name) for s in config.RUNTIME}, "strategy": self.strategy_name, "world_size": self.world_size,
-                "mixed_precision": self.strategy.precision.name, "grad_accum_steps": self.grad_accum_steps,
+        return {**{s.name: getattr(self.config, s.name) for s in config.RUNTIME},
+                "strategy": self.strategy_name, "world_size": self.world_size,
+                "mixed_precision": self.settings.options.mixed_precision, "grad_accum_steps": self.grad_accum_steps,
                 "seed": self.seed, "run_dir": self.run_dir}
 
     def add_sink(self, sink: Any) -> None:

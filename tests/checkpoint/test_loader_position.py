@@ -111,7 +111,7 @@ def test_two_ranks_of_16_then_one_rank_of_16_is_refused_and_one_rank_of_32_resum
     saved_on = loaders(2, global_batch=32, n=128)
     global_steps(saved_on, 2)
     state = saved_on[0].state_dict()
-    with pytest.raises(ValueError, match=r"32 samples per step \(2 ranks x 16\), this run takes 16 \(1 ranks x 16\)"
+    with pytest.raises(ValueError, match=r"32 samples per step \(2 ranks x 16\), this run takes 16 \(1 rank x 16\)"
                                          r".*batch_size = 32 / world_size = 32"):
         loaders(1, global_batch=16, n=128)[0].load_state_dict(state)
     (alone,) = loaders(1, global_batch=32, n=128)

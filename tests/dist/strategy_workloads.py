@@ -125,12 +125,13 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
             for name, values in state["state"].items()}
 
 
-def resume_under(strategy: str, checkpoint: str, options: dict | None = None) -> dict[str, Any]:
-    """A fresh run under `strategy` (other initial weights) restored from `checkpoint`."""
+def resume_under(strategy: str, checkpoint: str, options: dict | None = None, global_batch: int = 16) -> dict[str, Any]:
+    """A fresh run under `strategy` (other initial weights) restored from `checkpoint`, with the
+    saved run's global batch (`train`'s), as the resume contract requires."""
     px = Phalanx(strategy=strategy, strategy_options=options)
     model = make_model(seed=1)
     optimizer = make_optimizer(model)
-    loader = DataLoader(make_data(), batch_size=4, shuffle=True)
+    loader = DataLoader(make_data(), batch_size=global_batch // px.world_size, shuffle=True)
     model, optimizer, loader = px.prepare(model, optimizer, loader)
     assert px.load_state(checkpoint)
     return {"strategy": px.strategy_name, "global_step": px.global_step,

@@ -15,7 +15,7 @@ from tests.launcher.launch_helpers import LAUNCH_TIMEOUT_S, SCRIPTS, run_cli
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 # torch's own logging (glog-style "E1123 00:53:28.909000 5609 torch/...") and its agent's traceback
-AGENT_LOG_LINE = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/", re.M)
+AGENT_LOG_LINE = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S*torch/", re.M)
 
 
 def test_exit_code_is_the_failing_ranks_own():

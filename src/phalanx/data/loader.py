@@ -436,17 +436,17 @@ def _equalising_mode(loader: DataLoader, ctx: DistContext, shard: bool) -> Equal
     if not ctx.is_distributed:
         return Equalising.FIXED
     if isinstance(loader.dataset, IterableDataset):
-        return "step"
+        return Equalising.STEP
     try:
         len(loader)
     except TypeError:  # a custom sampler without __len__
-        return "step"
+        return Equalising.STEP
     if not shard:
-        return "count"
+        return Equalising.COUNT
     try:
         length = len(loader.dataset)  # type: ignore[arg-type]
     except TypeError:
-        return "count"
+        return Equalising.COUNT
     lengths = gather_ints(length)
     if len(set(lengths)) > 1:
         warnings.warn(
@@ -457,5 +457,5 @@ def _equalising_mode(loader: DataLoader, ctx: DistContext, shard: bool) -> Equal
             "either way.",
             stacklevel=4,
         )
-        return "count"
-    return "fixed"
+        return Equalising.COUNT
+    return Equalising.FIXED
