@@ -112,6 +112,25 @@ def _initialised_group() -> tuple[int, int, str] | None:
     return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
 
 
+@dataclass(frozen=True)
+class AgentEnv:
+    """What torch's elastic agent (torchrun, `phalanx run`) told this worker beyond its rank."""
+
+    uses_agent_store: bool = False  # workers may connect to the agent's TCPStore
+    master_addr: str = ""
+    master_port: int = 0
+    restart_count: str = "0"  # which attempt of the worker group this is
+    error_file: str | None = None  # where a failure's traceback goes for the launcher's report
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "AgentEnv":
+        env = os.environ if env is None else env
+        port = env.get(envvars.MASTER_PORT, "")
+        return cls(env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True", env.get(envvars.MASTER_ADDR, ""),
+                   int(port) if port.isdigit() else 0, env.get(envvars.TORCHELASTIC_RESTART_COUNT, "0"),
+                   env.get(envvars.TORCHELASTIC_ERROR_FILE) or None)
+
+
 def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:
     """The settings the launcher handed this process as PHALANX_* variables, checked."""
     return config.from_env(os.environ if env is None else env)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import os
 import signal
 import sys
 import threading
@@ -13,8 +12,7 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from phalanx import envvars
-from phalanx.runtime.context import DistContext
+from phalanx.runtime.context import AgentEnv, DistContext
 
 # torch's default collective timeout is 10-30 minutes: a stuck job should fail in minutes.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
@@ -67,12 +65,11 @@ def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
     (each rank's gloo address) are still there: a restarted rank could read a dead peer's address
     and fail with "connection refused" or hang. A prefix per restart gives each attempt clean keys.
     """
-    if os.environ.get(envvars.TORCHELASTIC_USE_AGENT_STORE) != "True":
+    agent = AgentEnv.from_env()
+    if not agent.uses_agent_store:
         return None
-    store = dist.TCPStore(os.environ[envvars.MASTER_ADDR], int(os.environ[envvars.MASTER_PORT]),
-                          is_master=False, timeout=timeout)
-    restart = os.environ.get(envvars.TORCHELASTIC_RESTART_COUNT, "0")
-    return dist.PrefixStore(f"phalanx/restart_{restart}", store)
+    store = dist.TCPStore(agent.master_addr, agent.master_port, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"phalanx/restart_{agent.restart_count}", store)
 
 
 _state = {"failed": False, "owned": False}  # owned: phalanx created the default group

@@ -32,8 +32,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from phalanx import envvars, store_keys
+from phalanx import store_keys
 from phalanx.runtime.process_group import ignoring_sigint
+from phalanx.runtime.context import AgentEnv
 from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
 
@@ -236,9 +237,10 @@ def main_thread_stack() -> str:
 def _announce(message: str, show: bool) -> None:
     """Record `message` in TORCHELASTIC_ERROR_FILE, which the launcher prints in its summary (so the
     report appears once), or else print it (if `show`)."""
-    if show and not os.environ.get(envvars.TORCHELASTIC_ERROR_FILE):
+    error_file = AgentEnv.from_env().error_file
+    if show and not error_file:
         print(message, file=sys.stderr, flush=True)
-    if os.environ.get(envvars.TORCHELASTIC_ERROR_FILE):
+    if error_file:
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
         try:
@@ -309,12 +311,12 @@ def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: f
     if _running:  # a second Phalanx() in this process takes over this rank's record
         _running.pop().stop()
     # Per restart attempt: records and verdicts of a previous attempt must never be read as this one's.
-    prefix = store_keys.watchdog_prefix(os.environ.get(envvars.TORCHELASTIC_RESTART_COUNT, "0"))
+    agent = AgentEnv.from_env()
+    prefix = store_keys.watchdog_prefix(agent.restart_count)
     store_timeout = timedelta(seconds=max(30.0, timeout))  # = Watchdog.store_timeout_s
-    if os.environ.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True":
+    if agent.uses_agent_store:
         # The agent's store, unprefixed: the launcher reads the records back under store_keys' names.
-        base = dist.TCPStore(os.environ[envvars.MASTER_ADDR], int(os.environ[envvars.MASTER_PORT]),
-                             is_master=False, timeout=store_timeout)
+        base = dist.TCPStore(agent.master_addr, agent.master_port, is_master=False, timeout=store_timeout)
     else:
         base = dist.distributed_c10d._get_default_store().clone()  # noqa: SLF001
     store = dist.PrefixStore(prefix, base)
