@@ -66,38 +66,30 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Kind:
     return Kind("integer", parse, parse, example=str(minimum or 0))
 
 
-def seconds(allow_zero: bool) -> Kind:
-    what = "expected a number of seconds >= 0 (0 turns it off)" if allow_zero else "expected a number of seconds > 0"
+def number(unit: str, allow_zero: bool = False, example: str = "1") -> Kind:
+    """A real number of `unit` > 0 (>= 0 with `allow_zero`, where 0 turns the feature off)."""
+    what = f"expected a number of {unit} >= 0 (0 turns it off)" if allow_zero else f"expected a number of {unit} > 0"
 
     def parse(value: Any) -> float:
         if isinstance(value, bool):
             raise ValueError(what)
         try:
-            number = float(value)
+            result = float(value)
         except (TypeError, ValueError):
             raise ValueError(what) from None
-        if number < 0 or (number == 0 and not allow_zero) or number != number:
+        if not (result > 0 or (allow_zero and result == 0)):  # also refuses NaN
             raise ValueError(what)
-        return number
+        return result
 
-    return Kind("seconds", parse, parse, example="60")
+    return Kind(unit, parse, parse, example=example)
+
+
+def seconds(allow_zero: bool) -> Kind:
+    return number("seconds", allow_zero, example="60")
 
 
 def positive_number(unit: str) -> Kind:
-    what = f"expected a number of {unit} > 0"
-
-    def parse(value: Any) -> float:
-        if isinstance(value, bool):
-            raise ValueError(what)
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(what) from None
-        if not number > 0:
-            raise ValueError(what)
-        return number
-
-    return Kind(unit, parse, parse, example="25")
+    return number(unit, example="25")
 
 
 def _bool_text(text: str) -> bool:
