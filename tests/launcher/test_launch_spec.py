@@ -1,7 +1,7 @@
 """Pure validation of `phalanx run` input: no processes, no torch."""
 import pytest
 
-from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, parse_nproc_per_node, validate
+from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, validate
 
 
 @pytest.fixture
@@ -9,14 +9,6 @@ def script(tmp_path):
     path = tmp_path / "train.py"
     path.write_text("")
     return str(path)
-
-
-def test_parse_nproc_per_node():
-    assert parse_nproc_per_node("auto") is None
-    assert parse_nproc_per_node("3") == 3
-    for bad, message in [("0", "at least 1, got 0"), ("-2", "at least 1, got -2"), ("two", "got 'two'"), ("1.5", "got '1.5'")]:
-        with pytest.raises(LaunchError, match=message):
-            parse_nproc_per_node(bad)
 
 
 def test_parse_gpus():

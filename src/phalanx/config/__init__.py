@@ -11,12 +11,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from phalanx.config.schema import BY_ENV, BY_NAME, LAUNCHER, RUNTIME, SETTINGS, PhalanxConfig, Scope, Setting, valid_keys
+from phalanx.config.schema import BY_NAME, LAUNCHER, RUNTIME, SETTINGS, PhalanxConfig, Scope, Setting, valid_keys
 from phalanx.config.sources import (ConfigError, Layer, Resolved, from_env, from_flags, from_kwargs, from_mapping,
                                     from_yaml, from_yaml_runtime, resolve, to_env_value, worker_env)
 from phalanx.config.template import template_text
 
-__all__ = ["BY_ENV", "BY_NAME", "LAUNCHER", "RUNTIME", "SETTINGS", "ConfigError", "Layer", "PhalanxConfig", "Resolved",
+__all__ = ["BY_NAME", "LAUNCHER", "RUNTIME", "SETTINGS", "ConfigError", "Layer", "PhalanxConfig", "Resolved",
            "Scope", "Setting", "from_env", "from_flags", "from_kwargs", "from_mapping", "from_yaml", "from_yaml_runtime", "keyword_parameters",
            "resolve", "template_text", "to_env_value", "valid_keys", "worker_env"]
 
@@ -24,8 +24,3 @@ __all__ = ["BY_ENV", "BY_NAME", "LAUNCHER", "RUNTIME", "SETTINGS", "ConfigError"
 def keyword_parameters() -> list[inspect.Parameter]:
     """`Phalanx()`'s setting arguments, keyword-only, None meaning "from the env, file or default"."""
     return [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Any) for s in RUNTIME]
-
-
-def runtime_help() -> str:
-    """One line per runtime setting, for `Phalanx`'s docstring."""
-    return "\n".join(f"    {s.name} (default {s.default!r}; {s.env}): {s.help}" for s in RUNTIME)

@@ -21,7 +21,6 @@ class Kind:
     name: str
     text: Callable[[str], Any]
     obj: Callable[[Any], Any] | None = None  # None: objects must be strings, parsed by `text`
-    example: str = "..."
     choices: Callable[[], tuple[str, ...]] | None = None  # the valid names, for choice kinds
 
     def from_text(self, raw: str) -> Any:
@@ -63,10 +62,10 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Kind:
             raise ValueError(what)
         return number
 
-    return Kind("integer", parse, parse, example=str(minimum or 0))
+    return Kind("integer", parse, parse)
 
 
-def number(unit: str, allow_zero: bool = False, example: str = "1") -> Kind:
+def number(unit: str, allow_zero: bool = False) -> Kind:
     """A real number of `unit` > 0 (>= 0 with `allow_zero`, where 0 turns the feature off)."""
     what = f"expected a number of {unit} >= 0 (0 turns it off)" if allow_zero else f"expected a number of {unit} > 0"
 
@@ -81,15 +80,15 @@ def number(unit: str, allow_zero: bool = False, example: str = "1") -> Kind:
             raise ValueError(what)
         return result
 
-    return Kind(unit, parse, parse, example=example)
+    return Kind(unit, parse, parse)
 
 
 def seconds(allow_zero: bool) -> Kind:
-    return number("seconds", allow_zero, example="60")
+    return number("seconds", allow_zero)
 
 
 def positive_number(unit: str) -> Kind:
-    return number(unit, example="25")
+    return number(unit)
 
 
 def _bool_text(text: str) -> bool:
@@ -109,7 +108,7 @@ def _bool_obj(value: Any) -> bool:
     raise ValueError("expected true or false")
 
 
-BOOL = Kind("boolean", _bool_text, _bool_obj, example="false")
+BOOL = Kind("boolean", _bool_text, _bool_obj)
 
 
 def choice(choices: Callable[[], tuple[str, ...]] | tuple[str, ...],
@@ -136,7 +135,7 @@ def _text(value: Any) -> str:
 
 
 TEXT = Kind("text", _text, _text)
-PATH = Kind("path", _text, lambda v: _text(v.__fspath__() if hasattr(v, "__fspath__") else v), example="path/to/dir")
+PATH = Kind("path", _text, lambda v: _text(v.__fspath__() if hasattr(v, "__fspath__") else v))
 
 
 def names_list(valid: Callable[[], tuple[str, ...]] | None = None) -> Kind:
@@ -157,7 +156,7 @@ def names_list(valid: Callable[[], tuple[str, ...]] | None = None) -> Kind:
             return check(list(value))
         raise ValueError("expected a list of names (or a comma-separated string)")
 
-    return Kind("list of names", lambda text: check(text.split(",")), parse_obj, example="[auto]")
+    return Kind("list of names", lambda text: check(text.split(",")), parse_obj)
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
@@ -179,7 +178,7 @@ def parse_bytes(text: Any) -> int:
         raise ValueError("expected a size such as 8GB, 512MiB or 1000000") from None
 
 
-BYTES = Kind("size", parse_bytes, parse_bytes, example="8GB")
+BYTES = Kind("size", parse_bytes, parse_bytes)
 
 
 def _count_or_auto(value: Any) -> int | str:
@@ -188,7 +187,7 @@ def _count_or_auto(value: Any) -> int | str:
     return _integer(value, 1, "expected a whole number >= 1, auto, gpu or cpu")
 
 
-COUNT_OR_AUTO = Kind("count or auto", _count_or_auto, _count_or_auto, example="auto")
+COUNT_OR_AUTO = Kind("count or auto", _count_or_auto, _count_or_auto)
 
 
 def nnodes_range(text: str) -> tuple[int, int]:
@@ -211,7 +210,7 @@ def _nnodes(value: Any) -> str:
     return text
 
 
-NNODES = Kind("N or MIN:MAX", _nnodes, _nnodes, example="1")
+NNODES = Kind("N or MIN:MAX", _nnodes, _nnodes)
 
 
 def _python_object(value: Any) -> Any:
@@ -236,7 +235,7 @@ def _bool_or_names_obj(value: Any) -> Any:
     raise ValueError("expected true, false or a list of module class names")
 
 
-BOOL_OR_NAMES = Kind("true, false or module class names", _bool_or_names_text, _bool_or_names_obj, example="false")
+BOOL_OR_NAMES = Kind("true, false or module class names", _bool_or_names_text, _bool_or_names_obj)
 
 
 def _bool_or_mapping_obj(value: Any) -> Any:
@@ -245,7 +244,7 @@ def _bool_or_mapping_obj(value: Any) -> Any:
     return _bool_obj(value)
 
 
-BOOL_OR_OPTIONS = Kind("true, false (or a dict of options)", _bool_text, _bool_or_mapping_obj, example="false")
+BOOL_OR_OPTIONS = Kind("true, false (or a dict of options)", _bool_text, _bool_or_mapping_obj)
 
 
 def python(text: Callable[[str], Any], describe: str) -> Kind:

@@ -193,7 +193,7 @@ SETTINGS: tuple[Setting, ...] = (
             "experiment trackers px.log() also reaches, from the main process only: wandb, mlflow, swanlab, "
             "tensorboard (each a pip extra, e.g. phalanx[mlflow]); added to log_sinks"),
     # --- runtime: tools ------------------------------------------------------------------------------
-    Setting("profile", kinds.Kind("step range", _step_range, lambda v: _step_range(str(v)), example="10:15"), None,
+    Setting("profile", kinds.Kind("step range", _step_range, lambda v: _step_range(str(v))), None,
             "START:STOP: trace optimizer steps START..STOP-1 with torch.profiler on every rank, one Chrome "
             "trace per rank in RUN_DIR/profile", value_name="START:STOP"),
 )
@@ -201,7 +201,6 @@ SETTINGS: tuple[Setting, ...] = (
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 RUNTIME: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.scope == Scope.RUNTIME)
 LAUNCHER: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.scope == Scope.LAUNCHER)
-BY_ENV: dict[str, Setting] = {s.env: s for s in RUNTIME if s.env}
 
 # The resolved values: one frozen, typed object handed down to the modules that use them.
 PhalanxConfig = dataclasses.make_dataclass(

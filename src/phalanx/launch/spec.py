@@ -76,24 +76,6 @@ class LaunchSpec:
         return self.nnodes == 1
 
 
-def parse_nproc_per_node(value: str) -> int | None:
-    """'auto' -> None; a positive integer string -> int; anything else -> LaunchError."""
-    if value == "auto":
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise LaunchError(
-            f"--nproc-per-node must be a positive integer or 'auto', got {value!r}"
-        ) from None
-    if number < 1:
-        raise LaunchError(
-            f"--nproc-per-node must be at least 1, got {number}. "
-            "HINT: omit it (or pass 'auto') to use one process per visible GPU."
-        )
-    return number
-
-
 def parse_gpus(value: str) -> tuple[int, ...]:
     """'1,3' -> (1, 3). Rejects empty items, negatives, non-integers and repeats."""
     items = [item.strip() for item in value.split(",")]
