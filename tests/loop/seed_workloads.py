@@ -60,3 +60,52 @@ def streams_and_training(seed: int, epochs: int = 2) -> dict:
         optimizer.step()
     final = {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}
     return {"rank": px.rank, "streams": streams, "init": init, "final": final}
+
+
+class Augmented(Dataset):
+    """A fixed sample plus noise drawn in `__getitem__` from torch, NumPy and `random`."""
+
+    def __init__(self, n: int = 32):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        noise = torch.randn(8) * 0.1 + float(np.random.normal()) * 0.01 + random.gauss(0, 0.01)
+        return self.x[i] + noise, self.y[i]
+
+
+def _augmented_run(directory: str, persistent: bool, stop_at: int | None, resume: bool) -> tuple:
+    """Train 2 epochs of 4 steps on augmented samples with 2 workers per rank; with `stop_at`, save
+    after that many steps of epoch 1 and stop; with `resume`, load the save and finish."""
+    px = Phalanx(seed=5, strategy="ddp", checkpoint_dir=directory)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(Augmented(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=persistent)
+    model, optimizer, loader = px.prepare(model, optimizer, loader)
+    if resume:
+        assert px.load_state() is True
+    inputs = []
+    while loader.epoch < 2:
+        epoch = loader.epoch
+        for step, (x, y) in enumerate(loader):
+            inputs.append(x.clone())
+            optimizer.zero_grad()
+            px.backward(nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            if stop_at is not None and epoch == 1 and step + 1 == stop_at:
+                px.save_state()
+                return px, model, inputs
+    return px, model, inputs
+
+
+def resume_with_workers(directory: str, persistent: bool) -> dict:
+    """An uninterrupted run, and the same run saved mid-epoch 1 and resumed in a fresh Phalanx."""
+    px, model, straight = _augmented_run(directory + "/unused", persistent, None, False)
+    weights = {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}
+    _, _, before = _augmented_run(directory, persistent, 2, False)
+    px, model, after = _augmented_run(directory, persistent, None, True)
+    resumed = {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}
+    return {"straight": straight, "before": before, "after": after, "weights": weights, "resumed": resumed}

@@ -12,6 +12,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, lend_batch
 from phalanx.data.iterable import ShardedIterable
+from phalanx.data.sample_seeds import SampleSeeded
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
@@ -71,7 +72,7 @@ class PreparedLoader:
         self.rank_aware_workers = rank_aware_workers  # workers' seeds from (seed, rank, worker, epoch)
         # Rebuilt even in a world of one: the sample order is then the same global order that N
         # ranks share out, so results do not depend on the world size.
-        self.loader = _shard(loader, ctx, seed) if shard else loader
+        self.loader = _shard(loader, ctx, seed, rank_aware_workers) if shard else loader
         # A loader with its own state_dict (torchdata's StatefulDataLoader): its state is what a
         # checkpoint stores, per rank, and it resumes itself mid-epoch.
         self.stateful = is_stateful(self.loader)
@@ -99,7 +100,8 @@ class PreparedLoader:
 
     @property
     def dataset(self):
-        return self.loader.dataset
+        dataset = self.loader.dataset
+        return dataset.dataset if isinstance(dataset, SampleSeeded) else dataset
 
     @property
     def batch_size(self) -> int | None:
@@ -361,8 +363,12 @@ def _batch_len(batch: Any) -> int | None:
     return None
 
 
-def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
-    """Rebuild `loader` so this rank sees its shard; keep every other setting."""
+def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool = True) -> DataLoader:
+    """Rebuild `loader` so this rank sees its shard; keep every other setting.
+
+    `sample_seeds`: a map-style dataset loaded by workers seeds each sample from (seed, epoch, index)
+    (data/sample_seeds.py), except in a stateful loader, which restores its workers' state itself.
+    """
     kwargs = {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
     if kwargs.get("num_workers", 0) == 0:
         kwargs.pop("prefetch_factor", None)
@@ -381,11 +387,14 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
         # too, even in a world of one.
         return _build(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
+    tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)
+    if tag_epoch:
+        dataset = SampleSeeded(dataset, seed)
     shuffle = _default_shuffle(loader)
     if shuffle is not None:
         sharded = ShardedSampler(
             dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-            shuffle=shuffle, seed=seed, drop_last=loader.drop_last,
+            shuffle=shuffle, seed=seed, drop_last=loader.drop_last, tag_epoch=tag_epoch,
         )
         return _build(dataset, batch_size=loader.batch_size, sampler=sharded,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
@@ -397,7 +406,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int) -> DataLoader:
             "Give it a batch_size (or a batch_sampler) so batches can be dealt to ranks."
         )
     drop_last = bool(getattr(batch_sampler, "drop_last", False))
-    shard = BatchShardSampler(batch_sampler, ctx.world_size, ctx.rank, drop_last=drop_last)
+    shard = BatchShardSampler(batch_sampler, ctx.world_size, ctx.rank, drop_last=drop_last, tag_epoch=tag_epoch)
     return _build(dataset, batch_sampler=shard, generator=generator, **kwargs)
 
 

@@ -7,14 +7,25 @@ from typing import Iterator, Sequence
 from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from phalanx.data.sample_seeds import tag
+
 
 class ShardedSampler(DistributedSampler):
     """torch's DistributedSampler (same order, same padding), plus the count of real samples.
 
     Without drop_last, DistributedSampler repeats the first indices so every rank gets
     `num_samples`; `num_real_samples` says how many of this rank's samples are not repeats,
-    which is what lets gather_for_metrics count each item exactly once.
+    which is what lets gather_for_metrics count each item exactly once. With `tag_epoch`, indices
+    are yielded as SampleKeys that carry the epoch (for per-sample seeds in workers).
     """
+
+    def __init__(self, *args, tag_epoch: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tag_epoch = tag_epoch
+
+    def __iter__(self) -> Iterator[int]:
+        indices = super().__iter__()
+        return iter(tag(indices, self.epoch)) if self.tag_epoch else indices
 
     @property
     def num_real_samples(self) -> int:
@@ -30,11 +41,15 @@ class BatchShardSampler(Sampler[list[int]]):
     Used for custom samplers / batch samplers that the loader cannot rebuild index-wise. All
     ranks must produce the same batch sequence (seed your sampler identically). Ranks always get
     the same number of batches: short ranks repeat the first batches (marked as padding) unless
-    `drop_last`, which drops the incomplete round instead.
+    `drop_last`, which drops the incomplete round instead. With `tag_epoch`, indices are yielded
+    as SampleKeys that carry the epoch (for per-sample seeds in workers).
     """
 
-    def __init__(self, batch_sampler: Sampler[list[int]], num_replicas: int, rank: int, drop_last: bool = False):
+    def __init__(self, batch_sampler: Sampler[list[int]], num_replicas: int, rank: int, drop_last: bool = False,
+                 tag_epoch: bool = False):
         self.batch_sampler = batch_sampler
+        self.tag_epoch = tag_epoch
+        self.epoch = 0
         self.num_replicas = num_replicas
         self.rank = rank
         self.drop_last = drop_last
@@ -59,9 +74,10 @@ class BatchShardSampler(Sampler[list[int]]):
         self.padding_flags = [flags[i] for i in mine] if batches else []
         for i in mine:
             if batches:
-                yield list(batches[i])
+                yield tag(batches[i], self.epoch) if self.tag_epoch else list(batches[i])
 
     def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(epoch)
         inner = getattr(self.batch_sampler, "sampler", None)

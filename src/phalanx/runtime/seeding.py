@@ -5,7 +5,9 @@ same seed on every rank, so a model built after seeding starts identical everywh
 workers must NOT share streams across ranks (random crops and masks would repeat on every rank):
 each prepared loader draws its workers' base seed from `worker_base_seed(seed, rank, epoch)`, and
 torch's own worker loop then seeds `random`, NumPy and torch in worker `w` from that base and `w`.
-A user's `worker_init_fn` still runs after that, as with any DataLoader.
+A user's `worker_init_fn` still runs after that, as with any DataLoader. A prepared map-style loader
+with workers also seeds each sample from (seed, epoch, index) (`seed_sample`), so what a sample
+draws does not depend on the worker that loads it, and a mid-epoch resume is exact.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 
 _MASK64 = (1 << 64) - 1
 _INT63 = (1 << 63) - 1
+_SAMPLE = 0x5A3D1E  # keeps per-sample seeds apart from worker base seeds of the same numbers
 
 
 def seed_everything(seed: int, workers: bool = True) -> int:
@@ -51,6 +54,20 @@ def worker_base_seed(seed: int, rank: int, epoch: int) -> int:
     """
     words = np.random.SeedSequence([seed & _MASK64, rank, epoch]).generate_state(2, dtype=np.uint32)
     return ((int(words[0]) << 32) | int(words[1])) & _INT63
+
+
+def seed_sample(seed: int, epoch: int, index: int) -> None:
+    """Seed `random`, NumPy and torch's CPU generator for loading sample `index` in `epoch`.
+
+    Called in DataLoader workers before each sample (see data/sample_seeds.py); distinct per
+    (seed, epoch, index) and independent of the rank and the worker, so the same sample gets the same
+    draws on any number of ranks or workers. About 15 microseconds.
+    """
+    words = np.random.SeedSequence([seed & _MASK64, epoch, index, _SAMPLE]).generate_state(2, dtype=np.uint32)
+    value = ((int(words[0]) << 32) | int(words[1])) & _INT63
+    random.seed(value)
+    np.random.seed(int(words[0]))
+    torch.default_generator.manual_seed(value)  # CPU only: a worker process has no device streams
 
 
 def seed_worker_generator(generator: torch.Generator, seed: int, rank: int, epoch: int) -> None:
