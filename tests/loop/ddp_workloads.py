@@ -41,7 +41,7 @@ def hook_resume(directory: str, hooks: list[str]) -> dict:
         hook, _, strategy = spec.partition("@")
         kwargs = {"strategy": strategy or "ddp", "comm_hook": hook, "powersgd_rank": 1, "powersgd_start_iter": 2,
                   "checkpoint_dir": f"{directory}/{hook}-{strategy}"}
-        if hook == "bf16":  # several buckets (torch's PowerSGD hangs with several buckets on gloo)
+        if hook in ("bf16", "powersgd"):  # several buckets (PowerSGD on gloo: one in flight at a time)
             kwargs["bucket_cap_mb"] = 0.01
         px = Phalanx(**kwargs)
         model = _model()
@@ -56,10 +56,11 @@ def hook_resume(directory: str, hooks: list[str]) -> dict:
         px.save_state()
         losses += _steps(px, model, optimizer, 4)
         straight = _weights(px, model)
-        error_norm, bucket_bytes = None, model.bucket_bytes_cap
+        error_norm, bucket_bytes, buckets = None, model.bucket_bytes_cap, None
         if hook == "powersgd":
             state = model.phalanx_comm_hook_state.powersgd
             error_norm = sum(float(e.norm()) for e in state.error_dict.values())
+            buckets = len(model.phalanx_comm_hook_state.layout)
 
         resumed_px = Phalanx(**kwargs)
         model = _model()
@@ -68,7 +69,7 @@ def hook_resume(directory: str, hooks: list[str]) -> dict:
         assert resumed_px.load_state() is True
         _steps(resumed_px, model, optimizer, 4)
         out[spec] = {"strategy": resumed_px.strategy_name, "losses": losses, "straight": straight, "resumed": _weights(resumed_px, model),
-                     "error_norm": error_norm, "bucket_bytes": bucket_bytes, "hook_name": type(model.phalanx_comm_hook_state).__name__}
+                     "error_norm": error_norm, "bucket_bytes": bucket_bytes, "buckets": buckets, "hook_name": type(model.phalanx_comm_hook_state).__name__}
     return out
 
 

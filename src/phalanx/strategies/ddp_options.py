@@ -82,8 +82,13 @@ class HookState:
     """
 
     def __init__(self, powersgd: powerSGD_hook.PowerSGDState | None = None,
-                 params: dict[int, tuple[str, torch.Size]] | None = None):
+                 params: dict[int, tuple[str, torch.Size]] | None = None, one_bucket_at_a_time: bool = False):
         self.powersgd = powersgd
+        # gloo: torch's hook blocks in future callbacks (`.wait()` on its P and Q all-reduces), and
+        # those callbacks run on gloo's 2 worker threads; two buckets in flight block both threads
+        # and their all-reduces never run. One bucket's chain at a time leaves a thread free.
+        self.one_bucket_at_a_time = one_bucket_at_a_time
+        self._in_flight: torch.futures.Future | None = None
         self.params = params or {}  # id(parameter) -> (name, shape)
         self.layout: dict[int, list[str]] = {}  # bucket index -> its parameters' names, in order
         self.restored: dict[str, dict[str, torch.Tensor]] = {}  # name -> slices not yet placed
@@ -99,7 +104,12 @@ class HookState:
         self.layout[bucket.index()] = names
         if self.restored and all(n in self.restored for n in names):
             self._place(bucket.index(), names, bucket.buffer())
-        return powerSGD_hook.powerSGD_hook(state, bucket)
+        if not self.one_bucket_at_a_time:
+            return powerSGD_hook.powerSGD_hook(state, bucket)
+        if self._in_flight is not None:
+            self._in_flight.wait()
+        self._in_flight = powerSGD_hook.powerSGD_hook(state, bucket)
+        return self._in_flight
 
     def _shapes(self) -> dict[str, torch.Size]:
         return dict(self.params.values())
@@ -183,7 +193,7 @@ def register_comm_hook(model: nn.parallel.DistributedDataParallel, options: DDPO
     state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=options.powersgd_rank,
                                         start_powerSGD_iter=options.powersgd_start_iter)
     params = {id(p): (name, p.shape) for name, p in model.module.named_parameters()}
-    hook_state = HookState(state, params)
+    hook_state = HookState(state, params, one_bucket_at_a_time=dist.get_backend(group) == "gloo")
 
     def powersgd_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
         return hook_state.powersgd_hook(state, bucket)
