@@ -81,7 +81,8 @@ class Phalanx:
         self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
         self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
         self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self._step_progress,
-                                                cfg.watchdog_timeout, destroy_process_group)
+                                                cfg.watchdog_timeout, destroy_process_group,
+                                                collective_timeout=cfg.collective_timeout)
         self._checkpointer = Checkpointer(
             strategy_name=self.strategy_name, seed=self.seed, keep=cfg.checkpoint_keep,
             async_save=cfg.checkpoint_async, directory=cfg.checkpoint_dir,

@@ -44,6 +44,21 @@ def misbehave_at_step_3(how: str, watchdog_timeout: float | None = None) -> None
     print(f"rank {px.rank}: finished the loop", flush=True)
 
 
+def comm_hook_never_completes(seconds: float) -> None:
+    """A DDP comm hook whose future never completes: every rank waits in backward, where no
+    collective timeout applies; the watchdog must end it after the collective + watchdog timeouts."""
+    px = Phalanx(strategy="ddp", watchdog_timeout=2, collective_timeout=seconds)
+    model = nn.Linear(3, 1)
+    model, _ = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def never(state, bucket):  # (no annotations: DDP checks them, and this module's are strings)
+        return torch.futures.Future()
+
+    model.register_comm_hook(None, never)
+    print(f"rank {px.rank}: backward at t={time.time():.3f}", flush=True)
+    px.backward(model(torch.randn(4, 3)).sum())
+
+
 def collective_timeout(seconds: float) -> None:
     """Watchdog off: rank 1 never reaches the barrier; rank 0's barrier must time out in `seconds`."""
     px = Phalanx(watchdog_timeout=0, collective_timeout=seconds)

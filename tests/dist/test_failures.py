@@ -91,6 +91,20 @@ def test_collective_timeout_fails_in_its_configured_seconds():
     assert 2.5 < seconds < 15, rank0
 
 
+def test_every_rank_stuck_in_backward_is_reported_after_the_collective_timeout():
+    """No collective timeout covers a comm hook's future: the watchdog's backstop ends the job."""
+    start = time.time()
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks("tests.dist.failure_workloads:comm_hook_never_completes", 2, args=(4.0,), timeout=90)
+    text = str(failed.value)
+    assert "timed out" not in text.splitlines()[0], text
+    assert time.time() - start < 60, text
+    assert ("phalanx watchdog: every rank has been in phase 'backward' at step -1 (before its first batch) for "
+            in text), text
+    assert "(collective timeout + watchdog timeout = 6 s)" in text
+    assert "rank 1: step -1 (before its first batch), phase 'backward'  <-- stuck" in text
+
+
 @pytest.fixture(scope="module")
 def debug_run():
     return run_ranks("tests.dist.failure_workloads:debug_mismatch_and_busy_rank0", 2, timeout=90)

@@ -24,6 +24,19 @@ def test_no_verdict_when_every_rank_is_at_the_same_place():
     assert judge([view(3, "forward"), view(3, "forward")], NOW, 5.0, me=0) is None
 
 
+def test_every_rank_stuck_in_a_communicating_phase_beyond_the_collective_timeout_is_reported():
+    stuck = [view(3, "backward", moved_ago=40.0), view(3, "backward", moved_ago=41.0)]
+    assert judge(stuck, NOW, 5.0, me=0, stuck_after=45.0) is None  # not yet
+    verdict = judge(stuck, NOW, 5.0, me=0, stuck_after=35.0)
+    assert verdict.culprits == [0, 1] and verdict.dead == []
+    assert verdict.headline.startswith("phalanx watchdog: every rank has been in phase 'backward' at step 3 for 40.0 s, "
+                                       "longer than a collective may take (collective timeout + watchdog timeout = 35 s)")
+    assert verdict.lines == ["  rank 0: step 3, phase 'backward'  <-- stuck", "  rank 1: step 3, phase 'backward'  <-- stuck"]
+    # Long work that is not communication (data, saving, main_process_first) is never judged so.
+    for phase in ("data", "save_state", "main_process_first", "step"):
+        assert judge([view(3, phase, moved_ago=400.0)] * 2, NOW, 5.0, me=0, stuck_after=35.0) is None
+
+
 def test_rank_in_the_script_while_others_wait_is_the_culprit():
     verdict = judge([view(3, "backward"), view(3, "step")], NOW, 5.0, me=0)
     assert verdict.culprits == [1] and verdict.dead == []

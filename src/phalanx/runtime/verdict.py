@@ -10,6 +10,12 @@ from phalanx.runtime.step_tracker import Phase
 
 LEFT_LOOP = Phase.EXIT  # the phase of a rank that has left its script (atexit)
 _IN_SCRIPT = (Phase.START, Phase.STEP)  # phases in which a rank runs the user's code, not phalanx's
+# Phases of a training step that communicate and never take minutes as work: every rank stuck in
+# one of them for longer than the collective timeout is a hang torch's timeout did not catch (a
+# comm hook's future that never completes, a collective that never started). Loading data, saving,
+# loading and main_process_first can legitimately take that long, and are left out.
+_COMMUNICATING = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.REDUCE, Phase.GATHER,
+                  Phase.GATHER_FOR_METRICS, Phase.BARRIER, Phase.JOIN, Phase.AGREE)
 
 
 @dataclass
@@ -29,15 +35,17 @@ class Verdict:
     lines: list[str] = field(default_factory=list)
 
 
-def judge(peers: list[PeerView], now: float, timeout: float, me: int) -> Verdict | None:
-    """A verdict when nobody moved for `timeout` and the ranks are out of step (or one is silent)."""
+def judge(peers: list[PeerView], now: float, timeout: float, me: int,
+          stuck_after: float | None = None) -> Verdict | None:
+    """A verdict when nobody moved for `timeout` and the ranks are out of step (or one is silent),
+    or when all of them sat in the same communicating phase for more than `stuck_after` seconds."""
     if any(v.record is None for v in peers) or min(now - v.moved_at for v in peers) <= timeout:
         return None
     dead = [r for r, v in enumerate(peers) if r != me and now - v.beat_at > timeout]
     places = {(v.record[2], v.record[3]) for v in peers}  # type: ignore[index]
     left = [r for r, v in enumerate(peers) if v.record[3] == LEFT_LOOP]  # type: ignore[index]
     if not dead and not left and len(places) == 1:
-        return None  # everyone at the same place: long work, not a rank out of step
+        return _all_stuck(peers, now, stuck_after)  # same place: long work, unless it is too long
     in_script = [r for r, v in enumerate(peers) if v.record[3] in _IN_SCRIPT]  # type: ignore[index]
     if in_script:  # of the ranks busy in the script, the one(s) furthest behind
         behind = min(peers[r].record[2] for r in in_script)  # type: ignore[index]
@@ -72,6 +80,20 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int) -> Verdict
         what = f"{who} stalled at {at_step(step)}, phase {phase!r}, behind the others"
     headline = f"phalanx watchdog: {what}; no rank progressed for at least {waited:.1f} s (timeout {timeout:g} s)"
     return Verdict(culprits, dead, headline, lines)
+
+
+def _all_stuck(peers: list[PeerView], now: float, stuck_after: float | None) -> Verdict | None:
+    step, phase = peers[0].record[2], peers[0].record[3]  # type: ignore[index]
+    waited = min(now - v.moved_at for v in peers)
+    if stuck_after is None or phase not in _COMMUNICATING or waited <= stuck_after:
+        return None
+    headline = (f"phalanx watchdog: every rank has been in phase {phase!r} at {at_step(step)} for {waited:.1f} s, "
+                f"longer than a collective may take (collective timeout + watchdog timeout = {stuck_after:g} s): "
+                "a communication that never completes and that torch's timeout does not cover (for example a "
+                "DDP comm hook whose future is never completed). HINT: the stacks below show where each rank waits")
+    lines = [f"  rank {r}: {at_step(v.record[2])}, phase {v.record[3]!r}  <-- stuck"  # type: ignore[index]
+             for r, v in enumerate(peers)]
+    return Verdict(list(range(len(peers))), [], headline, lines)
 
 
 def at_step(step: int) -> str:

@@ -18,7 +18,10 @@ every live rank adds its Python stack to the store, the reporter prints the repo
 in TORCHELASTIC_ERROR_FILE for the launcher), and all ranks exit with code EXIT_CODE.
 
 All ranks at the same step and phase for a long time (a long evaluation, a slow first compile) is
-not a hang the watchdog can tell from work: the collective timeout remains the backstop there.
+not a hang the watchdog can tell from work: the collective timeout remains the backstop there. Where
+that backstop has no hold (every rank inside a communicating phase such as 'backward', waiting on
+something no collective timeout covers), the watchdog reports once the ranks have sat there longer
+than the collective timeout plus its own (`stuck_after`).
 """
 from __future__ import annotations
 
@@ -45,8 +48,10 @@ EXIT_CODE = 3  # a rank stopped by the watchdog (1 stays "the script raised")
 class Watchdog:
     """The reporting thread of one rank. `start()` after the process group exists."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, progress: StepTracker, timeout: float):
+    def __init__(self, store: dist.Store, rank: int, world_size: int, progress: StepTracker, timeout: float,
+                 stuck_after: float | None = None):
         self.store = store
+        self.stuck_after = stuck_after
         self.rank = rank
         self.world_size = world_size
         self.progress = progress
@@ -114,7 +119,7 @@ class Watchdog:
             for view in self._peers:
                 view.beat_at = view.moved_at = now  # unknown before: count from now
         self._read_peers(now)
-        verdict = judge(self._peers, now, self.timeout, self.rank)
+        verdict = judge(self._peers, now, self.timeout, self.rank, self.stuck_after)
         if verdict is None:
             return
         won = self.store.compare_set("verdict", "", verdict.headline).decode() == verdict.headline
@@ -304,8 +309,11 @@ def _explain_uncaught_errors(watchdog: Watchdog) -> None:
     sys.excepthook = hook
 
 
-def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: float, destroy) -> Watchdog | None:
-    """Start watching when there is a group and a timeout; `destroy` leaves the group at exit."""
+def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: float, destroy,
+                   collective_timeout: float | None = None) -> Watchdog | None:
+    """Start watching when there is a group and a timeout; `destroy` leaves the group at exit.
+    With `collective_timeout`, ranks all stuck in a communicating phase for longer than it plus
+    `timeout` are reported too."""
     if timeout == 0 or world_size == 1 or not dist.is_initialized():
         return None
     if _running:  # a second Phalanx() in this process takes over this rank's record
@@ -321,7 +329,8 @@ def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: f
         base = dist.distributed_c10d._get_default_store().clone()  # noqa: SLF001
     store = dist.PrefixStore(prefix, base)
     store.set_timeout(store_timeout)
-    watchdog = Watchdog(store, rank, world_size, progress, timeout).start()
+    stuck_after = None if collective_timeout is None else collective_timeout + timeout
+    watchdog = Watchdog(store, rank, world_size, progress, timeout, stuck_after).start()
     atexit.register(watchdog.leave, destroy)  # runs before the process group's own exit hook
     _explain_uncaught_errors(watchdog)
     _running.append(watchdog)
