@@ -7,6 +7,7 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -45,18 +46,27 @@ def misbehave_at_step_3(how: str, watchdog_timeout: float | None = None) -> None
 
 
 def comm_hook_never_completes(seconds: float) -> None:
-    """A DDP comm hook whose future never completes: every rank waits in backward, where no
-    collective timeout applies; the watchdog must end it after the collective + watchdog timeouts."""
+    """From step 1 on, a DDP comm hook whose future never completes: every rank waits in backward,
+    where no collective timeout applies; the watchdog must end it after the collective + watchdog
+    timeouts."""
     px = Phalanx(strategy="ddp", watchdog_timeout=2, collective_timeout=seconds)
     model = nn.Linear(3, 1)
-    model, _ = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = DataLoader(TensorDataset(torch.randn(16, 3)), batch_size=4)
+    model, optimizer, loader = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    calls = []
 
-    def never(state, bucket):  # (no annotations: DDP checks them, and this module's are strings)
+    def never_after_step_0(state, bucket):  # (no annotations: DDP checks them, and this module's are strings)
+        calls.append(1)
+        if len(calls) == 1:
+            return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
         return torch.futures.Future()
 
-    model.register_comm_hook(None, never)
-    print(f"rank {px.rank}: backward at t={time.time():.3f}", flush=True)
-    px.backward(model(torch.randn(4, 3)).sum())
+    model.register_comm_hook(None, never_after_step_0)
+    for step, (x,) in enumerate(loader):
+        print(f"rank {px.rank}: step {step} at t={time.time():.3f}", flush=True)
+        optimizer.zero_grad()
+        px.backward(model(x).sum())
+        optimizer.step()
 
 
 def collective_timeout(seconds: float) -> None:

@@ -13,8 +13,9 @@ _IN_SCRIPT = (Phase.START, Phase.STEP)  # phases in which a rank runs the user's
 # Phases of a training step that communicate and never take minutes as work: every rank stuck in
 # one of them for longer than the collective timeout is a hang torch's timeout did not catch (a
 # comm hook's future that never completes, a collective that never started). Loading data, saving,
-# loading and main_process_first can legitimately take that long, and are left out.
-_COMMUNICATING = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.REDUCE, Phase.GATHER,
+# loading and main_process_first can legitimately take that long, and are left out; so are forward
+# and the first step (step 0, or none yet), where torch.compile may compile for minutes.
+_COMMUNICATING = (Phase.BACKWARD, Phase.OPTIMIZER, Phase.REDUCE, Phase.GATHER,
                   Phase.GATHER_FOR_METRICS, Phase.BARRIER, Phase.JOIN, Phase.AGREE)
 
 
@@ -85,7 +86,7 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int,
 def _all_stuck(peers: list[PeerView], now: float, stuck_after: float | None) -> Verdict | None:
     step, phase = peers[0].record[2], peers[0].record[3]  # type: ignore[index]
     waited = min(now - v.moved_at for v in peers)
-    if stuck_after is None or phase not in _COMMUNICATING or waited <= stuck_after:
+    if stuck_after is None or phase not in _COMMUNICATING or step < 1 or waited <= stuck_after:
         return None
     headline = (f"phalanx watchdog: every rank has been in phase {phase!r} at {at_step(step)} for {waited:.1f} s, "
                 f"longer than a collective may take (collective timeout + watchdog timeout = {stuck_after:g} s): "
