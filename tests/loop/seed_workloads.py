@@ -6,7 +6,7 @@ import random
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from phalanx import Phalanx
 
@@ -77,13 +77,27 @@ class Augmented(Dataset):
         return self.x[i] + noise, self.y[i]
 
 
-def _augmented_run(directory: str, persistent: bool, stop_at: int | None, resume: bool) -> tuple:
+class AugmentedStream(IterableDataset):
+    """The same samples as a stream, augmented as it goes."""
+
+    def __init__(self, n: int = 32):
+        self.samples = Augmented(n)
+
+    def __iter__(self):
+        for i in range(len(self.samples)):
+            yield self.samples[i]
+
+
+def _augmented_run(directory: str, persistent: bool, stop_at: int | None, resume: bool, stream: bool = False) -> tuple:
     """Train 2 epochs of 4 steps on augmented samples with 2 workers per rank; with `stop_at`, save
     after that many steps of epoch 1 and stop; with `resume`, load the save and finish."""
     px = Phalanx(seed=5, strategy="ddp", checkpoint_dir=directory)
     model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = DataLoader(Augmented(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=persistent)
+    if stream:
+        loader = DataLoader(AugmentedStream(), batch_size=4, num_workers=2, persistent_workers=persistent)
+    else:
+        loader = DataLoader(Augmented(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=persistent)
     model, optimizer, loader = px.prepare(model, optimizer, loader)
     if resume:
         assert px.load_state() is True
@@ -101,11 +115,11 @@ def _augmented_run(directory: str, persistent: bool, stop_at: int | None, resume
     return px, model, inputs
 
 
-def resume_with_workers(directory: str, persistent: bool) -> dict:
+def resume_with_workers(directory: str, persistent: bool, stream: bool = False) -> dict:
     """An uninterrupted run, and the same run saved mid-epoch 1 and resumed in a fresh Phalanx."""
-    px, model, straight = _augmented_run(directory + "/unused", persistent, None, False)
+    px, model, straight = _augmented_run(directory + "/unused", persistent, None, False, stream)
     weights = {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}
-    _, _, before = _augmented_run(directory, persistent, 2, False)
-    px, model, after = _augmented_run(directory, persistent, None, True)
+    _, _, before = _augmented_run(directory, persistent, 2, False, stream)
+    px, model, after = _augmented_run(directory, persistent, None, True, stream)
     resumed = {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}
     return {"straight": straight, "before": before, "after": after, "weights": weights, "resumed": resumed}
