@@ -128,6 +128,7 @@ VARIANTS: dict[str, Callable] = {
     "phalanx zero2": with_phalanx("zero2"),
     "raw zero3 (fully_shard per block)": lambda: _raw_fsdp(True),
     "phalanx zero3": with_phalanx("zero3"),
+    "phalanx zero3, table gathered (embedding_exchange=params)": with_phalanx("zero3", embedding_exchange="params"),
     "phalanx zero3, explicit prefetch": with_phalanx("zero3", forward_prefetch=True),
     "phalanx zero3, embedding+head own units": with_phalanx(
         "zero3", shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, (Block, nn.TransformerEncoderLayer))),
@@ -176,12 +177,12 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
         base = sorted(rates[base_name])[rounds // 2]
         base_bytes = held[base_name]
         base_cpu = sorted(cpu[base_name])[rounds // 2]
-        print(f"  {'variant':44s} {'steps/s':>8s} {'vs ' + base_name:>11s} {'CPU ms/step':>12s} {'vs':>6s} "
+        print(f"  {'variant':56s} {'steps/s':>8s} {'vs ' + base_name:>11s} {'CPU ms/step':>12s} {'vs':>6s} "
               f"{'vs, per round: min-max':>22s} {'state/rank':>11s} {'vs':>5s}")
         for name in names:
             med, c = sorted(rates[name])[rounds // 2], sorted(cpu[name])[rounds // 2]
             per_round = [b / x for b, x in zip(cpu[base_name], cpu[name])]  # same round, side by side
-            print(f"  {name:44s} {med:8.2f} {med / base:11.3f} {c:12.1f} {base_cpu / c:6.3f} "
+            print(f"  {name:56s} {med:8.2f} {med / base:11.3f} {c:12.1f} {base_cpu / c:6.3f} "
                   f"{min(per_round):10.3f}-{max(per_round):.3f}      "
                   f"{held[name] / 2**20:7.1f} MiB {held[name] / base_bytes:5.2f}")
         print(f"  (CPU ms/step: rank 0's own CPU time, all threads; 'vs' = {base_name}'s CPU time / this one's,\n"

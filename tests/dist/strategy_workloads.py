@@ -78,7 +78,7 @@ def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, 
         return (px, *px.prepare(model, optimizer, loader))
 
     px, model, optimizer, loader = build()
-    losses, norms, unsynced = [], [], []
+    losses, norms, unsynced, exchanged = [], [], [], []
     for _ in range(epochs):
         for x, y in loader:
             with px.accumulate(model):
@@ -86,8 +86,10 @@ def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, 
                 loss = nn.functional.cross_entropy(model(x), y)
                 px.backward(loss)
                 if not px.sync_gradients:  # what a skipped sync leaves: local grads, or none yet
-                    grads = [p.grad for p in model.parameters() if p.grad is not None]
-                    unsynced.append(None if not grads else float(sum(g.double().abs().sum() for g in grads)))
+                    held_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+                    fsdp = {n: g for n, g in held_grads.items() if n != "embed.weight" or not looked_up(model)}
+                    unsynced.append(None if not fsdp else float(sum(g.double().abs().sum() for g in fsdp.values())))
+                    exchanged.append(sorted(set(held_grads) - set(fsdp)))
                 if clip is not None:
                     norm = px.clip_grad_norm_(model.parameters(), clip)
                     if norm is not None:
@@ -107,11 +109,18 @@ def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, 
     return {
         "strategy": px.strategy_name,
         "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
-        "losses": losses, "norms": norms, "unsynced": unsynced, "bytes": vars(held).copy(),
+        "losses": losses, "norms": norms, "unsynced": unsynced, "exchanged": exchanged, "bytes": vars(held).copy(),
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
         "is_optimizer": isinstance(optimizer, torch.optim.Optimizer), "restored": restored,
         "optim_full": full_optimizer_state(model, optimizer) if full_optimizer else None,
     }
+
+
+def looked_up(model: nn.Module) -> bool:
+    """The model's embedding is looked up where its rows live (zero2/zero3, embedding_exchange=auto)."""
+    from phalanx.strategies.sharded_embedding import ShardedLookupEmbedding
+
+    return isinstance(model.embed, ShardedLookupEmbedding)
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:

@@ -93,6 +93,10 @@ def test_accumulation_on_two_ranks_equals_one_process_k4(runs, refs, name):
     assert len(r0["unsynced"]) == len(r1["unsynced"]) == 8
     if name in SHARDED:  # no reduce-scatter: FSDP keeps the unsharded sum, no sharded grad yet
         assert r0["unsynced"] == r1["unsynced"] == [None] * 8
+        # ... except the embedding looked up where its rows live: its small exchange runs every
+        # micro-step, so it holds its sharded gradient (an unsharded one would cost V x D memory)
+        table = ["embed.weight"] if name in ("zero2", "zero3") else []  # (not with offload or hsdp)
+        assert r0["exchanged"] == r1["exchanged"] == [table] * 8
     else:  # no all-reduce: each rank holds its own local gradients
         assert all(a != b for a, b in zip(r0["unsynced"], r1["unsynced"]))
 

@@ -147,6 +147,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("compile", kinds.BOOL_OR_OPTIONS, False,
             "torch.compile each sharding unit (regional compilation; Phalanx(): also a dict of torch.compile options)",
             bool_flag=True),
+    Setting("embedding_exchange", kinds.choice(("auto", "params")), "auto",
+            "zero2/zero3 embedding tables: auto (each rank keeps its rows; a forward exchanges the looked-up rows "
+            "or the table, whichever is smaller) or params (gathered whole like any parameter)"),
     Setting("cpu", kinds.BOOL, False, "run on the CPU (gloo) even when GPUs are visible", bool_flag=True),
     Setting("device_placement", kinds.BOOL, True, "move each batch of a prepared loader to the rank's device",
             bool_flag=True),

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 
 REDUCTIONS = ("mean", "sum", "max", "min")
+# all_gather_into_tensor's new name (torch >= 2.13 warns on the old one; older torch lacks the new).
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 T = TypeVar("T")
 
 

@@ -30,6 +30,10 @@ class StrategyOptions:
     forward_prefetch: bool | None = None
     """zero2/zero3: issue the next unit's all-gather before the current one computes. None: on
     for CUDA; off on CPU, where gloo gains no overlap from it and it measured slower."""
+    embedding_exchange: str = "auto"
+    """zero2/zero3: 'auto': root-level embedding tables stay sharded by rows and each forward
+    exchanges the looked-up rows or the table, whichever is smaller (strategies/sharded_embedding.py);
+    'params': FSDP2 gathers them whole like any parameter."""
     init_weights: Callable[[nn.Module], None] | None = None
     """A model built on the meta device: fn(module) initialising one module's own parameters and
     buffers, called per module at prepare (default: the module's reset_parameters())."""

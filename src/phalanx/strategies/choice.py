@@ -39,6 +39,8 @@ def choose(resolved: Any, strategy_options: Mapping[str, Any] | StrategyOptions 
         options.memory_budget_bytes = cfg.memory_budget
     if resolved.is_set("activation_checkpointing"):
         options.activation_checkpointing = cfg.activation_checkpointing
+    if resolved.is_set("embedding_exchange"):
+        options.embedding_exchange = cfg.embedding_exchange
     if resolved.is_set("compile"):
         options.compile = cfg.compile
     given = tuple(name for name in DDP_SETTINGS if resolved.is_set(name))

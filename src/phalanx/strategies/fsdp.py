@@ -108,6 +108,9 @@ class FSDPStrategy:
         units = transform_units(model, shard_units(model, self.options.shard_modules), self.options, self.ctx.device)
         before = {name: p for name, p in model.named_parameters()}
         kwargs = self._fsdp_kwargs()
+        looked_up = self._shard_embeddings(model, units, kwargs["mesh"])
+        if looked_up:
+            kwargs["ignored_params"] = {e.weight for e in looked_up}
         nested = any(a is not b and any(m is b for m in a.modules()) for a in units for b in units)
         for i, unit in reversed(list(enumerate(units))):  # inner units first when nested
             # The last unit runs first in backward: freeing it after forward only to gather it
@@ -132,6 +135,18 @@ class FSDPStrategy:
         for name, old in before.items():
             self._rebind[id(old)] = (weakref.ref(old), after[name])
         return model
+
+    def _shard_embeddings(self, model: nn.Module, units: list[nn.Module], mesh: Any) -> list[nn.Module]:
+        """Root-level embedding tables kept sharded by rows, looked up where the rows live; FSDP2
+        leaves them alone. Not on a 2-D (hsdp) mesh, nor with CPU offload."""
+        from phalanx.strategies import sharded_embedding
+
+        if self.options.embedding_exchange != "auto" or mesh.ndim != 1 or self.options.cpu_offload:
+            return []
+        tables = sharded_embedding.eligible(model, units)
+        for table in tables:
+            sharded_embedding.shard(table, mesh, self.ctx.device)
+        return tables
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         """Point the optimizer's groups at the sharded parameters, in place: same object, same

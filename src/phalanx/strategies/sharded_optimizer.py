@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-# all_gather_into_tensor's new name (torch >= 2.13 warns on the old one; older torch lacks the new).
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+from phalanx.runtime.collectives import all_gather_single
+
 
 
 def dim0_chunk(rows: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -130,7 +130,7 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
     @torch.no_grad()
     def gather_params(self) -> None:
         """Every rank's updated chunks -> the full parameters on every rank (one all-gather)."""
-        _all_gather_single(self._gathered, self._local, group=self.process_group)
+        all_gather_single(self._gathered, self._local, group=self.process_group)
         table = self._gathered.view(self.world_size, -1)
         for slot in self._slots:
             if slot.replicated:
