@@ -129,7 +129,7 @@ VARIANTS: dict[str, Callable] = {
     "raw zero3 (fully_shard per block)": lambda: _raw_fsdp(True),
     "phalanx zero3": with_phalanx("zero3"),
     "phalanx zero3, table gathered (embedding_exchange=params)": with_phalanx("zero3", embedding_exchange="params"),
-    "phalanx zero3, explicit prefetch": with_phalanx("zero3", forward_prefetch=True),
+    "phalanx zero3, no prefetch": with_phalanx("zero3", forward_prefetch=False),
     "phalanx zero3, embedding+head own units": with_phalanx(
         "zero3", shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, (Block, nn.TransformerEncoderLayer))),
 }

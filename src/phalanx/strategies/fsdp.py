@@ -119,9 +119,7 @@ class FSDPStrategy:
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward and not last, **kwargs)
         fully_shard(model, reshard_after_forward=False, **kwargs)
         use_all_reduce_for_gradients([*units, model], self.ctx.backend)  # gloo: cheaper than its reduce-scatter
-        prefetch = self.options.forward_prefetch
-        if prefetch is None:
-            prefetch = self.ctx.device.type == "cuda"
+        prefetch = self.options.forward_prefetch is not False  # default on (see StrategyOptions)
         if prefetch and not nested and len(units) > 1:
             for i in range(len(units) - 1):
                 units[i].set_modules_to_forward_prefetch([units[i + 1]])
