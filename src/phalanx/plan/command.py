@@ -144,7 +144,8 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
         lines.append(f"  {name:14s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
                      f"{fb(worst.total):>11s}  {ratio:6.2f}{note}")
     lines.append("  (at rest, between steps; during a step zero2 also holds every unit's gathered parameters\n"
-                 "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks')")
+                 "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks';\n"
+                 "   root-level embedding tables are never gathered whole while a forward's tokens x ranks are fewer than their rows)")
     if activations is not None:
         lines.append(activation_lines(activations, activation_checkpointing, fb))
     choice, why = memory.recommend(sizes, world_size, budget, optimizer=optimizer)
