@@ -52,8 +52,13 @@ def worker_base_seed(seed: int, rank: int, epoch: int) -> int:
     torch gives worker `w` the seed `base + w` (and NumPy a SeedSequence of (base, w)), so workers of
     one rank differ by their id, and ranks differ by the base; 63 bits make overlaps negligible.
     """
-    words = np.random.SeedSequence([seed & _MASK64, rank, epoch]).generate_state(2, dtype=np.uint32)
-    return ((int(words[0]) << 32) | int(words[1])) & _INT63
+    return _seed63(seed, rank, epoch)
+
+
+def _seed63(seed: int, *words: int) -> int:
+    """A 63-bit seed drawn from (seed, *words) by NumPy's SeedSequence: distinct inputs, unrelated seeds."""
+    state = np.random.SeedSequence([seed & _MASK64, *words]).generate_state(2, dtype=np.uint32)
+    return ((int(state[0]) << 32) | int(state[1])) & _INT63
 
 
 def seed_sample(seed: int, epoch: int, index: int) -> None:
@@ -63,10 +68,9 @@ def seed_sample(seed: int, epoch: int, index: int) -> None:
     (seed, epoch, index) and independent of the rank and the worker, so the same sample gets the same
     draws on any number of ranks or workers. About 15 microseconds.
     """
-    words = np.random.SeedSequence([seed & _MASK64, epoch, index, _SAMPLE]).generate_state(2, dtype=np.uint32)
-    value = ((int(words[0]) << 32) | int(words[1])) & _INT63
+    value = _seed63(seed, epoch, index, _SAMPLE)
     random.seed(value)
-    np.random.seed(int(words[0]))
+    np.random.seed(value % 2**32)
     torch.default_generator.manual_seed(value)  # CPU only: a worker process has no device streams
 
 

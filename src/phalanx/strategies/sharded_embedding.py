@@ -88,10 +88,12 @@ class ShardedLookupEmbedding(nn.Embedding):
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Embedding's name
         layout, group = self.phalanx_rows
         tokens = input.reshape(-1)
-        low, high = (int(tokens.min()), int(tokens.max())) if tokens.numel() else (0, 0)
-        sizes = _all_gather(torch.tensor([tokens.numel(), low, high], device=tokens.device), group, layout.world_size)
-        _check_range(sizes.tolist(), layout.num_rows)  # on every rank alike: all raise, none waits
-        counts = sizes[:, 0].tolist()
+        # Count, lowest and highest id, gathered on the device and read back once (one sync per forward).
+        ends = torch.stack([tokens.min(), tokens.max()]) if tokens.numel() else tokens.new_zeros(2)
+        mine = torch.cat([ends.new_tensor([tokens.numel()]), ends])
+        sizes = _all_gather(mine, group, layout.world_size).tolist()
+        _check_range(sizes, layout.num_rows)  # on every rank alike: all raise, none waits
+        counts = [count for count, _, _ in sizes]
         # Values each way (world x tokens x D, or V x D, in both passes): the same choice on every rank.
         self.phalanx_exchange = "rows" if layout.world_size * max(counts) < layout.num_rows else "table"
         out = _Lookup.apply(tokens, self.weight.to_local(), layout, group, self.padding_idx,
