@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.config import kinds
+from phalanx.config import kinds, names
 from phalanx.config.kinds import Kind
 
 
@@ -57,18 +57,6 @@ class Setting:
         return (self.flag,) if underscored == self.flag else (self.flag, underscored)
 
 
-def _strategy_names() -> tuple[str, ...]:
-    from phalanx.strategies.names import STRATEGIES
-
-    return STRATEGIES
-
-
-def _precision_names() -> tuple[str, ...]:
-    from phalanx.strategies.names import PRECISIONS
-
-    return PRECISIONS
-
-
 def _sink_names() -> tuple[str, ...]:
     return ("auto", *_tracker_names())
 
@@ -86,16 +74,8 @@ def _step_range(text: str) -> str:
 
 
 def _strategy(text: str) -> str:
-    from phalanx.strategies.names import canonical_strategy
-
     key = text.strip().lower()
-    return key if key in _strategy_names() else canonical_strategy(key)
-
-
-def _precision(text: str) -> str:
-    from phalanx.strategies.names import canonical_precision
-
-    return canonical_precision(text)
+    return key if key in names.STRATEGIES else names.canonical_strategy(key)
 
 
 def _deepspeed_text(text: str) -> str:
@@ -129,9 +109,9 @@ SETTINGS: tuple[Setting, ...] = (
             bool_flag=True),
     Setting("gpus", kinds.TEXT, None, "GPU indices to use, e.g. 0,1; sets CUDA_VISIBLE_DEVICES and the process count", L),
     # --- runtime: the strategy -----------------------------------------------------------------------
-    Setting("strategy", kinds.choice(_strategy_names, _strategy), "auto",
+    Setting("strategy", kinds.choice(names.STRATEGIES, _strategy), "auto",
             "dp, ddp, zero1, zero2, zero3 (= fsdp), hsdp or auto: ddp if the model fits the memory budget, else zero3"),
-    Setting("mixed_precision", kinds.choice(_precision_names, _precision), "no", "no, bf16 or fp16"),
+    Setting("mixed_precision", kinds.choice(names.PRECISIONS, names.canonical_precision), "no", "no, bf16 or fp16"),
     Setting("grad_accum_steps", kinds.integer(1), 1, "micro-batches per optimizer step (px.accumulate)"),
     Setting("grad_accum_remainder", kinds.choice(("flush", "drop")), "flush",
             "an epoch's last, incomplete accumulation cycle: flush (step on the epoch's last batch) or drop "

@@ -10,7 +10,7 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from phalanx.strategies import names
+from phalanx.config import names
 
 VALID = names.PRECISIONS
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Callable
 
 from phalanx.runtime.context import DistContext
-from phalanx.strategies import names
+from phalanx.config import names
 from phalanx.strategies.base import Strategy, StrategyOptions
 from phalanx.strategies.ddp import DDPStrategy
 from phalanx.strategies.dp import DPStrategy
@@ -26,7 +26,7 @@ STRATEGIES: dict[str, Factory] = {
 }
 AUTO = "auto"  # not a strategy: the facade decides (strategies/auto.py) once the model is known
 ALIASES: dict[str, str] = names.STRATEGY_ALIASES
-assert set(names.STRATEGIES) == {*STRATEGIES, *ALIASES, AUTO}, "strategies/names.py lists every registered name"
+assert set(names.STRATEGIES) == {*STRATEGIES, *ALIASES, AUTO}, "config/names.py lists every registered name"
 # Strategies that mean nothing without peers and fall back to a plain single-device run.
 WORLD_OF_ONE_IS_SINGLE: set[str] = {"ddp", "zero1", "zero2", "zero3", "hsdp", "auto"}
 

@@ -1,5 +1,5 @@
-"""The names users may give a strategy or a precision, torch-free so the launcher can check them
-before any worker starts. `registry` and `precision` own the behaviour behind each name."""
+"""The names users may give a strategy or a precision, and their aliases, held by config itself (it
+imports nothing above it); strategies/ and loop/precision.py own the behaviour behind each name."""
 from __future__ import annotations
 
 # In the order users read them in error messages; "single" is what a world of one runs.
