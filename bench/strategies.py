@@ -136,7 +136,7 @@ VARIANTS: dict[str, Callable] = {
 
 
 def run_variant(build: Callable, data, steps: int, warmup: int = 3) -> tuple[float, float, int]:
-    from phalanx.strategies import memory
+    from phalanx.model import memory
 
     model, opt, backward = build()
     start = None

@@ -22,10 +22,12 @@ from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
-from phalanx.strategies import auto, ddp_options, memory, meta_init, registry
-from phalanx.strategies import load_model as model_loading
-from phalanx.strategies import scheduler as lr_scheduler
-from phalanx.strategies.accumulation import Accumulator, wrap_optimizer
+from phalanx.strategies import auto, ddp_options, registry
+from phalanx.model import memory
+from phalanx.model import meta_init
+from phalanx.model import load_model as model_loading
+from phalanx.loop import scheduler as lr_scheduler
+from phalanx.loop.accumulation import Accumulator, wrap_optimizer
 from phalanx.strategies.base import Strategy, StrategyOptions
 from phalanx.strategies.choice import choose
 

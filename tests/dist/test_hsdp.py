@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phalanx.strategies import memory
+from phalanx.model import memory
 from phalanx.strategies.hsdp import mesh_shape
 from tests.dist import strategy_workloads as w
 from tests.dist.harness import run_ranks

@@ -2,7 +2,7 @@
 import torch
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from phalanx.strategies.precision import Precision
+from phalanx.loop.precision import Precision
 
 
 def test_sharded_strategies_get_torchs_sharded_scaler():

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from phalanx.plan import activations
-from phalanx.strategies.fsdp import default_units
+from phalanx.model.units import default_units
 
 SHAPE = (256, 256)  # big activations next to small parameters: resident memory is mostly them
 

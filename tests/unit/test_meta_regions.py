@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from phalanx import Phalanx, config
-from phalanx.strategies import compile as compile_units
+from phalanx.model import compile as compile_units
 from phalanx.strategies.choice import choose
 from tests.dist.strategy_workloads import TinyNet
 

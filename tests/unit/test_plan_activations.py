@@ -13,7 +13,7 @@ import pytest
 
 from phalanx.plan import activations
 from phalanx.plan import command as plan_command
-from phalanx.strategies import memory
+from phalanx.model import memory
 
 ROOT = Path(__file__).resolve().parents[2]
 

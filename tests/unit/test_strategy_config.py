@@ -8,10 +8,11 @@ import pytest
 
 from phalanx.runtime.context import DistContext
 from phalanx import config
-from phalanx.strategies import deepspeed_config, registry
+from phalanx.strategies import registry
+from phalanx.config import deepspeed as deepspeed_config
 from phalanx.strategies.choice import choose
 from phalanx.strategies.base import StrategyOptions
-from phalanx.strategies.precision import check_name
+from phalanx.loop.precision import check_name
 
 TWO = DistContext(world_size=2, local_world_size=2)
 

@@ -10,9 +10,9 @@ from torch import nn
 
 from phalanx import Phalanx
 from phalanx.plan import command as plan_command
-from phalanx.strategies import memory
-from phalanx.strategies.accumulation import Accumulator, PreparedOptimizer
-from phalanx.strategies.precision import Precision
+from phalanx.model import memory
+from phalanx.loop.accumulation import Accumulator, PreparedOptimizer
+from phalanx.loop.precision import Precision
 
 
 def test_zero3_chunks_follow_torch_chunk_and_zero1_splits_every_parameter():
@@ -158,7 +158,7 @@ def test_plan_is_a_phalanx_subcommand(capsys):
 
 
 def test_default_sharding_units_are_the_blocks_else_top_level_children_and_can_be_overridden():
-    from phalanx.strategies.fsdp import shard_units
+    from phalanx.model.units import shard_units
     from tests.dist.strategy_workloads import Block, TinyNet
 
     net = TinyNet()

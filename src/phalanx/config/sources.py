@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from phalanx.config import deepspeed as deepspeed_config
 from phalanx.config.schema import BY_NAME, RUNTIME, SETTINGS, PhalanxConfig, Scope, Setting
 
 
@@ -152,7 +153,7 @@ class Resolved:
 
     config: Any  # PhalanxConfig
     origin: dict[str, str] = field(default_factory=dict)  # name -> source, for settings not left at default
-    deepspeed: Any = None  # phalanx.strategies.deepspeed_config.DeepSpeedConfig
+    deepspeed: Any = None  # phalanx.config.deepspeed.DeepSpeedConfig
 
     def is_set(self, name: str) -> bool:
         return name in self.origin
@@ -173,8 +174,6 @@ def resolve(*layers: Layer, warn: bool = True) -> Resolved:
             values[name], origin[name] = value, where
     ds = None
     if values.get("deepspeed") is not None:
-        from phalanx.strategies import deepspeed_config
-
         try:
             ds = deepspeed_config.load(values["deepspeed"], warn=warn)
         except ValueError as error:

@@ -122,7 +122,7 @@ def _hint(target: str, module: Any) -> str:
 
 def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard_size: int | None = None,
            activations: Any = None, activation_checkpointing: bool = False) -> str:
-    from phalanx.strategies import memory
+    from phalanx.model import memory
 
     fb = memory.format_bytes
     table = memory.plan(sizes, world_size, optimizer, hsdp_shard_size=hsdp_shard_size)
@@ -171,7 +171,7 @@ def activation_lines(acts: Any, checkpointing: bool, fb: Callable[[float], str])
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from phalanx.strategies import memory
+    from phalanx.model import memory
 
     try:
         if args.world_size is None:  # what `phalanx run` would start on this machine
@@ -218,7 +218,7 @@ def _shard_and_activations(args: argparse.Namespace, model: Any) -> tuple[int, A
                              "SHAPE[:DTYPE], e.g. --input 16x512")
         return shard, None
     from phalanx.plan import activations
-    from phalanx.strategies.fsdp import default_units
+    from phalanx.model.units import default_units
 
     shape, dtype = activations.parse_input(args.input)
     return shard, activations.measure(model, [activations.meta_input(shape, dtype)], default_units(model))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from phalanx.runtime.context import DistContext
-from phalanx.strategies import ddp_rules, memory
+from phalanx.strategies import ddp_rules
+from phalanx.model import memory
 from phalanx.strategies.base import StrategyOptions
 
 

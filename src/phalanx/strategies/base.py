@@ -10,10 +10,9 @@ from torch import nn
 
 from phalanx.runtime.context import DistContext
 from phalanx.strategies.ddp_options import DDPOptions
-from phalanx.strategies.precision import Precision
+from phalanx.loop.precision import Precision
+from phalanx.model.units import ShardSpec
 
-# Which submodules zero2/zero3 shard as one unit: module classes, or a predicate on (name, module).
-ShardSpec = Union[Iterable[type], Callable[[str, nn.Module], bool], None]
 
 
 @dataclass
@@ -104,13 +103,13 @@ class LocalStrategy:
 
     def place(self, model: nn.Module) -> nn.Module:
         """The model on the device, initialised if built on meta, its units checkpointed/compiled."""
-        from phalanx.strategies import meta_init
-        from phalanx.strategies.fsdp import default_units
-        from phalanx.strategies.regions import transform_units
+        from phalanx.model import meta_init
+        from phalanx.model.units import default_units, transform_units
 
         if meta_init.is_meta(model):  # replicated: every rank holds it whole anyway
             meta_init.materialize(model, self.ctx.device, self.options.init_weights)
-        transform_units(model, default_units(model), self.options, self.ctx.device)
+        transform_units(model, default_units(model), self.options.activation_checkpointing, self.options.compile,
+                        self.ctx.device)
         return model.to(self.ctx.device)
 
     def setup_model(self, model: nn.Module) -> nn.Module:

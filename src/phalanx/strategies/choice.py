@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from phalanx.strategies import deepspeed_config
+from phalanx.config import deepspeed as deepspeed_config
 from phalanx.strategies.base import StrategyOptions
 from phalanx.strategies.ddp_options import DDPOptions
 from phalanx.strategies.ddp_rules import DDP_SETTINGS

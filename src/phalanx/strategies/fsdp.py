@@ -14,48 +14,11 @@ import torch
 from torch import nn
 
 from phalanx.runtime.context import DistContext
-from phalanx.strategies.base import ShardSpec, StrategyOptions
+from phalanx.model.units import shard_units
+from phalanx.strategies.base import StrategyOptions
 from phalanx.strategies.gloo_comms import use_all_reduce_for_gradients
-from phalanx.strategies.precision import Precision
+from phalanx.loop.precision import Precision
 from phalanx.strategies.zero1 import refuse_optimizer_with_state
-
-_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
-
-
-def _has_params(module: nn.Module) -> bool:
-    return any(True for _ in module.parameters())
-
-
-def default_units(model: nn.Module) -> list[nn.Module]:
-    """The blocks of the model's top-level ModuleList/Sequential (each transformer layer) when it
-    has one, else each top-level child with parameters; a lone child holding everything is looked
-    into. Embeddings, head and norms next to the blocks stay in the root unit, which keeps its
-    parameters gathered from forward to backward: measured in bench/strategies.py, this saves
-    re-gathering a large embedding in backward (~16% less CPU per step than a unit of its own)."""
-    children = [c for c in model.children() if _has_params(c)]
-    if len(children) == 1 and not isinstance(children[0], _CONTAINERS) and len(list(children[0].children())) > 0 \
-            and not any(True for _ in model.parameters(recurse=False)):
-        return default_units(children[0])
-    containers = [c for c in children if isinstance(c, _CONTAINERS)]
-    if containers:
-        return [b for c in containers for b in c.children() if _has_params(b)]
-    return children
-
-
-def shard_units(model: nn.Module, spec: ShardSpec) -> list[nn.Module]:
-    """The submodules to shard as units, in forward (registration) order."""
-    if spec is None:
-        return default_units(model)
-    if callable(spec) and not isinstance(spec, type):
-        chosen = [m for name, m in model.named_modules() if name and spec(name, m)]
-    else:
-        classes = tuple(spec)
-        if not classes or not all(isinstance(c, type) for c in classes):
-            raise ValueError(f"shard_modules must be module classes or a predicate (name, module) -> bool, "
-                             f"got {spec!r}")
-        chosen = [m for name, m in model.named_modules() if name and isinstance(m, classes)]
-    return [m for m in chosen if _has_params(m)]
-
 
 def prefer_foreach(optimizer: torch.optim.Optimizer) -> None:
     """Use the multi-tensor (foreach) step where the user left `foreach` unset. torch picks the
@@ -99,13 +62,14 @@ class FSDPStrategy:
     def setup_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
-        from phalanx.strategies import meta_init
-        from phalanx.strategies.regions import transform_units
+        from phalanx.model import meta_init
+        from phalanx.model.units import transform_units
 
         # Not moved whole to the device first: fully_shard moves each unit's shards there, and a
         # meta model is allocated (shards only) and initialised after sharding.
         meta = meta_init.is_meta(model)
-        units = transform_units(model, shard_units(model, self.options.shard_modules), self.options, self.ctx.device)
+        units = transform_units(model, shard_units(model, self.options.shard_modules),
+                                self.options.activation_checkpointing, self.options.compile, self.ctx.device)
         before = {name: p for name, p in model.named_parameters()}
         kwargs = self._fsdp_kwargs()
         looked_up = self._shard_embeddings(model, units, kwargs["mesh"])

@@ -8,7 +8,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 
 from phalanx.logging.rank_log import get_logger
-from phalanx.strategies.precision import Precision
+from phalanx.loop.precision import Precision
 
 
 REMAINDERS = ("flush", "drop")

@@ -114,7 +114,7 @@ def _read_local(f: Any, key: str, target: torch.Tensor, result: LoadResult) -> t
     (rows of the memory-mapped file, nothing else touched), a plain tensor whole."""
     from torch.distributed.tensor import DTensor
 
-    from phalanx.strategies.meta_init import local_index
+    from phalanx.model.meta_init import local_index
 
     if not isinstance(target, DTensor):
         tensor = f.get_tensor(key)

@@ -197,7 +197,7 @@ def measure(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) ->
     grads = [p.grad for p in params if p.grad is not None]
     out = RankBytes(params=sum(_bytes(p) for p in params), grads=sum(_bytes(g) for g in grads))
     if optimizer is not None:
-        from phalanx.strategies.accumulation import unwrap_optimizer
+        from phalanx.loop.accumulation import unwrap_optimizer
 
         optimizer = unwrap_optimizer(optimizer)
         inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local optimizer
