@@ -46,3 +46,6 @@ SLURM_STEP_GPUS = "SLURM_STEP_GPUS"
 # --- phalanx's own settings are PHALANX_<NAME>, derived from the schema (phalanx.config.schema);
 # this is a launcher switch, not a setting:
 PHALANX_SLURM = "PHALANX_SLURM"  # "0": phalanx run ignores a surrounding SLURM allocation
+# set by `phalanx run` for its workers: "1" = the launcher prints the preemption line and decides
+# whether to requeue; workers only record their outcome for it (else rank 0 prints the line itself)
+PHALANX_LAUNCHER = "PHALANX_LAUNCHER"

@@ -87,10 +87,10 @@ def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batc
     if kill and kill[1] and kill[2] == px.rank:
         finalize = Checkpointer._finalize
 
-        def finalize_or_die(self, staging, final, managed, step, group):
-            if step == kill[0]:
+        def finalize_or_die(self, attempt, managed):
+            if attempt.step == kill[0]:
                 _die()
-            return finalize(self, staging, final, managed, step, group)
+            return finalize(self, attempt, managed)
 
         Checkpointer._finalize = finalize_or_die  # type: ignore[method-assign]
     model, optimizer, loader, scheduler = build(px, global_batch, dropout)

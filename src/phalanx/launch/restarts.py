@@ -46,17 +46,12 @@ def resume_point(checkpoint_dir: str | None) -> str:
     """
     if not checkpoint_dir:
         return "from the start (no --checkpoint-dir)"
-    from phalanx.checkpoint import atomic, manifest
+    from phalanx.checkpoint import atomic
 
-    for path in atomic.candidates(Path(checkpoint_dir)):
-        try:
-            found = manifest.read_manifest(path)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if all((path / name).is_file() and (path / name).stat().st_size == entry.size
-               for name, entry in found.files.items()):
-            return f"from checkpoint step {found.step} ({path})"
-    return f"from the start (no checkpoint in {checkpoint_dir} yet)"
+    found = atomic.latest_intact(Path(checkpoint_dir))
+    if found is None:
+        return f"from the start (no checkpoint in {checkpoint_dir} yet)"
+    return f"from checkpoint step {found[0]} ({found[1]})"
 
 
 def restart_line(attempt: int, max_restarts: int, failures: dict[int, Any],

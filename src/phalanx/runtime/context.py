@@ -121,6 +121,7 @@ class AgentEnv:
     master_port: int = 0
     restart_count: str = "0"  # which attempt of the worker group this is
     error_file: str | None = None  # where a failure's traceback goes for the launcher's report
+    phalanx_launcher: bool = False  # `phalanx run` supervises this worker (and reports its preemption)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AgentEnv":
@@ -128,7 +129,7 @@ class AgentEnv:
         port = env.get(envvars.MASTER_PORT, "")
         return cls(env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True", env.get(envvars.MASTER_ADDR, ""),
                    int(port) if port.isdigit() else 0, env.get(envvars.TORCHELASTIC_RESTART_COUNT, "0"),
-                   env.get(envvars.TORCHELASTIC_ERROR_FILE) or None)
+                   env.get(envvars.TORCHELASTIC_ERROR_FILE) or None, env.get(envvars.PHALANX_LAUNCHER) == "1")
 
 
 def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:
