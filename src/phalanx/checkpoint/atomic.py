@@ -63,6 +63,11 @@ def publish(staging: Path, final: Path) -> None:
     fsync_dir(final.parent)
 
 
+def is_published(path: Path) -> bool:
+    """A complete checkpoint directory: renamed into place, with its manifest."""
+    return path.is_dir() and (path / MANIFEST_NAME).is_file()
+
+
 def write_latest(root: Path, name: str) -> None:
     """Point `latest` at `name` (write-then-rename); on failure the old pointer stays and no tmp file."""
     tmp = root / (LATEST_NAME + ".tmp")
@@ -144,19 +149,22 @@ def check_writable(root: Path) -> None:
     Permissions alone would not do: root may write anywhere but a read-only or full filesystem.
     """
     probe = root / f".phalanx-write-check-{os.getpid()}"
+    created = False
     try:
         root.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as f:
+            created = True
             f.write(b"phalanx")
             f.flush()
             os.fsync(f.fileno())
+        probe.unlink()
     except OSError as error:
+        if created:
+            probe.unlink(missing_ok=True)
         raise CheckpointDirNotWritable(
             f"checkpoint_dir {root} cannot be written: {error}. HINT: choose a directory on a writable "
             "filesystem with free space (--checkpoint-dir DIR, PHALANX_CHECKPOINT_DIR or checkpoint_dir:)"
         ) from None
-    finally:
-        probe.unlink(missing_ok=True)
 
 
 def prune(root: Path, keep: int, protect: Path) -> list[Path]:

@@ -65,6 +65,7 @@ class Checkpointer:
         self.objects: list[Any] = []
         self.rank_objects: list[Any] = []  # state that differs per rank (e.g. PowerSGD's error feedback)
         self.global_step = 0
+        self.step_listeners: list[Any] = []  # called after each counted optimizer step (preemption)
         self._counted: torch.optim.Optimizer | None = None
         self._pending: concurrent.futures.Future | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -99,6 +100,8 @@ class Checkpointer:
 
     def _count_step(self, *_: Any) -> None:
         self.global_step += 1
+        for listener in self.step_listeners:
+            listener()
 
     # ---- saving -------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike | None = None, async_save: bool | None = None) -> Path:

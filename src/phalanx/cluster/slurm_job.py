@@ -8,6 +8,7 @@ runs the same batch script, which resumes from that checkpoint. No torch here.
 from __future__ import annotations
 
 import datetime
+import os
 import shutil
 import subprocess
 from typing import Callable, Mapping
@@ -49,6 +50,11 @@ def end_time(env: Mapping[str, str], run: _Run = subprocess.run) -> float | None
     if shown.returncode != 0 or not shown.stdout.strip():
         return None
     return parse_end_time(shown.stdout.splitlines()[0])
+
+
+def end_time_here() -> float | None:
+    """`end_time` of this process's own environment."""
+    return end_time(os.environ)
 
 
 def requeue(job: str, run: _Run = subprocess.run) -> str | None:

@@ -92,17 +92,31 @@ def read_progress(store: Any, restart: int, ranks: list[int]) -> dict[int, store
 
 
 def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
-                    say: Callable[[str], None] | None = None) -> type:
-    """A subclass of torch's LocalElasticAgent (`base`) that records failures and speaks restarts."""
+                    say: Callable[[str], None] | None = None, stopper: Any = None) -> type:
+    """A subclass of torch's LocalElasticAgent (`base`) that records failures and speaks restarts.
+
+    With a `stopper` (launch/preemption.py) it also lets preempted workers finish their checkpoint
+    and never restarts a preempted group."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
 
     class PhalanxAgent(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            if stopper is not None:
+                stopper.agent = self
+
         def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
+            if stopper is not None:
+                stopper.wait_for_workers(worker_group.spec.monitor_interval)
+                if self._remaining_restarts > 0:
+                    stopper.end_group_for_restart()
             result = super()._monitor_workers(worker_group)
             if result.is_failed() and worker_group.store is not None:
                 restart = worker_group.spec.max_restarts - self._remaining_restarts
                 seen.progress = read_progress(worker_group.store, restart, sorted(result.failures))
                 self._phalanx_failures = result.failures
+            if result.is_failed() and stopper is not None and stopper.takes_over(result.failures):
+                self._remaining_restarts = 0  # preempted: the job ends here, it is not restarted
             return result
 
         def _restart_workers(self, worker_group):  # type: ignore[no-untyped-def]
@@ -120,12 +134,12 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
 
 
 @contextlib.contextmanager
-def agent_class_installed(checkpoint_dir: str | None, seen: Observations) -> Iterator[None]:
+def agent_class_installed(checkpoint_dir: str | None, seen: Observations, stopper: Any = None) -> Iterator[None]:
     """Make torch's `launch_agent` build the observing agent, for the duration of the block."""
     from torch.distributed.launcher import api
 
     original = api.LocalElasticAgent
-    api.LocalElasticAgent = observing_agent(original, checkpoint_dir, seen)
+    api.LocalElasticAgent = observing_agent(original, checkpoint_dir, seen, stopper=stopper)
     try:
         yield
     finally:
