@@ -66,6 +66,25 @@ def test_a_full_disk_stops_every_rank_with_one_message_and_keeps_latest(tmp_path
         assert "step 10" in verify.stdout
 
 
+def test_a_full_disk_under_phalanx_run_is_not_restarted(tmp_path):
+    """--max-restarts would only fill the disk again: the job stops, saying why, from the first failure."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with small_tmpfs(tmp_path / "ckpt") as ckpt:
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        proc = subprocess.run([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--max-restarts", "2",
+                               "--checkpoint-dir", str(ckpt), "--run-dir", str(tmp_path / "run"),
+                               "tests/checkpoint/resumable.py", "--out", str(out), "--fill-after", "10"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 1, proc.stderr[-4000:]
+        assert "phalanx: restart" not in proc.stderr
+        assert "phalanx: not restarting: a checkpoint could not be written" in proc.stderr
+        assert "No space left on device" in proc.stderr and "the latest good checkpoint is step 10" in proc.stderr
+        assert (ckpt / "latest").read_text().strip() == "step-00000010"
+        assert not list(ckpt.glob(".staging-*"))
+
+
 def _run_refused(checkpoint_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     script = tmp_path / "never.py"
     script.write_text("raise SystemExit('the script must not start')\n")

@@ -67,6 +67,19 @@ def restart_line(attempt: int, max_restarts: int, failures: dict[int, Any],
     return f"phalanx: restart {attempt} of {max_restarts}: {', then '.join(parts)}; resuming {resume}"
 
 
+STORAGE_FAULT = "CheckpointWriteError: "  # how torch's error file names checkpoint/save_attempt.py's error
+
+
+def storage_fault(failures: dict[int, Any]) -> bool:
+    """A rank failed because a checkpoint could not be written: restarting would only fail again."""
+    for failure in failures.values():
+        message = failure.error_file_data.get("message") if failure.error_file_data else None
+        text = message.get("message", "") if isinstance(message, dict) else str(message or "")
+        if text.startswith(STORAGE_FAULT):
+            return True
+    return False
+
+
 def failure_order(rank: int, failure: Any, progress: dict[int, store_keys.RankProgress]) -> tuple:
     """Sort key: torch's failure timestamp (whole seconds), then the watchdog's sub-second failure
     time when a rank recorded one, then the rank (only to make equal keys deterministic)."""
@@ -117,6 +130,10 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
                 self._phalanx_failures = result.failures
             if result.is_failed() and stopper is not None and stopper.takes_over(result.failures):
                 self._remaining_restarts = 0  # preempted: the job ends here, it is not restarted
+            if result.is_failed() and self._remaining_restarts > 0 and storage_fault(result.failures):
+                self._remaining_restarts = 0
+                say("phalanx: not restarting: a checkpoint could not be written (see below); make room or fix the "
+                    "storage, then run the same command to resume from the latest good checkpoint")
             return result
 
         def _restart_workers(self, worker_group):  # type: ignore[no-untyped-def]
