@@ -6,8 +6,12 @@ rank 1 notes the time and kills itself with SIGKILL after step 12; the second at
 step 10. Each rank of the second attempt notes when its script started, when `Phalanx()`
 returned (process group joined), when `load_state()` returned and when its first step completed;
 the figures are those times minus the kill time (the later rank's, as the job waits for both).
+"first start" is the first attempt's: from the command's start to its first completed step.
 
-Usage: python bench/recovery.py [--rounds 5] [--start-method fork|spawn]
+Usage: python bench/recovery.py [--rounds 5] [--start-method fork|spawn] [--src LABEL=DIR ...]
+
+`--src before=/tmp/base/src --src after=src` compares two phalanx source trees (each put first on
+PYTHONPATH), alternating rounds so the machine's load hits both alike.
 
 The command measured, once per round:
   phalanx run --nproc-per-node 2 --max-restarts 1 --checkpoint-dir CKPT WORKLOAD --out OUT
@@ -68,9 +72,10 @@ while px.global_step < 20:
 """
 
 MILESTONES = ("script_start", "phalanx_init", "loaded", "first_step")
+FIRST_START = "first start"  # the command's start -> the first attempt's first completed step
 
 
-def one_round(tmp: Path, start_method: str) -> dict[str, float]:
+def one_round(tmp: Path, start_method: str, src: str | None = None) -> dict[str, float]:
     """Run the job once; return kill -> milestone (seconds, the later rank) for the restarted attempt."""
     out = tmp / f"out-{time.monotonic_ns()}"
     out.mkdir()
@@ -79,30 +84,46 @@ def one_round(tmp: Path, start_method: str) -> dict[str, float]:
                "--start-method", start_method, "--checkpoint-dir", str(out / "ckpt"), "--run-dir", str(out / "run"),
                str(script), "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    started = time.time()
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.abspath(src), env.get("PYTHONPATH")]))
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"the job failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     killed = json.loads((out / "killed.json").read_text())["killed"]
     ranks = [json.loads((out / f"marks-1-{rank}.json").read_text()) for rank in (0, 1)]
     assert all(r["resumed_at"] == 10 for r in ranks), ranks
-    return {name: max(r[name] for r in ranks) - killed for name in MILESTONES}
+    first = max(json.loads((out / f"marks-0-{rank}.json").read_text())["first_step"] for rank in (0, 1))
+    return {**{name: max(r[name] for r in ranks) - killed for name in MILESTONES}, FIRST_START: first - started}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--start-method", default="fork", choices=("fork", "spawn"))
+    parser.add_argument("--src", action="append", default=[], metavar="LABEL=DIR",
+                        help="a phalanx source tree to measure (repeat to compare; default: the installed one)")
     args = parser.parse_args()
+    trees = dict(item.split("=", 1) for item in args.src) or {"installed": ""}
     with tempfile.TemporaryDirectory(prefix="phalanx-recovery-") as name:
         tmp = Path(name)
         (tmp / "workload.py").write_text(WORKLOAD)
-        one_round(tmp, args.start_method)  # warm the file cache; not counted
-        rounds = [one_round(tmp, args.start_method) for _ in range(args.rounds)]
+        for src in trees.values():
+            one_round(tmp, args.start_method, src)  # warm the file cache; not counted
+        rounds: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
+        for index in range(args.rounds):
+            labels = list(trees) if index % 2 == 0 else list(reversed(trees))
+            for label in labels:
+                rounds[label].append(one_round(tmp, args.start_method, trees[label]))
     print(f"kill -9 of rank 1 -> milestone of the restarted attempt, seconds (median of {args.rounds}; "
           f"min-max), start method {args.start_method}, load average {os.getloadavg()[0]:.1f}")
-    for name in MILESTONES:
-        values = [r[name] for r in rounds]
-        print(f"  {name:<14}{statistics.median(values):7.2f}   ({min(values):.2f}-{max(values):.2f})")
+    print(f"  {'milestone':<14}" + "".join(f"{label:>24}" for label in trees))
+    for milestone in (*MILESTONES, FIRST_START):
+        cells = []
+        for label in trees:
+            values = [r[milestone] for r in rounds[label]]
+            cells.append(f"{statistics.median(values):8.2f} ({min(values):5.2f}-{max(values):5.2f})")
+        print(f"  {milestone:<14}" + "".join(f"{c:>24}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -115,6 +115,26 @@ def _rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None) -> dict[str, 
     }
 
 
+# torch packages every phalanx worker imports (checkpoints, DTensor, FSDP2, DDP, ZeRO) and torch._dynamo,
+# which the first optimizer a process builds imports: seconds per process, most of a restart's time
+# (bench/recovery.py). Imported once here before forking, no worker imports them again.
+RUNTIME_TORCH_MODULES = ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
+                         "torch.distributed.tensor", "torch.distributed.fsdp", "torch.distributed.optim",
+                         "torch.distributed.algorithms.join", "torch.nn.parallel", "torch._dynamo")
+
+
+def warm_imports(start_method: str, max_restarts: int) -> None:
+    """With fork and restarts allowed: import the runtime's torch packages in the launcher, so forked
+    workers (the first ones and every restart's) find them imported. Torch only: never phalanx's
+    runtime, and nothing that initialises CUDA (fork is only chosen without GPUs in use)."""
+    if start_method != "fork" or max_restarts <= 0:
+        return
+    import importlib
+
+    for name in RUNTIME_TORCH_MODULES:
+        importlib.import_module(name)
+
+
 def entrypoint_for(spec: LaunchSpec, start_method: str) -> tuple[Any, list[str]]:
     """The agent's entrypoint and arguments: a function when forking (or --run-path), a command otherwise.
 
@@ -187,6 +207,7 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
             **agent_kwargs,
         )
     entrypoint, args = entrypoint_for(spec, start_method)
+    warm_imports(start_method, spec.max_restarts)
     # Python >= 3.12 warns on fork from a threaded process; the agent's threads are not used in the
     # child (it only runs the worker function), which is the case that warning does not apply to.
     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
