@@ -63,6 +63,15 @@ def publish(staging: Path, final: Path) -> None:
     fsync_dir(final.parent)
 
 
+def unused_name(path: Path) -> Path:
+    """`path`, or `path.1`, `path.2`... whichever does not exist yet."""
+    candidate, number = path, 0
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.name}.{number}")
+    return candidate
+
+
 def is_published(path: Path) -> bool:
     """A complete checkpoint directory: renamed into place, with its manifest."""
     return path.is_dir() and (path / MANIFEST_NAME).is_file()

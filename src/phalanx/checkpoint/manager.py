@@ -68,6 +68,7 @@ class Checkpointer:
         self.step_listeners: list[Any] = []  # called after each counted optimizer step (preemption)
         self._counted: torch.optim.Optimizer | None = None
         self._pending: concurrent.futures.Future | None = None
+        self._damaged: set[Path] = set()  # skipped on load: a later save of that step moves it aside
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._async_group: Any = None
 
@@ -115,7 +116,7 @@ class Checkpointer:
         step = self.global_step
         attempt = SaveAttempt(final, atomic.staging_path(final), step)
         staging = attempt.staging
-        attempt.run(lambda: _prepare(final) if collectives.rank() == 0 else None)
+        attempt.run(lambda: _prepare(final, final in self._damaged) if collectives.rank() == 0 else None)
         common = {
             "global_step": step,
             "models": list(group_by_model(self.models, self.optimizers)),
@@ -281,6 +282,7 @@ class Checkpointer:
                                   f"loading {candidate} instead", CheckpointFallbackWarning, stacklevel=3)
                 return candidate
             skipped.append("; ".join(problems))
+            self._damaged.add(candidate)
         if skipped:
             raise CheckpointDamaged(f"every checkpoint under {target} is damaged: {' | '.join(skipped)}. "
                                     "HINT: delete them to start afresh")
@@ -307,7 +309,14 @@ def _quiet_alone() -> Iterator[None]:
         yield
 
 
-def _prepare(final: Path) -> None:
+def _prepare(final: Path, damaged: bool) -> None:
+    """Stage `final`. A damaged checkpoint of the same step, skipped when this run resumed from an
+    older one, is renamed `<name>.damaged` first (kept for inspection, never overwritten)."""
+    if damaged and final.exists():
+        aside = atomic.unused_name(final.with_name(final.name + ".damaged"))
+        os.rename(final, aside)
+        warnings.warn(f"phalanx: moved the damaged checkpoint {final} to {aside}; saving step {final.name} afresh",
+                      CheckpointFallbackWarning, stacklevel=2)
     atomic.prepare_staging(final)
 
 
