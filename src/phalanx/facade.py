@@ -28,6 +28,7 @@ from phalanx.model import meta_init
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
+from phalanx.loop.num_items import ItemCount
 from phalanx.strategies.base import Strategy, StrategyOptions
 from phalanx.strategies.choice import choose
 
@@ -76,8 +77,10 @@ class Phalanx:
         self._strategy: Strategy | None = None if name == registry.AUTO else registry.create(
             name, self.ctx, self.settings.options)
         self._batch_info = BatchInfo()
+        self._items = ItemCount(self.ctx.world_size, self.ctx.device, lambda: self.global_step + 1)
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
-                                        batches_left=lambda: self._batch_info.left)
+                                        batches_left=lambda: self._batch_info.left,
+                                        on_cycle_start=self._items.discard)
         self._optimizers: list[torch.optim.Optimizer] = []
         self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
@@ -206,8 +209,10 @@ class Phalanx:
         scaler = self.strategy.precision.scaler  # known once `auto` has decided, at prepare
         if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
             self._checkpointer.register(scaler)  # fp16: the loss scale is training state too
+        inner.register_step_pre_hook(lambda *_: self._before_step())
         optimizer = self._checkpointer.track(
-            wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping))
+            wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping,
+                           before_step=self._before_step))
         self._prepared.append(optimizer)
         watch_optimizer(self._step_progress, optimizer)
         if self._profiler is not None:  # after the step counter's hook: it reads global_step
@@ -231,10 +236,39 @@ class Phalanx:
             rank_aware_workers=seeding.rank_aware_workers()))
 
     # ---- the step --------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor) -> None:
-        """`loss.backward()`, divided by grad_accum_steps and scaled for fp16 when needed."""
+    def backward(self, loss: torch.Tensor, *, num_items: int | torch.Tensor | None = None) -> None:
+        """`loss.backward()`, divided by grad_accum_steps and scaled for fp16 when needed.
+
+        `num_items`: `loss` is a sum over that many items (target tokens, samples; 0 is fine on some
+        ranks); the optimizer step then uses Σ loss / Σ num_items over every rank and micro-step, as
+        one process would on the whole global batch (`px.step_loss` is that mean, for logging).
+        """
         with self._step_progress.during(Phase.BACKWARD):
-            self.strategy.backward(self._accumulator.scale_loss(loss))
+            scaled = self._accumulator.scale_loss(loss)  # first: it may start a new cycle
+            if num_items is None:
+                self._items.add_plain()
+            else:
+                scaled = self._items.add(loss, num_items, scaled)
+            self.strategy.backward(scaled)
+
+    @property
+    def step_loss(self) -> float | None:
+        """Σ loss / Σ num_items of the last optimizer step over all ranks and micro-steps (the global
+        token-weighted mean, free: it rides on the step's one all-reduce); None until a step used
+        `px.backward(loss, num_items=...)`."""
+        return self._items.step_loss
+
+    def _before_step(self) -> None:
+        """Once per optimizer step, before clipping and stepping: the num_items rescale."""
+        self._items.finish(self._optimized_params(), self._accumulator.cycle_len)
+
+    def _optimized_params(self) -> list[torch.Tensor]:
+        seen: dict[int, torch.Tensor] = {}
+        for opt in self._optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    seen.setdefault(id(p), p)
+        return list(seen.values())
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         return self.strategy.no_sync(model)
@@ -249,6 +283,7 @@ class Phalanx:
     def _clip(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
         for opt in self._optimizers:  # fp16: clip the true gradients, not the scaled ones
             self.strategy.precision.unscale_(opt)
+        self._before_step()  # num_items: clip the gradients of the global mean
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
