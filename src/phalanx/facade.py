@@ -24,7 +24,7 @@ from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch
 from phalanx.runtime.uneven import UnevenInputs
 from phalanx.strategies import auto, ddp_options, registry
 from phalanx.model import memory
-from phalanx.model import meta_init
+from phalanx.model import meta_init, sync_batchnorm
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
@@ -190,6 +190,8 @@ class Phalanx:
             name, reason = auto.decide(model, self.ctx, self.settings.options)
             self._strategy = registry.create(name, self.ctx, self.settings.options)
             get_logger().info("strategy auto chose %s: %s", name, reason)
+        if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
+            model = sync_batchnorm.convert(model, self.device)
         model = self._checkpointer.track(self.strategy.setup_model(model))
         hook_state = ddp_options.hook_state_of(model)
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
