@@ -12,10 +12,10 @@ from torch.utils.data import DataLoader
 
 from phalanx import config
 from phalanx.checkpoint.manager import Checkpointer
-from phalanx.data.loader import BatchInfo, PreparedLoader
+from phalanx.data.loader import BatchInfo, PreparedLoader, scale_batch
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
-from phalanx.runtime import collectives, seeding, uneven, watchdog
+from phalanx.runtime import collectives, parity_record, seeding, uneven, watchdog
 from phalanx.runtime.context import DistContext, launcher_settings
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
@@ -78,6 +78,7 @@ class Phalanx:
             name, self.ctx, self.settings.options)
         self._batch_info = BatchInfo()
         self._items = ItemCount(self.ctx.world_size, self.ctx.device, lambda: self.global_step + 1)
+        self._parity = parity_record.from_env(self.rank, self.world_size)  # under `phalanx parity` only
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
                                         batches_left=lambda: self._batch_info.left,
                                         on_cycle_start=self._items.discard)
@@ -197,6 +198,8 @@ class Phalanx:
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
             self._checkpointer.register(hook_state, per_rank=True)
         self._checkpointer.strategy_name = self.strategy.name
+        if self._parity is not None:
+            self._parity.watch_model(self.unwrap_model(model))
         self._prepared.append(model)
         watch_module(self._step_progress, model)
         return model
@@ -232,6 +235,9 @@ class Phalanx:
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         if self.settings.deepspeed is not None:
             self.settings.deepspeed.check_loader(loader.batch_size)
+        if self._parity is not None:  # its one-process run takes the N processes' global batch
+            loader = scale_batch(loader, self._parity.batch_scale)
+            self._parity.watch_loader()
         return self._checkpointer.track(PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_info=self._batch_info, shard=shard, progress=self._step_progress,
@@ -251,6 +257,8 @@ class Phalanx:
                 self._items.add_plain()
             else:
                 scaled = self._items.add(loss, num_items, scaled)
+            if self._parity is not None:
+                self._parity.add_loss(loss, num_items)
             self.strategy.backward(scaled)
 
     @property
@@ -261,8 +269,11 @@ class Phalanx:
         return self._items.step_loss
 
     def _before_step(self) -> None:
-        """Once per optimizer step, before clipping and stepping: the num_items rescale."""
+        """Once per optimizer step, before clipping and stepping: the num_items rescale (and under
+        `phalanx parity`, the step's record)."""
         self._items.finish(self._optimized_params(), self._accumulator.cycle_len)
+        if self._parity is not None:
+            self._parity.record(self.global_step + 1, self._optimized_params())
 
     def _optimized_params(self) -> list[torch.Tensor]:
         seen: dict[int, torch.Tensor] = {}

@@ -30,7 +30,7 @@ def test_synced_batchnorm_on_two_cpu_ranks_equals_one_process(runs, case):
 
 def test_unsynced_batchnorm_differs_from_one_process(runs):
     result = runs["ranks"][0]["ddp_unsynced"]
-    assert result["kinds"] == {"synced": 0, "unsynced": ["1", "5"]}
+    assert result["kinds"] == {"synced": 0, "unsynced": ["1 (BatchNorm2d)", "5 (BatchNorm1d)"]}
     ref = runs["reference"]
     assert not torch.allclose(result["state"]["1.running_var"], ref["1.running_var"], rtol=1e-3)
     assert not torch.allclose(result["state"]["7.weight"], ref["7.weight"], rtol=1e-3)

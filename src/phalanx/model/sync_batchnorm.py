@@ -85,7 +85,7 @@ def convert(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 def unsynced_batchnorms(model: nn.Module) -> list[str]:
-    """Names of BatchNorm layers whose statistics stay per rank (not SyncBatchNorm)."""
-    return [name or type(model).__name__ for name, module in model.named_modules()
+    """BatchNorm layers whose statistics stay per rank (not SyncBatchNorm), as "name (Class)"."""
+    return [f"{name or '(the model)'} ({type(module).__name__})" for name, module in model.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
             and not isinstance(module, (nn.SyncBatchNorm, CPUSyncBatchNorm))]
