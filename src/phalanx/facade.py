@@ -15,8 +15,8 @@ from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.loader import BatchInfo, PreparedLoader, scale_batch
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
-from phalanx.runtime import collectives, parity_record, seeding, uneven, watchdog
-from phalanx.runtime.context import DistContext, launcher_settings
+from phalanx.runtime import collectives, device_peaks, parity_record, seeding, uneven, watchdog
+from phalanx.runtime.context import DistContext, launcher_settings, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
@@ -24,7 +24,7 @@ from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch
 from phalanx.runtime.uneven import UnevenInputs
 from phalanx.strategies import auto, ddp_options, registry
 from phalanx.model import memory
-from phalanx.model import meta_init, sync_batchnorm
+from phalanx.model import flops, meta_init, sync_batchnorm
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
@@ -78,7 +78,7 @@ class Phalanx:
             name, self.ctx, self.settings.options)
         self._batch_info = BatchInfo()
         self._items = ItemCount(self.ctx.world_size, self.ctx.device, lambda: self.global_step + 1)
-        self._parity = parity_record.from_env(self.rank, self.world_size)  # under `phalanx parity` only
+        self._parity = parity_record.from_request(parity_request(), self.rank, self.world_size)  # `phalanx parity`
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
                                         batches_left=lambda: self._batch_info.left,
                                         on_cycle_start=self._items.discard)
@@ -94,7 +94,7 @@ class Phalanx:
             async_save=cfg.checkpoint_async, directory=cfg.checkpoint_dir,
         )
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
-                                          log_session.LoggingSettings.from_config(cfg))
+                                          log_session.LoggingSettings.from_config(cfg), self.world_size)
         self._logging.metrics.params = self._run_params
         self._profiler = None if cfg.profile is None else StepProfiler(
             cfg.profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
@@ -193,6 +193,9 @@ class Phalanx:
             get_logger().info("strategy auto chose %s: %s", name, reason)
         if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
             model = sync_batchnorm.convert(model, self.device)
+        shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
+        self._logging.throughput.set_model(shape and shape.flops_per_token,
+                                           device_peaks.device_peak(self.device, self.settings.options.mixed_precision))
         model = self._checkpointer.track(self.strategy.setup_model(model))
         hook_state = ddp_options.hook_state_of(model)
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
@@ -241,7 +244,8 @@ class Phalanx:
         return self._checkpointer.track(PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_info=self._batch_info, shard=shard, progress=self._step_progress,
-            rank_aware_workers=seeding.rank_aware_workers()))
+            rank_aware_workers=seeding.rank_aware_workers(),
+            on_batch=self._logging.throughput.count_batch if self.is_main_process else None))
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, *, num_items: int | torch.Tensor | None = None) -> None:
@@ -259,6 +263,7 @@ class Phalanx:
                 scaled = self._items.add(loss, num_items, scaled)
             if self._parity is not None:
                 self._parity.add_loss(loss, num_items)
+            self._logging.throughput.commit()
             self.strategy.backward(scaled)
 
     @property

@@ -5,7 +5,7 @@ import enum
 import itertools
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -61,12 +61,14 @@ class PreparedLoader:
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
                  device_placement: bool = True, batch_info: BatchInfo | None = None,
-                 shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True):
+                 shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True,
+                 on_batch: Callable[[Any], None] | None = None):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
         self.batch_info = batch_info if batch_info is not None else BatchInfo()
         self.progress = progress
+        self.on_batch = on_batch  # sees each batch before it moves to the device (throughput counts)
         self.epoch = 0  # the epoch the next pass will use
         self.seed = seed
         self.rank_aware_workers = rank_aware_workers  # workers' seeds from (seed, rank, worker, epoch)
@@ -177,6 +179,8 @@ class PreparedLoader:
             self._position = (epoch, index)
             if progress is not None:
                 progress.next_step()
+            if self.on_batch is not None:
+                self.on_batch(batch)
             yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
             if progress is not None:
                 progress.enter(Phase.DATA)

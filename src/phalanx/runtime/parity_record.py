@@ -15,16 +15,15 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
-import os
 from typing import Any, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx import envvars
 from phalanx.model.sync_batchnorm import unsynced_batchnorms
 from phalanx.runtime import collectives
+from phalanx.runtime.context import ParityRequest
 
 _DROPOUTS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 
@@ -142,10 +141,8 @@ def _identity(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return input
 
 
-def from_env(rank: int, world_size: int, env: Mapping[str, str] | None = None) -> ParityRecorder | None:
-    env = os.environ if env is None else env
-    path = env.get(envvars.PHALANX_PARITY_RECORD)
-    if not path:
+def from_request(request: ParityRequest | None, rank: int, world_size: int) -> ParityRecorder | None:
+    """A recorder when `phalanx parity` runs this worker (runtime/context.py's parity_request)."""
+    if request is None:
         return None
-    return ParityRecorder(path, int(env.get(envvars.PHALANX_PARITY_STEPS, "3")),
-                          int(env.get(envvars.PHALANX_PARITY_BATCH_SCALE, "1")), rank, world_size)
+    return ParityRecorder(request.record_path, request.steps, request.batch_scale, rank, world_size)
