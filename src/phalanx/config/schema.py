@@ -15,6 +15,7 @@ from typing import Any
 
 from phalanx.config import kinds, names
 from phalanx.config.kinds import Kind
+from phalanx.config.names import Needs
 
 
 class Scope:
@@ -34,6 +35,7 @@ class Setting:
     env_name: str | None = None  # only where a public name predates the PHALANX_<NAME> rule
     bool_flag: bool = False  # `--name` / `--no-name` instead of `--name VALUE`
     value_name: str | None = None  # how --help shows the value (default: the name's last word)
+    needs: Needs = Needs.ALWAYS  # what the parallel layout must have for this setting to do anything
 
     @property
     def env(self) -> str | None:
@@ -74,8 +76,9 @@ def _step_range(text: str) -> str:
 
 
 def _strategy(text: str) -> str:
-    key = text.strip().lower()
-    return key if key in names.STRATEGIES else names.canonical_strategy(key)
+    """`FSDP ` -> zero3: aliases are resolved here, once; an unknown name stays for the choice to refuse."""
+    key = names.canonical_strategy(text)
+    return key if key in names.STRATEGIES else text.strip().lower()
 
 
 def _deepspeed_text(text: str) -> str:
@@ -110,7 +113,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpus", kinds.TEXT, None, "GPU indices to use, e.g. 0,1; sets CUDA_VISIBLE_DEVICES and the process count", L),
     # --- runtime: the strategy -----------------------------------------------------------------------
     Setting("strategy", kinds.choice(names.STRATEGIES, _strategy), "auto",
-            "dp, ddp, zero1, zero2, zero3 (= fsdp), hsdp or auto: ddp if the model fits the memory budget, else zero3"),
+            "dp, ddp, zero1, zero2, zero3 (= fsdp), hsdp or auto: ddp if the model fits the memory budget, else "
+            "zero3; each a preset of the parallel plan (data-parallel replicate x shard degrees, sharding stage)"),
+    Setting("tp", kinds.integer(1), 1,
+            "tensor-parallel degree: ranks that split each layer of the model (keep it within one node); the "
+            "data-parallel dims get the processes / tp"),
+    Setting("tp_plan", kinds.pattern_map(names.TP_STYLES, names.TP_STYLE_ALIASES,
+                                         "a mapping of module name patterns to tensor-parallel styles"), None,
+            "how tensor parallel splits this model: {module name pattern: colwise | rowwise | ...}, e.g. "
+            "{\"layers.*.attn.q\": \"colwise\"} (default: the model's own transformers plan); used when tp > 1",
+            value_name="PLAN"),
+    Setting("sequence_parallel", kinds.BOOL, False,
+            "tensor parallel: also split norms and dropout along the sequence between the split layers",
+            bool_flag=True, needs=Needs.TENSOR_PARALLEL),
     Setting("mixed_precision", kinds.choice(names.PRECISIONS, names.canonical_precision), "no", "no, bf16 or fp16"),
     Setting("grad_accum_steps", kinds.integer(1), 1, "micro-batches per optimizer step (px.accumulate)"),
     Setting("grad_accum_remainder", kinds.choice(("flush", "drop")), "flush",
@@ -118,7 +133,7 @@ SETTINGS: tuple[Setting, ...] = (
             "(discard its gradients)"),
     Setting("memory_budget", kinds.BYTES, None,
             "per-device memory budget strategy auto compares the model with, e.g. 8GB "
-            "(default: 60% of the GPU, or of RAM shared by the local ranks)"),
+            "(default: 60% of the GPU, or of RAM shared by the local ranks)", needs=Needs.AUTO),
     Setting("deepspeed", kinds.python(_deepspeed_text, "path of a DeepSpeed JSON config (or a dict)"), None,
             "path of a DeepSpeed JSON config, mapped onto these settings", env_name="PHALANX_DEEPSPEED_CONFIG"),
     Setting("activation_checkpointing", kinds.BOOL_OR_NAMES, False,
@@ -129,23 +144,24 @@ SETTINGS: tuple[Setting, ...] = (
             bool_flag=True),
     Setting("embedding_exchange", kinds.choice(("auto", "params")), "auto",
             "zero2/zero3 embedding tables: auto (each rank keeps its rows; a forward exchanges the looked-up rows "
-            "or the table, whichever is smaller) or params (gathered whole like any parameter)"),
+            "or the table, whichever is smaller) or params (gathered whole like any parameter)",
+            needs=Needs.ROW_SHARDED_EMBEDDINGS),
     Setting("cpu", kinds.BOOL, False, "run on the CPU (gloo) even when GPUs are visible", bool_flag=True),
     Setting("device_placement", kinds.BOOL, True, "move each batch of a prepared loader to the rank's device",
             bool_flag=True),
-    # --- runtime: DistributedDataParallel (strategies ddp and zero1) ----------------------------------
+    # --- runtime: DistributedDataParallel (ddp and zero1 without tensor parallel) ---------------------
     Setting("find_unused_parameters", kinds.BOOL, False,
-            "DDP: let some parameters get no gradient in a step (slower; only for models that need it)", bool_flag=True),
+            "DDP: let some parameters get no gradient in a step (slower; only for models that need it)", bool_flag=True, needs=Needs.DDP),
     Setting("static_graph", kinds.BOOL, False,
-            "DDP: the set of used parameters never changes between steps (lets DDP optimise)", bool_flag=True),
-    Setting("bucket_cap_mb", kinds.positive_number("MB"), None, "DDP: gradient bucket size in MB (torch's default 25)"),
+            "DDP: the set of used parameters never changes between steps (lets DDP optimise)", bool_flag=True, needs=Needs.DDP),
+    Setting("bucket_cap_mb", kinds.positive_number("MB"), None, "DDP: gradient bucket size in MB (torch's default 25)", needs=Needs.DDP),
     Setting("gradient_as_bucket_view", kinds.BOOL, True,
-            "DDP: gradients are views into the communication buckets (one copy less)", bool_flag=True),
+            "DDP: gradients are views into the communication buckets (one copy less)", bool_flag=True, needs=Needs.DDP),
     Setting("comm_hook", kinds.choice(("none", "bf16", "fp16", "powersgd")), "none",
-            "DDP gradient compression: none, bf16, fp16 or powersgd (torch's comm hooks)"),
-    Setting("powersgd_rank", kinds.integer(1), 1, "comm_hook powersgd: rank of the low-rank gradient approximation"),
+            "DDP gradient compression: none, bf16, fp16 or powersgd (torch's comm hooks)", needs=Needs.DDP),
+    Setting("powersgd_rank", kinds.integer(1), 1, "comm_hook powersgd: rank of the low-rank gradient approximation", needs=Needs.DDP),
     Setting("powersgd_start_iter", kinds.integer(1), 1000,
-            "comm_hook powersgd: plain all-reduce for this many steps first (at least 2)"),
+            "comm_hook powersgd: plain all-reduce for this many steps first (at least 2)", needs=Needs.DDP),
     # --- runtime: reproducibility and lockstep safety --------------------------------------------
     Setting("seed", kinds.integer(), None,
             "seed of the data order and of Python's, NumPy's and torch's RNGs on every rank "

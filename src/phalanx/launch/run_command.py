@@ -126,6 +126,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         start_method=cfg.start_method,
         worker_env=config.worker_env(resolved),
         deepspeed=resolved.deepspeed,
+        settings=resolved,
         pass_local_rank=None if args.pass_local_rank is None else local_rank.check_spelling(args.pass_local_rank),
         verbose=cfg.verbose,
         agent=agent,
@@ -158,11 +159,7 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
     else:
         num_gpus_in_use = devices.count_visible_gpus()
     nproc = devices.resolve_nproc(spec.nproc_per_node, spec.gpus, lambda: num_gpus_in_use, num_cores, spec.nproc_kind)
-    if spec.deepspeed is not None and spec.min_nnodes is None:
-        try:  # DeepSpeed's batch identity needs the world size, known from here on
-            spec.deepspeed.check_world(nproc * spec.nnodes)
-        except ValueError as error:
-            raise LaunchError(str(error)) from None
+    check_layout(spec, nproc)
     env = devices.worker_env_for_devices(nproc, spec.gpus, os.environ, num_cores)
     warning = devices.oversubscription_warning(nproc, num_cores, num_gpus_in_use,
                                                env.get(envvars.OMP_NUM_THREADS) or os.environ.get(envvars.OMP_NUM_THREADS))
@@ -170,6 +167,30 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
         print(warning, file=sys.stderr, flush=True)
     env.update(spec.worker_env)
     return nproc, num_gpus_in_use, env
+
+
+def check_layout(spec: LaunchSpec, nproc: int) -> None:
+    """The parallel layout the settings describe, on every node count the job may have: tp must
+    divide the processes, hsdp's replicas must fit the nodes, settings the layout would ignore are
+    refused. Also DeepSpeed's batch identity, which counts data-parallel ranks."""
+    if spec.settings is None:
+        return
+    from phalanx.strategies import settings_check
+
+    tp = spec.settings.config.tp
+    for nnodes in sorted({spec.min_nnodes or spec.nnodes, spec.nnodes}):
+        try:
+            for warning in settings_check.check(spec.settings, settings_check.intended_plan(
+                    spec.settings, nproc * nnodes, nproc)):
+                print(f"phalanx run: warning: {warning}", file=sys.stderr, flush=True)
+            if spec.deepspeed is not None and spec.min_nnodes is None:
+                spec.deepspeed.check_world(nproc * nnodes // tp)
+        except ValueError as error:
+            raise LaunchError(str(error)) from None
+    if tp > nproc:
+        print(f"phalanx run: warning: tp={tp} is larger than the {nproc} processes of a node: tensor parallel's "
+              "all-reduces then cross nodes on every layer. HINT: keep tp within a node "
+              f"(tp <= --nproc-per-node), and let the data-parallel dims span the nodes", file=sys.stderr, flush=True)
 
 
 def main(args: argparse.Namespace) -> int:

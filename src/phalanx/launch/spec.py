@@ -62,6 +62,9 @@ class LaunchSpec:
     """Extra variables exported to every worker (phalanx settings such as PHALANX_STRATEGY)."""
     deepspeed: Any = None
     """The DeepSpeed config the settings were checked against (DeepSpeedConfig), if any."""
+    settings: Any = None
+    """The resolved settings (phalanx.config.Resolved), checked against the parallel layout once the
+    process count is known."""
     nproc_kind: str = "auto"
     """With `nproc_per_node` None: "auto" (GPUs, else the CPU default), "gpu" or "cpu" (one per core)."""
     pass_local_rank: str | None = None
