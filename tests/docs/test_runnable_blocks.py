@@ -1,9 +1,11 @@
-"""The README's runnable samples run as written.
+"""The documentation's runnable samples run as written: README.md and every page of docs/.
 
-A fenced block right after `<!-- runnable -->` is executed line by line (bash, in a scratch
+A fenced block right after `<!-- runnable -->` is executed line by line (bash, in one scratch
 directory holding the repo's examples/, with `phalanx` and `torchrun` on PATH); a block after
-`<!-- runnable: NAME -->` is written to NAME there first (a config file the commands use). Every
-command must exit 0 within its time limit. Keep marked blocks few and quick: this runs in CI.
+`<!-- runnable: NAME -->` is written to NAME there first (a config file the commands use). Pages
+are read README first, then docs/ in name order; a command that appears on several pages (the
+quickstart is on the front page and in getting started) runs once. Every command must exit 0 within
+its time limit. Keep marked blocks few and quick: this runs in CI.
 """
 from __future__ import annotations
 
@@ -21,8 +23,12 @@ MARKER = re.compile(r"<!-- runnable(?::\s*(\S+))? -->\s*\n```[a-z]*\n(.*?)```", 
 COMMAND_TIMEOUT_S = 240
 
 
-def runnable_blocks() -> list[tuple[str | None, str]]:
-    return [(m.group(1), m.group(2)) for m in MARKER.finditer((ROOT / "README.md").read_text())]
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def runnable_blocks(page: Path) -> list[tuple[str | None, str]]:
+    return [(m.group(1), m.group(2)) for m in MARKER.finditer(page.read_text())]
 
 
 def commands(block: str) -> list[str]:
@@ -34,25 +40,49 @@ def commands(block: str) -> list[str]:
     return lines
 
 
-def test_the_readme_marks_its_main_commands_runnable():
-    ran = [c for name, block in runnable_blocks() if name is None for c in commands(block)]
-    assert "python examples/wine.py" in ran
+def steps() -> list[tuple[Path, str, str]]:
+    """(page, "file" | "run", NAME or command) in reading order, each command once."""
+    seen: set[str] = set()
+    out = []
+    for page in pages():
+        for name, block in runnable_blocks(page):
+            if name is not None:
+                out.append((page, "file", name))
+                continue
+            for command in commands(block):
+                if command not in seen:
+                    seen.add(command)
+                    out.append((page, "run", command))
+    return out
+
+
+def test_the_main_commands_are_marked_runnable():
+    readme = [c for name, block in runnable_blocks(ROOT / "README.md") if name is None for c in commands(block)]
+    assert "python examples/wine.py" in readme
+    assert any(c.startswith("torchrun") for c in readme)
+    ran = [what for _, kind, what in steps() if kind == "run"]
     assert any(c.startswith("phalanx run") and "--config phalanx.yaml" in c for c in ran)
-    assert any(c.startswith("torchrun") for c in ran)
+    assert len(ran) == len(set(ran))
+
+
+def test_a_marker_without_a_block_below_it_is_not_silently_skipped():
+    for page in pages():
+        markers = re.findall(r"^<!-- runnable", page.read_text(), re.M)  # (not one quoted inside a sentence)
+        assert len(markers) == len(runnable_blocks(page)), f"{page.name}: a marker lost its block"
 
 
 @pytest.mark.dist
 @pytest.mark.timeout(1500)
-def test_readme_runnable_blocks_run_as_written(tmp_path):
+def test_runnable_blocks_run_as_written(tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    for name, block in runnable_blocks():
-        if name is not None:
-            (tmp_path / name).write_text(block)
+    blocks = {(page, name): block for page in pages() for name, block in runnable_blocks(page) if name}
+    for page, kind, what in steps():
+        if kind == "file":
+            (tmp_path / what).write_text(blocks[(page, what)])
             continue
-        for command in commands(block):
-            result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
-                                    text=True, timeout=COMMAND_TIMEOUT_S)
-            assert result.returncode == 0, f"README command failed: {command}\n{result.stdout}\n{result.stderr}"
+        result = subprocess.run(["bash", "-c", what], cwd=tmp_path, env=env, capture_output=True,
+                                text=True, timeout=COMMAND_TIMEOUT_S)
+        assert result.returncode == 0, f"{page.name} command failed: {what}\n{result.stdout}\n{result.stderr}"
