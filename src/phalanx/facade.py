@@ -107,9 +107,10 @@ class Phalanx:
         self._logging.metrics.params = self._run_params
         self._profiler = None if cfg.profile is None else StepProfiler(
             cfg.profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
-        get_logger().info("rank %d of %d on %s, strategy %s, run dir %s", self.rank, self.world_size,
+        get_logger().info("rank %d of %d on %s, strategy %s, run dir %s%s", self.rank, self.world_size,
                           self.device, "auto (decided at prepare(model), when the model is known)"
-                          if self.strategy_name == "auto" else self.strategy_name, self.run_dir)
+                          if self.strategy_name == "auto" else self.strategy_name, self.run_dir,
+                          self._logging.open_hint)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "Phalanx":

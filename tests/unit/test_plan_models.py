@@ -55,3 +55,28 @@ def test_bad_models_are_one_line_errors_with_the_fix(capsys, tmp_path):
         err = capsys.readouterr().err
         assert err.startswith(expected), err
         assert "Traceback" not in err
+
+
+def test_the_optimizer_counted_is_the_one_the_script_builds(capsys, tmp_path):
+    assert cli.main(["plan", str(WINE), "--world-size", "2", "--budget", "1GB"]) == 0
+    assert "optimizer adam (read from wine.py: Adam), world_size 2" in capsys.readouterr().out
+    assert cli.main(["plan", str(WINE), "--world-size", "2", "--budget", "1GB", "--optimizer", "sgd"]) == 0
+    assert "optimizer sgd (--optimizer), world_size 2" in capsys.readouterr().out
+
+
+def test_optimizers_read_from_source_and_what_is_assumed_otherwise(tmp_path):
+    from phalanx.plan import optimizer
+
+    def choice(source):
+        (tmp_path / "train.py").write_text(source)
+        return optimizer.choose(None, str(tmp_path / "train.py"))
+
+    assert choice("opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)\n") == \
+        optimizer.OptimizerChoice("sgd-momentum", "read from train.py: SGD")
+    assert choice("from torch.optim import SGD\nopt = SGD(m.parameters(), lr=0.1, momentum=0)\n").name == "sgd"
+    assert choice("import torch\n") == optimizer.OptimizerChoice(
+        "adamw", "assumed: train.py builds no torch.optim optimizer plan knows; --optimizer NAME sets it")
+    assert choice("a = optim.Adam(p)\nb = optim.RMSprop(q)\n") == optimizer.OptimizerChoice(
+        "adamw", "assumed: train.py builds several (Adam, RMSprop); --optimizer NAME picks one")
+    assert optimizer.choose(None, "some.module:make") == optimizer.OptimizerChoice(
+        "adamw", "assumed; --optimizer NAME sets it")

@@ -223,9 +223,9 @@ REFUSED: dict[str, str] = {}
 """torchrun dests phalanx refuses, with the reason (none today: every flag has torchrun's meaning)."""
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the torchrun flags run_command does not define; "not given" is left unset (SUPPRESS)."""
-    group = parser.add_argument_group("torchrun flags (also read from PET_<NAME> variables, as torchrun does)")
+def configure(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add the torchrun flags run_command does not define to `group` (a parser or one of its argument
+    groups); "not given" is left unset (SUPPRESS)."""
     for flag in FLAGS:
         if flag.defined_by_run_command:
             continue

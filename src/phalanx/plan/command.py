@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phalanx import config
+from phalanx.plan import optimizer as optimizer_choice
 
 _FACTORY_NAMES = ("make_model", "build_model", "get_model", "create_model")
 
@@ -26,8 +27,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                       "or defining one nn.Module class that needs no arguments")
     parser.add_argument("--world-size", "--world_size", type=int, default=None,
                         help="number of ranks (default: what `phalanx run` would start here: one per GPU, else 2)")
-    parser.add_argument("--optimizer", default="adamw",
-                        help="optimizer whose state to count: adamw, adam, sgd, sgd-momentum, adagrad, rmsprop")
+    parser.add_argument("--optimizer", default=None,
+                        help="optimizer whose state to count: adamw, adam, sgd, sgd-momentum, adagrad, rmsprop "
+                             "(default: the one MODEL's file builds, else adamw)")
     parser.add_argument("--budget", default=None,
                         help="per-device bytes for auto's choice, e.g. 16GB (default: "
                              "PHALANX_MEMORY_BUDGET, else 60%% of this machine's GPU memory or RAM/local ranks)")
@@ -121,14 +123,14 @@ def _hint(target: str, module: Any) -> str:
 
 
 def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard_size: int | None = None,
-           activations: Any = None, activation_checkpointing: bool = False) -> str:
+           activations: Any = None, activation_checkpointing: bool = False, optimizer_why: str = "") -> str:
     from phalanx.model import memory
 
     fb = memory.format_bytes
     table = memory.plan(sizes, world_size, optimizer, hsdp_shard_size=hsdp_shard_size)
     num_params = sum(s.numel for s in sizes)
     lines = [f"model: {num_params:,} trainable parameters ({fb(sum(s.nbytes for s in sizes))}), "
-             f"optimizer {optimizer}, world_size {world_size}",
+             f"optimizer {optimizer}{f' ({optimizer_why})' if optimizer_why else ''}, world_size {world_size}",
              "per-rank model state (the largest rank; activations not included):",
              f"  {'strategy':14s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'total':>11s}  "
              f"{'vs ddp':>6s}"]
@@ -202,8 +204,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"phalanx plan: error: {error}", file=sys.stderr)
         return 2
-    print(render(memory.model_sizes(model), args.world_size, args.optimizer, budget, shard, acts,
-                 args.activation_checkpointing))
+    choice = optimizer_choice.choose(args.optimizer, args.model)
+    print(render(memory.model_sizes(model), args.world_size, choice.name, budget, shard, acts,
+                 args.activation_checkpointing, choice.why))
     return 0
 
 
