@@ -63,7 +63,7 @@ def test_tensor_parallel_on_two_ranks_equals_one_process(two, name):
 def test_llama_uses_its_own_transformers_plan(two):
     split = two[0]["llama tp2"]["dtensors"]
     assert "model.layers.0.self_attn.q_proj.weight" in split and "model.layers.1.mlp.down_proj.weight" in split
-    assert "lm_head.weight" in split
+    assert "lm_head.weight" in split and "model.embed_tokens.weight" in split  # embedding_rowwise
     assert "model.norm.weight" not in split  # not in the plan: replicated
 
 
@@ -87,3 +87,12 @@ def test_checkpoint_of_zero3_x_tp2_resumes_under_ddp_on_two_ranks_and_continues_
     torch.testing.assert_close(torch.tensor(resumed[0]["losses"]), torch.tensor(ref["losses"][5:]), rtol=1e-4, atol=1e-5)
     for key, value in ref["state"].items():
         torch.testing.assert_close(resumed[0]["state"][key], value.float(), rtol=1e-4, atol=1e-4, msg=key)
+
+
+def test_models_tensor_parallel_cannot_split_are_refused_at_prepare_on_every_rank():
+    ranks = run_ranks("tests.dist.tp_workloads:refusals", 2, timeout=200)
+    for rank in ranks:
+        assert rank["no plan"].startswith("tp > 1, but TinyNet has no tensor-parallel plan")
+        assert "HINT: give tp_plan={module name pattern: style}" in rank["no plan"]
+        assert rank["no match"].startswith("tp_plan pattern 'layers.*.attn.qq' matches no module of TinyLM "
+                                           "(its modules: embed, layers, layers.0, layers.0.attn_norm")

@@ -150,3 +150,18 @@ def train(kind: str, global_batch: int = 8, steps: int = 5, lr: float = 1e-2, ch
 def matrix(cases: dict[str, dict]) -> dict[str, dict]:
     """Every case in order in this rank: one process group serves them all."""
     return {name: train(**kwargs) for name, kwargs in cases.items()}
+
+
+def refusals() -> dict[str, str]:
+    """What prepare says, on this rank, for models tensor parallel cannot split as asked."""
+    from tests.dist.strategy_workloads import TinyNet
+
+    out = {}
+    for name, settings, model in (("no plan", {"tp": 2}, TinyNet()),
+                                  ("no match", {"tp": 2, "tp_plan": {"layers.*.attn.qq": "colwise"}}, TinyLM())):
+        px = Phalanx(strategy="ddp", **settings)
+        try:
+            px.prepare(model)
+        except ValueError as error:
+            out[name] = str(error)
+    return out

@@ -80,3 +80,18 @@ def test_optimizers_read_from_source_and_what_is_assumed_otherwise(tmp_path):
         "adamw", "assumed: train.py builds several (Adam, RMSprop); --optimizer NAME picks one")
     assert optimizer.choose(None, "some.module:make") == optimizer.OptimizerChoice(
         "adamw", "assumed; --optimizer NAME sets it")
+
+
+def test_tensor_parallel_layouts_are_planned_per_rank_and_a_layout_is_suggested(capsys):
+    # tiny Llama: 22,688 parameters; transformers' plan splits the embedding (embedding_rowwise),
+    # q/k/v/o, gate/up/down and lm_head 2 ways; the 5 norms of 32 stay whole on every rank
+    assert cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "4", "--tp", "2",
+                     "--optimizer", "sgd", "--input", "4x8", "--budget", "1GB"]) == 0
+    out = capsys.readouterr().out
+    one_rank = ((22_688 - 5 * 32) // 2 + 5 * 32) * 4
+    assert f"tensor parallel tp=2: one rank holds {one_rank / 1024:.1f} KiB of the parameters" in out
+    assert "  zero3 x tp2" in out and "hsdp 1x2 x tp2" in out
+    assert "suggested layout for 4 ranks: ddp x tp2 (model state + activations" in out
+    assert cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "4", "--tp", "4",
+                     "--input", "4x8"]) == 2
+    assert "HINT: tp must divide the model's attention (and key/value) heads" in capsys.readouterr().err

@@ -196,10 +196,12 @@ def check_layout(spec: LaunchSpec, nproc: int) -> None:
                 spec.deepspeed.check_world(nproc * nnodes // tp)
         except ValueError as error:
             raise LaunchError(str(error)) from None
-    if tp > nproc:
-        print(f"phalanx run: warning: tp={tp} is larger than the {nproc} processes of a node: tensor parallel's "
-              "all-reduces then cross nodes on every layer. HINT: keep tp within a node "
-              f"(tp <= --nproc-per-node), and let the data-parallel dims span the nodes", file=sys.stderr, flush=True)
+    if nproc % tp:
+        what = "is larger than" if tp > nproc else "does not divide"
+        print(f"phalanx run: warning: tp={tp} {what} the {nproc} processes of a node: tensor-parallel groups then "
+              "span nodes, and their all-reduces cross the slower links on every layer. HINT: keep tp within a "
+              "node (a divisor of --nproc-per-node) and let the data-parallel dims span the nodes",
+              file=sys.stderr, flush=True)
 
 
 def main(args: argparse.Namespace) -> int:

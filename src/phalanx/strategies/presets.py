@@ -57,6 +57,9 @@ def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, cpu
     if key == AUTO:
         raise ValueError("strategy auto is decided from the model: call strategies.auto.decide first")
     preset = PRESETS[key]
+    if preset.threads_over_gpus and tp > 1:
+        raise ValueError(f"strategy 'dp' runs one process, and tp={tp} needs {tp} processes per tensor-parallel "
+                         "group. HINT: use strategy ddp, zero1, zero2, zero3 or hsdp with tp, under `phalanx run`")
     if world_size % tp:
         raise ValueError(f"tp={tp} does not divide the {world_size} processes. HINT: choose tp among "
                          f"{', '.join(map(str, divisors(world_size)))}, or run a multiple of {tp} processes")
@@ -71,6 +74,10 @@ def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, cpu
         return ParallelPlan(preset=SINGLE)
     dp = world_size // tp
     if preset.hybrid:
+        if local_world_size % tp:
+            raise ValueError(f"hsdp with tp={tp}: each node's {local_world_size} processes do not split into "
+                             f"tensor-parallel groups, so replicas and shards cannot follow the nodes. HINT: choose "
+                             f"tp among {', '.join(map(str, divisors(local_world_size)))}")
         replicate, shard = hybrid_shape(dp, local_world_size, tp, replicate_size, shard_size)
     elif preset.sharding >= Sharding.GRADIENTS:
         replicate, shard = 1, dp

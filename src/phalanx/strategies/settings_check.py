@@ -50,15 +50,15 @@ def intended_plan(resolved: Resolved, world_size: int, local_world_size: int,
     smallest world the layout could run in."""
     cfg = resolved.config
     name = presets.canonical(strategy or cfg.strategy)
-    if name == presets.AUTO:
-        return None
     if world_size == 1 and name != "dp":
         world_size = local_world_size = 2 * cfg.tp
         hybrid = {}
-    try:
-        return presets.build(name, world_size=world_size, local_world_size=local_world_size, tp=cfg.tp, **hybrid)
+    try:  # auto: ddp or zero3 over the same degrees, so either one checks them
+        plan = presets.build("ddp" if name == presets.AUTO else name, world_size=world_size,
+                             local_world_size=local_world_size, tp=cfg.tp, **hybrid)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    return None if name == presets.AUTO else plan
 
 
 def check(resolved: Resolved, plan: ParallelPlan | None, *, chose: str = "") -> list[str]:

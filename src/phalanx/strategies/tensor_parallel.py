@@ -114,3 +114,42 @@ def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequen
                 styles[name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
     parallelize_module(model, tp_mesh, {name: style for name, style in styles.items() if style is not None})
     return chosen
+
+
+def shrink_to_one_rank(model: nn.Module, plan: Mapping[str, str] | None, tp: int) -> dict[str, str]:
+    """Give a meta-device model the shapes one tensor-parallel rank holds (for `phalanx plan`): each
+    split layer's weight narrowed to its 1/tp part, outputs that tensor parallel gathers (and inputs
+    it splits) kept at their full sizes, so a meta forward sees what one rank computes and saves.
+    Returns module name -> style, as `apply` would."""
+    chosen = match(model, model_plan(model, plan))
+    modules = dict(model.named_modules())
+    for name, style in chosen.items():
+        module = modules[name]
+        weight = getattr(module, "weight", None)
+        if style in ("replicate", "local", "sequence_parallel") or weight is None:
+            continue
+        if isinstance(module, nn.Embedding) or style == "embedding_rowwise":
+            dim, full_out = 0, None
+        elif style in ("colwise", "colwise_gather_output"):
+            dim, full_out = 0, weight.shape[0] if style == "colwise_gather_output" else None
+        else:  # rowwise, rowwise_split_input
+            dim, full_out = 1, None
+        if weight.shape[dim] % tp:
+            raise ValueError(f"tp={tp}: layer {name!r} ({type(module).__name__}) has {weight.shape[dim]} "
+                             f"{'rows' if dim == 0 else 'columns'} to split, not a multiple of {tp}. "
+                             f"HINT: choose tp among the divisors of {weight.shape[dim]}")
+        _narrow(module, "weight", dim, tp)
+        if dim == 0 and getattr(module, "bias", None) is not None:
+            _narrow(module, "bias", 0, tp)
+        if full_out is not None:
+            module.register_forward_hook(lambda m, a, out, n=full_out: out.new_empty(*out.shape[:-1], n))
+        if style == "rowwise_split_input":
+            module.register_forward_pre_hook(lambda m, args: (args[0][..., : args[0].shape[-1] // tp], *args[1:]))
+    return chosen
+
+
+def _narrow(module: nn.Module, name: str, dim: int, tp: int) -> None:
+    old = getattr(module, name)
+    shape = list(old.shape)
+    shape[dim] //= tp
+    setattr(module, name, nn.Parameter(old.new_empty(shape), requires_grad=old.requires_grad))
