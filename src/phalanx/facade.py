@@ -64,13 +64,11 @@ class Phalanx:
         self.ctx = DistContext.from_env(cpu=cfg.cpu)
         self.settings = choose(resolved, strategy_options)
         # A given seed seeds Python/NumPy/torch alike on every rank (identical models); without one,
-        # data order and worker seeds follow the last seed_everything() seed (else 0), and the global
-        # RNGs are left alone (the script may have seeded them itself).
+        # the data order and worker seeds use the setting's default (0), and the global RNGs are
+        # left alone (the script may have seeded them itself).
+        self.seed = 0 if cfg.seed is None else cfg.seed
         if cfg.seed is not None:
-            self.seed = cfg.seed
-            seeding.seed_everything(self.seed, workers=seeding.rank_aware_workers())
-        else:
-            self.seed = seeding.last_seed() if seeding.last_seed() is not None else 0
+            seeding.seed_everything(self.seed)
         self.device_placement = cfg.device_placement
         self._resolved = resolved
         preset = presets.canonical(self.settings.strategy)  # bad names fail before any group is joined
@@ -284,7 +282,7 @@ class Phalanx:
         return self._checkpointer.track(PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_info=self._batch_info, shard=shard, progress=self._step_progress,
-            rank_aware_workers=seeding.rank_aware_workers()))
+            rank_aware_workers=self.config.worker_seeds == "per_rank"))
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:

@@ -205,6 +205,9 @@ SETTINGS: tuple[Setting, ...] = grouped(
     Setting("seed", kinds.integer(), None,
             "seed of the data order and of Python's, NumPy's and torch's RNGs on every rank "
             "(unset: data order from seed 0, global RNGs untouched)"),
+    Setting("worker_seeds", kinds.choice(("per_rank", "shared")), "per_rank",
+            "DataLoader workers' seeds: per_rank (each rank's workers their own streams, from seed, rank and "
+            "epoch) or shared (torch's seeds, the same on every rank: augmentations that must match across ranks)"),
     Setting("collective_timeout", kinds.seconds(False), 300.0, "seconds a collective may wait before failing"),
     Setting("watchdog_timeout", kinds.seconds(True), 60.0,
             "seconds without progress on any rank before the hang is reported; 0 turns the watchdog off"),
