@@ -7,6 +7,7 @@ from torch import nn
 from phalanx.model import memory
 from phalanx.model.units import default_units
 from phalanx.runtime.context import DistContext
+from phalanx.strategies import presets
 from phalanx.strategies.options import StrategyOptions
 
 
@@ -25,7 +26,7 @@ def decide(model: nn.Module, ctx: DistContext, options: StrategyOptions, tp: int
     sizes = memory.model_sizes(model)
     budget = budget_bytes(ctx, options)
     name, reason = memory.recommend(sizes, ctx.world_size // tp, budget, options.mixed_precision, tp=tp)
-    if name == "zero3":
+    if name == presets.AUTO_CHOOSES[-1]:  # sharded, and still over the budget: say what would fit
         largest = max((memory.unit_bytes(unit) for unit in default_units(model)), default=0)
         hint = memory.tp_that_fits(sizes, ctx.world_size, ctx.local_world_size, budget, largest, tp=tp)
         if hint:

@@ -13,6 +13,7 @@ from phalanx.config import names
 from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
 
 AUTO = "auto"  # not a preset: decided from the model at prepare (strategies/auto.py)
+AUTO_CHOOSES = ("ddp", "zero3")  # what auto decides between: the same degrees, replicas or shards
 SINGLE = "single"  # what a world of one runs, whatever was asked (one script, every scale)
 
 

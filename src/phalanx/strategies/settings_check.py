@@ -50,11 +50,12 @@ def intended_plan(resolved: Resolved, world_size: int, local_world_size: int,
     smallest world the layout could run in."""
     cfg = resolved.config
     name = presets.canonical(strategy or cfg.strategy)
-    if world_size == 1 and name != "dp":
+    one_process = name in presets.PRESETS and presets.PRESETS[name].threads_over_gpus
+    if world_size == 1 and not one_process:
         world_size = local_world_size = 2 * cfg.tp
         hybrid = {}
-    try:  # auto: ddp or zero3 over the same degrees, so either one checks them
-        plan = presets.build("ddp" if name == presets.AUTO else name, world_size=world_size,
+    try:  # auto decides between presets of the same degrees, so either one checks them
+        plan = presets.build(presets.AUTO_CHOOSES[0] if name == presets.AUTO else name, world_size=world_size,
                              local_world_size=local_world_size, tp=cfg.tp, **hybrid)
     except ValueError as error:
         raise ConfigError(str(error)) from None
