@@ -221,9 +221,9 @@ class Phalanx:
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def init_module(self) -> contextlib.AbstractContextManager[None]:
-        """Build the model inside: on the meta device under zero2/zero3 (prepare then allocates and
-        initialises only this rank's shards) and auto (which sizes the model before choosing), on
-        `px.device` otherwise."""
+        """Build the model inside: on the meta device when the plan shards parameters (zero2, zero3,
+        hsdp, tensor parallel: prepare then allocates and initialises only this rank's shards) and
+        under auto (which sizes the model before choosing), on `px.device` otherwise."""
         on_meta = self._strategy is None or self._parallel().plan.builds_on_meta
         return meta_init.init_module(on_meta, self.device)
 
