@@ -37,9 +37,9 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def new_model() -> StackLM:
+def new_model(num_blocks: int = 4) -> StackLM:
     torch.manual_seed(0)
-    return StackLM()
+    return StackLM(num_blocks)
 
 
 def batch(step: int, size: int = GLOBAL_BATCH) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,8 +50,8 @@ def batch(step: int, size: int = GLOBAL_BATCH) -> tuple[torch.Tensor, torch.Tens
 class Reference:
     """One process training the whole model on the global batches."""
 
-    def __init__(self) -> None:
-        self.model = new_model()
+    def __init__(self, num_blocks: int = 4) -> None:
+        self.model = new_model(num_blocks)
         self.optimizer = make_optimizer(self.model, LR)
 
     def step(self, step: int, pieces: int = 1) -> tuple[float, float]:
@@ -89,12 +89,13 @@ class Layout:
     """A (pp, dp) layout on this job's ranks: the cut model, its stage modules, runner and optimizer."""
 
     def __init__(self, pp: int, dp: int, dp_kind: str = "none", schedule: str = "1F1B",
-                 microbatches: int | None = None, mp: bool = False, model: nn.Module | None = None):
+                 microbatches: int | None = None, mp: bool = False, num_blocks: int = 4):
         dim = "dp_replicate" if dp_kind == "ddp" else "dp_shard"
         self.mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", dim))
         self.dp_group = self.mesh[dim].get_group()
         self.pp_rank, self.dp_rank, self.dp = self.mesh["pp"].get_local_rank(), self.mesh[dim].get_local_rank(), dp
-        model = model or new_model()
+        self.num_blocks = num_blocks
+        model = new_model(num_blocks)
         chain = pipe.find_chain(model)
         per_rank = pipe.stages_per_rank(schedule)
         stages = pipe.split_stages(chain, pp * per_rank)
@@ -134,10 +135,15 @@ class Layout:
 
 
 def _train_side_by_side(layout: Layout, steps: int, accumulate: bool = False) -> dict[str, Any]:
-    """`accumulate`: after a first whole step, each step in 2 pipeline steps of half the batch."""
-    ref = Reference()
+    """`accumulate`: after a first whole step, each step in 2 pipeline steps of half the batch.
+    Half-way, both evaluate this rank's share of a batch of 12 (where the schedule can)."""
+    ref = Reference(layout.num_blocks)
     out: dict[str, Any] = {"losses": [], "ref_losses": [], "norms": [], "ref_norms": []}
     for step in range(steps):
+        if step == steps // 2 and layout.runner.schedule not in pipe.schedules.V_SHAPED:
+            x = layout.shard(batch(99, size=12)[0])
+            with torch.no_grad():
+                out["eval"], out["ref_eval"] = layout.runner.forward(x), ref.model(x)
         pieces = 2 if accumulate and step > 0 else 1
         loss, norm = layout.step(step, pieces)
         ref_loss, ref_norm = ref.step(step, pieces)
@@ -147,6 +153,7 @@ def _train_side_by_side(layout: Layout, steps: int, accumulate: bool = False) ->
         out["ref_norms"].append(ref_norm)
     out["params"] = layout.params()
     out["ref_params"] = ref.params(list(out["params"]))
+    out["model_names"] = list(ref.model.state_dict())
     out["stage_indices"] = layout.rank.stage_indices
     out["ref"] = ref
     return out
@@ -162,12 +169,15 @@ def pp_only(steps: int) -> dict[str, Any]:
         results[schedule] = result
     # accumulation over 2 pipeline steps of half the batch each (a new input shape for the runner)
     layout = Layout(2, 1, microbatches=2)
+    layout.runner.refuse_direct_calls(layout.model)  # the runner's own calls stay allowed
     result = _train_side_by_side(layout, steps, accumulate=True)
-    ref = result.pop("ref")
-    x, _ = batch(99, size=6)  # 6 samples: forward cuts them into 2 microbatches of 3
-    with torch.no_grad():
-        result["eval"], result["ref_eval"] = layout.runner.forward(x), ref.model(x)
+    result.pop("ref")
     results["accumulate"] = result
+    x = batch(99, size=6)[0]
+    try:
+        layout.model(x)
+    except RuntimeError as e:
+        results["direct_call"] = str(e)
     v_layout = Layout(2, 1, schedule="ZBVZeroBubble")
     try:
         v_layout.runner.forward(x)
@@ -178,14 +188,16 @@ def pp_only(steps: int) -> dict[str, Any]:
 
 
 def pp_dp(steps: int, tmp: str) -> dict[str, Any]:
-    """pp2 x ddp2 and pp2 x zero3 (1F1B, interleaved, bf16 parameters) on 4 ranks; the pp2 x ddp2
-    run saves a checkpoint after its steps under tmp/pp2xddp2."""
+    """On 4 ranks: pp2 x ddp2 and pp2 x zero3 (1F1B, interleaved, bf16 parameters), and pp4 (middle
+    stages talk to both neighbours); the pp2 x ddp2 run saves a checkpoint after its steps under
+    tmp/pp2xddp2."""
     _init()
     results: dict[str, Any] = {}
-    for name, kind, schedule, mp in (("ddp", "ddp", "1F1B", False), ("zero3", "zero3", "1F1B", False),
-                                     ("zero3_interleaved", "zero3", "Interleaved1F1B", False),
-                                     ("zero3_bf16", "zero3", "1F1B", True)):
-        layout = Layout(2, 2, kind, schedule, mp=mp)
+    for name, pp, kind, schedule, mp, blocks in (
+            ("ddp", 2, "ddp", "1F1B", False, 4), ("zero3", 2, "zero3", "1F1B", False, 4),
+            ("zero3_interleaved", 2, "zero3", "Interleaved1F1B", False, 4), ("zero3_bf16", 2, "zero3", "1F1B", True, 4),
+            ("pp4", 4, "none", "1F1B", False, 4), ("pp4_interleaved", 4, "none", "Interleaved1F1B", False, 8)):
+        layout = Layout(pp, 4 // pp, kind, schedule, mp=mp, num_blocks=blocks)
         dtypes: list[torch.dtype] = []
         if layout.pp_rank == 0:  # what stage 0 sends to stage 1
             layout.rank.stages[0].register_forward_hook(lambda m, a, out: dtypes.append(out.dtype))

@@ -69,6 +69,27 @@ class PipelineRunner:
         self._last = dist.get_global_rank(self.group, names.last_stage_rank(self.schedule, self.pp))
         self._built: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._loss_scale: float | torch.Tensor = 1.0
+        self._running = False
+
+    def refuse_direct_calls(self, model: nn.Module, hint: str | None = None) -> None:
+        """Make a call of `model` outside this runner raise: a rank's model runs only its own stages'
+        units, so `model(x)` would quietly compute something else than the whole model."""
+        hint = hint or "HINT: train with PipelineRunner.step(inputs, targets), evaluate with PipelineRunner.forward(inputs)"
+
+        def refuse(module: nn.Module, args: Any) -> None:
+            if not self._running:
+                raise RuntimeError(
+                    f"this model is pipeline stage(s) {list(self.stage_indices)} of {self.num_stages} (pipeline rank "
+                    f"{self.pp_rank} of {self.pp}): calling it runs only those stages' units, not the whole model. {hint}"
+                )
+        model.register_forward_pre_hook(refuse)
+
+    def _run(self, schedule: Any, *args: Any, **kwargs: Any) -> Any:
+        self._running = True
+        try:
+            return schedule.step(*args, **kwargs)
+        finally:
+            self._running = False
 
     # ---- building torch's stages and schedule, once per (mode, input shape) -------------------
     def _scaled_loss(self, output: Any, targets: Any) -> torch.Tensor:
@@ -117,10 +138,10 @@ class PipelineRunner:
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.is_first else ()
         if self.is_last:
-            schedule.step(*args, target=targets, losses=losses)
+            self._run(schedule, *args, target=targets, losses=losses)
             loss = (torch.stack([x.detach().float() for x in losses]).sum() / loss_scale).reshape(())
         else:
-            schedule.step(*args)
+            self._run(schedule, *args)
             loss = torch.zeros((), dtype=torch.float32, device=self.device)
         self._loss_scale = 1.0
         dist.broadcast(loss, src=self._last, group=self.group)
@@ -140,7 +161,7 @@ class PipelineRunner:
                            if inputs.size(0) % d == 0)
         schedule = self._schedule_for(False, inputs, microbatches)
         with torch.no_grad():
-            output = schedule.step(*((inputs,) if self.is_first else ()))
+            output = self._run(schedule, *((inputs,) if self.is_first else ()))
         return self._broadcast_output(output if self.is_last else None)
 
     def _broadcast_output(self, output: Any) -> torch.Tensor:
