@@ -163,7 +163,7 @@ def pp_only(steps: int) -> dict[str, Any]:
     """pp2 on 2 ranks: each schedule, accumulation, a changed batch shape, evaluation."""
     _init()
     results: dict[str, Any] = {}
-    for schedule in ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble"):
+    for schedule in pipe.SCHEDULES:
         result = _train_side_by_side(Layout(2, 1, schedule=schedule), steps)
         result.pop("ref")
         results[schedule] = result

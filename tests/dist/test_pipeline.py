@@ -43,7 +43,8 @@ def pp2():
 
 
 @pytest.mark.timeout(480)
-@pytest.mark.parametrize("schedule", ["1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble"])
+@pytest.mark.parametrize("schedule", ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                                      "ZBVZeroBubble", "DualPipeV"])
 def test_pp2_equals_one_process(pp2, schedule):
     assert_layout_equals_one_process(pp2, schedule)
 
@@ -60,6 +61,7 @@ def test_stages_keep_the_models_parameter_names(pp2):
 def test_placements(pp2):
     assert [r["Interleaved1F1B"]["stage_indices"] for r in pp2] == [(0, 2), (1, 3)]
     assert [r["ZBVZeroBubble"]["stage_indices"] for r in pp2] == [(0, 3), (1, 2)]
+    assert [r["DualPipeV"]["stage_indices"] for r in pp2] == [(0, 3), (1, 2)]
 
 
 @pytest.mark.timeout(480)
@@ -73,7 +75,7 @@ def test_accumulation_and_a_changed_batch_shape(pp2):
 def test_forward_returns_the_last_stages_output_on_every_rank(pp2):
     """12 samples in 4 microbatches; under accumulation (2 microbatches) in 2, not the step's 4 x 1."""
     for r in pp2:
-        for case in ("1F1B", "Interleaved1F1B", "accumulate"):
+        for case in ("1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "accumulate"):
             assert r[case]["eval"].shape == (12, w.SEQ, w.VOCAB)
             torch.testing.assert_close(r[case]["eval"], r[case]["ref_eval"], **PARAM_TOL)
 
