@@ -188,27 +188,28 @@ def pp_only(steps: int) -> dict[str, Any]:
 
 
 def pp_dp(steps: int, tmp: str) -> dict[str, Any]:
-    """On 4 ranks: pp2 x ddp2 and pp2 x zero3 (1F1B, interleaved, bf16 parameters), and pp4 (middle
-    stages talk to both neighbours); the pp2 x ddp2 run saves a checkpoint after its steps under
-    tmp/pp2xddp2."""
+    """On 4 ranks: pp2 x ddp2 and pp2 x zero3 (1F1B, interleaved, bf16 parameters; accumulation under
+    ddp and zero3), and pp4 (middle stages talk to both neighbours). The pp2 x ddp2 and interleaved
+    pp2 x zero3 runs save a checkpoint after their steps under tmp/pp2xddp, tmp/pp2xzero3_interleaved."""
     _init()
     results: dict[str, Any] = {}
-    for name, pp, kind, schedule, mp, blocks in (
-            ("ddp", 2, "ddp", "1F1B", False, 4), ("zero3", 2, "zero3", "1F1B", False, 4),
-            ("zero3_interleaved", 2, "zero3", "Interleaved1F1B", False, 4), ("zero3_bf16", 2, "zero3", "1F1B", True, 4),
-            ("pp4", 4, "none", "1F1B", False, 4), ("pp4_interleaved", 4, "none", "Interleaved1F1B", False, 8)):
-        layout = Layout(pp, 4 // pp, kind, schedule, mp=mp, num_blocks=blocks)
+    for name, pp, kind, schedule, mp, blocks, accumulate in (
+            ("ddp", 2, "ddp", "1F1B", False, 4, True), ("zero3", 2, "zero3", "1F1B", False, 4, True),
+            ("zero3_interleaved", 2, "zero3", "Interleaved1F1B", False, 4, False),
+            ("zero3_bf16", 2, "zero3", "1F1B", True, 4, False),
+            ("pp4", 4, "none", "1F1B", False, 4, False), ("pp4_interleaved", 4, "none", "Interleaved1F1B", False, 8, False)):
+        layout = Layout(pp, 4 // pp, kind, schedule, 2 if accumulate else None, mp, blocks)  # 2 halves of 4 samples
         dtypes: list[torch.dtype] = []
         if layout.pp_rank == 0:  # what stage 0 sends to stage 1
             layout.rank.stages[0].register_forward_hook(lambda m, a, out: dtypes.append(out.dtype))
-        result = _train_side_by_side(layout, steps)
+        result = _train_side_by_side(layout, steps, accumulate)
         result["sent_dtypes"] = sorted({str(d) for d in dtypes})
         result.pop("ref")
         results[name] = result
-        if name == "ddp":
-            dcp.save(pipe.get_state(layout.model, layout.optimizer), checkpoint_id=f"{tmp}/pp2xddp2")
-            results["saved_keys"] = sorted(pipe.get_state(layout.model)["model"])
-            results["full"] = pipe.gather_full_state_dict(layout.model, layout.mesh["pp"])
+        if name in ("ddp", "zero3_interleaved"):  # one stage per rank, and two (views) under FSDP2
+            dcp.save(pipe.get_state(layout.model, layout.optimizer), checkpoint_id=f"{tmp}/pp2x{name}")
+            result["saved_keys"] = sorted(pipe.get_state(layout.model)["model"])
+            result["full"] = pipe.gather_full_state_dict(layout.model, layout.mesh["pp"])
     _finish()
     return results
 
@@ -232,7 +233,7 @@ def resume_moves(tmp: str, done: int, steps: int) -> dict[str, Any]:
     fully_shard(model, mesh=mesh)
     optimizer = make_optimizer(model, LR)
     state = pipe.get_state(model, optimizer)
-    dcp.load(state, checkpoint_id=f"{tmp}/pp2xddp2")
+    dcp.load(state, checkpoint_id=f"{tmp}/pp2xddp")
     pipe.set_state(model, optimizer, state)
     losses = []
     for s in range(done, done + steps):

@@ -131,27 +131,38 @@ def test_bf16_parameters_per_stage(pp2_dp2):
         assert result["losses"] != result["ref_losses"], "bf16 compute must differ from fp32 somewhere"
 
 
+@pytest.fixture(scope="module")
+def reference():
+    """One process after STEPS steps, as the first two cases of pp2_dp2 trained (the ddp case with
+    accumulation: the same gradients)."""
+    return w.reference_run(STEPS)
+
+
 @pytest.mark.timeout(600)
-def test_full_weights_gathered_from_the_stages(pp2_dp2):
-    _, ref_params, _ = w.reference_run(STEPS)
+@pytest.mark.parametrize("layout", ["ddp", "zero3_interleaved"])
+def test_full_weights_gathered_from_the_stages(pp2_dp2, reference, layout):
+    _, ref_params, _ = reference
     for rank in (0, 1):  # pipeline rank 0 of each data-parallel replica
-        full = pp2_dp2[rank]["full"]
+        full = pp2_dp2[rank][layout]["full"]
         assert set(full) == set(ref_params)
         for name, value in full.items():
             torch.testing.assert_close(value, ref_params[name], **PARAM_TOL, msg=name)
-    assert pp2_dp2[2]["full"] == {} and pp2_dp2[3]["full"] == {}
+    assert pp2_dp2[2][layout]["full"] == {} and pp2_dp2[3][layout]["full"] == {}
 
 
 @pytest.mark.timeout(600)
-def test_each_stage_saves_only_its_own_names(pp2_dp2):
-    assert "embed.weight" in pp2_dp2[0]["saved_keys"] and "head.weight" not in pp2_dp2[0]["saved_keys"]
-    assert "head.weight" in pp2_dp2[2]["saved_keys"] and "embed.weight" not in pp2_dp2[2]["saved_keys"]
+@pytest.mark.parametrize("layout", ["ddp", "zero3_interleaved"])
+def test_each_stage_saves_only_its_own_names(pp2_dp2, layout):
+    first, last = pp2_dp2[0][layout]["saved_keys"], pp2_dp2[2][layout]["saved_keys"]
+    assert "embed.weight" in first and "head.weight" not in first
+    assert "head.weight" in last and "embed.weight" not in last
 
 
 @pytest.mark.timeout(600)
-def test_pp_checkpoint_loads_into_the_whole_model_in_one_process(pp2_dp2, checkpoints):
-    _, ref_params, ref = w.reference_run(STEPS)
-    whole = w.load_whole(str(checkpoints / "pp2xddp2"))
+@pytest.mark.parametrize("layout", ["ddp", "zero3_interleaved"])
+def test_pp_checkpoint_loads_into_the_whole_model_in_one_process(pp2_dp2, checkpoints, layout):
+    _, ref_params, ref = w.reference_run(STEPS)  # fresh: its optimizer state is compared
+    whole = w.load_whole(str(checkpoints / f"pp2x{layout}"))
     for name, value in whole["params"].items():
         torch.testing.assert_close(value, ref_params[name], **PARAM_TOL, msg=name)
     for name, p in ref.model.named_parameters():
