@@ -26,8 +26,8 @@ def apply_ddp(rank: RankStages, dp_group: Any, **ddp_kwargs: Any) -> tuple[nn.Mo
     The rank's model itself stays unwrapped: its state dict and parameters keep their names.
     `find_unused_parameters` defaults to True: with False, the first new input shape after a step
     (a short batch, an accumulation micro-step) fails in DDP's reducer ("rebuilt parameter indices
-    size is not same as original model parameters size", 13 versus 26 on the tests' stage). torch's
-    shape inference runs one DDP forward outside `no_sync`, which arms the reducer's hooks, and the
+    size is not same as original model parameters size", 13 versus 26 on the tests' stage). Our reading:
+    torch's shape inference runs one DDP forward outside `no_sync`, which arms the reducer's hooks, and the
     microbatches run under `no_sync` then fire them: the reducer records the parameter order twice
     and asserts when it rebuilds its buckets at the next such forward. With unused parameters looked
     for, it never rebuilds them; the cost is one walk of the autograd graph per step."""
