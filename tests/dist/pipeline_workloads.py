@@ -11,6 +11,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
+from phalanx.loop.precision import Precision
 from phalanx.strategies import pipeline as pipe
 from tests.dist.strategy_workloads import Block, make_optimizer
 
@@ -173,6 +174,16 @@ def pp_only(steps: int) -> dict[str, Any]:
     result = _train_side_by_side(layout, steps, accumulate=True)
     result.pop("ref")
     results["accumulate"] = result
+    # bf16 autocast per stage, as phalanx's replicated strategies apply mixed precision
+    autocast = Layout(2, 1)
+    seen: list[str] = []
+    for stage in autocast.rank.stages:
+        Precision("bf16", torch.device("cpu")).wrap_forward(stage)
+    block = autocast.model.get_submodule(next(n for n in autocast.rank.units if n.startswith("layers.")))
+    block.fc1.register_forward_hook(lambda m, a, out: seen.append(str(out.dtype)))
+    result = _train_side_by_side(autocast, steps)
+    result.pop("ref")
+    results["autocast"] = dict(result, fc1_dtypes=sorted(set(seen)))
     x = batch(99, size=6)[0]
     try:
         layout.model(x)

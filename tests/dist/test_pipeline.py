@@ -81,6 +81,17 @@ def test_forward_returns_the_last_stages_output_on_every_rank(pp2):
 
 
 @pytest.mark.timeout(480)
+def test_bf16_autocast_per_stage(pp2):
+    """Each stage's forward under autocast(bf16) (phalanx's Precision.wrap_forward): the blocks compute
+    in bf16 and training follows the fp32 reference within bf16's precision."""
+    for r in pp2:
+        result = r["autocast"]
+        assert result["fc1_dtypes"] == ["torch.bfloat16"]
+        torch.testing.assert_close(result["losses"], result["ref_losses"], rtol=0, atol=3e-2)
+        assert result["losses"] != result["ref_losses"], "bf16 compute must differ from fp32 somewhere"
+
+
+@pytest.mark.timeout(480)
 def test_calling_a_stage_model_directly_is_refused(pp2):
     for rank, r in enumerate(pp2):
         assert r["direct_call"].startswith(f"this model is pipeline stage(s) [{rank}] of 2 (pipeline rank {rank} of "
