@@ -1,10 +1,10 @@
 """Gradient clipping by the global norm over every stage of a pipeline.
 
-Each rank computes the norm of its own stages' gradients (over the data-parallel group too when
-they are FSDP2 shards: DTensor's norm is already the full one; DDP's are already reduced and equal
-on the replicas), then the pipeline ranks combine theirs: the p-th powers summed (the largest, for
-the infinity norm). Every rank then scales its gradients by the same factor, as one process
-clipping the whole model would.
+Each rank computes the norm of its own stages' gradients with `grad_norm.total_norm` (FSDP2's and
+tensor parallel's DTensor gradients reduced over their meshes; DDP's already reduced and equal on
+the replicas), then the pipeline ranks combine theirs: the p-th powers summed (the largest, for the
+infinity norm). Every rank then scales its gradients by the same factor, as one process clipping
+the whole model would.
 """
 from __future__ import annotations
 
@@ -14,24 +14,32 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
+from phalanx.strategies.grad_norm import total_norm
+
+
+def pipeline_norm(local: torch.Tensor, norm_type: float, pp_group: Any) -> torch.Tensor:
+    """The norm over all stages from each pipeline rank's `local` norm (a collective over pp_group)."""
+    group = pp_group.get_group() if hasattr(pp_group, "get_group") else pp_group
+    norm = local.detach().float().clone()
+    if math.isinf(norm_type):
+        dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=group)
+        return norm
+    norm = norm ** norm_type
+    dist.all_reduce(norm, op=dist.ReduceOp.SUM, group=group)
+    return norm ** (1.0 / norm_type)
+
 
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
-                    pp_group: Any = None, foreach: bool | None = None) -> torch.Tensor:
+                    pp_group: Any = None) -> torch.Tensor:
     """Clip the gradients of `parameters` (this rank's stages) to the global norm `max_norm`;
-    returns that norm, a plain tensor, the same on every rank."""
+    returns that norm before clipping, a plain tensor, the same on every rank."""
     params = [p for p in parameters if p.grad is not None]
-    grads = [p.grad for p in params]
-    norm = torch.nn.utils.get_total_norm(grads, norm_type, foreach=foreach)
-    if hasattr(norm, "full_tensor"):  # FSDP2 gradients: a DTensor norm, reduced over the shards
-        norm = norm.full_tensor()
+    norm = total_norm([p.grad for p in params], float(norm_type))
     if pp_group is not None:
-        group = pp_group.get_group() if hasattr(pp_group, "get_group") else pp_group
-        norm = norm.float()
-        if math.isinf(norm_type):
-            dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=group)
-        else:
-            norm = norm ** norm_type
-            dist.all_reduce(norm, op=dist.ReduceOp.SUM, group=group)
-            norm = norm ** (1.0 / norm_type)
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=foreach)
+        norm = pipeline_norm(norm, float(norm_type), pp_group)
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for p in params:  # DTensor gradients of different meshes do not mix in one foreach multiply
+        by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    for members in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(members, max_norm, norm.to(members[0].grad.device))
     return norm
