@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.config import kinds, names
+from phalanx.config import kinds, names, profile_steps
 from phalanx.config.kinds import Kind
 from phalanx.config.names import Needs
 
@@ -83,19 +83,15 @@ class Setting:
 
 
 def _sink_names() -> tuple[str, ...]:
-    return ("auto", *_tracker_names())
+    return ("auto", *names.METRICS_DESTINATIONS)
 
 
 def _tracker_names() -> tuple[str, ...]:
-    from phalanx.logging.sinks import NAMES  # stdlib only: one registry of sinks and trackers
-
-    return NAMES
+    return names.METRICS_DESTINATIONS
 
 
 def _step_range(text: str) -> str:
-    from phalanx.runtime.profile_steps import parse  # stdlib only
-
-    return parse(text).text
+    return profile_steps.parse(text).text
 
 
 def _strategy(text: str) -> str:
