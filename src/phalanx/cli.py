@@ -26,11 +26,25 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version_text() -> str:
+    """`phalanx --version`: phalanx's version and the installed torch's, read without importing torch."""
+    from importlib import metadata
+
+    from phalanx import __version__
+
+    try:
+        torch_version = f"torch {metadata.version('torch')}"
+    except metadata.PackageNotFoundError:
+        torch_version = "torch not installed"
+    return f"phalanx {__version__} ({torch_version})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="phalanx",
         description="Take a single-device PyTorch script to many processes, GPUs and machines.",
     )
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():

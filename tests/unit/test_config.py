@@ -110,10 +110,11 @@ def test_every_choice_is_accepted_by_every_source_and_the_same_list_is_offered()
                 source()
 
 
-def test_strategy_choices_come_from_the_registry():
-    from phalanx.strategies import registry
+def test_strategy_choices_are_the_presets_and_their_aliases():
+    from phalanx.config.names import STRATEGY_ALIASES
+    from phalanx.strategies import presets
 
-    assert set(_choices(config.BY_NAME["strategy"])) == set(registry.valid_names())
+    assert set(_choices(config.BY_NAME["strategy"])) == {*presets.PRESETS, *STRATEGY_ALIASES, presets.AUTO}
 
 
 @pytest.mark.parametrize("make, message", [

@@ -130,9 +130,9 @@ class PreparedLoader:
         else:  # between passes, or the last batch was yielded: the next pass starts at its beginning
             epoch, done = self.epoch, 0
         per_rank = self.per_rank_positions or self.stateful
-        unit, consumed = _global_count(self.loader, per_rank, done, self.ctx.world_size)
-        _, per_step = _global_count(self.loader, per_rank, 1, self.ctx.world_size)
-        return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.world_size,
+        unit, consumed = _global_count(self.loader, per_rank, done, self.ctx.dp_size)
+        _, per_step = _global_count(self.loader, per_rank, 1, self.ctx.dp_size)
+        return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.dp_size,
                 "global_batch": per_step}
 
     def stateful_state(self) -> "StatefulLoaderState":
@@ -141,7 +141,7 @@ class PreparedLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at `state`'s position: the next pass starts `epoch` with the very next batch."""
-        skip = _batches_to_skip(self.loader, self.per_rank_positions or self.stateful, state, self.ctx.world_size)
+        skip = _batches_to_skip(self.loader, self.per_rank_positions or self.stateful, state, self.ctx.dp_size)
         self.epoch = int(state["epoch"])
         self._resume = (self.epoch, skip) if skip else None
 
@@ -159,7 +159,7 @@ class PreparedLoader:
             # seed from the global torch RNG at every iter(), coupling the data to the model's
             # randomness. Seeded per rank too, or every rank's workers would draw the same numbers.
             if self.rank_aware_workers:
-                seed_worker_generator(self._worker_generator, self.seed, self.ctx.rank, epoch)
+                seed_worker_generator(self._worker_generator, self.seed, self.ctx.dp_rank, epoch)
             else:
                 self._worker_generator.manual_seed(self.seed + epoch)
         if self.mode is Equalising.FIXED:
@@ -429,7 +429,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     if isinstance(dataset, IterableDataset):
         # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
         # too, even in a world of one.
-        return _build(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
+        return _build(ShardedIterable(dataset, ctx.dp_rank, ctx.dp_size), batch_size=loader.batch_size,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
     tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)
     if tag_epoch:
@@ -437,7 +437,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     shuffle = _default_shuffle(loader)
     if shuffle is not None:
         sharded = ShardedSampler(
-            dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+            dataset, num_replicas=ctx.dp_size, rank=ctx.dp_rank,
             shuffle=shuffle, seed=seed, drop_last=loader.drop_last, tag_epoch=tag_epoch,
         )
         return _build(dataset, batch_size=loader.batch_size, sampler=sharded,
@@ -450,7 +450,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
             "Give it a batch_size (or a batch_sampler) so batches can be dealt to ranks."
         )
     drop_last = bool(getattr(batch_sampler, "drop_last", False))
-    shard = BatchShardSampler(batch_sampler, ctx.world_size, ctx.rank, drop_last=drop_last, tag_epoch=tag_epoch)
+    shard = BatchShardSampler(batch_sampler, ctx.dp_size, ctx.dp_rank, drop_last=drop_last, tag_epoch=tag_epoch)
     return _build(dataset, batch_sampler=shard, generator=generator, **kwargs)
 
 
@@ -505,7 +505,7 @@ def _equalising_mode(loader: DataLoader, ctx: DistContext, shard: bool) -> Equal
         warnings.warn(
             f"phalanx: the dataset passed to prepare() has a different length on each rank "
             f"(by rank: {lengths}): it looks already split per rank, and sharding it again drops "
-            f"data (each rank keeps only 1/{ctx.world_size} of its own part). HINT: pass "
+            f"data (each rank keeps only 1/{ctx.dp_size} of its own part). HINT: pass "
             "prepare(loader, shard=False) to use each rank's data as is; step counts are equalised "
             "either way.",
             stacklevel=4,

@@ -20,6 +20,7 @@ class LoggingSession:
     is_main: bool
     metrics: MetricsLogger
     progress_setting: str = "auto"
+    open_hint: str = ""  # for the start-up line: how to open what the trackers write (MLflow's store)
 
     @property
     def throughput(self) -> Throughput:
@@ -62,4 +63,14 @@ def start(rank: int, is_main: bool, share: Callable[[Any], Any],
     metrics = MetricsLogger(run_dir, is_main, list(settings.log_sinks), trackers=list(settings.trackers))
     metrics.throughput = Throughput(world_size)
     atexit.register(metrics.close)
-    return LoggingSession(run_dir, is_main, metrics, settings.progress)
+    return LoggingSession(run_dir, is_main, metrics, settings.progress, _open_hint(run_dir, is_main, settings.trackers))
+
+
+def _open_hint(run_dir: str, is_main: bool, trackers: tuple[str, ...]) -> str:
+    """'; MLflow: mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlflow.db' when the main process writes there."""
+    if not is_main or "mlflow" not in trackers:
+        return ""
+    from phalanx.logging.trackers import mlflow_open_hint
+
+    command = mlflow_open_hint(run_dir)
+    return f"; MLflow: {command}" if command else ""

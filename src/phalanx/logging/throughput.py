@@ -4,7 +4,7 @@ A prepared loader hands each batch to `count_batch` (its samples, and its tokens
 token ids: a mapping with `input_ids`, non-padding ones by its `attention_mask`, or a 2-D integer
 tensor first in a tuple); `px.backward` commits the last batch's counts, so evaluation batches are
 not counted. Rates are over the wall time since the last `px.log` row, for the whole job: this
-rank's counts times the world size (ranks take batches of one size; no collective is spent on
+rank's counts times the data-parallel size (ranks take batches of one size; no collective is spent on
 it), from the arrival of the first batch trained on after the previous row. A row that logs `tokens` (the job's count since the previous row) gives the exact figure.
 MFU: the model FLOPs this rank ran (model/flops.py) per second over its device's peak
 (runtime/device_peaks.py), only when both are known.
@@ -46,6 +46,7 @@ class Throughput:
         self.clock = clock
         self.flops_per_token: Callable[[int], float] | None = None  # (sequence length) -> FLOPs
         self.peak: float | None = None  # FLOP/s of this rank's device
+        self.share = 1.0
         self._pending: tuple[tuple[int | None, int | None, int | None], float] | None = None
         self._start: float | None = None  # the first trained batch's arrival since the last snapshot
         self._samples = 0
@@ -53,8 +54,10 @@ class Throughput:
         self._flops = 0.0
         self._has_tokens = False
 
-    def set_model(self, flops_per_token: Callable[[int], float] | None, peak: float | None) -> None:
-        self.flops_per_token, self.peak = flops_per_token, peak
+    def set_model(self, flops_per_token: Callable[[int], float] | None, peak: float | None,
+                  share: float = 1.0) -> None:
+        """`share`: the part of each token's FLOPs this rank runs (1 / the tensor-parallel degree)."""
+        self.flops_per_token, self.peak, self.share = flops_per_token, peak, share
 
     def count_batch(self, batch: Any) -> None:
         """A prepared loader yields `batch`: counted once a backward uses it."""
@@ -73,7 +76,7 @@ class Throughput:
             self._has_tokens = True
             self._tokens += tokens
             if self.flops_per_token is not None and seq_len:
-                self._flops += tokens * self.flops_per_token(seq_len)
+                self._flops += tokens * self.flops_per_token(seq_len) * self.share
 
     def current(self, logged_tokens: float | None = None) -> dict[str, float]:
         """Rates since the last `snapshot` (nothing when no batch was trained on)."""

@@ -29,14 +29,16 @@ from phalanx.runtime import collectives
 class ItemCount:
     """Σ num_items and Σ loss of this rank since the last optimizer step, and the rescale at the step.
 
-    `world_size`: the ranks gradients are averaged over. `step`: the number of the optimizer step
-    about to be taken (for error messages).
+    `world_size`: the data-parallel ranks gradients are averaged over, `group()` their process group
+    (None: every rank). `step`: the number of the optimizer step about to be taken (for messages).
     """
 
-    def __init__(self, world_size: int, device: torch.device, step: Callable[[], int]):
+    def __init__(self, world_size: int, device: torch.device, step: Callable[[], int],
+                 group: Callable[[], Any] = lambda: None):
         self.world_size = world_size
         self.device = device
         self.step = step
+        self.group = group
         self.items: torch.Tensor | None = None  # [Σ n, Σ loss, negatives seen] on this rank (float64)
         self.num_backward = 0  # backward calls with num_items since the last step
         self.num_plain = 0  # backward calls without num_items since the last step
@@ -64,7 +66,7 @@ class ItemCount:
         if self.divisor is None:  # the run's first backward: its mean count over the ranks
             first = count.clone()
             if collectives.is_distributed():
-                dist.all_reduce(first)
+                dist.all_reduce(first, group=self.group())
             self.divisor = max(first.item() / self.world_size, 1.0)
         return scaled / self.divisor
 
@@ -89,7 +91,7 @@ class ItemCount:
         totals, calls = self.items, self.num_backward
         self.discard()
         if collectives.is_distributed():
-            dist.all_reduce(totals)
+            dist.all_reduce(totals, group=self.group())
         num_items, loss_sum, negatives = totals.tolist()  # one read-back per optimizer step
         if negatives > 0:
             raise ValueError(f"step {step}: num_items was negative in {int(negatives)} backward call(s) across the "
