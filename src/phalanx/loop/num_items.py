@@ -23,7 +23,6 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from phalanx.runtime import collectives
 
 
 class ItemCount:
@@ -65,7 +64,7 @@ class ItemCount:
         self.num_backward += 1
         if self.divisor is None:  # the run's first backward: its mean count over the ranks
             first = count.clone()
-            if collectives.is_distributed():
+            if dist.is_available() and dist.is_initialized():
                 dist.all_reduce(first, group=self.group())
             self.divisor = max(first.item() / self.world_size, 1.0)
         return scaled / self.divisor
@@ -90,7 +89,7 @@ class ItemCount:
                 "backward of a step (0 for a batch with nothing to count), or on none")
         totals, calls = self.items, self.num_backward
         self.discard()
-        if collectives.is_distributed():
+        if dist.is_available() and dist.is_initialized():
             dist.all_reduce(totals, group=self.group())
         num_items, loss_sum, negatives = totals.tolist()  # one read-back per optimizer step
         if negatives > 0:
