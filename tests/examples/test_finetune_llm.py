@@ -94,3 +94,13 @@ def test_lora_on_a_model_without_the_projections_names_what_it_looked_for():
     assert str(error.value).startswith(
         "--lora 8: the model has no attention or MLP projection among the Linear layers looked for (q_proj, k_proj, "
         "v_proj, o_proj, gate_proj, up_proj, down_proj); its Linear layers are named: lm_head.")
+
+
+def test_metrics_rows_carry_samples_and_tokens_per_second(runs):
+    import json
+
+    rows = [json.loads(line) for line in (runs["root"] / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * STEPS  # zero3, ddp, hsdp (2 + 2 steps): one row per step
+    for row in rows:
+        assert row["samples_per_s"] > 0 and row["tokens_per_s"] > row["samples_per_s"]  # several tokens a sample
+        assert "mfu" not in row  # no GPU peak on CPU: no MFU, not a guess

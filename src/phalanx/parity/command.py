@@ -31,6 +31,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """phalanx run's flags, plus --steps and --rtol; the raw arguments are kept to relaunch with."""
     run_command.configure(parser)
     parser.usage = "%(prog)s [--steps K] [--rtol R] [run flags] (SCRIPT | -m MODULE) [ARGS...]"
+    parser.description = (
+        "Run SCRIPT for K optimizer steps as one process with the global batch (prepared loaders take N x "
+        "their batch), then as N processes (phalanx run's flags), and compare each step's loss and gradient "
+        "norm; dropout is off in both. Exit 0 when they agree, 1 when they differ (the first step and the "
+        "likely causes are named), 2 when they cannot be compared.")
     parser.add_argument("--steps", type=int, default=3, metavar="K",
                         help="optimizer steps to compare (default 3; the first is step 1, as px.global_step counts)")
     parser.add_argument("--rtol", type=float, default=1e-4, metavar="R",
