@@ -171,6 +171,9 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "zero2/zero3 embedding tables: auto (each rank keeps its rows; a forward exchanges the looked-up rows "
             "or the table, whichever is smaller) or params (gathered whole like any parameter)",
             needs=Needs.ROW_SHARDED_EMBEDDINGS),
+    Setting("sync_batchnorm", kinds.BOOL, False,
+            "convert BatchNorm layers to SyncBatchNorm at prepare: statistics over every rank's samples, as one "
+            "process on the global batch (gloo and NCCL)", bool_flag=True),
     Setting("cpu", kinds.BOOL, False, "run on the CPU (gloo) even when GPUs are visible", bool_flag=True),
     Setting("device_placement", kinds.BOOL, True, "move each batch of a prepared loader to the rank's device",
             bool_flag=True),

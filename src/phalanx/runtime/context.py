@@ -152,6 +152,24 @@ def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:
     return config.from_env(os.environ if env is None else env)
 
 
+@dataclass(frozen=True)
+class ParityRequest:
+    """What `phalanx parity` asks of this worker (runtime/parity_record.py)."""
+
+    record_path: str
+    steps: int
+    batch_scale: int
+
+
+def parity_request(env: Mapping[str, str] | None = None) -> ParityRequest | None:
+    """Set by `phalanx parity` for the workers of its two runs; None otherwise."""
+    env = os.environ if env is None else env
+    path = env.get(envvars.PHALANX_PARITY_RECORD)
+    if not path:
+        return None
+    return ParityRequest(path, _int(env, envvars.PHALANX_PARITY_STEPS, 3), _int(env, envvars.PHALANX_PARITY_BATCH_SCALE, 1))
+
+
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw == "":

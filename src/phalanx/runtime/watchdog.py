@@ -36,7 +36,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from phalanx import store_keys
-from phalanx.runtime.process_group import ignoring_sigint
+from phalanx.runtime.process_group import ignoring_sigint, leaving_cleanly
 from phalanx.runtime.context import AgentEnv
 from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
@@ -210,7 +210,7 @@ class Watchdog:
         """
         exc_type = sys.exc_info()[0]
         with ignoring_sigint():  # a second Ctrl-C must not cut the exit path short (see there)
-            if exc_type is not None:  # leaving because of an exception (forked workers get here)
+            if not leaving_cleanly():  # leaving because of an exception (forked workers get here)
                 self.failed(exc_type)
             else:
                 self.progress.enter(LEFT_LOOP)
