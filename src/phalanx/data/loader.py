@@ -5,7 +5,7 @@ import enum
 import itertools
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -61,12 +61,14 @@ class PreparedLoader:
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
                  device_placement: bool = True, batch_info: BatchInfo | None = None,
-                 shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True):
+                 shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True,
+                 on_batch: Callable[[Any], None] | None = None):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
         self.batch_info = batch_info if batch_info is not None else BatchInfo()
         self.progress = progress
+        self.on_batch = on_batch  # sees each batch before it moves to the device (throughput counts)
         self.epoch = 0  # the epoch the next pass will use
         self.seed = seed
         self.rank_aware_workers = rank_aware_workers  # workers' seeds from (seed, rank, worker, epoch)
@@ -128,9 +130,9 @@ class PreparedLoader:
         else:  # between passes, or the last batch was yielded: the next pass starts at its beginning
             epoch, done = self.epoch, 0
         per_rank = self.per_rank_positions or self.stateful
-        unit, consumed = _global_count(self.loader, per_rank, done, self.ctx.world_size)
-        _, per_step = _global_count(self.loader, per_rank, 1, self.ctx.world_size)
-        return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.world_size,
+        unit, consumed = _global_count(self.loader, per_rank, done, self.ctx.dp_size)
+        _, per_step = _global_count(self.loader, per_rank, 1, self.ctx.dp_size)
+        return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.dp_size,
                 "global_batch": per_step}
 
     def stateful_state(self) -> "StatefulLoaderState":
@@ -139,7 +141,7 @@ class PreparedLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at `state`'s position: the next pass starts `epoch` with the very next batch."""
-        skip = _batches_to_skip(self.loader, self.per_rank_positions or self.stateful, state, self.ctx.world_size)
+        skip = _batches_to_skip(self.loader, self.per_rank_positions or self.stateful, state, self.ctx.dp_size)
         self.epoch = int(state["epoch"])
         self._resume = (self.epoch, skip) if skip else None
 
@@ -157,7 +159,7 @@ class PreparedLoader:
             # seed from the global torch RNG at every iter(), coupling the data to the model's
             # randomness. Seeded per rank too, or every rank's workers would draw the same numbers.
             if self.rank_aware_workers:
-                seed_worker_generator(self._worker_generator, self.seed, self.ctx.rank, epoch)
+                seed_worker_generator(self._worker_generator, self.seed, self.ctx.dp_rank, epoch)
             else:
                 self._worker_generator.manual_seed(self.seed + epoch)
         if self.mode is Equalising.FIXED:
@@ -184,6 +186,8 @@ class PreparedLoader:
             self._position = (epoch, index)
             if progress is not None:
                 progress.next_step()
+            if self.on_batch is not None:
+                self.on_batch(batch)
             yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
             if progress is not None:
                 progress.enter(Phase.DATA)
@@ -327,13 +331,58 @@ def _skipping(loader: DataLoader, skip: int) -> DataLoader:
     """`loader`, or a twin whose batch sampler skips the first `skip` batches without loading them."""
     if not skip or loader.batch_sampler is None or isinstance(loader.dataset, IterableDataset):
         return loader  # the IterableDataset case skips by iterating (islice in __iter__)
+    return DataLoader(loader.dataset, batch_sampler=_SkipFirst(loader.batch_sampler, skip),
+                      generator=loader.generator, **_carried(loader))
+
+
+def _carried(loader: DataLoader) -> dict[str, Any]:
+    """The loader's settings to rebuild it with (workers, collate_fn, pinning...)."""
     kwargs = {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
     if kwargs.get("num_workers", 0) == 0:
         kwargs["persistent_workers"] = False
     else:
         kwargs["prefetch_factor"] = loader.prefetch_factor
-    return DataLoader(loader.dataset, batch_sampler=_SkipFirst(loader.batch_sampler, skip),
-                      generator=loader.generator, **kwargs)
+    return kwargs
+
+
+def scale_batch(loader: DataLoader, factor: int) -> DataLoader:
+    """`loader` whose every batch holds what `factor` consecutive batches held, in the same order
+    (`phalanx parity`'s one-process run takes the global batch of `factor` ranks: ranks share out
+    a sampler's indices, or a batch sampler's whole batches, in exactly these groups)."""
+    if factor == 1:
+        return loader
+    kwargs = _carried(loader)
+    if is_stateful(loader):
+        kwargs["loader_class"] = type(loader)
+    if loader.batch_size is None:
+        if loader.batch_sampler is None:
+            raise ValueError("phalanx parity cannot scale a DataLoader built with batch_size=None and no batch_sampler")
+        return _build(loader.dataset, batch_sampler=_Merged(loader.batch_sampler, factor), generator=loader.generator,
+                      **kwargs)
+    if not isinstance(loader.dataset, IterableDataset):
+        kwargs["sampler"] = loader.sampler
+    return _build(loader.dataset, batch_size=loader.batch_size * factor, drop_last=loader.drop_last,
+                  generator=loader.generator, **kwargs)
+
+
+class _Merged:
+    """A batch sampler whose batches are `factor` consecutive batches of another, concatenated."""
+
+    def __init__(self, batch_sampler: Any, factor: int):
+        self.batch_sampler, self.factor = batch_sampler, factor
+
+    def __iter__(self) -> Iterator[list[int]]:
+        merged: list[int] = []
+        for i, batch in enumerate(self.batch_sampler, start=1):
+            merged.extend(batch)
+            if i % self.factor == 0:
+                yield merged
+                merged = []
+        if merged:
+            yield merged
+
+    def __len__(self) -> int:
+        return -(-len(self.batch_sampler) // self.factor)
 
 
 class _SkipFirst:
@@ -376,12 +425,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     `sample_seeds`: a map-style dataset loaded by workers seeds each sample from (seed, epoch, index)
     (data/sample_seeds.py), except in a stateful loader, which restores its workers' state itself.
     """
-    kwargs = {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs.pop("prefetch_factor", None)
-        kwargs["persistent_workers"] = False
-    else:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
+    kwargs = _carried(loader)
     if is_stateful(loader):  # rebuilt as the same class, with its own settings
         kwargs["loader_class"] = type(loader)
         if hasattr(loader, "snapshot_every_n_steps"):
@@ -392,7 +436,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     if isinstance(dataset, IterableDataset):
         # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
         # too, even in a world of one.
-        return _build(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
+        return _build(ShardedIterable(dataset, ctx.dp_rank, ctx.dp_size), batch_size=loader.batch_size,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
     tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)
     if tag_epoch:
@@ -400,7 +444,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     shuffle = _default_shuffle(loader)
     if shuffle is not None:
         sharded = ShardedSampler(
-            dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+            dataset, num_replicas=ctx.dp_size, rank=ctx.dp_rank,
             shuffle=shuffle, seed=seed, drop_last=loader.drop_last, tag_epoch=tag_epoch,
         )
         return _build(dataset, batch_size=loader.batch_size, sampler=sharded,
@@ -413,7 +457,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
             "Give it a batch_size (or a batch_sampler) so batches can be dealt to ranks."
         )
     drop_last = bool(getattr(batch_sampler, "drop_last", False))
-    shard = BatchShardSampler(batch_sampler, ctx.world_size, ctx.rank, drop_last=drop_last, tag_epoch=tag_epoch)
+    shard = BatchShardSampler(batch_sampler, ctx.dp_size, ctx.dp_rank, drop_last=drop_last, tag_epoch=tag_epoch)
     return _build(dataset, batch_sampler=shard, generator=generator, **kwargs)
 
 
@@ -468,7 +512,7 @@ def _equalising_mode(loader: DataLoader, ctx: DistContext, shard: bool) -> Equal
         warnings.warn(
             f"phalanx: the dataset passed to prepare() has a different length on each rank "
             f"(by rank: {lengths}): it looks already split per rank, and sharding it again drops "
-            f"data (each rank keeps only 1/{ctx.world_size} of its own part). HINT: pass "
+            f"data (each rank keeps only 1/{ctx.dp_size} of its own part). HINT: pass "
             "prepare(loader, shard=False) to use each rank's data as is; step counts are equalised "
             "either way.",
             stacklevel=4,
