@@ -176,3 +176,34 @@ def test_a_third_signal_exits_at_once_and_the_previous_checkpoint_stays_latest(t
     verify = subprocess.run([sys.executable, "-m", "phalanx", "inspect", "--verify", str(tmp_path / "ckpt")],
                             cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
     assert verify.returncode == 0 and "step 15" in verify.stdout, verify.stdout + verify.stderr
+
+
+NO_CHECKPOINTS = """\
+import os, sys, time
+from pathlib import Path
+from phalanx import Phalanx
+px = Phalanx()
+out = Path(sys.argv[1])
+(out / f"pid-{px.rank}").write_text(str(os.getpid()))
+px.wait_for_everyone()
+if px.is_main_process:
+    (out / "slow").write_text("1")
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_without_checkpoint_dir_phalanx_run_stops_the_workers_and_says_nothing_was_saved(tmp_path):
+    script = tmp_path / "forever.py"
+    script.write_text(NO_CHECKPOINTS)
+    command = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"),
+               str(script), str(tmp_path)]
+    proc = signalled(command, tmp_path, lambda p: p.send_signal(signal.SIGTERM), timeout=120)
+    assert proc.returncode == 143, proc.stderr[-4000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("phalanx:")]
+    assert lines == ["phalanx: preempted by SIGTERM: nothing was saved: no checkpoint_dir is set. HINT: with "
+                     "--checkpoint-dir DIR (or checkpoint_dir: in the config) the workers save the step they stop at, "
+                     "and the same command resumes from it"], proc.stderr[-4000:]
+    for rank in (0, 1):  # the workers are gone, each ended by the forwarded SIGTERM
+        with pytest.raises(ProcessLookupError):
+            os.kill(int((tmp_path / f"pid-{rank}").read_text()), 0)

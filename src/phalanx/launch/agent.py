@@ -213,9 +213,9 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
     seen = restarts.Observations()
     log_path = os.path.join(log_dir, report.AGENT_LOG_NAME) if log_dir else None
-    if stopper is not None:
-        stopper.install()
     try:
+        if stopper is not None:
+            stopper.install()
         with report.quiet_agent_logging(log_path, verbose), \
                 restarts.agent_class_installed(checkpoint_dir, seen, stopper):
             elastic_launch(config, entrypoint)(*args)

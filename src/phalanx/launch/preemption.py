@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ class Stopper:
     deadline: float | None = None
     killed_after_grace: bool = False
     killed_by_third: bool = False
+    before_workers: bool = False
     outcome: report.PreemptionOutcome | None = None  # what the workers recorded
     _previous: dict[signal.Signals, Any] = field(default_factory=dict)
 
@@ -66,11 +68,14 @@ class Stopper:
     def install(self) -> None:
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
+        _installed.append(self)
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if self in _installed:
+            _installed.remove(self)
 
     def _handle(self, signum: int, frame: Any) -> None:
         from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -81,6 +86,7 @@ class Stopper:
             self.signal, self.deadline = sig, time.monotonic() + self.grace
             pids = self._live_pids()
             if not pids:  # no workers (yet): nothing to save, stop as torch would
+                self.before_workers = True
                 raise SignalException(f"phalanx run got {sig.name} before its workers started", sig)
             for pid in pids:
                 _send(pid, sig)
@@ -137,7 +143,9 @@ class Stopper:
 
     def _launcher_outcome(self) -> report.PreemptionOutcome:
         assert self.signal is not None
-        if not self.checkpoint_dir:
+        if self.before_workers:
+            why = "it came before the workers had started"
+        elif not self.checkpoint_dir:
             why = NO_CHECKPOINT_DIR
         elif self.killed_by_third:
             why = f"a third {self.signal.name} stopped the workers at once; {_latest(self.checkpoint_dir)}"
@@ -147,6 +155,24 @@ class Stopper:
         else:
             why = f"the workers ended without saving (see above); {_latest(self.checkpoint_dir)}"
         return report.PreemptionOutcome(self.signal.name, why_not=why)
+
+
+_installed: list[Stopper] = []
+
+
+def _in_forked_child() -> None:
+    """A worker forked from the launcher gets the interpreter's default handlers back, not the
+    launcher's (which would send signals to the launcher's idea of its workers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for stopper in _installed:
+        for sig, handler in stopper._previous.items():  # noqa: SLF001 - this module's own object
+            signal.signal(sig, handler)
+        stopper._previous.clear()  # noqa: SLF001
+    _installed.clear()
+
+
+os.register_at_fork(after_in_child=_in_forked_child)
 
 
 def _latest(checkpoint_dir: str) -> str:
