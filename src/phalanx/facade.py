@@ -223,12 +223,14 @@ class Phalanx:
         return prepared
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
-        if self.settings.deepspeed is not None:
-            self.settings.deepspeed.check_loader(loader.batch_size)
-        return self._checkpointer.track(PreparedLoader(
+        """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
+        prepared = PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_info=self._batch_info, shard=shard, progress=self._step_progress,
-            rank_aware_workers=seeding.rank_aware_workers()))
+            rank_aware_workers=seeding.rank_aware_workers(), split_batches=self.config.split_batches)
+        if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
+            self.settings.deepspeed.check_loader(prepared.batch_size)
+        return self._checkpointer.track(prepared)
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:

@@ -14,6 +14,7 @@ from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, le
 from phalanx.data.iterable import ShardedIterable
 from phalanx.data.sample_seeds import SampleSeeded
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
+from phalanx.data.split_batches import per_rank_batch_size
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
@@ -57,11 +58,16 @@ class PreparedLoader:
 
     Each new pass advances the sampler's epoch, so shuffling differs per epoch without the
     user calling `set_epoch`. `len()` is the number of batches on this rank, equal on all ranks.
+
+    Data is split over the data-parallel ranks (`ctx.dp_size`, `ctx.dp_rank`): every rank in a
+    world without tensor/pipeline parallelism. With `split_batches`, the loader's `batch_size` is
+    the global batch and each of them gets `batch_size / dp_size` (data/split_batches.py).
     """
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
                  device_placement: bool = True, batch_info: BatchInfo | None = None,
-                 shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True):
+                 shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True,
+                 split_batches: bool = False):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
@@ -72,7 +78,11 @@ class PreparedLoader:
         self.rank_aware_workers = rank_aware_workers  # workers' seeds from (seed, rank, worker, epoch)
         # Rebuilt even in a world of one: the sample order is then the same global order that N
         # ranks share out, so results do not depend on the world size.
-        self.loader = _shard(loader, ctx, seed, rank_aware_workers) if shard else loader
+        batch_size = loader.batch_size
+        if split_batches:  # refused here, before any data is read, when the global batch does not divide
+            batch_size = per_rank_batch_size(loader.batch_size, ctx.dp_size, shard=shard,
+                                             custom_sampler=_deals_whole_batches(loader))
+        self.loader = _shard(loader, ctx, seed, rank_aware_workers, batch_size) if shard else loader
         # A loader with its own state_dict (torchdata's StatefulDataLoader): its state is what a
         # checkpoint stores, per rank, and it resumes itself mid-epoch.
         self.stateful = is_stateful(self.loader)
@@ -128,9 +138,9 @@ class PreparedLoader:
         else:  # between passes, or the last batch was yielded: the next pass starts at its beginning
             epoch, done = self.epoch, 0
         per_rank = self.per_rank_positions or self.stateful
-        unit, consumed = _global_count(self.loader, per_rank, done, self.ctx.world_size)
-        _, per_step = _global_count(self.loader, per_rank, 1, self.ctx.world_size)
-        return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.world_size,
+        unit, consumed = _global_count(self.loader, per_rank, done, self.ctx.dp_size)
+        _, per_step = _global_count(self.loader, per_rank, 1, self.ctx.dp_size)
+        return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.dp_size,
                 "global_batch": per_step}
 
     def stateful_state(self) -> "StatefulLoaderState":
@@ -139,7 +149,7 @@ class PreparedLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at `state`'s position: the next pass starts `epoch` with the very next batch."""
-        skip = _batches_to_skip(self.loader, self.per_rank_positions or self.stateful, state, self.ctx.world_size)
+        skip = _batches_to_skip(self.loader, self.per_rank_positions or self.stateful, state, self.ctx.dp_size)
         self.epoch = int(state["epoch"])
         self._resume = (self.epoch, skip) if skip else None
 
@@ -157,7 +167,7 @@ class PreparedLoader:
             # seed from the global torch RNG at every iter(), coupling the data to the model's
             # randomness. Seeded per rank too, or every rank's workers would draw the same numbers.
             if self.rank_aware_workers:
-                seed_worker_generator(self._worker_generator, self.seed, self.ctx.rank, epoch)
+                seed_worker_generator(self._worker_generator, self.seed, self.ctx.dp_rank, epoch)
             else:
                 self._worker_generator.manual_seed(self.seed + epoch)
         if self.mode is Equalising.FIXED:
@@ -300,7 +310,8 @@ def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], 
             f"the global batch changed: the checkpoint took {saved_global} {unit} per step ({_ranks(saved_world)} x "
             f"{saved_batch}), this run takes {global_batch} ({_ranks(world_size)} x {global_batch // world_size}). "
             "Resuming would change the optimisation. HINT: keep the global batch: "
-            f"batch_size = {saved_global} / world_size = {int(saved_global) / world_size:g}")
+            f"batch_size = {saved_global} / world_size = {int(saved_global) / world_size:g}, or set "
+            f"split_batches with batch_size = {saved_global} (the global batch, the same on any world size)")
     if unit == "batches_per_rank":
         if saved_world != world_size:
             raise ValueError(f"a per-rank data position (IterableDataset, shard=False or a stateful loader) saved on {saved_world} "
@@ -363,12 +374,15 @@ def _batch_len(batch: Any) -> int | None:
     return None
 
 
-def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool = True) -> DataLoader:
-    """Rebuild `loader` so this rank sees its shard; keep every other setting.
+def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool = True,
+           batch_size: int | None = None) -> DataLoader:
+    """Rebuild `loader` so this data-parallel rank sees its shard, in batches of `batch_size` (the
+    loader's own unless split_batches divided it); keep every other setting.
 
     `sample_seeds`: a map-style dataset loaded by workers seeds each sample from (seed, epoch, index)
     (data/sample_seeds.py), except in a stateful loader, which restores its workers' state itself.
     """
+    batch_size = loader.batch_size if batch_size is None else batch_size
     kwargs = {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
     if kwargs.get("num_workers", 0) == 0:
         kwargs.pop("prefetch_factor", None)
@@ -385,7 +399,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     if isinstance(dataset, IterableDataset):
         # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
         # too, even in a world of one.
-        return _build(ShardedIterable(dataset, ctx.rank, ctx.world_size), batch_size=loader.batch_size,
+        return _build(ShardedIterable(dataset, ctx.dp_rank, ctx.dp_size), batch_size=batch_size,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
     tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)
     if tag_epoch:
@@ -393,10 +407,10 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     shuffle = _default_shuffle(loader)
     if shuffle is not None:
         sharded = ShardedSampler(
-            dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+            dataset, num_replicas=ctx.dp_size, rank=ctx.dp_rank,
             shuffle=shuffle, seed=seed, drop_last=loader.drop_last, tag_epoch=tag_epoch,
         )
-        return _build(dataset, batch_size=loader.batch_size, sampler=sharded,
+        return _build(dataset, batch_size=batch_size, sampler=sharded,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
     # A custom sampler or batch sampler: deal its whole batches to ranks.
     batch_sampler = loader.batch_sampler
@@ -406,7 +420,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
             "Give it a batch_size (or a batch_sampler) so batches can be dealt to ranks."
         )
     drop_last = bool(getattr(batch_sampler, "drop_last", False))
-    shard = BatchShardSampler(batch_sampler, ctx.world_size, ctx.rank, drop_last=drop_last, tag_epoch=tag_epoch)
+    shard = BatchShardSampler(batch_sampler, ctx.dp_size, ctx.dp_rank, drop_last=drop_last, tag_epoch=tag_epoch)
     return _build(dataset, batch_sampler=shard, generator=generator, **kwargs)
 
 
@@ -431,6 +445,11 @@ def _default_shuffle(loader: DataLoader) -> bool | None:
     if isinstance(loader.sampler, RandomSampler) or _is(loader.sampler, RandomSampler):
         return True
     return False if isinstance(loader.sampler, SequentialSampler) else None
+
+
+def _deals_whole_batches(loader: DataLoader) -> bool:
+    """A map-style loader whose sampler phalanx cannot rebuild index-wise: its batches go whole to ranks."""
+    return not isinstance(loader.dataset, IterableDataset) and _default_shuffle(loader) is None
 
 
 def _drops_last(loader: DataLoader) -> bool:
@@ -461,7 +480,7 @@ def _equalising_mode(loader: DataLoader, ctx: DistContext, shard: bool) -> Equal
         warnings.warn(
             f"phalanx: the dataset passed to prepare() has a different length on each rank "
             f"(by rank: {lengths}): it looks already split per rank, and sharding it again drops "
-            f"data (each rank keeps only 1/{ctx.world_size} of its own part). HINT: pass "
+            f"data (each rank keeps only 1/{ctx.dp_size} of its own part). HINT: pass "
             "prepare(loader, shard=False) to use each rank's data as is; step counts are equalised "
             "either way.",
             stacklevel=4,

@@ -31,6 +31,20 @@ class DistContext:
     """Where to rendezvous when no launcher set MASTER_ADDR/PORT (srun, mpiexec); None: torch's env://."""
     adopted: bool = False
     """True when the process group was initialised before Phalanx() (mp.spawn, another library)."""
+    data_parallel: tuple[int, int] | None = None
+    """(size, rank) of this process among the data-parallel replicas, when that differs from the world
+    (ranks of one tensor- or pipeline-parallel group read the same batches); None: every rank is a replica."""
+
+    @property
+    def dp_size(self) -> int:
+        """How many ways the data is split: the world size unless `data_parallel` says otherwise.
+        Loaders shard by this (and `dp_rank`), never by world_size/rank directly."""
+        return self.world_size if self.data_parallel is None else self.data_parallel[0]
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's data shard, in 0..dp_size-1."""
+        return self.rank if self.data_parallel is None else self.data_parallel[1]
 
     @property
     def is_distributed(self) -> bool:
