@@ -320,7 +320,7 @@ def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: f
         _running.pop().stop()
     # Per restart attempt: records and verdicts of a previous attempt must never be read as this one's.
     agent = AgentEnv.from_env()
-    prefix = store_keys.watchdog_prefix(agent.restart_count)
+    prefix = store_keys.watchdog_prefix(agent.attempt)
     store_timeout = timedelta(seconds=max(30.0, timeout))  # = Watchdog.store_timeout_s
     if agent.uses_agent_store:
         # The agent's store, unprefixed: the launcher reads the records back under store_keys' names.
