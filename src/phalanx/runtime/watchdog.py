@@ -87,6 +87,8 @@ class Watchdog:
     def _run(self) -> None:
         last_ticks, moved_at = -1, time.monotonic()
         while not self._stop.wait(self.interval):
+            if not dist.is_initialized():
+                return  # the script ended the group (one it created: mp.spawn): nothing left to watch
             try:
                 self._publish()
                 now = time.monotonic()
@@ -98,8 +100,8 @@ class Watchdog:
                     continue  # moving: peers are not this rank's business
                 self._watch_peers(now)
             except Exception as error:  # noqa: BLE001 - reported below, never hidden
-                if self._stop.is_set() or self.progress.phase == LEFT_LOOP:
-                    return  # the store's host finished first at exit: nothing left to watch
+                if self._stop.is_set() or self.progress.phase == LEFT_LOOP or not dist.is_initialized():
+                    return  # the store's host finished first at exit, or the script ended its group
                 _stop_process(f"phalanx watchdog (rank {self.rank}): lost the rendezvous store: "
                               f"{type(error).__name__}: {error}\nIts host (the launcher's agent, or rank 0 "
                               "when started without one) has probably died; stopping this rank.", show=True)
