@@ -72,18 +72,19 @@ def expected(mode: str, proc: subprocess.CompletedProcess) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def runs_per_case() -> int:
+def stress() -> dict:
+    """The PHALANX_STRESS_* switches, read before the per-test guard hides every PHALANX_* variable."""
     raw = os.environ.get("PHALANX_STRESS_EXITS")
     if not raw:
         pytest.skip("opt-in: PHALANX_STRESS_EXITS=N runs every exit path N times beside CPU load (hours)")
-    return int(raw)
+    return {"runs": int(raw), "report": os.environ.get("PHALANX_STRESS_REPORT"),
+            "burners": int(os.environ.get("PHALANX_STRESS_BURNERS") or os.cpu_count() or 2)}
 
 
 @pytest.fixture(scope="module")
-def cpu_load():
-    """One busy-looping process per core for the whole module, ended by pid afterwards."""
-    count = int(os.environ.get("PHALANX_STRESS_BURNERS") or os.cpu_count() or 2)
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+def cpu_load(stress):
+    """Busy-looping processes (one per core by default) for the whole module, ended by pid afterwards."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(stress["burners"])]
     yield len(burners)
     for burner in burners:
         burner.kill()
@@ -108,7 +109,7 @@ def run_once(launcher: str, mode: str, env: dict, cwd: Path) -> tuple[str, str]:
     return ("ok", "") if problem is None else ("wrong", f"{problem}\n{text[-3000:]}")
 
 
-def test_no_exit_ever_aborts(runs_per_case, cpu_load, tmp_path):
+def test_no_exit_ever_aborts(stress, cpu_load, tmp_path):
     """Round-robin over every case, so counts stay even however long the run is allowed to go on;
     with PHALANX_STRESS_REPORT=FILE each run's outcome is appended to FILE as it happens."""
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
@@ -116,7 +117,7 @@ def test_no_exit_ever_aborts(runs_per_case, cpu_load, tmp_path):
     cases = [(launcher, mode) for launcher in LAUNCHERS if launcher != "mpiexec" or _has_mpi() for mode in ENDINGS]
     counts = {case: {"ok": 0, "aborted": 0, "wrong": 0} for case in cases}
     first_problem: dict[str, str] = {}
-    report = os.environ.get("PHALANX_STRESS_REPORT")
+    report, runs_per_case = stress["report"], stress["runs"]
     for i in range(runs_per_case):
         for launcher, mode in cases:
             outcome, details = run_once(launcher, mode, env, tmp_path)
