@@ -1,11 +1,14 @@
 """Strategies side by side: steps/s and per-rank model-state bytes, phalanx next to raw torch.
 
     python bench/strategies.py [--model mlp encoder] [--world-size 2] [--rounds 7] [--steps 6] [--only zero3 ...]
+    BENCH_DIM=512 python bench/strategies.py --only "raw ddp" "tp"      # the same at another model width
 
 Two workloads (a large embedding + 4 residual MLP blocks or 4 nn.TransformerEncoderLayers + head,
 AdamW), each in one process group with alternating rounds. For each strategy: phalanx, and the same thing written by hand with raw torch
-(DDP, DDP + ZeroRedundancyOptimizer, fully_shard). Prints median steps/s, the ratio to raw DDP,
-and the largest rank's bytes of parameters + gradients + optimizer state.
+(DDP, DDP + ZeroRedundancyOptimizer, fully_shard); tensor parallel over all ranks (and zero3 x tp2
+from 4 ranks), on the same global batch per step. Prints median steps/s, the ratio to raw DDP, and
+the largest rank's bytes of parameters + gradients + optimizer state. CPU/gloo figures: tensor
+parallel all-reduces activations twice per block, which gloo on CPU does slowly.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from torch import nn
 
 from _spawn import spawn
 
-VOCAB, DIM, BLOCKS, SEQ, BATCH, CLASSES = (int(os.environ.get("BENCH_VOCAB", 16384)), 256,
+VOCAB, DIM, BLOCKS, SEQ, BATCH, CLASSES = (int(os.environ.get("BENCH_VOCAB", 16384)), int(os.environ.get("BENCH_DIM", 256)),
                                            int(os.environ.get("BENCH_BLOCKS", 4)), 32, 16, 16)
 
 
@@ -72,9 +75,12 @@ def make_model() -> nn.Module:
     return MODELS[MODEL]()
 
 
-def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(dist.get_rank())
-    return [(torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g))
+def batches(n: int, tp: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's batches: BATCH per data-parallel rank, so every variant steps on the same global
+    batch; the ranks of a tensor-parallel group (tp > 1) read the same, tp times larger, batch."""
+    g = torch.Generator().manual_seed(dist.get_rank() // tp)
+    size = BATCH * tp
+    return [(torch.randint(0, VOCAB, (size, SEQ), generator=g), torch.randint(0, CLASSES, (size,), generator=g))
             for _ in range(n)]
 
 
@@ -108,15 +114,23 @@ def _raw_fsdp(reshard: bool):
 
 
 # ---- phalanx --------------------------------------------------------------------------------
-def with_phalanx(strategy: str, **options) -> Callable:
+def with_phalanx(strategy: str, tp: int = 1, **options) -> Callable:
     def build():
         from phalanx import Phalanx
 
-        px = Phalanx(strategy=strategy, strategy_options=options or None)
+        settings = {"tp": tp, "tp_plan": TP_PLANS[MODEL]} if tp > 1 else {}
+        px = Phalanx(strategy=strategy, strategy_options=options or None, **settings)
         model = make_model()
         model, opt = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
         return model, opt, px.backward
+    build.tp = tp
     return build
+
+
+# Tensor parallel splits each block's feed-forward pair (column-wise, then row-wise); the encoder's
+# nn.MultiheadAttention keeps its fused in_proj weight, which no Linear-based style can split, whole.
+TP_PLANS = {"mlp": {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"},
+            "encoder": {"blocks.*.linear1": "colwise", "blocks.*.linear2": "rowwise"}}
 
 
 VARIANTS: dict[str, Callable] = {
@@ -132,7 +146,11 @@ VARIANTS: dict[str, Callable] = {
     "phalanx zero3, no prefetch": with_phalanx("zero3", forward_prefetch=False),
     "phalanx zero3, embedding+head own units": with_phalanx(
         "zero3", shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, (Block, nn.TransformerEncoderLayer))),
+    "phalanx tp (all ranks, same global batch)": lambda: with_phalanx("ddp", tp=dist.get_world_size())(),
+    "phalanx zero3 x tp2 (4+ ranks)": lambda: with_phalanx("zero3", tp=2)(),
 }
+TP_OF = {"phalanx tp (all ranks, same global batch)": lambda: dist.get_world_size(),
+         "phalanx zero3 x tp2 (4+ ranks)": lambda: 2}
 
 
 def run_variant(build: Callable, data, steps: int, warmup: int = 3) -> tuple[float, float, int]:
@@ -159,19 +177,21 @@ def run_variant(build: Callable, data, steps: int, warmup: int = 3) -> tuple[flo
 
 def worker(rounds: int, steps: int, only: list[str] | None) -> None:
     names = [n for n in VARIANTS if not only or any(o in n for o in only)]
-    data = batches(8)
+    if dist.get_world_size() < 4:
+        names = [n for n in names if "4+ ranks" not in n]
+    data = {n: batches(8, TP_OF[n]() if n in TP_OF else 1) for n in names}
     rates: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     held: dict[str, int] = {}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else list(reversed(names))):
-            rate, cpu_ms, held[name] = run_variant(VARIANTS[name], data, steps)
+            rate, cpu_ms, held[name] = run_variant(VARIANTS[name], data[name], steps)
             rates[name].append(rate)
             cpu[name].append(cpu_ms)
     if dist.get_rank() == 0:
         params = sum(p.numel() for p in make_model().parameters())
         print(f"{dist.get_world_size()} ranks (gloo, CPU, 1 thread each), {MODEL} model {params / 1e6:.1f}M params "
-              f"(embedding {VOCAB}x{DIM}, {BLOCKS} blocks), batch {BATCH}x{SEQ} per rank; "
+              f"(embedding {VOCAB}x{DIM}, {BLOCKS} blocks), batch {BATCH}x{SEQ} per data-parallel rank; "
               f"{rounds} alternating rounds of {steps} steps, median")
         base_name = "raw ddp" if "raw ddp" in names else names[0]
         base = sorted(rates[base_name])[rounds // 2]

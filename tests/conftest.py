@@ -26,17 +26,6 @@ def no_leaked_distributed_state():
 
 
 @pytest.fixture(autouse=True)
-def no_leaked_seed():
-    """`Phalanx(seed=...)` in the test process records its seed for later `Phalanx()`s without one
-    (seed_everything's contract): put back what was there, so no test inherits another's seed."""
-    from phalanx.runtime import seeding
-
-    before = (seeding._state.seed, seeding._state.workers)  # noqa: SLF001 - the module's own record
-    yield
-    seeding._state.seed, seeding._state.workers = before  # noqa: SLF001
-
-
-@pytest.fixture(autouse=True)
 def no_phalanx_settings_from_outside():
     """Every test starts with no PHALANX_* variable (a developer's PHALANX_STRATEGY=zero3 must not
     change what the tests check), and whatever a test sets is gone afterwards: the variables as they

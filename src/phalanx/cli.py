@@ -22,7 +22,21 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("phalanx.checkpoint.inspect_command", "print a checkpoint's manifest"),
     "config": ("phalanx.config_command", "write the settings template (phalanx.yaml): every setting at its default"),
     "plot": ("phalanx.logging.plot", "plot the metrics a run logged with px.log() to a PNG"),
+    "parity": ("phalanx.parity.command", "check that a script trains alike on 1 process and on N (loss, gradient norm)"),
 }
+
+
+def version_text() -> str:
+    """`phalanx --version`: phalanx's version and the installed torch's, read without importing torch."""
+    from importlib import metadata
+
+    from phalanx import __version__
+
+    try:
+        torch_version = f"torch {metadata.version('torch')}"
+    except metadata.PackageNotFoundError:
+        torch_version = "torch not installed"
+    return f"phalanx {__version__} ({torch_version})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="phalanx",
         description="Take a single-device PyTorch script to many processes, GPUs and machines.",
     )
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():

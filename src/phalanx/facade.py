@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -12,24 +12,30 @@ from torch.utils.data import DataLoader
 
 from phalanx import config
 from phalanx.checkpoint.manager import Checkpointer
-from phalanx.data.loader import BatchInfo, PreparedLoader
+from phalanx.data.loader import BatchInfo, PreparedLoader, scale_batch
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
-from phalanx.runtime import collectives, seeding, uneven, watchdog
-from phalanx.runtime.context import DistContext, launcher_settings
+from phalanx.runtime import collectives, device_peaks, parity_record, seeding, uneven, watchdog
+from phalanx.runtime.context import DistContext, launcher_settings, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
-from phalanx.strategies import auto, ddp_options, registry
 from phalanx.model import memory
-from phalanx.model import meta_init
+from phalanx.model import flops, meta_init, sync_batchnorm
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
-from phalanx.strategies.base import Strategy, StrategyOptions
+from phalanx.loop.num_items import ItemCount
+from phalanx.strategies import auto, ddp_options, presets, settings_check
+from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import choose
+from phalanx.strategies.mesh import build_mesh
+from phalanx.strategies.options import StrategyOptions
+from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.parallelize import dp_group
+from phalanx.strategies.strategy import ParallelStrategy
 
 
 class Phalanx:
@@ -58,26 +64,35 @@ class Phalanx:
         cfg = self.config = resolved.config
         self.ctx = DistContext.from_env(cpu=cfg.cpu)
         self.settings = choose(resolved, strategy_options)
-        if self.settings.deepspeed is not None:
-            self.settings.deepspeed.check_world(self.ctx.world_size)
         # A given seed seeds Python/NumPy/torch alike on every rank (identical models); without one,
-        # data order and worker seeds follow the last seed_everything() seed (else 0), and the global
-        # RNGs are left alone (the script may have seeded them itself).
+        # the data order and worker seeds use the setting's default (0), and the global RNGs are
+        # left alone (the script may have seeded them itself).
+        self.seed = 0 if cfg.seed is None else cfg.seed
         if cfg.seed is not None:
-            self.seed = cfg.seed
-            seeding.seed_everything(self.seed, workers=seeding.rank_aware_workers())
-        else:
-            self.seed = seeding.last_seed() if seeding.last_seed() is not None else 0
+            seeding.seed_everything(self.seed)
         self.device_placement = cfg.device_placement
-        name = registry.resolve_name(self.settings.strategy, self.ctx)  # bad names fail before any group is joined
+        self._resolved = resolved
+        preset = presets.canonical(self.settings.strategy)  # bad names fail before any group is joined
+        for warning in settings_check.check(resolved, settings_check.intended_plan(
+                resolved, self.ctx.world_size, self.ctx.local_world_size, **self._hybrid())):
+            get_logger().warning("%s", warning)
         self.debug = cfg.debug  # check each collective's shapes across ranks first
         init_process_group(self.ctx, cfg.collective_timeout)
-        # auto is decided once the model is known (prepare_model); every other name is a strategy now.
-        self._strategy: Strategy | None = None if name == registry.AUTO else registry.create(
-            name, self.ctx, self.settings.options)
+        # auto is decided once the model is known (prepare_model); every other name is a plan now.
+        self._strategy: Strategy | None = None
+        self._dp_group: Any = None  # the data-parallel ranks' group (None: every rank)
+        if preset != presets.AUTO or not self.ctx.is_distributed:
+            self._adopt_plan(self._build_plan(preset))
+        else:  # ddp or zero3 over the ranks tensor parallel leaves: the same data shards either way
+            self.ctx = self.ctx.with_data_parallel(self.ctx.rank // cfg.tp, self.ctx.world_size // cfg.tp)
+        if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
+            self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_info = BatchInfo()
+        self._items = ItemCount(self.ctx.dp_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._dp_group)
+        self._parity = parity_record.from_request(parity_request(), self.rank, self.world_size)  # `phalanx parity`
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
-                                        batches_left=lambda: self._batch_info.left)
+                                        batches_left=lambda: self._batch_info.left,
+                                        on_cycle_start=self._items.discard)
         self._optimizers: list[torch.optim.Optimizer] = []
         self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
@@ -90,13 +105,14 @@ class Phalanx:
             async_save=cfg.checkpoint_async, directory=cfg.checkpoint_dir,
         )
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
-                                          log_session.LoggingSettings.from_config(cfg))
+                                          log_session.LoggingSettings.from_config(cfg), self.ctx.dp_size)
         self._logging.metrics.params = self._run_params
         self._profiler = None if cfg.profile is None else StepProfiler(
             cfg.profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
-        get_logger().info("rank %d of %d on %s, strategy %s, run dir %s", self.rank, self.world_size,
+        get_logger().info("rank %d of %d on %s, strategy %s, run dir %s%s", self.rank, self.world_size,
                           self.device, "auto (decided at prepare(model), when the model is known)"
-                          if self.strategy_name == "auto" else self.strategy_name, self.run_dir)
+                          if self.strategy_name == "auto" else self.strategy_name, self.run_dir,
+                          self._logging.open_hint)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "Phalanx":
@@ -134,7 +150,27 @@ class Phalanx:
     @property
     def strategy_name(self) -> str:
         """The strategy in use; "auto" until prepare(model) has decided."""
-        return registry.AUTO if self._strategy is None else self._strategy.name
+        return presets.AUTO if self._strategy is None else self._strategy.name
+
+    @property
+    def plan(self) -> ParallelPlan:
+        """The parallel plan this job runs: degrees of each mesh dimension, what is sharded."""
+        return self._parallel().plan
+
+    @property
+    def mesh(self) -> Any:
+        """The DeviceMesh with named dims (pp, dp_replicate, dp_shard, tp); None in a world of one."""
+        return self._parallel().mesh
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks that read different data (world_size / tp); prepared loaders shard over them."""
+        return self.ctx.dp_size
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel ranks (the shard of the data it reads)."""
+        return self.ctx.dp_rank
 
     @property
     def strategy(self) -> Strategy:
@@ -142,6 +178,25 @@ class Phalanx:
             raise RuntimeError("strategy 'auto' decides when the model is prepared. "
                                "HINT: call px.prepare(model, ...) first.")
         return self._strategy
+
+    def _parallel(self) -> ParallelStrategy:
+        return self.strategy  # type: ignore[return-value]
+
+    def _hybrid(self) -> dict[str, Any]:
+        """hsdp's shape options, from strategy_options."""
+        return {"replicate_size": self.settings.options.replicate_size, "shard_size": self.settings.options.shard_size}
+
+    def _build_plan(self, preset: str) -> ParallelPlan:
+        return presets.build(preset, world_size=self.ctx.world_size, local_world_size=self.ctx.local_world_size,
+                             tp=self.config.tp, cpu_offload=self.settings.options.cpu_offload, **self._hybrid())
+
+    def _adopt_plan(self, plan: ParallelPlan) -> None:
+        """Build the mesh (every rank, together) and the strategy for `plan`; loaders read the
+        data-parallel shard it gives this rank."""
+        mesh = build_mesh(plan, self.ctx.device.type)
+        self.ctx = self.ctx.with_data_parallel(plan.dp_rank(self.ctx.rank), plan.dp_size)
+        self._strategy = ParallelStrategy(plan, self.ctx, self.settings.options, mesh)
+        self._dp_group = dp_group(mesh, plan)
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
@@ -170,10 +225,11 @@ class Phalanx:
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def init_module(self) -> contextlib.AbstractContextManager[None]:
-        """Build the model inside: on the meta device under zero2/zero3 (prepare then allocates and
-        initialises only this rank's shards) and auto (which sizes the model before choosing), on
-        `px.device` otherwise."""
-        return meta_init.init_module(self.strategy_name in ("zero2", "zero3", "hsdp", registry.AUTO), self.device)
+        """Build the model inside: on the meta device when the plan shards parameters (zero2, zero3,
+        hsdp, tensor parallel: prepare then allocates and initialises only this rank's shards) and
+        under auto (which sizes the model before choosing), on `px.device` otherwise."""
+        on_meta = self._strategy is None or self._parallel().plan.builds_on_meta
+        return meta_init.init_module(on_meta, self.device)
 
     def load_model(self, model: nn.Module, source: Any, *, strict: bool = True) -> model_loading.LoadResult:
         """Load a full checkpoint (safetensors file or sharded index, torch file, or a state dict on
@@ -183,15 +239,25 @@ class Phalanx:
             return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        if self._strategy is None:  # auto: sized from this model, then a concrete strategy
-            name, reason = auto.decide(model, self.ctx, self.settings.options)
-            self._strategy = registry.create(name, self.ctx, self.settings.options)
+        if self._strategy is None:  # auto: sized from this model, then a concrete plan
+            name, reason = auto.decide(model, self.ctx, self.settings.options, self.config.tp)
+            plan = self._build_plan(name)
+            settings_check.check(self._resolved, plan, chose=f"{name}: {reason}")
+            self._adopt_plan(plan)
             get_logger().info("strategy auto chose %s: %s", name, reason)
+        if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
+            model = sync_batchnorm.convert(model, self.device)
+        shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
+        self._logging.throughput.set_model(shape and shape.flops_per_token,
+                                           device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
+                                           share=self.ctx.dp_size / self.world_size)  # tensor parallel splits the FLOPs
         model = self._checkpointer.track(self.strategy.setup_model(model))
         hook_state = ddp_options.hook_state_of(model)
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
             self._checkpointer.register(hook_state, per_rank=True)
         self._checkpointer.strategy_name = self.strategy.name
+        if self._parity is not None:
+            self._parity.watch_model(self.unwrap_model(model))
         self._prepared.append(model)
         watch_module(self._step_progress, model)
         return model
@@ -206,8 +272,10 @@ class Phalanx:
         scaler = self.strategy.precision.scaler  # known once `auto` has decided, at prepare
         if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
             self._checkpointer.register(scaler)  # fp16: the loss scale is training state too
+        inner.register_step_pre_hook(lambda *_: self._before_step())
         optimizer = self._checkpointer.track(
-            wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping))
+            wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping,
+                           before_step=self._before_step))
         self._prepared.append(optimizer)
         watch_optimizer(self._step_progress, optimizer)
         if self._profiler is not None:  # after the step counter's hook: it reads global_step
@@ -224,19 +292,78 @@ class Phalanx:
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
+        per_rank = loader.batch_size  # as the script wrote it (split_batches: divided below)
+        if self._parity is not None and not self.config.split_batches:
+            # parity's one-process run takes the N processes' global batch (split_batches: it already is)
+            loader = scale_batch(loader, self._parity.batch_scale)
+        if self._parity is not None:
+            self._parity.watch_loader()
         prepared = PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_info=self._batch_info, shard=shard, progress=self._step_progress,
-            rank_aware_workers=seeding.rank_aware_workers(), split_batches=self.config.split_batches)
+            rank_aware_workers=self.config.worker_seeds == "per_rank",
+            on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
+            split_batches=self.config.split_batches)
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
-            self.settings.deepspeed.check_loader(prepared.batch_size)
+            self.settings.deepspeed.check_loader(prepared.batch_size if self.config.split_batches else per_rank)
         return self._checkpointer.track(prepared)
 
     # ---- the step --------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor) -> None:
-        """`loss.backward()`, divided by grad_accum_steps and scaled for fp16 when needed."""
+    def backward(self, loss: torch.Tensor, *, num_items: int | torch.Tensor | None = None) -> None:
+        """`loss.backward()`, divided by grad_accum_steps and scaled for fp16 when needed.
+
+        `num_items`: `loss` is a sum over that many items (target tokens, samples; 0 is fine on some
+        ranks); the optimizer step then uses Σ loss / Σ num_items over every rank and micro-step, as
+        one process would on the whole global batch (`px.step_loss` is that mean, for logging).
+        """
         with self._step_progress.during(Phase.BACKWARD):
-            self.strategy.backward(self._accumulator.scale_loss(loss))
+            scaled = self._accumulator.scale_loss(loss)  # first: it may start a new cycle
+            if num_items is None:
+                self._items.add_plain()
+            else:
+                scaled = self._items.add(loss, num_items, scaled)
+            if self._parity is not None:
+                self._parity.add_loss(loss, num_items)
+            self._logging.throughput.commit()
+            self.strategy.backward(scaled)
+
+    @property
+    def step_loss(self) -> float | None:
+        """Σ loss / Σ num_items of the last optimizer step over all ranks and micro-steps (the global
+        token-weighted mean, free: it rides on the step's one all-reduce); None until a step used
+        `px.backward(loss, num_items=...)`."""
+        return self._items.step_loss
+
+    def _before_step(self) -> None:
+        """Once per optimizer step, before clipping and stepping: the num_items rescale (and under
+        `phalanx parity`, the step's record)."""
+        self._items.finish(self._optimized_params(), self._accumulator.cycle_len)
+        if self._parity is not None:
+            self._parity.record(self.global_step + 1, self._optimized_params())
+
+    def _optimized_params(self) -> list[torch.Tensor]:
+        seen: dict[int, torch.Tensor] = {}
+        for opt in self._optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def forward_backward(self, model: nn.Module, inputs: Any, targets: Any,
+                         loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
+        """One batch through every layout: `model(inputs)` (a tuple is unpacked, a dict passed as
+        keywords), `loss_fn(output, targets)`, and `px.backward` of it. Returns the loss, detached:
+        the same value on every rank of a tensor-parallel group. Write training loops with it: it
+        is the loop that will also drive pipeline stages."""
+        if isinstance(inputs, Mapping):
+            output = model(**inputs)
+        elif isinstance(inputs, tuple):
+            output = model(*inputs)
+        else:
+            output = model(inputs)
+        loss = loss_fn(output, targets)
+        self.backward(loss)
+        return loss.detach()
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         return self.strategy.no_sync(model)
@@ -251,6 +378,7 @@ class Phalanx:
     def _clip(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
         for opt in self._optimizers:  # fp16: clip the true gradients, not the scaled ones
             self.strategy.precision.unscale_(opt)
+        self._before_step()  # num_items: clip the gradients of the global mean
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
@@ -323,11 +451,11 @@ class Phalanx:
 
     def reduce(self, data: Any, reduction: str = "mean") -> Any:
         with self._step_progress.during(Phase.REDUCE):
-            return collectives.reduce(data, reduction, debug=self.debug)
+            return collectives.reduce(data, reduction, debug=self.debug, group=self._dp_group)
 
     def gather(self, data: Any) -> Any:
         with self._step_progress.during(Phase.GATHER):
-            return collectives.gather(data, debug=self.debug)
+            return collectives.gather(data, debug=self.debug, group=self._dp_group)
 
     def gather_for_metrics(self, data: Any) -> Any:
         """Gather like `gather`, without the repeats the sampler added to even out the ranks.
@@ -345,8 +473,9 @@ class Phalanx:
         with self._step_progress.during(Phase.GATHER_FOR_METRICS):
             if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
                 mine = data[:real] if trim and len(data) == size else data
-                return [x for part in collectives.gather_object(mine, debug=self.debug) for x in part]
-            return collectives.gather(collectives.map_tensors(cut, data), debug=self.debug)
+                return [x for part in collectives.gather_object(mine, debug=self.debug, group=self._dp_group)
+                        for x in part]
+            return collectives.gather(collectives.map_tensors(cut, data), debug=self.debug, group=self._dp_group)
 
     def wait_for_everyone(self) -> None:
         """Barrier across all ranks (no-op in a world of one)."""

@@ -1,9 +1,11 @@
-"""Keys the workers write into the launcher's store and the launcher reads back (no torch here).
+"""Every key phalanx writes into the rendezvous store (no torch here).
 
 Each rank's watchdog publishes its progress record, and on an uncaught exception the moment it
 failed; the launcher's agent reads both when a rank fails, to name the step in its report and to
-order failures that torch's whole-second timestamps cannot tell apart. One place for the layout,
-so writer and reader cannot drift apart.
+order failures that torch's whole-second timestamps cannot tell apart. When the watchdog finds a
+stall, the ranks agree on a verdict and exchange their stacks for one report. The watchdog works
+under `watchdog_prefix(restart)` and uses the short names; the launcher reads the full keys. One
+place for the layout, so writer and reader cannot drift apart.
 """
 from __future__ import annotations
 
@@ -15,14 +17,35 @@ def watchdog_prefix(restart: int | str) -> str:
     return f"phalanx/watchdog/{restart}"
 
 
+# Names under the watchdog's prefix.
+VERDICT = "verdict"  # the first rank to judge a stall writes what every rank must do
+REPORT = "report"  # the stall report with every rank's stack, written once
+REPORTED = "reported"  # set when REPORT is complete
+
+
+def record_name(rank: int) -> str:
+    """Rank `rank`'s progress record: `beat|ticks|step|phase`."""
+    return f"r{rank}"
+
+
+def failed_name(rank: int) -> str:
+    """Rank `rank`'s failure note: `unix time|step`, written when it raised."""
+    return f"failed{rank}"
+
+
+def stack_name(rank: int) -> str:
+    """Rank `rank`'s Python stack, for a stall report."""
+    return f"stack{rank}"
+
+
 def record_key(restart: int | str, rank: int) -> str:
-    """Full key of rank `rank`'s progress record: `beat|ticks|step|phase`."""
-    return f"{watchdog_prefix(restart)}/r{rank}"
+    """Full key of rank `rank`'s progress record, as the launcher reads it."""
+    return f"{watchdog_prefix(restart)}/{record_name(rank)}"
 
 
 def failed_key(restart: int | str, rank: int) -> str:
-    """Full key of rank `rank`'s failure note: `unix time|step`, written when it raised."""
-    return f"{watchdog_prefix(restart)}/failed{rank}"
+    """Full key of rank `rank`'s failure note, as the launcher reads it."""
+    return f"{watchdog_prefix(restart)}/{failed_name(rank)}"
 
 
 @dataclass(frozen=True)

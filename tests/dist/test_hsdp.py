@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from phalanx.model import memory
-from phalanx.strategies.hsdp import mesh_shape
+from phalanx.strategies.presets import hybrid_shape
 from tests.dist import strategy_workloads as w
 from tests.dist.harness import run_ranks
 
@@ -105,10 +105,11 @@ def test_zero1_checkpoint_resumes_under(runs, index, strategy):
 
 
 def test_mesh_shape_defaults_to_one_replica_per_node_and_names_a_bad_split():
-    assert mesh_shape(8, 4) == (2, 4)
-    assert mesh_shape(8, 4, replicate_size=4) == (4, 2)
-    assert mesh_shape(8, 4, shard_size=8) == (1, 8)
-    with pytest.raises(ValueError, match=r"replicate_size=3 x shard_size=2 does not cover the 8 ranks"):
-        mesh_shape(8, 4, replicate_size=3, shard_size=2)
+    assert hybrid_shape(8, 4) == (2, 4)
+    assert hybrid_shape(8, 4, replicate_size=4) == (4, 2)
+    assert hybrid_shape(8, 4, shard_size=8) == (1, 8)
+    assert hybrid_shape(4, 4, tp=2) == (2, 2)  # tp takes 2 of each node's 4 processes
+    with pytest.raises(ValueError, match=r"replicate_size=3 x shard_size=2 does not cover the 8 data-parallel ranks"):
+        hybrid_shape(8, 4, replicate_size=3, shard_size=2)
     with pytest.raises(ValueError, match=r"shard_size=0 must be a positive integer"):
-        mesh_shape(8, 4, shard_size=0)
+        hybrid_shape(8, 4, shard_size=0)

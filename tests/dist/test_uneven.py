@@ -4,7 +4,6 @@ import itertools
 import pytest
 import torch
 
-from phalanx.strategies import registry
 from tests.dist.harness import run_ranks
 from tests.dist.uneven_workloads import BATCH_SIZES, SIZES
 
@@ -65,9 +64,8 @@ def test_iterable_dataset_is_sharded_over_ranks_and_workers():
     assert sorted(r0["gathered"]) == list(range(103))
 
 
-# ddp now; zero1 (Join through ZeroRedundancyOptimizer) and zero3 (FSDP2: step agreement) as soon as
-# their strategies are registered (branch issue3): the same tests then cover them.
-STRATEGIES = [s for s in ("ddp", "zero1", "zero3") if s in registry.STRATEGIES]
+# ddp and zero1 (Join through DDP and the sharded optimizer), zero3 (FSDP2: step agreement).
+STRATEGIES = ["ddp", "zero1", "zero3"]
 JOINABLE = {"ddp", "zero1"}
 
 

@@ -28,13 +28,9 @@ def test_valid_spec_passes(script):
     ("changes", "message"),
     [
         ({"node_rank": 2, "nnodes": 2, "master_addr": "h", "master_port": 1}, r"--node-rank 2 is out of range for --nnodes 2"),
-        ({"nnodes": 0}, "--nnodes must be at least 1"),
-        ({"max_restarts": -1}, "--max-restarts must be >= 0"),
-        ({"master_port": 70000}, "--master-port must be in 1..65535"),
         ({"gpus": (0, 1), "nproc_per_node": 4}, r"--nproc-per-node 4 conflicts with --gpus 0,1"),
         ({"nnodes": 2}, "needs the address of node 0"),
         ({"nnodes": 2, "master_addr": "h"}, "needs a fixed --master-port"),
-        ({"start_method": "thread"}, "--start-method must be one of"),
     ],
 )
 def test_invalid_spec(script, changes, message):
@@ -50,3 +46,23 @@ def test_missing_script_and_module(tmp_path, monkeypatch):
         validate(LaunchSpec(target="no_such_module_x", is_module=True))
     (tmp_path / "mymod.py").write_text("")  # found in the working directory, like python -m
     validate(LaunchSpec(target="mymod", is_module=True))
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--nnodes", "0"], "--nnodes 0: expected N or MIN:MAX with 1 <= MIN <= MAX"),
+    (["--max-restarts", "-1"], "--max-restarts -1: expected a whole number >= 0"),
+    (["--master-port", "70000"], "--master-port 70000: expected a whole number in 1..65535"),
+    (["--start-method", "thread"], "--start-method thread: choose one of auto, fork, spawn, forkserver"),
+    (["--nproc-per-node", "0"], "--nproc-per-node 0: expected a whole number >= 1, auto, gpu or cpu"),
+    (["--rdzv-timeout", "0"], "--rdzv-timeout 0: expected a number of seconds > 0"),
+])
+def test_each_value_is_checked_once_by_its_schema_row(script, flags, message):
+    """No second copy of these checks in LaunchSpec: the row's kind is the one place."""
+    import argparse
+
+    from phalanx.launch import run_command
+
+    parser = argparse.ArgumentParser(prog="phalanx run")
+    run_command.configure(parser)
+    with pytest.raises(LaunchError, match=message):
+        run_command.spec_from_args(parser.parse_args([*flags, script]))

@@ -91,8 +91,8 @@ def test_kubeflow_pet_variables_fill_what_the_command_line_left_out(script, monk
 
 
 @pytest.mark.parametrize("name, value, message", [
-    ("PET_NODE_RANK", "one", r"PET_NODE_RANK='one' is not valid for --node-rank: must be a whole number"),
-    ("PET_NPROC_PER_NODE", "0", r"PET_NPROC_PER_NODE='0' is not valid for --nproc-per-node: must be a whole number >= 1 or one of auto, gpu, cpu"),
+    ("PET_NODE_RANK", "one", r"PET_NODE_RANK='one' is not valid for --node-rank: expected a whole number >= 0\."),
+    ("PET_NPROC_PER_NODE", "0", r"PET_NPROC_PER_NODE='0' is not valid for --nproc-per-node: expected a whole number >= 1, auto, gpu or cpu\."),
     ("PET_NNODES", "2:1", r"PET_NNODES='2:1' is not valid for --nnodes"),
     ("PET_MASTER_PORT", "http", r"PET_MASTER_PORT='http' is not valid for --master-port"),
     ("PET_MAX_RESTARTS", "x", r"PET_MAX_RESTARTS='x' is not valid for --max-restarts"),

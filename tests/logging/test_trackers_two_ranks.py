@@ -8,6 +8,9 @@ The same job checks the profiler: one Chrome trace per rank holding steps 3 and 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,19 +52,35 @@ def _check_params(params: dict, strategy_key: str = "strategy") -> None:
     assert params["trackers"] == "wandb,mlflow,swanlab,tensorboard"
 
 
-def test_mlflow_file_store_holds_metrics_and_params(run, monkeypatch):
-    from mlflow.tracking import MlflowClient
+# A new user's reader: a fresh interpreter, no MLflow variable set, MLflow's own defaults.
+_MLFLOW_READER = """
+import json, sys
+from mlflow import MlflowClient
+client = MlflowClient(*sys.argv[1:])  # a tracking URI, or none: MLflow's default (sqlite:///mlflow.db here)
+runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+print(json.dumps([{"name": r.info.run_name, "status": r.info.status, "params": r.data.params,
+                   "artifacts": r.info.artifact_uri,
+                   "value": {m.step: m.value for m in client.get_metric_history(r.info.run_id, "value")},
+                   "losses": len(client.get_metric_history(r.info.run_id, "loss"))} for r in runs]))
+"""
 
-    _, run_dir = run
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store behind this opt-in
-    client = MlflowClient(tracking_uri=f"file://{run_dir / 'mlruns'}")
-    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-    mlrun = _only(runs)
-    assert mlrun.info.run_name == "run-42" and mlrun.info.status == "FINISHED"
-    history = client.get_metric_history(mlrun.info.run_id, "value")
-    assert {m.step: m.value for m in history} == VALUES
-    assert len(client.get_metric_history(mlrun.info.run_id, "loss")) == STEPS
-    _check_params(mlrun.data.params)
+
+@pytest.mark.parametrize("how", ["explicit uri", "mlflow's default in the run dir"])
+def test_mlflow_sqlite_store_is_read_by_a_fresh_client_with_no_variables(run, how):
+    result, run_dir = run
+    store = f"sqlite:///{run_dir / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    argv = [sys.executable, "-c", _MLFLOW_READER] + ([store] if how == "explicit uri" else [])
+    read = subprocess.run(argv, cwd=run_dir, env=env, capture_output=True, text=True, timeout=120)
+    assert read.returncode == 0, read.stderr[-3000:]
+    mlrun = _only(json.loads(read.stdout.strip().splitlines()[-1]))
+    assert mlrun["name"] == "run-42" and mlrun["status"] == "FINISHED"
+    assert {int(step): value for step, value in mlrun["value"].items()} == VALUES
+    assert mlrun["losses"] == STEPS
+    assert mlrun["artifacts"].startswith((run_dir / "mlartifacts").as_uri())  # files stay in the run dir
+    _check_params(mlrun["params"])
+    assert not (run_dir / "mlruns").exists() and not (run_dir.parent / "mlruns").exists()
+    assert f"MLflow: mlflow ui --backend-store-uri {store}" in result.stderr  # the start-up line says how
 
 
 def test_wandb_offline_run_holds_metrics_and_config(run):

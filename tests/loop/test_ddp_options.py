@@ -51,8 +51,9 @@ def test_unused_branch_trains_with_find_unused_parameters():
     ({"strategy": "fsdp", "static_graph": True}, "static_graph=True"),
 ])
 def test_ddp_options_refused_without_ddp(kwargs, named):
+    canonical = {"fsdp": "zero3"}.get(kwargs["strategy"], kwargs["strategy"])  # aliases resolve where parsed
     with pytest.raises(ValueError, match=rf"{named} \(from Phalanx\(\)\): DistributedDataParallel options, but strategy "
-                                         rf"'{kwargs['strategy']}' uses FSDP2, which has no DDP\. HINT: use strategy ddp or zero1"):
+                                         rf"'{canonical}' uses FSDP2, which has no DDP\. HINT: use strategy ddp or zero1"):
         Phalanx(**kwargs)
 
 

@@ -17,8 +17,7 @@ def _draws():
 
 
 @pytest.fixture(autouse=True)
-def forget_seed_everything(monkeypatch):
-    monkeypatch.setattr(seeding, "_state", seeding._State())
+def no_seed_from_outside(monkeypatch):
     monkeypatch.delenv("PHALANX_SEED", raising=False)
 
 
@@ -42,20 +41,25 @@ def test_phalanx_seeds_globals_only_when_a_seed_is_given():
     phalanx.seed_everything(5)
     expected = _draws()
     phalanx.seed_everything(5)
-    px = phalanx.Phalanx()  # no seed: global RNGs untouched, the seed_everything seed is the run's
-    assert px.seed == 5
+    px = phalanx.Phalanx()  # no seed: global RNGs untouched; seed_everything records nothing
+    assert px.seed == 0
     assert _draws() == expected
     random.seed(99)
-    px = phalanx.Phalanx(seed=5)
+    px = phalanx.Phalanx(seed=phalanx.seed_everything(5))  # the seed passed on
     assert px.seed == 5 and _draws() == expected
 
 
-def test_no_seed_anywhere_means_data_order_from_0_and_rngs_untouched(monkeypatch):
+def test_no_seed_given_means_data_order_from_0_and_rngs_untouched():
     assert config.BY_NAME["seed"].default is None  # "not given": the global RNGs are left alone
-    monkeypatch.setattr(seeding._state, "seed", None)  # no seed_everything() earlier in this process
+    phalanx.seed_everything(123)  # a process-wide seed elsewhere does not leak into Phalanx()
     before = torch.get_rng_state()
     assert phalanx.Phalanx().seed == 0
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_seed_everything_workers_false_says_where_the_setting_went():
+    with pytest.warns(FutureWarning, match=r"HINT: Phalanx\(worker_seeds='shared'\)"):
+        assert phalanx.seed_everything(4, workers=False) == 4
 
 
 def test_seed_from_env_and_bad_values(monkeypatch):
@@ -85,8 +89,7 @@ class _WorkerSeeds(torch.utils.data.Dataset):
 
 
 def _first_base_seeds(workers: bool) -> set[int]:
-    phalanx.seed_everything(3, workers=workers)
-    px = phalanx.Phalanx()
+    px = phalanx.Phalanx(seed=3, worker_seeds="per_rank" if workers else "shared")
     loader = px.prepare(torch.utils.data.DataLoader(_WorkerSeeds(), batch_size=1, num_workers=2))
     rows = torch.cat([batch for batch in loader])
     assert sorted(rows[:, 1].tolist()) == [0, 0, 1, 1]
@@ -100,5 +103,5 @@ def _draw(generator_seed: int) -> int:
 def test_worker_base_seed_comes_from_seed_rank_and_epoch():
     # Worker w gets base + w; the base is drawn from the loader's generator, seeded per (seed, rank, epoch).
     assert _first_base_seeds(workers=True) == {_draw(seeding.worker_base_seed(3, 0, 0))}
-    # workers=False: torch's default seeding from a generator seeded with seed + epoch (the same on every rank).
+    # shared: torch's default seeding from a generator seeded with seed + epoch (the same on every rank).
     assert _first_base_seeds(workers=False) == {_draw(3)}

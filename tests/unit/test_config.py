@@ -110,10 +110,11 @@ def test_every_choice_is_accepted_by_every_source_and_the_same_list_is_offered()
                 source()
 
 
-def test_strategy_choices_come_from_the_registry():
-    from phalanx.strategies import registry
+def test_strategy_choices_are_the_presets_and_their_aliases():
+    from phalanx.config.names import STRATEGY_ALIASES
+    from phalanx.strategies import presets
 
-    assert set(_choices(config.BY_NAME["strategy"])) == set(registry.valid_names())
+    assert set(_choices(config.BY_NAME["strategy"])) == {*presets.PRESETS, *STRATEGY_ALIASES, presets.AUTO}
 
 
 @pytest.mark.parametrize("make, message", [
@@ -273,5 +274,6 @@ def test_environment_is_read_only_where_it_is_the_module_s_job():
     allowed_folders = ("launch/", "cluster/")  # the launcher and cluster detection
     allowed = {"runtime/context.py",  # the process context: what the launcher and the agent told this worker
                "doctor/command.py", "plan/command.py",  # commands that report on this machine
+               "parity/command.py",  # launches `phalanx run` twice, telling its workers what to record
                "model/compile.py"}  # finds the C++ compiler inductor would use ($CXX), as inductor does
     assert {r for r in readers if not r.startswith(allowed_folders)} <= allowed

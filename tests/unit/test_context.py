@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from phalanx.runtime.context import DistContext
-from phalanx.strategies import registry
+from phalanx.strategies import presets
 
 
 def test_no_launcher_variables_is_a_world_of_one():
@@ -30,10 +30,10 @@ def test_non_integer_variable_is_named():
 
 def test_unknown_strategy_lists_valid_names():
     with pytest.raises(ValueError, match=r"unknown strategy 'zer0'; valid strategies: .*ddp"):
-        registry.resolve_name("zer0", DistContext())
+        presets.canonical("zer0")
 
 
 def test_auto_and_ddp_in_a_world_of_one_run_single_device():
-    assert registry.resolve_name("auto", DistContext()) == "single"
-    assert registry.resolve_name("ddp", DistContext()) == "single"
-    assert registry.resolve_name("auto", DistContext(world_size=2)) == "auto"  # decided at prepare, from the model size
+    assert presets.build("auto", world_size=1, local_world_size=1).preset == "single"
+    assert presets.build("ddp", world_size=1, local_world_size=1).preset == "single"
+    assert presets.canonical("auto") == "auto"  # decided at prepare, from the model size

@@ -55,3 +55,43 @@ def test_bad_models_are_one_line_errors_with_the_fix(capsys, tmp_path):
         err = capsys.readouterr().err
         assert err.startswith(expected), err
         assert "Traceback" not in err
+
+
+def test_the_optimizer_counted_is_the_one_the_script_builds(capsys, tmp_path):
+    assert cli.main(["plan", str(WINE), "--world-size", "2", "--budget", "1GB"]) == 0
+    assert "optimizer adam (read from wine.py: Adam), world_size 2" in capsys.readouterr().out
+    assert cli.main(["plan", str(WINE), "--world-size", "2", "--budget", "1GB", "--optimizer", "sgd"]) == 0
+    assert "optimizer sgd (--optimizer), world_size 2" in capsys.readouterr().out
+
+
+def test_optimizers_read_from_source_and_what_is_assumed_otherwise(tmp_path):
+    from phalanx.plan import optimizer
+
+    def choice(source):
+        (tmp_path / "train.py").write_text(source)
+        return optimizer.choose(None, str(tmp_path / "train.py"))
+
+    assert choice("opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)\n") == \
+        optimizer.OptimizerChoice("sgd-momentum", "read from train.py: SGD")
+    assert choice("from torch.optim import SGD\nopt = SGD(m.parameters(), lr=0.1, momentum=0)\n").name == "sgd"
+    assert choice("import torch\n") == optimizer.OptimizerChoice(
+        "adamw", "assumed: train.py builds no torch.optim optimizer plan knows; --optimizer NAME sets it")
+    assert choice("a = optim.Adam(p)\nb = optim.RMSprop(q)\n") == optimizer.OptimizerChoice(
+        "adamw", "assumed: train.py builds several (Adam, RMSprop); --optimizer NAME picks one")
+    assert optimizer.choose(None, "some.module:make") == optimizer.OptimizerChoice(
+        "adamw", "assumed; --optimizer NAME sets it")
+
+
+def test_tensor_parallel_layouts_are_planned_per_rank_and_a_layout_is_suggested(capsys):
+    # tiny Llama: 22,688 parameters; transformers' plan splits the embedding (embedding_rowwise),
+    # q/k/v/o, gate/up/down and lm_head 2 ways; the 5 norms of 32 stay whole on every rank
+    assert cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "4", "--tp", "2",
+                     "--optimizer", "sgd", "--input", "4x8", "--budget", "1GB"]) == 0
+    out = capsys.readouterr().out
+    one_rank = ((22_688 - 5 * 32) // 2 + 5 * 32) * 4
+    assert f"tensor parallel tp=2: one rank holds {one_rank / 1024:.1f} KiB of the parameters" in out
+    assert "  zero3 x tp2" in out and "hsdp 1x2 x tp2" in out
+    assert "suggested layout for 4 ranks: ddp x tp2 (model state + activations" in out
+    assert cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "4", "--tp", "4",
+                     "--input", "4x8"]) == 2
+    assert "HINT: tp must divide the model's attention (and key/value) heads" in capsys.readouterr().err

@@ -8,10 +8,10 @@ import pytest
 
 from phalanx.runtime.context import DistContext
 from phalanx import config
-from phalanx.strategies import registry
+from phalanx.strategies import presets
 from phalanx.config import deepspeed as deepspeed_config
 from phalanx.strategies.choice import choose
-from phalanx.strategies.base import StrategyOptions
+from phalanx.strategies.options import StrategyOptions
 from phalanx.loop.precision import check_name
 
 TWO = DistContext(world_size=2, local_world_size=2)
@@ -19,22 +19,26 @@ TWO = DistContext(world_size=2, local_world_size=2)
 
 def test_unknown_strategy_lists_every_valid_name():
     with pytest.raises(ValueError) as e:
-        registry.resolve_name("zero4", TWO)
+        presets.canonical("zero4")
     assert str(e.value) == ("unknown strategy 'zero4'; valid strategies: "
                             "auto, ddp, dp, fsdp, hsdp, single, zero1, zero2, zero3")
 
 
+def build(name, world_size=1):
+    return presets.build(name, world_size=world_size, local_world_size=world_size).preset
+
+
 def test_names_resolve_and_fsdp_is_zero3():
-    assert [registry.resolve_name(n, TWO) for n in ("ddp", "zero1", "zero2", "zero3", "FSDP", "auto")] == \
+    assert [presets.canonical(n) for n in ("ddp", "zero1", "zero2", "zero3", "FSDP", "auto")] == \
         ["ddp", "zero1", "zero2", "zero3", "zero3", "auto"]
-    assert {registry.resolve_name(n, DistContext()) for n in ("ddp", "zero1", "zero2", "zero3", "fsdp", "auto")} \
-        == {"single"}
-    assert registry.resolve_name("dp", DistContext()) == "dp"
+    assert [build(n, 2) for n in ("ddp", "zero1", "zero2", "zero3", "FSDP")] == ["ddp", "zero1", "zero2", "zero3", "zero3"]
+    assert {build(n) for n in ("ddp", "zero1", "zero2", "zero3", "fsdp", "auto")} == {"single"}
+    assert build("dp") == "dp"
 
 
 def test_dp_refuses_several_processes():
     with pytest.raises(ValueError, match="world_size=2. HINT: use strategy='ddp'"):
-        registry.create("dp", TWO)
+        build("dp", 2)
 
 
 def test_strategy_options_refuse_unknown_keys():

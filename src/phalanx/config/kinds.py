@@ -251,3 +251,34 @@ def python(text: Callable[[str], Any], describe: str) -> Kind:
     """A setting whose keyword argument may be any Python object (a dict, a callable); text parses the rest."""
     return Kind(describe, text, _python_object)
 
+
+
+def pattern_map(styles: tuple[str, ...], aliases: dict[str, str], describe: str) -> Kind:
+    """{module name pattern: style}: a YAML or Python mapping, or text (JSON, or `pattern=style,...`)."""
+
+    def check(mapping: Any) -> dict[str, str]:
+        if not isinstance(mapping, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+            raise ValueError(f"expected {describe}")
+        out = {}
+        for pattern, style in mapping.items():
+            key = aliases.get(style.strip().lower(), style.strip().lower())
+            if key not in styles:
+                raise ValueError(f"{pattern!r}: unknown style {style!r}; choose one of {', '.join(styles)}")
+            out[pattern.strip()] = key
+        return out
+
+    def parse_text(text: str) -> dict[str, str]:
+        import json
+
+        text = text.strip()
+        if text.startswith("{"):
+            try:
+                return check(json.loads(text))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"not valid JSON ({error.msg})") from None
+        pairs = [item.partition("=") for item in text.split(",") if item.strip()]
+        if not pairs or any(not sep or not key.strip() for key, sep, _ in pairs):
+            raise ValueError(f"expected {describe}")
+        return check({key.strip(): value for key, _, value in pairs})
+
+    return Kind(describe, parse_text, lambda value: parse_text(value) if isinstance(value, str) else check(value))

@@ -1,6 +1,9 @@
-"""The names users may give a strategy or a precision, and their aliases, held by config itself (it
-imports nothing above it); strategies/ and loop/precision.py own the behaviour behind each name."""
+"""The words settings are made of, held by config itself (it imports nothing above it): strategy and
+precision names with their aliases, tensor-parallel styles, and what a setting needs from the layout
+to mean anything. strategies/ and loop/precision.py own the behaviour behind each word."""
 from __future__ import annotations
+
+import enum
 
 # In the order users read them in error messages; "single" is what a world of one runs.
 STRATEGIES: tuple[str, ...] = ("dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "auto", "hsdp", "single")
@@ -19,3 +22,28 @@ def canonical_strategy(name: str) -> str:
 def canonical_precision(name: str | None) -> str:
     key = (name or "no").strip().lower()
     return PRECISION_ALIASES.get(key, key)
+
+
+# Where px.log() rows may go (log_sinks, trackers): files first, then experiment trackers;
+# logging/sinks.py builds each and checks its registry holds exactly these.
+METRICS_DESTINATIONS: tuple[str, ...] = ("csv", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab")
+
+# The styles a `tp_plan` may give a module (transformers' vocabulary, so a model's own plan reads as
+# is); strategies/tensor_parallel.py maps each onto torch's ParallelStyle.
+TP_STYLES: tuple[str, ...] = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input",
+                              "embedding_rowwise", "sequence_parallel", "replicate", "local")
+TP_STYLE_ALIASES: dict[str, str] = {"colwise_rep": "colwise_gather_output", "rowwise_rep": "rowwise_split_input",
+                                    "local_colwise": "colwise", "local_rowwise": "rowwise"}
+
+
+class Needs(str, enum.Enum):
+    """What a setting needs from the parallel layout to do anything. The plan answers whether it
+    has it (strategies/parallel_plan.py); a setting given where its need is missing is refused or
+    warned by name, never silently ignored."""
+
+    ALWAYS = "always"
+    DDP = "DistributedDataParallel"  # ddp, zero1 without tensor parallel
+    FSDP = "FSDP2"  # zero2, zero3, hsdp, and every data-parallel layout with tensor parallel
+    ROW_SHARDED_EMBEDDINGS = "embeddings looked up where their rows live"  # zero2/zero3 on one mesh dim
+    AUTO = "strategy auto"
+    TENSOR_PARALLEL = "tensor parallel (tp > 1)"

@@ -13,13 +13,36 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.config import kinds, names
+from phalanx.config import kinds, names, profile_steps
 from phalanx.config.kinds import Kind
+from phalanx.config.names import Needs
 
 
 class Scope:
     LAUNCHER = "launcher"
     RUNTIME = "runtime"
+
+
+@dataclass(frozen=True)
+class Group:
+    """A section of `phalanx run --help` and of the settings reference (docs/settings.md).
+
+    In SETTINGS a group stands before its rows: each row belongs to the group above it, so a new
+    row put next to related rows lands in their group."""
+
+    name: str
+    description: str
+
+
+LAUNCH = Group("launch", "how many processes, where")
+LAYOUT = Group("layout and strategy", "how the model is split over the ranks")
+LOOP = Group("training loop", "precision, accumulation, seeds, timeouts")
+CHECKPOINTS = Group("checkpoints", "where, how many, how")
+LOGGING = Group("logging", "messages, metrics, trackers, profiling")
+TORCHRUN = Group("torchrun compatibility", "torchrun's agent flags, also read from PET_<NAME> variables as torchrun "
+                 "does, and torch.distributed.launch's --local-rank")
+# In reading order; TORCHRUN holds torchrun's own flags (launch/torchrun_flags.py), no schema row.
+GROUPS: tuple[Group, ...] = (LAUNCH, LAYOUT, LOOP, CHECKPOINTS, LOGGING, TORCHRUN)
 
 
 @dataclass(frozen=True)
@@ -34,6 +57,8 @@ class Setting:
     env_name: str | None = None  # only where a public name predates the PHALANX_<NAME> rule
     bool_flag: bool = False  # `--name` / `--no-name` instead of `--name VALUE`
     value_name: str | None = None  # how --help shows the value (default: the name's last word)
+    needs: Needs = Needs.ALWAYS  # what the parallel layout must have for this setting to do anything
+    group: Group | None = None  # set by `grouped` from the group marker above the row
 
     @property
     def env(self) -> str | None:
@@ -58,34 +83,44 @@ class Setting:
 
 
 def _sink_names() -> tuple[str, ...]:
-    return ("auto", *_tracker_names())
+    return ("auto", *names.METRICS_DESTINATIONS)
 
 
 def _tracker_names() -> tuple[str, ...]:
-    from phalanx.logging.sinks import NAMES  # stdlib only: one registry of sinks and trackers
-
-    return NAMES
+    return names.METRICS_DESTINATIONS
 
 
 def _step_range(text: str) -> str:
-    from phalanx.runtime.profile_steps import parse  # stdlib only
-
-    return parse(text).text
+    return profile_steps.parse(text).text
 
 
 def _strategy(text: str) -> str:
-    key = text.strip().lower()
-    return key if key in names.STRATEGIES else names.canonical_strategy(key)
+    """`FSDP ` -> zero3: aliases are resolved here, once; an unknown name stays for the choice to refuse."""
+    key = names.canonical_strategy(text)
+    return key if key in names.STRATEGIES else text.strip().lower()
 
 
 def _deepspeed_text(text: str) -> str:
     return kinds.PATH.from_text(text)
 
 
+def grouped(*items: Group | Setting) -> tuple[Setting, ...]:
+    """The rows, each given the group written above it."""
+    rows, current = [], None
+    for item in items:
+        if isinstance(item, Group):
+            current = item
+        elif current is None:
+            raise ValueError(f"setting {item.name!r} comes before any group: put a Group above it")
+        else:
+            rows.append(dataclasses.replace(item, group=current))
+    return tuple(rows)
+
+
 L, R = Scope.LAUNCHER, Scope.RUNTIME
 
-SETTINGS: tuple[Setting, ...] = (
-    # --- launcher: how many processes, where -------------------------------------------------------
+SETTINGS: tuple[Setting, ...] = grouped(
+    LAUNCH,
     Setting("nproc_per_node", kinds.COUNT_OR_AUTO, "auto",
             "workers per node: a number; auto (one per visible GPU, else 2 on CPU); gpu (one per visible GPU); "
             "cpu (one per core)", L,
@@ -104,21 +139,26 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("start_method", kinds.choice(("auto", "fork", "spawn", "forkserver")), "auto",
             "fork: workers inherit the launcher's torch import (fast); spawn, forkserver: fresh interpreters like "
             "torchrun; auto: fork unless GPUs are in use", L),
-    Setting("verbose", kinds.BOOL, False,
-            "also show torch's elastic agent logging on the terminal (always in RUN_DIR/logs/launcher.log)", L,
-            bool_flag=True),
     Setting("gpus", kinds.TEXT, None, "GPU indices to use, e.g. 0,1; sets CUDA_VISIBLE_DEVICES and the process count", L),
-    # --- runtime: the strategy -----------------------------------------------------------------------
+    LAYOUT,
     Setting("strategy", kinds.choice(names.STRATEGIES, _strategy), "auto",
-            "dp, ddp, zero1, zero2, zero3 (= fsdp), hsdp or auto: ddp if the model fits the memory budget, else zero3"),
-    Setting("mixed_precision", kinds.choice(names.PRECISIONS, names.canonical_precision), "no", "no, bf16 or fp16"),
-    Setting("grad_accum_steps", kinds.integer(1), 1, "micro-batches per optimizer step (px.accumulate)"),
-    Setting("grad_accum_remainder", kinds.choice(("flush", "drop")), "flush",
-            "an epoch's last, incomplete accumulation cycle: flush (step on the epoch's last batch) or drop "
-            "(discard its gradients)"),
+            "dp, ddp, zero1, zero2, zero3 (= fsdp), hsdp, single (one device, the model as written: what a world of "
+            "one runs) or auto: ddp if the model fits the memory budget, else zero3; each a preset of the parallel "
+            "plan (data-parallel replicate x shard degrees, sharding stage)"),
+    Setting("tp", kinds.integer(1), 1,
+            "tensor-parallel degree: ranks that split each layer of the model (keep it within one node); the "
+            "data-parallel dims get the processes / tp"),
+    Setting("tp_plan", kinds.pattern_map(names.TP_STYLES, names.TP_STYLE_ALIASES,
+                                         "a mapping of module name patterns to tensor-parallel styles"), None,
+            "how tensor parallel splits this model: {module name pattern: colwise | rowwise | ...}, e.g. "
+            "{\"layers.*.attn.q\": \"colwise\"} (default: the model's own transformers plan); used when tp > 1",
+            value_name="PLAN"),
+    Setting("sequence_parallel", kinds.BOOL, False,
+            "tensor parallel: also split norms and dropout along the sequence between the split layers",
+            bool_flag=True, needs=Needs.TENSOR_PARALLEL),
     Setting("memory_budget", kinds.BYTES, None,
             "per-device memory budget strategy auto compares the model with, e.g. 8GB "
-            "(default: 60% of the GPU, or of RAM shared by the local ranks)"),
+            "(default: 60% of the GPU, or of RAM shared by the local ranks)", needs=Needs.AUTO),
     Setting("deepspeed", kinds.python(_deepspeed_text, "path of a DeepSpeed JSON config (or a dict)"), None,
             "path of a DeepSpeed JSON config, mapped onto these settings", env_name="PHALANX_DEEPSPEED_CONFIG"),
     Setting("activation_checkpointing", kinds.BOOL_OR_NAMES, False,
@@ -129,43 +169,63 @@ SETTINGS: tuple[Setting, ...] = (
             bool_flag=True),
     Setting("embedding_exchange", kinds.choice(("auto", "params")), "auto",
             "zero2/zero3 embedding tables: auto (each rank keeps its rows; a forward exchanges the looked-up rows "
-            "or the table, whichever is smaller) or params (gathered whole like any parameter)"),
+            "or the table, whichever is smaller) or params (gathered whole like any parameter)",
+            needs=Needs.ROW_SHARDED_EMBEDDINGS),
+    Setting("sync_batchnorm", kinds.BOOL, False,
+            "convert BatchNorm layers to SyncBatchNorm at prepare: statistics over every rank's samples, as one "
+            "process on the global batch (gloo and NCCL)", bool_flag=True),
     Setting("cpu", kinds.BOOL, False, "run on the CPU (gloo) even when GPUs are visible", bool_flag=True),
     Setting("device_placement", kinds.BOOL, True, "move each batch of a prepared loader to the rank's device",
             bool_flag=True),
     Setting("split_batches", kinds.BOOL, False,
             "a prepared loader's batch_size is the global batch: each data-parallel rank gets batch_size / ranks, "
             "so a resume on another world size keeps the global batch", bool_flag=True),
-    # --- runtime: DistributedDataParallel (strategies ddp and zero1) ----------------------------------
+    # DistributedDataParallel (ddp and zero1 without tensor parallel)
     Setting("find_unused_parameters", kinds.BOOL, False,
-            "DDP: let some parameters get no gradient in a step (slower; only for models that need it)", bool_flag=True),
+            "DDP: let some parameters get no gradient in a step (slower; only for models that need it)",
+            bool_flag=True, needs=Needs.DDP),
     Setting("static_graph", kinds.BOOL, False,
-            "DDP: the set of used parameters never changes between steps (lets DDP optimise)", bool_flag=True),
-    Setting("bucket_cap_mb", kinds.positive_number("MB"), None, "DDP: gradient bucket size in MB (torch's default 25)"),
+            "DDP: the set of used parameters never changes between steps (lets DDP optimise)",
+            bool_flag=True, needs=Needs.DDP),
+    Setting("bucket_cap_mb", kinds.positive_number("MB"), None, "DDP: gradient bucket size in MB (torch's default 25)",
+            needs=Needs.DDP),
     Setting("gradient_as_bucket_view", kinds.BOOL, True,
-            "DDP: gradients are views into the communication buckets (one copy less)", bool_flag=True),
+            "DDP: gradients are views into the communication buckets (one copy less)",
+            bool_flag=True, needs=Needs.DDP),
     Setting("comm_hook", kinds.choice(("none", "bf16", "fp16", "powersgd")), "none",
-            "DDP gradient compression: none, bf16, fp16 or powersgd (torch's comm hooks)"),
-    Setting("powersgd_rank", kinds.integer(1), 1, "comm_hook powersgd: rank of the low-rank gradient approximation"),
+            "DDP gradient compression: none, bf16, fp16 or powersgd (torch's comm hooks)", needs=Needs.DDP),
+    Setting("powersgd_rank", kinds.integer(1), 1, "comm_hook powersgd: rank of the low-rank gradient approximation",
+            needs=Needs.DDP),
     Setting("powersgd_start_iter", kinds.integer(1), 1000,
-            "comm_hook powersgd: plain all-reduce for this many steps first (at least 2)"),
-    # --- runtime: reproducibility and lockstep safety --------------------------------------------
+            "comm_hook powersgd: plain all-reduce for this many steps first (at least 2)", needs=Needs.DDP),
+    LOOP,
+    Setting("mixed_precision", kinds.choice(names.PRECISIONS, names.canonical_precision), "no", "no, bf16 or fp16"),
+    Setting("grad_accum_steps", kinds.integer(1), 1, "micro-batches per optimizer step (px.accumulate)"),
+    Setting("grad_accum_remainder", kinds.choice(("flush", "drop")), "flush",
+            "an epoch's last, incomplete accumulation cycle: flush (step on the epoch's last batch) or drop "
+            "(discard its gradients)"),
     Setting("seed", kinds.integer(), None,
             "seed of the data order and of Python's, NumPy's and torch's RNGs on every rank "
             "(unset: data order from seed 0, global RNGs untouched)"),
+    Setting("worker_seeds", kinds.choice(("per_rank", "shared")), "per_rank",
+            "DataLoader workers' seeds: per_rank (each rank's workers their own streams, from seed, rank and "
+            "epoch) or shared (torch's seeds, the same on every rank: augmentations that must match across ranks)"),
     Setting("collective_timeout", kinds.seconds(False), 300.0, "seconds a collective may wait before failing"),
     Setting("watchdog_timeout", kinds.seconds(True), 60.0,
             "seconds without progress on any rank before the hang is reported; 0 turns the watchdog off"),
     Setting("debug", kinds.BOOL, False, "check every phalanx collective for mismatched calls across ranks (slower)",
             bool_flag=True),
-    # --- runtime: checkpoints ------------------------------------------------------------------------
+    CHECKPOINTS,
     Setting("checkpoint_dir", kinds.PATH, None,
             "checkpoint root: px.save_state()/load_state() with no path use it "
             "(with --max-restarts, runs resume by themselves)"),
     Setting("checkpoint_keep", kinds.integer(0), 3, "checkpoints kept under checkpoint_dir, newest first (0 keeps all)"),
     Setting("checkpoint_async", kinds.BOOL, False, "px.save_state() writes in the background by default",
             bool_flag=True),
-    # --- runtime: logs, metrics, progress ------------------------------------------------------------
+    LOGGING,
+    Setting("verbose", kinds.BOOL, False,
+            "also show torch's elastic agent logging on the terminal (always in RUN_DIR/logs/launcher.log)", L,
+            bool_flag=True),
     Setting("run_dir", kinds.PATH, None, "directory for metrics and per-rank logs (default runs/<time>)"),
     Setting("log_level", kinds.choice(("DEBUG", "INFO", "WARNING", "ERROR"), lambda t: t.strip().upper()), "INFO",
             "level of phalanx's own messages"),
@@ -178,7 +238,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("trackers", kinds.names_list(_tracker_names), None,
             "experiment trackers px.log() also reaches, from the main process only: wandb, mlflow, swanlab, "
             "tensorboard (each a pip extra, e.g. phalanx[mlflow]); added to log_sinks"),
-    # --- runtime: tools ------------------------------------------------------------------------------
     Setting("profile", kinds.Kind("step range", _step_range, lambda v: _step_range(str(v))), None,
             "START:STOP: trace optimizer steps START..STOP-1 with torch.profiler on every rank, one Chrome "
             "trace per rank in RUN_DIR/profile", value_name="START:STOP"),

@@ -7,6 +7,7 @@ Pure Python, no torch.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -183,26 +184,11 @@ def resolve(*layers: Layer, warn: bool = True) -> Resolved:
             if theirs is None:
                 continue
             mine = values.get(name)
-            if name == "strategy" and mine == "fsdp":
-                mine = "zero3"
             if mine is not None and mine != theirs:
                 raise ConfigError(f"{name}={mine!r} was given by {origin[name]} but the {ds.source} says "
                                   f"{theirs!r}. HINT: drop one of them.")
             values[name], origin[name] = theirs, ds.source
-    _refuse_ddp_options_without_ddp(values, origin)
     return Resolved(PhalanxConfig(**values), origin, ds)
-
-
-def _refuse_ddp_options_without_ddp(values: dict[str, Any], origin: dict[str, str]) -> None:
-    """DDP's options under zero2/zero3/dp would be silently ignored: refuse them, naming where they came from."""
-    from phalanx.strategies.ddp_rules import DDP_SETTINGS, refuse_without_ddp
-
-    given = {name: values[name] for name in DDP_SETTINGS if name in origin}
-    sources = sorted({origin[name] for name in given} | ({origin["strategy"]} if "strategy" in origin else set()))
-    try:
-        refuse_without_ddp(values.get("strategy"), given, f" (from {', '.join(sources)})" if sources else "")
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
 
 
 def to_env_value(value: Any) -> str:
@@ -211,9 +197,22 @@ def to_env_value(value: Any) -> str:
         return "1" if value else "0"
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value))
+    if isinstance(value, Mapping):
+        return json.dumps(dict(value))
     if isinstance(value, float) and value.is_integer():
         return str(int(value))  # 30, not 30.0: what a user would have typed
     return str(value)
+
+
+def _travels(setting: Setting, value: Any) -> bool:
+    """Whether `value` survives the trip through its variable (a tp_plan mapping does; a dict of
+    torch.compile options, which only Phalanx() takes, does not)."""
+    if not isinstance(value, Mapping):
+        return True
+    try:
+        return setting.kind.from_text(to_env_value(value)) == value
+    except ValueError:
+        return False
 
 
 def worker_env(resolved: Resolved) -> dict[str, str]:
@@ -221,6 +220,6 @@ def worker_env(resolved: Resolved) -> dict[str, str]:
     env = {}
     for setting in RUNTIME:
         value = getattr(resolved.config, setting.name)
-        if setting.env and resolved.is_set(setting.name) and value is not None and not isinstance(value, Mapping):
+        if setting.env and resolved.is_set(setting.name) and value is not None and _travels(setting, value):
             env[setting.env] = to_env_value(value)
     return env

@@ -5,7 +5,7 @@ import enum
 import itertools
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -59,20 +59,21 @@ class PreparedLoader:
     Each new pass advances the sampler's epoch, so shuffling differs per epoch without the
     user calling `set_epoch`. `len()` is the number of batches on this rank, equal on all ranks.
 
-    Data is split over the data-parallel ranks (`ctx.dp_size`, `ctx.dp_rank`): every rank in a
-    world without tensor/pipeline parallelism. With `split_batches`, the loader's `batch_size` is
-    the global batch and each of them gets `batch_size / dp_size` (data/split_batches.py).
+    Data is split over the data-parallel ranks (`ctx.dp_size`, `ctx.dp_rank`; the ranks of one
+    tensor-parallel group read the same batches). With `split_batches`, the loader's `batch_size` is
+    the global batch and each data-parallel rank gets `batch_size / dp_size` (data/split_batches.py).
     """
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
                  device_placement: bool = True, batch_info: BatchInfo | None = None,
                  shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True,
-                 split_batches: bool = False):
+                 on_batch: Callable[[Any], None] | None = None, split_batches: bool = False):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
         self.batch_info = batch_info if batch_info is not None else BatchInfo()
         self.progress = progress
+        self.on_batch = on_batch  # sees each batch before it moves to the device (throughput counts)
         self.epoch = 0  # the epoch the next pass will use
         self.seed = seed
         self.rank_aware_workers = rank_aware_workers  # workers' seeds from (seed, rank, worker, epoch)
@@ -187,6 +188,8 @@ class PreparedLoader:
             self._position = (epoch, index)
             if progress is not None:
                 progress.next_step()
+            if self.on_batch is not None:
+                self.on_batch(batch)
             yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
             if progress is not None:
                 progress.enter(Phase.DATA)
@@ -331,13 +334,58 @@ def _skipping(loader: DataLoader, skip: int) -> DataLoader:
     """`loader`, or a twin whose batch sampler skips the first `skip` batches without loading them."""
     if not skip or loader.batch_sampler is None or isinstance(loader.dataset, IterableDataset):
         return loader  # the IterableDataset case skips by iterating (islice in __iter__)
+    return DataLoader(loader.dataset, batch_sampler=_SkipFirst(loader.batch_sampler, skip),
+                      generator=loader.generator, **_carried(loader))
+
+
+def _carried(loader: DataLoader) -> dict[str, Any]:
+    """The loader's settings to rebuild it with (workers, collate_fn, pinning...)."""
     kwargs = {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
     if kwargs.get("num_workers", 0) == 0:
         kwargs["persistent_workers"] = False
     else:
         kwargs["prefetch_factor"] = loader.prefetch_factor
-    return DataLoader(loader.dataset, batch_sampler=_SkipFirst(loader.batch_sampler, skip),
-                      generator=loader.generator, **kwargs)
+    return kwargs
+
+
+def scale_batch(loader: DataLoader, factor: int) -> DataLoader:
+    """`loader` whose every batch holds what `factor` consecutive batches held, in the same order
+    (`phalanx parity`'s one-process run takes the global batch of `factor` ranks: ranks share out
+    a sampler's indices, or a batch sampler's whole batches, in exactly these groups)."""
+    if factor == 1:
+        return loader
+    kwargs = _carried(loader)
+    if is_stateful(loader):
+        kwargs["loader_class"] = type(loader)
+    if loader.batch_size is None:
+        if loader.batch_sampler is None:
+            raise ValueError("phalanx parity cannot scale a DataLoader built with batch_size=None and no batch_sampler")
+        return _build(loader.dataset, batch_sampler=_Merged(loader.batch_sampler, factor), generator=loader.generator,
+                      **kwargs)
+    if not isinstance(loader.dataset, IterableDataset):
+        kwargs["sampler"] = loader.sampler
+    return _build(loader.dataset, batch_size=loader.batch_size * factor, drop_last=loader.drop_last,
+                  generator=loader.generator, **kwargs)
+
+
+class _Merged:
+    """A batch sampler whose batches are `factor` consecutive batches of another, concatenated."""
+
+    def __init__(self, batch_sampler: Any, factor: int):
+        self.batch_sampler, self.factor = batch_sampler, factor
+
+    def __iter__(self) -> Iterator[list[int]]:
+        merged: list[int] = []
+        for i, batch in enumerate(self.batch_sampler, start=1):
+            merged.extend(batch)
+            if i % self.factor == 0:
+                yield merged
+                merged = []
+        if merged:
+            yield merged
+
+    def __len__(self) -> int:
+        return -(-len(self.batch_sampler) // self.factor)
 
 
 class _SkipFirst:
@@ -383,12 +431,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     (data/sample_seeds.py), except in a stateful loader, which restores its workers' state itself.
     """
     batch_size = loader.batch_size if batch_size is None else batch_size
-    kwargs = {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs.pop("prefetch_factor", None)
-        kwargs["persistent_workers"] = False
-    else:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
+    kwargs = _carried(loader)
     if is_stateful(loader):  # rebuilt as the same class, with its own settings
         kwargs["loader_class"] = type(loader)
         if hasattr(loader, "snapshot_every_n_steps"):

@@ -13,6 +13,7 @@ import sys
 from typing import Mapping
 
 from phalanx import config
+from phalanx.config.schema import LAUNCH, TORCHRUN
 from phalanx.launch.node_setup import CLUSTER_ERRORS, apply_slurm, node_setup_for
 from phalanx import envvars
 from phalanx.launch.rendezvous import parse_nnodes
@@ -36,23 +37,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add `phalanx run`'s flags: one per schema setting (both spellings), then SCRIPT ARGS..."""
     parser.allow_abbrev = False  # `--nproc 2` must not silently mean --nproc-per-node
     parser.usage = "%(prog)s [options] (SCRIPT | -m MODULE) [ARGS...]"
-    add = parser.add_argument
+    parser.description = (
+        "launch a training script on N processes / nodes. Most runs need a few of: --nproc-per-node, --nnodes, "
+        "--strategy, --mixed-precision, --grad-accum-steps, --seed, --checkpoint-dir, --max-restarts, --trackers, "
+        "--config. The flags come in groups: " + ", ".join(group.name for group in config.GROUPS) + ".")
+    groups = {group: parser.add_argument_group(group.name, group.description) for group in config.GROUPS}
     for setting in config.SETTINGS:
+        add = groups[setting.group].add_argument
         if setting.bool_flag:
             add(*setting.flags, dest=setting.name, action=argparse.BooleanOptionalAction, default=None,
                 help=_flag_help(setting))
         else:
             add(*setting.flags, dest=setting.name, default=None, metavar=setting.metavar,
                 help=_flag_help(setting))
-    add("--config", metavar="FILE", default=None,
-        help="YAML file of launcher and runtime settings (`phalanx config` writes a template); "
-             "flags and PHALANX_* variables override it")
-    add(local_rank.FLAG_NAME, "--pass_local_rank", dest="pass_local_rank", nargs="?", const=local_rank.DEFAULT_SPELLING,
-        default=None, metavar="FLAG",
-        help="append FLAG=<local rank> to each worker's arguments, as torch.distributed.launch did "
-             "(default --local-rank; --pass-local-rank=--local_rank for the old spelling)")
-    torchrun_flags.configure(parser)  # torchrun's agent flags (--tee, --log-dir, ...), checked against torch's parser
-    add("-m", "--module", action="store_true", help="run TARGET as a module, like python -m")
+    launch = groups[LAUNCH]
+    launch.add_argument("--config", metavar="FILE", default=None,
+                        help="YAML file of launcher and runtime settings (`phalanx config` writes a template); "
+                             "flags and PHALANX_* variables override it")
+    launch.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
+    torchrun = groups[TORCHRUN]
+    torchrun.add_argument(local_rank.FLAG_NAME, "--pass_local_rank", dest="pass_local_rank", nargs="?",
+                          const=local_rank.DEFAULT_SPELLING, default=None, metavar="FLAG",
+                          help="append FLAG=<local rank> to each worker's arguments, as torch.distributed.launch did "
+                               "(default --local-rank; --pass-local-rank=--local_rank for the old spelling)")
+    torchrun_flags.configure(torchrun)  # torchrun's agent flags (--tee, --log-dir, ...), checked against torch's parser
+    add = parser.add_argument
     add("target", metavar="SCRIPT", help="training script (or module with -m)")
     add("target_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script untouched")
     _refuse_unknown_flags(parser)
@@ -126,6 +135,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         start_method=cfg.start_method,
         worker_env=config.worker_env(resolved),
         deepspeed=resolved.deepspeed,
+        settings=resolved,
         pass_local_rank=None if args.pass_local_rank is None else local_rank.check_spelling(args.pass_local_rank),
         verbose=cfg.verbose,
         agent=agent,
@@ -158,11 +168,7 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
     else:
         num_gpus_in_use = devices.count_visible_gpus()
     nproc = devices.resolve_nproc(spec.nproc_per_node, spec.gpus, lambda: num_gpus_in_use, num_cores, spec.nproc_kind)
-    if spec.deepspeed is not None and spec.min_nnodes is None:
-        try:  # DeepSpeed's batch identity needs the world size, known from here on
-            spec.deepspeed.check_world(nproc * spec.nnodes)
-        except ValueError as error:
-            raise LaunchError(str(error)) from None
+    check_layout(spec, nproc)
     env = devices.worker_env_for_devices(nproc, spec.gpus, os.environ, num_cores)
     warning = devices.oversubscription_warning(nproc, num_cores, num_gpus_in_use,
                                                env.get(envvars.OMP_NUM_THREADS) or os.environ.get(envvars.OMP_NUM_THREADS))
@@ -170,6 +176,32 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
         print(warning, file=sys.stderr, flush=True)
     env.update(spec.worker_env)
     return nproc, num_gpus_in_use, env
+
+
+def check_layout(spec: LaunchSpec, nproc: int) -> None:
+    """The parallel layout the settings describe, on every node count the job may have: tp must
+    divide the processes, hsdp's replicas must fit the nodes, settings the layout would ignore are
+    refused. Also DeepSpeed's batch identity, which counts data-parallel ranks."""
+    if spec.settings is None:
+        return
+    from phalanx.strategies import settings_check
+
+    tp = spec.settings.config.tp
+    for nnodes in sorted({spec.min_nnodes or spec.nnodes, spec.nnodes}):
+        try:
+            for warning in settings_check.check(spec.settings, settings_check.intended_plan(
+                    spec.settings, nproc * nnodes, nproc)):
+                print(f"phalanx run: warning: {warning}", file=sys.stderr, flush=True)
+            if spec.deepspeed is not None and spec.min_nnodes is None:
+                spec.deepspeed.check_world(nproc * nnodes // tp)
+        except ValueError as error:
+            raise LaunchError(str(error)) from None
+    if nproc % tp:
+        what = "is larger than" if tp > nproc else "does not divide"
+        print(f"phalanx run: warning: tp={tp} {what} the {nproc} processes of a node: tensor-parallel groups then "
+              "span nodes, and their all-reduces cross the slower links on every layer. HINT: keep tp within a "
+              "node (a divisor of --nproc-per-node) and let the data-parallel dims span the nodes",
+              file=sys.stderr, flush=True)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator, Mapping
 from phalanx.launch import devices
 from phalanx.launch.agent import choose_start_method, no_cuda_init, rendezvous_settings
 from phalanx.launch.report import format_failures
-from phalanx.launch.spec import START_METHODS, LaunchSpec
+from phalanx import config
+from phalanx.launch.spec import LaunchSpec
 
 
 class SpawnError(RuntimeError):
@@ -39,8 +40,9 @@ def spawn(fn: Callable[..., Any], *args: Any, nprocs: int | None = None, start_m
     raise SpawnError with that rank and its traceback; the other ranks are stopped.
     """
     nprocs = check_nprocs(nprocs)
-    if start_method not in START_METHODS:
-        raise SpawnError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
+    methods = config.BY_NAME["start_method"].kind.choices()  # the start_method setting's choices
+    if start_method not in methods:
+        raise SpawnError(f"start_method must be one of {', '.join(methods)}, got {start_method!r}")
     num_gpus = devices.count_visible_gpus()
     if nprocs is None:
         nprocs = devices.resolve_nproc(None, None, lambda: num_gpus, devices.count_cpu_cores())

@@ -1,7 +1,9 @@
 """`LaunchSpec`: everything `phalanx run` was asked to do, as one validated value.
 
-Validation is pure (no torch, no processes) so every user error is reported before anything is
-spawned, and unit tests need no processes. Device- and port-dependent checks live in
+Each value was parsed and range-checked once, by its row of the settings schema (config/schema.py);
+`validate` checks only what no single row can: how the values fit together (node ranks, GPUs and
+process counts, multi-node addresses, the script). Pure (no torch, no processes), so every user
+error is reported before anything is spawned. Device- and port-dependent checks live in
 `devices.py` and `ports.py`.
 """
 from __future__ import annotations
@@ -14,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from phalanx.launch.torchrun_flags import AgentOptions
-
-START_METHODS = ("auto", "fork", "spawn", "forkserver")
 
 
 class LaunchError(ValueError):
@@ -62,6 +62,9 @@ class LaunchSpec:
     """Extra variables exported to every worker (phalanx settings such as PHALANX_STRATEGY)."""
     deepspeed: Any = None
     """The DeepSpeed config the settings were checked against (DeepSpeedConfig), if any."""
+    settings: Any = None
+    """The resolved settings (phalanx.config.Resolved), checked against the parallel layout once the
+    process count is known."""
     nproc_kind: str = "auto"
     """With `nproc_per_node` None: "auto" (GPUs, else the CPU default), "gpu" or "cpu" (one per core)."""
     pass_local_rank: str | None = None
@@ -122,30 +125,17 @@ def check_target(target: str, is_module: bool) -> None:
 
 
 def validate(spec: LaunchSpec) -> LaunchSpec:
-    """Check a spec for contradictions that need no device or network; return it unchanged."""
-    if spec.nproc_per_node is not None and spec.nproc_per_node < 1:
-        raise LaunchError(f"--nproc-per-node must be at least 1, got {spec.nproc_per_node}")
-    if spec.nnodes < 1:
-        raise LaunchError(f"--nnodes must be at least 1, got {spec.nnodes}")
+    """Check a spec for contradictions between its values (each value on its own was checked by
+    its schema row); return it unchanged."""
     if spec.min_nnodes is not None and spec.min_nnodes != spec.nnodes and spec.rdzv_backend == "static":
         raise LaunchError(
             f"--nnodes {spec.min_nnodes}:{spec.nnodes} is an elastic range, which the static rendezvous "
             "cannot do. HINT: add --rdzv-backend c10d --rdzv-endpoint HOST:PORT."
         )
-    if spec.rdzv_timeout <= 0:
-        raise LaunchError(f"--rdzv-timeout must be a positive number of seconds, got {spec.rdzv_timeout:g}")
     if not 0 <= spec.node_rank < spec.nnodes:
         raise LaunchError(
             f"--node-rank {spec.node_rank} is out of range for --nnodes {spec.nnodes}: "
             f"node ranks are 0..{spec.nnodes - 1}."
-        )
-    if spec.max_restarts < 0:
-        raise LaunchError(f"--max-restarts must be >= 0, got {spec.max_restarts}")
-    if spec.master_port is not None and not 0 < spec.master_port < 65536:
-        raise LaunchError(f"--master-port must be in 1..65535, got {spec.master_port}")
-    if spec.start_method not in START_METHODS:
-        raise LaunchError(
-            f"--start-method must be one of {', '.join(START_METHODS)}, got {spec.start_method!r}"
         )
     if spec.gpus is not None:
         if len(spec.gpus) == 0:

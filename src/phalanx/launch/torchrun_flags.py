@@ -27,7 +27,6 @@ _STD_VALUE = re.compile(r"^[0123]$")  # torch's elastic Std: 0 none, 1 stdout, 2
 _STD_MAPPING = re.compile(r"^(\d:[0123],)*(\d:[0123])$")  # per local rank, e.g. 0:3,1:0
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-NPROC_KINDS = ("auto", "gpu", "cpu")
 
 
 def std_spec(text: str) -> str:
@@ -100,36 +99,26 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def nproc_per_node(text: str) -> str:
-    """--nproc-per-node: N >= 1, auto, gpu or cpu (checked; run_command resolves it)."""
-    if text in NPROC_KINDS or (text.isdigit() and int(text) >= 1):
-        return text
-    raise argparse.ArgumentTypeError(f"must be a whole number >= 1 or one of {', '.join(NPROC_KINDS)}, got {text!r}")
+def _schema(dest: str) -> Callable[[str], Any]:
+    """The parser of a flag the settings schema owns: its row's kind, errors as argparse's."""
+    from phalanx import config
 
+    kind = config.BY_NAME[dest].kind
 
-def nnodes(text: str) -> str:
-    """--nnodes: N or MIN:MAX (checked; run_command splits it)."""
-    from phalanx.launch.rendezvous import parse_nnodes
+    def parse(text: str) -> str:
+        try:
+            kind.from_text(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text  # as if given on the command line: the settings layer reads it like a flag
 
-    try:
-        parse_nnodes(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error).split(". HINT")[0].replace("--nnodes must be", "must be")) from None
-    return text
-
-
-def _start_method(text: str) -> str:
-    from phalanx.launch.spec import START_METHODS
-
-    if text not in START_METHODS:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(START_METHODS)}, got {text!r}")
-    return text
+    parse.__name__ = kind.name
+    return parse
 
 
 for _function, _name in ((std_spec, "0-3 or RANK:0-3,..."), (ranks_list, "local ranks"), (rdzv_conf, "KEY=VALUE,..."),
                          (signal_names, "signal names"), (numa_binding, "numa binding"), (_int, "int"),
-                         (_float, "number"), (_positive_float, "seconds"), (_start_method, "start method"),
-                         (nproc_per_node, "N|auto|gpu|cpu"), (nnodes, "N|MIN:MAX")):
+                         (_float, "number"), (_positive_float, "seconds")):
     _function.__name__ = _name  # argparse names the type in "invalid <name> value" messages
 
 
@@ -163,22 +152,24 @@ def _both(name: str) -> tuple[str, ...]:
     return (name, underscored) if underscored != name else (name,)
 
 
-def _ours(dest: str, option: str, parse: Callable[[str], Any] | None) -> TorchrunFlag:
-    return TorchrunFlag(dest, _both(option), parse, defined_by_run_command=True)
+def _ours(dest: str, option: str) -> TorchrunFlag:
+    """A torchrun flag that is a setting of phalanx's schema: the row parses and checks it."""
+    return TorchrunFlag(dest, _both(option), _schema(dest), defined_by_run_command=True)
 
 
 FLAGS: tuple[TorchrunFlag, ...] = (
-    # flags phalanx had before this table: the parser is run_command's, PET_* reading is here
-    _ours("nnodes", "--nnodes", nnodes),
-    _ours("nproc_per_node", "--nproc-per-node", nproc_per_node),
-    _ours("rdzv_backend", "--rdzv-backend", str),
-    _ours("rdzv_endpoint", "--rdzv-endpoint", str),
-    _ours("rdzv_id", "--rdzv-id", str),
-    _ours("max_restarts", "--max-restarts", _int),
-    _ours("start_method", "--start-method", _start_method),
-    _ours("node_rank", "--node-rank", _int),
-    _ours("master_addr", "--master-addr", str),
-    _ours("master_port", "--master-port", _int),
+    # torchrun flags that are schema settings: run_command defines them from their rows, and the
+    # rows' kinds check their PET_* values; only torch's dest (the PET_<DEST> name) is recorded here
+    _ours("nnodes", "--nnodes"),
+    _ours("nproc_per_node", "--nproc-per-node"),
+    _ours("rdzv_backend", "--rdzv-backend"),
+    _ours("rdzv_endpoint", "--rdzv-endpoint"),
+    _ours("rdzv_id", "--rdzv-id"),
+    _ours("max_restarts", "--max-restarts"),
+    _ours("start_method", "--start-method"),
+    _ours("node_rank", "--node-rank"),
+    _ours("master_addr", "--master-addr"),
+    _ours("master_port", "--master-port"),
     TorchrunFlag("module", ("-m", "--module"), None, defined_by_run_command=True),
     # the rest of torchrun's flags, added by `configure` below
     TorchrunFlag("rdzv_conf", _both("--rdzv-conf"), rdzv_conf, {},
@@ -223,9 +214,9 @@ REFUSED: dict[str, str] = {}
 """torchrun dests phalanx refuses, with the reason (none today: every flag has torchrun's meaning)."""
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the torchrun flags run_command does not define; "not given" is left unset (SUPPRESS)."""
-    group = parser.add_argument_group("torchrun flags (also read from PET_<NAME> variables, as torchrun does)")
+def configure(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add the torchrun flags run_command does not define to `group` (a parser or one of its argument
+    groups); "not given" is left unset (SUPPRESS)."""
     for flag in FLAGS:
         if flag.defined_by_run_command:
             continue

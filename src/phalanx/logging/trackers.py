@@ -4,16 +4,20 @@ Each wraps the real library (an optional extra: `pip install 'phalanx[wandb]'`, 
 main process only (the metrics logger never opens sinks elsewhere), names its run after the phalanx
 run directory, keeps its files inside that directory, and logs the run's settings as
 hyper-parameters. Offline use is the library's own: `WANDB_MODE=offline`, `SWANLAB_MODE=offline`;
-MLflow writes to a local file store in RUN_DIR/mlruns unless MLFLOW_TRACKING_URI names another.
+MLflow writes to a SQLite store, RUN_DIR/mlflow.db, unless MLFLOW_TRACKING_URI names another: the
+store MLflow 3's client and `mlflow ui` read with their defaults (its file store needs an opt-in).
 """
 from __future__ import annotations
 
 import atexit
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-MLRUNS_DIR = "mlruns"
+MLFLOW_DB = "mlflow.db"
+MLFLOW_ARTIFACTS_DIR = "mlartifacts"
+MLFLOW_EXPERIMENT = "phalanx"
 SWANLAB_DIR = "swanlog"
 
 
@@ -63,19 +67,34 @@ class WandbTracker:
             run.finish()
 
 
+def mlflow_store_uri(run_dir: str) -> str:
+    """The run's own MLflow store: a SQLite database in the run directory."""
+    return "sqlite:///" + os.path.abspath(os.path.join(run_dir, MLFLOW_DB))
+
+
+def mlflow_open_hint(run_dir: str) -> str | None:
+    """The command that opens the run's MLflow store; None when MLFLOW_TRACKING_URI names another."""
+    from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
+
+    if is_tracking_uri_set():
+        return None
+    return f"mlflow ui --backend-store-uri {mlflow_store_uri(run_dir)}"
+
+
 class MLflowTracker:
-    """An MLflow run named after the run directory, in RUN_DIR/mlruns unless MLFLOW_TRACKING_URI is set."""
+    """An MLflow run named after the run directory, in RUN_DIR/mlflow.db unless MLFLOW_TRACKING_URI is set."""
 
     def __init__(self, run: RunInfo):
         import mlflow
         from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
 
+        experiment_id = None
         if not is_tracking_uri_set():
-            # MLflow 3 keeps its file store behind an opt-in (an env variable): a local store is the point here.
-            _allow_mlflow_file_store()
-            mlflow.set_tracking_uri("file://" + os.path.abspath(os.path.join(run.run_dir, MLRUNS_DIR)))
+            uri = mlflow_store_uri(run.run_dir)
+            mlflow.set_tracking_uri(uri)
+            experiment_id = _own_experiment(uri, os.path.join(run.run_dir, MLFLOW_ARTIFACTS_DIR))
         self._mlflow = mlflow
-        self._run = mlflow.start_run(run_name=run.name)
+        self._run = mlflow.start_run(run_name=run.name, experiment_id=experiment_id)
         self.log_params(run.params)
         atexit.register(self.close)
 
@@ -92,13 +111,20 @@ class MLflowTracker:
             self._mlflow.end_run()
 
 
-def _allow_mlflow_file_store() -> None:
-    try:
-        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
-    except ImportError:  # MLflow 2: the file store needs no opt-in
-        return
-    if not MLFLOW_ALLOW_FILE_STORE.defined:
-        MLFLOW_ALLOW_FILE_STORE.set("true")
+def _own_experiment(uri: str, artifact_dir: str) -> str | None:
+    """The "phalanx" experiment of the run's store, its artifacts kept in the run directory (MLflow's
+    Default experiment would put them in ./mlruns of the working directory). None where the user
+    picked an experiment through MLflow's own variables."""
+    from mlflow import MlflowClient
+    from mlflow.environment_variables import MLFLOW_EXPERIMENT_ID, MLFLOW_EXPERIMENT_NAME
+
+    if MLFLOW_EXPERIMENT_NAME.defined or MLFLOW_EXPERIMENT_ID.defined:
+        return None
+    client = MlflowClient(tracking_uri=uri)
+    existing = client.get_experiment_by_name(MLFLOW_EXPERIMENT)  # a run directory used again
+    if existing is not None:
+        return existing.experiment_id
+    return client.create_experiment(MLFLOW_EXPERIMENT, artifact_location=Path(artifact_dir).absolute().as_uri())
 
 
 class SwanLabTracker:

@@ -63,6 +63,11 @@ def model_sizes(model: nn.Module) -> list[ParamSize]:
             if p.requires_grad]
 
 
+def unit_bytes(unit: nn.Module) -> int:
+    """Bytes of a unit's trainable parameters, gathered whole (what zero3 holds while it computes)."""
+    return sum(p.numel() * p.element_size() for p in unit.parameters() if p.requires_grad)
+
+
 def _optimizer_bytes(size: ParamSize, numel: int, optimizer: str) -> int:
     try:
         states, has_step = OPTIMIZER_STATES[optimizer]
@@ -132,15 +137,47 @@ def _sharded_bytes(sizes: list[ParamSize], group_size: int, rank: int, optimizer
 
 
 def recommend(sizes: list[ParamSize], world_size: int, budget_bytes: int, mixed_precision: str = "no",
-              optimizer: str = "adamw") -> tuple[str, str]:
-    """What `auto` picks, and why: ddp when its per-rank state fits the budget, else zero3."""
-    if world_size <= 1:
+              optimizer: str = "adamw", tp: int = 1) -> tuple[str, str]:
+    """What `auto` picks over `world_size` data-parallel ranks, and why: ddp when its per-rank state
+    fits the budget, else zero3. With tensor parallel (`tp` > 1) the state is taken as split evenly
+    over the tp ranks (an estimate: layers the tp plan leaves whole are not split)."""
+    if world_size * tp <= 1:
         return "single", "world_size is 1: nothing to distribute"
-    need = plan(sizes, world_size, optimizer)["ddp"][0].total
+    need = plan(sizes, max(world_size, 1), optimizer)["ddp"][0].total // tp
+    with_tp = f" (state split over tp={tp})" if tp > 1 else ""
     if need <= budget_bytes:
-        return "ddp", f"ddp needs {format_bytes(need)} per rank, within the {format_bytes(budget_bytes)} budget"
-    return "zero3", (f"ddp would need {format_bytes(need)} per rank, over the {format_bytes(budget_bytes)} "
+        return "ddp", f"ddp needs {format_bytes(need)} per rank{with_tp}, within the {format_bytes(budget_bytes)} budget"
+    return "zero3", (f"ddp would need {format_bytes(need)} per rank{with_tp}, over the {format_bytes(budget_bytes)} "
                      "budget: sharding with zero3")
+
+
+def zero3_peak(sizes: list[ParamSize], world_size: int, largest_unit_bytes: int, optimizer: str = "adamw",
+               tp: int = 1) -> tuple[int, int]:
+    """(model state at rest, + the largest unit's gathered parameters) per rank under zero3 over
+    `world_size` ranks in all, `tp` of them splitting each gathered unit."""
+    at_rest = max(b.total for b in plan(sizes, world_size, optimizer)["zero3"])
+    return at_rest, at_rest + largest_unit_bytes // tp
+
+
+def tp_that_fits(sizes: list[ParamSize], world_size: int, local_world_size: int, budget_bytes: int,
+                 largest_unit_bytes: int, optimizer: str = "adamw", tp: int = 1) -> str:
+    """When zero3 over every rank does not fit the budget: which tensor-parallel degree (within a
+    node) would, or why none can; "" when zero3 fits as it is."""
+    at_rest, peak = zero3_peak(sizes, world_size, largest_unit_bytes, optimizer, tp)
+    if peak <= budget_bytes:
+        return ""
+    if at_rest > budget_bytes:
+        return (f"even zero3 over all {world_size} ranks holds {format_bytes(at_rest)} of model state per rank, "
+                f"over the {format_bytes(budget_bytes)} budget: use more ranks or strategy_options cpu_offload")
+    for candidate in range(tp + 1, local_world_size + 1):
+        if local_world_size % candidate or world_size % candidate:
+            continue
+        if zero3_peak(sizes, world_size, largest_unit_bytes, optimizer, candidate)[1] <= budget_bytes:
+            return (f"zero3 peaks at {format_bytes(peak)} per rank with a block gathered, over the "
+                    f"{format_bytes(budget_bytes)} budget; tp={candidate} would fit (each gathered block split "
+                    f"{candidate} ways within a node): set tp={candidate} (phalanx run --tp {candidate})")
+    return (f"zero3 peaks at {format_bytes(peak)} per rank with a block gathered, over the "
+            f"{format_bytes(budget_bytes)} budget, and no tensor-parallel degree within a node brings it under")
 
 
 def device_budget_bytes(device: torch.device, local_world_size: int = 1) -> int:

@@ -39,6 +39,31 @@ def init_module(sharded: bool, device: torch.device) -> Iterator[None]:
         yield
 
 
+def transformers_init(model: nn.Module) -> InitFn | None:
+    """For models holding a transformers `PreTrainedModel` (also inside a peft wrapper): each module
+    inside one is initialised by that model's own `_init_weights(module)` (its norms and rotary
+    buffers have no reset_parameters); modules outside any use reset_parameters(). None otherwise."""
+    owners = [m for m in model.modules() if callable(getattr(m, "_init_weights", None)) and hasattr(m, "config")]
+    if not owners:
+        return None
+    owner_of: dict[int, nn.Module] = {}
+    for owner in owners:  # in module order: an inner model overrides the outer one for its modules
+        for module in owner.modules():
+            owner_of[id(module)] = owner
+
+    def init(module: nn.Module) -> None:
+        owner = owner_of.get(id(module))
+        if owner is not None:
+            owner._init_weights(module)
+        elif callable(getattr(module, "reset_parameters", None)):
+            module.reset_parameters()
+        else:
+            raise ValueError(f"initialising a meta-device model: {type(module).__name__} has no reset_parameters() "
+                             "and is outside the transformers model. HINT: pass strategy_options={'init_weights': fn}")
+
+    return init
+
+
 def _owns_state(module: nn.Module) -> bool:
     return any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
 
@@ -152,7 +177,9 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
                 param_device: torch.device | None = None) -> None:
     """Allocate `model`'s meta tensors on `device` (only the local shards of sharded parameters)
     and initialise them per module, in registration order, as a normal construction would.
-    `param_device`: where parameters live when not on `device` (CPU offload); buffers stay on `device`."""
+    `param_device`: where parameters live when not on `device` (CPU offload); buffers stay on `device`.
+    Without `init_fn`, a transformers model initialises its modules as `from_config` would."""
+    init_fn = init_fn or transformers_init(model)
     check_initialisable(model, init_fn)
     meta_modules = [m for m in model.modules() if _owns_state(m) and any(t.is_meta for t in _own_tensors(m))]
     sync_rng_from_rank0(device)

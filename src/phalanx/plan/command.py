@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phalanx import config
+from phalanx.plan import optimizer as optimizer_choice
 
 _FACTORY_NAMES = ("make_model", "build_model", "get_model", "create_model")
 
@@ -26,8 +27,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                       "or defining one nn.Module class that needs no arguments")
     parser.add_argument("--world-size", "--world_size", type=int, default=None,
                         help="number of ranks (default: what `phalanx run` would start here: one per GPU, else 2)")
-    parser.add_argument("--optimizer", default="adamw",
-                        help="optimizer whose state to count: adamw, adam, sgd, sgd-momentum, adagrad, rmsprop")
+    parser.add_argument("--optimizer", default=None,
+                        help="optimizer whose state to count: adamw, adam, sgd, sgd-momentum, adagrad, rmsprop "
+                             "(default: the one MODEL's file builds, else adamw)")
     parser.add_argument("--budget", default=None,
                         help="per-device bytes for auto's choice, e.g. 16GB (default: "
                              "PHALANX_MEMORY_BUDGET, else 60%% of this machine's GPU memory or RAM/local ranks)")
@@ -39,6 +41,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "estimate activation bytes (a forward on the meta device)")
     parser.add_argument("--activation-checkpointing", "--activation_checkpointing", action="store_true",
                         help="count activations as with activation checkpointing of each block")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel degree: figures are one tensor-parallel rank's, the data-parallel "
+                             "strategies span world size / tp ranks (default 1)")
+    parser.add_argument("--tp-plan", "--tp_plan", default=None, metavar="PLAN",
+                        help="the tensor-parallel plan as JSON or pattern=style,... (default: the model's own "
+                             "transformers plan), as the tp_plan setting takes it")
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -121,16 +129,26 @@ def _hint(target: str, module: Any) -> str:
 
 
 def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard_size: int | None = None,
-           activations: Any = None, activation_checkpointing: bool = False) -> str:
+           activations: Any = None, activation_checkpointing: bool = False, optimizer_why: str = "",
+           tp: int = 1, full_sizes: list | None = None, suggestion: str = "") -> str:
+    """The report. With `tp` > 1, `sizes` are one tensor-parallel rank's parameters (`full_sizes`
+    the model's) and the data-parallel strategies span world_size / tp ranks."""
     from phalanx.model import memory
 
     fb = memory.format_bytes
-    table = memory.plan(sizes, world_size, optimizer, hsdp_shard_size=hsdp_shard_size)
-    num_params = sum(s.numel for s in sizes)
-    lines = [f"model: {num_params:,} trainable parameters ({fb(sum(s.nbytes for s in sizes))}), "
-             f"optimizer {optimizer}, world_size {world_size}",
-             "per-rank model state (the largest rank; activations not included):",
-             f"  {'strategy':14s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'total':>11s}  "
+    dp_size = world_size // tp
+    table = memory.plan(sizes, dp_size, optimizer, hsdp_shard_size=hsdp_shard_size)
+    width = 14 if tp == 1 else 20
+    whole = full_sizes if full_sizes is not None else sizes
+    num_params = sum(s.numel for s in whole)
+    lines = [f"model: {num_params:,} trainable parameters ({fb(sum(s.nbytes for s in whole))}), "
+             f"optimizer {optimizer}{f' ({optimizer_why})' if optimizer_why else ''}, world_size {world_size}"]
+    if tp > 1:
+        lines.append(f"tensor parallel tp={tp}: one rank holds {fb(sum(s.nbytes for s in sizes))} of the parameters "
+                     f"(the tp plan's layers split {tp} ways, the rest whole); the strategies below shard that "
+                     f"over the {dp_size} data-parallel ranks")
+    lines += ["per-rank model state (the largest rank; activations not included):",
+             f"  {'strategy':{width}s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'total':>11s}  "
              f"{'vs ddp':>6s}"]
     ddp_total = table["ddp"][0].total
     for name, ranks in table.items():
@@ -140,16 +158,20 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
             note = f"  (+{fb(worst.host)} in CPU memory)"
         ratio = worst.total / ddp_total if ddp_total else 0.0
         if name == "hsdp":
-            name = f"hsdp {world_size // hsdp_shard_size}x{hsdp_shard_size}"
-        lines.append(f"  {name:14s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
+            name = f"hsdp {dp_size // hsdp_shard_size}x{hsdp_shard_size}"
+        if tp > 1:
+            name = f"{name} x tp{tp}"
+        lines.append(f"  {name:{width}s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
                      f"{fb(worst.total):>11s}  {ratio:6.2f}{note}")
     lines.append("  (at rest, between steps; during a step zero2 also holds every unit's gathered parameters\n"
                  "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks';\n"
                  "   root-level embedding tables are never gathered whole while a forward's tokens x ranks are fewer than their rows)")
     if activations is not None:
         lines.append(activation_lines(activations, activation_checkpointing, fb))
-    choice, why = memory.recommend(sizes, world_size, budget, optimizer=optimizer)
+    choice, why = memory.recommend(sizes, dp_size, budget, optimizer=optimizer)
     lines.append(f"auto would pick: {choice} ({why})")
+    if suggestion:
+        lines.append(suggestion)
     return "\n".join(lines)
 
 
@@ -180,16 +202,15 @@ def main(args: argparse.Namespace) -> int:
             args.world_size = devices.count_visible_gpus() or devices.CPU_DEFAULT_NPROC
         if args.world_size < 1:
             raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
+        if args.tp < 1 or args.world_size % args.tp:
+            raise ValueError(f"--tp {args.tp} does not divide --world-size {args.world_size}. HINT: choose tp "
+                             f"among {', '.join(str(d) for d in range(1, args.world_size + 1) if args.world_size % d == 0)}")
+        tp_plan = config.BY_NAME["tp_plan"].kind.from_text(args.tp_plan) if args.tp_plan else None
         factory = load_factory(args.model)
-        try:
-            with torch.device("meta"):
-                model = factory()
-        except Exception as error:  # noqa: BLE001 - the user's code: say which and why, no traceback
-            raise ValueError(f"building the model with {args.model} failed: {type(error).__name__}: {error}. "
-                             "HINT: MODEL must be callable with no arguments") from None
-        if not isinstance(model, torch.nn.Module):
-            raise ValueError(f"{args.model} returned {type(model).__name__}, not a torch.nn.Module. "
-                             "HINT: pass file.py:NAME, where NAME() returns the model")
+        model = _build(factory, args.model)
+        full_sizes = memory.model_sizes(model)
+        if args.tp > 1:
+            _shrink(model, tp_plan, args.tp)
     except ValueError as error:
         print(f"phalanx plan: error: {error}", file=sys.stderr)
         return 2
@@ -202,23 +223,93 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"phalanx plan: error: {error}", file=sys.stderr)
         return 2
-    print(render(memory.model_sizes(model), args.world_size, args.optimizer, budget, shard, acts,
-                 args.activation_checkpointing))
+    choice = optimizer_choice.choose(args.optimizer, args.model)
+    sizes = memory.model_sizes(model)
+    suggestion = suggest(factory, args, tp_plan, choice.name, budget, sizes, acts)
+    print(render(sizes, args.world_size, choice.name, budget, shard, acts, args.activation_checkpointing,
+                 choice.why, tp=args.tp, full_sizes=full_sizes, suggestion=suggestion))
     return 0
+
+
+def _build(factory: Callable[[], Any], label: str) -> Any:
+    """The model on the meta device (nothing allocated, any size)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = factory()
+    except Exception as error:  # noqa: BLE001 - the user's code: say which and why, no traceback
+        raise ValueError(f"building the model with {label} failed: {type(error).__name__}: {error}. "
+                         "HINT: MODEL must be callable with no arguments") from None
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"{label} returned {type(model).__name__}, not a torch.nn.Module. "
+                         "HINT: pass file.py:NAME, where NAME() returns the model")
+    return model
+
+
+def _shrink(model: Any, tp_plan: Any, tp: int) -> None:
+    from phalanx.strategies import tensor_parallel
+
+    tensor_parallel.shrink_to_one_rank(model, tp_plan, tp)
+
+
+PREFERENCE = ("ddp", "zero1", "zero2", "zero3")  # least communication first
+
+
+def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, optimizer: str, budget: int,
+            sizes: list, acts: Any) -> str:
+    """The layout with the least communication whose model state (+ activations with --input) fits
+    the budget: the data-parallel presets at --tp, then larger tp within a node."""
+    from phalanx.model import memory
+
+    nproc = args.nproc_per_node or args.world_size
+    candidates = [args.tp] + [t for t in range(args.tp + 1, nproc + 1) if nproc % t == 0 and args.world_size % t == 0]
+    for tp in candidates:
+        if tp != args.tp:
+            try:
+                model = _build(factory, args.model)
+                _shrink(model, tp_plan, tp)
+                acts = _activations(args, model) if args.input else None
+            except ValueError:
+                continue  # this model's layers (or heads) do not split that many ways, or it has no plan
+            sizes = memory.model_sizes(model)
+        table = memory.plan(sizes, args.world_size // tp, optimizer)
+        extra = 0 if acts is None else (acts.peak_checkpointed if args.activation_checkpointing else acts.peak)
+        for name in PREFERENCE:
+            need = max(b.total for b in table[name]) + extra
+            if need <= budget:
+                layout = name + (f" x tp{tp}" if tp > 1 else "")
+                what = "model state + activations" if acts is not None else "model state"
+                return (f"suggested layout for {args.world_size} ranks: {layout} ({what} {memory.format_bytes(need)} "
+                        f"per rank, within the {memory.format_bytes(budget)} budget)")
+    return (f"suggested layout: none fits {memory.format_bytes(budget)} per rank on {args.world_size} ranks; "
+            "HINT: more ranks, activation checkpointing, a smaller batch, or CPU offload (zero3)")
+
+
+def _activations(args: argparse.Namespace, model: Any) -> Any:
+    from phalanx.model.units import default_units
+    from phalanx.plan import activations
+
+    shape, dtype = activations.parse_input(args.input)
+    try:
+        return activations.measure(model, [activations.meta_input(shape, dtype)], default_units(model))
+    except RuntimeError as error:  # e.g. a view over attention heads that tp does not divide
+        raise ValueError(f"the forward on the meta device failed with the layers split for one tensor-parallel "
+                         f"rank: {error}. HINT: tp must divide the model's attention (and key/value) heads") from None
 
 
 def _shard_and_activations(args: argparse.Namespace, model: Any) -> tuple[int, Any]:
     """hsdp's shard size (the processes per node), and the activation estimate when --input is given."""
-    shard = args.nproc_per_node or args.world_size
-    if args.world_size % shard:
-        raise ValueError(f"--nproc-per-node {shard} does not divide --world-size {args.world_size}")
+    nproc = args.nproc_per_node or args.world_size
+    if args.world_size % nproc:
+        raise ValueError(f"--nproc-per-node {nproc} does not divide --world-size {args.world_size}")
+    if nproc % args.tp:
+        raise ValueError(f"--tp {args.tp} does not divide the {nproc} processes of a node: tensor parallel "
+                         "belongs inside a node")
+    shard = nproc // args.tp
     if args.input is None:
         if args.activation_checkpointing:
             raise ValueError("--activation-checkpointing changes the activation estimate, which needs --input "
                              "SHAPE[:DTYPE], e.g. --input 16x512")
         return shard, None
-    from phalanx.plan import activations
-    from phalanx.model.units import default_units
-
-    shape, dtype = activations.parse_input(args.input)
-    return shard, activations.measure(model, [activations.meta_input(shape, dtype)], default_units(model))
+    return shard, _activations(args, model)

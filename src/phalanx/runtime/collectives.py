@@ -55,11 +55,12 @@ def _check(op: str, data: Any, ragged_dim0: bool = False) -> None:
     check_collective(op, data, ragged_dim0)
 
 
-def reduce(data: Any, reduction: str = "mean", debug: bool = False) -> Any:
-    """All-reduce every tensor; every rank receives the result. Input tensors are not modified."""
+def reduce(data: Any, reduction: str = "mean", debug: bool = False, group: Any = None) -> Any:
+    """All-reduce every tensor over `group` (default: every rank); every rank receives the result.
+    Input tensors are not modified."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    world = world_size()
+    world = world_size(group)
     if debug and world > 1:
         _check(f"reduce[{reduction}]", data)
 
@@ -71,7 +72,7 @@ def reduce(data: Any, reduction: str = "mean", debug: bool = False) -> Any:
             raise ValueError(f"reduce(..., 'mean') needs a floating-point tensor, got {out.dtype}")
         op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM,
               "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[reduction]
-        dist.all_reduce(out, op=op)
+        dist.all_reduce(out, op=op, group=group)
         if reduction == "mean":
             out /= world
         return out
@@ -79,35 +80,35 @@ def reduce(data: Any, reduction: str = "mean", debug: bool = False) -> Any:
     return map_tensors(one, data)
 
 
-def gather(data: Any, debug: bool = False) -> Any:
-    """Concatenate every tensor along dim 0 over ranks, in rank order.
+def gather(data: Any, debug: bool = False, group: Any = None) -> Any:
+    """Concatenate every tensor along dim 0 over the ranks of `group` (default: all), in rank order.
 
     Ranks may hold different lengths along dim 0 (the last batch, a filtered batch); the other
     dims must match. 0-d tensors become one row per rank.
     """
     if debug and world_size() > 1:
         _check("gather", map_tensors(lambda t: t.reshape(1) if t.dim() == 0 else t, data), ragged_dim0=True)
-    if world_size() == 1:
+    if world_size(group) == 1:
         return map_tensors(lambda t: t.detach().clone() if t.dim() else t.detach().reshape(1), data)
-    return map_tensors(_gather_one, data)
+    return map_tensors(lambda t: _gather_one(t, group), data)
 
 
-def _gather_one(t: torch.Tensor) -> torch.Tensor:
+def _gather_one(t: torch.Tensor, group: Any = None) -> torch.Tensor:
     t = t.detach()
     if t.dim() == 0:
         t = t.reshape(1)
     t = t.contiguous()
-    world = world_size()
+    world = world_size(group)
     length = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
     lengths = [torch.zeros_like(length) for _ in range(world)]
-    dist.all_gather(lengths, length)
+    dist.all_gather(lengths, length, group=group)
     sizes = [int(n.item()) for n in lengths]
     longest = max(sizes)
     if t.shape[0] < longest:
         pad = t.new_zeros((longest - t.shape[0], *t.shape[1:]))
         t = torch.cat([t, pad])
     parts = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(parts, t)
+    dist.all_gather(parts, t, group=group)
     return torch.cat([part[:n] for part, n in zip(parts, sizes)])
 
 

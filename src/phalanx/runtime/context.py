@@ -1,6 +1,7 @@
 """Who this process is in the job: one explicit, immutable context built once from the env."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Mapping
@@ -31,20 +32,21 @@ class DistContext:
     """Where to rendezvous when no launcher set MASTER_ADDR/PORT (srun, mpiexec); None: torch's env://."""
     adopted: bool = False
     """True when the process group was initialised before Phalanx() (mp.spawn, another library)."""
-    data_parallel: tuple[int, int] | None = None
-    """(size, rank) of this process among the data-parallel replicas, when that differs from the world
-    (ranks of one tensor- or pipeline-parallel group read the same batches); None: every rank is a replica."""
+    dp_rank: int = -1
+    """Which shard of the data this rank reads: its index over the data-parallel mesh dims (ranks
+    of one tensor-parallel group read the same); -1 until the layout is known: the rank."""
+    dp_size: int = 0
+    """Ranks reading different data (the data-parallel dims); 0 until the layout is known: the world."""
 
-    @property
-    def dp_size(self) -> int:
-        """How many ways the data is split: the world size unless `data_parallel` says otherwise.
-        Loaders shard by this (and `dp_rank`), never by world_size/rank directly."""
-        return self.world_size if self.data_parallel is None else self.data_parallel[0]
+    def __post_init__(self) -> None:
+        if self.dp_size == 0:
+            object.__setattr__(self, "dp_size", self.world_size)
+        if self.dp_rank == -1:
+            object.__setattr__(self, "dp_rank", self.rank)
 
-    @property
-    def dp_rank(self) -> int:
-        """This process's data shard, in 0..dp_size-1."""
-        return self.rank if self.data_parallel is None else self.data_parallel[1]
+    def with_data_parallel(self, dp_rank: int, dp_size: int) -> "DistContext":
+        """This context with the data-parallel coordinates a parallel plan gives it."""
+        return dataclasses.replace(self, dp_rank=dp_rank, dp_size=dp_size)
 
     @property
     def is_distributed(self) -> bool:
@@ -152,6 +154,24 @@ class AgentEnv:
 def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:
     """The settings the launcher handed this process as PHALANX_* variables, checked."""
     return config.from_env(os.environ if env is None else env)
+
+
+@dataclass(frozen=True)
+class ParityRequest:
+    """What `phalanx parity` asks of this worker (runtime/parity_record.py)."""
+
+    record_path: str
+    steps: int
+    batch_scale: int
+
+
+def parity_request(env: Mapping[str, str] | None = None) -> ParityRequest | None:
+    """Set by `phalanx parity` for the workers of its two runs; None otherwise."""
+    env = os.environ if env is None else env
+    path = env.get(envvars.PHALANX_PARITY_RECORD)
+    if not path:
+        return None
+    return ParityRequest(path, _int(env, envvars.PHALANX_PARITY_STEPS, 3), _int(env, envvars.PHALANX_PARITY_BATCH_SCALE, 1))
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -103,6 +103,13 @@ def ignoring_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def leaving_cleanly() -> bool:
+    """No exception on its way out, or `sys.exit(0)`: forked workers run the exit handlers inside
+    the `finally` the SystemExit passes through, and exit 0 there is a clean end, not a failure."""
+    error = sys.exc_info()[1]
+    return error is None or (isinstance(error, SystemExit) and error.code in (0, None))
+
+
 def destroy_process_group(before_destroy: Callable[[], None] | None = None) -> None:
     """Leave the group at exit.
 
@@ -120,7 +127,7 @@ def destroy_process_group(before_destroy: Callable[[], None] | None = None) -> N
     # An exception on its way out counts too: forked workers (`phalanx run`) run the atexit
     # handlers from a `finally`, and sys.excepthook is never called there.
     with ignoring_sigint():
-        if not _state["failed"] and sys.exc_info()[0] is None:
+        if not _state["failed"] and leaving_cleanly():
             dist.barrier()
         if before_destroy is not None:
             before_destroy()

@@ -12,6 +12,7 @@ draws does not depend on the worker that loads it, and a mid-epoch resume is exa
 from __future__ import annotations
 
 import random
+import warnings
 
 import numpy as np
 import torch
@@ -24,18 +25,20 @@ _SAMPLE = 0x5A3D1E  # keeps per-sample seeds apart from worker base seeds of the
 def seed_everything(seed: int, workers: bool = True) -> int:
     """Seed Python's `random`, NumPy and torch (CPU and every GPU) with `seed`; return it.
 
-    Call it with the same seed on every rank: the ranks then build identical models. A `Phalanx()`
-    created afterwards without a seed of its own uses this one (data order, worker seeds, fresh
-    ranks on resume). `workers=True` (default): every DataLoader worker of every rank gets its own
-    reproducible stream derived from (seed, rank, worker id, epoch). `workers=False`: workers of
-    loaders prepared afterwards get torch's default seeds, the same on every rank (for datasets whose
-    augmentation must match across ranks).
+    Call it with the same seed on every rank: the ranks then build identical models. It records
+    nothing: the data order and the workers' seeds follow the `seed` setting, so pass the seed on,
+    `Phalanx(seed=seed_everything(42))` (or just `Phalanx(seed=42)`, which seeds the same RNGs).
+    `workers` is kept for old scripts: workers' seeds are the `worker_seeds` setting now, and
+    `workers=False` only says so (a warning) instead of changing loaders behind the script's back.
     """
     seed = check_seed(seed)
+    if not workers:
+        warnings.warn("phalanx: seed_everything(..., workers=False) no longer changes how prepared loaders seed "
+                      "their workers. HINT: Phalanx(worker_seeds='shared') (PHALANX_WORKER_SEEDS=shared) gives "
+                      "every rank's workers the same seeds", FutureWarning, stacklevel=2)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # every device's generator too
-    _state.seed, _state.workers = seed, bool(workers)
     return seed
 
 
@@ -77,21 +80,3 @@ def seed_sample(seed: int, epoch: int, index: int) -> None:
 def seed_worker_generator(generator: torch.Generator, seed: int, rank: int, epoch: int) -> None:
     """Re-seed a loader's generator so that the next `iter(loader)` draws this rank's worker base seed."""
     generator.manual_seed(worker_base_seed(seed, rank, epoch))
-
-
-class _State:
-    seed: int | None = None  # the last seed_everything() seed
-    workers: bool = True  # its `workers` argument
-
-
-_state = _State()
-
-
-def last_seed() -> int | None:
-    """The seed of the last `seed_everything` call in this process, if any."""
-    return _state.seed
-
-
-def rank_aware_workers() -> bool:
-    """False after `seed_everything(..., workers=False)`: prepared loaders keep torch's worker seeds."""
-    return _state.workers

@@ -37,7 +37,7 @@ from typing import Callable
 import torch.distributed as dist
 
 from phalanx import store_keys
-from phalanx.runtime.process_group import ignoring_sigint
+from phalanx.runtime.process_group import ignoring_sigint, leaving_cleanly
 from phalanx.runtime.context import AgentEnv
 from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
@@ -112,11 +112,11 @@ class Watchdog:
         self._beat += 1
         p = self.progress
         ticks = p.ticks + self._beat if p.busy else p.ticks  # busy on purpose: counts as moving
-        self.store.set(f"r{self.rank}", f"{self._beat}|{ticks}|{p.step}|{p.phase}")
+        self.store.set(store_keys.record_name(self.rank), f"{self._beat}|{ticks}|{p.step}|{p.phase}")
 
     def _watch_peers(self, now: float) -> None:
-        if self.store.check(["verdict"]):
-            self._follow(self.store.get("verdict").decode())
+        if self.store.check([store_keys.VERDICT]):
+            self._follow(self.store.get(store_keys.VERDICT).decode())
             return
         if self._watching_since is None:
             self._watching_since = now
@@ -126,14 +126,14 @@ class Watchdog:
         verdict = judge(self._peers, now, self.timeout, self.rank, self.stuck_after)
         if verdict is None:
             return
-        won = self.store.compare_set("verdict", "", verdict.headline).decode() == verdict.headline
+        won = self.store.compare_set(store_keys.VERDICT, "", verdict.headline).decode() == verdict.headline
         if won:
             self._report(verdict)
         else:
-            self._follow(self.store.get("verdict").decode())
+            self._follow(self.store.get(store_keys.VERDICT).decode())
 
     def _read_peers(self, now: float) -> None:
-        keys = [f"r{r}" for r in range(self.world_size)]
+        keys = [store_keys.record_name(r) for r in range(self.world_size)]
         for rank, raw in enumerate(self.store.multi_get(keys)):
             beat, ticks, step, phase = raw.decode().split("|", 3)
             record = (int(beat), int(ticks), int(step), phase)
@@ -146,19 +146,19 @@ class Watchdog:
 
     # ---- stopping everyone -----------------------------------------------------------------
     def _report(self, verdict: Verdict) -> None:
-        self.store.set(f"stack{self.rank}", main_thread_stack())
+        self.store.set(store_keys.stack_name(self.rank), main_thread_stack())
         waiting_for = [r for r in range(self.world_size) if r != self.rank and r not in verdict.dead]
         deadline = time.monotonic() + max(3.0, 3 * self.interval)
-        while time.monotonic() < deadline and not all(self.store.check([f"stack{r}"]) for r in waiting_for):
+        while time.monotonic() < deadline and not all(self.store.check([store_keys.stack_name(r)]) for r in waiting_for):
             time.sleep(0.05)
         stacks = []
         for r in range(self.world_size):
-            text = self.store.get(f"stack{r}").decode() if self.store.check([f"stack{r}"]) else "(no stack: the rank did not answer)\n"
+            text = self.store.get(store_keys.stack_name(r)).decode() if self.store.check([store_keys.stack_name(r)]) else "(no stack: the rank did not answer)\n"
             stacks.append(f"--- rank {r} (main thread, most recent call last) ---\n{text}")
         report = "\n".join([verdict.headline, *verdict.lines, "Python stack of each rank at that moment:", *stacks])
-        self.store.set("report", report)
+        self.store.set(store_keys.REPORT, report)
         _announce(report, show=True)
-        self.store.set("reported", "1")
+        self.store.set(store_keys.REPORTED, "1")
         os._exit(EXIT_CODE)  # first: a launcher then names this rank, with the report, as the root cause
 
     def _follow(self, headline: str) -> None:
@@ -168,13 +168,13 @@ class Watchdog:
         """
         message = f"phalanx watchdog stopped rank {self.rank}; the report: {headline}"
         try:
-            self.store.set(f"stack{self.rank}", main_thread_stack())
+            self.store.set(store_keys.stack_name(self.rank), main_thread_stack())
             deadline = time.monotonic() + 10.0
-            while time.monotonic() < deadline and not self.store.check(["reported"]):
+            while time.monotonic() < deadline and not self.store.check([store_keys.REPORTED]):
                 time.sleep(0.05)
             # The full report in this rank's error file too: a launcher that names only one failed
             # rank (torch's fork start method names the lowest) shows it whichever rank it picks.
-            message = self.store.get("report").decode()
+            message = self.store.get(store_keys.REPORT).decode()
             _announce(message, show=False)
             time.sleep(1.0)  # let the reporter exit first (a launcher lists the first failure first)
         finally:
@@ -194,7 +194,7 @@ class Watchdog:
         self._failed_at = time.time()
         try:
             # The moment, to the microsecond: peers and the launcher order failures by it.
-            self.store.set(f"failed{self.rank}", f"{self._failed_at:.6f}|{self.progress.step}")
+            self.store.set(store_keys.failed_name(self.rank), f"{self._failed_at:.6f}|{self.progress.step}")
             self._publish()  # peers learn at once that this rank failed, and at which step
         except Exception:  # noqa: BLE001 - the store's host may be gone already; the exit goes on
             return
@@ -214,7 +214,7 @@ class Watchdog:
         """
         exc_type = sys.exc_info()[0]
         with ignoring_sigint():  # a second Ctrl-C must not cut the exit path short (see there)
-            if exc_type is not None:  # leaving because of an exception (forked workers get here)
+            if not leaving_cleanly():  # leaving because of an exception (forked workers get here)
                 self.failed(exc_type)
             else:
                 self.progress.enter(LEFT_LOOP)
@@ -275,7 +275,7 @@ def explain_failure(watchdog: Watchdog) -> str | None:
     Two reads of the peers' records, a few heartbeats apart: a rank whose heartbeat did not move
     is gone, and this rank's error is most likely the consequence.
     """
-    keys = [f"r{r}" for r in range(watchdog.world_size)]
+    keys = [store_keys.record_name(r) for r in range(watchdog.world_size)]
     first = watchdog.store.multi_get(keys)
     time.sleep(3 * watchdog.interval)
     second = watchdog.store.multi_get(keys)
@@ -288,7 +288,7 @@ def explain_failure(watchdog: Watchdog) -> str | None:
         if phase == "failed":
             # Only a peer that failed before this rank can be the cause; one that failed later (or
             # at once, in the same collective) is a consequence or a coincidence, never the cause.
-            key = f"failed{rank}"
+            key = store_keys.failed_name(rank)
             note = store_keys.parse(None, watchdog.store.get(key) if watchdog.store.check([key]) else None)
             if note.failed_at is not None and note.failed_at < mine:
                 failed.append(f"rank {rank} raised an exception at {at_step(int(step))}, "

@@ -1,13 +1,14 @@
 """`auto`: ddp when the model state fits the per-device budget, else zero3. A decision, not a
-strategy: the facade asks once the model is known (at prepare) and creates the strategy it names."""
+strategy: the facade asks once the model is known (at prepare) and builds the plan it names."""
 from __future__ import annotations
 
 from torch import nn
 
-from phalanx.runtime.context import DistContext
-from phalanx.strategies import ddp_rules
 from phalanx.model import memory
-from phalanx.strategies.base import StrategyOptions
+from phalanx.model.units import default_units
+from phalanx.runtime.context import DistContext
+from phalanx.strategies import presets
+from phalanx.strategies.options import StrategyOptions
 
 
 def budget_bytes(ctx: DistContext, options: StrategyOptions) -> int:
@@ -17,9 +18,17 @@ def budget_bytes(ctx: DistContext, options: StrategyOptions) -> int:
     return memory.device_budget_bytes(ctx.device, ctx.local_world_size)
 
 
-def decide(model: nn.Module, ctx: DistContext, options: StrategyOptions) -> tuple[str, str]:
-    """(strategy name, why) for this model; DDP options given for a model auto shards are refused."""
-    name, reason = memory.recommend(memory.model_sizes(model), ctx.world_size, budget_bytes(ctx, options),
-                                    options.mixed_precision)
-    ddp_rules.refuse_without_ddp(name, options.ddp.asked(), f" (strategy auto chose {name}: {reason})")
+def decide(model: nn.Module, ctx: DistContext, options: StrategyOptions, tp: int = 1) -> tuple[str, str]:
+    """(preset name, why) for this model over the data-parallel ranks left after tensor parallel.
+
+    auto stays data-parallel: when even zero3 across the ranks does not fit, it still picks zero3
+    and says which tp would fit instead, rather than choosing tensor parallel silently."""
+    sizes = memory.model_sizes(model)
+    budget = budget_bytes(ctx, options)
+    name, reason = memory.recommend(sizes, ctx.world_size // tp, budget, options.mixed_precision, tp=tp)
+    if name == presets.AUTO_CHOOSES[-1]:  # sharded, and still over the budget: say what would fit
+        largest = max((memory.unit_bytes(unit) for unit in default_units(model)), default=0)
+        hint = memory.tp_that_fits(sizes, ctx.world_size, ctx.local_world_size, budget, largest, tp=tp)
+        if hint:
+            reason += f"; {hint}"
     return name, reason

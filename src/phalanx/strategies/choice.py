@@ -8,10 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from phalanx.config import RUNTIME
 from phalanx.config import deepspeed as deepspeed_config
-from phalanx.strategies.base import StrategyOptions
+from phalanx.config.names import Needs
 from phalanx.strategies.ddp_options import DDPOptions
-from phalanx.strategies.ddp_rules import DDP_SETTINGS
+from phalanx.strategies.options import StrategyOptions
+
+DDP_SETTINGS: tuple[str, ...] = tuple(s.name for s in RUNTIME if s.needs is Needs.DDP)
 
 
 @dataclass
@@ -43,6 +46,9 @@ def choose(resolved: Any, strategy_options: Mapping[str, Any] | StrategyOptions 
         options.embedding_exchange = cfg.embedding_exchange
     if resolved.is_set("compile"):
         options.compile = cfg.compile
+    if cfg.tp_plan is not None:
+        options.tp_plan = dict(cfg.tp_plan)
+    options.sequence_parallel = options.sequence_parallel or cfg.sequence_parallel
     given = tuple(name for name in DDP_SETTINGS if resolved.is_set(name))
     options.ddp = DDPOptions(**{name: getattr(cfg, name) for name in DDP_SETTINGS}, given=given)
     return StrategyChoice(strategy=cfg.strategy, options=options, grad_accum_steps=cfg.grad_accum_steps,

@@ -17,7 +17,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 from phalanx import config
-from phalanx.strategies.ddp_rules import COMM_HOOKS
+
+
+COMM_HOOKS: tuple[str, ...] = config.BY_NAME["comm_hook"].kind.choices()
 
 
 def _default(name: str) -> Any:

@@ -12,6 +12,7 @@ ddp in both directions.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable
 
@@ -31,15 +32,23 @@ def dim0_chunk(rows: int, world_size: int, rank: int) -> tuple[int, int]:
     return start, min(rows, start + per)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local tensor (tensor parallel's part of a parameter; the same storage), else `t`."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 class _Slot:
     """One parameter: its full tensor, this rank's chunk (a view into the local buffer) and where
-    that chunk sits in the buffer all ranks gather."""
+    that chunk sits in the buffer all ranks gather. Under tensor parallel the parameter is a DTensor
+    and "full" means this rank's tensor-parallel part of it, which the data-parallel ranks share."""
 
     def __init__(self, param: nn.Parameter, world_size: int, rank: int, offset: int):
         self.param = param
-        self.replicated = param.dim() == 0  # a scalar cannot be split: every rank steps it
-        rows = 1 if self.replicated else param.shape[0]
-        self.row_numel = 1 if self.replicated else math.prod(param.shape[1:])
+        with torch.no_grad():
+            self.full = _local(param)  # what the data-parallel ranks chunk, step and gather
+        self.replicated = self.full.dim() == 0  # a scalar cannot be split: every rank steps it
+        rows = 1 if self.replicated else self.full.shape[0]
+        self.row_numel = 1 if self.replicated else math.prod(self.full.shape[1:])
         self.rows_per_rank = rows if self.replicated else math.ceil(rows / world_size)
         self.start, self.end = (0, 1) if self.replicated else dim0_chunk(rows, world_size, rank)
         self.offset = offset
@@ -50,6 +59,7 @@ class _Slot:
         g = self.param.grad
         if g is None:
             return None
+        g = _local(g)
         return g if self.replicated else g[self.start:self.end]
 
 
@@ -70,7 +80,7 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         params = [p for g in self.param_groups for p in g["params"]]
         if len({id(p) for p in params}) != len(params):
             raise ValueError("a parameter appears in more than one param group; zero1 shards each once")
-        device = params[0].device if params else torch.device("cpu")
+        device = _local(params[0]).device if params else torch.device("cpu")
         dtypes = {p.dtype for p in params}
         if len(dtypes) > 1:
             raise ValueError(f"zero1 needs one parameter dtype, got {sorted(map(str, dtypes))}. HINT: cast "
@@ -91,10 +101,10 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
                 view = self._local[slot.offset:slot.offset + own]
                 if slot.replicated:
                     view = view.view(())
-                    view.copy_(slot.param)
+                    view.copy_(slot.full)
                 else:
-                    view = view.view(slot.end - slot.start, *slot.param.shape[1:])
-                    view.copy_(slot.param[slot.start:slot.end])
+                    view = view.view(slot.end - slot.start, *slot.full.shape[1:])
+                    view.copy_(slot.full[slot.start:slot.end])
                 slot.chunk = nn.Parameter(view, requires_grad=slot.param.requires_grad)
                 by_param[slot.param] = slot
         self._by_param: dict[nn.Parameter, _Slot] = by_param
@@ -134,10 +144,10 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         table = self._gathered.view(self.world_size, -1)
         for slot in self._slots:
             if slot.replicated:
-                slot.param.copy_(slot.chunk)
+                slot.full.copy_(slot.chunk)
                 continue
-            rows = table[:, slot.offset:slot.offset + slot.padded].reshape(-1, *slot.param.shape[1:])
-            slot.param.copy_(rows[:slot.param.shape[0]])
+            rows = table[:, slot.offset:slot.offset + slot.padded].reshape(-1, *slot.full.shape[1:])
+            slot.full.copy_(rows[:slot.full.shape[0]])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
@@ -158,24 +168,36 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
             self._device_mesh = DeviceMesh(self._local.device.type, ranks)
         return self._device_mesh
 
-    def _as_global(self, slot: _Slot, value: Any) -> Any:
+    def _as_global(self, slot: _Slot, value: Any, gather: bool) -> Any:
+        """A chunk's state tensor as the whole parameter's: a DTensor sharded on dim 0 over the
+        data-parallel ranks (no copy). Under tensor parallel (`gather`, checkpoints only) the
+        chunks are gathered into this rank's tensor-parallel part and laid out as the parameter is."""
         from torch.distributed.tensor import DTensor, Shard
 
         if slot.replicated or not isinstance(value, torch.Tensor) or value.shape != slot.chunk.shape:
             return value  # e.g. AdamW's scalar `step`: the same on every rank
-        return DTensor.from_local(value, self._mesh(), [Shard(0)], run_check=False,
-                                  shape=slot.param.shape, stride=slot.param.stride())
+        if not isinstance(slot.param, DTensor):
+            return DTensor.from_local(value, self._mesh(), [Shard(0)], run_check=False,
+                                      shape=slot.param.shape, stride=slot.param.stride())
+        if not gather:
+            return value
+        padded = value.new_zeros(slot.rows_per_rank, *value.shape[1:])
+        padded[:value.shape[0]] = value
+        rows = value.new_empty(slot.rows_per_rank * self.world_size, *value.shape[1:])
+        all_gather_single(rows, padded, group=self.process_group)
+        return DTensor.from_local(rows[:slot.full.shape[0]], slot.param.device_mesh, slot.param.placements,
+                                  run_check=False, shape=slot.param.shape, stride=slot.param.stride())
 
-    def _refresh_state(self) -> None:
-        """`state`, keyed by the full parameters: the chunks' state tensors wrapped (no copy)."""
+    def _refresh_state(self, gather: bool = False) -> None:
+        """`state`, keyed by the full parameters: the chunks' state tensors wrapped."""
         self.state.clear()
         for slot in self._slots:
             local = self.optim.state.get(slot.chunk)
             if local:
-                self.state[slot.param] = {k: self._as_global(slot, v) for k, v in local.items()}
+                self.state[slot.param] = {k: self._as_global(slot, v, gather) for k, v in local.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        self._refresh_state()
+        self._refresh_state(gather=True)
         return super().state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -190,6 +212,8 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
             for key, value in loaded.items():
                 if isinstance(value, DTensor):
                     value = value.to_local()
+                    if isinstance(slot.param, DTensor) and not slot.replicated:
+                        value = value[slot.start:slot.end]  # this rank's tensor-parallel part, whole
                 elif isinstance(value, torch.Tensor) and not slot.replicated and value.dim() > 0 \
                         and value.shape == slot.param.shape:  # full tensors (from a ddp checkpoint)
                     value = value[slot.start:slot.end]
@@ -218,3 +242,24 @@ class _GatherJoinHook(JoinHook):
 
     def main_hook(self) -> None:
         self.optimizer.gather_params()
+
+
+def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`optimizer.defaults` restricted to what its class's constructor accepts.
+
+    (e.g. AdamW records `decoupled_weight_decay` in defaults but does not take it as an argument.)
+    """
+    params = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in params}
+
+
+def refuse_optimizer_with_state(optimizer: torch.optim.Optimizer, strategy: str) -> None:
+    if len(optimizer.state) > 0:
+        raise ValueError(
+            f"strategy {strategy!r} re-binds the optimizer's state to sharded parameters, but this "
+            f"{type(optimizer).__name__} already holds state for {len(optimizer.state)} parameter(s). "
+            "HINT: call px.prepare(model, optimizer) before the first optimizer.step() or "
+            "load_state_dict(), and load optimizer state into the prepared optimizer."
+        )

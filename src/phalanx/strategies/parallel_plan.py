@@ -1,0 +1,155 @@
+"""The parallel plan: one frozen description of how a job is laid out over its processes.
+
+A layout is a point in a space of dimensions, as torchtitan's `ParallelDims` and Accelerate's
+`ParallelismConfig` describe it: pipeline stages (pp), data-parallel replicas (dp_replicate) and
+shards (dp_shard), and tensor-parallel ranks (tp), whose product is the number of processes; plus
+what the data-parallel dims shard (nothing, the optimizer state, + gradients, + parameters), and the
+options of that sharding. Strategy names (ddp, zero1, zero2, zero3, hsdp, dp) are presets that
+build a plan (strategies/presets.py). Every question "does this layout use DDP / FSDP2 / meta
+init / this setting?" is a property of the plan, so no list of strategy names exists elsewhere.
+
+Pure Python (no torch): `phalanx run` builds the plan and checks the settings against it before
+any worker starts.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from phalanx.config.names import Needs
+
+# The mesh's dimensions, outermost first (torchtitan's order): ranks next to each other share a
+# tensor-parallel group, the fastest links; pipeline stages are furthest apart.
+MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
+
+
+class Sharding(enum.IntEnum):
+    """What the data-parallel shard dimension splits over its ranks (the ZeRO stage)."""
+
+    NONE = 0  # every rank holds everything: gradients all-reduced (ddp)
+    OPTIMIZER = 1  # optimizer state split over the data-parallel ranks; parameters and gradients whole (zero1)
+    GRADIENTS = 2  # + gradients and parameters at rest; gathered ones kept from forward to backward (zero2)
+    PARAMETERS = 3  # + each unit's gathered parameters freed after its forward (zero3)
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """A layout: the degrees of each mesh dimension and what the data-parallel dims shard."""
+
+    preset: str
+    """The strategy name the plan was built from (ddp, zero1, zero2, zero3, hsdp, dp, single)."""
+    dp_replicate: int = 1
+    """Data-parallel replicas: gradients (or gradient shards) are all-reduced across them."""
+    dp_shard: int = 1
+    """Data-parallel ranks the `sharding` stage splits model state over."""
+    tp: int = 1
+    """Tensor-parallel ranks: each layer of the tensor-parallel plan is split over them."""
+    pp: int = 1
+    """Pipeline stages (1 until pipeline parallel exists)."""
+    sharding: Sharding = Sharding.NONE
+    cpu_offload: bool = False
+    """zero3: sharded parameters, gradients and optimizer state live in CPU memory."""
+    threads_over_gpus: bool = False
+    """dp: one process drives every visible GPU with nn.DataParallel."""
+
+    def __post_init__(self) -> None:
+        for name in MESH_DIMS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"parallel plan: {name}={value!r} must be a positive whole number")
+        if self.sharding < Sharding.GRADIENTS and self.dp_shard > 1:
+            # parameters and gradients stay whole: every data-parallel rank is a replica (zero1
+            # splits only its optimizer state, over all of them)
+            raise ValueError(f"parallel plan: dp_shard={self.dp_shard} with sharding {self.sharding.name}: "
+                             "parameters are not sharded, so the data-parallel ranks are replicas (dp_replicate)")
+
+    # ---- sizes -----------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks that read different data: the data-parallel dims."""
+        return self.dp_replicate * self.dp_shard
+
+    def degrees(self) -> dict[str, int]:
+        """Every mesh dimension's size, outermost first."""
+        return {name: getattr(self, name) for name in MESH_DIMS}
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """This rank's index along each mesh dimension (row-major over MESH_DIMS)."""
+        coords = {}
+        for name in reversed(MESH_DIMS):
+            size = getattr(self, name)
+            coords[name] = rank % size
+            rank //= size
+        return {name: coords[name] for name in MESH_DIMS}
+
+    def dp_rank(self, rank: int) -> int:
+        """Which data-parallel rank `rank` is: its shard of the data."""
+        c = self.coordinates(rank)
+        return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
+
+    # ---- what the layout uses --------------------------------------------------------------
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def uses_fsdp(self) -> bool:
+        """FSDP2 `fully_shard` over the data-parallel dims: sharded stages, and every data-parallel
+        layout composed with tensor parallel (torch composes TP with FSDP2, not with DDP)."""
+        if self.dp_size == 1:
+            return False
+        return self.sharding >= Sharding.GRADIENTS or self.tp > 1
+
+    @property
+    def uses_ddp(self) -> bool:
+        """DistributedDataParallel over the data-parallel dims: ddp and zero1 without tensor parallel."""
+        return self.dp_size > 1 and not self.uses_fsdp and not self.threads_over_gpus
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Parameters are DTensors split over ranks at rest (FSDP2's, or tensor parallel's)."""
+        return (self.uses_fsdp and self.sharding >= Sharding.GRADIENTS) or self.tp > 1
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        """zero3 frees a unit's gathered parameters after its forward; zero2 keeps them for backward."""
+        return self.sharding >= Sharding.PARAMETERS
+
+    @property
+    def shards_optimizer_only(self) -> bool:
+        """zero1: phalanx's sharded-state optimizer over the data-parallel ranks."""
+        return self.sharding is Sharding.OPTIMIZER and self.dp_size > 1
+
+    @property
+    def builds_on_meta(self) -> bool:
+        """A model built under `px.init_module()` stays on the meta device until prepare, which
+        allocates only this rank's shards."""
+        return self.shards_parameters
+
+    def has(self, need: Needs) -> bool:
+        """Whether this layout gives a setting what it needs to do anything."""
+        if need is Needs.ALWAYS:
+            return True
+        if need is Needs.DDP:
+            return self.uses_ddp
+        if need is Needs.FSDP:
+            return self.uses_fsdp
+        if need is Needs.ROW_SHARDED_EMBEDDINGS:
+            # one data-parallel mesh dim, shards in device memory, no tensor parallel
+            return (self.uses_fsdp and self.sharding >= Sharding.GRADIENTS and self.dp_replicate == 1
+                    and self.tp == 1 and not self.cpu_offload)
+        if need is Needs.TENSOR_PARALLEL:
+            return self.tp > 1
+        if need is Needs.AUTO:
+            return False  # a plan is what auto decided, never auto itself
+        raise ValueError(f"unknown need {need!r}")
+
+    def describe(self) -> str:
+        """One line for logs and errors: `zero3: dp_shard 2 x tp 2 (4 processes)`."""
+        dims = [f"{name} {size}" for name, size in self.degrees().items() if size > 1]
+        extra = ", CPU offload" if self.cpu_offload else ""
+        return f"{self.preset}: {' x '.join(dims) or 'one process'}{extra} ({self.world_size} process(es))"

@@ -1,0 +1,107 @@
+"""Cutting a model into the stages one pipeline rank runs, in place, names kept.
+
+The units this rank does not own are replaced by `PassThrough` modules (a ModuleList keeps its
+indices), so the rank's model holds only its own parameters, under the model's own names
+(`layers.5.attn.q.weight` stays that on stage 1), and the user's forward runs unchanged: on the
+first stage the input is the token ids and the trailing units pass the hidden state out; on later
+stages the leading units pass the received hidden state in.
+
+A rank that runs several stages (interleaved and V schedules) gets one view per stage: a copy of
+the model's skeleton (root and the containers down to the blocks) whose units are the rank model's
+own modules for that stage and pass-throughs elsewhere. Parameters are shared, never copied: the
+rank model stays the one object for the optimizer and the state dict.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from phalanx.strategies.pipeline.chain import ModelChain, shared_parameters
+from phalanx.strategies.pipeline.split import Stages
+
+
+class PassThrough(nn.Module):
+    """Stands in for a unit another pipeline stage owns: returns its input unchanged."""
+
+    def __init__(self, owner: int | None = None):
+        super().__init__()
+        self.owner = owner
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        return x
+
+    def extra_repr(self) -> str:
+        return "" if self.owner is None else f"on stage {self.owner}"
+
+
+@dataclass(frozen=True)
+class RankStages:
+    """What one pipeline rank runs after the cut."""
+
+    model: nn.Module
+    """the user's model, cut in place: this rank's units, pass-throughs for the rest."""
+    stages: tuple[nn.Module, ...]
+    """the module of each stage this rank runs (the model itself when it runs one)."""
+    stage_indices: tuple[int, ...]
+    num_stages: int
+    units: tuple[str, ...]
+    """the names of the units this rank owns."""
+
+
+def _refuse_tied(model: nn.Module, chain: ModelChain, stages: Stages) -> None:
+    stage_of = {name: i for i, stage in enumerate(stages) for name in stage}
+    for param, units in shared_parameters(model, chain).items():
+        owners = sorted({stage_of[u] for u in units})
+        if len(owners) > 1:
+            raise ValueError(
+                f"cannot cut {type(model).__name__} into pipeline stages: the parameter {param} is shared by "
+                f"{' and '.join(units)}, which land on stages {owners}; a parameter lives on one stage only. "
+                "HINT: untie it (give the head its own weight), or choose pp_split so that both stay on one stage."
+            )
+
+
+def _check_boundary_output(stage: int):
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        if not isinstance(output, torch.Tensor):
+            raise ValueError(
+                f"pipeline stage {stage} returned a {type(output).__name__}, but the pipeline sends one tensor "
+                "from stage to stage: the unit that ends this stage must return the hidden state alone "
+                "(a block returning a tuple cannot end a stage)."
+            )
+    return hook
+
+
+def _view(model: nn.Module, stages: Stages, index: int) -> nn.Module:
+    """A skeleton copy of the model running only stage `index`'s units, sharing their modules."""
+    memo: dict[int, Any] = {}  # deepcopy returns memo[id(x)] for x instead of copying it
+    for i, stage in enumerate(stages):
+        for name in stage:
+            unit = model.get_submodule(name)
+            memo[id(unit)] = unit if i == index else PassThrough(owner=i)
+    return copy.deepcopy(model, memo)
+
+
+def cut_model(model: nn.Module, chain: ModelChain, stages: Stages, stage_indices: Sequence[int]) -> RankStages:
+    """Cut `model` in place down to the stages `stage_indices`; returns the rank's stage modules."""
+    num_stages = len(stages)
+    indices = tuple(sorted(stage_indices))
+    if not indices or indices[0] < 0 or indices[-1] >= num_stages or len(set(indices)) != len(indices):
+        raise ValueError(f"stage indices {list(stage_indices)} are not distinct stages of 0..{num_stages - 1}")
+    _refuse_tied(model, chain, stages)
+    owned = tuple(name for i in indices for name in stages[i])
+    for i, stage in enumerate(stages):
+        if i not in indices:
+            for name in stage:
+                model.set_submodule(name, PassThrough(owner=i))
+    if len(indices) == 1:
+        modules: tuple[nn.Module, ...] = (model,)
+    else:
+        modules = tuple(_view(model, stages, i) for i in indices)
+    for index, module in zip(indices, modules):
+        if index != num_stages - 1:
+            module.register_forward_hook(_check_boundary_output(index))
+    return RankStages(model=model, stages=modules, stage_indices=indices, num_stages=num_stages, units=owned)

@@ -1,0 +1,112 @@
+"""Strategy names as presets of the parallel plan: `ddp` is "replicate N", `zero3` is "shard N,
+parameters too", `hsdp` is "replicate across nodes x shard within a node". Each preset composes with
+tensor parallel (`tp`): the data-parallel dims get the processes left after it.
+
+Aliases are resolved where the setting is parsed (config/names.py); this is the one table that
+turns a canonical name into a plan. Pure Python, no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phalanx.config import names
+from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
+
+AUTO = "auto"  # not a preset: decided from the model at prepare (strategies/auto.py)
+AUTO_CHOOSES = ("ddp", "zero3")  # what auto decides between: the same degrees, replicas or shards
+SINGLE = "single"  # what a world of one runs, whatever was asked (one script, every scale)
+
+
+@dataclass(frozen=True)
+class Preset:
+    sharding: Sharding
+    holds: str  # what each rank holds, for the docs and `phalanx plan`
+    hybrid: bool = False  # hsdp: replicas across nodes, shards within one
+    threads_over_gpus: bool = False  # dp: one process, nn.DataParallel
+
+
+PRESETS: dict[str, Preset] = {
+    SINGLE: Preset(Sharding.NONE, "everything, in one process"),
+    "dp": Preset(Sharding.NONE, "everything, one process driving every visible GPU", threads_over_gpus=True),
+    "ddp": Preset(Sharding.NONE, "full model, gradients and optimizer state"),
+    "zero1": Preset(Sharding.OPTIMIZER, "full model and gradients; 1/N of the optimizer state"),
+    "zero2": Preset(Sharding.GRADIENTS, "1/N of parameters, gradients and optimizer state; gathered "
+                                        "parameters kept from forward to backward"),
+    "zero3": Preset(Sharding.PARAMETERS, "1/N of everything; each block gathered only while it computes"),
+    "hsdp": Preset(Sharding.PARAMETERS, "zero3 within a node, replicated across nodes", hybrid=True),
+}
+assert set(names.STRATEGIES) == {*PRESETS, *names.STRATEGY_ALIASES, AUTO}, "config/names.py lists every preset"
+
+
+def canonical(name: str) -> str:
+    """A preset name, `auto`, or ValueError listing the valid names."""
+    key = names.canonical_strategy(name)
+    if key not in PRESETS and key != AUTO:
+        raise ValueError(f"unknown strategy {name!r}; valid strategies: {', '.join(sorted(names.STRATEGIES))}")
+    return key
+
+
+def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, cpu_offload: bool = False,
+          replicate_size: int | None = None, shard_size: int | None = None) -> ParallelPlan:
+    """The plan preset `name` stands for on `world_size` processes (`local_world_size` per node).
+
+    ValueError naming the settings and the valid values when the layout cannot be built.
+    """
+    key = canonical(name)
+    if key == AUTO and world_size == 1:
+        key = SINGLE
+    if key == AUTO:
+        raise ValueError("strategy auto is decided from the model: call strategies.auto.decide first")
+    preset = PRESETS[key]
+    if preset.threads_over_gpus and tp > 1:
+        raise ValueError(f"strategy 'dp' runs one process, and tp={tp} needs {tp} processes per tensor-parallel "
+                         "group. HINT: use strategy ddp, zero1, zero2, zero3 or hsdp with tp, under `phalanx run`")
+    if world_size % tp:
+        raise ValueError(f"tp={tp} does not divide the {world_size} processes. HINT: choose tp among "
+                         f"{', '.join(map(str, divisors(world_size)))}, or run a multiple of {tp} processes")
+    if preset.threads_over_gpus:
+        if world_size > 1:
+            raise ValueError(
+                f"strategy 'dp' runs in ONE process over the visible GPUs, but this job has "
+                f"world_size={world_size}. HINT: use strategy='ddp' with several processes, "
+                "or run the script with plain `python` for dp.")
+        return ParallelPlan(preset=key, threads_over_gpus=True)
+    if world_size == 1:
+        return ParallelPlan(preset=SINGLE)
+    dp = world_size // tp
+    if preset.hybrid:
+        if local_world_size % tp:
+            raise ValueError(f"hsdp with tp={tp}: each node's {local_world_size} processes do not split into "
+                             f"tensor-parallel groups, so replicas and shards cannot follow the nodes. HINT: choose "
+                             f"tp among {', '.join(map(str, divisors(local_world_size)))}")
+        replicate, shard = hybrid_shape(dp, local_world_size, tp, replicate_size, shard_size)
+    elif preset.sharding >= Sharding.GRADIENTS:
+        replicate, shard = 1, dp
+    else:
+        replicate, shard = dp, 1
+    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, sharding=preset.sharding,
+                        cpu_offload=cpu_offload and preset.sharding >= Sharding.GRADIENTS)
+
+
+def hybrid_shape(dp_size: int, local_world_size: int, tp: int = 1, replicate_size: int | None = None,
+                 shard_size: int | None = None) -> tuple[int, int]:
+    """hsdp's (replicate, shard) degrees over `dp_size` data-parallel ranks; by default one replica
+    per node, sharded over the node's processes (after tensor parallel took `tp` of them)."""
+    for label, value in (("replicate_size", replicate_size), ("shard_size", shard_size)):
+        if value is not None and (int(value) != value or value < 1):
+            raise ValueError(f"hsdp: strategy_options {label}={value!r} must be a positive integer")
+    if shard_size is None:
+        shard_size = dp_size // replicate_size if replicate_size else max(local_world_size // tp, 1)
+    if replicate_size is None:
+        replicate_size = dp_size // shard_size if dp_size % shard_size == 0 else 0
+    if replicate_size * shard_size != dp_size:
+        with_tp = f" after tp={tp}" if tp > 1 else ""
+        raise ValueError(
+            f"hsdp: a mesh of replicate_size={replicate_size} x shard_size={shard_size} does not cover "
+            f"the {dp_size} data-parallel ranks{with_tp} (local world size {local_world_size}). HINT: set "
+            "strategy_options={'replicate_size': R, 'shard_size': S} with R * S == world size / tp.")
+    return int(replicate_size), int(shard_size)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

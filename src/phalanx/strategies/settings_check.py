@@ -1,0 +1,103 @@
+"""Settings against the layout they will run in: a setting whose need (its schema row's `needs`)
+the parallel plan lacks is refused by name, never silently ignored. Pure Python, no torch:
+`phalanx run` runs it before any worker starts, `Phalanx()` before it joins the process group, and
+strategy auto once it has decided.
+
+In a world of one every preset runs as one plain process, so the check uses the layout the
+settings describe at scale: `strategy: zero3` with a DDP comm hook is refused even under plain
+python (the settings contradict each other), `strategy: ddp` with one is not (the same script then
+runs at every scale).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.config import ConfigError, Resolved, Setting, RUNTIME
+from phalanx.config.names import Needs
+from phalanx.strategies import presets
+from phalanx.strategies.parallel_plan import ParallelPlan
+
+_ADVISORY = {Needs.AUTO}  # read by one preset only, harmless elsewhere: a warning, not an error
+
+
+def asks(setting: Setting, value: Any) -> bool:
+    """Whether a value asks for something: anything but the row's default (comm_hook none, ...)."""
+    return value is not None and value != setting.default
+
+
+def unmet(resolved: Resolved, plan: ParallelPlan | None, tp: int = 1) -> list[Setting]:
+    """Settings somebody set whose need the layout lacks; `plan` None: strategy auto, undecided
+    (what it may choose is checked once it has)."""
+    missing = []
+    for setting in RUNTIME:
+        if setting.needs is Needs.ALWAYS or not resolved.is_set(setting.name):
+            continue
+        if not asks(setting, getattr(resolved.config, setting.name)):
+            continue
+        if plan is None:
+            met = setting.needs in (Needs.AUTO, Needs.DDP, Needs.FSDP, Needs.ROW_SHARDED_EMBEDDINGS) or \
+                (setting.needs is Needs.TENSOR_PARALLEL and tp > 1)
+        else:
+            met = plan.has(setting.needs)
+        if not met:
+            missing.append(setting)
+    return missing
+
+
+def intended_plan(resolved: Resolved, world_size: int, local_world_size: int,
+                  strategy: str | None = None, **hybrid: Any) -> ParallelPlan | None:
+    """The plan the settings describe (None for undecided auto); a world of one is checked as the
+    smallest world the layout could run in."""
+    cfg = resolved.config
+    name = presets.canonical(strategy or cfg.strategy)
+    one_process = name in presets.PRESETS and presets.PRESETS[name].threads_over_gpus
+    if world_size == 1 and not one_process:
+        world_size = local_world_size = 2 * cfg.tp
+        hybrid = {}
+    try:  # auto decides between presets of the same degrees, so either one checks them
+        plan = presets.build(presets.AUTO_CHOOSES[0] if name == presets.AUTO else name, world_size=world_size,
+                             local_world_size=local_world_size, tp=cfg.tp, **hybrid)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return None if name == presets.AUTO else plan
+
+
+def check(resolved: Resolved, plan: ParallelPlan | None, *, chose: str = "") -> list[str]:
+    """ConfigError for the first need the layout lacks (every setting asking for it named, with
+    where it came from); warnings for advisory ones. `chose`: why auto picked the plan."""
+    tp = resolved.config.tp
+    warnings = []
+    by_need: dict[Needs, list[Setting]] = {}
+    for setting in unmet(resolved, plan, tp):
+        by_need.setdefault(setting.needs, []).append(setting)
+    for need, settings in by_need.items():
+        asked = ", ".join(f"{s.name}={getattr(resolved.config, s.name)!r}" for s in settings)
+        sources = sorted({resolved.origin[s.name] for s in settings} |
+                         ({resolved.origin["strategy"]} if "strategy" in resolved.origin else set()))
+        where = f" (strategy auto chose {chose})" if chose else (f" (from {', '.join(sources)})" if sources else "")
+        if need in _ADVISORY:
+            warnings.append(f"{asked}{where}: read by {need.value} only; {_layout(plan, tp)} ignores it")
+            continue
+        raise ConfigError(f"{asked}{where}: {_refusal(need, plan, tp)}")
+    return warnings
+
+
+def _layout(plan: ParallelPlan | None, tp: int) -> str:
+    name = plan.preset if plan is not None else presets.AUTO
+    return f"strategy {name!r}" + (f" with tp={tp}" if tp > 1 else "")
+
+
+def _refusal(need: Needs, plan: ParallelPlan | None, tp: int) -> str:
+    layout = _layout(plan, tp)
+    if need is Needs.DDP:
+        engine = "DataParallel" if plan is not None and plan.threads_over_gpus else "FSDP2"
+        why = " (tensor parallel composes with FSDP2)" if tp > 1 else ""
+        return (f"DistributedDataParallel options, but {layout} uses {engine}{why}, which has no DDP. HINT: use "
+                f"strategy ddp or zero1{' with tp=1' if tp > 1 else ''} for them, or drop them (zero2/zero3 need "
+                "no find_unused_parameters: FSDP2 handles unused parameters)")
+    if need is Needs.ROW_SHARDED_EMBEDDINGS:
+        return (f"only zero2/zero3 on one data-parallel dimension, without CPU offload or tensor parallel, look "
+                f"embeddings up where their rows live, and {layout} is not that layout. HINT: drop the setting")
+    if need is Needs.TENSOR_PARALLEL:
+        return f"a tensor-parallel setting, but tp is 1. HINT: set tp > 1 (e.g. --tp 2), or drop it"
+    return f"needs {need.value}, which {layout} does not use. HINT: drop the setting"

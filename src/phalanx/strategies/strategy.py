@@ -1,0 +1,132 @@
+"""A parallel plan applied: what the facade's verbs (prepare, backward, no_sync, clip, full weights)
+do in that layout. One class for every plan; it asks the plan, and what `parallelize` applied,
+instead of branching on strategy names."""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, ContextManager, Iterable
+
+import torch
+from torch import nn
+
+from phalanx.loop.precision import Precision
+from phalanx.runtime.context import DistContext
+from phalanx.strategies import fsdp, grad_norm
+from phalanx.strategies.options import StrategyOptions
+from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.parallelize import Wrapper, dp_group, parallelize
+from phalanx.strategies.sharded_optimizer import (ShardedStateOptimizer, constructor_defaults,
+                                                  refuse_optimizer_with_state)
+
+
+class ParallelStrategy:
+    """The `Strategy` (strategies/base.py) of one plan, on this rank."""
+
+    def __init__(self, plan: ParallelPlan, ctx: DistContext, options: StrategyOptions | None = None,
+                 mesh: Any = None):
+        self.plan = plan
+        self.ctx = ctx
+        self.options = options or StrategyOptions()
+        self.mesh = mesh
+        self.precision = Precision(self.options.mixed_precision, ctx.device, sharded=plan.shards_parameters)
+        self.wrapper = Wrapper.NONE
+        # id(original parameter) -> (weak ref to it, its replacement): FSDP2 and tensor parallel swap
+        # parameters for DTensors, and an optimizer built before prepare must follow them.
+        self._rebind: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
+        self._prepared_params: set[int] = set()  # ids of the prepared models' parameters
+
+    @property
+    def name(self) -> str:
+        return self.plan.preset
+
+    # ---- the model and its optimizer --------------------------------------------------------
+    def setup_model(self, model: nn.Module) -> nn.Module:
+        before = dict(model.named_parameters())
+        done = parallelize(model, self.plan, self.mesh, options=self.options, precision=self.precision,
+                           device=self.ctx.device, backend=self.ctx.backend)
+        self.wrapper = done.wrapper
+        after = dict(self.unwrap(done.model).named_parameters())
+        self._prepared_params.update(id(p) for p in after.values())
+        for name, old in before.items():
+            if after.get(name) is not None and after[name] is not old:
+                self._rebind[id(old)] = (weakref.ref(old), after[name])
+        return done.model
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
+        """The optimizer over the prepared parameters: its groups re-pointed at replaced parameters
+        (same object, hyperparameters and groups), or zero1's sharded-state optimizer over them."""
+        if self.plan.shards_optimizer_only and (isinstance(optimizer, ShardedStateOptimizer)
+                                                or _is_zero_redundancy(optimizer)):
+            return optimizer  # a zero1 optimizer the script built itself
+        if self._rebind or self.plan.shards_optimizer_only:
+            refuse_optimizer_with_state(optimizer, self.name)
+        if self._rebind:
+            self._point_at_replacements(optimizer)
+        if self.plan.shards_parameters:
+            fsdp.prefer_foreach(optimizer)
+        if self.plan.shards_optimizer_only:
+            groups = [dict(group) for group in optimizer.param_groups]
+            return ShardedStateOptimizer(groups, optimizer_class=type(optimizer),
+                                         process_group=dp_group(self.mesh, self.plan), **constructor_defaults(optimizer))
+        return optimizer
+
+    def _point_at_replacements(self, optimizer: torch.optim.Optimizer) -> None:
+        for group in optimizer.param_groups:
+            params = []
+            for p in group["params"]:
+                if id(p) in self._prepared_params:  # kept (or already the replacement)
+                    params.append(p)
+                    continue
+                ref, new = self._rebind.get(id(p), (None, None))
+                if ref is None or ref() is not p:
+                    raise ValueError(
+                        f"the optimizer holds a parameter of shape {tuple(p.shape)} that belongs to no "
+                        f"model prepared by {self.name!r}. HINT: build the optimizer from "
+                        "model.parameters() and pass the model to px.prepare(model, optimizer).")
+                params.append(new)
+            group["params"] = params
+
+    # ---- the step ---------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor) -> None:
+        self.precision.backward(loss)
+
+    def no_sync(self, model: nn.Module) -> ContextManager[None]:
+        if self.wrapper is Wrapper.DDP:
+            return model.no_sync()
+        if self.wrapper is Wrapper.FSDP:
+            return _fsdp_no_sync(model)
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        return grad_norm.clip_(list(parameters), max_norm, norm_type)
+
+    # ---- the user's module and its weights ----------------------------------------------------
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        while hasattr(model, "module") and isinstance(model.module, nn.Module):
+            model = model.module
+        return model
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full weights. Sharded parameters are gathered on the main process (on CPU) and other
+        ranks get {} (no N copies of the model); replicated ones are every rank's own."""
+        if not self.plan.shards_parameters:
+            return {k: v.detach() for k, v in self.unwrap(model).state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: nn.Module) -> Any:
+    fsdp.set_gradient_sync(model, False)
+    try:
+        yield
+    finally:
+        fsdp.set_gradient_sync(model, True)
+
+
+def _is_zero_redundancy(optimizer: torch.optim.Optimizer) -> bool:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return isinstance(optimizer, ZeroRedundancyOptimizer)

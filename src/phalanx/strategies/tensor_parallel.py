@@ -1,0 +1,155 @@
+"""Tensor parallel on torch's `parallelize_module`: each layer named by a tensor-parallel plan is
+split over the `tp` mesh dimension (ColwiseParallel, RowwiseParallel, SequenceParallel).
+
+The plan for a model comes from, in order: the `tp_plan` setting, the model's own transformers
+plan (`model._tp_plan` and `config.base_model_tp_plan`, the dicts transformers ships for Llama,
+Qwen and friends), or a refusal naming the model class. A plan maps module-name patterns (`*`
+matches one name segment: `layers.*.self_attn.q_proj`) to styles in transformers' vocabulary.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from torch import nn
+
+from phalanx.config import names
+
+_NORMS = ("LayerNorm", "RMSNorm")  # class-name endings of the modules sequence parallel splits
+
+
+def model_plan(model: nn.Module, given: Mapping[str, str] | None) -> dict[str, str]:
+    """The tensor-parallel plan for `model`: `given` (the tp_plan setting), else the model's own
+    transformers plan, else ValueError naming the class and how to give one."""
+    if given:
+        return dict(given)
+    own = _transformers_plan(model)
+    if own:
+        return own
+    raise ValueError(
+        f"tp > 1, but {type(model).__name__} has no tensor-parallel plan: phalanx does not know which of its "
+        "layers to split. HINT: give tp_plan={module name pattern: style}, e.g. "
+        "{'layers.*.attn.q': 'colwise', 'layers.*.attn.out': 'rowwise'} (Phalanx(tp_plan=...), YAML tp_plan:, "
+        "or --tp-plan as JSON); transformers models with a base_model_tp_plan need none.")
+
+
+def _transformers_plan(model: nn.Module) -> dict[str, str]:
+    """transformers' plan: the base model's patterns under its prefix (`model.`), plus the head's."""
+    plan: dict[str, str] = {}
+    config = getattr(model, "config", None)
+    base = getattr(config, "base_model_tp_plan", None) or {}
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    has_base = bool(prefix) and isinstance(getattr(model, prefix, None), nn.Module)
+    for pattern, style in base.items():
+        plan[f"{prefix}.{pattern}" if has_base else pattern] = style
+    plan.update(getattr(model, "_tp_plan", None) or {})
+    return {k: names.TP_STYLE_ALIASES.get(v, v) for k, v in plan.items()}
+
+
+def _pattern(text: str) -> re.Pattern[str]:
+    return re.compile("^" + r"\.".join(".+" if part == "**" else "[^.]+" if part == "*" else re.escape(part)
+                                       for part in text.split(".")) + "$")
+
+
+def match(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
+    """Module name -> style for every module the plan names; ValueError for a pattern that matches
+    none (a typo, or a plan for another model) or a style phalanx does not know."""
+    modules = [name for name, _ in model.named_modules() if name]
+    chosen: dict[str, str] = {}
+    for pattern, style in plan.items():
+        if style not in names.TP_STYLES:
+            raise ValueError(f"tp_plan {pattern!r}: unknown style {style!r}; choose one of {', '.join(names.TP_STYLES)}")
+        regex = _pattern(pattern)
+        hits = [name for name in modules if regex.match(name)]
+        if not hits:
+            sample = ", ".join(modules[:8]) + (", ..." if len(modules) > 8 else "")
+            raise ValueError(f"tp_plan pattern {pattern!r} matches no module of {type(model).__name__} "
+                             f"(its modules: {sample}). HINT: write module names as named_modules() gives them, "
+                             "with * for one name segment (layers.*.attn.q)")
+        for name in hits:
+            chosen[name] = style
+    return chosen
+
+
+def _style(style: str, sequence_parallel: bool) -> Any:
+    """torch's ParallelStyle for a transformers style name (None: leave the module replicated)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    seq = Shard(1)
+    if style == "colwise":
+        return ColwiseParallel(input_layouts=seq) if sequence_parallel else ColwiseParallel()
+    if style == "colwise_gather_output":
+        return ColwiseParallel(input_layouts=seq if sequence_parallel else Replicate(), output_layouts=Replicate())
+    if style == "rowwise":
+        return RowwiseParallel(output_layouts=seq) if sequence_parallel else RowwiseParallel()
+    if style == "rowwise_split_input":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate())
+    if style == "embedding_rowwise":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate())
+    if style == "sequence_parallel":
+        return SequenceParallel()
+    return None  # replicate, local: every tensor-parallel rank holds the module whole
+
+
+def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequence_parallel: bool = False) -> dict[str, str]:
+    """Split the layers `plan` names over `tp_mesh`, in place; returns module name -> style applied.
+
+    With `sequence_parallel`, activations between the split layers stay split along the sequence
+    (dim 1): norms get SequenceParallel, and the embedding's output is split by the sequence too.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleOutput, SequenceParallel, parallelize_module
+
+    chosen = match(model, model_plan(model, plan))
+    styles = {name: _style(style, sequence_parallel) for name, style in chosen.items()}
+    if sequence_parallel:
+        split = tuple(chosen)
+        for name, module in model.named_modules():
+            inside = any(name == s or name.startswith(s + ".") for s in split)
+            if name and not inside and type(module).__name__.endswith(_NORMS):
+                styles[name] = SequenceParallel()
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Embedding) and name not in chosen:
+                styles[name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+    parallelize_module(model, tp_mesh, {name: style for name, style in styles.items() if style is not None})
+    return chosen
+
+
+def shrink_to_one_rank(model: nn.Module, plan: Mapping[str, str] | None, tp: int) -> dict[str, str]:
+    """Give a meta-device model the shapes one tensor-parallel rank holds (for `phalanx plan`): each
+    split layer's weight narrowed to its 1/tp part, outputs that tensor parallel gathers (and inputs
+    it splits) kept at their full sizes, so a meta forward sees what one rank computes and saves.
+    Returns module name -> style, as `apply` would."""
+    chosen = match(model, model_plan(model, plan))
+    modules = dict(model.named_modules())
+    for name, style in chosen.items():
+        module = modules[name]
+        weight = getattr(module, "weight", None)
+        if style in ("replicate", "local", "sequence_parallel") or weight is None:
+            continue
+        if isinstance(module, nn.Embedding) or style == "embedding_rowwise":
+            dim, full_out = 0, None
+        elif style in ("colwise", "colwise_gather_output"):
+            dim, full_out = 0, weight.shape[0] if style == "colwise_gather_output" else None
+        else:  # rowwise, rowwise_split_input
+            dim, full_out = 1, None
+        if weight.shape[dim] % tp:
+            raise ValueError(f"tp={tp}: layer {name!r} ({type(module).__name__}) has {weight.shape[dim]} "
+                             f"{'rows' if dim == 0 else 'columns'} to split, not a multiple of {tp}. "
+                             f"HINT: choose tp among the divisors of {weight.shape[dim]}")
+        _narrow(module, "weight", dim, tp)
+        if dim == 0 and getattr(module, "bias", None) is not None:
+            _narrow(module, "bias", 0, tp)
+        if full_out is not None:
+            module.register_forward_hook(lambda m, a, out, n=full_out: out.new_empty(*out.shape[:-1], n))
+        if style == "rowwise_split_input":
+            module.register_forward_pre_hook(lambda m, args: (args[0][..., : args[0].shape[-1] // tp], *args[1:]))
+    return chosen
+
+
+def _narrow(module: nn.Module, name: str, dim: int, tp: int) -> None:
+    old = getattr(module, name)
+    shape = list(old.shape)
+    shape[dim] //= tp
+    setattr(module, name, nn.Parameter(old.new_empty(shape), requires_grad=old.requires_grad))
