@@ -95,16 +95,15 @@ def test_a_stream_is_read_in_per_rank_batches():
 
 def test_the_data_parallel_size_and_rank_come_from_the_context_not_the_world():
     """Ranks of one tensor-parallel group (same dp rank) read the same batches."""
-    ctx = dict(world_size=4, data_parallel=None)
-    tp_pairs = [DistContext(rank=r, world_size=4, data_parallel=(2, r // 2)) for r in range(4)]
-    assert [(c.dp_size, c.dp_rank) for c in tp_pairs] == [(2, 0), (2, 0), (2, 1), (2, 1)]
-    assert (DistContext(rank=3, **ctx).dp_size, DistContext(rank=3, **ctx).dp_rank) == (4, 3)
+    tp_pairs = [DistContext(rank=r, world_size=4).with_data_parallel(r // 2, 2) for r in range(4)]
     data = TensorDataset(torch.arange(48))
     per_rank = [PreparedLoader(DataLoader(data, batch_size=12, shuffle=True), c, seed=7, split_batches=True)
                 for c in tp_pairs]
     batches = [[b.tolist() for (b,) in loader] for loader in per_rank]
     assert batches[0] == batches[1] and batches[2] == batches[3] and batches[0] != batches[2]
-    assert [len(b) for b in batches[0]] == [6] * 4
+    assert [len(b) for b in batches[0]] == [6] * 4  # 12 over 2 data-parallel ranks, not over 4 ranks
     for loader in per_rank:
         loader.set_epoch(0)  # the pass above was epoch 0: compare that one
     assert steps([per_rank[0], per_rank[2]]) == steps(split_loaders(1))
+    with pytest.raises(ValueError, match="does not divide over 2 data-parallel ranks"):
+        PreparedLoader(DataLoader(data, batch_size=7), tp_pairs[0], split_batches=True)
