@@ -49,6 +49,9 @@ PHALANX_SLURM = "PHALANX_SLURM"  # "0": phalanx run ignores a surrounding SLURM 
 # set by `phalanx run` for its workers: "1" = the launcher prints the preemption line and decides
 # whether to requeue; workers only record their outcome for it (else rank 0 prints the line itself)
 PHALANX_LAUNCHER = "PHALANX_LAUNCHER"
+# set by `phalanx run`'s agent for its workers: the attempt of the worker group, the same on every node
+# (torch's TORCHELASTIC_RESTART_COUNT is per node: a node that joins an elastic job later counts from 0)
+PHALANX_ATTEMPT = "PHALANX_ATTEMPT"
 # set by `phalanx parity` for the workers of its two runs (runtime/parity_record.py):
 PHALANX_PARITY_RECORD = "PHALANX_PARITY_RECORD"  # the JSON-lines file rank 0 writes each step's figures to
 PHALANX_PARITY_STEPS = "PHALANX_PARITY_STEPS"  # optimizer steps to record before leaving

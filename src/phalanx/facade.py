@@ -295,16 +295,22 @@ class Phalanx:
         return prepared
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
-        if self.settings.deepspeed is not None:
-            self.settings.deepspeed.check_loader(loader.batch_size)
-        if self._parity is not None:  # its one-process run takes the N processes' global batch
+        """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
+        per_rank = loader.batch_size  # as the script wrote it (split_batches: divided below)
+        if self._parity is not None and not self.config.split_batches:
+            # parity's one-process run takes the N processes' global batch (split_batches: it already is)
             loader = scale_batch(loader, self._parity.batch_scale)
+        if self._parity is not None:
             self._parity.watch_loader()
-        return self._checkpointer.track(PreparedLoader(
+        prepared = PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_info=self._batch_info, shard=shard, progress=self._step_progress,
             rank_aware_workers=self.config.worker_seeds == "per_rank",
-            on_batch=self._logging.throughput.count_batch if self.is_main_process else None))
+            on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
+            split_batches=self.config.split_batches)
+        if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
+            self.settings.deepspeed.check_loader(prepared.batch_size if self.config.split_batches else per_rank)
+        return self._checkpointer.track(prepared)
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, *, num_items: int | torch.Tensor | None = None) -> None:

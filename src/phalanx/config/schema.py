@@ -177,6 +177,9 @@ SETTINGS: tuple[Setting, ...] = grouped(
     Setting("cpu", kinds.BOOL, False, "run on the CPU (gloo) even when GPUs are visible", bool_flag=True),
     Setting("device_placement", kinds.BOOL, True, "move each batch of a prepared loader to the rank's device",
             bool_flag=True),
+    Setting("split_batches", kinds.BOOL, False,
+            "a prepared loader's batch_size is the global batch: each data-parallel rank gets batch_size / ranks, "
+            "so a resume on another world size keeps the global batch", bool_flag=True),
     # DistributedDataParallel (ddp and zero1 without tensor parallel)
     Setting("find_unused_parameters", kinds.BOOL, False,
             "DDP: let some parameters get no gradient in a step (slower; only for models that need it)",

@@ -14,6 +14,7 @@ from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, le
 from phalanx.data.iterable import ShardedIterable
 from phalanx.data.sample_seeds import SampleSeeded
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
+from phalanx.data.split_batches import per_rank_batch_size
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
@@ -57,12 +58,16 @@ class PreparedLoader:
 
     Each new pass advances the sampler's epoch, so shuffling differs per epoch without the
     user calling `set_epoch`. `len()` is the number of batches on this rank, equal on all ranks.
+
+    Data is split over the data-parallel ranks (`ctx.dp_size`, `ctx.dp_rank`; the ranks of one
+    tensor-parallel group read the same batches). With `split_batches`, the loader's `batch_size` is
+    the global batch and each data-parallel rank gets `batch_size / dp_size` (data/split_batches.py).
     """
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
                  device_placement: bool = True, batch_info: BatchInfo | None = None,
                  shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True,
-                 on_batch: Callable[[Any], None] | None = None):
+                 on_batch: Callable[[Any], None] | None = None, split_batches: bool = False):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
@@ -74,7 +79,11 @@ class PreparedLoader:
         self.rank_aware_workers = rank_aware_workers  # workers' seeds from (seed, rank, worker, epoch)
         # Rebuilt even in a world of one: the sample order is then the same global order that N
         # ranks share out, so results do not depend on the world size.
-        self.loader = _shard(loader, ctx, seed, rank_aware_workers) if shard else loader
+        batch_size = loader.batch_size
+        if split_batches:  # refused here, before any data is read, when the global batch does not divide
+            batch_size = per_rank_batch_size(loader.batch_size, ctx.dp_size, shard=shard,
+                                             custom_sampler=_deals_whole_batches(loader))
+        self.loader = _shard(loader, ctx, seed, rank_aware_workers, batch_size) if shard else loader
         # A loader with its own state_dict (torchdata's StatefulDataLoader): its state is what a
         # checkpoint stores, per rank, and it resumes itself mid-epoch.
         self.stateful = is_stateful(self.loader)
@@ -311,7 +320,8 @@ def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], 
             f"the global batch changed: the checkpoint took {saved_global} {unit} per step ({_ranks(saved_world)} x "
             f"{saved_batch}), this run takes {global_batch} ({_ranks(world_size)} x {global_batch // world_size}). "
             "Resuming would change the optimisation. HINT: keep the global batch: "
-            f"batch_size = {saved_global} / world_size = {int(saved_global) / world_size:g}")
+            f"batch_size = {saved_global} / world_size = {int(saved_global) / world_size:g}, or set "
+            f"split_batches with batch_size = {saved_global} (the global batch, the same on any world size)")
     if unit == "batches_per_rank":
         if saved_world != world_size:
             raise ValueError(f"a per-rank data position (IterableDataset, shard=False or a stateful loader) saved on {saved_world} "
@@ -419,12 +429,15 @@ def _batch_len(batch: Any) -> int | None:
     return None
 
 
-def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool = True) -> DataLoader:
-    """Rebuild `loader` so this rank sees its shard; keep every other setting.
+def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool = True,
+           batch_size: int | None = None) -> DataLoader:
+    """Rebuild `loader` so this data-parallel rank sees its shard, in batches of `batch_size` (the
+    loader's own unless split_batches divided it); keep every other setting.
 
     `sample_seeds`: a map-style dataset loaded by workers seeds each sample from (seed, epoch, index)
     (data/sample_seeds.py), except in a stateful loader, which restores its workers' state itself.
     """
+    batch_size = loader.batch_size if batch_size is None else batch_size
     kwargs = _carried(loader)
     if is_stateful(loader):  # rebuilt as the same class, with its own settings
         kwargs["loader_class"] = type(loader)
@@ -436,7 +449,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     if isinstance(dataset, IterableDataset):
         # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
         # too, even in a world of one.
-        return _build(ShardedIterable(dataset, ctx.dp_rank, ctx.dp_size), batch_size=loader.batch_size,
+        return _build(ShardedIterable(dataset, ctx.dp_rank, ctx.dp_size), batch_size=batch_size,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
     tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)
     if tag_epoch:
@@ -447,7 +460,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
             dataset, num_replicas=ctx.dp_size, rank=ctx.dp_rank,
             shuffle=shuffle, seed=seed, drop_last=loader.drop_last, tag_epoch=tag_epoch,
         )
-        return _build(dataset, batch_size=loader.batch_size, sampler=sharded,
+        return _build(dataset, batch_size=batch_size, sampler=sharded,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
     # A custom sampler or batch sampler: deal its whole batches to ranks.
     batch_sampler = loader.batch_sampler
@@ -482,6 +495,11 @@ def _default_shuffle(loader: DataLoader) -> bool | None:
     if isinstance(loader.sampler, RandomSampler) or _is(loader.sampler, RandomSampler):
         return True
     return False if isinstance(loader.sampler, SequentialSampler) else None
+
+
+def _deals_whole_batches(loader: DataLoader) -> bool:
+    """A map-style loader whose sampler phalanx cannot rebuild index-wise: its batches go whole to ranks."""
+    return not isinstance(loader.dataset, IterableDataset) and _default_shuffle(loader) is None
 
 
 def _drops_last(loader: DataLoader) -> bool:

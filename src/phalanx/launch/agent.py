@@ -217,7 +217,8 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
         if stopper is not None:
             stopper.install()
         with report.quiet_agent_logging(log_path, verbose), \
-                restarts.agent_class_installed(checkpoint_dir, seen, stopper):
+                restarts.agent_class_installed(checkpoint_dir, seen, stopper,
+                                               node_name=node.local_addr if node is not None else ""):
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as error:
         if stopper is not None and stopper.takes_over(error.failures):

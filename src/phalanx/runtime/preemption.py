@@ -68,7 +68,7 @@ class Preemption:
         self._store: dist.Store | None = None
         self._batches_at_step: int | None = None
         self.watch: SignalWatch | None = None
-        self._requested_key = f"{store_keys.preempt_prefix(self.agent.restart_count)}/{store_keys.PREEMPT_REQUESTED}"
+        self._requested_key = f"{store_keys.preempt_prefix(self.agent.attempt)}/{store_keys.PREEMPT_REQUESTED}"
 
     # ---- hearing about it ----------------------------------------------------------------------
     def on_delivery(self, signum: int, count: int) -> None:
@@ -129,7 +129,7 @@ class Preemption:
         if self.world_size == 1:
             return step
         store = self._own_store()
-        prefix = store_keys.preempt_prefix(self.agent.restart_count)
+        prefix = store_keys.preempt_prefix(self.agent.attempt)
         if not self._posted:
             assert self.requested is not None
             name, reason = self.requested

@@ -63,13 +63,15 @@ def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
 
     Workers of every restart share the agent's TCPStore, and the keys the previous attempt wrote
     (each rank's gloo address) are still there: a restarted rank could read a dead peer's address
-    and fail with "connection refused" or hang. A prefix per restart gives each attempt clean keys.
+    and fail with "connection refused" or hang. A prefix per attempt gives each attempt clean keys;
+    the attempt's name is the one all nodes agreed on (a node that joined later counts its own
+    restarts from 0).
     """
     agent = AgentEnv.from_env()
     if not agent.uses_agent_store:
         return None
     store = dist.TCPStore(agent.master_addr, agent.master_port, is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"phalanx/restart_{agent.restart_count}", store)
+    return dist.PrefixStore(f"phalanx/restart_{agent.attempt}", store)
 
 
 def store_client(timeout: datetime.timedelta) -> dist.Store:
