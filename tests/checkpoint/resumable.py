@@ -110,8 +110,8 @@ def fill_filesystem(directory: Path) -> None:
 
 
 def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batch: int = 12, kills: str = "",
-        async_save: bool = False, keep: int = 0, noise: bool = True, split_batches: bool = False,
-        slow_from: int | None = None, slow_save: bool = False, fill_after: int | None = None) -> dict:
+        async_save: bool = False, keep: int = 0, noise: bool = True, slow_from: int | None = None,
+        slow_save: bool = False, fill_after: int | None = None, split_batches: bool = False) -> dict:
     """Train to `steps`; `noise=False` drops dropout and RNG terms (for runs on other world sizes);
     `split_batches`: the loader is built with the global batch (else with global_batch / world size).
 
