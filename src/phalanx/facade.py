@@ -241,9 +241,11 @@ class Phalanx:
     def load_model(self, model: nn.Module, source: Any, *, strict: bool = True) -> model_loading.LoadResult:
         """Load a full checkpoint (safetensors file or sharded index, torch file, or a state dict on
         rank 0) into a prepared model; under zero2/zero3 no rank holds more than its shards plus
-        one tensor. Missing/unexpected keys or shape mismatches load nothing unless strict=False."""
+        one tensor. Missing/unexpected keys or shape mismatches load nothing unless strict=False.
+        Under pp each rank reads its own stages' tensors from a safetensors file (other sources refused)."""
         with self.busy(Phase.LOAD_MODEL):
-            return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank)
+            return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank,
+                                            elsewhere=self._parallel().held_elsewhere if self.config.pp > 1 else None)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if self._strategy is None:  # auto: sized from this model, then a concrete plan
@@ -468,11 +470,13 @@ class Phalanx:
     def uneven_inputs(self, *objects: Any, method: str = "auto") -> UnevenInputs:
         """Context for data whose length differs per rank: torch's Join where it applies, else a
         step-level agreement. No objects: every model and optimizer this Phalanx prepared."""
-        return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress)
+        return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress,
+                                    pipeline=self.config.pp > 1)
 
     def join(self, *objects: Any) -> UnevenInputs:
         """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
-        return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self._step_progress)
+        return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self._step_progress,
+                                    pipeline=self.config.pp > 1)
 
     def busy(self, what: str = "busy") -> contextlib.AbstractContextManager[None]:
         """Mark long work on this rank that the others wait for on purpose (e.g. rank 0 saving a

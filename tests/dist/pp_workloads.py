@@ -148,3 +148,35 @@ def refusals() -> dict[str, str]:
         except (ValueError, TypeError) as error:
             out[name] = str(error)
     return out
+
+
+def stall_stage_1(watchdog_timeout: float) -> None:
+    """pp2 on 2 ranks; at step 3 the rank of stage 1 stops in the script (the watchdog must name it)."""
+    import time
+
+    px = Phalanx(strategy="ddp", pp=2, watchdog_timeout=watchdog_timeout)
+    model = make_model(2)
+    model, optimizer, loader = px.prepare(model, make_optimizer(model, 1e-2), DataLoader(make_data(), batch_size=8))
+    for step, (batch,) in enumerate(loader):
+        if px.rank == 1 and step == 3:
+            time.sleep(1.5)  # heartbeats first
+            time.sleep(10**6)
+        px.forward_backward(model, batch[:, :-1], batch[:, 1:], lm_loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def load_weights(path: str) -> dict[str, Any]:
+    """pp2 on 2 ranks: px.load_model of the whole model's safetensors file loads each rank's stages;
+    a torch file, and a file with a key no stage holds, are refused with the reason."""
+    px = Phalanx(strategy="ddp", pp=2)
+    model = px.prepare(make_model(2))
+    result = px.load_model(model, path)
+    out: dict[str, Any] = {"loaded": sorted(result.loaded), "state": dict(px.unwrap_model(model).state_dict())}
+    for case, source in (("torch file", path.replace(".safetensors", ".pt")),
+                         ("unexpected", path.replace("model.safetensors", "extra.safetensors"))):
+        try:
+            px.load_model(model, source)
+        except ValueError as error:
+            out[case] = str(error)
+    return out

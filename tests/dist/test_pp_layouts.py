@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.dist import pp_workloads as w
-from tests.dist.harness import run_ranks
+from tests.dist.harness import RanksFailed, run_ranks
 from tests.dist.tp_workloads import TINY_LM_PLAN
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
@@ -34,7 +34,7 @@ def _four(checkpoint: str) -> dict[str, dict]:
         "pp2 x ddp2": {"strategy": "ddp", "checkpoint": checkpoint},
         "pp2 x zero3 (meta, accumulation)": {"strategy": "zero3", "accum": 2, "meta": True},
         "pp2 x tp2": {"strategy": "ddp", "tp": 2, "tp_plan": TINY_LM_PLAN},
-        "pp2 x zero1": {"strategy": "zero1", "steps": 3},
+        "pp2 x zero1 (accumulation)": {"strategy": "zero1", "accum": 2, "steps": 3},
         "pp2 x zero2, Interleaved1F1B": {"strategy": "zero2", "layers": 4, "pp_schedule": "Interleaved1F1B", "steps": 3},
     }
 
@@ -46,13 +46,13 @@ def two() -> tuple[list[dict], list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory) -> tuple[list[dict], list[dict]]:
+def four(tmp_path_factory) -> tuple[list[dict], list[dict], str]:
     checkpoint = str(tmp_path_factory.mktemp("pp") / "pp2xddp2")
     cases = {name: {"pp": 2, **kwargs} for name, kwargs in _four(checkpoint).items()}
     ranks = run_ranks("tests.dist.pp_workloads:matrix", 4, args=(cases,), timeout=850)
     again = str(tmp_path_factory.mktemp("pp") / "zero3")
     resumed = run_ranks("tests.dist.pp_workloads:resume_chain", 2, args=(checkpoint, again, 2), timeout=500)
-    return ranks, resumed
+    return ranks, resumed, checkpoint
 
 
 def _reference(ranks: list[dict], name: str) -> dict:
@@ -114,14 +114,14 @@ def test_px_forward_under_a_v_schedule_is_refused_with_the_reason(two):
 # ---- pp2 x data parallel, pp2 x tp2 on 4 processes ------------------------------------------------
 @pytest.mark.parametrize("name", list(_four("")))
 def test_pp2_composed_on_four_processes_equals_one_process(four, name):
-    ranks, _ = four
+    ranks, _, _ = four
     assert_equal_to_one_process(ranks, name)
 
 
 @pytest.mark.parametrize("name, dp", [("pp2 x ddp2", [(0, 2), (1, 2), (0, 2), (1, 2)]),
                                       ("pp2 x tp2", [(0, 1)] * 4)])
 def test_data_follows_the_data_parallel_dims_only(four, name, dp):
-    ranks, _ = four
+    ranks, _, _ = four
     assert [r[name]["dp"] for r in ranks] == dp  # pp outermost: ranks 0, 1 are stage 0, ranks 2, 3 stage 1
     if dp[1][0] == 1:  # two replicas: each reads its own half, and both stages of a replica the same
         assert torch.equal(ranks[0][name]["seen"][0], ranks[2][name]["seen"][0])
@@ -129,14 +129,14 @@ def test_data_follows_the_data_parallel_dims_only(four, name, dp):
 
 
 def test_plans_describe_the_layouts(four):
-    ranks, _ = four
+    ranks, _, _ = four
     assert ranks[0]["pp2 x ddp2"]["plan"] == "ddp: pp 2 x dp_replicate 2 (4 process(es))"
     assert ranks[0]["pp2 x zero3 (meta, accumulation)"]["plan"] == "zero3: pp 2 x dp_shard 2 (4 process(es))"
     assert ranks[0]["pp2 x tp2"]["plan"] == "ddp: pp 2 x tp 2 (4 process(es))"
 
 
 def test_checkpoint_of_pp2_x_ddp2_resumes_under_zero3_then_pp2_and_continues_equal(four):
-    ranks, resumed = four
+    ranks, resumed, _ = four
     saved = ranks[0]["pp2 x ddp2"]
     assert saved["global_step"] == 5
     zero3, pp2 = resumed[0]["zero3"], resumed[0]["pp2"]
@@ -151,6 +151,20 @@ def test_checkpoint_of_pp2_x_ddp2_resumes_under_zero3_then_pp2_and_continues_equ
         torch.testing.assert_close(pp2["state"][key], value.float(), **STATE_TOL, msg=key)
 
 
+def test_phalanx_export_of_a_pp_checkpoint_gives_the_whole_model(four, tmp_path):
+    from safetensors.torch import load_file
+
+    from phalanx import cli
+
+    ranks, _, checkpoint = four
+    assert cli.main(["export", checkpoint, str(tmp_path / "model.safetensors")]) == 0
+    exported = load_file(str(tmp_path / "model.safetensors"))
+    state = ranks[0]["pp2 x ddp2"]["state"]  # px.get_state_dict, gathered from the stages
+    assert exported.keys() == state.keys()
+    for key, value in state.items():
+        assert torch.equal(exported[key], value), key
+
+
 # ---- refused at prepare, on every rank ----------------------------------------------------------
 def test_what_the_model_or_the_batch_shows_wrong_is_refused_at_prepare_on_every_rank():
     ranks = run_ranks("tests.dist.pp_workloads:refusals", 2, timeout=300)
@@ -162,3 +176,31 @@ def test_what_the_model_or_the_batch_shows_wrong_is_refused_at_prepare_on_every_
         assert r["microbatches vs batch"].startswith("the batch of 8 samples does not split into pp_microbatches=3 "
                                                      "equal microbatches. HINT:")
         assert r["dict inputs"].startswith("the pipeline's first stage takes one tensor, and the inputs are a dict")
+
+
+def test_a_stalled_stage_is_named_by_the_watchdog():
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks("tests.dist.pp_workloads:stall_stage_1", 2, args=(5.0,), timeout=200)
+    text = str(failed.value)
+    assert "timed out" not in text.splitlines()[0], text
+    assert "phalanx watchdog: rank 1 (pipeline stage 1 of 2) stalled at step 3 (phase 'step'" in text, text[-3000:]
+    assert "rank 0 (pipeline stage 0 of 2): step 3, phase 'pipeline' (waiting)" in text
+
+
+def test_load_model_under_pp_loads_each_ranks_stages_from_safetensors(tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(5)
+    whole = w.TinyLM(2).state_dict()
+    save_file(whole, str(tmp_path / "model.safetensors"))
+    torch.save(whole, tmp_path / "model.pt")
+    save_file({**whole, "layers.7.up.weight": torch.zeros(2)}, str(tmp_path / "extra.safetensors"))
+    ranks = run_ranks("tests.dist.pp_workloads:load_weights", 2, args=(str(tmp_path / "model.safetensors"),),
+                      timeout=300)
+    assert set(ranks[0]["loaded"]) | set(ranks[1]["loaded"]) == set(whole)
+    assert not set(ranks[0]["loaded"]) & set(ranks[1]["loaded"])
+    for r in ranks:
+        for key, value in r["state"].items():
+            assert torch.equal(value, whole[key]), key
+        assert r["torch file"].startswith("px.load_model(") and "under pipeline parallel reads safetensors only" in r["torch file"]
+        assert "unexpected in the checkpoint (1): layers.7.up.weight" in r["unexpected"], r["unexpected"]

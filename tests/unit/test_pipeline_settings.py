@@ -105,6 +105,8 @@ def test_pp_layouts_that_cannot_be_built_are_refused_with_the_valid_values(kwarg
     ({"pp": 2, "strategy": "ddp", "find_unused_parameters": False},
      r"^find_unused_parameters=False with pp=2: DistributedDataParallel over a pipeline stage must look for unused "
      r"parameters .* HINT: drop the setting"),
+    ({"pp": 2, "strategy": "ddp", "static_graph": True},
+     r"^static_graph=True with pp=2: a pipeline stage's DDP does not run a static graph .* HINT: drop the setting"),
     ({"pp_microbatches": 4}, r"^pp_microbatches=4 \(from Phalanx\(\)\): a pipeline setting, but pp is 1. HINT: set "
                              r"pp > 1 \(e.g. --pp 2\), or drop it"),
     ({"pp": 2, "strategy": "dp"}, r"strategy 'dp' runs one process, and pp=2 needs a process per pipeline stage"),
@@ -224,3 +226,16 @@ def test_phalanx_plan_refuses_pipelines_that_cannot_run(capsys, flags, message):
 
     assert cli.main(["plan", "tests/dist/tp_workloads.py:TinyLM", "--world-size", "4", *flags]) == 2
     assert capsys.readouterr().err.startswith(f"phalanx plan: error: {message}")
+
+
+def test_uneven_inputs_under_pp_agree_step_by_step_and_join_is_refused():
+    from torch import nn
+
+    from phalanx.runtime.context import DistContext
+    from phalanx.runtime.uneven import choose_method
+
+    ctx = DistContext(rank=0, world_size=2)
+    ddp_like = [nn.Linear(2, 2)]  # what Join would take under ddp is not what decides under pp
+    assert choose_method(ddp_like, ctx, "auto", pipeline=True) == "agree"
+    with pytest.raises(ValueError, match=r"^phalanx: torch's Join cannot run pipeline stages \(pp > 1\)"):
+        choose_method(ddp_like, ctx, "join", pipeline=True)

@@ -42,6 +42,7 @@ class Parallelized:
     tp_layers: dict[str, str]  # module name -> tensor-parallel style applied
     pipeline: PipelineRunner | None = None  # pp > 1: what runs this rank's stages
     stages: RankStages | None = None  # pp > 1: the stages this rank runs
+    other_units: tuple[str, ...] = ()  # pp > 1: the units of the other pipeline ranks' stages
 
 
 def dp_mesh(mesh: Any, plan: ParallelPlan) -> Any:
@@ -104,4 +105,5 @@ def _done(model: nn.Module, stages: tuple[nn.Module, ...], wrapper: Wrapper, tp_
                             cut.num_microbatches)
     runner.refuse_direct_calls(model, hint=pipeline_layout.refuse_model_call_hint())
     returned = stages[0] if len(stages) == 1 else model
-    return Parallelized(returned, wrapper, tp_layers, runner, cut.rank)
+    others = tuple(unit for stage in cut.stages for unit in stage if unit not in cut.rank.units)
+    return Parallelized(returned, wrapper, tp_layers, runner, cut.rank, others)

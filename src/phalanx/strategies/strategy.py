@@ -43,6 +43,7 @@ class ParallelStrategy:
         # optimizer built before prepare drops them.
         self._elsewhere: dict[int, weakref.ref] = {}
         self._pipelines: dict[int, PipelineRunner] = {}  # id(prepared model) -> its runner (pp > 1)
+        self._other_units: tuple[str, ...] = ()  # pp > 1: the units other pipeline ranks hold
 
     @property
     def name(self) -> str:
@@ -63,11 +64,16 @@ class ParallelStrategy:
                 self._rebind[id(old)] = (weakref.ref(old), after[name])
         if done.pipeline is not None:
             self._pipelines[id(done.model)] = done.pipeline
+            self._other_units = done.other_units
             get_logger().info("pipeline rank %d of %d runs stage(s) %s of %d (%s), %s, %d microbatches per step",
                               done.pipeline.pp_rank, done.pipeline.pp, list(done.stages.stage_indices),
                               done.stages.num_stages, ", ".join(done.stages.units), done.pipeline.schedule,
                               done.pipeline.num_microbatches)
         return done.model
+
+    def held_elsewhere(self, key: str) -> bool:
+        """Whether a state-dict key belongs to a unit another pipeline rank holds (pp > 1)."""
+        return any(key.startswith(f"{unit}.") for unit in self._other_units)
 
     def pipeline(self, model: nn.Module) -> PipelineRunner | None:
         """The runner of a model prepared under pp > 1 (None without pp); ValueError for a model
