@@ -1,7 +1,13 @@
-"""Test-wide guards: no test may leak launcher variables or a process group into the next."""
+"""Test-wide guards: no test may leak launcher variables or a process group into the next, and the
+suite never writes into the repository (checked when the session ends)."""
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_IGNORED_OUTPUTS = ("runs", "ckpt")  # what phalanx writes by default, ignored by git: checked by name
 
 _LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -39,3 +45,57 @@ def run_dir_in_tmp(no_phalanx_settings_from_outside, monkeypatch, tmp_path_facto
     keep tests' in a temporary directory of their own, outside tmp_path (tests compare tmp_path's
     files), never in the repository."""
     monkeypatch.setenv("PHALANX_RUN_DIR", str(tmp_path_factory.mktemp("phalanx-run")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_run_dir(tmp_path_factory):
+    """Session- and module-scoped fixtures start ranks before `run_dir_in_tmp` (per test) takes effect,
+    and their ranks would write `runs/<time>` into the repository: a temporary run directory for the
+    whole session covers them (`no_phalanx_settings_from_outside` hides it inside each test and puts it
+    back after)."""
+    previous = os.environ.get("PHALANX_RUN_DIR")
+    os.environ["PHALANX_RUN_DIR"] = str(tmp_path_factory.mktemp("phalanx-session-run"))
+    yield
+    if previous is None:
+        os.environ.pop("PHALANX_RUN_DIR", None)
+    else:
+        os.environ["PHALANX_RUN_DIR"] = previous
+
+
+def repository_outputs() -> set[str]:
+    """Untracked files git does not ignore, plus the entries of the ignored output folders."""
+    found = {f"{name}/{entry.name}" for name in _IGNORED_OUTPUTS if (ROOT / name).is_dir()
+             for entry in (ROOT / name).iterdir()}
+    try:
+        listed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return found  # no git (an unpacked sdist): the output folders are still checked
+    if listed.returncode == 0:
+        found |= {line[3:] for line in listed.stdout.splitlines() if line.startswith("?? ")}
+    return found
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_before_key] = repository_outputs()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run when tests left files in the repository (the README promises they never do)."""
+    before = session.config.stash.get(_before_key, None)
+    if before is None:
+        return
+    added = sorted(repository_outputs() - before)
+    if added:
+        shown = "\n  ".join(added[:20]) + (f"\n  ... and {len(added) - 20} more" if len(added) > 20 else "")
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"tests wrote into the repository ({ROOT}); they must write under a temporary directory:\n  {shown}"
+        if reporter is not None:
+            reporter.write_sep("=", "files left in the repository", red=True)
+            reporter.write_line(message, red=True)
+        else:
+            print(message)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_before_key = pytest.StashKey[set]()

@@ -46,3 +46,10 @@ SLURM_STEP_GPUS = "SLURM_STEP_GPUS"
 # --- phalanx's own settings are PHALANX_<NAME>, derived from the schema (phalanx.config.schema);
 # this is a launcher switch, not a setting:
 PHALANX_SLURM = "PHALANX_SLURM"  # "0": phalanx run ignores a surrounding SLURM allocation
+# set by `phalanx run`'s agent for its workers: the attempt of the worker group, the same on every node
+# (torch's TORCHELASTIC_RESTART_COUNT is per node: a node that joins an elastic job later counts from 0)
+PHALANX_ATTEMPT = "PHALANX_ATTEMPT"
+# set by `phalanx parity` for the workers of its two runs (runtime/parity_record.py):
+PHALANX_PARITY_RECORD = "PHALANX_PARITY_RECORD"  # the JSON-lines file rank 0 writes each step's figures to
+PHALANX_PARITY_STEPS = "PHALANX_PARITY_STEPS"  # optimizer steps to record before leaving
+PHALANX_PARITY_BATCH_SCALE = "PHALANX_PARITY_BATCH_SCALE"  # prepared loaders' batch x this (the 1-process run)

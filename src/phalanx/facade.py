@@ -12,21 +12,22 @@ from torch.utils.data import DataLoader
 
 from phalanx import config
 from phalanx.checkpoint.manager import Checkpointer
-from phalanx.data.loader import BatchInfo, PreparedLoader
+from phalanx.data.loader import BatchInfo, PreparedLoader, scale_batch
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
-from phalanx.runtime import collectives, seeding, uneven, watchdog
-from phalanx.runtime.context import DistContext, launcher_settings
+from phalanx.runtime import collectives, device_peaks, parity_record, seeding, uneven, watchdog
+from phalanx.runtime.context import DistContext, launcher_settings, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch_optimizer
 from phalanx.runtime.uneven import UnevenInputs
 from phalanx.model import memory
-from phalanx.model import meta_init
+from phalanx.model import flops, meta_init, sync_batchnorm
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
+from phalanx.loop.num_items import ItemCount
 from phalanx.strategies import auto, ddp_options, presets, settings_check
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import choose
@@ -89,8 +90,11 @@ class Phalanx:
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_info = BatchInfo()
+        self._items = ItemCount(self.ctx.dp_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._dp_group)
+        self._parity = parity_record.from_request(parity_request(), self.rank, self.world_size)  # `phalanx parity`
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
-                                        batches_left=lambda: self._batch_info.left)
+                                        batches_left=lambda: self._batch_info.left,
+                                        on_cycle_start=self._items.discard)
         self._optimizers: list[torch.optim.Optimizer] = []
         self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
@@ -106,7 +110,7 @@ class Phalanx:
             async_save=cfg.checkpoint_async, directory=cfg.checkpoint_dir,
         )
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
-                                          log_session.LoggingSettings.from_config(cfg))
+                                          log_session.LoggingSettings.from_config(cfg), self.ctx.dp_size)
         self._logging.metrics.params = self._run_params
         self._profiler = None if cfg.profile is None else StepProfiler(
             cfg.profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
@@ -254,11 +258,19 @@ class Phalanx:
             settings_check.check(self._resolved, plan, chose=f"{name}: {reason}")
             self._adopt_plan(plan)
             get_logger().info("strategy auto chose %s: %s", name, reason)
+        if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
+            model = sync_batchnorm.convert(model, self.device)
+        shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
+        self._logging.throughput.set_model(shape and shape.flops_per_token,
+                                           device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
+                                           share=self.ctx.dp_size / self.world_size)  # tensor parallel splits the FLOPs
         model = self._checkpointer.track(self.strategy.setup_model(model))
         hook_state = ddp_options.hook_state_of(model)
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
             self._checkpointer.register(hook_state, per_rank=True)
         self._checkpointer.strategy_name = self.strategy.name
+        if self._parity is not None:
+            self._parity.watch_model(self.unwrap_model(model))
         self._prepared.append(model)
         if self._pipeline(model) is None:  # a pipeline step marks its own phase
             watch_module(self._step_progress, model)
@@ -274,8 +286,10 @@ class Phalanx:
         scaler = self.strategy.precision.scaler  # known once `auto` has decided, at prepare
         if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
             self._checkpointer.register(scaler)  # fp16: the loss scale is training state too
+        inner.register_step_pre_hook(lambda *_: self._before_step())
         optimizer = self._checkpointer.track(
-            wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping))
+            wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping,
+                           before_step=self._before_step))
         self._prepared.append(optimizer)
         watch_optimizer(self._step_progress, optimizer)
         if self._profiler is not None:  # after the step counter's hook: it reads global_step
@@ -291,22 +305,68 @@ class Phalanx:
         return prepared
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
-        if self.settings.deepspeed is not None:
-            self.settings.deepspeed.check_loader(loader.batch_size)
-        if self.config.pp > 1 and loader.batch_size is not None:  # each batch is cut into microbatches
-            pipeline_schedules.check_microbatches(
-                self.config.pp_schedule, self.config.pp,
-                self.config.pp_microbatches or pipeline_schedules.default_microbatches(self.config.pp), loader.batch_size)
-        return self._checkpointer.track(PreparedLoader(
+        """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
+        per_rank = loader.batch_size  # as the script wrote it (split_batches: divided below)
+        if self._parity is not None and not self.config.split_batches:
+            # parity's one-process run takes the N processes' global batch (split_batches: it already is)
+            loader = scale_batch(loader, self._parity.batch_scale)
+        if self._parity is not None:
+            self._parity.watch_loader()
+        prepared = PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_info=self._batch_info, shard=shard, progress=self._step_progress,
-            rank_aware_workers=self.config.worker_seeds == "per_rank"))
+            rank_aware_workers=self.config.worker_seeds == "per_rank",
+            on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
+            split_batches=self.config.split_batches)
+        rank_batch = prepared.batch_size if self.config.split_batches else per_rank
+        if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
+            self.settings.deepspeed.check_loader(rank_batch)
+        if self.config.pp > 1 and rank_batch is not None:  # each batch is cut into microbatches
+            pipeline_schedules.check_microbatches(
+                self.config.pp_schedule, self.config.pp,
+                self.config.pp_microbatches or pipeline_schedules.default_microbatches(self.config.pp), rank_batch)
+        return self._checkpointer.track(prepared)
 
     # ---- the step --------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor) -> None:
-        """`loss.backward()`, divided by grad_accum_steps and scaled for fp16 when needed."""
+    def backward(self, loss: torch.Tensor, *, num_items: int | torch.Tensor | None = None) -> None:
+        """`loss.backward()`, divided by grad_accum_steps and scaled for fp16 when needed.
+
+        `num_items`: `loss` is a sum over that many items (target tokens, samples; 0 is fine on some
+        ranks); the optimizer step then uses Σ loss / Σ num_items over every rank and micro-step, as
+        one process would on the whole global batch (`px.step_loss` is that mean, for logging).
+        """
         with self._step_progress.during(Phase.BACKWARD):
-            self.strategy.backward(self._accumulator.scale_loss(loss))
+            scaled = self._accumulator.scale_loss(loss)  # first: it may start a new cycle
+            if num_items is None:
+                self._items.add_plain()
+            else:
+                scaled = self._items.add(loss, num_items, scaled)
+            if self._parity is not None:
+                self._parity.add_loss(loss, num_items)
+            self._logging.throughput.commit()
+            self.strategy.backward(scaled)
+
+    @property
+    def step_loss(self) -> float | None:
+        """Σ loss / Σ num_items of the last optimizer step over all ranks and micro-steps (the global
+        token-weighted mean, free: it rides on the step's one all-reduce); None until a step used
+        `px.backward(loss, num_items=...)`."""
+        return self._items.step_loss
+
+    def _before_step(self) -> None:
+        """Once per optimizer step, before clipping and stepping: the num_items rescale (and under
+        `phalanx parity`, the step's record)."""
+        self._items.finish(self._optimized_params(), self._accumulator.cycle_len)
+        if self._parity is not None:
+            self._parity.record(self.global_step + 1, self._optimized_params())
+
+    def _optimized_params(self) -> list[torch.Tensor]:
+        seen: dict[int, torch.Tensor] = {}
+        for opt in self._optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    seen.setdefault(id(p), p)
+        return list(seen.values())
 
     def forward_backward(self, model: nn.Module, inputs: Any, targets: Any,
                          loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
@@ -352,6 +412,7 @@ class Phalanx:
     def _clip(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
         for opt in self._optimizers:  # fp16: clip the true gradients, not the scaled ones
             self.strategy.precision.unscale_(opt)
+        self._before_step()  # num_items: clip the gradients of the global mean
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:

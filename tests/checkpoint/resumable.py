@@ -56,7 +56,9 @@ def build(px: Phalanx, global_batch: int = 12, dropout: float = 0.2) -> tuple:
     model = make_model(dropout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
-    loader = DataLoader(make_data(), batch_size=global_batch // px.world_size, shuffle=True)
+    # split_batches: the script names the global batch and phalanx divides it; else the script does.
+    per_loader = global_batch if px.config.split_batches else global_batch // px.world_size
+    loader = DataLoader(make_data(), batch_size=per_loader, shuffle=True)
     prepared = px.prepare(model, optimizer, loader, scheduler)
     # Different streams per rank (as real scripts have): restoring the right one to each rank matters.
     torch.manual_seed(100 + px.rank)
@@ -77,12 +79,14 @@ def load_report(root: str) -> dict:
 
 
 def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batch: int = 12, kills: str = "",
-        async_save: bool = False, keep: int = 0, noise: bool = True) -> dict:
-    """Train to `steps`; `noise=False` drops dropout and RNG terms (for runs on other world sizes)."""
+        async_save: bool = False, keep: int = 0, noise: bool = True, split_batches: bool = False) -> dict:
+    """Train to `steps`; `noise=False` drops dropout and RNG terms (for runs on other world sizes);
+    `split_batches`: the loader is built with the global batch (else with global_batch / world size)."""
     dropout = 0.2 if noise else 0.0
     torch.use_deterministic_algorithms(True)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    px = Phalanx(checkpoint_dir=ckpt, checkpoint_keep=keep, checkpoint_async=async_save)
+    px = Phalanx(checkpoint_dir=ckpt, checkpoint_keep=keep, checkpoint_async=async_save,
+                 split_batches=split_batches or None)
     kill = parse_kills(kills).get(attempt)
     if kill and kill[1] and kill[2] == px.rank:
         finalize = Checkpointer._finalize

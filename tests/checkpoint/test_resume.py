@@ -131,3 +131,38 @@ def test_reshard_continues_with_the_same_global_batches_and_loss_curve(resharded
         assert sorted(event["indices"]) == sorted(full[event["step"]]["indices"]), event["step"]
     torch.testing.assert_close(torch.tensor([e["loss"] for e in continued]),
                                torch.tensor([full[e["step"]]["loss"] for e in continued]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory) -> dict:
+    """split_batches (DataLoader batch_size = the global batch, 12): 20 steps on 2 ranks, and the same
+    run's step-10 checkpoint continued on 1 rank by the same script, unchanged."""
+    base = tmp_path_factory.mktemp("split")
+    plain = {"steps": 20, "every": 5, "global_batch": 12, "kills": "", "async_save": False, "keep": 0, "noise": False,
+             "split_batches": True}
+    (base / "w2" / "out").mkdir(parents=True)
+    run_ranks(RESUMABLE, 2, args=(str(base / "w2" / "ckpt"), str(base / "w2" / "out"), *plain.values()), timeout=150)
+    (base / "w1" / "out").mkdir(parents=True)
+    shutil.copytree(base / "w2" / "ckpt" / "step-00000010", base / "w1" / "ckpt" / "step-00000010")
+    run_ranks(RESUMABLE, 1, args=(str(base / "w1" / "ckpt"), str(base / "w1" / "out"), *plain.values()), timeout=150)
+    return {world: {"events": read_events(base / f"w{world}" / "out"),
+                    "final": torch.load(base / f"w{world}" / "out" / "final.pt", weights_only=True)} for world in (1, 2)}
+
+
+def test_split_batches_on_two_ranks_trains_exactly_like_a_script_that_divides_the_batch_itself(split, resharded):
+    """batch_size=12 with split_batches on 2 ranks = batch_size=6 per rank: the same batches, the same losses."""
+    assert [(e["step"], e["indices"], e["loss"]) for e in steps_of(split[2]["events"])] == \
+        [(e["step"], e["indices"], e["loss"]) for e in steps_of(resharded[2])]
+
+
+def test_split_batches_checkpoint_of_two_ranks_resumes_on_one_and_ends_like_the_two_rank_run(split):
+    events = split[1]["events"]
+    assert events[0] == {"attempt": 0, "world_size": 1, "strategy": events[0]["strategy"], "event": "resumed", "step": 10}
+    full = {e["step"]: e for e in steps_of(split[2]["events"])}
+    continued = steps_of(events)
+    assert [e["step"] for e in continued] == list(range(11, 21))
+    for event in continued:  # the same 12 samples a step on 1 rank as on 2
+        assert sorted(event["indices"]) == sorted(full[event["step"]]["indices"]), event["step"]
+    assert split[1]["final"].keys() == split[2]["final"].keys() and len(split[1]["final"]) == 4
+    for name, expected in split[2]["final"].items():
+        torch.testing.assert_close(split[1]["final"][name], expected, rtol=1e-5, atol=1e-6)

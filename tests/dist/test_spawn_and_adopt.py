@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist.harness import ROOT
+from tests.dist.harness import ROOT, free_port
 from tests.dist.spawn_workloads import NUM_SAMPLES, PRINTED
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -53,6 +53,13 @@ def test_mp_spawn_with_own_process_group_is_adopted(tmp_path):
     check_two_rank_reports(reports, proc.stdout)
     assert [r["local_rank"] for r in reports] == [0, 1]  # no LOCAL_RANK under mp.spawn: rank % local size
     assert all(r["group_alive"] for r in reports)  # phalanx's exit handlers left the script's group alone
+
+
+def test_an_adopted_group_ended_by_the_script_is_no_lost_store_for_the_watchdog(tmp_path):
+    """Rank 0 hosts the script's store and exits first; rank 1 lingers after destroy_process_group()."""
+    proc = run([sys.executable, str(SCRIPTS / "own_group_late_exit.py"), str(free_port())], tmp_path)
+    assert sorted(proc.stdout.split("\n")[-3:-1]) == ["rank 0 left", "rank 1 left"], proc.stdout
+    assert "lost the rendezvous store" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])

@@ -274,5 +274,6 @@ def test_environment_is_read_only_where_it_is_the_module_s_job():
     allowed_folders = ("launch/", "cluster/")  # the launcher and cluster detection
     allowed = {"runtime/context.py",  # the process context: what the launcher and the agent told this worker
                "doctor/command.py", "plan/command.py",  # commands that report on this machine
+               "parity/command.py",  # launches `phalanx run` twice, telling its workers what to record
                "model/compile.py"}  # finds the C++ compiler inductor would use ($CXX), as inductor does
     assert {r for r in readers if not r.startswith(allowed_folders)} <= allowed

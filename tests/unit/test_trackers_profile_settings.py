@@ -10,7 +10,7 @@ import pytest
 from phalanx import Phalanx, config
 from phalanx.logging import sinks
 from phalanx.logging.metrics import MetricsLogger
-from phalanx.runtime import profile_steps
+from phalanx.config import profile_steps
 from tests.launcher.launch_helpers import run_cli
 
 VALID = "csv, jsonl, tensorboard, wandb, mlflow, swanlab"

@@ -24,6 +24,10 @@ def canonical_precision(name: str | None) -> str:
     return PRECISION_ALIASES.get(key, key)
 
 
+# Where px.log() rows may go (log_sinks, trackers): files first, then experiment trackers;
+# logging/sinks.py builds each and checks its registry holds exactly these.
+METRICS_DESTINATIONS: tuple[str, ...] = ("csv", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab")
+
 # The styles a `tp_plan` may give a module (transformers' vocabulary, so a model's own plan reads as
 # is); strategies/tensor_parallel.py maps each onto torch's ParallelStyle.
 TP_STYLES: tuple[str, ...] = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input",

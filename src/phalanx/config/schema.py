@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.config import kinds, names
+from phalanx.config import kinds, names, profile_steps
 from phalanx.config.kinds import Kind
 from phalanx.config.names import Needs
 
@@ -83,19 +83,15 @@ class Setting:
 
 
 def _sink_names() -> tuple[str, ...]:
-    return ("auto", *_tracker_names())
+    return ("auto", *names.METRICS_DESTINATIONS)
 
 
 def _tracker_names() -> tuple[str, ...]:
-    from phalanx.logging.sinks import NAMES  # stdlib only: one registry of sinks and trackers
-
-    return NAMES
+    return names.METRICS_DESTINATIONS
 
 
 def _step_range(text: str) -> str:
-    from phalanx.runtime.profile_steps import parse  # stdlib only
-
-    return parse(text).text
+    return profile_steps.parse(text).text
 
 
 def _strategy(text: str) -> str:
@@ -189,9 +185,15 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "zero2/zero3 embedding tables: auto (each rank keeps its rows; a forward exchanges the looked-up rows "
             "or the table, whichever is smaller) or params (gathered whole like any parameter)",
             needs=Needs.ROW_SHARDED_EMBEDDINGS),
+    Setting("sync_batchnorm", kinds.BOOL, False,
+            "convert BatchNorm layers to SyncBatchNorm at prepare: statistics over every rank's samples, as one "
+            "process on the global batch (gloo and NCCL)", bool_flag=True),
     Setting("cpu", kinds.BOOL, False, "run on the CPU (gloo) even when GPUs are visible", bool_flag=True),
     Setting("device_placement", kinds.BOOL, True, "move each batch of a prepared loader to the rank's device",
             bool_flag=True),
+    Setting("split_batches", kinds.BOOL, False,
+            "a prepared loader's batch_size is the global batch: each data-parallel rank gets batch_size / ranks, "
+            "so a resume on another world size keeps the global batch", bool_flag=True),
     # DistributedDataParallel (ddp and zero1 without tensor parallel)
     Setting("find_unused_parameters", kinds.BOOL, False,
             "DDP: let some parameters get no gradient in a step (slower; only for models that need it)",

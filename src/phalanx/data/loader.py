@@ -5,7 +5,7 @@ import enum
 import itertools
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -14,6 +14,7 @@ from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, le
 from phalanx.data.iterable import ShardedIterable
 from phalanx.data.sample_seeds import SampleSeeded
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
+from phalanx.data.split_batches import per_rank_batch_size
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
@@ -57,22 +58,32 @@ class PreparedLoader:
 
     Each new pass advances the sampler's epoch, so shuffling differs per epoch without the
     user calling `set_epoch`. `len()` is the number of batches on this rank, equal on all ranks.
+
+    Data is split over the data-parallel ranks (`ctx.dp_size`, `ctx.dp_rank`; the ranks of one
+    tensor-parallel group read the same batches). With `split_batches`, the loader's `batch_size` is
+    the global batch and each data-parallel rank gets `batch_size / dp_size` (data/split_batches.py).
     """
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
                  device_placement: bool = True, batch_info: BatchInfo | None = None,
-                 shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True):
+                 shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True,
+                 on_batch: Callable[[Any], None] | None = None, split_batches: bool = False):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
         self.batch_info = batch_info if batch_info is not None else BatchInfo()
         self.progress = progress
+        self.on_batch = on_batch  # sees each batch before it moves to the device (throughput counts)
         self.epoch = 0  # the epoch the next pass will use
         self.seed = seed
         self.rank_aware_workers = rank_aware_workers  # workers' seeds from (seed, rank, worker, epoch)
         # Rebuilt even in a world of one: the sample order is then the same global order that N
         # ranks share out, so results do not depend on the world size.
-        self.loader = _shard(loader, ctx, seed, rank_aware_workers) if shard else loader
+        batch_size = loader.batch_size
+        if split_batches:  # refused here, before any data is read, when the global batch does not divide
+            batch_size = per_rank_batch_size(loader.batch_size, ctx.dp_size, shard=shard,
+                                             custom_sampler=_deals_whole_batches(loader))
+        self.loader = _shard(loader, ctx, seed, rank_aware_workers, batch_size) if shard else loader
         # A loader with its own state_dict (torchdata's StatefulDataLoader): its state is what a
         # checkpoint stores, per rank, and it resumes itself mid-epoch.
         self.stateful = is_stateful(self.loader)
@@ -177,6 +188,8 @@ class PreparedLoader:
             self._position = (epoch, index)
             if progress is not None:
                 progress.next_step()
+            if self.on_batch is not None:
+                self.on_batch(batch)
             yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
             if progress is not None:
                 progress.enter(Phase.DATA)
@@ -300,7 +313,8 @@ def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], 
             f"the global batch changed: the checkpoint took {saved_global} {unit} per step ({_ranks(saved_world)} x "
             f"{saved_batch}), this run takes {global_batch} ({_ranks(world_size)} x {global_batch // world_size}). "
             "Resuming would change the optimisation. HINT: keep the global batch: "
-            f"batch_size = {saved_global} / world_size = {int(saved_global) / world_size:g}")
+            f"batch_size = {saved_global} / world_size = {int(saved_global) / world_size:g}, or set "
+            f"split_batches with batch_size = {saved_global} (the global batch, the same on any world size)")
     if unit == "batches_per_rank":
         if saved_world != world_size:
             raise ValueError(f"a per-rank data position (IterableDataset, shard=False or a stateful loader) saved on {saved_world} "
@@ -320,13 +334,58 @@ def _skipping(loader: DataLoader, skip: int) -> DataLoader:
     """`loader`, or a twin whose batch sampler skips the first `skip` batches without loading them."""
     if not skip or loader.batch_sampler is None or isinstance(loader.dataset, IterableDataset):
         return loader  # the IterableDataset case skips by iterating (islice in __iter__)
+    return DataLoader(loader.dataset, batch_sampler=_SkipFirst(loader.batch_sampler, skip),
+                      generator=loader.generator, **_carried(loader))
+
+
+def _carried(loader: DataLoader) -> dict[str, Any]:
+    """The loader's settings to rebuild it with (workers, collate_fn, pinning...)."""
     kwargs = {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
     if kwargs.get("num_workers", 0) == 0:
         kwargs["persistent_workers"] = False
     else:
         kwargs["prefetch_factor"] = loader.prefetch_factor
-    return DataLoader(loader.dataset, batch_sampler=_SkipFirst(loader.batch_sampler, skip),
-                      generator=loader.generator, **kwargs)
+    return kwargs
+
+
+def scale_batch(loader: DataLoader, factor: int) -> DataLoader:
+    """`loader` whose every batch holds what `factor` consecutive batches held, in the same order
+    (`phalanx parity`'s one-process run takes the global batch of `factor` ranks: ranks share out
+    a sampler's indices, or a batch sampler's whole batches, in exactly these groups)."""
+    if factor == 1:
+        return loader
+    kwargs = _carried(loader)
+    if is_stateful(loader):
+        kwargs["loader_class"] = type(loader)
+    if loader.batch_size is None:
+        if loader.batch_sampler is None:
+            raise ValueError("phalanx parity cannot scale a DataLoader built with batch_size=None and no batch_sampler")
+        return _build(loader.dataset, batch_sampler=_Merged(loader.batch_sampler, factor), generator=loader.generator,
+                      **kwargs)
+    if not isinstance(loader.dataset, IterableDataset):
+        kwargs["sampler"] = loader.sampler
+    return _build(loader.dataset, batch_size=loader.batch_size * factor, drop_last=loader.drop_last,
+                  generator=loader.generator, **kwargs)
+
+
+class _Merged:
+    """A batch sampler whose batches are `factor` consecutive batches of another, concatenated."""
+
+    def __init__(self, batch_sampler: Any, factor: int):
+        self.batch_sampler, self.factor = batch_sampler, factor
+
+    def __iter__(self) -> Iterator[list[int]]:
+        merged: list[int] = []
+        for i, batch in enumerate(self.batch_sampler, start=1):
+            merged.extend(batch)
+            if i % self.factor == 0:
+                yield merged
+                merged = []
+        if merged:
+            yield merged
+
+    def __len__(self) -> int:
+        return -(-len(self.batch_sampler) // self.factor)
 
 
 class _SkipFirst:
@@ -363,18 +422,16 @@ def _batch_len(batch: Any) -> int | None:
     return None
 
 
-def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool = True) -> DataLoader:
-    """Rebuild `loader` so this rank sees its shard; keep every other setting.
+def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool = True,
+           batch_size: int | None = None) -> DataLoader:
+    """Rebuild `loader` so this data-parallel rank sees its shard, in batches of `batch_size` (the
+    loader's own unless split_batches divided it); keep every other setting.
 
     `sample_seeds`: a map-style dataset loaded by workers seeds each sample from (seed, epoch, index)
     (data/sample_seeds.py), except in a stateful loader, which restores its workers' state itself.
     """
-    kwargs = {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs.pop("prefetch_factor", None)
-        kwargs["persistent_workers"] = False
-    else:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
+    batch_size = loader.batch_size if batch_size is None else batch_size
+    kwargs = _carried(loader)
     if is_stateful(loader):  # rebuilt as the same class, with its own settings
         kwargs["loader_class"] = type(loader)
         if hasattr(loader, "snapshot_every_n_steps"):
@@ -385,7 +442,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     if isinstance(dataset, IterableDataset):
         # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
         # too, even in a world of one.
-        return _build(ShardedIterable(dataset, ctx.dp_rank, ctx.dp_size), batch_size=loader.batch_size,
+        return _build(ShardedIterable(dataset, ctx.dp_rank, ctx.dp_size), batch_size=batch_size,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
     tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)
     if tag_epoch:
@@ -396,7 +453,7 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
             dataset, num_replicas=ctx.dp_size, rank=ctx.dp_rank,
             shuffle=shuffle, seed=seed, drop_last=loader.drop_last, tag_epoch=tag_epoch,
         )
-        return _build(dataset, batch_size=loader.batch_size, sampler=sharded,
+        return _build(dataset, batch_size=batch_size, sampler=sharded,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
     # A custom sampler or batch sampler: deal its whole batches to ranks.
     batch_sampler = loader.batch_sampler
@@ -431,6 +488,11 @@ def _default_shuffle(loader: DataLoader) -> bool | None:
     if isinstance(loader.sampler, RandomSampler) or _is(loader.sampler, RandomSampler):
         return True
     return False if isinstance(loader.sampler, SequentialSampler) else None
+
+
+def _deals_whole_batches(loader: DataLoader) -> bool:
+    """A map-style loader whose sampler phalanx cannot rebuild index-wise: its batches go whole to ranks."""
+    return not isinstance(loader.dataset, IterableDataset) and _default_shuffle(loader) is None
 
 
 def _drops_last(loader: DataLoader) -> bool:

@@ -186,7 +186,8 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
     try:
         with report.quiet_agent_logging(log_path, verbose), \
                 restarts.agent_class_installed(spec.worker_env.get(CHECKPOINT_DIR_VARIABLE)
-                                               or os.environ.get(CHECKPOINT_DIR_VARIABLE), seen):
+                                               or os.environ.get(CHECKPOINT_DIR_VARIABLE), seen,
+                                               node_name=node.local_addr if node is not None else ""):
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as error:
         print(report.format_failures(error, nproc_per_node, seen.progress, log_dir), file=sys.stderr, flush=True)

@@ -141,7 +141,29 @@ def _bind_workers_store(handler: RendezvousHandler) -> RendezvousHandler:
     handler._backend_name = BOUND_C10D_BACKEND  # type: ignore[attr-defined]  # torch's registry checks the name
     if hasattr(handler, "_create_tcp_store_server"):  # absent in a torch without the shared workers' store
         handler._create_tcp_store_server = lambda addr, port: _bound_tcp_store(addr, port)  # type: ignore[attr-defined]
+    if hasattr(handler, "_bootstrap_store_info"):
+        handler.next_rendezvous = _with_fresh_workers_store(handler)  # type: ignore[method-assign]
     return handler
+
+
+def _with_fresh_workers_store(handler: RendezvousHandler):  # type: ignore[no-untyped-def]
+    """`handler.next_rendezvous`, publishing the workers' store address in every round, not only the first.
+
+    torch's c10d handler publishes where the workers' store is (MASTER_ADDR/PORT, in the round's
+    keys) only in a node's first round, and reuses what it found then in later ones. A node that
+    joins a running elastic job (a lost node coming back) then waits for an address its rank-0 peer
+    never writes again, until the store timeout; a node whose rank-0 peer was replaced would send
+    its workers to the old one's store. Forgetting the cached address before each round makes rank 0
+    open a workers' store for the round and publish it, and every other node read it: each attempt
+    gets a store of its own, as in its first round.
+    """
+    next_rendezvous = handler.next_rendezvous
+
+    def fresh() -> RendezvousInfo:
+        handler._bootstrap_store_info = None  # type: ignore[attr-defined]
+        return next_rendezvous()
+
+    return fresh
 
 
 def register() -> None:

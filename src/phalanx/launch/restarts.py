@@ -7,7 +7,10 @@ points, with no process management of its own:
 - when a poll finds failed ranks, it reads each one's step from the store (the watchdog's records,
   `phalanx.store_keys`) before the workers are stopped;
 - before each automatic restart it prints one line: attempt k of N, which rank died and how, and
-  the checkpoint step the group resumes from (or "from the start").
+  the checkpoint step the group resumes from (or "from the start");
+- after each rendezvous (`_rendezvous`) the nodes agree on the attempt's name for their workers, and
+  when the group shrank or grew (an elastic range losing or regaining a node) it says so with the
+  old and new number of processes (see membership.py).
 
 `torch.distributed.launcher.api.launch_agent` builds its agent from the module-level name
 `LocalElasticAgent`; `agent_class_installed` points that name at the subclass for one launch.
@@ -15,12 +18,15 @@ points, with no process management of its own:
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from phalanx import store_keys
+from phalanx import envvars, store_keys
+from phalanx.launch import membership
 
 
 @dataclass
@@ -97,15 +103,42 @@ def read_progress(store: Any, restart: int, ranks: list[int]) -> dict[int, store
 
 
 def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
-                    say: Callable[[str], None] | None = None) -> type:
-    """A subclass of torch's LocalElasticAgent (`base`) that records failures and speaks restarts."""
+                    say: Callable[[str], None] | None = None, node_name: str = "") -> type:
+    """A subclass of torch's LocalElasticAgent (`base`) that records failures and speaks restarts;
+    `node_name` is how this node is named when it leaves or joins (its address across nodes)."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    node_name = node_name or socket.gethostname()
 
     class PhalanxAgent(base):  # type: ignore[misc, valid-type]
+        _phalanx_attempt: str | None = None  # the name of the running attempt, agreed by the nodes
+        _phalanx_members: membership.Membership | None = None
+
+        def _rendezvous(self, worker_group):  # type: ignore[no-untyped-def]
+            super()._rendezvous(worker_group)
+            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+            spec = worker_group.spec
+            restart_count = spec.max_restarts - self._remaining_restarts
+            has_rounds = isinstance(spec.rdzv_handler, DynamicRendezvousHandler)
+            self._phalanx_attempt = membership.agree_attempt(worker_group.store, restart_count, has_rounds)
+            membership.export_attempt(self._phalanx_attempt)
+            nodes = membership.exchange_nodes(worker_group.store, worker_group.group_rank,
+                                              worker_group.group_world_size, node_name) if has_rounds else None
+            now = membership.Membership(worker_group.workers[0].world_size, nodes or ())
+            before = self._phalanx_members
+            if before is not None:
+                if not (before.nodes and now.nodes):  # names unknown on one side: compare the sizes only
+                    before = membership.Membership(before.world_size, now.nodes)
+                line = membership.resize_line(before, now)
+                if line:
+                    seen.restarts.append(line)
+                    say(line)
+            self._phalanx_members = now
+
         def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
             result = super()._monitor_workers(worker_group)
             if result.is_failed() and worker_group.store is not None:
-                restart = worker_group.spec.max_restarts - self._remaining_restarts
+                restart = self._phalanx_attempt or worker_group.spec.max_restarts - self._remaining_restarts
                 seen.progress = read_progress(worker_group.store, restart, sorted(result.failures))
                 self._phalanx_failures = result.failures
             return result
@@ -125,13 +158,19 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
 
 
 @contextlib.contextmanager
-def agent_class_installed(checkpoint_dir: str | None, seen: Observations) -> Iterator[None]:
-    """Make torch's `launch_agent` build the observing agent, for the duration of the block."""
+def agent_class_installed(checkpoint_dir: str | None, seen: Observations, node_name: str = "") -> Iterator[None]:
+    """Make torch's `launch_agent` build the observing agent, for the duration of the block (which
+    also ends the attempt name it exports to workers)."""
     from torch.distributed.launcher import api
 
     original = api.LocalElasticAgent
-    api.LocalElasticAgent = observing_agent(original, checkpoint_dir, seen)
+    exported = os.environ.get(envvars.PHALANX_ATTEMPT)
+    api.LocalElasticAgent = observing_agent(original, checkpoint_dir, seen, node_name=node_name)
     try:
         yield
     finally:
         api.LocalElasticAgent = original
+        if exported is None:
+            os.environ.pop(envvars.PHALANX_ATTEMPT, None)
+        else:
+            os.environ[envvars.PHALANX_ATTEMPT] = exported

@@ -6,6 +6,7 @@ import numbers
 from typing import Any, Callable, Mapping
 
 from phalanx.logging import sinks as sink_registry
+from phalanx.logging.throughput import MFU, SAMPLES, TOKENS, TOKENS_LOGGED, Throughput
 from phalanx.logging.trackers import RunInfo
 
 
@@ -19,6 +20,20 @@ def to_scalar(name: str, value: Any) -> float | int:
             f"{value!r:.80}. HINT: reduce it first, e.g. px.reduce(loss).item()."
         )
     return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
+_SHORT = {SAMPLES: "samples/s", TOKENS: "tokens/s"}
+
+
+def postfix(row: Mapping[str, Any]) -> dict[str, str]:
+    """A row as a progress bar's postfix shows it (rates by their short names, MFU in percent)."""
+    shown = {}
+    for k, v in row.items():
+        if k == MFU:
+            shown["MFU"] = f"{100 * v:.1f}%"
+        else:
+            shown[_SHORT.get(k, k)] = f"{v:.4g}" if isinstance(v, float) else str(v)
+    return shown
 
 
 def format_line(step: int, metrics: Mapping[str, float]) -> str:
@@ -49,6 +64,8 @@ class MetricsLogger:
         self.console = console
         self.sinks: list[sink_registry.Sink] | None = None
         self.progress_bar: Any = None  # the active px.progress bar: metrics show in its postfix
+        self.postfix: dict[str, str] = {}  # the last row as the bar shows it
+        self.throughput: Throughput | None = None  # rates added to every row (samples/s, tokens/s, MFU)
         self._next_step = 0
 
     def add_sink(self, sink: sink_registry.Sink) -> None:
@@ -77,13 +94,17 @@ class MetricsLogger:
         if not isinstance(metrics, Mapping) or not metrics:
             raise ValueError(f"px.log expects a non-empty dict of name -> number, got {metrics!r:.80}")
         row = {str(name): to_scalar(str(name), value) for name, value in metrics.items()}
+        if self.throughput is not None:
+            rates = self.throughput.snapshot(row.get(TOKENS_LOGGED))
+            row.update({k: v for k, v in rates.items() if k not in row})
         if step is None:
             step = self._next_step
         self._next_step = int(step) + 1
         for sink in self._open():
             sink.write(int(step), row)
+        self.postfix = postfix(row)
         if self.progress_bar is not None:
-            self.progress_bar.set_postfix({k: f"{v:.4g}" if isinstance(v, float) else v for k, v in row.items()})
+            self.progress_bar.set_postfix(self.postfix)
         elif self.console:
             print(format_line(int(step), row), flush=True)
 

@@ -1,6 +1,7 @@
 """`px.progress(iterable)`: a tqdm bar on the main process when stdout is a terminal, else nothing.
 
-Steps/s and ETA come from tqdm; the latest `px.log()` values show in the bar's postfix (loss...).
+Steps/s and ETA come from tqdm; the latest `px.log()` values show in the bar's postfix (loss...),
+with samples/s, tokens/s and MFU refreshed every second (logging/throughput.py).
 CI logs stay clean: with stdout redirected the iterable is returned untouched in behaviour and no
 byte is written. PHALANX_PROGRESS=on/off forces it either way.
 """
@@ -8,8 +9,12 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from typing import Any, Iterable, Iterator
 
+from phalanx.logging.metrics import postfix
+
+RATE_EVERY_S = 1.0  # how often the bar's samples/s, tokens/s and MFU are refreshed
 
 
 def bar_enabled(is_main: bool, setting: str | bool | None = None, stream: Any = None) -> bool:
@@ -56,14 +61,25 @@ class Progress:
             return
         if self.metrics is not None:
             self.metrics.progress_bar = self.bar
+        shown = time.monotonic()
         try:
             for item in self.iterable:
                 yield item
                 self.bar.update(1)
+                if time.monotonic() - shown >= RATE_EVERY_S:  # live rates between px.log rows
+                    shown = time.monotonic()
+                    self._show_rates()
         finally:
             if self.metrics is not None and self.metrics.progress_bar is self.bar:
                 self.metrics.progress_bar = None
             self.bar.close()
+
+    def _show_rates(self) -> None:
+        throughput = getattr(self.metrics, "throughput", None)
+        if throughput is not None:
+            rates = throughput.current()
+            if rates:
+                self.bar.set_postfix({**self.metrics.postfix, **postfix(rates)})
 
     def set_postfix(self, **values: Any) -> None:
         if self.bar is not None:

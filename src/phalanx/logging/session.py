@@ -9,6 +9,7 @@ from phalanx.logging import progress as progress_mod
 from phalanx.logging import rank_log, sinks
 from phalanx.logging.metrics import MetricsLogger
 from phalanx.logging.run_dir import resolve_run_dir
+from phalanx.logging.throughput import Throughput
 
 
 @dataclass
@@ -20,6 +21,10 @@ class LoggingSession:
     metrics: MetricsLogger
     progress_setting: str = "auto"
     open_hint: str = ""  # for the start-up line: how to open what the trackers write (MLflow's store)
+
+    @property
+    def throughput(self) -> Throughput:
+        return self.metrics.throughput  # type: ignore[return-value]
 
     def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
         self.metrics.log(values, step)
@@ -47,7 +52,7 @@ class LoggingSettings:
 
 
 def start(rank: int, is_main: bool, share: Callable[[Any], Any],
-          settings: LoggingSettings = LoggingSettings()) -> LoggingSession:
+          settings: LoggingSettings = LoggingSettings(), world_size: int = 1) -> LoggingSession:
     """Pick the run dir (same on all ranks), configure phalanx's logger and the metrics sinks.
 
     Sinks and trackers are checked here on every rank (names, installed libraries), so a missing
@@ -56,6 +61,7 @@ def start(rank: int, is_main: bool, share: Callable[[Any], Any],
     run_dir = resolve_run_dir(settings.run_dir, is_main, share)
     rank_log.setup(rank, run_dir, settings.log_level, settings.log_all_ranks)
     metrics = MetricsLogger(run_dir, is_main, list(settings.log_sinks), trackers=list(settings.trackers))
+    metrics.throughput = Throughput(world_size)
     atexit.register(metrics.close)
     return LoggingSession(run_dir, is_main, metrics, settings.progress, _open_hint(run_dir, is_main, settings.trackers))
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from phalanx.config.names import METRICS_DESTINATIONS
 from phalanx.logging import trackers
 
 CSV_FILE = "metrics.csv"
@@ -133,6 +134,7 @@ REGISTRY: dict[str, Destination] = {
     "swanlab": Destination(trackers.SwanLabTracker, "swanlab", "swanlab"),
 }
 NAMES: tuple[str, ...] = tuple(REGISTRY)
+assert NAMES == METRICS_DESTINATIONS, "config/names.py lists the destinations the settings accept"
 
 
 def installed(name: str) -> bool:

@@ -28,7 +28,8 @@ class Accumulator:
     """
 
     def __init__(self, num_steps: int = 1, remainder: str = "flush",
-                 batches_left: Callable[[], int | None] | None = None):
+                 batches_left: Callable[[], int | None] | None = None,
+                 on_cycle_start: Callable[[], None] | None = None):
         if int(num_steps) != num_steps or num_steps < 1:
             raise ValueError(f"grad_accum_steps must be a positive integer, got {num_steps!r}")
         if remainder not in REMAINDERS:
@@ -36,6 +37,7 @@ class Accumulator:
         self.num_steps = int(num_steps)
         self.remainder = remainder
         self.batches_left = batches_left
+        self.on_cycle_start = on_cycle_start  # forgets what a dropped cycle left (num_items counts)
         self.micro_step = 0  # micro-steps begun so far
         self.cycle_pos = 0  # micro-steps done in the current cycle
         self.cycle_len = self.num_steps  # micro-steps the current cycle has (fewer at an epoch's end)
@@ -48,6 +50,8 @@ class Accumulator:
     def _begin_micro_step(self) -> None:
         self.micro_step += 1
         if self.cycle_pos == 0:
+            if self.on_cycle_start is not None:
+                self.on_cycle_start()
             left = self.batches_left() if self.batches_left is not None else None
             short = left is not None and 0 < left < self.num_steps
             self.cycle_len = left if short else self.num_steps
@@ -113,12 +117,15 @@ class PreparedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, accumulator: Accumulator, precision: Precision,
-                 clip: Callable[[], Any] | None = None):
+                 clip: Callable[[], Any] | None = None, before_step: Callable[[], None] | None = None):
         # No super().__init__: this object owns no parameters; the wrapped optimizer does.
         self.optimizer = optimizer
         self.accumulator = accumulator
         self.precision = precision
         self.clip = clip  # called before each real step (DeepSpeed's gradient_clipping)
+        # The step's gradient rescale (num_items): before clipping, and before fp16's scaler may skip
+        # the step (a skipped step's counts must not leak into the next one).
+        self.before_step = before_step
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -147,6 +154,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         if not self.accumulator.sync_gradients:
             return None
+        if self.before_step is not None:
+            self.before_step()
         if self.clip is not None:
             self.precision.unscale_(self.optimizer)
             self.clip()
@@ -194,7 +203,7 @@ def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer, accumulator: Accumulator, strategy: Any,
-                   clip_norm: float | None = None) -> torch.optim.Optimizer:
+                   clip_norm: float | None = None, before_step: Callable[[], None] | None = None) -> torch.optim.Optimizer:
     """`optimizer` itself when nothing needs adding (no accumulation, scaler or auto-clipping),
     else a PreparedOptimizer around it."""
     precision: Precision = strategy.precision
@@ -205,4 +214,4 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accumulator: Accumulator, s
     clip = clip_all if clip_norm is not None else None
     if accumulator.num_steps == 1 and precision.scaler is None and clip is None:
         return optimizer
-    return PreparedOptimizer(optimizer, accumulator, precision, clip)
+    return PreparedOptimizer(optimizer, accumulator, precision, clip, before_step)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -129,7 +130,7 @@ def _read_local(f: Any, key: str, target: torch.Tensor, result: LoadResult) -> t
 
 
 def _load_safetensors(model: nn.Module, files: Mapping[str, str], keys: list[str], model_sd: Mapping[str, Any],
-                      result: LoadResult) -> None:
+                      result: LoadResult, model_key: Mapping[str, str]) -> None:
     """One tensor at a time through set_model_state_dict: a rank holds its shards plus one slice."""
     from safetensors import safe_open
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -141,7 +142,8 @@ def _load_safetensors(model: nn.Module, files: Mapping[str, str], keys: list[str
     for path, names in by_file.items():
         with safe_open(path, framework="pt") as f:
             for key in names:
-                set_model_state_dict(model, {key: _read_local(f, key, model_sd[key], result)}, options=options)
+                set_model_state_dict(model, {model_key[key]: _read_local(f, key, model_sd[key], result)},
+                                     options=options)
 
 
 def _full_on_rank0(source: Any) -> Mapping[str, torch.Tensor] | None:
@@ -150,6 +152,19 @@ def _full_on_rank0(source: Any) -> Mapping[str, torch.Tensor] | None:
     if isinstance(source, Mapping):
         return source
     return torch.load(os.fspath(source), map_location="cpu", mmap=True, weights_only=True)
+
+
+_ADAPTER = re.compile(r"\.lora_[A-Za-z_]+\.")  # peft's LoRA tensors (lora_A, lora_B, lora_magnitude_vector...)
+
+
+def checkpoint_names(model: nn.Module, keys: Iterable[str]) -> dict[str, str]:
+    """Model key -> the name it has in a checkpoint. A peft (LoRA) model loads its base model's
+    checkpoint: peft's `base_model.model.` prefix and `.base_layer` are not in those names, and
+    the adapters' own tensors are not looked for there (they are absent from the model's map)."""
+    if not hasattr(model, "peft_config"):
+        return {k: k for k in keys}
+    return {k: k.removeprefix("base_model.model.").replace(".base_layer.", ".") for k in keys
+            if not _ADAPTER.search(k)}
 
 
 def _model_state(model: nn.Module) -> dict[str, Any]:
@@ -164,12 +179,15 @@ def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int 
     """Load a full checkpoint into a prepared model (`model`: the user's module, unwrapped).
 
     `source`: a .safetensors file, a sharded safetensors index (or a folder holding one), a torch
-    file, or a state dict (needed on rank 0 only; other ranks may pass None). `elsewhere(key)`:
-    the key belongs to another pipeline stage (pp > 1): not this rank's, and not unexpected."""
+    file, or a state dict (needed on rank 0 only; other ranks may pass None). A peft (LoRA) model
+    loads its base model's checkpoint (see `checkpoint_names`). `elsewhere(key)`: the key belongs to
+    another pipeline stage (pp > 1): not this rank's, and not unexpected."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     model_sd = _model_state(model)
-    expected = {k: tuple(v.shape) for k, v in model_sd.items() if isinstance(v, torch.Tensor)}
+    names = checkpoint_names(model, model_sd)  # the checkpoint's name of each model tensor
+    model_key = {name: key for key, name in names.items()}
+    expected = {names[k]: tuple(v.shape) for k, v in model_sd.items() if isinstance(v, torch.Tensor) and k in names}
     files = _safetensors_files(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else None
     what = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "state dict"
     if elsewhere is not None and files is None:
@@ -184,7 +202,8 @@ def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int 
             found = {k: v for k, v in found.items() if k in expected or not elsewhere(k)}
         result = compare(expected, found)
         _refuse_or_warn(result, strict, what)
-        _load_safetensors(model, files, result.loaded, model_sd, result)
+        _load_safetensors(model, files, result.loaded, {n: model_sd[model_key[n]] for n in result.loaded}, result,
+                          model_key)
         return result
     # torch file / state dict: rank 0 reads it, checks it and broadcasts tensor by tensor
     broadcast = _distributed()
@@ -202,7 +221,7 @@ def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int 
     result = compare(expected, shapes)
     _refuse_or_warn(result, strict, what)
     if state is not None:
-        state = {k: state[k] for k in result.loaded}
+        state = {model_key[k]: state[k] for k in result.loaded}
     set_model_state_dict(model, state if state is not None else {}, options=StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=broadcast, strict=False))
     return result

@@ -39,6 +39,31 @@ def init_module(sharded: bool, device: torch.device) -> Iterator[None]:
         yield
 
 
+def transformers_init(model: nn.Module) -> InitFn | None:
+    """For models holding a transformers `PreTrainedModel` (also inside a peft wrapper): each module
+    inside one is initialised by that model's own `_init_weights(module)` (its norms and rotary
+    buffers have no reset_parameters); modules outside any use reset_parameters(). None otherwise."""
+    owners = [m for m in model.modules() if callable(getattr(m, "_init_weights", None)) and hasattr(m, "config")]
+    if not owners:
+        return None
+    owner_of: dict[int, nn.Module] = {}
+    for owner in owners:  # in module order: an inner model overrides the outer one for its modules
+        for module in owner.modules():
+            owner_of[id(module)] = owner
+
+    def init(module: nn.Module) -> None:
+        owner = owner_of.get(id(module))
+        if owner is not None:
+            owner._init_weights(module)
+        elif callable(getattr(module, "reset_parameters", None)):
+            module.reset_parameters()
+        else:
+            raise ValueError(f"initialising a meta-device model: {type(module).__name__} has no reset_parameters() "
+                             "and is outside the transformers model. HINT: pass strategy_options={'init_weights': fn}")
+
+    return init
+
+
 def _owns_state(module: nn.Module) -> bool:
     return any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
 
@@ -159,7 +184,9 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
     time, and thrown away, so this stage's modules draw the random numbers they draw in one process.
     `roots`: the modules to allocate through, which together hold all of `model`'s tensors (default:
     `model`): FSDP2 re-points its shards when its root is allocated, so a pipeline rank running
-    several stages allocates each stage's root (strategies/pipeline/cut.py's views)."""
+    several stages allocates each stage's root (strategies/pipeline/cut.py's views).
+    Without `init_fn`, a transformers model initialises its modules as `from_config` would."""
+    init_fn = init_fn or transformers_init(model)
     check_initialisable(model, init_fn)
     meta_modules = [m for m in model.modules() if _owns_state(m) and any(t.is_meta for t in _own_tensors(m))]
     if order is not None:

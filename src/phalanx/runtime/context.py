@@ -135,21 +135,43 @@ class AgentEnv:
     uses_agent_store: bool = False  # workers may connect to the agent's TCPStore
     master_addr: str = ""
     master_port: int = 0
-    restart_count: str = "0"  # which attempt of the worker group this is
+    restart_count: str = "0"  # which attempt of the worker group this is, as this node's agent counts
     error_file: str | None = None  # where a failure's traceback goes for the launcher's report
+    attempt: str = "0"
+    """The attempt's name, the same on every node: PHALANX_ATTEMPT from `phalanx run`'s agent, else the
+    restart count (torchrun). Scopes the store keys each attempt writes."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AgentEnv":
         env = os.environ if env is None else env
         port = env.get(envvars.MASTER_PORT, "")
+        restart_count = env.get(envvars.TORCHELASTIC_RESTART_COUNT, "0")
         return cls(env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True", env.get(envvars.MASTER_ADDR, ""),
-                   int(port) if port.isdigit() else 0, env.get(envvars.TORCHELASTIC_RESTART_COUNT, "0"),
-                   env.get(envvars.TORCHELASTIC_ERROR_FILE) or None)
+                   int(port) if port.isdigit() else 0, restart_count,
+                   env.get(envvars.TORCHELASTIC_ERROR_FILE) or None, env.get(envvars.PHALANX_ATTEMPT) or restart_count)
 
 
 def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:
     """The settings the launcher handed this process as PHALANX_* variables, checked."""
     return config.from_env(os.environ if env is None else env)
+
+
+@dataclass(frozen=True)
+class ParityRequest:
+    """What `phalanx parity` asks of this worker (runtime/parity_record.py)."""
+
+    record_path: str
+    steps: int
+    batch_scale: int
+
+
+def parity_request(env: Mapping[str, str] | None = None) -> ParityRequest | None:
+    """Set by `phalanx parity` for the workers of its two runs; None otherwise."""
+    env = os.environ if env is None else env
+    path = env.get(envvars.PHALANX_PARITY_RECORD)
+    if not path:
+        return None
+    return ParityRequest(path, _int(env, envvars.PHALANX_PARITY_STEPS, 3), _int(env, envvars.PHALANX_PARITY_BATCH_SCALE, 1))
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -63,13 +63,15 @@ def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
 
     Workers of every restart share the agent's TCPStore, and the keys the previous attempt wrote
     (each rank's gloo address) are still there: a restarted rank could read a dead peer's address
-    and fail with "connection refused" or hang. A prefix per restart gives each attempt clean keys.
+    and fail with "connection refused" or hang. A prefix per attempt gives each attempt clean keys;
+    the attempt's name is the one all nodes agreed on (a node that joined later counts its own
+    restarts from 0).
     """
     agent = AgentEnv.from_env()
     if not agent.uses_agent_store:
         return None
     store = dist.TCPStore(agent.master_addr, agent.master_port, is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"phalanx/restart_{agent.restart_count}", store)
+    return dist.PrefixStore(f"phalanx/restart_{agent.attempt}", store)
 
 
 _state = {"failed": False, "owned": False}  # owned: phalanx created the default group
@@ -101,6 +103,13 @@ def ignoring_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def leaving_cleanly() -> bool:
+    """No exception on its way out, or `sys.exit(0)`: forked workers run the exit handlers inside
+    the `finally` the SystemExit passes through, and exit 0 there is a clean end, not a failure."""
+    error = sys.exc_info()[1]
+    return error is None or (isinstance(error, SystemExit) and error.code in (0, None))
+
+
 def destroy_process_group(before_destroy: Callable[[], None] | None = None) -> None:
     """Leave the group at exit.
 
@@ -118,7 +127,7 @@ def destroy_process_group(before_destroy: Callable[[], None] | None = None) -> N
     # An exception on its way out counts too: forked workers (`phalanx run`) run the atexit
     # handlers from a `finally`, and sys.excepthook is never called there.
     with ignoring_sigint():
-        if not _state["failed"] and sys.exc_info()[0] is None:
+        if not _state["failed"] and leaving_cleanly():
             dist.barrier()
         if before_destroy is not None:
             before_destroy()

@@ -13,7 +13,7 @@ import os
 from typing import Any, Callable
 
 from phalanx.logging.rank_log import get_logger
-from phalanx.runtime.profile_steps import StepRange, parse
+from phalanx.config.profile_steps import StepRange, parse
 
 PROFILE_DIR = "profile"
 

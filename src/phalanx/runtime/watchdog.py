@@ -33,11 +33,12 @@ import threading
 import time
 import traceback
 from datetime import timedelta
+from typing import Callable
 
 import torch.distributed as dist
 
 from phalanx import store_keys
-from phalanx.runtime.process_group import ignoring_sigint
+from phalanx.runtime.process_group import ignoring_sigint, leaving_cleanly
 from phalanx.runtime.context import AgentEnv
 from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
@@ -50,9 +51,11 @@ class Watchdog:
     """The reporting thread of one rank. `start()` after the process group exists."""
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, progress: StepTracker, timeout: float,
-                 stuck_after: float | None = None, labels: list[str] | None = None):
+                 stuck_after: float | None = None, labels: list[str] | None = None,
+                 group_alive: Callable[[], bool] = lambda: True):
         self.store = store
         self.labels = labels  # per rank, what else names it in a report (its pipeline stage)
+        self.group_alive = group_alive  # False once the watched group is destroyed: nothing left to watch
         self.stuck_after = stuck_after
         self.rank = rank
         self.world_size = world_size
@@ -89,6 +92,8 @@ class Watchdog:
     def _run(self) -> None:
         last_ticks, moved_at = -1, time.monotonic()
         while not self._stop.wait(self.interval):
+            if not self.group_alive():
+                return  # the script ended the group (one it created: mp.spawn): nothing left to watch
             try:
                 self._publish()
                 now = time.monotonic()
@@ -100,8 +105,8 @@ class Watchdog:
                     continue  # moving: peers are not this rank's business
                 self._watch_peers(now)
             except Exception as error:  # noqa: BLE001 - reported below, never hidden
-                if self._stop.is_set() or self.progress.phase == LEFT_LOOP:
-                    return  # the store's host finished first at exit: nothing left to watch
+                if self._stop.is_set() or self.progress.phase == LEFT_LOOP or not self.group_alive():
+                    return  # the store's host finished first at exit, or the script ended its group
                 _stop_process(f"phalanx watchdog (rank {self.rank}): lost the rendezvous store: "
                               f"{type(error).__name__}: {error}\nIts host (the launcher's agent, or rank 0 "
                               "when started without one) has probably died; stopping this rank.", show=True)
@@ -212,7 +217,7 @@ class Watchdog:
         """
         exc_type = sys.exc_info()[0]
         with ignoring_sigint():  # a second Ctrl-C must not cut the exit path short (see there)
-            if exc_type is not None:  # leaving because of an exception (forked workers get here)
+            if not leaving_cleanly():  # leaving because of an exception (forked workers get here)
                 self.failed(exc_type)
             else:
                 self.progress.enter(LEFT_LOOP)
@@ -322,7 +327,7 @@ def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: f
         _running.pop().stop()
     # Per restart attempt: records and verdicts of a previous attempt must never be read as this one's.
     agent = AgentEnv.from_env()
-    prefix = store_keys.watchdog_prefix(agent.restart_count)
+    prefix = store_keys.watchdog_prefix(agent.attempt)
     store_timeout = timedelta(seconds=max(30.0, timeout))  # = Watchdog.store_timeout_s
     if agent.uses_agent_store:
         # The agent's store, unprefixed: the launcher reads the records back under store_keys' names.
@@ -332,7 +337,8 @@ def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: f
     store = dist.PrefixStore(prefix, base)
     store.set_timeout(store_timeout)
     stuck_after = None if collective_timeout is None else collective_timeout + timeout
-    watchdog = Watchdog(store, rank, world_size, progress, timeout, stuck_after, labels).start()
+    watchdog = Watchdog(store, rank, world_size, progress, timeout, stuck_after, labels,
+                        group_alive=dist.is_initialized).start()
     atexit.register(watchdog.leave, destroy)  # runs before the process group's own exit hook
     _explain_uncaught_errors(watchdog)
     _running.append(watchdog)

@@ -1,0 +1,248 @@
+"""Causal-LM fine-tuning of a transformers model on phalanx, optionally with LoRA (peft), under any strategy.
+
+    python examples/finetune_llm.py --tiny --steps 30                          # one process, a tiny Llama
+    phalanx run --nproc-per-node 2 --strategy zero3 examples/finetune_llm.py --tiny --lora 8 --save out/tiny
+    phalanx run --nproc-per-node 4 --strategy zero3 --mixed-precision bf16 \\
+        examples/finetune_llm.py --model ./Llama-3.2-1B --lora 16 --steps 500 --save out/llama-lora
+
+Model: `--model DIR`, a local transformers model directory (config, tokenizer, safetensors weights),
+or `--tiny`: a small Llama made from a config and a byte-level BPE tokenizer trained on the corpus,
+saved as such a directory in the run directory (nothing is downloaded), then used like `--model`.
+The model is built on the meta device (`px.init_module()`: under zero2/zero3/hsdp nothing is
+allocated), prepared (each rank allocates only its shards), and the pretrained weights are read
+with `px.load_model`, each rank reading only its own slices of the safetensors files.
+
+Data: Python's reference documentation as it ships inside the interpreter (`pydoc_data.topics`),
+one paragraph per sample, or `--data FILE` (paragraphs separated by blank lines). Batches are
+padded; labels are -100 at the padding. The loss is summed over each batch's target tokens and
+given with their count, `px.backward(loss, num_items=tokens)`: every optimizer step averages over
+all target tokens of the global batch, whatever the ranks, accumulation and padding.
+
+`--lora R`: rank-R adapters on the attention and MLP projections; the base weights are frozen and
+the optimizer holds only the adapters. Under zero3 each decoder layer is one sharding unit holding
+its frozen weights and its adapters. `--save DIR` writes a directory `AutoModelForCausalLM.from_pretrained`
+loads, adapters merged into the weights (`--keep-adapters`: the adapters alone, with the base
+model's path in their config, which from_pretrained also loads). Checkpoints and resume as for any
+model: `--checkpoint-dir DIR` (phalanx's setting) with `--checkpoint-every N`.
+"""
+import argparse
+import math
+import os
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from phalanx import Phalanx
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+IGNORE = -100
+
+
+def load_paragraphs(path=None, limit=None):
+    """Paragraphs of --data FILE, else of the Python reference documentation shipped with Python."""
+    if path:
+        with open(path, encoding="utf-8") as fp:
+            text = fp.read()
+    else:
+        from pydoc_data.topics import topics
+
+        text = "\n\n".join(topics[name] for name in sorted(topics))
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
+    paragraphs = [p for p in paragraphs if len(p) >= 40]
+    return paragraphs[:limit] if limit else paragraphs
+
+
+def make_tiny_model(paragraphs, directory, seed=0):
+    """A 2-layer Llama and a 512-token byte-level BPE tokenizer trained on the corpus, saved to `directory`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(paragraphs, trainers.BpeTrainer(
+        vocab_size=512, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def add_lora(model, rank):
+    """Rank-`rank` LoRA adapters on the attention and MLP projections; everything else frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    names = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                    if isinstance(module, nn.Linear)})
+    targets = [p for p in PROJECTIONS if p in names]
+    if not targets:
+        raise ValueError(f"--lora {rank}: the model has no attention or MLP projection among the Linear layers "
+                         f"looked for ({', '.join(PROJECTIONS)}); its Linear layers are named: "
+                         f"{', '.join(names) or 'none'}. HINT: fine-tune it without --lora, or add its projection "
+                         "names to PROJECTIONS")
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets,
+                                            task_type="CAUSAL_LM"))
+
+
+def block_classes(model_dir):
+    """The model's decoder-layer class names (transformers' `_no_split_modules`): one sharding unit each."""
+    import transformers
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    classes = [getattr(transformers, name, None) for name in config.architectures or []]
+    return {name for cls in classes if cls is not None for name in (cls._no_split_modules or [])}
+
+
+def collate(pad_id):
+    def pad(samples):
+        width = max(len(s) for s in samples)
+        input_ids = torch.full((len(samples), width), pad_id)
+        attention_mask = torch.zeros((len(samples), width), dtype=torch.long)
+        for i, s in enumerate(samples):
+            input_ids[i, :len(s)] = torch.tensor(s)
+            attention_mask[i, :len(s)] = 1
+        labels = input_ids.masked_fill(attention_mask == 0, IGNORE)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+    return pad
+
+
+def token_losses(model, batch):
+    """Per-sample sums of the next-token loss over the target tokens, and each sample's target count."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["labels"][:, 1:]
+    losses = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE,
+                             reduction="none").view(targets.shape)
+    return losses.sum(1), (targets != IGNORE).sum(1)
+
+
+@torch.no_grad()
+def evaluate(px, model, loader):
+    """Token-weighted mean loss over the whole eval set (each sample once) and its perplexity."""
+    model.eval()
+    total, count = 0.0, 0
+    for batch in loader:
+        sums, counts = px.gather_for_metrics(token_losses(model, batch))
+        total, count = total + sums.double().sum().item(), count + counts.sum().item()
+    model.train()
+    return total / count, math.exp(total / count)
+
+
+def save(px, model, config, tokenizer, args, base_dir, out):
+    """Full weights gathered on the main process, put in a CPU copy of the model: LoRA merged into
+    the weights (or, --keep-adapters, the adapters saved alone), then `save_pretrained`."""
+    from transformers import AutoModelForCausalLM
+
+    state = px.get_state_dict(model)  # every rank takes part; the main process gets the full weights
+    if px.is_main_process:
+        cpu = AutoModelForCausalLM.from_config(config)
+        if args.lora:
+            cpu = add_lora(cpu, args.lora)
+            cpu.peft_config["default"].base_model_name_or_path = os.path.abspath(base_dir)
+        cpu.load_state_dict(state)
+        if args.lora and not args.keep_adapters:
+            cpu = cpu.merge_and_unload()
+        cpu.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    px.wait_for_everyone()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", metavar="DIR", help="local transformers model directory")
+    source.add_argument("--tiny", action="store_true", help="a small Llama made here (no download), for tests and CPUs")
+    parser.add_argument("--data", metavar="FILE", help="text file, paragraphs separated by blank lines "
+                                                        "(default: Python's reference documentation)")
+    parser.add_argument("--limit", type=int, help="use only the first N paragraphs (quick runs)")
+    parser.add_argument("--lora", type=int, metavar="R", help="train rank-R LoRA adapters instead of every weight")
+    parser.add_argument("--keep-adapters", action="store_true", help="--save writes the adapters, not merged weights")
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=8, help="per process")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample at most")
+    parser.add_argument("--lr", type=float, help="learning rate (default 1e-3 with --tiny, else 2e-4)")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--checkpoint-every", type=int, metavar="N", help="px.save_state() every N steps "
+                                                                          "(needs --checkpoint-dir)")
+    parser.add_argument("--save", metavar="DIR", help="write a from_pretrained directory after training")
+    args = parser.parse_args()
+
+    paragraphs = load_paragraphs(args.data, args.limit)
+    base_dir = args.model
+    blocks = block_classes(base_dir) if base_dir else {"LlamaDecoderLayer"}
+    # zero2/zero3/hsdp: each decoder layer is a sharding unit (frozen weights and adapters together)
+    px = Phalanx(strategy_options={"shard_modules": lambda name, module: type(module).__name__ in blocks})
+    if args.tiny:
+        base_dir = os.path.join(px.run_dir, "tiny-llama")
+        with px.main_process_first():
+            if px.is_main_process:
+                make_tiny_model(paragraphs, base_dir)
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    samples = [ids[:args.seq_len] for ids in tokenizer(paragraphs)["input_ids"] if len(ids) >= 2]
+    train, held_out = [s for i, s in enumerate(samples) if i % 10], samples[::10]
+
+    config = AutoConfig.from_pretrained(base_dir)
+    with px.init_module():  # meta device under zero2/zero3/hsdp: nothing allocated until prepare
+        model = AutoModelForCausalLM.from_config(config)
+        if args.lora:
+            model = add_lora(model, args.lora)
+    lr = args.lr or (1e-3 if args.tiny else 2e-4)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    train_loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, collate_fn=collate(pad_id))
+    eval_loader = DataLoader(held_out, batch_size=args.batch_size, collate_fn=collate(pad_id))
+    model, optimizer, train_loader, eval_loader = px.prepare(model, optimizer, train_loader, eval_loader)
+    px.load_model(model, base_dir)  # each rank reads its own slices of the safetensors files
+    with torch.no_grad():  # LoRA's B starts at zero: the adapted model starts as the pretrained one
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.zero_()
+    resumed = px.config.checkpoint_dir is not None and px.load_state()  # resume from --checkpoint-dir
+    trainable = sum(p.numel() for p in px.unwrap_model(model).parameters() if p.requires_grad)
+    px.print(f"{len(train)} training and {len(held_out)} held-out paragraphs; strategy {px.strategy_name}, "
+             f"{px.world_size} process(es); training {'LoRA adapters' if args.lora else 'every weight'} "
+             f"({trainable:,} parameters)"
+             + (f"; resumed at step {px.global_step}" if resumed else ""))
+
+    before = evaluate(px, model, eval_loader)
+    px.print(f"before: eval loss {before[0]:.4f}, perplexity {before[1]:.2f}")
+    model.train()
+    while px.global_step < args.steps:
+        for batch in px.progress(train_loader, desc=f"step {px.global_step}"):
+            with px.accumulate(model):
+                sums, counts = token_losses(model, batch)
+                px.backward(sums.sum(), num_items=counts.sum())  # Σ loss / Σ tokens over the global batch
+                px.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad()
+            if not px.sync_gradients:
+                continue
+            step = px.global_step
+            if step % args.log_every == 0 or step == args.steps:
+                px.log({"loss": px.step_loss}, step=step)  # the same global token-weighted mean
+            if args.checkpoint_every and step % args.checkpoint_every == 0:
+                px.save_state()
+            if step >= args.steps:
+                break
+    after = evaluate(px, model, eval_loader)
+    px.print(f"after {px.global_step} steps: eval loss {after[0]:.4f}, perplexity {after[1]:.2f} "
+             f"(was {before[0]:.4f}, {before[1]:.2f})")
+    if args.save:
+        save(px, model, config, tokenizer, args, base_dir, args.save)
+        px.print(f"saved to {args.save}: AutoModelForCausalLM.from_pretrained({args.save!r}) loads it")
+
+
+if __name__ == "__main__":
+    main()
