@@ -2,13 +2,17 @@
 
     python bench/strategies.py [--model mlp encoder] [--world-size 2] [--rounds 7] [--steps 6] [--only zero3 ...]
     BENCH_DIM=512 python bench/strategies.py --only "raw ddp" "tp"      # the same at another model width
+    python bench/strategies.py --only "raw ddp" "pp"                   # pipeline parallel next to ddp
 
 Two workloads (a large embedding + 4 residual MLP blocks or 4 nn.TransformerEncoderLayers + head,
 AdamW), each in one process group with alternating rounds. For each strategy: phalanx, and the same thing written by hand with raw torch
 (DDP, DDP + ZeroRedundancyOptimizer, fully_shard); tensor parallel over all ranks (and zero3 x tp2
-from 4 ranks), on the same global batch per step. Prints median steps/s, the ratio to raw DDP, and
-the largest rank's bytes of parameters + gradients + optimizer state. CPU/gloo figures: tensor
-parallel all-reduces activations twice per block, which gloo on CPU does slowly.
+from 4 ranks) and pipeline parallel (pp over all ranks, and pp2 x ddp2 / zero3 from 4 ranks), on the
+same global batch per step. Every phalanx variant steps through px.forward_backward. Prints median
+steps/s, the ratio to raw DDP, the largest rank's bytes of parameters + gradients + optimizer
+state, and for pipelines the bubble their schedule implies. CPU/gloo figures: tensor parallel
+all-reduces activations twice per block, which gloo on CPU does slowly; pipeline stages share the
+same cores, so a stage's idle time in the bubble is not lost as it is on GPUs.
 """
 from __future__ import annotations
 
@@ -42,18 +46,30 @@ class Block(nn.Module):
         return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
 
 
+class Head(nn.Module):
+    """Mean over the sequence, then a linear classifier (a module, so the forward is a plain chain
+    that pipeline parallel can cut)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(DIM, CLASSES)
+
+    def forward(self, h):
+        return self.proj(h.mean(1))
+
+
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, DIM)
         self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
-        self.head = nn.Linear(DIM, CLASSES)
+        self.head = Head()
 
     def forward(self, tokens):
         h = self.embed(tokens)
         for b in self.blocks:
             h = b(h)
-        return self.head(h.mean(1))
+        return self.head(h)
 
 
 class Encoder(Net):
@@ -75,13 +91,22 @@ def make_model() -> nn.Module:
     return MODELS[MODEL]()
 
 
-def batches(n: int, tp: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's batches: BATCH per data-parallel rank, so every variant steps on the same global
-    batch; the ranks of a tensor-parallel group (tp > 1) read the same, tp times larger, batch."""
-    g = torch.Generator().manual_seed(dist.get_rank() // tp)
-    size = BATCH * tp
+def batches(n: int, replica: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's batches: BATCH per process, so every variant steps on the same global batch; the
+    `replica` ranks that hold one model replica together (tp x pp) read the same, that much larger, batch."""
+    g = torch.Generator().manual_seed(dist.get_rank() // replica)
+    size = BATCH * replica
     return [(torch.randint(0, VOCAB, (size, SEQ), generator=g), torch.randint(0, CLASSES, (size,), generator=g))
             for _ in range(n)]
+
+
+def loss_fn(output, y):
+    return nn.functional.cross_entropy(output, y)
+
+
+def plain_step(model):
+    """forward, loss and backward, written by hand."""
+    return lambda x, y: loss_fn(model(x), y).backward()
 
 
 # ---- raw torch, written by hand -------------------------------------------------------------
@@ -89,7 +114,7 @@ def raw_ddp():
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = DDP(make_model(), gradient_as_bucket_view=True)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), lambda loss: loss.backward()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), plain_step(model)
 
 
 def raw_zero1():
@@ -98,7 +123,7 @@ def raw_zero1():
 
     model = DDP(make_model(), gradient_as_bucket_view=True)
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
-    return model, opt, lambda loss: loss.backward()
+    return model, opt, plain_step(model)
 
 
 def _raw_fsdp(reshard: bool):
@@ -110,20 +135,30 @@ def _raw_fsdp(reshard: bool):
     for block in model.blocks:  # the textbook recipe: each block, then the root
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), lambda loss: loss.backward()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), plain_step(model)
 
 
 # ---- phalanx --------------------------------------------------------------------------------
-def with_phalanx(strategy: str, tp: int = 1, **options) -> Callable:
+def with_phalanx(strategy: str, tp: int = 1, pp: int = 1, schedule: str = "1F1B", microbatches: int | None = None,
+                 **options) -> Callable:
     def build():
         from phalanx import Phalanx
 
         settings = {"tp": tp, "tp_plan": TP_PLANS[MODEL]} if tp > 1 else {}
+        if pp > 1:
+            settings.update(pp=pp, pp_schedule=schedule, pp_microbatches=microbatches)
         px = Phalanx(strategy=strategy, strategy_options=options or None, **settings)
         model = make_model()
         model, opt = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-        return model, opt, px.backward
-    build.tp = tp
+        return model, opt, lambda x, y: px.forward_backward(model, x, y, loss_fn)
+    return build
+
+
+def with_pipeline(strategy: str, pp: Callable[[], int], schedule: str = "1F1B", per_rank: int = 2):
+    """A pipeline variant: `pp()` ranks per replica (known once the ranks run), `per_rank` x pp microbatches."""
+    def build():
+        return with_phalanx(strategy, pp=pp(), schedule=schedule, microbatches=per_rank * pp())()
+    build.pipeline = (pp, schedule, per_rank)
     return build
 
 
@@ -148,15 +183,33 @@ VARIANTS: dict[str, Callable] = {
         "zero3", shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, (Block, nn.TransformerEncoderLayer))),
     "phalanx tp (all ranks, same global batch)": lambda: with_phalanx("ddp", tp=dist.get_world_size())(),
     "phalanx zero3 x tp2 (4+ ranks)": lambda: with_phalanx("zero3", tp=2)(),
+    "phalanx pp 1F1B, 2 x pp microbatches (all ranks)": with_pipeline("ddp", dist.get_world_size),
+    "phalanx pp 1F1B, 4 x pp microbatches (all ranks)": with_pipeline("ddp", dist.get_world_size, per_rank=4),
+    "phalanx pp GPipe, 2 x pp microbatches (all ranks)": with_pipeline("ddp", dist.get_world_size, "GPipe"),
+    "phalanx pp2 x ddp2 (4+ ranks)": with_pipeline("ddp", lambda: 2),
+    "phalanx pp2 x zero3 (4+ ranks)": with_pipeline("zero3", lambda: 2),
 }
-TP_OF = {"phalanx tp (all ranks, same global batch)": lambda: dist.get_world_size(),
-         "phalanx zero3 x tp2 (4+ ranks)": lambda: 2}
+REPLICA_OF = {"phalanx tp (all ranks, same global batch)": lambda: dist.get_world_size(),
+              "phalanx zero3 x tp2 (4+ ranks)": lambda: 2,
+              **{name: build.pipeline[0] for name, build in VARIANTS.items() if hasattr(build, "pipeline")}}
+
+
+def bubble(name: str) -> str:
+    """The idle fraction the variant's schedule implies (strategies/pipeline/arithmetic.py)."""
+    from phalanx.strategies.pipeline import arithmetic
+
+    if not hasattr(VARIANTS[name], "pipeline"):
+        return ""
+    pp_of, schedule, per_rank = VARIANTS[name].pipeline
+    pp = pp_of()
+    fraction = arithmetic.bubble_fraction(schedule, pp, per_rank * pp)
+    return f"{fraction:.2f}" if fraction is not None else "?"
 
 
 def run_variant(build: Callable, data, steps: int, warmup: int = 3) -> tuple[float, float, int]:
     from phalanx.model import memory
 
-    model, opt, backward = build()
+    model, opt, step = build()
     start = None
     for i in range(warmup + steps):
         if i == warmup:
@@ -164,7 +217,7 @@ def run_variant(build: Callable, data, steps: int, warmup: int = 3) -> tuple[flo
             start, cpu_start = time.perf_counter(), time.process_time()
         x, y = data[i % len(data)]
         opt.zero_grad(set_to_none=True)
-        backward(nn.functional.cross_entropy(model(x), y))
+        step(x, y)
         opt.step()
     cpu_ms = (time.process_time() - cpu_start) / steps * 1000  # this process, all its threads
     dist.barrier()
@@ -179,7 +232,7 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
     names = [n for n in VARIANTS if not only or any(o in n for o in only)]
     if dist.get_world_size() < 4:
         names = [n for n in names if "4+ ranks" not in n]
-    data = {n: batches(8, TP_OF[n]() if n in TP_OF else 1) for n in names}
+    data = {n: batches(8, REPLICA_OF[n]() if n in REPLICA_OF else 1) for n in names}
     rates: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     held: dict[str, int] = {}
@@ -190,24 +243,25 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
             cpu[name].append(cpu_ms)
     if dist.get_rank() == 0:
         params = sum(p.numel() for p in make_model().parameters())
-        print(f"{dist.get_world_size()} ranks (gloo, CPU, 1 thread each), {MODEL} model {params / 1e6:.1f}M params "
-              f"(embedding {VOCAB}x{DIM}, {BLOCKS} blocks), batch {BATCH}x{SEQ} per data-parallel rank; "
+        print(f"CPU/gloo figures: {dist.get_world_size()} ranks (1 thread each), {MODEL} model {params / 1e6:.1f}M "
+              f"params (embedding {VOCAB}x{DIM}, {BLOCKS} blocks), global batch {BATCH * dist.get_world_size()}x{SEQ}; "
               f"{rounds} alternating rounds of {steps} steps, median")
         base_name = "raw ddp" if "raw ddp" in names else names[0]
         base = sorted(rates[base_name])[rounds // 2]
         base_bytes = held[base_name]
         base_cpu = sorted(cpu[base_name])[rounds // 2]
         print(f"  {'variant':56s} {'steps/s':>8s} {'vs ' + base_name:>11s} {'CPU ms/step':>12s} {'vs':>6s} "
-              f"{'vs, per round: min-max':>22s} {'state/rank':>11s} {'vs':>5s}")
+              f"{'vs, per round: min-max':>22s} {'state/rank':>11s} {'vs':>5s} {'bubble':>6s}")
         for name in names:
             med, c = sorted(rates[name])[rounds // 2], sorted(cpu[name])[rounds // 2]
             per_round = [b / x for b, x in zip(cpu[base_name], cpu[name])]  # same round, side by side
             print(f"  {name:56s} {med:8.2f} {med / base:11.3f} {c:12.1f} {base_cpu / c:6.3f} "
                   f"{min(per_round):10.3f}-{max(per_round):.3f}      "
-                  f"{held[name] / 2**20:7.1f} MiB {held[name] / base_bytes:5.2f}")
+                  f"{held[name] / 2**20:7.1f} MiB {held[name] / base_bytes:5.2f} {bubble(name):>6s}")
         print(f"  (CPU ms/step: rank 0's own CPU time, all threads; 'vs' = {base_name}'s CPU time / this one's,\n"
               "   a throughput ratio that ignores time stolen by other processes on a shared machine;\n"
-              "   state/rank: the largest rank's parameters + gradients + optimizer state after a step)")
+              "   state/rank: the largest rank's parameters + gradients + optimizer state after a step;\n"
+              "   bubble: the idle fraction of a step the pipeline schedule implies, (pp - 1) / (microbatches + pp - 1))")
 
 
 def _run(rounds: int, steps: int, only: list[str] | None) -> None:

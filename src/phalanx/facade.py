@@ -35,6 +35,7 @@ from phalanx.strategies.mesh import build_mesh
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.parallelize import dp_group
+from phalanx.strategies.pipeline import schedules as pipeline_schedules
 from phalanx.strategies.strategy import ParallelStrategy
 
 
@@ -83,8 +84,9 @@ class Phalanx:
         self._dp_group: Any = None  # the data-parallel ranks' group (None: every rank)
         if preset != presets.AUTO or not self.ctx.is_distributed:
             self._adopt_plan(self._build_plan(preset))
-        else:  # ddp or zero3 over the ranks tensor parallel leaves: the same data shards either way
-            self.ctx = self.ctx.with_data_parallel(self.ctx.rank // cfg.tp, self.ctx.world_size // cfg.tp)
+        else:  # ddp or zero3 over the ranks tp and pp leave: the same data shards either way
+            degrees = self._build_plan(presets.AUTO_CHOOSES[0])
+            self.ctx = self.ctx.with_data_parallel(degrees.dp_rank(self.ctx.rank), degrees.dp_size)
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_info = BatchInfo()
@@ -99,7 +101,10 @@ class Phalanx:
         self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
         self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self._step_progress,
                                                 cfg.watchdog_timeout, destroy_process_group,
-                                                collective_timeout=cfg.collective_timeout)
+                                                collective_timeout=cfg.collective_timeout,
+                                                labels=pipeline_schedules.rank_labels(
+                                                    self.ctx.world_size, cfg.pp, cfg.pp_schedule)
+                                                if cfg.pp > 1 else None)
         self._checkpointer = Checkpointer(
             strategy_name=self.strategy_name, seed=self.seed, keep=cfg.checkpoint_keep,
             async_save=cfg.checkpoint_async, directory=cfg.checkpoint_dir,
@@ -168,7 +173,7 @@ class Phalanx:
 
     @property
     def dp_size(self) -> int:
-        """Ranks that read different data (world_size / tp); prepared loaders shard over them."""
+        """Ranks that read different data (world_size / (tp x pp)); prepared loaders shard over them."""
         return self.ctx.dp_size
 
     @property
@@ -186,13 +191,18 @@ class Phalanx:
     def _parallel(self) -> ParallelStrategy:
         return self.strategy  # type: ignore[return-value]
 
+    def _pipeline(self, model: nn.Module) -> Any:
+        """The PipelineRunner of a model prepared under pp > 1; None in other layouts."""
+        return self._parallel().pipeline(model) if self._strategy is not None else None
+
     def _hybrid(self) -> dict[str, Any]:
         """hsdp's shape options, from strategy_options."""
         return {"replicate_size": self.settings.options.replicate_size, "shard_size": self.settings.options.shard_size}
 
     def _build_plan(self, preset: str) -> ParallelPlan:
         return presets.build(preset, world_size=self.ctx.world_size, local_world_size=self.ctx.local_world_size,
-                             tp=self.config.tp, cpu_offload=self.settings.options.cpu_offload, **self._hybrid())
+                             tp=self.config.tp, pp=self.config.pp, cpu_offload=self.settings.options.cpu_offload,
+                             **self._hybrid())
 
     def _adopt_plan(self, plan: ParallelPlan) -> None:
         """Build the mesh (every rank, together) and the strategy for `plan`; loaders read the
@@ -230,21 +240,24 @@ class Phalanx:
 
     def init_module(self) -> contextlib.AbstractContextManager[None]:
         """Build the model inside: on the meta device when the plan shards parameters (zero2, zero3,
-        hsdp, tensor parallel: prepare then allocates and initialises only this rank's shards) and
-        under auto (which sizes the model before choosing), on `px.device` otherwise."""
+        hsdp, tensor parallel) or cuts pipeline stages (pp > 1): prepare then allocates and
+        initialises only this rank's shards or stages, with the values one process would draw; and
+        under auto (which sizes the model before choosing). On `px.device` otherwise."""
         on_meta = self._strategy is None or self._parallel().plan.builds_on_meta
         return meta_init.init_module(on_meta, self.device)
 
     def load_model(self, model: nn.Module, source: Any, *, strict: bool = True) -> model_loading.LoadResult:
         """Load a full checkpoint (safetensors file or sharded index, torch file, or a state dict on
         rank 0) into a prepared model; under zero2/zero3 no rank holds more than its shards plus
-        one tensor. Missing/unexpected keys or shape mismatches load nothing unless strict=False."""
+        one tensor. Missing/unexpected keys or shape mismatches load nothing unless strict=False.
+        Under pp each rank reads its own stages' tensors from a safetensors file (other sources refused)."""
         with self.busy(Phase.LOAD_MODEL):
-            return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank)
+            return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank,
+                                            elsewhere=self._parallel().held_elsewhere if self.config.pp > 1 else None)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if self._strategy is None:  # auto: sized from this model, then a concrete plan
-            name, reason = auto.decide(model, self.ctx, self.settings.options, self.config.tp)
+            name, reason = auto.decide(model, self.ctx, self.settings.options, self.config.tp, self.config.pp)
             plan = self._build_plan(name)
             settings_check.check(self._resolved, plan, chose=f"{name}: {reason}")
             self._adopt_plan(plan)
@@ -263,7 +276,8 @@ class Phalanx:
         if self._parity is not None:
             self._parity.watch_model(self.unwrap_model(model))
         self._prepared.append(model)
-        watch_module(self._step_progress, model)
+        if self._pipeline(model) is None:  # a pipeline step marks its own phase
+            watch_module(self._step_progress, model)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> torch.optim.Optimizer:
@@ -308,8 +322,13 @@ class Phalanx:
             rank_aware_workers=self.config.worker_seeds == "per_rank",
             on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
             split_batches=self.config.split_batches)
+        rank_batch = prepared.batch_size if self.config.split_batches else per_rank
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
-            self.settings.deepspeed.check_loader(prepared.batch_size if self.config.split_batches else per_rank)
+            self.settings.deepspeed.check_loader(rank_batch)
+        if self.config.pp > 1 and rank_batch is not None:  # each batch is cut into microbatches
+            pipeline_schedules.check_microbatches(
+                self.config.pp_schedule, self.config.pp,
+                self.config.pp_microbatches or pipeline_schedules.default_microbatches(self.config.pp), rank_batch)
         return self._checkpointer.track(prepared)
 
     # ---- the step --------------------------------------------------------------------------
@@ -357,17 +376,32 @@ class Phalanx:
                          loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
         """One batch through every layout: `model(inputs)` (a tuple is unpacked, a dict passed as
         keywords), `loss_fn(output, targets)`, and `px.backward` of it. Returns the loss, detached:
-        the same value on every rank of a tensor-parallel group. Write training loops with it: it
-        is the loop that will also drive pipeline stages."""
-        if isinstance(inputs, Mapping):
-            output = model(**inputs)
-        elif isinstance(inputs, tuple):
-            output = model(*inputs)
-        else:
-            output = model(inputs)
-        loss = loss_fn(output, targets)
+        the same value on every rank of a tensor-parallel group. Write training loops with it: the
+        same loop runs every layout.
+
+        Under pp > 1 it runs the pipeline schedule over this batch (the same on every rank of the
+        pipeline; one tensor of inputs), cut into pp_microbatches microbatches, and returns the loss,
+        the mean over the microbatches, on every rank of the pipeline. `loss_fn` must average over
+        the samples it is given."""
+        pipeline = self._pipeline(model)
+        if pipeline is not None:
+            with self._step_progress.during(Phase.PIPELINE):
+                scale = self.strategy.precision.loss_scale() / self._accumulator.loss_divisor()
+                return pipeline.step(inputs, targets, loss_scale=scale, loss_fn=loss_fn)
+        loss = loss_fn(_call(model, inputs), targets)
         self.backward(loss)
         return loss.detach()
+
+    def forward(self, model: nn.Module, inputs: Any) -> Any:
+        """`model(inputs)` (a tuple unpacked, a dict passed as keywords) in every layout, for
+        evaluation. Under pp > 1: the last stage's output, computed without gradients over the
+        pipeline's stages, on every rank of the pipeline (any batch size: it is cut into as many
+        equal microbatches as divide it, up to pp_microbatches); the V schedules cannot run it."""
+        pipeline = self._pipeline(model)
+        if pipeline is not None:
+            with self._step_progress.during(Phase.PIPELINE):
+                return pipeline.forward(inputs)
+        return _call(model, inputs)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         return self.strategy.no_sync(model)
@@ -501,11 +535,13 @@ class Phalanx:
     def uneven_inputs(self, *objects: Any, method: str = "auto") -> UnevenInputs:
         """Context for data whose length differs per rank: torch's Join where it applies, else a
         step-level agreement. No objects: every model and optimizer this Phalanx prepared."""
-        return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress)
+        return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress,
+                                    pipeline=self.config.pp > 1)
 
     def join(self, *objects: Any) -> UnevenInputs:
         """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
-        return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self._step_progress)
+        return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self._step_progress,
+                                    pipeline=self.config.pp > 1)
 
     def busy(self, what: str = "busy") -> contextlib.AbstractContextManager[None]:
         """Mark long work on this rank that the others wait for on purpose (e.g. rank 0 saving a
@@ -544,6 +580,14 @@ class Phalanx:
         """Iterate with a progress bar (steps/s, ETA, latest logged metrics) on the main process
         when stdout is a terminal; elsewhere just iterate. kwargs: total, desc, enabled, tqdm's."""
         return self._logging.progress(iterable, **kwargs)
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    return model(inputs)
 
 
 def _signature() -> inspect.Signature:

@@ -74,8 +74,10 @@ def test_layouts_that_cannot_be_built_are_refused_with_the_valid_values(kwargs, 
 # with a need must be added here, which is the point: its applicability is then walked below.
 ASKING = {"find_unused_parameters": True, "static_graph": True, "bucket_cap_mb": 10, "gradient_as_bucket_view": False,
           "comm_hook": "fp16", "powersgd_rank": 2, "powersgd_start_iter": 5, "memory_budget": "1GB",
-          "embedding_exchange": "params", "sequence_parallel": True}
+          "embedding_exchange": "params", "sequence_parallel": True, "pp_schedule": "GPipe", "pp_microbatches": 4,
+          "pp_split": ["layers.2"]}
 PRESET_NAMES = ["ddp", "zero1", "zero2", "zero3", "hsdp", "dp", "auto"]
+REFUSED_UNDER_PP = {"static_graph"}  # DDP per pipeline stage computes wrong gradients with it (settings_check)
 
 
 def test_every_setting_that_needs_something_from_the_layout_is_walked():
@@ -84,20 +86,23 @@ def test_every_setting_that_needs_something_from_the_layout_is_walked():
 
 
 @pytest.mark.parametrize("preset", PRESET_NAMES)
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp, pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
 @pytest.mark.parametrize("name", sorted(ASKING))
-def test_every_setting_x_preset_is_applied_refused_or_warned_never_ignored(name, preset, tp):
-    if preset == "dp" and tp > 1:
-        return  # dp with tp is no layout at all (refused above)
-    resolved = config.resolve(config.from_kwargs({"strategy": preset, "tp": tp, name: ASKING[name]}))
+def test_every_setting_x_preset_is_applied_refused_or_warned_never_ignored(name, preset, tp, pp):
+    if preset == "dp" and tp * pp > 1:
+        return  # dp with tp or pp is no layout at all (refused above)
+    resolved = config.resolve(config.from_kwargs({"strategy": preset, "tp": tp, "pp": pp, name: ASKING[name]}))
     world = 1 if preset == "dp" else 4
     plan = settings_check.intended_plan(resolved, world, 2 if preset == "hsdp" else world)
     need = config.BY_NAME[name].needs
     if plan is None:  # auto: undecided; what it may choose is checked once it has chosen
-        met = need is not Needs.TENSOR_PARALLEL or tp > 1
+        met = (need is not Needs.TENSOR_PARALLEL or tp > 1) and (need is not Needs.PIPELINE or pp > 1)
     else:
         met = plan.has(need)
-    if met:
+    if met and pp > 1 and name in REFUSED_UNDER_PP and (plan is None or plan.uses_ddp):
+        with pytest.raises(config.ConfigError, match=rf"^{name}={ASKING[name]!r} with pp={pp}: "):
+            settings_check.check(resolved, plan)
+    elif met:
         assert settings_check.check(resolved, plan) == []
     elif need is Needs.AUTO:
         warnings = settings_check.check(resolved, plan)

@@ -236,6 +236,8 @@ class Checkpointer:
         rank = collectives.rank()
         rng = load_plain(chosen / rank_file(rank)) if rank < manifest.world_size else None
         entries = group_by_model(self.models, self.optimizers)
+        for entry in entries.values():  # format 1 holds torch's nested optimizer state
+            entry.flat = manifest.format_version >= 2
         _check_matches(common, entries, self.loaders, self.objects, chosen)
         if entries:
             try:

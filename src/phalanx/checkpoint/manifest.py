@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Iterable
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: optimizer state flattened, one key per parameter (checkpoint/state.py)
+READABLE_VERSIONS = (1, 2)  # 1: torch's nested optimizer state
 _CHUNK = 1 << 20
 
 
@@ -79,10 +80,10 @@ def read_manifest(directory: Path) -> Manifest:
         manifest = Manifest.from_json(path.read_text())
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         raise CheckpointDamaged(f"{path}: manifest corrupted ({type(error).__name__}: {error})") from error
-    if manifest.format_version != FORMAT_VERSION:
+    if manifest.format_version not in READABLE_VERSIONS:
         raise CheckpointDamaged(
-            f"{path}: format version {manifest.format_version}, this phalanx reads {FORMAT_VERSION}. "
-            "HINT: load it with the phalanx version that wrote it"
+            f"{path}: format version {manifest.format_version}, this phalanx reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))}. HINT: load it with the phalanx version that wrote it"
         )
     return manifest
 

@@ -1,15 +1,23 @@
 """What a checkpoint holds, collected from and restored into live training objects.
 
 Model and optimizer go through `torch.distributed.checkpoint.state_dict`'s get/set functions, so
-one path serves every strategy (full replicas under DDP, DTensor shards under FSDP2) and keys
-carry no wrapper prefixes (`module.`), which is what lets a checkpoint load on another world size
-or strategy. The rest is small and plain: counters, data positions, RNG states.
+one path serves every strategy (full replicas under DDP, DTensor shards under FSDP2, a pipeline
+rank's own stages) and keys carry no wrapper prefixes (`module.`), which is what lets a checkpoint
+load on another world size or layout. The rest is small and plain: counters, data positions, RNG
+states.
+
+The optimizer state is saved *flattened* (checkpoint format 2): one key per parameter,
+`state.<name>.exp_avg` and `param_groups.<name>.lr`, as torchtitan saves under pipeline parallel.
+torch's nested form (format 1) writes `param_groups` as one list per rank, of which DCP keeps one
+copy; under pp each stage's list names its own parameters, so a checkpoint would not move between
+layouts. Format 1 checkpoints are still read, with the nested form they were written in.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -45,21 +53,46 @@ def _owns(model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
 
 @dataclass
 class ModelAndOptimizers(Stateful):
-    """One model and the optimizers over its parameters, as DCP's Stateful."""
+    """One model and the optimizers over its parameters, as DCP's Stateful. `flat`: the optimizer
+    state's form, flattened (format 2, what is saved) or nested (format 1, read only)."""
 
     model: nn.Module
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
+    flat: bool = True
+
+    def _options(self) -> StateDictOptions:
+        return StateDictOptions(flatten_optimizer_state_dict=self.flat)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
         if self.optimizers:
-            state["optim"] = get_optimizer_state_dict(self.model, self.optimizers)
+            with _without_empty_groups(self.optimizers):
+                state["optim"] = get_optimizer_state_dict(self.model, self.optimizers, options=self._options())
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         set_model_state_dict(self.model, state_dict["model"], options=StateDictOptions(strict=True))
         if self.optimizers:
-            set_optimizer_state_dict(self.model, self.optimizers, state_dict["optim"])
+            with _without_empty_groups(self.optimizers):
+                set_optimizer_state_dict(self.model, self.optimizers, state_dict["optim"], options=self._options())
+
+
+@contextlib.contextmanager
+def _without_empty_groups(optimizers: list[torch.optim.Optimizer]) -> Iterator[None]:
+    """Hide parameter groups that hold no parameter on this rank while the state is read or
+    written, then put them back where they were (an LR scheduler counts on every group). A pipeline
+    stage holds such groups (a group of the embedding alone, on the stages without it): torch names
+    a group by its parameters, and has no name for one without."""
+    hidden = [(opt, [(i, g) for i, g in enumerate(opt.param_groups) if not g["params"]]) for opt in optimizers]
+    for opt, empty in hidden:
+        if empty:
+            opt.param_groups = [g for g in opt.param_groups if g["params"]]
+    try:
+        yield
+    finally:
+        for opt, empty in hidden:
+            for i, group in empty:  # load_state_dict may have put new group dicts in place: insert into those
+                opt.param_groups.insert(i, group)
 
 
 def group_by_model(models: list[nn.Module], optimizers: list[Any]) -> dict[str, ModelAndOptimizers]:

@@ -1,5 +1,5 @@
 """The words settings are made of, held by config itself (it imports nothing above it): strategy and
-precision names with their aliases, tensor-parallel styles, and what a setting needs from the layout
+precision names with their aliases, tensor-parallel styles, pipeline schedules, and what a setting needs from the layout
 to mean anything. strategies/ and loop/precision.py own the behaviour behind each word."""
 from __future__ import annotations
 
@@ -36,6 +36,18 @@ TP_STYLE_ALIASES: dict[str, str] = {"colwise_rep": "colwise_gather_output", "row
                                     "local_colwise": "colwise", "local_rowwise": "rowwise"}
 
 
+# torch's pipeline schedules (torch.distributed.pipelining), matched case-insensitively as torch does;
+# strategies/pipeline/schedules.py says where each places its stages.
+PP_SCHEDULES: tuple[str, ...] = ("1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                                 "ZBVZeroBubble", "DualPipeV")
+
+
+def canonical_pp_schedule(name: str) -> str:
+    """'gpipe ' -> 'GPipe'; unknown names come back stripped, for the caller to refuse."""
+    key = name.strip()
+    return {s.lower(): s for s in PP_SCHEDULES}.get(key.lower(), key)
+
+
 class Needs(str, enum.Enum):
     """What a setting needs from the parallel layout to do anything. The plan answers whether it
     has it (strategies/parallel_plan.py); a setting given where its need is missing is refused or
@@ -47,3 +59,4 @@ class Needs(str, enum.Enum):
     ROW_SHARDED_EMBEDDINGS = "embeddings looked up where their rows live"  # zero2/zero3 on one mesh dim
     AUTO = "strategy auto"
     TENSOR_PARALLEL = "tensor parallel (tp > 1)"
+    PIPELINE = "pipeline parallel (pp > 1)"

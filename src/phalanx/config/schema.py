@@ -156,6 +156,20 @@ SETTINGS: tuple[Setting, ...] = grouped(
     Setting("sequence_parallel", kinds.BOOL, False,
             "tensor parallel: also split norms and dropout along the sequence between the split layers",
             bool_flag=True, needs=Needs.TENSOR_PARALLEL),
+    Setting("pp", kinds.integer(1), 1,
+            "pipeline-parallel degree: stages the model's blocks are cut into, one pipeline rank each (stages "
+            "furthest apart in the mesh: across nodes); the data-parallel dims get the processes / (tp x pp)"),
+    Setting("pp_schedule", kinds.choice(names.PP_SCHEDULES, names.canonical_pp_schedule), "1F1B",
+            "pipeline schedule, torch's names in any case: 1F1B, GPipe (one stage per rank); Interleaved1F1B, "
+            "LoopedBFS, InterleavedZeroBubble (2 stages per rank, looped); ZBVZeroBubble, DualPipeV (2 per rank, "
+            "in a V)", value_name="SCHEDULE", needs=Needs.PIPELINE),
+    Setting("pp_microbatches", kinds.integer(1), None,
+            "microbatches a pipeline step cuts each rank's batch into (default 2 x pp): at least pp, dividing "
+            "the batch", value_name="N", needs=Needs.PIPELINE),
+    Setting("pp_split", kinds.names_list(), None,
+            "module names to cut pipeline stages before, pp - 1 of them, e.g. layers.4 (default: even by "
+            "parameter count over the model's largest ModuleList/Sequential)", value_name="NAMES",
+            needs=Needs.PIPELINE),
     Setting("memory_budget", kinds.BYTES, None,
             "per-device memory budget strategy auto compares the model with, e.g. 8GB "
             "(default: 60% of the GPU, or of RAM shared by the local ranks)", needs=Needs.AUTO),

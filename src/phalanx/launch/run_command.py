@@ -191,8 +191,8 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
 
 
 def check_layout(spec: LaunchSpec, nproc: int) -> None:
-    """The parallel layout the settings describe, on every node count the job may have: tp must
-    divide the processes, hsdp's replicas must fit the nodes, settings the layout would ignore are
+    """The parallel layout the settings describe, on every node count the job may have: tp (x pp)
+    must divide the processes, hsdp's replicas must fit the nodes, settings the layout would ignore are
     refused. Also DeepSpeed's batch identity, which counts data-parallel ranks."""
     if spec.settings is None:
         return
@@ -205,7 +205,7 @@ def check_layout(spec: LaunchSpec, nproc: int) -> None:
                     spec.settings, nproc * nnodes, nproc)):
                 print(f"phalanx run: warning: {warning}", file=sys.stderr, flush=True)
             if spec.deepspeed is not None and spec.min_nnodes is None:
-                spec.deepspeed.check_world(nproc * nnodes // tp)
+                spec.deepspeed.check_world(nproc * nnodes // (tp * spec.settings.config.pp))
         except ValueError as error:
             raise LaunchError(str(error)) from None
     if nproc % tp:

@@ -75,6 +75,13 @@ class Accumulator:
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         if self.num_steps == 1:
             return loss
+        return loss / self.loss_divisor()
+
+    def loss_divisor(self) -> int:
+        """What this micro-step's loss is divided by (its cycle's length); a backward outside
+        `accumulate` counts as a micro-step."""
+        if self.num_steps == 1:
+            return 1
         if not self.inside:
             # A script written without px.accumulate (the config file asked for accumulation): each
             # backward is a micro-step. Gradients are synced on every one (the forward ran outside
@@ -88,7 +95,7 @@ class Accumulator:
                     self.num_steps, self.num_steps - 1)
         # A dropped remainder's last micro-step lets zero_grad() discard what it accumulated.
         self.holding_grads = not (self.dropping and self.cycle_pos == 0)
-        return loss / self.cycle_len
+        return self.cycle_len
 
     def when_syncing(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call `fn` on the final micro-step only (partial, unsynced gradients are not clipped)."""

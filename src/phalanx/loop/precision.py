@@ -38,7 +38,7 @@ class Precision:
 
     name: str = "no"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    sharded: bool = False  # gradients are sharded over ranks (zero2/zero3)
+    sharded: bool = False  # each rank holds part of the gradients (zero2/zero3, tensor parallel, pipeline stages)
 
     def __post_init__(self) -> None:
         self.name = check_name(self.name)
@@ -88,6 +88,13 @@ class Precision:
     # ---- the gradient scaler (fp16 only) ----------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def loss_scale(self) -> float | torch.Tensor:
+        """What `backward` multiplies a loss by: fp16's current scale (a tensor), else 1 (for a
+        pipeline, whose schedule runs backward itself)."""
+        if self.scaler is None:
+            return 1.0
+        return self.scaler.scale(torch.ones((), device=self.device))
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscale gradients once per step, before clipping or stepping (torch refuses a second

@@ -17,7 +17,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -174,12 +174,14 @@ def _model_state(model: nn.Module) -> dict[str, Any]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
 
 
-def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int = 0) -> LoadResult:
+def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int = 0,
+               elsewhere: Callable[[str], bool] | None = None) -> LoadResult:
     """Load a full checkpoint into a prepared model (`model`: the user's module, unwrapped).
 
     `source`: a .safetensors file, a sharded safetensors index (or a folder holding one), a torch
     file, or a state dict (needed on rank 0 only; other ranks may pass None). A peft (LoRA) model
-    loads its base model's checkpoint (see `checkpoint_names`)."""
+    loads its base model's checkpoint (see `checkpoint_names`). `elsewhere(key)`: the key belongs to
+    another pipeline stage (pp > 1): not this rank's, and not unexpected."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     model_sd = _model_state(model)
@@ -188,8 +190,17 @@ def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int 
     expected = {names[k]: tuple(v.shape) for k, v in model_sd.items() if isinstance(v, torch.Tensor) and k in names}
     files = _safetensors_files(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else None
     what = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "state dict"
+    if elsewhere is not None and files is None:
+        raise ValueError(
+            f"px.load_model({what}) under pipeline parallel reads safetensors only: each rank reads its own "
+            "stages' tensors from the file, where a torch file or state dict would be broadcast whole from rank "
+            "0 to ranks that hold other stages. HINT: save the weights with safetensors.torch.save_file (or "
+            "`phalanx export`) and load that file")
     if files is not None:  # every rank reads headers, then its own slices
-        result = compare(expected, _safetensors_shapes(files))
+        found = _safetensors_shapes(files)
+        if elsewhere is not None:
+            found = {k: v for k, v in found.items() if k in expected or not elsewhere(k)}
+        result = compare(expected, found)
         _refuse_or_warn(result, strict, what)
         _load_safetensors(model, files, result.loaded, {n: model_sd[model_key[n]] for n in result.loaded}, result,
                           model_key)

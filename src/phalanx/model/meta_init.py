@@ -13,7 +13,7 @@ same values for its different slice).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -174,15 +174,37 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None = None,
-                param_device: torch.device | None = None) -> None:
+                param_device: torch.device | None = None, order: Sequence[nn.Module] | None = None,
+                roots: Sequence[nn.Module] | None = None) -> None:
     """Allocate `model`'s meta tensors on `device` (only the local shards of sharded parameters)
     and initialise them per module, in registration order, as a normal construction would.
     `param_device`: where parameters live when not on `device` (CPU offload); buffers stay on `device`.
+    `order`: a pipeline stage's model, cut from a whole one: the whole model's modules in registration
+    order, taken before the cut. The modules cut away (still on meta) are initialised too, one at a
+    time, and thrown away, so this stage's modules draw the random numbers they draw in one process.
+    `roots`: the modules to allocate through, which together hold all of `model`'s tensors (default:
+    `model`): FSDP2 re-points its shards when its root is allocated, so a pipeline rank running
+    several stages allocates each stage's root (strategies/pipeline/cut.py's views).
     Without `init_fn`, a transformers model initialises its modules as `from_config` would."""
     init_fn = init_fn or transformers_init(model)
     check_initialisable(model, init_fn)
     meta_modules = [m for m in model.modules() if _owns_state(m) and any(t.is_meta for t in _own_tensors(m))]
+    if order is not None:
+        mine = {id(m) for m in meta_modules}
+        present = {id(m) for m in model.modules()}
+        last = max((i for i, m in enumerate(order) if id(m) in mine), default=-1)
+        # up to this stage's last module: the draws after it change nothing here
+        meta_modules = [m for m in order[:last + 1] if id(m) in mine or
+                        (id(m) not in present and _owns_state(m) and any(t.is_meta for t in _own_tensors(m)))]
+        check_initialisable(nn.ModuleList(m for m in meta_modules if id(m) not in present), init_fn)
     sync_rng_from_rank0(device)
+    for root in roots if roots is not None else (model,):
+        _allocate(root, device, param_device)
+    for module in meta_modules:
+        _init_one(module, init_fn, device)
+
+
+def _allocate(model: nn.Module, device: torch.device, param_device: torch.device | None) -> None:
     # to_empty re-allocates every tensor (FSDP2 re-points its shard storage on it): keep the values
     # of tensors that were real already (a partly meta model) and put them back.
     kept = {name: _local(t).detach().clone() for name, t in _named_tensors(model) if not t.is_meta}
@@ -196,5 +218,3 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
         for name, t in _named_tensors(model):
             if name in kept:
                 _local(t).copy_(kept[name])
-    for module in meta_modules:
-        _init_one(module, init_fn, device)

@@ -1,5 +1,6 @@
 """`phalanx plan MODEL --world-size N`: per strategy, the bytes of parameters, gradients and
-optimizer state each rank will hold, and the strategy `auto` would pick.
+optimizer state each rank will hold, and the strategy `auto` would pick; with --tp and --pp, one
+tensor-parallel rank's part of the largest pipeline rank's stages (plan/pipeline.py).
 
 MODEL is `package.module:factory`, `path/to/file.py:factory`, or `path/to/file.py` exposing one of
 make_model / build_model / get_model / create_model, or defining exactly one nn.Module subclass that
@@ -47,6 +48,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp-plan", "--tp_plan", default=None, metavar="PLAN",
                         help="the tensor-parallel plan as JSON or pattern=style,... (default: the model's own "
                              "transformers plan), as the tp_plan setting takes it")
+    parser.add_argument("--pp", type=int, default=1,
+                        help="pipeline-parallel degree: per pipeline rank its stages' bytes (and with --input the "
+                             "activations in flight); the strategies span world size / (tp x pp) ranks (default 1)")
+    parser.add_argument("--pp-schedule", "--pp_schedule", default="1F1B", metavar="SCHEDULE",
+                        help="pipeline schedule, as the pp_schedule setting takes it (default 1F1B)")
+    parser.add_argument("--pp-microbatches", "--pp_microbatches", type=int, default=None, metavar="N",
+                        help="microbatches of each rank's batch (default 2 x pp)")
+    parser.add_argument("--pp-split", "--pp_split", default=None, metavar="NAMES",
+                        help="module names to cut stages before, comma-separated (default: even by parameters)")
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -130,19 +140,22 @@ def _hint(target: str, module: Any) -> str:
 
 def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard_size: int | None = None,
            activations: Any = None, activation_checkpointing: bool = False, optimizer_why: str = "",
-           tp: int = 1, full_sizes: list | None = None, suggestion: str = "") -> str:
+           tp: int = 1, full_sizes: list | None = None, suggestion: str = "", pp: int = 1, pipeline: str = "") -> str:
     """The report. With `tp` > 1, `sizes` are one tensor-parallel rank's parameters (`full_sizes`
-    the model's) and the data-parallel strategies span world_size / tp ranks."""
+    the model's) and the data-parallel strategies span world_size / tp ranks; with `pp` > 1, the
+    largest pipeline rank's, over world_size / (tp x pp) ranks, after the `pipeline` section."""
     from phalanx.model import memory
 
     fb = memory.format_bytes
-    dp_size = world_size // tp
+    dp_size = world_size // (tp * pp)
     table = memory.plan(sizes, dp_size, optimizer, hsdp_shard_size=hsdp_shard_size)
-    width = 14 if tp == 1 else 20
+    width = 14 + 6 * (tp > 1) + 6 * (pp > 1)
     whole = full_sizes if full_sizes is not None else sizes
     num_params = sum(s.numel for s in whole)
     lines = [f"model: {num_params:,} trainable parameters ({fb(sum(s.nbytes for s in whole))}), "
              f"optimizer {optimizer}{f' ({optimizer_why})' if optimizer_why else ''}, world_size {world_size}"]
+    if pipeline:
+        lines.append(pipeline)
     if tp > 1:
         lines.append(f"tensor parallel tp={tp}: one rank holds {fb(sum(s.nbytes for s in sizes))} of the parameters "
                      f"(the tp plan's layers split {tp} ways, the rest whole); the strategies below shard that "
@@ -161,6 +174,8 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
             name = f"hsdp {dp_size // hsdp_shard_size}x{hsdp_shard_size}"
         if tp > 1:
             name = f"{name} x tp{tp}"
+        if pp > 1:
+            name = f"{name} x pp{pp}"
         lines.append(f"  {name:{width}s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
                      f"{fb(worst.total):>11s}  {ratio:6.2f}{note}")
     lines.append("  (at rest, between steps; during a step zero2 also holds every unit's gathered parameters\n"
@@ -168,7 +183,10 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
                  "   root-level embedding tables are never gathered whole while a forward's tokens x ranks are fewer than their rows)")
     if activations is not None:
         lines.append(activation_lines(activations, activation_checkpointing, fb))
-    choice, why = memory.recommend(sizes, dp_size, budget, optimizer=optimizer)
+    if pp > 1 and dp_size == 1:
+        choice, why = "ddp", f"pp={pp}{f' x tp={tp}' if tp > 1 else ''} takes every rank: no data-parallel ranks"
+    else:
+        choice, why = memory.recommend(sizes, dp_size, budget, optimizer=optimizer)
     lines.append(f"auto would pick: {choice} ({why})")
     if suggestion:
         lines.append(suggestion)
@@ -205,6 +223,10 @@ def main(args: argparse.Namespace) -> int:
         if args.tp < 1 or args.world_size % args.tp:
             raise ValueError(f"--tp {args.tp} does not divide --world-size {args.world_size}. HINT: choose tp "
                              f"among {', '.join(str(d) for d in range(1, args.world_size + 1) if args.world_size % d == 0)}")
+        if args.pp < 1 or args.world_size % (args.tp * args.pp):
+            fits = [d for d in range(1, args.world_size + 1) if args.world_size % (d * args.tp) == 0]
+            raise ValueError(f"--pp {args.pp} x --tp {args.tp} does not divide --world-size {args.world_size}. HINT: "
+                             f"choose pp among {', '.join(map(str, fits))}")
         tp_plan = config.BY_NAME["tp_plan"].kind.from_text(args.tp_plan) if args.tp_plan else None
         factory = load_factory(args.model)
         model = _build(factory, args.model)
@@ -220,15 +242,33 @@ def main(args: argparse.Namespace) -> int:
         budget = memory.device_budget_bytes(device, args.nproc_per_node or args.world_size)
     try:
         shard, acts = _shard_and_activations(args, model)
+        pipeline = _pipeline(args, model) if args.pp > 1 else None
     except ValueError as error:
         print(f"phalanx plan: error: {error}", file=sys.stderr)
         return 2
     choice = optimizer_choice.choose(args.optimizer, args.model)
     sizes = memory.model_sizes(model)
-    suggestion = suggest(factory, args, tp_plan, choice.name, budget, sizes, acts)
+    if pipeline is not None:  # the largest pipeline rank's stages; activations per rank come with them
+        sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in pipeline.units)]
+        acts = None
+    suggestion = suggest(factory, args, tp_plan, choice.name, budget, sizes, acts) if pipeline is None else ""
     print(render(sizes, args.world_size, choice.name, budget, shard, acts, args.activation_checkpointing,
-                 choice.why, tp=args.tp, full_sizes=full_sizes, suggestion=suggestion))
+                 choice.why, tp=args.tp, full_sizes=full_sizes, suggestion=suggestion, pp=args.pp,
+                 pipeline=pipeline.report if pipeline is not None else ""))
     return 0
+
+
+def _pipeline(args: argparse.Namespace, model: Any) -> Any:
+    from phalanx.model import memory
+    from phalanx.plan import activations
+    from phalanx.plan.pipeline import plan_pipeline
+
+    measure = None
+    if args.input is not None:
+        shape, dtype = activations.parse_input(args.input)
+        measure = lambda units: activations.measure(model, [activations.meta_input(shape, dtype)], units)  # noqa: E731
+    split = [n.strip() for n in args.pp_split.split(",") if n.strip()] if args.pp_split else None
+    return plan_pipeline(model, args.pp, args.pp_schedule, args.pp_microbatches, split, measure, memory.format_bytes)
 
 
 def _build(factory: Callable[[], Any], label: str) -> Any:
@@ -306,7 +346,7 @@ def _shard_and_activations(args: argparse.Namespace, model: Any) -> tuple[int, A
     if nproc % args.tp:
         raise ValueError(f"--tp {args.tp} does not divide the {nproc} processes of a node: tensor parallel "
                          "belongs inside a node")
-    shard = nproc // args.tp
+    shard = min(nproc // args.tp, args.world_size // (args.tp * args.pp))  # hsdp: within a node, within a stage
     if args.input is None:
         if args.activation_checkpointing:
             raise ValueError("--activation-checkpointing changes the activation estimate, which needs --input "

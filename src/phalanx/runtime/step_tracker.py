@@ -23,6 +23,7 @@ class Phase(str, enum.Enum):
     DATA = "data"
     FORWARD = "forward"
     BACKWARD = "backward"
+    PIPELINE = "pipeline"  # a pipeline step or forward: this rank's stages, exchanging with their neighbours
     OPTIMIZER = "optimizer"
     REDUCE = "reduce"
     GATHER = "gather"

@@ -66,12 +66,22 @@ class UnevenInputs:
 _END = object()
 
 
-def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto") -> str:
-    """'join' when every model among `objects` is Joinable (ddp), else 'agree'; 'none' alone."""
+def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto", pipeline: bool = False) -> str:
+    """'join' when every model among `objects` is Joinable (ddp), else 'agree'; 'none' alone.
+    Under pipeline parallel always 'agree': a rank out of data cannot shadow its neighbour stages'
+    point-to-point exchanges, which Join knows nothing of."""
     if method not in METHODS:
         raise ValueError(f"uneven_inputs method must be one of {METHODS}, got {method!r}")
     if not ctx.is_distributed:
         return "none"
+    if pipeline:
+        if method == "join":
+            raise ValueError(
+                "phalanx: torch's Join cannot run pipeline stages (pp > 1): a rank that ran out of data "
+                "shadows its replicas' gradient all-reduces, not its neighbour stages' sends and receives. "
+                "HINT: use px.uneven_inputs(model), which agrees step by step, and iterate your data through "
+                "`uneven.iter(...)`")
+        return "agree"
     models = [o for o in objects if isinstance(o, nn.Module)]
     not_joinable = [type(m).__name__ for m in models if not isinstance(m, Joinable)]
     if method == "join":
@@ -89,9 +99,10 @@ def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
 
 
 def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto",
-                  progress: StepTracker | None = None) -> UnevenInputs:
-    """Build the context for `objects` (prepared models and optimizers)."""
-    chosen = choose_method(objects, ctx, method)
+                  progress: StepTracker | None = None, pipeline: bool = False) -> UnevenInputs:
+    """Build the context for `objects` (prepared models and optimizers); `pipeline`: the layout
+    has pipeline stages (pp > 1)."""
+    chosen = choose_method(objects, ctx, method, pipeline)
     joinables = [o for o in map(_unwrap, objects) if isinstance(o, Joinable)] if chosen == "join" else []
     return UnevenInputs(chosen, joinables, progress)
 

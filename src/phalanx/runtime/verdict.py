@@ -5,6 +5,7 @@ A pure function of the observations (no store, no threads), so every case is uni
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from phalanx.runtime.step_tracker import Phase
 
@@ -15,7 +16,7 @@ _IN_SCRIPT = (Phase.START, Phase.STEP)  # phases in which a rank runs the user's
 # comm hook's future that never completes, a collective that never started). Loading data, saving,
 # loading and main_process_first can legitimately take that long, and are left out; so are forward
 # and the first step (step 0, or none yet), where torch.compile may compile for minutes.
-_COMMUNICATING = (Phase.BACKWARD, Phase.OPTIMIZER, Phase.REDUCE, Phase.GATHER,
+_COMMUNICATING = (Phase.BACKWARD, Phase.PIPELINE, Phase.OPTIMIZER, Phase.REDUCE, Phase.GATHER,
                   Phase.GATHER_FOR_METRICS, Phase.BARRIER, Phase.JOIN, Phase.AGREE)
 
 
@@ -37,16 +38,18 @@ class Verdict:
 
 
 def judge(peers: list[PeerView], now: float, timeout: float, me: int,
-          stuck_after: float | None = None) -> Verdict | None:
+          stuck_after: float | None = None, labels: Sequence[str] | None = None) -> Verdict | None:
     """A verdict when nobody moved for `timeout` and the ranks are out of step (or one is silent),
-    or when all of them sat in the same communicating phase for more than `stuck_after` seconds."""
+    or when all of them sat in the same communicating phase for more than `stuck_after` seconds.
+    `labels`: per rank, what else names it (its pipeline stage), said next to the rank."""
     if any(v.record is None for v in peers) or min(now - v.moved_at for v in peers) <= timeout:
         return None
     dead = [r for r, v in enumerate(peers) if r != me and now - v.beat_at > timeout]
     places = {(v.record[2], v.record[3]) for v in peers}  # type: ignore[index]
     left = [r for r, v in enumerate(peers) if v.record[3] == LEFT_LOOP]  # type: ignore[index]
+    name = _namer(labels)
     if not dead and not left and len(places) == 1:
-        return _all_stuck(peers, now, stuck_after)  # same place: long work, unless it is too long
+        return _all_stuck(peers, now, stuck_after, name)  # same place: long work, unless it is too long
     in_script = [r for r, v in enumerate(peers) if v.record[3] in _IN_SCRIPT]  # type: ignore[index]
     if in_script:  # of the ranks busy in the script, the one(s) furthest behind
         behind = min(peers[r].record[2] for r in in_script)  # type: ignore[index]
@@ -65,10 +68,11 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int,
             note = "  <-- stalled" if phase != LEFT_LOOP else "  <-- left its training loop"
         else:
             note = " (waiting)"
-        lines.append(f"  rank {r}: {at_step(step)}, phase {phase!r}{note}")
+        lines.append(f"  {name(r)}: {at_step(step)}, phase {phase!r}{note}")
     c = culprits[0]
     step, phase = peers[c].record[2], peers[c].record[3]  # type: ignore[index]
-    who = f"rank {c}" if len(culprits) == 1 else f"ranks {culprits}"
+    who = name(c) if len(culprits) == 1 else f"ranks {culprits}" + (
+        f" ({'; '.join(f'{r}: {labels[r]}' for r in culprits)})" if labels else "")
     if c in dead:
         what = f"{who} died (no heartbeat) at {at_step(step)}, phase {phase!r}"
     elif phase == LEFT_LOOP:
@@ -83,7 +87,12 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int,
     return Verdict(culprits, dead, headline, lines)
 
 
-def _all_stuck(peers: list[PeerView], now: float, stuck_after: float | None) -> Verdict | None:
+def _namer(labels: Sequence[str] | None) -> Callable[[int], str]:
+    return (lambda r: f"rank {r} ({labels[r]})") if labels else (lambda r: f"rank {r}")
+
+
+def _all_stuck(peers: list[PeerView], now: float, stuck_after: float | None,
+               name: Callable[[int], str]) -> Verdict | None:
     step, phase = peers[0].record[2], peers[0].record[3]  # type: ignore[index]
     waited = min(now - v.moved_at for v in peers)
     if stuck_after is None or phase not in _COMMUNICATING or step < 1 or waited <= stuck_after:
@@ -92,7 +101,7 @@ def _all_stuck(peers: list[PeerView], now: float, stuck_after: float | None) -> 
                 f"longer than a collective may take (collective timeout + watchdog timeout = {stuck_after:g} s): "
                 "a communication that never completes and that torch's timeout does not cover (for example a "
                 "DDP comm hook whose future is never completed). HINT: the stacks below show where each rank waits")
-    lines = [f"  rank {r}: {at_step(v.record[2])}, phase {v.record[3]!r}  <-- stuck"  # type: ignore[index]
+    lines = [f"  {name(r)}: {at_step(v.record[2])}, phase {v.record[3]!r}  <-- stuck"  # type: ignore[index]
              for r, v in enumerate(peers)]
     return Verdict(list(range(len(peers))), [], headline, lines)
 

@@ -15,7 +15,8 @@ never reached), or a rank has stopped sending heartbeats, one rank wins the righ
     Python stack of each rank at that moment: ...
 
 every live rank adds its Python stack to the store, the reporter prints the report (and records it
-in TORCHELASTIC_ERROR_FILE for the launcher), and all ranks exit with code EXIT_CODE.
+in TORCHELASTIC_ERROR_FILE for the launcher), and all ranks exit with code EXIT_CODE. Under pipeline
+parallel each rank is named with its stage(s) too: `rank 1 (pipeline stage 1 of 2) stalled at ...`.
 
 All ranks at the same step and phase for a long time (a long evaluation, a slow first compile) is
 not a hang the watchdog can tell from work: the collective timeout remains the backstop there. Where
@@ -50,8 +51,10 @@ class Watchdog:
     """The reporting thread of one rank. `start()` after the process group exists."""
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, progress: StepTracker, timeout: float,
-                 stuck_after: float | None = None, group_alive: Callable[[], bool] = lambda: True):
+                 stuck_after: float | None = None, labels: list[str] | None = None,
+                 group_alive: Callable[[], bool] = lambda: True):
         self.store = store
+        self.labels = labels  # per rank, what else names it in a report (its pipeline stage)
         self.group_alive = group_alive  # False once the watched group is destroyed: nothing left to watch
         self.stuck_after = stuck_after
         self.rank = rank
@@ -131,7 +134,7 @@ class Watchdog:
             for view in self._peers:
                 view.beat_at = view.moved_at = now  # unknown before: count from now
         self._read_peers(now)
-        verdict = judge(self._peers, now, self.timeout, self.rank, self.stuck_after)
+        verdict = judge(self._peers, now, self.timeout, self.rank, self.stuck_after, self.labels)
         if verdict is None:
             return
         won = self.store.compare_set(store_keys.VERDICT, "", verdict.headline).decode() == verdict.headline
@@ -322,10 +325,10 @@ def _explain_uncaught_errors(watchdog: Watchdog) -> None:
 
 
 def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: float, destroy,
-                   collective_timeout: float | None = None) -> Watchdog | None:
+                   collective_timeout: float | None = None, labels: list[str] | None = None) -> Watchdog | None:
     """Start watching when there is a group and a timeout; `destroy` leaves the group at exit.
     With `collective_timeout`, ranks all stuck in a communicating phase for longer than it plus
-    `timeout` are reported too."""
+    `timeout` are reported too. `labels`: per rank, named next to it in reports (pipeline stages)."""
     if timeout == 0 or world_size == 1 or not dist.is_initialized():
         return None
     if _running:  # a second Phalanx() in this process takes over this rank's record
@@ -338,7 +341,8 @@ def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: f
     store = dist.PrefixStore(prefix, store_client(store_timeout))
     store.set_timeout(store_timeout)
     stuck_after = None if collective_timeout is None else collective_timeout + timeout
-    watchdog = Watchdog(store, rank, world_size, progress, timeout, stuck_after, group_alive=dist.is_initialized).start()
+    watchdog = Watchdog(store, rank, world_size, progress, timeout, stuck_after, labels,
+                        group_alive=dist.is_initialized).start()
     atexit.register(watchdog.leave, destroy)  # runs before the process group's own exit hook
     _explain_uncaught_errors(watchdog)
     _running.append(watchdog)

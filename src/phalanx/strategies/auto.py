@@ -18,17 +18,29 @@ def budget_bytes(ctx: DistContext, options: StrategyOptions) -> int:
     return memory.device_budget_bytes(ctx.device, ctx.local_world_size)
 
 
-def decide(model: nn.Module, ctx: DistContext, options: StrategyOptions, tp: int = 1) -> tuple[str, str]:
-    """(preset name, why) for this model over the data-parallel ranks left after tensor parallel.
+def decide(model: nn.Module, ctx: DistContext, options: StrategyOptions, tp: int = 1, pp: int = 1) -> tuple[str, str]:
+    """(preset name, why) for this model over the data-parallel ranks left after tensor and
+    pipeline parallel; under pp the largest pipeline rank's stages are what must fit.
 
     auto stays data-parallel: when even zero3 across the ranks does not fit, it still picks zero3
     and says which tp would fit instead, rather than choosing tensor parallel silently."""
     sizes = memory.model_sizes(model)
+    if pp > 1:
+        from phalanx.strategies.pipeline import layout as pipeline_layout
+
+        mine = pipeline_layout.largest_rank_units(model, pp, options)
+        sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in mine)]
+    ranks = ctx.world_size // pp  # the ranks one stage's state is spread over (tp x data-parallel)
+    if pp > 1 and ranks == tp:
+        return presets.AUTO_CHOOSES[0], (f"pp={pp}{f' x tp={tp}' if tp > 1 else ''} takes every process: no "
+                                         "data-parallel ranks to replicate or shard over")
     budget = budget_bytes(ctx, options)
-    name, reason = memory.recommend(sizes, ctx.world_size // tp, budget, options.mixed_precision, tp=tp)
+    name, reason = memory.recommend(sizes, ranks // tp, budget, options.mixed_precision, tp=tp)
+    if pp > 1:
+        reason += f" (the largest of the pp={pp} pipeline ranks' stages)"
     if name == presets.AUTO_CHOOSES[-1]:  # sharded, and still over the budget: say what would fit
         largest = max((memory.unit_bytes(unit) for unit in default_units(model)), default=0)
-        hint = memory.tp_that_fits(sizes, ctx.world_size, ctx.local_world_size, budget, largest, tp=tp)
+        hint = memory.tp_that_fits(sizes, ranks, ctx.local_world_size, budget, largest, tp=tp)
         if hint:
             reason += f"; {hint}"
     return name, reason

@@ -49,6 +49,8 @@ def choose(resolved: Any, strategy_options: Mapping[str, Any] | StrategyOptions 
     if cfg.tp_plan is not None:
         options.tp_plan = dict(cfg.tp_plan)
     options.sequence_parallel = options.sequence_parallel or cfg.sequence_parallel
+    options.pp_schedule, options.pp_microbatches = cfg.pp_schedule, cfg.pp_microbatches
+    options.pp_split = list(cfg.pp_split) if cfg.pp_split is not None else None
     given = tuple(name for name in DDP_SETTINGS if resolved.is_set(name))
     options.ddp = DDPOptions(**{name: getattr(cfg, name) for name in DDP_SETTINGS}, given=given)
     return StrategyChoice(strategy=cfg.strategy, options=options, grad_accum_steps=cfg.grad_accum_steps,

@@ -12,13 +12,17 @@ from phalanx.strategies.ddp_options import register_comm_hook
 from phalanx.strategies.options import StrategyOptions
 
 
-def apply(model: nn.Module, options: StrategyOptions, device: torch.device, group: Any = None) -> nn.Module:
+def apply(model: nn.Module, options: StrategyOptions, device: torch.device, group: Any = None,
+          find_unused_parameters: bool | None = None) -> nn.Module:
     """`model` (on `device`) wrapped in DDP over `group` (None: every rank), with the comm hook
-    the settings ask for; its state is kept on the wrapper for checkpoints."""
+    the settings ask for; its state is kept on the wrapper for checkpoints. `find_unused_parameters`:
+    what the layout requires whatever the settings say (a pipeline stage: True)."""
     device_ids = [device.index] if device.type == "cuda" else None
     # find_unused_parameters, static_graph, bucket_cap_mb, gradient_as_bucket_view (default on:
     # gradients live in the communication buckets, one copy fewer per step); ddp_kwargs win.
     kwargs = {**options.ddp.ddp_kwargs(), **options.extra.get("ddp_kwargs", {})}
+    if find_unused_parameters is not None:
+        kwargs["find_unused_parameters"] = find_unused_parameters
     wrapped = DistributedDataParallel(model, device_ids=device_ids, process_group=group, **kwargs)
     wrapped.phalanx_comm_hook_state = register_comm_hook(wrapped, options.ddp)
     return wrapped

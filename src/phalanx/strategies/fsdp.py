@@ -39,9 +39,14 @@ def prefer_foreach(optimizer: torch.optim.Optimizer) -> None:
 
 
 def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh: Any, options: StrategyOptions,
-          precision: Precision, device: torch.device, backend: str) -> None:
+          precision: Precision, device: torch.device, backend: str, roots: list[nn.Module] | None = None,
+          init_order: list[nn.Module] | None = None) -> None:
     """`fully_shard` each unit, then the root, over `dp_mesh`; a meta model is allocated (this rank's
-    shards only) and initialised afterwards. In place: the user's module is the model."""
+    shards only) and initialised afterwards. In place: the user's module is the model.
+
+    `roots`: the modules that run, when not `model` itself (a pipeline rank's stages: the views of
+    the model each stage runs); `init_order`: a pipeline stage's meta model, cut from the whole one
+    (meta_init.materialize)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     meta = meta_init.is_meta(model)
@@ -57,10 +62,12 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
         # again at once is wasted communication.
         last = i == len(units) - 1
         fully_shard(unit, reshard_after_forward=reshard and not last, **kwargs)
-    fully_shard(model, reshard_after_forward=False, **kwargs)
-    use_all_reduce_for_gradients([*units, model], backend)  # gloo: cheaper than its reduce-scatter
+    roots = [model] if roots is None else roots
+    for root in roots:
+        fully_shard(root, reshard_after_forward=False, **kwargs)
+    use_all_reduce_for_gradients([*units, *roots], backend)  # gloo: cheaper than its reduce-scatter
     prefetch = options.forward_prefetch is not False  # default on (see StrategyOptions)
-    if prefetch and not nested and len(units) > 1:
+    if prefetch and not nested and len(units) > 1 and len(roots) == 1:  # one stage: the units run in order
         for i in range(len(units) - 1):
             units[i].set_modules_to_forward_prefetch([units[i + 1]])
         if reshard:  # zero2 has nothing to gather again in backward
@@ -68,7 +75,8 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
                 units[i].set_modules_to_backward_prefetch([units[i - 1]])
     if meta:
         meta_init.materialize(model, device, options.init_weights,
-                              param_device=torch.device("cpu") if plan.cpu_offload else None)
+                              param_device=torch.device("cpu") if plan.cpu_offload else None,
+                              order=init_order, roots=roots)
 
 
 def _shard_embeddings(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, mesh: Any,

@@ -1,6 +1,6 @@
 """How a parallel plan is applied to a model: the options that are not degrees of the layout
 (which modules form units, how tables are exchanged, how the model is initialised, checkpointed,
-compiled and split by tensor parallel, DDP's options)."""
+compiled, split by tensor parallel and cut into pipeline stages, DDP's options)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -42,6 +42,12 @@ class StrategyOptions:
     """tp > 1: {module name pattern: style}; None: the model's own transformers plan."""
     sequence_parallel: bool = False
     """tp > 1: activations between the split layers stay split along the sequence."""
+    pp_schedule: str = "1F1B"
+    """pp > 1: torch's pipeline schedule (strategies/pipeline/schedules.py)."""
+    pp_microbatches: int | None = None
+    """pp > 1: microbatches per pipeline step (None: 2 x pp)."""
+    pp_split: list[str] | None = None
+    """pp > 1: unit names to cut stages before (None: even by parameter count)."""
     replicate_size: int | None = None
     """hsdp: replica groups (default: world size / shard_size, i.e. one per node)."""
     shard_size: int | None = None

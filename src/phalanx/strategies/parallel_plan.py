@@ -45,7 +45,8 @@ class ParallelPlan:
     tp: int = 1
     """Tensor-parallel ranks: each layer of the tensor-parallel plan is split over them."""
     pp: int = 1
-    """Pipeline stages (1 until pipeline parallel exists)."""
+    """Pipeline ranks: the model's blocks cut into consecutive stages, one (or, interleaved, a few)
+    per pipeline rank; activations go point to point from stage to stage."""
     sharding: Sharding = Sharding.NONE
     cpu_offload: bool = False
     """zero3: sharded parameters, gradients and optimizer state live in CPU memory."""
@@ -116,8 +117,17 @@ class ParallelPlan:
 
     @property
     def reshard_after_forward(self) -> bool:
-        """zero3 frees a unit's gathered parameters after its forward; zero2 keeps them for backward."""
-        return self.sharding >= Sharding.PARAMETERS
+        """zero3 frees a unit's gathered parameters after its forward; zero2 keeps them for backward.
+        Under pp neither does (torchtitan's choice): a stage runs a forward per microbatch, and
+        freeing after each would gather the parameters again for every microbatch's backward; they
+        are sharded between steps all the same."""
+        return self.sharding >= Sharding.PARAMETERS and self.pp == 1
+
+    @property
+    def partial_gradients(self) -> bool:
+        """Each rank holds the gradients of part of the model only (FSDP2's shards, tensor parallel's
+        parts, its pipeline stages): fp16's skip-the-step decision must be agreed over all ranks."""
+        return self.shards_parameters or self.pp > 1
 
     @property
     def shards_optimizer_only(self) -> bool:
@@ -127,8 +137,8 @@ class ParallelPlan:
     @property
     def builds_on_meta(self) -> bool:
         """A model built under `px.init_module()` stays on the meta device until prepare, which
-        allocates only this rank's shards."""
-        return self.shards_parameters
+        allocates only this rank's shards (or pipeline stages)."""
+        return self.shards_parameters or self.pp > 1
 
     def has(self, need: Needs) -> bool:
         """Whether this layout gives a setting what it needs to do anything."""
@@ -144,6 +154,8 @@ class ParallelPlan:
                     and self.tp == 1 and not self.cpu_offload)
         if need is Needs.TENSOR_PARALLEL:
             return self.tp > 1
+        if need is Needs.PIPELINE:
+            return self.pp > 1
         if need is Needs.AUTO:
             return False  # a plan is what auto decided, never auto itself
         raise ValueError(f"unknown need {need!r}")

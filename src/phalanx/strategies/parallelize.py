@@ -1,6 +1,10 @@
 """`parallelize(model, plan, mesh)`: apply a parallel plan to a model, in torchtitan's fixed order:
-tensor parallel -> activation checkpointing -> compile -> FSDP2 or DDP (or DataParallel), then
-allocate a meta model's shards and initialise them. (Pipeline stages will be cut before all that.)
+pipeline stages cut -> tensor parallel -> activation checkpointing -> compile -> FSDP2 or DDP (or
+DataParallel), then allocate a meta model's shards and initialise them.
+
+Under pp > 1 the model is cut in place down to this rank's stages (strategies/pipeline/layout.py)
+and the data-parallel wrapping applies to each stage module, over the data-parallel ranks that hold
+the same stage; a `PipelineRunner` then drives the stages with the plan's schedule.
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ from phalanx.model.units import default_units, shard_units, transform_units
 from phalanx.strategies import ddp, dp, fsdp, tensor_parallel
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.pipeline import layout as pipeline_layout
+from phalanx.strategies.pipeline.cut import RankStages
+from phalanx.strategies.pipeline.runner import PipelineRunner
 
 
 class Wrapper(enum.Enum):
@@ -33,6 +40,9 @@ class Parallelized:
     model: nn.Module
     wrapper: Wrapper
     tp_layers: dict[str, str]  # module name -> tensor-parallel style applied
+    pipeline: PipelineRunner | None = None  # pp > 1: what runs this rank's stages
+    stages: RankStages | None = None  # pp > 1: the stages this rank runs
+    other_units: tuple[str, ...] = ()  # pp > 1: the units of the other pipeline ranks' stages
 
 
 def dp_mesh(mesh: Any, plan: ParallelPlan) -> Any:
@@ -52,24 +62,48 @@ def dp_group(mesh: Any, plan: ParallelPlan) -> Any:
 def parallelize(model: nn.Module, plan: ParallelPlan, mesh: Any, *, options: StrategyOptions, precision: Precision,
                 device: torch.device, backend: str) -> Parallelized:
     """The model laid out as `plan` says, on `device`; in place except for the DDP/DataParallel
-    wrapper it may come back in."""
+    wrapper it may come back in. Under pp > 1: this rank's stages, and the runner that drives them."""
+    cut = pipeline_layout.cut(model, plan, options, mesh["pp"].get_local_rank()) if plan.pp > 1 else None
     tp_layers: dict[str, str] = {}
     if plan.tp > 1:
-        tp_layers = tensor_parallel.apply(model, mesh["tp"], options.tp_plan, options.sequence_parallel)
+        tp_layers = tensor_parallel.apply(model, mesh["tp"], options.tp_plan, options.sequence_parallel,
+                                          chosen=cut.tp_layers if cut is not None else None)
+    init_order = cut.init_order if cut is not None else None
     if plan.uses_fsdp:
         units = transform_units(model, shard_units(model, options.shard_modules), options.activation_checkpointing,
                                 options.compile, device)
+        stages = cut.stage_modules() if cut is not None else (model,)
         # Not moved whole to the device first: fully_shard moves each unit's shards there, and a
         # meta model is allocated (shards only) and initialised after sharding.
-        fsdp.apply(model, units, plan, dp_mesh(mesh, plan), options, precision, device, backend)
-        return Parallelized(model, Wrapper.FSDP, tp_layers)
+        fsdp.apply(model, units, plan, dp_mesh(mesh, plan), options, precision, device, backend,
+                   roots=list(stages), init_order=init_order)
+        return _done(model, stages, Wrapper.FSDP, tp_layers, cut, mesh, device)
     if meta_init.is_meta(model):  # replicated (or split by tensor parallel alone): allocate, initialise
-        meta_init.materialize(model, device, options.init_weights)
+        meta_init.materialize(model, device, options.init_weights, order=init_order)
     transform_units(model, default_units(model), options.activation_checkpointing, options.compile, device)
     model = model.to(device)
     if plan.threads_over_gpus:
         return Parallelized(dp.apply(model, precision, device), Wrapper.DATA_PARALLEL, tp_layers)
-    model = precision.wrap_forward(model)
+    stages = tuple(precision.wrap_forward(m) for m in (cut.stage_modules() if cut is not None else (model,)))
     if plan.uses_ddp:
-        return Parallelized(ddp.apply(model, options, device, dp_group(mesh, plan)), Wrapper.DDP, tp_layers)
-    return Parallelized(model, Wrapper.NONE, tp_layers)
+        # Under pp, torch's stage runs its first (shape-finding) microbatch outside no_sync: DDP must
+        # look for unused parameters, or the next new input shape fails in its reducer (docs/pipeline.md).
+        group = dp_group(mesh, plan)
+        stages = tuple(ddp.apply(m, options, device, group, find_unused_parameters=cut is not None or None)
+                       if pipeline_layout.has_params(m) else m for m in stages)
+        return _done(model, stages, Wrapper.DDP, tp_layers, cut, mesh, device)
+    return _done(model, stages, Wrapper.NONE, tp_layers, cut, mesh, device)
+
+
+def _done(model: nn.Module, stages: tuple[nn.Module, ...], wrapper: Wrapper, tp_layers: dict[str, str],
+          cut: pipeline_layout.PipelineCut | None, mesh: Any, device: torch.device) -> Parallelized:
+    """What prepare returns: the (wrapped) model, or under pp the rank's model with a runner over its
+    stage modules (the wrapped model itself when this rank runs one stage)."""
+    if cut is None:
+        return Parallelized(stages[0], wrapper, tp_layers)
+    runner = PipelineRunner(stages, cut.rank.stage_indices, cut.rank.num_stages, mesh["pp"], device, cut.schedule,
+                            cut.num_microbatches)
+    runner.refuse_direct_calls(model, hint=pipeline_layout.refuse_model_call_hint())
+    returned = stages[0] if len(stages) == 1 else model
+    others = tuple(unit for stage in cut.stages for unit in stage if unit not in cut.rank.units)
+    return Parallelized(returned, wrapper, tp_layers, runner, cut.rank, others)

@@ -1,6 +1,7 @@
 """Strategy names as presets of the parallel plan: `ddp` is "replicate N", `zero3` is "shard N,
 parameters too", `hsdp` is "replicate across nodes x shard within a node". Each preset composes with
-tensor parallel (`tp`): the data-parallel dims get the processes left after it.
+tensor parallel (`tp`) and pipeline parallel (`pp`): the data-parallel dims get the processes left
+after them, and under pp each stage's parameters are what the preset replicates or shards.
 
 Aliases are resolved where the setting is parsed (config/names.py); this is the one table that
 turns a canonical name into a plan. Pure Python, no torch.
@@ -46,8 +47,8 @@ def canonical(name: str) -> str:
     return key
 
 
-def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, cpu_offload: bool = False,
-          replicate_size: int | None = None, shard_size: int | None = None) -> ParallelPlan:
+def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, pp: int = 1,
+          cpu_offload: bool = False, replicate_size: int | None = None, shard_size: int | None = None) -> ParallelPlan:
     """The plan preset `name` stands for on `world_size` processes (`local_world_size` per node).
 
     ValueError naming the settings and the valid values when the layout cannot be built.
@@ -61,6 +62,16 @@ def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, cpu
     if preset.threads_over_gpus and tp > 1:
         raise ValueError(f"strategy 'dp' runs one process, and tp={tp} needs {tp} processes per tensor-parallel "
                          "group. HINT: use strategy ddp, zero1, zero2, zero3 or hsdp with tp, under `phalanx run`")
+    if preset.threads_over_gpus and pp > 1:
+        raise ValueError(f"strategy 'dp' runs one process, and pp={pp} needs a process per pipeline stage. HINT: use "
+                         "strategy ddp, zero1, zero2, zero3 or hsdp with pp, under `phalanx run`")
+    if pp > 1 and world_size % (tp * pp):
+        with_tp = f" x tp={tp}" if tp > 1 else ""
+        fits = [p for p in divisors(world_size) if (world_size // p) % tp == 0]
+        raise ValueError(f"pp={pp}{with_tp} does not divide the {world_size} processes: each data-parallel replica "
+                         f"needs {'pp x tp = ' if tp > 1 else 'pp = '}{tp * pp} of them. HINT: choose pp among "
+                         f"{', '.join(map(str, fits))}{f' (with tp={tp})' if tp > 1 else ''}, or run a multiple of "
+                         f"{tp * pp} processes")
     if world_size % tp:
         raise ValueError(f"tp={tp} does not divide the {world_size} processes. HINT: choose tp among "
                          f"{', '.join(map(str, divisors(world_size)))}, or run a multiple of {tp} processes")
@@ -73,18 +84,22 @@ def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, cpu
         return ParallelPlan(preset=key, threads_over_gpus=True)
     if world_size == 1:
         return ParallelPlan(preset=SINGLE)
-    dp = world_size // tp
+    dp = world_size // (tp * pp)
     if preset.hybrid:
         if local_world_size % tp:
             raise ValueError(f"hsdp with tp={tp}: each node's {local_world_size} processes do not split into "
                              f"tensor-parallel groups, so replicas and shards cannot follow the nodes. HINT: choose "
                              f"tp among {', '.join(map(str, divisors(local_world_size)))}")
+        if pp > 1 and shard_size is None and replicate_size is None:
+            # pp is the outermost dim: a stage's data-parallel ranks shard within a node, or, when
+            # they are fewer than a node's processes, all of them (one replica).
+            shard_size = min(local_world_size // tp, dp)
         replicate, shard = hybrid_shape(dp, local_world_size, tp, replicate_size, shard_size)
     elif preset.sharding >= Sharding.GRADIENTS:
         replicate, shard = 1, dp
     else:
         replicate, shard = dp, 1
-    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, sharding=preset.sharding,
+    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, sharding=preset.sharding,
                         cpu_offload=cpu_offload and preset.sharding >= Sharding.GRADIENTS)
 
 
@@ -104,7 +119,7 @@ def hybrid_shape(dp_size: int, local_world_size: int, tp: int = 1, replicate_siz
         raise ValueError(
             f"hsdp: a mesh of replicate_size={replicate_size} x shard_size={shard_size} does not cover "
             f"the {dp_size} data-parallel ranks{with_tp} (local world size {local_world_size}). HINT: set "
-            "strategy_options={'replicate_size': R, 'shard_size': S} with R * S == world size / tp.")
+            f"strategy_options={{'replicate_size': R, 'shard_size': S}} with R * S == {dp_size} (world size / (tp x pp)).")
     return int(replicate_size), int(shard_size)
 
 

@@ -71,10 +71,14 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
     """
 
     def __init__(self, param_groups: list[dict[str, Any]], optimizer_class: type[torch.optim.Optimizer],
-                 process_group: Any = None, **defaults: Any):
+                 process_group: Any = None, device_mesh: Any = None, **defaults: Any):
         super().__init__(param_groups, defaults)
         Joinable.__init__(self)
         self.process_group = process_group
+        # the 1-D mesh over process_group, built by every rank together beforehand: the state's
+        # DTensors live on it. Built here, lazily, it would create a process group mid-training,
+        # which hangs where ranks reach their optimizer step apart (pipeline stages).
+        self._device_mesh = device_mesh
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         params = [p for g in self.param_groups for p in g["params"]]

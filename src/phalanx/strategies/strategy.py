@@ -12,10 +12,14 @@ from torch import nn
 
 from phalanx.loop.precision import Precision
 from phalanx.runtime.context import DistContext
+from phalanx.logging.rank_log import get_logger
 from phalanx.strategies import fsdp, grad_norm
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.parallelize import Wrapper, dp_group, parallelize
+from phalanx.strategies.pipeline import grads as pipeline_grads
+from phalanx.strategies.pipeline import state as pipeline_state
+from phalanx.strategies.pipeline.runner import PipelineRunner
 from phalanx.strategies.sharded_optimizer import (ShardedStateOptimizer, constructor_defaults,
                                                   refuse_optimizer_with_state)
 
@@ -29,12 +33,17 @@ class ParallelStrategy:
         self.ctx = ctx
         self.options = options or StrategyOptions()
         self.mesh = mesh
-        self.precision = Precision(self.options.mixed_precision, ctx.device, sharded=plan.shards_parameters)
+        self.precision = Precision(self.options.mixed_precision, ctx.device, sharded=plan.partial_gradients)
         self.wrapper = Wrapper.NONE
         # id(original parameter) -> (weak ref to it, its replacement): FSDP2 and tensor parallel swap
         # parameters for DTensors, and an optimizer built before prepare must follow them.
         self._rebind: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
         self._prepared_params: set[int] = set()  # ids of the prepared models' parameters
+        # id(parameter) -> weak ref, for parameters a pipeline cut left to other ranks' stages: an
+        # optimizer built before prepare drops them.
+        self._elsewhere: dict[int, weakref.ref] = {}
+        self._pipelines: dict[int, PipelineRunner] = {}  # id(prepared model) -> its runner (pp > 1)
+        self._other_units: tuple[str, ...] = ()  # pp > 1: the units other pipeline ranks hold
 
     @property
     def name(self) -> str:
@@ -49,9 +58,34 @@ class ParallelStrategy:
         after = dict(self.unwrap(done.model).named_parameters())
         self._prepared_params.update(id(p) for p in after.values())
         for name, old in before.items():
-            if after.get(name) is not None and after[name] is not old:
+            if after.get(name) is None and done.pipeline is not None:  # cut away: another rank's stage
+                self._elsewhere[id(old)] = weakref.ref(old)
+            elif after.get(name) is not None and after[name] is not old:
                 self._rebind[id(old)] = (weakref.ref(old), after[name])
+        if done.pipeline is not None:
+            self._pipelines[id(done.model)] = done.pipeline
+            self._other_units = done.other_units
+            get_logger().info("pipeline rank %d of %d runs stage(s) %s of %d (%s), %s, %d microbatches per step",
+                              done.pipeline.pp_rank, done.pipeline.pp, list(done.stages.stage_indices),
+                              done.stages.num_stages, ", ".join(done.stages.units), done.pipeline.schedule,
+                              done.pipeline.num_microbatches)
         return done.model
+
+    def held_elsewhere(self, key: str) -> bool:
+        """Whether a state-dict key belongs to a unit another pipeline rank holds (pp > 1)."""
+        return any(key.startswith(f"{unit}.") for unit in self._other_units)
+
+    def pipeline(self, model: nn.Module) -> PipelineRunner | None:
+        """The runner of a model prepared under pp > 1 (None without pp); ValueError for a model
+        this strategy did not prepare under pp."""
+        if self.plan.pp == 1:
+            return None
+        runner = self._pipelines.get(id(model))
+        if runner is None:
+            raise ValueError(f"pp={self.plan.pp}: this {type(model).__name__} is not a model px.prepare returned, "
+                             "so phalanx has no pipeline to run it with. HINT: pass the model px.prepare(model, ...) "
+                             "returned")
+        return runner
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         """The optimizer over the prepared parameters: its groups re-pointed at replaced parameters
@@ -59,16 +93,18 @@ class ParallelStrategy:
         if self.plan.shards_optimizer_only and (isinstance(optimizer, ShardedStateOptimizer)
                                                 or _is_zero_redundancy(optimizer)):
             return optimizer  # a zero1 optimizer the script built itself
-        if self._rebind or self.plan.shards_optimizer_only:
+        if self._rebind or self._elsewhere or self.plan.shards_optimizer_only:
             refuse_optimizer_with_state(optimizer, self.name)
-        if self._rebind:
+        if self._rebind or self._elsewhere:
             self._point_at_replacements(optimizer)
         if self.plan.shards_parameters:
             fsdp.prefer_foreach(optimizer)
         if self.plan.shards_optimizer_only:
             groups = [dict(group) for group in optimizer.param_groups]
             return ShardedStateOptimizer(groups, optimizer_class=type(optimizer),
-                                         process_group=dp_group(self.mesh, self.plan), **constructor_defaults(optimizer))
+                                         process_group=dp_group(self.mesh, self.plan),
+                                         device_mesh=self.mesh["dp_replicate"] if self.mesh is not None else None,
+                                         **constructor_defaults(optimizer))
         return optimizer
 
     def _point_at_replacements(self, optimizer: torch.optim.Optimizer) -> None:
@@ -77,6 +113,9 @@ class ParallelStrategy:
             for p in group["params"]:
                 if id(p) in self._prepared_params:  # kept (or already the replacement)
                     params.append(p)
+                    continue
+                gone = self._elsewhere.get(id(p))
+                if gone is not None and gone() is p:  # on another pipeline rank's stage: not stepped here
                     continue
                 ref, new = self._rebind.get(id(p), (None, None))
                 if ref is None or ref() is not p:
@@ -92,6 +131,8 @@ class ParallelStrategy:
         self.precision.backward(loss)
 
     def no_sync(self, model: nn.Module) -> ContextManager[None]:
+        if self.plan.pp > 1:  # torch's stage syncs once per pipeline step, after its last microbatch
+            return contextlib.nullcontext()
         if self.wrapper is Wrapper.DDP:
             return model.no_sync()
         if self.wrapper is Wrapper.FSDP:
@@ -99,6 +140,8 @@ class ParallelStrategy:
         return contextlib.nullcontext()
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        if self.plan.pp > 1:  # this rank's stages' norm, combined with the other stages'
+            return pipeline_grads.clip_grad_norm_(parameters, max_norm, norm_type, pp_group=self.mesh["pp"])
         return grad_norm.clip_(list(parameters), max_norm, norm_type)
 
     # ---- the user's module and its weights ----------------------------------------------------
@@ -109,7 +152,11 @@ class ParallelStrategy:
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full weights. Sharded parameters are gathered on the main process (on CPU) and other
-        ranks get {} (no N copies of the model); replicated ones are every rank's own."""
+        ranks get {} (no N copies of the model); replicated ones are every rank's own. Under pp the
+        stages' weights are gathered on the first pipeline rank of each replica (the main process
+        among them), on CPU; the other ranks get {}."""
+        if self.plan.pp > 1:  # every rank takes part: each stage's shards, then the stages
+            return pipeline_state.gather_full_state_dict(self.unwrap(model), self.mesh["pp"])
         if not self.plan.shards_parameters:
             return {k: v.detach() for k, v in self.unwrap(model).state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -92,8 +92,10 @@ def _style(style: str, sequence_parallel: bool) -> Any:
     return None  # replicate, local: every tensor-parallel rank holds the module whole
 
 
-def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequence_parallel: bool = False) -> dict[str, str]:
+def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequence_parallel: bool = False,
+          chosen: Mapping[str, str] | None = None) -> dict[str, str]:
     """Split the layers `plan` names over `tp_mesh`, in place; returns module name -> style applied.
+    `chosen`: module name -> style, matched already (a pipeline stage's part of the whole model's plan).
 
     With `sequence_parallel`, activations between the split layers stay split along the sequence
     (dim 1): norms get SequenceParallel, and the embedding's output is split by the sequence too.
@@ -101,7 +103,7 @@ def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequen
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleOutput, SequenceParallel, parallelize_module
 
-    chosen = match(model, model_plan(model, plan))
+    chosen = dict(chosen) if chosen is not None else match(model, model_plan(model, plan))
     styles = {name: _style(style, sequence_parallel) for name, style in chosen.items()}
     if sequence_parallel:
         split = tuple(chosen)

@@ -8,29 +8,34 @@ schedules, composed with data parallelism per stage, checkpoints under the model
     runner = PipelineRunner(modules, rank.stage_indices, rank.num_stages, mesh["pp"], device,
                             schedule, microbatches, loss_fn)
     loss = runner.step(inputs, targets)                 # every pipeline rank, same batch
-"""
-from phalanx.strategies.pipeline.arithmetic import PipelineFigures, bubble_fraction, in_flight, pipeline_figures
-from phalanx.strategies.pipeline.chain import ModelChain, Unit, find_chain
-from phalanx.strategies.pipeline.cut import PassThrough, RankStages, cut_model
-from phalanx.strategies.pipeline.data_parallel import apply_ddp, apply_fsdp
-from phalanx.strategies.pipeline.grads import clip_grad_norm_
-from phalanx.strategies.pipeline.runner import PipelineRunner
-from phalanx.strategies.pipeline.schedules import (
-    SCHEDULES,
-    check_microbatches,
-    default_microbatches,
-    last_stage_rank,
-    schedule_name,
-    stage_indices,
-    stages_per_rank,
-)
-from phalanx.strategies.pipeline.split import Stages, split_stages, stage_params
-from phalanx.strategies.pipeline.state import OPTIONS, gather_full_state_dict, get_state, set_state
 
-__all__ = [
-    "ModelChain", "OPTIONS", "PassThrough", "PipelineFigures", "PipelineRunner", "RankStages", "SCHEDULES", "Stages",
-    "Unit", "apply_ddp", "apply_fsdp", "bubble_fraction", "check_microbatches", "clip_grad_norm_", "cut_model",
-    "default_microbatches", "find_chain", "gather_full_state_dict", "get_state", "in_flight", "last_stage_rank",
-    "pipeline_figures", "schedule_name", "set_state", "split_stages", "stage_indices", "stage_params",
-    "stages_per_rank",
-]
+The names below load their module on first use (PEP 562): `schedules` and `arithmetic` are pure
+Python, and `phalanx run` checks pipeline settings with them without importing torch.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "arithmetic": ("PipelineFigures", "bubble_fraction", "in_flight", "pipeline_figures"),
+    "chain": ("ModelChain", "Unit", "find_chain"),
+    "cut": ("PassThrough", "RankStages", "cut_model"),
+    "data_parallel": ("apply_ddp", "apply_fsdp"),
+    "grads": ("clip_grad_norm_",),
+    "runner": ("PipelineRunner",),
+    "schedules": ("SCHEDULES", "check_microbatches", "default_microbatches", "last_stage_rank", "schedule_name",
+                  "stage_indices", "stages_per_rank"),
+    "split": ("Stages", "split_stages", "stage_params"),
+    "state": ("OPTIONS", "gather_full_state_dict", "get_state", "set_state"),
+}
+_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULE_OF:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    if name in _HOMES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

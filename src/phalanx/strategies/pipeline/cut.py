@@ -14,6 +14,7 @@ rank model stays the one object for the optimizer and the state dict.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -85,8 +86,11 @@ def _view(model: nn.Module, stages: Stages, index: int) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def cut_model(model: nn.Module, chain: ModelChain, stages: Stages, stage_indices: Sequence[int]) -> RankStages:
-    """Cut `model` in place down to the stages `stage_indices`; returns the rank's stage modules."""
+def cut_model(model: nn.Module, chain: ModelChain, stages: Stages, stage_indices: Sequence[int],
+              views: bool = True) -> RankStages:
+    """Cut `model` in place down to the stages `stage_indices`; returns the rank's stage modules.
+    `views=False` leaves `stages` empty: build them with `stage_modules` once the units have been
+    transformed (activation checkpointing and tensor parallel replace or change the unit modules)."""
     num_stages = len(stages)
     indices = tuple(sorted(stage_indices))
     if not indices or indices[0] < 0 or indices[-1] >= num_stages or len(set(indices)) != len(indices):
@@ -97,11 +101,19 @@ def cut_model(model: nn.Module, chain: ModelChain, stages: Stages, stage_indices
         if i not in indices:
             for name in stage:
                 model.set_submodule(name, PassThrough(owner=i))
+    rank = RankStages(model=model, stages=(), stage_indices=indices, num_stages=num_stages, units=owned)
+    return dataclasses.replace(rank, stages=stage_modules(rank, stages)) if views else rank
+
+
+def stage_modules(rank: RankStages, stages: Stages) -> tuple[nn.Module, ...]:
+    """The module of each stage `rank` runs: the cut model itself for one stage, else a view of it
+    per stage, holding the units as they are now; each checks that it hands on one tensor."""
+    indices = rank.stage_indices
     if len(indices) == 1:
-        modules: tuple[nn.Module, ...] = (model,)
+        modules: tuple[nn.Module, ...] = (rank.model,)
     else:
-        modules = tuple(_view(model, stages, i) for i in indices)
+        modules = tuple(_view(rank.model, stages, i) for i in indices)
     for index, module in zip(indices, modules):
-        if index != num_stages - 1:
+        if index != rank.num_stages - 1:
             module.register_forward_hook(_check_boundary_output(index))
-    return RankStages(model=model, stages=modules, stage_indices=indices, num_stages=num_stages, units=owned)
+    return modules

@@ -4,8 +4,9 @@ The stage modules, not the whole model, are wrapped: each stage's gradients are 
 ranks that hold the same stage (the data-parallel submesh at this pipeline rank). torch's
 `PipelineStage` knows both wrappers: under DDP it runs every microbatch but the last under
 `no_sync()` and reduces on the last; under FSDP2 it turns gradient sync and resharding off for the
-microbatches and reduce-scatters once after them. This is the reference for phase 2's
-`parallelize` under pp > 1.
+microbatches and reduce-scatters once after them. These are for a loop written with the runner
+directly; `parallelize` does the same per stage through phalanx's own DDP and FSDP2 wrapping
+(strategies/parallelize.py), options and mixed precision included.
 """
 from __future__ import annotations
 

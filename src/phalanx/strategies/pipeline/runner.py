@@ -32,6 +32,13 @@ def _group(group_or_mesh: Any) -> dist.ProcessGroup:
     return group_or_mesh
 
 
+def _one_tensor(inputs: Any) -> None:
+    if not isinstance(inputs, torch.Tensor):
+        raise TypeError(f"the pipeline's first stage takes one tensor, and the inputs are a {type(inputs).__name__}. "
+                        "HINT: pass the one tensor the model's forward takes; fold other inputs into it, or give "
+                        "them defaults in forward")
+
+
 class PipelineRunner:
     """Runs this rank's stage module(s) of a pipeline of `num_stages` stages over `group`.
 
@@ -121,17 +128,19 @@ class PipelineRunner:
         return self._built[key]
 
     # ---- running -------------------------------------------------------------------------------
-    def step(self, inputs: torch.Tensor, targets: Any, loss_scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+    def step(self, inputs: torch.Tensor, targets: Any, loss_scale: float | torch.Tensor = 1.0,
+             loss_fn: LossFn | None = None) -> torch.Tensor:
         """Forward and backward of one batch through the pipeline; the loss (mean over microbatches)
         on every pipeline rank. `loss_scale` multiplies the loss backward sees (accumulation's
-        1/steps, fp16's scale), not the one returned."""
+        1/steps, fp16's scale), not the one returned. `loss_fn`: this step's (default: the runner's)."""
+        if loss_fn is not None:
+            self.loss_fn = loss_fn
         if self.loss_fn is None:
             raise ValueError("this PipelineRunner has no loss_fn: give one to train, or call forward() to evaluate")
         if not torch.is_grad_enabled():
             raise RuntimeError("a pipeline training step needs autograd: it was called under torch.no_grad(). "
                                "HINT: evaluate with forward() instead.")
-        if not isinstance(inputs, torch.Tensor):
-            raise TypeError(f"the pipeline's first stage takes one tensor; got {type(inputs).__name__}")
+        _one_tensor(inputs)
         names.check_microbatches(self.schedule, self.pp, self.num_microbatches, inputs.size(0))
         schedule = self._schedule_for(True, inputs, self.num_microbatches)
         self._loss_scale = loss_scale
@@ -157,6 +166,7 @@ class PipelineRunner:
                 "steal_bwd_input\"). HINT: evaluate under 1F1B, GPipe or an interleaved schedule, or compute "
                 "the evaluation loss with training steps' loss under torch's pipeline."
             )
+        _one_tensor(inputs)
         microbatches = max(d for d in range(1, min(self.num_microbatches, inputs.size(0)) + 1)
                            if inputs.size(0) % d == 0)
         schedule = self._schedule_for(False, inputs, microbatches)

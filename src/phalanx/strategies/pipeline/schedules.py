@@ -7,20 +7,23 @@ ZBVZeroBubble, DualPipeV.
 """
 from __future__ import annotations
 
+from phalanx.config import names as setting_names
+
 SINGLE = ("1F1B", "GPipe")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 SCHEDULES = SINGLE + LOOPED + V_SHAPED
+assert set(SCHEDULES) == set(setting_names.PP_SCHEDULES), "config/names.py lists every schedule"
 DEFAULT_SCHEDULE = "1F1B"
 DEFAULT_STAGES_PER_RANK = 2  # for the multi-stage schedules, as torchtitan's default
 
 
 def schedule_name(name: str) -> str:
     """The schedule's canonical name (names are matched case-insensitively, as torch does)."""
-    by_lower = {s.lower(): s for s in SCHEDULES}
-    if not isinstance(name, str) or name.lower() not in by_lower:
+    key = setting_names.canonical_pp_schedule(name) if isinstance(name, str) else name
+    if key not in SCHEDULES:
         raise ValueError(f"pp_schedule must be one of {', '.join(SCHEDULES)}; got {name!r}")
-    return by_lower[name.lower()]
+    return key
 
 
 def default_microbatches(pp: int) -> int:
@@ -84,3 +87,16 @@ def check_microbatches(schedule: str, pp: int, microbatches: int, batch_size: in
             f"microbatches. HINT: make the per-rank batch size a multiple of {microbatches}, or set "
             f"pp_microbatches to a divisor of {batch_size} that is at least pp={pp}."
         )
+
+
+def rank_labels(world_size: int, pp: int, schedule: str) -> list[str]:
+    """Per global rank, the pipeline stage(s) it runs (`pipeline stage 1 of 2`), pp being the
+    outermost mesh dimension; for the watchdog's reports."""
+    schedule = schedule_name(schedule)
+    per_rank = stages_per_rank(schedule)
+    labels = []
+    for rank in range(world_size):
+        stages = stage_indices(schedule, rank // (world_size // pp), pp, per_rank)
+        which = ", ".join(map(str, stages))
+        labels.append(f"pipeline stage{'s' if len(stages) > 1 else ''} {which} of {pp * per_rank}")
+    return labels

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from phalanx.strategies.pipeline import schedules
 from phalanx.strategies.pipeline.chain import ModelChain
 
 Stages = tuple[tuple[str, ...], ...]
@@ -97,6 +98,18 @@ def split_stages(chain: ModelChain, num_stages: int, pp_split: Sequence[str] | N
     bounds = [0, *cuts, len(chain.units)]
     names = chain.names
     return tuple(tuple(names[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+
+def split_for_schedule(chain: ModelChain, pp: int, schedule: str, pp_split: Sequence[str] | None = None) -> Stages:
+    """The stages of a pipeline of `pp` ranks under `schedule` (pp x its stages per rank)."""
+    per_rank = schedules.stages_per_rank(schedule)
+    try:
+        return split_stages(chain, pp * per_rank, pp_split)
+    except ValueError as error:
+        if per_rank == 1:
+            raise
+        raise ValueError(f"pp={pp} with pp_schedule={schedules.schedule_name(schedule)} runs {per_rank} stages per "
+                         f"pipeline rank, {pp * per_rank} in all: {error}") from None
 
 
 def stage_params(chain: ModelChain, stages: Stages) -> list[int]:

@@ -1,0 +1,84 @@
+"""The pipeline dimension of a parallel plan applied first, as `parallelize` does under pp > 1: the
+stages this rank runs are cut out of the user's model in place, before tensor parallel,
+activation checkpointing, compile and the data-parallel wrapping apply to what is left.
+
+What the later steps need from the whole model is taken before the cut: the tensor-parallel plan is
+matched against every module (a pattern for another stage's layers is no typo), and a model on
+the meta device keeps the order of all its modules, so this stage's modules draw the initial
+values they draw in one process (model/meta_init.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from torch import nn
+
+from phalanx.model import meta_init
+from phalanx.strategies import tensor_parallel
+from phalanx.strategies.options import StrategyOptions
+from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.pipeline import schedules
+from phalanx.strategies.pipeline.chain import find_chain
+from phalanx.strategies.pipeline.cut import PassThrough, RankStages, cut_model, stage_modules
+from phalanx.strategies.pipeline.split import Stages, split_for_schedule, stage_params
+
+
+@dataclass
+class PipelineCut:
+    """One pipeline rank's part of the model, cut in place, and what the later steps need."""
+
+    rank: RankStages
+    """the cut model (this rank's units, pass-throughs elsewhere); its stage modules come later."""
+    stages: Stages
+    schedule: str
+    num_microbatches: int
+    init_order: list[nn.Module] | None
+    """a meta model's modules before the cut, in registration order (None: not on meta)."""
+    tp_layers: dict[str, str] | None
+    """tp > 1: this rank's modules the tensor-parallel plan (matched on the whole model) names."""
+
+    def stage_modules(self) -> tuple[nn.Module, ...]:
+        """The module of each stage this rank runs, as the units are now."""
+        return stage_modules(self.rank, self.stages)
+
+
+def cut(model: nn.Module, plan: ParallelPlan, options: StrategyOptions, pp_rank: int) -> PipelineCut:
+    """Cut `model` down to the stages pipeline rank `pp_rank` runs under `options.pp_schedule`.
+    ValueError, the same on every rank, for a model, split or microbatch count that cannot run."""
+    schedule = schedules.schedule_name(options.pp_schedule)
+    per_rank = schedules.stages_per_rank(schedule)
+    microbatches = options.pp_microbatches or schedules.default_microbatches(plan.pp)
+    schedules.check_microbatches(schedule, plan.pp, microbatches)
+    chain = find_chain(model)
+    stages = split_for_schedule(chain, plan.pp, schedule, options.pp_split)
+    order = list(model.modules()) if meta_init.is_meta(model) else None
+    tp_layers = None
+    if plan.tp > 1:
+        tp_layers = tensor_parallel.match(model, tensor_parallel.model_plan(model, options.tp_plan))
+    rank = cut_model(model, chain, stages, schedules.stage_indices(schedule, pp_rank, plan.pp, per_rank), views=False)
+    if tp_layers is not None:
+        present = dict(model.named_modules())
+        tp_layers = {name: style for name, style in tp_layers.items()
+                     if name in present and not isinstance(present[name], PassThrough)}
+    return PipelineCut(rank, stages, schedule, microbatches, order, tp_layers)
+
+
+def largest_rank_units(model: nn.Module, pp: int, options: StrategyOptions) -> tuple[str, ...]:
+    """The units of the pipeline rank holding the most parameters, as `cut` would place them (for
+    strategy auto, which sizes one rank's state before anything is cut)."""
+    schedule = schedules.schedule_name(options.pp_schedule)
+    per_rank = schedules.stages_per_rank(schedule)
+    chain = find_chain(model)
+    stages = split_for_schedule(chain, pp, schedule, options.pp_split)
+    counts = dict(zip(stages, stage_params(chain, stages)))
+    ranks = [[stages[i] for i in schedules.stage_indices(schedule, r, pp, per_rank)] for r in range(pp)]
+    largest = max(ranks, key=lambda held: sum(counts[stage] for stage in held))
+    return tuple(unit for stage in largest for unit in stage)
+
+
+def has_params(module: nn.Module) -> bool:
+    return any(p.requires_grad for p in module.parameters())
+
+
+def refuse_model_call_hint() -> str:
+    return ("HINT: under pp > 1 train with px.forward_backward(model, inputs, targets, loss_fn) and evaluate "
+            "with px.forward(model, inputs), which run the pipeline schedule over every stage")
