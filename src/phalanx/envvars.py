@@ -46,6 +46,9 @@ SLURM_STEP_GPUS = "SLURM_STEP_GPUS"
 # --- phalanx's own settings are PHALANX_<NAME>, derived from the schema (phalanx.config.schema);
 # this is a launcher switch, not a setting:
 PHALANX_SLURM = "PHALANX_SLURM"  # "0": phalanx run ignores a surrounding SLURM allocation
+# set by `phalanx run` for its workers: "1" = the launcher prints the preemption line and decides
+# whether to requeue; workers only record their outcome for it (else rank 0 prints the line itself)
+PHALANX_LAUNCHER = "PHALANX_LAUNCHER"
 # set by `phalanx run`'s agent for its workers: the attempt of the worker group, the same on every node
 # (torch's TORCHELASTIC_RESTART_COUNT is per node: a node that joins an elastic job later counts from 0)
 PHALANX_ATTEMPT = "PHALANX_ATTEMPT"

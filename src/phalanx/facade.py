@@ -15,7 +15,7 @@ from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.loader import BatchInfo, PreparedLoader, scale_batch
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
-from phalanx.runtime import collectives, device_peaks, parity_record, seeding, uneven, watchdog
+from phalanx.runtime import collectives, device_peaks, parity_record, preemption, seeding, uneven, watchdog
 from phalanx.runtime.context import DistContext, launcher_settings, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
@@ -109,6 +109,10 @@ class Phalanx:
             strategy_name=self.strategy_name, seed=self.seed, keep=cfg.checkpoint_keep,
             async_save=cfg.checkpoint_async, directory=cfg.checkpoint_dir,
         )
+        self._preemption = preemption.start(  # signals -> a checkpoint of an agreed step, then exit 128+N
+            signals=cfg.preemption_signals, checkpointer=self._checkpointer, rank=self.rank,
+            world_size=self.world_size, progress=self._step_progress, grace=cfg.preempt_grace,
+            cycle_idle=lambda: self._accumulator.cycle_pos == 0, busy=self.busy, watchdog=self.watchdog)
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
                                           log_session.LoggingSettings.from_config(cfg), self.ctx.dp_size)
         self._logging.metrics.params = self._run_params

@@ -48,6 +48,20 @@ def failed_key(restart: int | str, rank: int) -> str:
     return f"{watchdog_prefix(restart)}/{failed_name(rank)}"
 
 
+def preempt_prefix(restart: int | str) -> str:
+    """The preemption agreement's key prefix for one restart attempt (see runtime/preemption.py)."""
+    return f"phalanx/preempt/{restart}"
+
+
+PREEMPT_REQUESTED = "requested"  # `SIGNAL|reason`, written by the first rank that heard of it
+PREEMPT_COUNT = "count"  # how many ranks have posted their step
+
+
+def preempt_step_key(rank: int) -> str:
+    """Under `preempt_prefix`: the step at which rank `rank` first knew of the preemption."""
+    return f"at{rank}"
+
+
 @dataclass(frozen=True)
 class RankProgress:
     """What the launcher learnt about one rank from the store."""

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import time
 import warnings
 from pathlib import Path
 
@@ -78,10 +79,46 @@ def load_report(root: str) -> dict:
             "warnings": [str(w.message) for w in caught if issubclass(w.category, CheckpointFallbackWarning)]}
 
 
+class SlowState:
+    """Registered state whose state_dict takes 3 s once `slow` is true (a save long enough to signal into)."""
+
+    def __init__(self, out: str):
+        self.out, self.slow = Path(out), False
+
+    def state_dict(self) -> dict:
+        if self.slow:
+            (self.out / "saving").write_text("1")
+            time.sleep(3.0)
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def fill_filesystem(directory: Path) -> None:
+    """Fill the filesystem holding `directory` (a small tmpfs in the tests) to the last byte."""
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (1 << 16, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:  # ENOSPC: on to smaller writes, then done
+                pass
+    finally:
+        os.close(fd)
+
+
 def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batch: int = 12, kills: str = "",
-        async_save: bool = False, keep: int = 0, noise: bool = True, split_batches: bool = False) -> dict:
+        async_save: bool = False, keep: int = 0, noise: bool = True, slow_from: int | None = None,
+        slow_save: bool = False, fill_after: int | None = None, split_batches: bool = False) -> dict:
     """Train to `steps`; `noise=False` drops dropout and RNG terms (for runs on other world sizes);
-    `split_batches`: the loader is built with the global batch (else with global_batch / world size)."""
+    `split_batches`: the loader is built with the global batch (else with global_batch / world size).
+
+    `slow_from`: from that step on, each rank writes OUT/pid-RANK and rank 0 OUT/slow (a test sends
+    its signal then), and every step takes 0.2 s longer, so a signal lands mid-training.
+    `slow_save`: saves after `slow_from` take 3 s more (OUT/saving marks their start).
+    `fill_after`: after the save of that step, rank 0 fills the checkpoint directory's filesystem."""
     dropout = 0.2 if noise else 0.0
     torch.use_deterministic_algorithms(True)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -91,13 +128,16 @@ def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batc
     if kill and kill[1] and kill[2] == px.rank:
         finalize = Checkpointer._finalize
 
-        def finalize_or_die(self, staging, final, managed, step, group):
-            if step == kill[0]:
+        def finalize_or_die(self, attempt, managed):
+            if attempt.step == kill[0]:
                 _die()
-            return finalize(self, staging, final, managed, step, group)
+            return finalize(self, attempt, managed)
 
         Checkpointer._finalize = finalize_or_die  # type: ignore[method-assign]
     model, optimizer, loader, scheduler = build(px, global_batch, dropout)
+    slow_state = SlowState(out)
+    if slow_save:
+        px.register_for_checkpointing(slow_state)
     records = []
 
     def record(event: dict) -> None:
@@ -121,8 +161,18 @@ def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batc
                     "indices": px.gather(idx).tolist()})
             if px.global_step % every == 0:
                 px.save_state()
+                if fill_after == px.global_step and px.is_main_process:
+                    px.wait_for_checkpoint()  # an async save of this step must land before the disk is full
+                    fill_filesystem(Path(px.config.checkpoint_dir))
             if kill and not kill[1] and kill[0] == px.global_step and kill[2] == px.rank:
                 _die()
+            if slow_from is not None and px.global_step >= slow_from:
+                if px.global_step == slow_from:
+                    (Path(out) / f"pid-{px.rank}").write_text(str(os.getpid()))
+                    if px.is_main_process:
+                        (Path(out) / "slow").write_text(str(px.global_step))
+                slow_state.slow = True
+                time.sleep(0.2)
             if px.global_step >= steps:
                 break
     # No wait_for_checkpoint(): an async save still in flight must be finished by the exit itself.
@@ -140,8 +190,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--kills", default="")
     parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--slow-from", type=int, default=None, help="from this step on, 0.2 s more per step")
+    parser.add_argument("--slow-save", action="store_true", help="saves after --slow-from take 3 s more")
+    parser.add_argument("--fill-after", type=int, default=None, help="fill the checkpoint filesystem after this save")
     args = parser.parse_args()
-    run(args.ckpt, args.out, args.steps, args.every, kills=args.kills, async_save=args.async_save)
+    run(args.ckpt, args.out, args.steps, args.every, kills=args.kills, async_save=args.async_save,
+        slow_from=args.slow_from, slow_save=args.slow_save, fill_after=args.fill_after)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from phalanx import Phalanx
-from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged
+from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, verify
 from tests.checkpoint.resumable import build, load_report
 from tests.dist.harness import run_ranks
 
@@ -155,3 +155,15 @@ def test_loading_never_runs_code_from_checkpoint_files(reference, tmp_path, vict
     with pytest.raises((pickle.UnpicklingError, RuntimeError), match="refusing|Weights only load failed|Unsupported global"):
         px.load_state(ckpt)
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_after_falling_back_the_run_saves_the_damaged_step_afresh(reference, tmp_path):
+    """Resumed from step 35 past a damaged step 40, the run reaches step 40 again: the damaged
+    checkpoint is moved aside (kept for inspection), not overwritten and not an error."""
+    root = copy_root(reference, tmp_path / "ckpt")
+    flip_byte(root / "step-00000040" / "__1_0.distcp")
+    (tmp_path / "out").mkdir()
+    run_ranks("tests.checkpoint.resumable:run", 1, args=(str(root), str(tmp_path / "out"), 40, 5), timeout=150)
+    assert (root / "step-00000040.damaged" / "__1_0.distcp").is_file()
+    assert (root / "latest").read_text().strip() == "step-00000040"
+    assert verify(root / "step-00000040").step == 40

@@ -63,13 +63,32 @@ def publish(staging: Path, final: Path) -> None:
     fsync_dir(final.parent)
 
 
+def unused_name(path: Path) -> Path:
+    """`path`, or `path.1`, `path.2`... whichever does not exist yet."""
+    candidate, number = path, 0
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.name}.{number}")
+    return candidate
+
+
+def is_published(path: Path) -> bool:
+    """A complete checkpoint directory: renamed into place, with its manifest."""
+    return path.is_dir() and (path / MANIFEST_NAME).is_file()
+
+
 def write_latest(root: Path, name: str) -> None:
+    """Point `latest` at `name` (write-then-rename); on failure the old pointer stays and no tmp file."""
     tmp = root / (LATEST_NAME + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / LATEST_NAME)
+    try:
+        with open(tmp, "w") as f:
+            f.write(name + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, root / LATEST_NAME)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(root)
 
 
@@ -103,6 +122,58 @@ def candidates(root: Path) -> list[Path]:
     if pointed and (root / pointed) not in paths and (root / pointed).is_dir():
         paths.insert(0, root / pointed)
     return paths
+
+
+def latest_intact(root: Path) -> tuple[int, Path] | None:
+    """(step, path) of the newest published checkpoint whose manifest lists files that are all present
+    at their recorded size (a quick check: loading also verifies checksums), or None."""
+    from phalanx.checkpoint.manifest import read_manifest
+
+    for path in candidates(root):
+        try:
+            found = read_manifest(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if all((path / name).is_file() and (path / name).stat().st_size == entry.size
+               for name, entry in found.files.items()):
+            return found.step, path
+    return None
+
+
+def describe_latest(root: Path) -> str:
+    """'the latest good checkpoint is step 15 (ckpt/step-00000015)' or 'there is no good checkpoint yet'."""
+    found = latest_intact(root)
+    if found is None:
+        return f"there is no good checkpoint in {root} yet"
+    return f"the latest good checkpoint is step {found[0]} ({found[1]})"
+
+
+class CheckpointDirNotWritable(ValueError):
+    """checkpoint_dir cannot be written: refused before training starts."""
+
+
+def check_writable(root: Path) -> None:
+    """Create `root` if needed, then write, sync and remove a small probe file in it.
+
+    Permissions alone would not do: root may write anywhere but a read-only or full filesystem.
+    """
+    probe = root / f".phalanx-write-check-{os.getpid()}"
+    created = False
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            created = True
+            f.write(b"phalanx")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as error:
+        if created:
+            probe.unlink(missing_ok=True)
+        raise CheckpointDirNotWritable(
+            f"checkpoint_dir {root} cannot be written: {error}. HINT: choose a directory on a writable "
+            "filesystem with free space (--checkpoint-dir DIR, PHALANX_CHECKPOINT_DIR or checkpoint_dir:)"
+        ) from None
 
 
 def prune(root: Path, keep: int, protect: Path) -> list[Path]:

@@ -26,6 +26,7 @@ from phalanx.runtime import collectives
 from phalanx.data.loader import PreparedLoader
 from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, Manifest, hash_files, read_manifest, \
     verify_files, write_manifest
+from phalanx.checkpoint.save_attempt import SaveAttempt
 from phalanx.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner, check_plain, load_plain
 from phalanx.checkpoint.state import base_optimizer, group_by_model, rng_state, seed_all, set_rng_state
 
@@ -54,6 +55,8 @@ class Checkpointer:
         self.strategy_name = strategy_name
         self.seed = seed
         self.directory = Path(directory) if directory is not None else None
+        if self.directory is not None:  # refused now, not at the first save hours later
+            atomic.check_writable(self.directory)
         self.keep = keep
         self.async_save = async_save
         self.models: list[nn.Module] = []
@@ -62,8 +65,10 @@ class Checkpointer:
         self.objects: list[Any] = []
         self.rank_objects: list[Any] = []  # state that differs per rank (e.g. PowerSGD's error feedback)
         self.global_step = 0
+        self.step_listeners: list[Any] = []  # called after each counted optimizer step (preemption)
         self._counted: torch.optim.Optimizer | None = None
         self._pending: concurrent.futures.Future | None = None
+        self._damaged: set[Path] = set()  # skipped on load: a later save of that step moves it aside
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._async_group: Any = None
 
@@ -96,15 +101,22 @@ class Checkpointer:
 
     def _count_step(self, *_: Any) -> None:
         self.global_step += 1
+        for listener in self.step_listeners:
+            listener()
 
     # ---- saving -------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike | None = None, async_save: bool | None = None) -> Path:
-        """Write a checkpoint (to `path`, or the next step directory of the managed root); return it."""
+        """Write a checkpoint (to `path`, or the next step directory of the managed root); return it.
+
+        A failure on any rank (no space, I/O error, permission) raises the same CheckpointWriteError
+        on every rank, with nothing published (see save_attempt.py).
+        """
         self.wait()
         final, managed = self._save_target(path)
         step = self.global_step
-        staging = atomic.staging_path(final)
-        collectives.on_main(lambda: _prepare(final))
+        attempt = SaveAttempt(final, atomic.staging_path(final), step)
+        staging = attempt.staging
+        attempt.run(lambda: _prepare(final, final in self._damaged) if collectives.rank() == 0 else None)
         common = {
             "global_step": step,
             "models": list(group_by_model(self.models, self.optimizers)),
@@ -116,27 +128,39 @@ class Checkpointer:
             own["objects"] = [obj.state_dict() for obj in self.rank_objects]
         check_plain(common, "checkpoint state")
         check_plain(own, "rng state")
-        if collectives.rank() == 0:
-            _save_durably(common, staging / COMMON_NAME)
-        _save_durably(own, staging / rank_file(collectives.rank()))
+
+        def write_own() -> None:
+            if collectives.rank() == 0:
+                _save_durably(common, staging / COMMON_NAME)
+            _save_durably(own, staging / rank_file(collectives.rank()))
+
+        attempt.run(write_own)
         entries = group_by_model(self.models, self.optimizers)
         use_async = self.async_save if async_save is None else async_save
         if not use_async:
-            with _quiet_alone():
-                dcp.save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
-                         no_dist=not collectives.is_distributed())
-            self._finalize(staging, final, managed, step, group=None)
+            def write_shards() -> None:
+                with _quiet_alone():
+                    dcp.save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
+                             no_dist=not collectives.is_distributed())
+
+            attempt.run(write_shards)
+            self._finalize(attempt, managed)
             return final
         if not collectives.is_distributed():  # DCP warns from its writer thread, outside any catch_warnings block
             warnings.filterwarnings("ignore", message="torch.distributed is disabled", module="torch")
         group = self._group_for_async()
-        with _quiet_alone():
-            upload = dcp.async_save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
-                                    process_group=group, no_dist=not collectives.is_distributed())
+
+        def start_upload() -> Any:
+            with _quiet_alone():
+                return dcp.async_save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
+                                      process_group=group, no_dist=not collectives.is_distributed())
+
+        upload = attempt.run(start_upload)  # agreed on the default group: DCP's thread now uses `group`
+        attempt.group = group  # from here on, only the thread below talks on it
 
         def finish() -> None:
-            upload.result()
-            self._finalize(staging, final, managed, step, group=group)
+            attempt.run(upload.result)
+            self._finalize(attempt, managed)
 
         self._pending = self._executor_once().submit(finish)
         return final
@@ -147,25 +171,36 @@ class Checkpointer:
         if pending is not None:
             pending.result()
 
-    def _finalize(self, staging: Path, final: Path, managed: bool, step: int, group: Any) -> None:
-        rank = collectives.rank()
-        mine = [rank_file(rank)] + sorted(n for n in os.listdir(staging)
-                                          if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
-        gathered = collectives.gather_object(hash_files(staging, mine), group=group)
+    def _finalize(self, attempt: SaveAttempt, managed: bool) -> None:
+        rank, staging, final = collectives.rank(), attempt.staging, attempt.final
+
+        def hash_mine() -> dict:
+            mine = [rank_file(rank)] + sorted(n for n in os.listdir(staging)
+                                              if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
+            return hash_files(staging, mine)
+
+        gathered = attempt.run_shared(hash_mine)
 
         def publish() -> None:
+            if rank != 0:
+                return
             files = {name: entry for part in gathered for name, entry in part.items()}
             rest = [n for n in os.listdir(staging) if n not in files and n != MANIFEST_NAME]
             files.update(hash_files(staging, rest))
-            manifest = Manifest(step=step, world_size=collectives.world_size(),
+            manifest = Manifest(step=attempt.step, world_size=collectives.world_size(),
                                 strategy=self.strategy_name, files=files, created_unix=time.time())
             write_manifest(staging, manifest)
             atomic.publish(staging, final)
             if managed:
                 atomic.write_latest(final.parent, final.name)
-                atomic.prune(final.parent, self.keep, protect=final)
 
-        collectives.on_main(publish, group)
+        attempt.run(publish)
+        if managed and rank == 0:
+            try:
+                atomic.prune(final.parent, self.keep, protect=final)
+            except OSError as error:  # the new checkpoint is safe; an old one just could not go
+                warnings.warn(f"phalanx: could not remove old checkpoints under {final.parent}: {error}",
+                              stacklevel=2)
 
     def _save_target(self, path: str | os.PathLike | None) -> tuple[Path, bool]:
         if path is None:
@@ -249,6 +284,7 @@ class Checkpointer:
                                   f"loading {candidate} instead", CheckpointFallbackWarning, stacklevel=3)
                 return candidate
             skipped.append("; ".join(problems))
+            self._damaged.add(candidate)
         if skipped:
             raise CheckpointDamaged(f"every checkpoint under {target} is damaged: {' | '.join(skipped)}. "
                                     "HINT: delete them to start afresh")
@@ -275,7 +311,14 @@ def _quiet_alone() -> Iterator[None]:
         yield
 
 
-def _prepare(final: Path) -> None:
+def _prepare(final: Path, damaged: bool) -> None:
+    """Stage `final`. A damaged checkpoint of the same step, skipped when this run resumed from an
+    older one, is renamed `<name>.damaged` first (kept for inspection, never overwritten)."""
+    if damaged and final.exists():
+        aside = atomic.unused_name(final.with_name(final.name + ".damaged"))
+        os.rename(final, aside)
+        warnings.warn(f"phalanx: moved the damaged checkpoint {final} to {aside}; saving step {final.name} afresh",
+                      CheckpointFallbackWarning, stacklevel=2)
     atomic.prepare_staging(final)
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from phalanx import config
+from phalanx.config import kinds
 from phalanx.cluster.slurm_script import SlurmJobSpec, render_script
 
 PROG_ERROR = "phalanx slurm: error:"
@@ -53,11 +54,16 @@ def job_spec_from_args(args: argparse.Namespace) -> SlurmJobSpec:
     if args.max_restarts is not None:
         run_flags += ["--max-restarts", str(args.max_restarts)]
     name = args.job_name or os.path.splitext(os.path.basename(args.target))[0]
+    settings = config.resolve(config.from_flags(given), warn=False).config
+    signals = [s.name.removeprefix("SIG") for s in kinds.signal_numbers(settings.preemption_signals)]
+    # USR1 where phalanx handles it (SIGTERM is also what scancel sends); else whatever it handles
+    slurm_signal = "USR1" if "USR1" in signals else next((s for s in signals if s != "TERM"), signals[0] if signals else None)
     return SlurmJobSpec(
         target=os.path.abspath(args.target), target_args=tuple(args.target_args), nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition, account=args.account,
         cpus_per_task=args.cpus_per_task, job_name=name, workdir=os.getcwd(), log_dir=args.log_dir,
-        python=args.python, run_flags=tuple(run_flags),
+        python=args.python, run_flags=tuple(run_flags), signal=slurm_signal,
+        grace=max(1, round(settings.preempt_grace)), requeue=settings.requeue != "off",
     )
 
 

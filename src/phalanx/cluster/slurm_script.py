@@ -35,6 +35,12 @@ class SlurmJobSpec:
     """Interpreter with phalanx installed, as seen from the compute nodes."""
     run_flags: tuple[str, ...] = ()
     """Extra `phalanx run` flags, e.g. ("--strategy", "zero3")."""
+    signal: str | None = "USR1"
+    """Signal SLURM sends `grace` seconds before the time limit (`--signal`); None: none asked for."""
+    grace: int = 120
+    """Seconds before the time limit for `signal` (phalanx's preempt_grace)."""
+    requeue: bool = True
+    """`--requeue`: a preempted job may put itself back in the queue (phalanx run does, once saved)."""
 
 
 def check_job_spec(spec: SlurmJobSpec) -> SlurmJobSpec:
@@ -47,6 +53,8 @@ def check_job_spec(spec: SlurmJobSpec) -> SlurmJobSpec:
         raise ValueError(
             f"--time {spec.time!r} is not a SLURM time. HINT: MINUTES, HH:MM:SS or DAYS-HH:MM:SS, e.g. 02:00:00"
         )
+    if not 0 < spec.grace <= 65535:
+        raise ValueError(f"--preempt-grace {spec.grace}: SLURM's --signal takes 1..65535 seconds")
     if not re.fullmatch(r"[\w.+-]+", spec.job_name):
         raise ValueError(f"--job-name {spec.job_name!r}: use letters, digits, '.', '_', '+', '-' only")
     return spec
@@ -72,6 +80,10 @@ def render_script(spec: SlurmJobSpec) -> str:
         directives.append(f"--partition={spec.partition}")
     if spec.account:
         directives.append(f"--account={spec.account}")
+    if spec.signal:  # phalanx run saves a checkpoint on it and stops in time
+        directives.append(f"--signal={spec.signal}@{spec.grace}")
+    if spec.requeue:  # a requeued run appends to its logs instead of overwriting them
+        directives += ["--requeue", "--open-mode=append"]
     nproc = str(spec.gpus_per_node) if spec.gpus_per_node else "auto"
     run = [spec.python, "-m", "phalanx", "run", "--nproc-per-node", nproc, *spec.run_flags, spec.target, *spec.target_args]
     lines = ["#!/bin/bash"]
@@ -84,7 +96,7 @@ def render_script(spec: SlurmJobSpec) -> str:
         "set -euo pipefail",
         f"mkdir -p {q(spec.log_dir)}",
         f'echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: {spec.nodes} node(s) x {nproc} process(es)"',
-        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=1" + (" --open-mode=append" if spec.requeue else "") + " \\",
         f"  --output={q(spec.log_dir)}/%x-%j-node%n.out \\",
         "  " + " ".join(q(part) for part in run),
     ]

@@ -7,6 +7,7 @@ and the bad value, so every message reads `SOURCE VALUE: REASON`.
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -245,6 +246,57 @@ def _bool_or_mapping_obj(value: Any) -> Any:
 
 
 BOOL_OR_OPTIONS = Kind("true, false (or a dict of options)", _bool_text, _bool_or_mapping_obj)
+
+
+UNCATCHABLE_SIGNALS = ("SIGKILL", "SIGSTOP")
+
+
+def _signal_name(item: str) -> str:
+    """'term', 'SIGTERM', '15' -> 'SIGTERM'; ValueError naming the item when it is no catchable signal."""
+    text = item.strip().upper()
+    if text.isdigit():
+        try:
+            text = signal.Signals(int(text)).name
+        except ValueError:
+            raise ValueError(f"{item.strip()} is not a signal number here; use names such as SIGTERM,SIGUSR1") from None
+    name = text if text.startswith("SIG") else "SIG" + text
+    if name not in signal.Signals.__members__:
+        raise ValueError(f"{item.strip()} is not a signal; use names such as SIGTERM,SIGUSR1,SIGUSR2, or none")
+    if name in UNCATCHABLE_SIGNALS:
+        raise ValueError(f"{name} cannot be caught, so nothing could be saved on it; "
+                         "use catchable signals such as SIGTERM,SIGUSR1, or none")
+    return name
+
+
+def _signal_list(value: Any) -> str:
+    """A comma-separated list (or YAML list) of signal names, canonical ('SIGTERM,SIGUSR1'), or 'none'."""
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, (list, tuple)) and all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in value):
+        items = [str(i) for i in value]
+    else:
+        raise ValueError("expected signal names such as SIGTERM,SIGUSR1, or none")
+    items = [i for i in items if i.strip()]
+    if [i.strip().lower() for i in items] == ["none"]:
+        return "none"
+    if not items:
+        raise ValueError("expected signal names such as SIGTERM,SIGUSR1, or none")
+    names: list[str] = []
+    for item in items:
+        name = _signal_name(item)
+        if name not in names:
+            names.append(name)
+    return ",".join(names)
+
+
+SIGNALS = Kind("signal names or none", _signal_list, _signal_list)
+
+
+def signal_numbers(value: str) -> tuple[signal.Signals, ...]:
+    """The signals of a SIGNALS value ('none': none)."""
+    if value == "none" or not value:
+        return ()
+    return tuple(signal.Signals[name] for name in value.split(","))
 
 
 def python(text: Callable[[str], Any], describe: str) -> Kind:

@@ -236,6 +236,17 @@ SETTINGS: tuple[Setting, ...] = grouped(
     Setting("checkpoint_keep", kinds.integer(0), 3, "checkpoints kept under checkpoint_dir, newest first (0 keeps all)"),
     Setting("checkpoint_async", kinds.BOOL, False, "px.save_state() writes in the background by default",
             bool_flag=True),
+    Setting("preemption_signals", kinds.SIGNALS, "SIGTERM,SIGUSR1",
+            "signals that stop the job after the current step with a checkpoint of it (when checkpoint_dir is "
+            "set), exit code 128 + the signal; none: signals act as they would without phalanx",
+            value_name="SIGNALS"),
+    Setting("preempt_grace", kinds.seconds(False), 120.0,
+            "seconds a preemption signal leaves before the job is killed: phalanx run waits that long for the "
+            "checkpoint, phalanx slurm asks for --signal=USR1@<grace>, and under SLURM the checkpoint is also "
+            "taken this long before the job's end time"),
+    Setting("requeue", kinds.choice(("auto", "on", "off")), "auto",
+            "under SLURM, requeue a preempted job once its checkpoint is saved (scontrol requeue): auto (on "
+            "when checkpoint_dir is set), on or off"),
     LOGGING,
     Setting("verbose", kinds.BOOL, False,
             "also show torch's elastic agent logging on the terminal (always in RUN_DIR/logs/launcher.log)", L,

@@ -181,7 +181,14 @@ class PreparedLoader:
         progress = self.progress
         index = skip
         total = self._pass_length()
-        for batch, real in batches:
+        batches = iter(batches)
+        while True:
+            if progress is not None:
+                progress.before_batch()  # before the read: a preemption stops exactly between steps
+            item = next(batches, None)
+            if item is None:
+                break
+            batch, real = item
             self.batch_info.size, self.batch_info.num_real = _batch_len(batch), real
             self.batch_info.left = None if total is None else total - index
             index += 1

@@ -29,7 +29,9 @@ from phalanx.launch.rendezvous import (
     rendezvous_configs,
     split_endpoint,
 )
-from phalanx.launch import local_rank, report, restarts, torchrun_flags
+from phalanx.cluster import slurm_job
+from phalanx.config import kinds
+from phalanx.launch import local_rank, preemption, report, restarts, torchrun_flags
 from phalanx.launch.spec import LaunchSpec
 
 LOOPBACK = "127.0.0.1"
@@ -113,6 +115,26 @@ def _rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None) -> dict[str, 
     }
 
 
+# torch packages every phalanx worker imports (checkpoints, DTensor, FSDP2, DDP, ZeRO) and torch._dynamo,
+# which the first optimizer a process builds imports: seconds per process, most of a restart's time
+# (bench/recovery.py). Imported once here before forking, no worker imports them again.
+RUNTIME_TORCH_MODULES = ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
+                         "torch.distributed.tensor", "torch.distributed.fsdp", "torch.distributed.optim",
+                         "torch.distributed.algorithms.join", "torch.nn.parallel", "torch._dynamo")
+
+
+def warm_imports(start_method: str, max_restarts: int) -> None:
+    """With fork and restarts allowed: import the runtime's torch packages in the launcher, so forked
+    workers (the first ones and every restart's) find them imported. Torch only: never phalanx's
+    runtime, and nothing that initialises CUDA (fork is only chosen without GPUs in use)."""
+    if start_method != "fork" or max_restarts <= 0:
+        return
+    import importlib
+
+    for name in RUNTIME_TORCH_MODULES:
+        importlib.import_module(name)
+
+
 def entrypoint_for(spec: LaunchSpec, start_method: str) -> tuple[Any, list[str]]:
     """The agent's entrypoint and arguments: a function when forking (or --run-path), a command otherwise.
 
@@ -166,6 +188,13 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
     from phalanx.launch import bound_store
 
     bound_store.register()
+    checkpoint_dir = (spec.checkpoint_dir or spec.worker_env.get(CHECKPOINT_DIR_VARIABLE)
+                      or os.environ.get(CHECKPOINT_DIR_VARIABLE))
+    taken = kinds.signal_numbers(spec.preemption_signals)
+    stopper = preemption.Stopper(taken, spec.preempt_grace, checkpoint_dir) if taken else None
+    agent_kwargs = torchrun_flags.launch_config_kwargs(spec.agent or torchrun_flags.AgentOptions())
+    if stopper is not None:  # these are phalanx's to handle (launch/preemption.py), not torch's
+        agent_kwargs["signals_to_handle"] = preemption.without_signals(agent_kwargs["signals_to_handle"], taken)
 
     with no_cuda_init():
         config = LaunchConfig(
@@ -175,21 +204,27 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
             max_restarts=spec.max_restarts,
             start_method=start_method,
             **rendezvous_settings(spec, node),
-            **torchrun_flags.launch_config_kwargs(spec.agent or torchrun_flags.AgentOptions()),
+            **agent_kwargs,
         )
     entrypoint, args = entrypoint_for(spec, start_method)
+    warm_imports(start_method, spec.max_restarts)
     # Python >= 3.12 warns on fork from a threaded process; the agent's threads are not used in the
     # child (it only runs the worker function), which is the case that warning does not apply to.
     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
     seen = restarts.Observations()
     log_path = os.path.join(log_dir, report.AGENT_LOG_NAME) if log_dir else None
     try:
+        if stopper is not None:
+            stopper.install()
         with report.quiet_agent_logging(log_path, verbose), \
-                restarts.agent_class_installed(spec.worker_env.get(CHECKPOINT_DIR_VARIABLE)
-                                               or os.environ.get(CHECKPOINT_DIR_VARIABLE), seen,
+                restarts.agent_class_installed(checkpoint_dir, seen, stopper,
                                                node_name=node.local_addr if node is not None else ""):
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as error:
+        if stopper is not None and stopper.takes_over(error.failures):
+            if stopper.outcome is None and checkpoint_dir and not (stopper.killed_after_grace or stopper.killed_by_third):
+                print(report.format_failures(error, nproc_per_node, seen.progress, log_dir), file=sys.stderr, flush=True)
+            return _say_preempted(stopper, spec)
         print(report.format_failures(error, nproc_per_node, seen.progress, log_dir), file=sys.stderr, flush=True)
         return report.first_exit_code(error, seen.progress)
     except (RendezvousError, DistError, TimeoutError) as error:
@@ -204,6 +239,31 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
         ), file=sys.stderr, flush=True)
         return 1
     except SignalException as error:
+        if stopper is not None and stopper.active:
+            return _say_preempted(stopper, spec)
         print(f"phalanx: stopped by {error.sigval.name}; workers were terminated", file=sys.stderr, flush=True)
         return 128 + int(error.sigval)
+    finally:
+        if stopper is not None:
+            stopper.uninstall()
+    if stopper is not None and stopper.signal is not None:
+        print(f"phalanx: {stopper.signal.name} received, but the workers had finished their work first",
+              file=sys.stderr, flush=True)
     return 0
+
+
+def _say_preempted(stopper: preemption.Stopper, spec: LaunchSpec) -> int:
+    """Print the preemption line, then (node 0, when asked and saved) requeue the SLURM job, whose
+    requeue ends this allocation; return the exit code."""
+    outcome = stopper.final()
+    job = slurm_job.job_id(os.environ)
+    requeue = (outcome.saved and spec.node_rank == 0
+               and slurm_job.requeue_wanted(spec.requeue, os.environ, stopper.checkpoint_dir))
+    after = f"requeueing SLURM job {job}: its next allocation resumes from it" if requeue else None
+    print(outcome.line(after), file=sys.stderr, flush=True)
+    if requeue and job is not None:
+        why_not = slurm_job.requeue(job)
+        if why_not is not None:
+            print(f"phalanx: requeueing SLURM job {job} failed ({why_not}); run the same command to resume",
+                  file=sys.stderr, flush=True)
+    return outcome.exit_code

@@ -52,17 +52,12 @@ def resume_point(checkpoint_dir: str | None) -> str:
     """
     if not checkpoint_dir:
         return "from the start (no --checkpoint-dir)"
-    from phalanx.checkpoint import atomic, manifest
+    from phalanx.checkpoint import atomic
 
-    for path in atomic.candidates(Path(checkpoint_dir)):
-        try:
-            found = manifest.read_manifest(path)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if all((path / name).is_file() and (path / name).stat().st_size == entry.size
-               for name, entry in found.files.items()):
-            return f"from checkpoint step {found.step} ({path})"
-    return f"from the start (no checkpoint in {checkpoint_dir} yet)"
+    found = atomic.latest_intact(Path(checkpoint_dir))
+    if found is None:
+        return f"from the start (no checkpoint in {checkpoint_dir} yet)"
+    return f"from checkpoint step {found[0]} ({found[1]})"
 
 
 def restart_line(attempt: int, max_restarts: int, failures: dict[int, Any],
@@ -76,6 +71,19 @@ def restart_line(attempt: int, max_restarts: int, failures: dict[int, Any],
         where = f" at step {step} of that attempt" if step is not None and step >= 0 else ""
         parts.append(f"rank {rank} {'was ' if failure.exitcode < 0 else 'ended with '}{how}{where}")
     return f"phalanx: restart {attempt} of {max_restarts}: {', then '.join(parts)}; resuming {resume}"
+
+
+STORAGE_FAULT = "CheckpointWriteError: "  # how torch's error file names checkpoint/save_attempt.py's error
+
+
+def storage_fault(failures: dict[int, Any]) -> bool:
+    """A rank failed because a checkpoint could not be written: restarting would only fail again."""
+    for failure in failures.values():
+        message = failure.error_file_data.get("message") if failure.error_file_data else None
+        text = message.get("message", "") if isinstance(message, dict) else str(message or "")
+        if text.startswith(STORAGE_FAULT):
+            return True
+    return False
 
 
 def failure_order(rank: int, failure: Any, progress: dict[int, store_keys.RankProgress]) -> tuple:
@@ -103,13 +111,21 @@ def read_progress(store: Any, restart: int, ranks: list[int]) -> dict[int, store
 
 
 def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
-                    say: Callable[[str], None] | None = None, node_name: str = "") -> type:
+                    say: Callable[[str], None] | None = None, stopper: Any = None, node_name: str = "") -> type:
     """A subclass of torch's LocalElasticAgent (`base`) that records failures and speaks restarts;
-    `node_name` is how this node is named when it leaves or joins (its address across nodes)."""
+    `node_name` is how this node is named when it leaves or joins (its address across nodes).
+
+    With a `stopper` (launch/preemption.py) it also lets preempted workers finish their checkpoint
+    and never restarts a preempted group."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     node_name = node_name or socket.gethostname()
 
     class PhalanxAgent(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            if stopper is not None:
+                stopper.agent = self
+
         _phalanx_attempt: str | None = None  # the name of the running attempt, agreed by the nodes
         _phalanx_members: membership.Membership | None = None
 
@@ -136,11 +152,21 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
             self._phalanx_members = now
 
         def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
+            if stopper is not None:
+                stopper.wait_for_workers(worker_group.spec.monitor_interval)
+                if self._remaining_restarts > 0:
+                    stopper.end_group_for_restart()
             result = super()._monitor_workers(worker_group)
             if result.is_failed() and worker_group.store is not None:
                 restart = self._phalanx_attempt or worker_group.spec.max_restarts - self._remaining_restarts
                 seen.progress = read_progress(worker_group.store, restart, sorted(result.failures))
                 self._phalanx_failures = result.failures
+            if result.is_failed() and stopper is not None and stopper.takes_over(result.failures):
+                self._remaining_restarts = 0  # preempted: the job ends here, it is not restarted
+            if result.is_failed() and self._remaining_restarts > 0 and storage_fault(result.failures):
+                self._remaining_restarts = 0
+                say("phalanx: not restarting: a checkpoint could not be written (see below); make room or fix the "
+                    "storage, then run the same command to resume from the latest good checkpoint")
             return result
 
         def _restart_workers(self, worker_group):  # type: ignore[no-untyped-def]
@@ -158,14 +184,15 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
 
 
 @contextlib.contextmanager
-def agent_class_installed(checkpoint_dir: str | None, seen: Observations, node_name: str = "") -> Iterator[None]:
+def agent_class_installed(checkpoint_dir: str | None, seen: Observations, stopper: Any = None,
+                          node_name: str = "") -> Iterator[None]:
     """Make torch's `launch_agent` build the observing agent, for the duration of the block (which
     also ends the attempt name it exports to workers)."""
     from torch.distributed.launcher import api
 
     original = api.LocalElasticAgent
     exported = os.environ.get(envvars.PHALANX_ATTEMPT)
-    api.LocalElasticAgent = observing_agent(original, checkpoint_dir, seen, node_name=node_name)
+    api.LocalElasticAgent = observing_agent(original, checkpoint_dir, seen, stopper=stopper, node_name=node_name)
     try:
         yield
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Mapping
 
 from phalanx import config
@@ -139,6 +140,10 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         pass_local_rank=None if args.pass_local_rank is None else local_rank.check_spelling(args.pass_local_rank),
         verbose=cfg.verbose,
         agent=agent,
+        checkpoint_dir=cfg.checkpoint_dir,
+        preemption_signals=cfg.preemption_signals,
+        preempt_grace=cfg.preempt_grace,
+        requeue=cfg.requeue,
     )
     torchrun_flags.check_agent_options(agent, is_module=spec.is_module, nproc_per_node=spec.nproc_per_node,
                                        target=spec.target)
@@ -157,6 +162,13 @@ def _check_standalone(args: argparse.Namespace) -> None:
 def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
     """Checks needing the machine (ports, GPUs): (nproc_per_node, GPUs in use, env for workers)."""
     num_cores = devices.count_cpu_cores()
+    if spec.checkpoint_dir:  # refused here, not at the first save hours into the run
+        from phalanx.checkpoint import atomic
+
+        try:
+            atomic.check_writable(Path(spec.checkpoint_dir))
+        except atomic.CheckpointDirNotWritable as error:
+            raise LaunchError(str(error)) from None
     if spec.gpus is not None:
         devices.cuda_visible_devices_for(spec.gpus, os.environ)  # conflict check, before torch
     if spec.master_port is not None and spec.node_rank == 0 and spec.rdzv_backend == "static":
@@ -215,6 +227,7 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if node is not None:
         env.update(node.env)
+    env[envvars.PHALANX_LAUNCHER] = "1"  # workers leave the preemption line to this launcher
     log_dir = launcher_log_dir(env, spec.single_node)
     os.environ.update(env)  # the elastic agent passes its environment on to every worker
     from phalanx.launch.agent import launch

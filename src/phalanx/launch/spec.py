@@ -73,6 +73,14 @@ class LaunchSpec:
     """Show torch's elastic agent logging on the terminal too (it always goes to RUN_DIR/logs/launcher.log)."""
     agent: AgentOptions | None = None
     """torchrun's other settings, passed to torch's elastic agent (None: torchrun's defaults)."""
+    checkpoint_dir: str | None = None
+    """The workers' checkpoint root (resolved setting): restarts and preemption report from it."""
+    preemption_signals: str = "SIGTERM,SIGUSR1"
+    """Signals the launcher passes on and waits out while the workers save (`none`: torch's handling)."""
+    preempt_grace: float = 120.0
+    """Seconds the workers get to finish their step and checkpoint after a preemption signal."""
+    requeue: str = "auto"
+    """Requeue a preempted SLURM job once its checkpoint is saved: auto, on, off."""
 
     @property
     def single_node(self) -> bool:

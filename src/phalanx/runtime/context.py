@@ -137,6 +137,7 @@ class AgentEnv:
     master_port: int = 0
     restart_count: str = "0"  # which attempt of the worker group this is, as this node's agent counts
     error_file: str | None = None  # where a failure's traceback goes for the launcher's report
+    phalanx_launcher: bool = False  # `phalanx run` supervises this worker (and reports its preemption)
     attempt: str = "0"
     """The attempt's name, the same on every node: PHALANX_ATTEMPT from `phalanx run`'s agent, else the
     restart count (torchrun). Scopes the store keys each attempt writes."""
@@ -148,7 +149,8 @@ class AgentEnv:
         restart_count = env.get(envvars.TORCHELASTIC_RESTART_COUNT, "0")
         return cls(env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True", env.get(envvars.MASTER_ADDR, ""),
                    int(port) if port.isdigit() else 0, restart_count,
-                   env.get(envvars.TORCHELASTIC_ERROR_FILE) or None, env.get(envvars.PHALANX_ATTEMPT) or restart_count)
+                   env.get(envvars.TORCHELASTIC_ERROR_FILE) or None, env.get(envvars.PHALANX_LAUNCHER) == "1",
+                   env.get(envvars.PHALANX_ATTEMPT) or restart_count)
 
 
 def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:

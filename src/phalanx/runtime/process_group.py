@@ -74,6 +74,15 @@ def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"phalanx/restart_{agent.attempt}", store)
 
 
+def store_client(timeout: datetime.timedelta) -> dist.Store:
+    """A connection of this thread's own to the job's store, unprefixed: the elastic agent's store
+    where there is one (the launcher reads it too), else a clone of the default group's."""
+    agent = AgentEnv.from_env()
+    if agent.uses_agent_store:
+        return dist.TCPStore(agent.master_addr, agent.master_port, is_master=False, timeout=timeout)
+    return dist.distributed_c10d._get_default_store().clone()  # noqa: SLF001
+
+
 _state = {"failed": False, "owned": False}  # owned: phalanx created the default group
 
 

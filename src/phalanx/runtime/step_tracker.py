@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -48,13 +48,20 @@ STEP = Phase.STEP
 class StepTracker:
     """The current step (batches taken from prepared loaders, from 0) and phase of this rank."""
 
-    __slots__ = ("step", "phase", "ticks", "busy")
+    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request")
 
     def __init__(self) -> None:
         self.step = -1  # no batch yet
         self.phase: str = Phase.START
         self.ticks = 0
         self.busy = 0  # > 0 inside `busy()`: long work the others are meant to wait for
+        self.on_batch_request: Callable[[], None] | None = None  # preemption's step-boundary check
+
+    def before_batch(self) -> None:
+        """A prepared loader is about to read its next batch: the script finished the step before."""
+        hook = self.on_batch_request
+        if hook is not None:
+            hook()
 
     def next_step(self) -> None:
         self.step += 1

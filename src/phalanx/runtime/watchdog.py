@@ -38,7 +38,7 @@ from typing import Callable
 import torch.distributed as dist
 
 from phalanx import store_keys
-from phalanx.runtime.process_group import ignoring_sigint, leaving_cleanly
+from phalanx.runtime.process_group import ignoring_sigint, leaving_cleanly, store_client
 from phalanx.runtime.context import AgentEnv
 from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
@@ -69,6 +69,12 @@ class Watchdog:
         self._peers = [PeerView() for _ in range(world_size)]
         self._watching_since: float | None = None
         self._failed_at: float | None = None  # unix time of this rank's uncaught exception
+        self._listeners: list[Callable[[dist.Store], None]] = []
+
+    def add_listener(self, fn: Callable[[dist.Store], None]) -> None:
+        """Call `fn(store)` after each heartbeat, in this thread, with the unprefixed store: a check
+        that must run about once a second piggybacks here instead of needing a thread of its own."""
+        self._listeners.append(fn)
 
     # ---- lifetime ------------------------------------------------------------------------
     def start(self) -> "Watchdog":
@@ -96,6 +102,8 @@ class Watchdog:
                 return  # the script ended the group (one it created: mp.spawn): nothing left to watch
             try:
                 self._publish()
+                for listener in self._listeners:
+                    listener(self.store.underlying_store)
                 now = time.monotonic()
                 ticks = self.progress.ticks
                 if ticks != last_ticks or self.progress.busy:
@@ -329,12 +337,8 @@ def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: f
     agent = AgentEnv.from_env()
     prefix = store_keys.watchdog_prefix(agent.attempt)
     store_timeout = timedelta(seconds=max(30.0, timeout))  # = Watchdog.store_timeout_s
-    if agent.uses_agent_store:
-        # The agent's store, unprefixed: the launcher reads the records back under store_keys' names.
-        base = dist.TCPStore(agent.master_addr, agent.master_port, is_master=False, timeout=store_timeout)
-    else:
-        base = dist.distributed_c10d._get_default_store().clone()  # noqa: SLF001
-    store = dist.PrefixStore(prefix, base)
+    # Unprefixed below: the launcher reads the records back under store_keys' names.
+    store = dist.PrefixStore(prefix, store_client(store_timeout))
     store.set_timeout(store_timeout)
     stuck_after = None if collective_timeout is None else collective_timeout + timeout
     watchdog = Watchdog(store, rank, world_size, progress, timeout, stuck_after, labels,

@@ -1,0 +1,77 @@
+"""A save that fails anywhere fails everywhere, cleanly: no half-written checkpoint, one message.
+
+Every phase of a save (staging, each rank's own files, the DCP shards, hashing, publishing) runs
+through `SaveAttempt.run`: the phase runs on this rank, then one small gather tells every rank
+whether it failed anywhere. On a failure rank 0 removes the staging directory, `latest` stays on
+the previous checkpoint (it only moves after a complete publish), and every rank raises the same
+`CheckpointWriteError` naming the path, the first error and the latest good step. Without the
+gather a rank whose disk write failed would leave its peers waiting in the next collective.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from phalanx.checkpoint import atomic
+from phalanx.runtime import collectives
+
+T = TypeVar("T")
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (no space, I/O error, permission). Nothing was published."""
+
+
+@dataclass
+class SaveAttempt:
+    """One save of checkpoint `final` (staged in `staging`) at `step`, on the ranks of `group`."""
+
+    final: Path
+    staging: Path
+    step: int
+    group: Any = None  # the async save's own group, or None for the default one
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """`fn()` on this rank, agreed on by all: its result here, or the same error on every rank."""
+        return self._agreed(fn, share=False)
+
+    def run_shared(self, fn: Callable[[], T]) -> list[T]:
+        """Like `run`, and every rank gets every rank's (picklable) result."""
+        return self._agreed(fn, share=True)
+
+    def _agreed(self, fn: Callable[[], Any], share: bool) -> Any:
+        error: BaseException | None = None
+        result: Any = None
+        try:
+            result = fn()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException; shared below
+            error = exc
+        mine = (None if error is None else f"{type(error).__name__}: {error}",
+                isinstance(error, FileExistsError), result if share and error is None else None)
+        everyone = collectives.gather_object(mine, group=self.group)
+        failed = [(rank, text, exists) for rank, (text, exists, _) in enumerate(everyone) if text is not None]
+        if not failed:
+            return [part[2] for part in everyone] if share else result
+        if all(exists for _, _, exists in failed):  # saving onto an existing checkpoint: a user error
+            if error is not None:
+                raise error
+            raise FileExistsError(failed[0][1])
+        self.fail(failed, cause=error)
+        raise AssertionError("unreachable")
+
+    def fail(self, failed: list[tuple[int, str, bool]], cause: BaseException | None = None) -> None:
+        """Remove the staging directory (rank 0) and raise the one message on this rank."""
+        if collectives.rank() == 0:
+            shutil.rmtree(self.staging, ignore_errors=True)
+        rank, text, _ = failed[0]
+        others = [r for r, _, _ in failed[1:]]
+        also = f" (and on rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})" if others else ""
+        raise CheckpointWriteError(
+            f"saving checkpoint step {self.step} to {self.final} failed on rank {rank}{also}: {text}; "
+            f"the staging directory {self.staging} was removed and {atomic.LATEST_NAME} was left as it was; "
+            f"{atomic.describe_latest(self.final.parent)}"
+        ) from cause

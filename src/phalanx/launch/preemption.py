@@ -1,0 +1,188 @@
+"""`phalanx run`'s side of preemption: pass the signal on, give the workers time to save, say how
+it ended and exit 128 + the signal number (agent.py also requeues a SLURM job then).
+
+torch's agent turns SIGTERM into an exception that stops the workers (SIGTERM, then SIGKILL after
+its shutdown timeout) and knows nothing of SIGUSR1, whose default action would end the launcher
+and orphan the workers. So the preemption signals are taken out of torch's list; `Stopper`
+handles them instead:
+- 1st: forward the signal to every local worker and keep supervising; the workers finish their
+  step, agree on it, save it and exit (runtime/preemption.py). Until they all have exited (or
+  `preempt_grace` has passed: then they are killed) no worker is stopped by torch, so a rank that
+  exits first never cuts another's save short, and no restart follows.
+- 2nd: a note; the save goes on.
+- 3rd: the workers are killed at once (SIGKILL); the previous checkpoint stays the latest.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from phalanx import preemption_report as report
+
+NO_CHECKPOINT_DIR = ("no checkpoint_dir is set. HINT: with --checkpoint-dir DIR (or checkpoint_dir: in the config) "
+                     "the workers save the step they stop at, and the same command resumes from it")
+
+
+def worker_states(pcontext: Any) -> list[tuple[int, int | None]]:
+    """(pid, exit code or None while running) of each worker of torch's process context."""
+    if pcontext is None:
+        return []
+    processes = getattr(pcontext, "_pc", None)  # MultiprocessContext (fork): multiprocessing processes
+    if processes is not None:
+        return [(p.pid, p.exitcode) for p in processes.processes]
+    handlers = getattr(pcontext, "subprocess_handlers", {})  # SubprocessContext (spawn): Popen objects
+    return [(h.proc.pid, h.proc.poll()) for h in handlers.values()]
+
+
+def without_signals(signals_to_handle: str, taken: tuple[signal.Signals, ...]) -> str:
+    """torch's comma-separated signal list minus the ones phalanx handles itself."""
+    names = {s.name for s in taken}
+    return ",".join(n for n in (x.strip() for x in signals_to_handle.split(",")) if n and n not in names)
+
+
+@dataclass
+class Stopper:
+    """The launcher's preemption state; `agent` is torch's agent, set once it exists."""
+
+    signals: tuple[signal.Signals, ...]
+    grace: float
+    checkpoint_dir: str | None = None
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+    agent: Any = None
+    signal: signal.Signals | None = None
+    count: int = 0
+    deadline: float | None = None
+    killed_after_grace: bool = False
+    killed_by_third: bool = False
+    before_workers: bool = False
+    outcome: report.PreemptionOutcome | None = None  # what the workers recorded
+    _previous: dict[signal.Signals, Any] = field(default_factory=dict)
+
+    # ---- signals ---------------------------------------------------------------------------------
+    def install(self) -> None:
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        _installed.append(self)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+        if self in _installed:
+            _installed.remove(self)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        sig = signal.Signals(signum)
+        self.count += 1
+        if self.count == 1:
+            self.signal, self.deadline = sig, time.monotonic() + self.grace
+            pids = self._live_pids()
+            if not pids:  # no workers (yet): nothing to save, stop as torch would
+                self.before_workers = True
+                raise SignalException(f"phalanx run got {sig.name} before its workers started", sig)
+            for pid in pids:
+                _send(pid, sig)
+        elif self.count == 2:
+            self.say(f"phalanx: {sig.name} again: the workers are still finishing their step and checkpoint; "
+                     "a third signal stops them at once")
+        else:
+            self.killed_by_third = True
+            self.kill_workers()
+            raise SignalException(f"phalanx run got a third {sig.name}", sig)
+
+    def _live_pids(self) -> list[int]:
+        return [pid for pid, code in worker_states(getattr(self.agent, "_pcontext", None)) if code is None]
+
+    def kill_workers(self) -> None:
+        for pid in self._live_pids():
+            _send(pid, signal.SIGKILL)
+
+    # ---- while the workers save ------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self.signal is not None
+
+    def wait_for_workers(self, interval: float) -> None:
+        """Called before each poll of torch's agent: while stopping, wait here until every worker
+        has exited (torch would stop the rest as soon as one exits), killing them after the grace."""
+        while self.active and self._live_pids():
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.killed_after_grace = True
+                self.kill_workers()
+            time.sleep(interval)
+
+    def end_group_for_restart(self) -> None:
+        """A worker failed and a restart follows: kill the others now. torch would send them SIGTERM
+        and wait up to 30 s, but a worker that saves on SIGTERM only leaves once its own collective
+        has failed; the restart does not need what they would still do."""
+        states = worker_states(getattr(self.agent, "_pcontext", None))
+        preempted = {128 + int(s) for s in self.signals}
+        if not self.active and any(code not in (None, 0) and code not in preempted for _, code in states):
+            self.kill_workers()
+
+    def takes_over(self, failures: dict[int, Any]) -> bool:
+        """After a failed poll: True when this is a preemption (no restart must follow)."""
+        for failure in failures.values():
+            found = report.from_error_file_data(failure.error_file_data)
+            if found is not None:
+                self.outcome = self.outcome or found
+        return self.active or self.outcome is not None
+
+    # ---- the end ----------------------------------------------------------------------------------
+    def final(self) -> report.PreemptionOutcome:
+        """How the preemption ended: what the workers recorded, else what the launcher saw."""
+        return self.outcome or self._launcher_outcome()
+
+    def _launcher_outcome(self) -> report.PreemptionOutcome:
+        assert self.signal is not None
+        if self.before_workers:
+            why = "it came before the workers had started"
+        elif not self.checkpoint_dir:
+            why = NO_CHECKPOINT_DIR
+        elif self.killed_by_third:
+            why = f"a third {self.signal.name} stopped the workers at once; {_latest(self.checkpoint_dir)}"
+        elif self.killed_after_grace:
+            why = (f"the workers had not finished their step and checkpoint after preempt_grace ({self.grace:.0f} s) "
+                   f"and were killed; {_latest(self.checkpoint_dir)}")
+        else:
+            why = f"the workers ended without saving (see above); {_latest(self.checkpoint_dir)}"
+        return report.PreemptionOutcome(self.signal.name, why_not=why)
+
+
+_installed: list[Stopper] = []
+
+
+def _in_forked_child() -> None:
+    """A worker forked from the launcher gets the interpreter's default handlers back, not the
+    launcher's (which would send signals to the launcher's idea of its workers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for stopper in _installed:
+        for sig, handler in stopper._previous.items():  # noqa: SLF001 - this module's own object
+            signal.signal(sig, handler)
+        stopper._previous.clear()  # noqa: SLF001
+    _installed.clear()
+
+
+os.register_at_fork(after_in_child=_in_forked_child)
+
+
+def _latest(checkpoint_dir: str) -> str:
+    from phalanx.checkpoint import atomic
+
+    return atomic.describe_latest(Path(checkpoint_dir))
+
+
+def _send(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass  # exited meanwhile
