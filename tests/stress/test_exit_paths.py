@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,31 +37,37 @@ def _mpiexec() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
-def command(launcher: str, mode: str) -> list[str]:
+def command(launcher: str, mode: str, run_dir: Path) -> list[str]:
+    """The command of one run; the preemption ending saves into RUN_DIR/ckpt, fresh for each run."""
     python = sys.executable
+    job = [str(JOB), mode, *([str(run_dir / "ckpt")] if mode == "preemption" else [])]
     if launcher == "phalanx run":
-        return [python, "-m", "phalanx", "run", "--nproc-per-node", "2", str(JOB), mode]
+        return [python, "-m", "phalanx", "run", "--nproc-per-node", "2", *job]
     if launcher == "torchrun":
-        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB), mode]
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *job]
     if launcher == "mp.spawn adopt":
-        return [python, str(JOB), mode, "--mp-spawn"]
+        return [python, *job, "--mp-spawn"]
     if launcher == "phalanx.spawn":
-        return [python, str(JOB), mode, "--phalanx-spawn"]
+        return [python, *job, "--phalanx-spawn"]
     if launcher == "mpiexec":
-        return [_mpiexec() or "mpiexec", "-n", "2", python, str(JOB), mode]
+        return [_mpiexec() or "mpiexec", "-n", "2", python, *job]
     raise ValueError(launcher)
 
 
 LAUNCHERS = ["phalanx run", "torchrun", "mp.spawn adopt", "phalanx.spawn", "mpiexec"]
-ENDINGS = ["normal", "exception"]
-# The preemption ending (a signal -> checkpoint -> exit 128+signal) comes with issue #20's preemption
-# work: add "preemption" to ENDINGS and to exit_job.py's modes, say in `expected` how it must end, and
-# drop test_preemption_exit_never_aborts below.
+ENDINGS = ["normal", "exception", "preemption"]
+PREEMPTED = re.compile(r"phalanx: preempted by SIGTERM at step \d+: checkpoint \S+ saved")
 
 
-def expected(mode: str, proc: subprocess.CompletedProcess) -> str | None:
+def expected(launcher: str, mode: str, proc: subprocess.CompletedProcess) -> str | None:
     """What is wrong with this run's ending, None if nothing: aborts are counted apart."""
     out = proc.stdout + proc.stderr
+    if mode == "preemption":  # phalanx run exits 143 itself; other launchers report their workers' 143
+        if launcher == "phalanx run" and proc.returncode != 143:
+            return f"exit {proc.returncode}, not 143"
+        if proc.returncode == 0:
+            return "exit 0 after a preemption"
+        return None if PREEMPTED.search(out) else "no 'preempted ... checkpoint ... saved' line"
     if mode == "normal":
         if proc.returncode != 0:
             return f"exit {proc.returncode}"
@@ -97,15 +104,18 @@ def _has_mpi() -> bool:
 
 def run_once(launcher: str, mode: str, env: dict, cwd: Path) -> tuple[str, str]:
     """("ok" | "aborted" | "wrong", details) for one run."""
+    run_dir = Path(tempfile.mkdtemp(dir=cwd))
     try:
-        proc = subprocess.run(command(launcher, mode), cwd=cwd, env=env, capture_output=True, text=True,
+        proc = subprocess.run(command(launcher, mode, run_dir), cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired as error:
         return "wrong", f"no exit within {RUN_TIMEOUT_S} s\n{str(error.stderr)[-3000:]}"
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
     text = proc.stdout + proc.stderr
     if ABORTED.search(text) or proc.returncode in (-6, 134):
         return "aborted", text[-3000:]
-    problem = expected(mode, proc)
+    problem = expected(launcher, mode, proc)
     return ("ok", "") if problem is None else ("wrong", f"{problem}\n{text[-3000:]}")
 
 
@@ -136,7 +146,3 @@ def test_no_exit_ever_aborts(stress, cpu_load, tmp_path):
     assert total["aborted"] == 0, f"{total['aborted']} runs aborted at exit; the first: {first_problem['aborted']}"
     assert total["wrong"] == 0, f"{total['wrong']} runs ended wrongly; the first: {first_problem['wrong']}"
 
-
-@pytest.mark.skip(reason="the preemption exit path is not built yet (issue #20): see ENDINGS above")
-def test_preemption_exit_never_aborts():
-    """Placeholder: the preemption ending joins ENDINGS once it exists."""
