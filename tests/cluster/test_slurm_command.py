@@ -37,6 +37,9 @@ def test_dry_run_prints_a_multi_node_gpu_script(capsys, monkeypatch, script, tmp
         f"#SBATCH --chdir={tmp_path}",
         "#SBATCH --output=logs/%x-%j.out",
         "#SBATCH --partition=gpu",
+        "#SBATCH --signal=USR1@120",  # preempt_grace: the workers save a step before the time limit
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",  # a requeued run appends to its logs
     ]
     assert "set -euo pipefail" in lines and "mkdir -p logs" in lines
     assert lines[-3:] == [
