@@ -43,7 +43,7 @@ def test_dry_run_prints_a_multi_node_gpu_script(capsys, monkeypatch, script, tmp
     ]
     assert "set -euo pipefail" in lines and "mkdir -p logs" in lines
     assert lines[-3:] == [
-        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 --open-mode=append \\",
         "  --output=logs/%x-%j-node%n.out \\",
         f"  {sys.executable} -m phalanx run --nproc-per-node 4 --strategy zero3 {script} --epochs 5 'two words'",
     ]
