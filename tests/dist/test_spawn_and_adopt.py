@@ -106,7 +106,12 @@ def test_phalanx_spawn_in_a_jupyter_kernel(tmp_path, monkeypatch):
     kernel = KernelManager(kernel_name="phalanx-test",
                            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
-    nbclient.NotebookClient(notebook, km=kernel, timeout=180, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    try:
+        nbclient.NotebookClient(notebook, km=kernel, timeout=180, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:  # nbclient leaves a kernel it was given running: it would outlive the test session
+        if kernel.has_kernel:
+            kernel.shutdown_kernel(now=True)
+    assert not kernel.is_alive()
     stdout = "".join(o.get("text", "") for cell in notebook.cells for o in cell.outputs if o.get("name") == "stdout")
     results_line = next(line for line in stdout.splitlines() if line.startswith("RESULTS "))
     reports = eval(results_line[len("RESULTS "):])  # the repr of a list of dicts of ints and strings
