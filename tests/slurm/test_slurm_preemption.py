@@ -29,6 +29,11 @@ def scontrol_show(job_id: str, env: dict) -> str:
     return subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
 
 
+def node_idle(env: dict) -> bool:
+    states = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout.split()
+    return bool(states) and all(state == "idle" for state in states)
+
+
 def wait_until(predicate, what: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -55,7 +60,13 @@ def test_a_preempted_batch_job_saves_requeues_itself_and_resumes_bitwise(slurm_e
         subprocess.run(["scancel", "--signal=USR1", job_id], env=slurm_env, check=True, timeout=30)
         # SLURM holds a requeued job back for a while before it may start again; let it start now.
         wait_until(lambda: "Restarts=1" in scontrol_show(job_id, slurm_env), "the requeue", 120)
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=slurm_env, timeout=30)
+        # ... once the first allocation is gone, and not within the second the requeue revoked its job
+        # credential: slurmd refuses a launch whose credential is not newer than the revocation
+        # ("Killing non-startable batch JobId=N: Job credential revoked", the job FAILED at once).
+        # SLURM's own requeue delay (BeginTime) avoids that on a real cluster.
+        wait_until(lambda: "JobState=PENDING" in scontrol_show(job_id, slurm_env) and node_idle(slurm_env),
+                   "the first allocation to end", 120)
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now+2"], env=slurm_env, timeout=30)
         wait_until(lambda: re.search(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)", scontrol_show(job_id, slurm_env)),
                    "the requeued job to end", 400)
     finally:
