@@ -49,14 +49,14 @@ def group_of(name: str) -> str:
 def profile_variant(name: str, steps: int) -> dict[str, float]:
     import strategies as workloads  # bench/strategies.py: models, batches, variants
 
-    model, opt, backward = workloads.VARIANTS[name]()
-    tp = workloads.TP_OF[name]() if name in workloads.TP_OF else 1
-    data = workloads.batches(steps, tp)
+    model, opt, train_step = workloads.VARIANTS[name]()  # train_step(x, y): forward, loss, backward
+    replica = workloads.REPLICA_OF[name]() if name in workloads.REPLICA_OF else 1
+    data = workloads.batches(steps, replica)
 
     def step(i: int) -> None:
         x, y = data[i % len(data)]
         opt.zero_grad(set_to_none=True)
-        backward(nn.functional.cross_entropy(model(x), y))
+        train_step(x, y)
         opt.step()
 
     for i in range(3):
