@@ -96,7 +96,7 @@ class _Stopped(Exception):
 def _rank(store: dist.Store, rank: int, world: int) -> preemption.Preemption:
     checkpointer = SimpleNamespace(global_step=0, directory=Path("/nonexistent"))
     p = preemption.Preemption(rank=rank, world_size=world, checkpointer=checkpointer, progress=StepTracker(),
-                              cycle_idle=lambda: True, busy=None, grace=1.0, agent=AgentEnv(restart_count="7"))
+                              cycle_idle=lambda: True, busy=None, grace=1.0, agent=AgentEnv(attempt="7"))
     p._store = store
 
     def stop(step: int) -> None:

@@ -135,7 +135,6 @@ class AgentEnv:
     uses_agent_store: bool = False  # workers may connect to the agent's TCPStore
     master_addr: str = ""
     master_port: int = 0
-    restart_count: str = "0"  # which attempt of the worker group this is, as this node's agent counts
     error_file: str | None = None  # where a failure's traceback goes for the launcher's report
     phalanx_launcher: bool = False  # `phalanx run` supervises this worker (and reports its preemption)
     attempt: str = "0"
@@ -146,11 +145,10 @@ class AgentEnv:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AgentEnv":
         env = os.environ if env is None else env
         port = env.get(envvars.MASTER_PORT, "")
-        restart_count = env.get(envvars.TORCHELASTIC_RESTART_COUNT, "0")
         return cls(env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True", env.get(envvars.MASTER_ADDR, ""),
-                   int(port) if port.isdigit() else 0, restart_count,
+                   int(port) if port.isdigit() else 0,
                    env.get(envvars.TORCHELASTIC_ERROR_FILE) or None, env.get(envvars.PHALANX_LAUNCHER) == "1",
-                   env.get(envvars.PHALANX_ATTEMPT) or restart_count)
+                   env.get(envvars.PHALANX_ATTEMPT) or env.get(envvars.TORCHELASTIC_RESTART_COUNT, "0"))
 
 
 def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:
