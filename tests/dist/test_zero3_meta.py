@@ -23,6 +23,7 @@ def big(tmp_path_factory):
     return run_ranks("tests.dist.zero3_workloads:big_meta", 2, timeout=600, env=_quiet(tmp_path_factory))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(700)
 def test_peak_memory_after_prepare_is_half_the_model_plus_one_module(big):
     """Each rank's peak RSS after prepare: the baseline (torch with FSDP2 loaded, measured in the
@@ -36,6 +37,7 @@ def test_peak_memory_after_prepare_is_half_the_model_plus_one_module(big):
         assert grown < 0.6 * run["model_bytes"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_initial_shards_are_reproducible_and_look_like_a_normal_init(big):
     bound = 1 / math.sqrt(4096)  # nn.Linear(4096, 4096): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
@@ -52,6 +54,7 @@ def test_initial_shards_are_reproducible_and_look_like_a_normal_init(big):
     assert all(r0[n]["head"] != r1[n]["head"] for n in r0)  # the ranks hold different slices
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_training_steps_run_on_the_meta_built_model(big):
     losses = big[0]["meta"]["losses"]

@@ -35,7 +35,7 @@ SCRIPT = Path(__file__).parent / "elastic_train.py"
 ADDR = {"a": "10.251.0.1", "b": "10.251.0.2"}
 PORT = 29721
 STEP_LIMIT_S = 240  # each phase (reaching a park, a restart) must happen within this
-pytestmark = [pytest.mark.multinode, pytest.mark.dist, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.multinode, pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from tests.dist.harness import run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 RESUMABLE = ROOT / "tests" / "checkpoint" / "resumable.py"
-pytestmark = [pytest.mark.slurm, pytest.mark.dist, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slurm, pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def scontrol_show(job_id: str, env: dict) -> str:
