@@ -3,6 +3,7 @@ accumulation, mixed precision in a world of one, dp on CPU, `phalanx plan`."""
 from __future__ import annotations
 
 import argparse
+import logging
 
 import pytest
 import torch
@@ -83,10 +84,16 @@ def test_wrapper_is_an_optimizer_with_the_inner_state_and_works_with_schedulers(
 
 def test_backward_outside_accumulate_counts_micro_steps_and_says_how_to_skip_syncs(caplog):
     px = Phalanx(grad_accum_steps=2)
-    with caplog.at_level("INFO", logger="phalanx"):
+    # the "phalanx" logger does not propagate to the root logger, where caplog listens: listen on it
+    # (this passed only when an earlier test of the session had left the logger propagating)
+    logger = logging.getLogger("phalanx")
+    logger.addHandler(caplog.handler)
+    try:
         for expected_sync in (False, True, False):
             px.backward(nn.Linear(2, 1)(torch.ones(1, 2)).sum())
             assert px.sync_gradients is expected_sync
+    finally:
+        logger.removeHandler(caplog.handler)
     hints = [r.getMessage() for r in caplog.records if "counts as a micro-step" in r.getMessage()]
     assert len(hints) == 1 and "with px.accumulate(model):" in hints[0]  # said once
 
