@@ -59,3 +59,43 @@ class ShufflingFiles(IterableDataset):
         random.shuffle(order)
         for f in order:
             yield from range(f * per, (f + 1) * per)
+
+
+def write_jsonl_shards(folder, n: int, num_shards: int) -> list[str]:
+    """0..n-1 as JSON lines {"i": index, "pad": "..."} over `num_shards` files; their paths."""
+    import json
+    import os
+
+    paths = []
+    for s in range(num_shards):
+        path = os.path.join(str(folder), f"shard-{s:03d}.jsonl")
+        with open(path, "w") as f:
+            for i in range(s, n, num_shards):
+                f.write(json.dumps({"i": i, "pad": "x" * 40}) + "\n")
+        paths.append(path)
+    return paths
+
+
+class CountingReader:
+    """`read` for a ShardedStream over JSON-lines files: yields each line's {"i": ...}, and notes the
+    bytes this process read in `log_folder/<pid>` (workers are processes)."""
+
+    def __init__(self, log_folder: str):
+        self.log_folder = log_folder
+
+    def __call__(self, path: str):
+        import json
+        import os
+
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(os.path.join(self.log_folder, str(os.getpid())), "a") as log:
+            log.write(f"{len(data)}\n")
+        for line in data.splitlines():
+            yield {"i": json.loads(line)["i"]}
+
+
+def bytes_logged(log_folder: str) -> int:
+    import os
+
+    return sum(int(x) for name in os.listdir(log_folder) for x in open(os.path.join(log_folder, name)).read().split())

@@ -42,17 +42,22 @@ def _reads_sharding(code: types.CodeType) -> bool:
     return any(_reads_sharding(c) for c in code.co_consts if isinstance(c, types.CodeType))
 
 
+def say_once(what: type, message: str) -> None:
+    """Warn with `message` the first time only, per kind of dataset (`what`) and process."""
+    if what in _warned:
+        return
+    _warned.add(what)
+    warnings.warn(message, stacklevel=6)
+
+
 def say_item_split(dataset: IterableDataset, readers: int) -> None:
     """Once per dataset class: phalanx split this stream item by item, and how to choose otherwise."""
-    if readers <= 1 or type(dataset) in _warned:
-        return
-    _warned.add(type(dataset))
-    warnings.warn(
-        f"phalanx: {type(dataset).__name__} is an IterableDataset that phalanx cannot split by shard, so it is "
-        f"split item by item: each of the {readers} readers (ranks x workers) reads the whole stream and keeps "
-        f"every {readers}th item. HINT: if it shards itself by rank and worker, prepare it with shard=False; if it "
-        "reads files or shards, give it to phalanx.data.ShardedStream(shards, read) so each is read once",
-        stacklevel=5)
+    if readers > 1:
+        say_once(type(dataset), (
+            f"phalanx: {type(dataset).__name__} is an IterableDataset that phalanx cannot split by shard, so it is "
+            f"split item by item: each of the {readers} readers (ranks x workers) reads the whole stream and keeps "
+            f"1 item in {readers}. HINT: if it shards itself by rank and worker, prepare it with shard=False; if it "
+            "reads files or shards, give it to phalanx.data.ShardedStream(shards, read) so each is read once"))
 
 
 class ShardedIterable(IterableDataset):

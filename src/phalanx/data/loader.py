@@ -11,7 +11,6 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from phalanx.data.batch_records import BatchInfo, BatchRecords
 from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, lend_batch
-from phalanx.data.iterable import shards_itself
 from phalanx.data.streams import stream_for_rank
 from phalanx.data.sample_seeds import SampleSeeded
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
@@ -486,10 +485,10 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     generator = torch.Generator()
     generator.manual_seed(seed)
     if isinstance(dataset, IterableDataset):
-        if shards_itself(dataset):  # it reads the rank or its worker: sharding it again would lose data
+        stream = stream_for_rank(dataset, ctx, seed, loader.num_workers)
+        if stream is None:  # it shards itself by rank or worker: sharding it again would lose data
             return loader
-        return _build(stream_for_rank(dataset, ctx, seed, loader.num_workers), batch_size=batch_size,
-                      drop_last=loader.drop_last, generator=generator, **kwargs)
+        return _build(stream, batch_size=batch_size, drop_last=loader.drop_last, generator=generator, **kwargs)
     tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)
     if tag_epoch:
         dataset = SampleSeeded(dataset, seed)

@@ -19,11 +19,11 @@ from __future__ import annotations
 import math
 import random
 import tarfile
-import warnings
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from phalanx.data.iterable import say_once
 from phalanx.runtime.seeding import shared_seed
 
 _SHARDS = 0x5A4D  # keeps the shard order's per-epoch seed apart from other per-epoch seeds
@@ -113,9 +113,8 @@ def split_hf_iterable(dataset: Any, rank: int, world_size: int) -> Any:
         return dataset
     if dataset.n_shards >= world_size:
         return split_dataset_by_node(dataset, rank=rank, world_size=world_size, strategy="shards")
-    warnings.warn(
+    say_once(type(dataset), (
         f"phalanx: this datasets IterableDataset has {dataset.n_shards} shards for {world_size} data-parallel ranks, "
-        "so each rank reads every shard and keeps every "
-        f"{world_size}th example. HINT: give it at least {world_size} shards (more files, or "
-        "Dataset.to_iterable_dataset(num_shards=...)) so each is read once", stacklevel=4)
+        f"so each rank reads every shard and keeps 1 example in {world_size}. HINT: give it at least {world_size} "
+        "shards (more files, or Dataset.to_iterable_dataset(num_shards=...)) so each is read once"))
     return split_dataset_by_node(dataset, rank=rank, world_size=world_size, strategy="examples")
