@@ -123,3 +123,40 @@ def test_hugging_face_streaming_dataset_is_split_by_shard(tmp_path, num_files, m
     assert counts(items, N) == exact(N)
     fewer = [w for w in caught if "shards for 2 data-parallel ranks" in str(w.message)]
     assert len(fewer) == (num_files < 2)
+
+
+class Plain(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(N))
+
+
+def stream_of(kind: str, folder) -> torch.utils.data.IterableDataset:
+    if kind == "sharded_stream":
+        log = folder / "log"
+        log.mkdir(exist_ok=True)
+        return ShardedStream(write_jsonl_shards(folder, N, 4), CountingReader(str(log)), shuffle=True)
+    return {"plain": Plain, "self_sharding": lambda: SelfSharding(N), "shuffling": lambda: ShufflingFiles(N)}[kind]()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["plain", "self_sharding", "shuffling", "sharded_stream"])
+def test_a_stream_with_workers_resumes_with_the_next_batch(kind, tmp_path):
+    def make():
+        return PreparedLoader(DataLoader(stream_of(kind, tmp_path), batch_size=4, num_workers=2), DistContext(), seed=1)
+
+    reference = make()
+    expected = [ids(b) for _ in range(2) for b in reference]
+    first = make()
+    it = iter(first)
+    done = [ids(next(it)) for _ in range(3)]
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    assert done + [ids(b) for _ in range(2) for b in resumed] == expected
+    assert [counts([i for b in expected[k * 10:(k + 1) * 10] for i in b], N) for k in range(2)] == [exact(N)] * 2
+
+
+def test_a_per_rank_stream_position_on_another_world_size_is_refused_with_the_choices():
+    (loader,) = [PreparedLoader(DataLoader(Plain(), batch_size=4), DistContext(), seed=1)]
+    state = {"epoch": 0, "unit": "batches_per_rank", "consumed": 3, "world_size": 2, "global_batch": 1}
+    with pytest.raises(ValueError, match=r"saved on 2 ranks cannot map to 1.*HINT: resume on 2 ranks"):
+        loader.load_state_dict(state)
