@@ -5,6 +5,7 @@ Each case records, per epoch, the items this rank read and, per step, the items
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -67,7 +68,44 @@ def data_suite(tp: int, shards: list[str], log: str) -> dict:
         out[name] = _epochs(px, px.prepare(loader))
     out["nested"] = _nested(px)
     out["zip"] = _zipped(px)
+    out["resume"] = _resume(px, os.path.dirname(log))
     return out
+
+
+def _resume(px: Phalanx, folder: str) -> dict:
+    """Through save_state/load_state: a random sampler's epoch continued (not redrawn), an epoch left early
+    resumed at the next one, a StatefulDataLoader saved on its epoch's last batch going on with the next."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    weighted = px.prepare(DataLoader(TensorDataset(torch.arange(N)), batch_size=4, sampler=WeightedRandomSampler(
+        torch.linspace(0.1, 1.0, N), N, generator=torch.Generator().manual_seed(9))))
+    it = iter(weighted)
+    done = [ids(next(it)) for _ in range(3)]
+    px.save_state(os.path.join(folder, "weighted"))
+    rest = [ids(b) for b in it]
+    del it
+    px.load_state(os.path.join(folder, "weighted"))
+    again = [ids(b) for b in weighted]
+
+    left = px.prepare(DataLoader(TensorDataset(torch.arange(N)), batch_size=4, shuffle=True))
+    for step, _ in enumerate(left):
+        if step == 2:
+            break
+    px.save_state(os.path.join(folder, "left"))
+    next_epoch = [ids(b) for b in left]
+    px.load_state(os.path.join(folder, "left"))
+    after_left = [ids(b) for b in left]
+
+    stateful = px.prepare(StatefulDataLoader(TensorDataset(torch.arange(N)), batch_size=4, shuffle=True))
+    it = iter(stateful)
+    for _ in range(len(stateful)):  # the epoch's last batch, the loop not yet left
+        next(it)
+    px.save_state(os.path.join(folder, "stateful"))
+    del it
+    px.load_state(os.path.join(folder, "stateful"))
+    epochs = [[i for b in stateful for i in ids(b)] for _ in range(2)]
+    return {"done": done, "rest": rest, "again": again, "next_epoch": next_epoch, "after_left": after_left,
+            "stateful_epochs": epochs}
 
 
 def _nested(px: Phalanx) -> dict:

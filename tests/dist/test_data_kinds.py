@@ -82,3 +82,16 @@ def test_nested_eval_and_zipped_loaders_keep_their_own_counts(suite):
         assert len(nested["evaluated"]) == 10 * n_steps * EPOCHS
     for zipped in _case(suite, "zip"):
         assert sorted(zipped["a"]) == list(range(37)) and sorted(zipped["b"]) == list(range(100, 117))
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(450)
+def test_save_and_load_state_continue_each_loader_kind(suite):
+    dp = suite["ranks"][0]["dp_size"]
+    for r in _case(suite, "resume"):
+        assert r["again"] == r["rest"] and len(r["done"] + r["rest"]) == N // 4 // dp  # the saved draw, continued
+        assert r["after_left"] == r["next_epoch"]  # left after 3 batches: the next epoch, whole
+        assert [len(e) for e in r["stateful_epochs"]] == [N // dp] * 2  # not an empty epoch first
+    one_per_dp = {r["dp_rank"]: r for r in suite["ranks"]}.values()
+    for epoch in range(2):
+        assert counts([i for r in one_per_dp for i in r["resume"]["stateful_epochs"][epoch]], N) == exact(N)
