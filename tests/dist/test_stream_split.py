@@ -160,3 +160,23 @@ def test_a_per_rank_stream_position_on_another_world_size_is_refused_with_the_ch
     state = {"epoch": 0, "unit": "batches_per_rank", "consumed": 3, "world_size": 2, "global_batch": 1}
     with pytest.raises(ValueError, match=r"saved on 2 ranks cannot map to 1.*HINT: resume on 2 ranks"):
         loader.load_state_dict(state)
+
+
+@pytest.mark.timeout(180)
+def test_hugging_face_parquet_files_map_style_and_streaming(tmp_path):
+    """Local Parquet files: as a map-style Dataset (phalanx's sampler) and streamed (split by file)."""
+    datasets = pytest.importorskip("datasets", reason="the `datasets` extra: pip install phalanx[datasets]")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = []
+    for s in range(4):
+        paths.append(str(tmp_path / f"part-{s}.parquet"))
+        pq.write_table(pa.table({"i": list(range(s, N, 4))}), paths[-1])
+    table = datasets.load_dataset("parquet", data_files=paths, split="train", cache_dir=str(tmp_path / "cache"))
+    ranks = [PreparedLoader(DataLoader(table.with_format("torch"), batch_size=4, shuffle=True),
+                            DistContext(rank=r, world_size=2), seed=1) for r in range(2)]
+    assert counts([i for loader in ranks for b in loader for i in ids(b)], N) == exact(N)
+    stream = datasets.load_dataset("parquet", data_files=paths, split="train", streaming=True,
+                                   cache_dir=str(tmp_path / "cache"))
+    assert counts(job_items(stream, 2, 2), N) == exact(N)
