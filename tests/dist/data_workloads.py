@@ -69,6 +69,11 @@ def data_suite(tp: int, shards: list[str], log: str) -> dict:
     out["nested"] = _nested(px)
     out["zip"] = _zipped(px)
     out["resume"] = _resume(px, os.path.dirname(log))
+    rank_seeded = RandomSampler(range(N), generator=torch.Generator().manual_seed(1000 + px.rank))
+    try:
+        px.prepare(DataLoader(TensorDataset(torch.arange(N)), batch_size=4, sampler=rank_seeded))
+    except ValueError as error:
+        out["rank_seeded"] = str(error)
     return out
 
 

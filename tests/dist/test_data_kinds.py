@@ -95,3 +95,10 @@ def test_save_and_load_state_continue_each_loader_kind(suite):
     one_per_dp = {r["dp_rank"]: r for r in suite["ranks"]}.values()
     for epoch in range(2):
         assert counts([i for r in one_per_dp for i in r["resume"]["stateful_epochs"][epoch]], N) == exact(N)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(450)
+def test_a_sampler_generator_seeded_per_rank_is_refused_with_the_fix(suite):
+    for message in _case(suite, "rank_seeded"):
+        assert "in a different state on each rank" in message and "HINT: seed it the same on every rank" in message

@@ -15,7 +15,7 @@ from phalanx.data.streams import stream_for_rank
 from phalanx.data.sample_seeds import SampleSeeded
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.data.split_batches import per_rank_batch_size
-from phalanx.data.user_sampler import UserSampler
+from phalanx.data.user_sampler import UserSampler, check_same_draw
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
@@ -85,6 +85,8 @@ class PreparedLoader:
             self._worker_generator = loader.generator = torch.Generator()
         # Positions count per-rank batches when phalanx did not deal the data out by index.
         self.per_rank_positions = not shard or isinstance(loader.dataset, IterableDataset)
+        if shard and ctx.is_distributed and (draw := self._draw()) is not None:
+            check_same_draw(draw, gather_ints)  # the ranks deal out one draw: it must be the same everywhere
         self.drop = _drops_last(self.loader)
         self.mode = _equalising_mode(self.loader, ctx, shard)
         self._num_batches = agree_num_batches(len(self.loader), self.drop) if self.mode is Equalising.COUNT else None

@@ -15,8 +15,9 @@ a seed phalanx derives from (seed, epoch), and the model's global streams are le
 """
 from __future__ import annotations
 
+import hashlib
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import Sampler
@@ -65,6 +66,13 @@ class EpochDraw:
             return self._pending.clone()
         return (self._start if mid_epoch and self._start is not None else generator.get_state()).clone()
 
+    def fingerprint(self) -> int | None:
+        """A number equal on two ranks when their samplers' own generators are in the same state."""
+        generator = own_generator(self.sampler)
+        if generator is None:
+            return None
+        return int.from_bytes(hashlib.sha256(generator.get_state().numpy().tobytes()).digest()[:7], "big")
+
     def restore(self, state: torch.Tensor | None) -> None:
         if state is not None and own_generator(self.sampler) is None:
             raise ValueError("the checkpoint holds a sampler generator's state, and this loader's sampler has no "
@@ -110,3 +118,19 @@ class UserSampler(Sampler[int]):
             order += (order * math.ceil(needed / len(order)))[:needed - len(order)]
         mine = order[self.rank:needed:self.num_replicas]
         return iter(tag(mine, self.epoch) if self.tag_epoch else mine)
+
+
+def check_same_draw(draw: EpochDraw, gather_ints: Callable[[int], list[int]]) -> None:
+    """Refuse a sampler whose own generator differs between ranks: their draws would not be one draw, so
+    items would be repeated and lost silently."""
+    mine = draw.fingerprint()
+    if mine is None:
+        return
+    states = gather_ints(mine)
+    if len(set(states)) > 1:
+        raise ValueError(
+            f"the DataLoader's sampler has its own generator, in a different state on each rank "
+            f"({len(set(states))} different states over {len(states)} ranks): every rank must draw the same "
+            "epoch for phalanx to deal it out, or items would repeat and go missing. HINT: seed it the same on "
+            "every rank (torch.Generator().manual_seed(SEED), not from the rank), or leave generator=None and "
+            "phalanx draws from a seed shared by all ranks")
