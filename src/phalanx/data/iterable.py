@@ -11,16 +11,13 @@ What phalanx does with an IterableDataset (docs/data.md):
 """
 from __future__ import annotations
 
-import random
 import types
 import warnings
 from typing import Any, Iterator
 
-import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from phalanx.runtime.seeding import shared_seed
+from phalanx.runtime.seeding import cpu_rng_states, seed_cpu_rngs, set_cpu_rng_states, shared_seed
 
 _STREAM = 0x57EA  # keeps a stream's per-epoch seed apart from other per-epoch seeds
 # Names a self-sharding __iter__ reads (torch's docs teach get_worker_info; rank from torch.distributed
@@ -122,31 +119,19 @@ class _StreamRngs:
 
     def __init__(self, value: int, own_process: bool):
         self.own_process = own_process
-        saved = _get_states()
-        random.seed(value)
-        np.random.seed(value % 2**32)
-        torch.default_generator.manual_seed(value)
-        self.states = None if own_process else _get_states()
+        saved = cpu_rng_states()
+        seed_cpu_rngs(value)
+        self.states = None if own_process else cpu_rng_states()
         if not own_process:
-            _set_states(saved)
+            set_cpu_rng_states(saved)
 
     def run(self, call: Any) -> Any:
         if self.own_process:
             return call()
-        outer = _get_states()
-        _set_states(self.states)
+        outer = cpu_rng_states()
+        set_cpu_rng_states(self.states)
         try:
             return call()
         finally:
-            self.states = _get_states()
-            _set_states(outer)
-
-
-def _get_states() -> tuple:
-    return random.getstate(), np.random.get_state(), torch.get_rng_state()
-
-
-def _set_states(states: tuple) -> None:
-    random.setstate(states[0])
-    np.random.set_state(states[1])
-    torch.set_rng_state(states[2])
+            self.states = cpu_rng_states()
+            set_cpu_rng_states(outer)
