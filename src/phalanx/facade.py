@@ -219,7 +219,8 @@ class Phalanx:
 
         Returns them in the order given (a single object when one was passed). Models are
         prepared first, so an optimizer can be bound to the model's wrapped parameters.
-        `shard=False`: the loaders hold data already split per rank; use it as is.
+        `shard=False`: the loaders hold data already split per rank (or a stream that splits itself in a
+        way phalanx does not see); use it as is (docs/data.md).
         """
         prepared: list[Any] = list(objects)
         models = [i for i, o in enumerate(objects) if isinstance(o, nn.Module)]
