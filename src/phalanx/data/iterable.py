@@ -44,7 +44,7 @@ def say_once(what: type, message: str) -> None:
     if what in _warned:
         return
     _warned.add(what)
-    warnings.warn(message, stacklevel=6)
+    warnings.warn(message, stacklevel=7)  # the script line that called prepare_data_loader
 
 
 def say_item_split(dataset: IterableDataset, readers: int) -> None:
