@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader
 
 from phalanx import config
 from phalanx.checkpoint.manager import Checkpointer
-from phalanx.data.loader import BatchInfo, PreparedLoader, scale_batch
+from phalanx.data.batch_records import BatchRecords
+from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives, device_peaks, parity_record, preemption, seeding, uneven, watchdog
@@ -89,11 +90,11 @@ class Phalanx:
             self.ctx = self.ctx.with_data_parallel(degrees.dp_rank(self.ctx.rank), degrees.dp_size)
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
-        self._batch_info = BatchInfo()
+        self._batch_records = BatchRecords()  # each prepared loader's own record of its last batch
         self._items = ItemCount(self.ctx.dp_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._dp_group)
         self._parity = parity_record.from_request(parity_request(), self.rank, self.world_size)  # `phalanx parity`
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
-                                        batches_left=lambda: self._batch_info.left,
+                                        batches_left=lambda: self._batch_records.current().left,
                                         on_cycle_start=self._items.discard)
         self._optimizers: list[torch.optim.Optimizer] = []
         self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
@@ -218,7 +219,8 @@ class Phalanx:
 
         Returns them in the order given (a single object when one was passed). Models are
         prepared first, so an optimizer can be bound to the model's wrapped parameters.
-        `shard=False`: the loaders hold data already split per rank; use it as is.
+        `shard=False`: the loaders hold data already split per rank (or a stream that splits itself in a
+        way phalanx does not see); use it as is (docs/data.md).
         """
         prepared: list[Any] = list(objects)
         models = [i for i, o in enumerate(objects) if isinstance(o, nn.Module)]
@@ -318,7 +320,7 @@ class Phalanx:
             self._parity.watch_loader()
         prepared = PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
-            batch_info=self._batch_info, shard=shard, progress=self._step_progress,
+            batch_records=self._batch_records, shard=shard, progress=self._step_progress,
             rank_aware_workers=self.config.worker_seeds == "per_rank",
             on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
             split_batches=self.config.split_batches)
@@ -495,14 +497,17 @@ class Phalanx:
         with self._step_progress.during(Phase.GATHER):
             return collectives.gather(data, debug=self.debug, group=self._dp_group)
 
-    def gather_for_metrics(self, data: Any) -> Any:
+    def gather_for_metrics(self, data: Any, loader: PreparedLoader | None = None) -> Any:
         """Gather like `gather`, without the repeats the sampler added to even out the ranks.
 
         Inside a loop over a prepared loader, this rank's padding samples are cut from the
         current batch before gathering, so an eval over N items yields exactly N. Python lists
-        (e.g. predicted strings) are gathered as objects and flattened.
+        (e.g. predicted strings) are gathered as objects and flattened. The batch is the last one of
+        the innermost loop in progress (an eval inside training: the eval's, then the training's
+        again); with loaders read side by side (`zip`), name the one `data` came from: `loader=`.
         """
-        size, real = self._batch_info.size, self._batch_info.num_real
+        info = self._batch_records.current() if loader is None else loader.batch_info
+        size, real = info.size, info.num_real
         trim = size is not None and real is not None and real < size
 
         def cut(t: torch.Tensor) -> torch.Tensor:

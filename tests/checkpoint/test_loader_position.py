@@ -1,5 +1,8 @@
 """PreparedLoader's data position: saved as a global count, resumed with the very next batch on any
 world size. Pure: each rank's loader is built from an explicit context, no processes needed."""
+import weakref
+from typing import Any
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -37,16 +40,24 @@ def loaders(world: int, n: int = 48, global_batch: int = 12, custom: bool = Fals
     return out
 
 
+_OPEN: "weakref.WeakKeyDictionary[PreparedLoader, Any]" = weakref.WeakKeyDictionary()
+
+
 def global_steps(per_rank: list[PreparedLoader], num_steps: int | None = None) -> list[list[int]]:
-    """The samples of each global step (all ranks' batches of that step, sorted), one pass."""
-    iters = [iter(loader) for loader in per_rank]
+    """The samples of each global step (all ranks' batches of that step, sorted), one pass.
+
+    A pass stopped after `num_steps` stays open, as a training loop's iterator does while it saves
+    (a pass whose iterator is dropped is left: its position becomes the next epoch's start)."""
+    iters = [_OPEN.pop(loader, None) or iter(loader) for loader in per_rank]
     steps = []
     while num_steps is None or len(steps) < num_steps:
         try:
             batches = [next(it)[0].tolist() for it in iters]
         except StopIteration:
-            break
+            return steps
         steps.append(sorted(i for b in batches for i in b))
+    for loader, it in zip(per_rank, iters):
+        _OPEN[loader] = it
     return steps
 
 

@@ -76,8 +76,17 @@ def test_what_has_no_global_batch_is_refused_with_the_fix():
         per_rank_batch_size(8, 2, shard=False)
     with pytest.raises(ValueError, match=r"no batch_size \(a custom batch_sampler"):
         PreparedLoader(DataLoader(data, batch_sampler=[[0, 1], [2, 3]]), DistContext(), split_batches=True)
-    with pytest.raises(ValueError, match=r"custom sampler, whose batches of 4 phalanx deals whole"):
-        PreparedLoader(DataLoader(data, batch_size=4, sampler=list(range(8))), DistContext(), split_batches=True)
+
+
+
+def test_a_custom_sampler_splits_its_global_batch():
+    """A sampler phalanx keeps is dealt index by index: a step's global batch is one batch of its draw."""
+    data = TensorDataset(torch.arange(8))
+    order = [7, 6, 5, 4, 3, 2, 1, 0]
+    steps = [[sorted(b[0].tolist()) for b in PreparedLoader(DataLoader(data, batch_size=4, sampler=order),
+                                                           DistContext(rank=r, world_size=2), split_batches=True)]
+             for r in range(2)]
+    assert [sorted(a + b) for a, b in zip(*steps)] == [[4, 5, 6, 7], [0, 1, 2, 3]]
 
 
 class Stream(IterableDataset):

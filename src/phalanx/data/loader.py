@@ -4,17 +4,18 @@ from __future__ import annotations
 import enum
 import itertools
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
+from phalanx.data.batch_records import BatchInfo, BatchRecords
 from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, lend_batch
-from phalanx.data.iterable import ShardedIterable
+from phalanx.data.streams import stream_for_rank
 from phalanx.data.sample_seeds import SampleSeeded
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.data.split_batches import per_rank_batch_size
+from phalanx.data.user_sampler import UserSampler, check_same_draw
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
@@ -31,16 +32,6 @@ class Equalising(enum.Enum):
     FIXED = "fixed"  # by construction: DistributedSampler padding or drop_last, or a world of one
     COUNT = "count"  # ranks agree on a count at the start of each pass (pre-split data, shard=False)
     STEP = "step"  # ranks agree at every step whether anyone still has data (streams)
-
-
-@dataclass
-class BatchInfo:
-    """What the loader knows of the batch it yielded last; read by gather_for_metrics."""
-
-    size: int | None = None  # samples in the batch on this rank
-    num_real: int | None = None  # of those, how many are not padding repeats
-    left: int | None = None  # batches left in the pass, this one included (None: unknown); ends
-    # gradient accumulation cycles with the epoch
 
 
 class PreparedLoader:
@@ -65,13 +56,14 @@ class PreparedLoader:
     """
 
     def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
-                 device_placement: bool = True, batch_info: BatchInfo | None = None,
+                 device_placement: bool = True, batch_records: BatchRecords | None = None,
                  shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True,
                  on_batch: Callable[[Any], None] | None = None, split_batches: bool = False):
         self.original = loader
         self.ctx = ctx
         self.device_placement = device_placement
-        self.batch_info = batch_info if batch_info is not None else BatchInfo()
+        self.batch_info = BatchInfo()  # this loader's own: loaders used together stay independent
+        self.batch_records = batch_records if batch_records is not None else BatchRecords()
         self.progress = progress
         self.on_batch = on_batch  # sees each batch before it moves to the device (throughput counts)
         self.epoch = 0  # the epoch the next pass will use
@@ -81,8 +73,7 @@ class PreparedLoader:
         # ranks share out, so results do not depend on the world size.
         batch_size = loader.batch_size
         if split_batches:  # refused here, before any data is read, when the global batch does not divide
-            batch_size = per_rank_batch_size(loader.batch_size, ctx.dp_size, shard=shard,
-                                             custom_sampler=_deals_whole_batches(loader))
+            batch_size = per_rank_batch_size(loader.batch_size, ctx.dp_size, shard=shard)
         self.loader = _shard(loader, ctx, seed, rank_aware_workers, batch_size) if shard else loader
         # A loader with its own state_dict (torchdata's StatefulDataLoader): its state is what a
         # checkpoint stores, per rank, and it resumes itself mid-epoch.
@@ -94,6 +85,8 @@ class PreparedLoader:
             self._worker_generator = loader.generator = torch.Generator()
         # Positions count per-rank batches when phalanx did not deal the data out by index.
         self.per_rank_positions = not shard or isinstance(loader.dataset, IterableDataset)
+        if shard and ctx.is_distributed and (draw := self._draw()) is not None:
+            check_same_draw(draw, gather_ints)  # the ranks deal out one draw: it must be the same everywhere
         self.drop = _drops_last(self.loader)
         self.mode = _equalising_mode(self.loader, ctx, shard)
         self._num_batches = agree_num_batches(len(self.loader), self.drop) if self.mode is Equalising.COUNT else None
@@ -130,19 +123,36 @@ class PreparedLoader:
     # ---- checkpointing: the data position as a global count, valid on any world size ----------
     def state_dict(self) -> dict[str, Any]:
         """Epoch and how much of it all ranks together consumed (a yielded batch counts as consumed)."""
-        try:
-            total = len(self)
-        except TypeError:  # a stream without __len__: the pass ends when the stream does
-            total = None
-        if self._position is not None and (total is None or self._position[1] < total):
-            epoch, done = self._position
+        if self.mid_epoch():
+            epoch, done = self._position  # type: ignore[misc]
         else:  # between passes, or the last batch was yielded: the next pass starts at its beginning
             epoch, done = self.epoch, 0
         per_rank = self.per_rank_positions or self.stateful
         unit, consumed = _global_count(self.loader, per_rank, done, self.ctx.dp_size)
         _, per_step = _global_count(self.loader, per_rank, 1, self.ctx.dp_size)
-        return {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.dp_size,
-                "global_batch": per_step}
+        state = {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.dp_size,
+                 "global_batch": per_step}
+        draw = self._draw()
+        if draw is not None and (generator := draw.state(mid_epoch=done > 0)) is not None:
+            state["draw"] = generator  # the user's sampler generator: the epoch's draw is reproduced
+        return state
+
+    def _draw(self) -> Any:
+        """The EpochDraw of a sampler phalanx kept (it holds the user's generator state), if any."""
+        for s in (self.loader.sampler, self.loader.batch_sampler):
+            if isinstance(s, (UserSampler, BatchShardSampler)):
+                return s.draw
+        return None
+
+    def mid_epoch(self) -> bool:
+        """Whether a pass is in progress with batches still to come (a checkpoint resumes inside it)."""
+        if self._position is None:  # between passes, or the script left the last one (break)
+            return False
+        try:
+            total = len(self)
+        except TypeError:  # a stream without __len__: the pass ends when the stream does
+            return True
+        return self._position[1] < total
 
     def stateful_state(self) -> "StatefulLoaderState":
         """The user loader's own state, as a per-rank checkpoint entry (stateful loaders only)."""
@@ -153,6 +163,9 @@ class PreparedLoader:
         skip = _batches_to_skip(self.loader, self.per_rank_positions or self.stateful, state, self.ctx.dp_size)
         self.epoch = int(state["epoch"])
         self._resume = (self.epoch, skip) if skip else None
+        draw = self._draw()
+        if draw is not None:
+            draw.restore(state.get("draw"))
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.epoch
@@ -160,7 +173,7 @@ class PreparedLoader:
         skip = self._resume[1] if self._resume is not None and self._resume[0] == epoch else 0
         self._resume = None
         self._position = (epoch, skip)
-        for s in (self.loader.sampler, self.loader.batch_sampler):
+        for s in (self.loader.sampler, self.loader.batch_sampler, self.loader.dataset):
             if hasattr(s, "set_epoch"):
                 s.set_epoch(epoch)
         if self._worker_generator is not None:
@@ -182,26 +195,33 @@ class PreparedLoader:
         index = skip
         total = self._pass_length()
         batches = iter(batches)
-        while True:
-            if progress is not None:
-                progress.before_batch()  # before the read: a preemption stops exactly between steps
-            item = next(batches, None)
-            if item is None:
-                break
-            batch, real = item
-            self.batch_info.size, self.batch_info.num_real = _batch_len(batch), real
-            self.batch_info.left = None if total is None else total - index
-            index += 1
-            self._position = (epoch, index)
-            if progress is not None:
-                progress.next_step()
-            if self.on_batch is not None:
-                self.on_batch(batch)
-            yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
-            if progress is not None:
-                progress.enter(Phase.DATA)
-        self.batch_info.size = self.batch_info.num_real = self.batch_info.left = None
-        self._position = None  # the pass is complete: a checkpoint now starts the next one
+        try:
+            while True:
+                if progress is not None:
+                    progress.before_batch()  # before the read: a preemption stops exactly between steps
+                item = next(batches, None)
+                if item is None:
+                    break
+                batch, real = item
+                self.batch_info.size, self.batch_info.num_real = _batch_len(batch), real
+                self.batch_info.left = None if total is None else total - index
+                self.batch_records.yielded(self.batch_info)
+                index += 1
+                self._position = (epoch, index)
+                if progress is not None:
+                    progress.next_step()
+                if self.on_batch is not None:
+                    self.on_batch(batch)
+                yield move_to_device(batch, self.ctx.device) if self.device_placement else batch
+                if progress is not None:
+                    progress.enter(Phase.DATA)
+        finally:
+            # The pass is complete, or the script left it (`break`: the loop dropped its iterator): a
+            # checkpoint now starts the next epoch, not the rest of the abandoned one.
+            self.batch_info.clear()
+            self.batch_records.ended(self.batch_info)
+            if self._position is not None and self._position[0] == epoch:
+                self._position = None
 
     def _pass_length(self) -> int | None:
         """Batches a pass yields, when known before it ends (not for streams)."""
@@ -279,6 +299,9 @@ def is_stateful(loader: DataLoader) -> bool:
         and callable(getattr(loader, "load_state_dict", None))
 
 
+_FINISHED = "_iterator_finished"  # torchdata's key: the loader's iterator has ended its pass
+
+
 class StatefulLoaderState:
     """A stateful loader's own state_dict, saved in each rank's checkpoint file (positions, worker
     and dataset states are per rank)."""
@@ -287,7 +310,12 @@ class StatefulLoaderState:
         self.prepared = prepared
 
     def state_dict(self) -> dict[str, Any]:
-        return self.prepared.loader.state_dict()
+        state = self.prepared.loader.state_dict()
+        if not self.prepared.mid_epoch() and _FINISHED in state:
+            # Saved on the epoch's last batch, or after leaving the epoch: the loader's own state still
+            # holds the pass as unfinished and would resume with its (empty) rest, skipping an epoch.
+            state[_FINISHED] = True
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.prepared.loader.load_state_dict(state)
@@ -304,6 +332,11 @@ def _global_count(loader: DataLoader, per_rank: bool, done: int, world_size: int
 
 def _ranks(n: int) -> str:
     return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def _or(values: list[int]) -> str:
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], world_size: int) -> int:
@@ -329,6 +362,13 @@ def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], 
                              "map-style Dataset sharded by phalanx")
         return consumed
     per_step = world_size * (int(loader.batch_size) if unit == "samples" else 1)
+    if consumed % per_step and unit == "batches":  # a batch sampler's batches go whole, one per rank a step
+        worlds = [n for n in range(1, consumed + 1) if consumed % n == 0]
+        raise ValueError(
+            f"the checkpoint's data position ({consumed} batches of the batch sampler into epoch {state['epoch']}) "
+            f"is not a whole number of steps of {per_step} batches (a step deals one whole batch to each of the "
+            f"{_ranks(world_size)}). HINT: resume on {_or(worlds)} ranks, or save where the position divides "
+            f"(it was {_ranks(saved_world)})")
     if consumed % per_step:
         raise ValueError(
             f"the checkpoint's data position ({consumed} {unit} into epoch {state['epoch']}) is not a whole "
@@ -410,7 +450,7 @@ class _SkipFirst:
 
 def _real_samples(loader: DataLoader) -> int | None:
     sampler = loader.sampler
-    if isinstance(sampler, ShardedSampler):
+    if isinstance(sampler, (ShardedSampler, UserSampler)):
         return sampler.num_real_samples
     return None
 
@@ -447,10 +487,10 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     generator = torch.Generator()
     generator.manual_seed(seed)
     if isinstance(dataset, IterableDataset):
-        # Workers of an unwrapped IterableDataset each replay the whole stream: shard per worker
-        # too, even in a world of one.
-        return _build(ShardedIterable(dataset, ctx.dp_rank, ctx.dp_size), batch_size=batch_size,
-                      drop_last=loader.drop_last, generator=generator, **kwargs)
+        stream = stream_for_rank(dataset, ctx, seed, loader.num_workers)
+        if stream is None:  # it shards itself by rank or worker: sharding it again would lose data
+            return loader
+        return _build(stream, batch_size=batch_size, drop_last=loader.drop_last, generator=generator, **kwargs)
     tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)
     if tag_epoch:
         dataset = SampleSeeded(dataset, seed)
@@ -462,7 +502,12 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
         )
         return _build(dataset, batch_size=batch_size, sampler=sharded,
                       drop_last=loader.drop_last, generator=generator, **kwargs)
-    # A custom sampler or batch sampler: deal its whole batches to ranks.
+    if _deals_indices(loader):  # the user's own sampler: its draw is kept, dealt index by index
+        kept = UserSampler(loader.sampler, ctx.dp_size, ctx.dp_rank, seed=seed, drop_last=loader.drop_last,
+                           tag_epoch=tag_epoch)
+        return _build(dataset, batch_size=batch_size, sampler=kept, drop_last=loader.drop_last,
+                      generator=generator, **kwargs)
+    # A custom batch sampler: deal its whole batches to ranks.
     batch_sampler = loader.batch_sampler
     if batch_sampler is None:  # batch_size=None: the sampler yields single samples
         raise ValueError(
@@ -470,7 +515,8 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
             "Give it a batch_size (or a batch_sampler) so batches can be dealt to ranks."
         )
     drop_last = bool(getattr(batch_sampler, "drop_last", False))
-    shard = BatchShardSampler(batch_sampler, ctx.dp_size, ctx.dp_rank, drop_last=drop_last, tag_epoch=tag_epoch)
+    shard = BatchShardSampler(batch_sampler, ctx.dp_size, ctx.dp_rank, drop_last=drop_last, tag_epoch=tag_epoch,
+                              seed=seed)
     return _build(dataset, batch_sampler=shard, generator=generator, **kwargs)
 
 
@@ -492,14 +538,21 @@ def _default_shuffle(loader: DataLoader) -> bool | None:
     (torch's or, for a StatefulDataLoader, torchdata's); None for a custom sampler."""
     if loader.batch_size is None or not _is(loader.batch_sampler, BatchSampler):
         return None
-    if isinstance(loader.sampler, RandomSampler) or _is(loader.sampler, RandomSampler):
-        return True
-    return False if isinstance(loader.sampler, SequentialSampler) else None
+    sampler = loader.sampler
+    if isinstance(sampler, RandomSampler) or _is(sampler, RandomSampler):
+        # Only shuffle=True's own sampler: replacement, num_samples or a generator of the user's
+        # change what is drawn, and are kept (user_sampler.UserSampler)
+        # (torchdata's own always holds a generator of its making)
+        plain = not sampler.replacement and sampler._num_samples is None \
+            and (sampler.generator is None or type(sampler).__module__ == _TORCHDATA_SAMPLERS)
+        return True if plain else None
+    return False if type(sampler) is SequentialSampler or _is(sampler, SequentialSampler) else None
 
 
-def _deals_whole_batches(loader: DataLoader) -> bool:
-    """A map-style loader whose sampler phalanx cannot rebuild index-wise: its batches go whole to ranks."""
-    return not isinstance(loader.dataset, IterableDataset) and _default_shuffle(loader) is None
+def _deals_indices(loader: DataLoader) -> bool:
+    """A sampler phalanx keeps (custom, weighted, with replacement...) under DataLoader's own BatchSampler:
+    its draw is dealt index by index (UserSampler)."""
+    return loader.batch_size is not None and _is(loader.batch_sampler, BatchSampler)
 
 
 def _drops_last(loader: DataLoader) -> bool:

@@ -8,6 +8,7 @@ from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from phalanx.data.sample_seeds import tag
+from phalanx.data.user_sampler import EpochDraw
 
 
 class ShardedSampler(DistributedSampler):
@@ -38,16 +39,18 @@ class ShardedSampler(DistributedSampler):
 class BatchShardSampler(Sampler[list[int]]):
     """Deal whole batches of any batch sampler to ranks round-robin: batch i goes to rank i % world.
 
-    Used for custom samplers / batch samplers that the loader cannot rebuild index-wise. All
-    ranks must produce the same batch sequence (seed your sampler identically). Ranks always get
+    Used for custom batch samplers, whose batches the loader cannot rebuild index-wise. Each epoch's
+    batches are drawn the same on every rank and reproduced on resume (user_sampler.EpochDraw: a
+    generator of the sampler's own must be seeded identically on every rank). Ranks always get
     the same number of batches: short ranks repeat the first batches (marked as padding) unless
     `drop_last`, which drops the incomplete round instead. With `tag_epoch`, indices are yielded
     as SampleKeys that carry the epoch (for per-sample seeds in workers).
     """
 
     def __init__(self, batch_sampler: Sampler[list[int]], num_replicas: int, rank: int, drop_last: bool = False,
-                 tag_epoch: bool = False):
+                 tag_epoch: bool = False, seed: int = 0):
         self.batch_sampler = batch_sampler
+        self.draw = EpochDraw(batch_sampler, seed)
         self.tag_epoch = tag_epoch
         self.epoch = 0
         self.num_replicas = num_replicas
@@ -62,7 +65,7 @@ class BatchShardSampler(Sampler[list[int]]):
         return math.ceil(total / self.num_replicas)
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches: Sequence[list[int]] = list(self.batch_sampler)
+        batches: Sequence[list[int]] = self.draw(self.epoch)
         per_rank = len(self)
         needed = per_rank * self.num_replicas
         flags = [False] * min(len(batches), needed)

@@ -10,8 +10,7 @@ the difference was the other option, and it was not taken (docs/elastic.md says 
 from __future__ import annotations
 
 
-def per_rank_batch_size(batch_size: int | None, dp_size: int, *, shard: bool = True,
-                        custom_sampler: bool = False) -> int:
+def per_rank_batch_size(batch_size: int | None, dp_size: int, *, shard: bool = True) -> int:
     """`batch_size / dp_size`, or a ValueError that says which sizes would divide."""
     if not shard:
         raise ValueError(
@@ -23,11 +22,6 @@ def per_rank_batch_size(batch_size: int | None, dp_size: int, *, shard: bool = T
             "split_batches: this DataLoader has no batch_size (a custom batch_sampler, or batch_size=None), "
             "so there is no global batch to split. HINT: build it with batch_size=GLOBAL_BATCH (and "
             "shuffle or sampler), or turn split_batches off: a batch sampler's batches are dealt whole to ranks")
-    if custom_sampler:
-        raise ValueError(
-            f"split_batches: this DataLoader has a custom sampler, whose batches of {batch_size} phalanx deals "
-            "whole to ranks (a step takes one per rank), so there is no global batch to split. HINT: use "
-            "DataLoader(shuffle=True/False) with batch_size=GLOBAL_BATCH, or turn split_batches off")
     if batch_size % dp_size:
         raise ValueError(not_dividing_message(batch_size, dp_size))
     return batch_size // dp_size

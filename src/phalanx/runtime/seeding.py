@@ -11,8 +11,10 @@ draws does not depend on the worker that loads it, and a mid-epoch resume is exa
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import warnings
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -71,10 +73,43 @@ def seed_sample(seed: int, epoch: int, index: int) -> None:
     (seed, epoch, index) and independent of the rank and the worker, so the same sample gets the same
     draws on any number of ranks or workers. About 15 microseconds.
     """
-    value = _seed63(seed, epoch, index, _SAMPLE)
+    seed_cpu_rngs(_seed63(seed, epoch, index, _SAMPLE))  # CPU only: a worker process has no device streams
+
+
+def shared_seed(seed: int, epoch: int, purpose: int) -> int:
+    """A seed every rank and worker derives alike for `epoch` (a sampler's draw, a stream's shuffle):
+    the same on any world size, distinct per (seed, epoch, purpose)."""
+    return _seed63(seed, epoch, purpose)
+
+
+@contextlib.contextmanager
+def seeded_rngs(value: int) -> Iterator[None]:
+    """Run the block with `random`, NumPy and torch's CPU generator seeded with `value`, and give the
+    surrounding code its streams back afterwards (the model's randomness is not disturbed)."""
+    saved = cpu_rng_states()
+    seed_cpu_rngs(value)
+    try:
+        yield
+    finally:
+        set_cpu_rng_states(saved)
+
+
+def seed_cpu_rngs(value: int) -> None:
+    """Seed `random`, NumPy's global generator and torch's CPU generator with `value`."""
     random.seed(value)
     np.random.seed(value % 2**32)
-    torch.default_generator.manual_seed(value)  # CPU only: a worker process has no device streams
+    torch.default_generator.manual_seed(value)
+
+
+def cpu_rng_states() -> tuple:
+    """The states of `random`, NumPy's global generator and torch's CPU generator."""
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+
+def set_cpu_rng_states(states: tuple) -> None:
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])
 
 
 def seed_worker_generator(generator: torch.Generator, seed: int, rank: int, epoch: int) -> None:

@@ -1,0 +1,45 @@
+"""What each prepared loader knows of the batch it yielded last, and which loader a metric belongs to.
+
+Every prepared loader keeps its own record, so loaders used together stay independent: an eval loop
+inside the training loop, or `zip` of two loaders. `gather_for_metrics` reads the record of the
+innermost pass in progress (the loader that yielded last among those whose pass is not over), or the
+one of the loader it is given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(eq=False)
+class BatchInfo:
+    """What the loader knows of the batch it yielded last; read by gather_for_metrics."""
+
+    size: int | None = None  # samples in the batch on this rank
+    num_real: int | None = None  # of those, how many are not padding repeats
+    left: int | None = None  # batches left in the pass, this one included (None: unknown); ends
+    # gradient accumulation cycles with the epoch
+
+    def clear(self) -> None:
+        self.size = self.num_real = self.left = None
+
+
+class BatchRecords:
+    """The records of the loaders whose pass is in progress, the one that yielded last on top."""
+
+    def __init__(self) -> None:
+        self._open: list[BatchInfo] = []
+        self._none = BatchInfo()  # no pass in progress: nothing known, nothing trimmed
+
+    def yielded(self, info: BatchInfo) -> None:
+        """`info`'s loader just yielded a batch: its record is the current one."""
+        if self._open and self._open[-1] is info:
+            return
+        self.ended(info)
+        self._open.append(info)
+
+    def ended(self, info: BatchInfo) -> None:
+        """`info`'s loader ended (or left) its pass."""
+        self._open = [other for other in self._open if other is not info]
+
+    def current(self) -> BatchInfo:
+        return self._open[-1] if self._open else self._none
