@@ -18,7 +18,7 @@ PAGE = """<!doctype html>
  #straggler.none { font-weight: normal; color: #2a7a2a; }
  #verdict { white-space: pre-wrap; color: #a00; font-family: monospace; }
  .plots { display: flex; flex-wrap: wrap; gap: 1em; }
- .plot { width: 31em; height: 17em; }
+ .plot { width: 27em; height: 16em; }
 </style></head>
 <body>
 <h1>phalanx: watching a job</h1>
@@ -33,6 +33,7 @@ const QS = "__QS__";
 function cell(row, text) { const td = document.createElement("td"); td.textContent = text; row.appendChild(td); }
 function state(r) {
   if (r.state === "silent") return "silent " + Math.round(r.silent_s) + " s (" + r.phase + ", step " + r.step + ")";
+  if (r.state === "no progress") return "no progress " + Math.round(r.still_s) + " s (" + r.phase + ", step " + r.step + ")";
   return r.state || "running";
 }
 function mem(n) { return n == null ? "-" : (n / 1048576).toFixed(1) + " MiB"; }

@@ -64,6 +64,7 @@ class Exchange:
         self._beat = 0
         self._peers: list[dict[str, Any] | None] = [None] * world_size
         self._seen: list[tuple[int, float]] = [(-1, time.monotonic())] * world_size  # (beat, when it changed)
+        self._moved: list[tuple[int, float]] = [(-2, time.monotonic())] * world_size  # (step, when it changed)
         self._steps: list[dict[int, dict[str, float]]] = [{} for _ in range(world_size)]
         self._last_local = 0.0
         self.ended = False
@@ -114,6 +115,8 @@ class Exchange:
         now = time.monotonic()
         if summary["beat"] != self._seen[r][0]:
             self._seen[r] = (summary["beat"], now)
+        if summary["step"] != self._moved[r][0]:
+            self._moved[r] = (summary["step"], now)
         self._peers[r] = summary
         merged = self._steps[r]
         for step, times in summary.pop("steps"):
@@ -137,12 +140,14 @@ class Exchange:
                 ranks.append({"rank": r, "host": None, "local_rank": None, "step": None, "phases": {},
                               "state": "waiting"})
                 continue
-            silent_s = now - self._seen[r][1]
+            silent_s, still_s = now - self._seen[r][1], now - self._moved[r][1]
             state = {"failed": "failed", "exit": "left"}.get(peer["phase"], "running")
             if state == "running" and silent_s > SILENT_AFTER_S:
-                state = "silent"
-            ranks.append({**{k: v for k, v in peer.items() if k not in ("beat", "pid")},
-                          "state": state, "silent_s": round(silent_s, 1)})
+                state = "silent"  # no summary: the process died or hangs whole
+            elif state == "running" and still_s > SILENT_AFTER_S and self.anatomy.num_steps:
+                state = "no progress"  # alive, its step unchanged (stalled, or waiting for a rank that is)
+            ranks.append({**{k: v for k, v in peer.items() if k not in ("beat", "pid", "final")},
+                          "state": state, "silent_s": round(silent_s, 1), "still_s": round(still_s, 1)})
         straggler = self.watch.current
         metrics = self.last_metrics()
         return {"time": time.time(), "attempt": self.attempt, "world_size": self.world_size,

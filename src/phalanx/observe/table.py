@@ -29,10 +29,13 @@ def _phase_names(ranks: list[dict[str, Any]]) -> list[str]:
 
 
 def rank_state(rank: dict[str, Any]) -> str:
-    """`running`, or what is wrong: `silent 12 s (backward, step 40)`, `failed`, `left`."""
+    """`running`, or what is wrong: `silent 12 s (backward, step 40)`, `no progress 8 s (...)`,
+    `failed`, `left`."""
     state = rank.get("state", "running")
     if state == "silent":
         return f"silent {rank.get('silent_s', 0):.0f} s ({rank.get('phase')}, step {rank.get('step')})"
+    if state == "no progress":
+        return f"no progress {rank.get('still_s', 0):.0f} s ({rank.get('phase')}, step {rank.get('step')})"
     return state
 
 
