@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from typing import Any, Callable
 
@@ -162,7 +163,12 @@ class Exchange:
     def finish(self) -> None:
         """At exit on rank 0: the status says the job ended (top and the page stop waiting)."""
         self.ended = True
-        self.write_status()
+        if self.world_size == 1:
+            self._receive(self.summary())
+        try:
+            self.write_status()
+        except OSError as error:  # the run dir went away first (a test's temporary folder)
+            print(f"phalanx: could not write the job's last status: {error}", file=sys.stderr)
 
     def phase_table(self) -> str:
         """The exit summary: ms per step of each column on each rank, over the whole run."""

@@ -27,6 +27,9 @@ def start(progress: Any, watchdog: Any, *, rank: int, world_size: int, local_ran
         watchdog.on_report.append(lambda report: _keep_verdict(run_dir, report))
     elif world_size == 1:
         anatomy.on_step.append(exchange.tick_alone)
+    # A later Phalanx() in this process takes over (as the watchdog does): one exit hook at a time.
+    atexit.unregister(_at_exit)
+    atexit.unregister(_publish_last)
     if rank == 0 and (watchdog is not None or world_size == 1):
         atexit.register(_at_exit, exchange, logger, watchdog)
     elif watchdog is not None:  # before the watchdog leaves (atexit runs last registered first)
@@ -61,10 +64,10 @@ def _keep_verdict(run_dir: str, report: str) -> None:
 
 
 def _at_exit(exchange: Exchange, logger: Any, watchdog: Any) -> None:
-    if watchdog is None:
-        exchange.tick_alone(exchange.anatomy.step, force=True)
-    else:
-        _collect_last(exchange, watchdog.store.underlying_store)
+    if watchdog is None:  # a world of one: its status only (no peers to compare in a table)
+        exchange.finish()
+        return
+    _collect_last(exchange, watchdog.store.underlying_store)
     table = exchange.phase_table()
     if table:
         logger.info("%s", table)
