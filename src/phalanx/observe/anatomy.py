@@ -34,7 +34,8 @@ CATEGORY: dict[str, str] = {
 # (px.busy) sits with `other`: the script's own code between forward and backward.
 ORDER: tuple[str, ...] = (DATA, FORWARD, OTHER, BACKWARD, PIPELINE, COLLECTIVES, OPTIMIZER)
 
-KEEP = 200  # steps kept for publishing (the judge looks at the last 100)
+KEEP = 200  # recent steps kept, for the figures `phalanx top` shows
+SAMPLED = 100  # steps kept for the straggler judge (every `stride`-th: see observe/exchange.py)
 
 
 def rank_order(phases: "list[str] | set[str]") -> list[str]:
@@ -57,6 +58,8 @@ class StepAnatomy:
         self._step = -1
         self._open = False  # a step is in progress (its batch arrived, the next not yet asked for)
         self.steps: collections.deque[tuple[int, dict[str, float]]] = collections.deque(maxlen=KEEP)
+        self.sampled: collections.deque[tuple[int, dict[str, float]]] = collections.deque(maxlen=SAMPLED)
+        self.stride = 1  # `sampled` keeps the steps whose number it divides (set by the exchange)
         self.totals: dict[str, float] = {}  # seconds per column over every finished step
         self.num_steps = 0
         self.on_step: list[Callable[[int], None]] = []  # after each finished step, on the main thread
@@ -76,6 +79,8 @@ class StepAnatomy:
             self._open = False
             done = self._current
             self.steps.append((self._step, done))
+            if self._step % self.stride == 0:
+                self.sampled.append((self._step, done))
             for name, seconds in done.items():
                 self.totals[name] = self.totals.get(name, 0.0) + seconds
             self.num_steps += 1

@@ -9,6 +9,7 @@ most once a second, at a step boundary.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -17,10 +18,13 @@ from typing import Any, Callable
 
 from phalanx import store_keys
 from phalanx.observe import records
-from phalanx.observe.anatomy import StepAnatomy, rank_order
-from phalanx.observe.straggler import WINDOW, StragglerWatch, assess
+from phalanx.observe.anatomy import SAMPLED, StepAnatomy, rank_order
+from phalanx.observe.straggler import WINDOW, Judge, StragglerWatch
 
-PUBLISHED_STEPS = WINDOW  # steps in each summary: enough for rank 0 to miss a few heartbeats
+PUBLISHED_STEPS = SAMPLED  # steps in each summary: enough for rank 0 to miss a few heartbeats
+SPAN_S = 3.0  # the published steps span at least this long: summaries published at different
+# moments of a second still share steps. Faster jobs publish every S-th step (S a power of two
+# from the step rate), the same steps on every rank.
 SILENT_AFTER_S = 5.0  # a peer whose summary has not changed for this long shows as silent
 
 
@@ -35,6 +39,13 @@ def memory_bytes(device: Any) -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def stride(steps_per_s: float | None) -> int:
+    """Publish every stride-th step: PUBLISHED_STEPS of them span at least SPAN_S seconds."""
+    if not steps_per_s or steps_per_s * SPAN_S <= PUBLISHED_STEPS:
+        return 1
+    return 1 << math.ceil(math.log2(steps_per_s * SPAN_S / PUBLISHED_STEPS))
 
 
 def summarise(steps: list[tuple[int, dict[str, float]]]) -> tuple[dict[str, float], float | None]:
@@ -67,6 +78,7 @@ class Exchange:
         self._seen: list[tuple[int, float]] = [(-1, time.monotonic())] * world_size  # (beat, when it changed)
         self._moved: list[tuple[int, float]] = [(-2, time.monotonic())] * world_size  # (step, when it changed)
         self._steps: list[dict[int, dict[str, float]]] = [{} for _ in range(world_size)]
+        self._judge = Judge(world_size)
         self._last_local = 0.0
         self.ended = False
 
@@ -75,11 +87,12 @@ class Exchange:
         self._beat += 1
         steps = list(self.anatomy.steps)[-PUBLISHED_STEPS:]
         phases, rate = summarise(steps)
+        self.anatomy.stride = stride(rate)
         return {"rank": self.rank, "host": self.host, "local_rank": self.local_rank, "pid": os.getpid(),
                 "beat": self._beat, "step": self.anatomy.step, "phase": str(self.phase()), "phases": phases,
                 "steps_per_s": rate, "memory": memory_bytes(self.device), "num_steps": self.anatomy.num_steps,
                 "totals": {p: round(s, 4) for p, s in self.anatomy.totals.items()},
-                "steps": [[s, {p: round(v, 6) for p, v in t.items()}] for s, t in steps]}
+                "steps": [[s, {p: round(v, 6) for p, v in t.items()}] for s, t in list(self.anatomy.sampled)]}
 
     def tick(self, store: Any) -> None:
         """The watchdog's heartbeat: publish this rank's summary; rank 0 also collects and judges."""
@@ -127,7 +140,8 @@ class Exchange:
 
     def _judge_and_write(self) -> None:
         where = [(p["host"], p["local_rank"]) if p else ("?", -1) for p in self._peers]
-        for line in self.watch.update(assess(self._steps), where):
+        self._judge.add(self._steps)
+        for line in self.watch.update(self._judge.assess(), where):
             self.warn(line)
             records.append_line(self.run_dir, records.STRAGGLERS,
                                {"time": time.time(), "step": self.anatomy.step, "message": line})

@@ -51,44 +51,79 @@ def _lower_median(values: Sequence[float]) -> float:
     return sorted(values)[(len(values) - 1) // 2]
 
 
+@dataclass(frozen=True)
+class StepVerdict:
+    """One step judged: how far each rank fell behind the median, and its excess per column."""
+
+    leads_ms: tuple[float, ...]
+    excess_ms: tuple[dict[str, float], ...]
+    step_ms: float
+
+    @property
+    def slowest(self) -> int:
+        return max(range(len(self.leads_ms)), key=self.leads_ms.__getitem__)
+
+
+def judge_step(times: Sequence[StepTimes]) -> StepVerdict:
+    """Judge one step from each rank's column times."""
+    order = rank_order({p for t in times for p in t})
+    num_ranks = len(times)
+    running = [0.0] * num_ranks
+    best = [0.0] * num_ranks
+    excess: list[dict[str, float]] = [{} for _ in times]
+    for phase in order:
+        own = [t.get(phase, 0.0) for t in times]
+        median = _lower_median(own)
+        for r, value in enumerate(own):
+            excess[r][phase] = 1000 * (value - median)
+            running[r] += value
+        median_running = _lower_median(running)
+        for r in range(num_ranks):
+            best[r] = max(best[r], running[r] - median_running)
+    return StepVerdict(tuple(1000 * b for b in best), tuple(excess), 1000 * _lower_median(running))
+
+
+class Judge:
+    """Judges each step once, when every rank has reported it, and assesses the last `window`."""
+
+    def __init__(self, num_ranks: int, window: int = WINDOW):
+        self.num_ranks, self.window = num_ranks, window
+        self.steps: dict[int, StepVerdict] = {}
+
+    def add(self, ranks: Sequence[Mapping[int, StepTimes]]) -> None:
+        common = set(ranks[0])
+        for steps in ranks[1:]:
+            common &= set(steps)
+        for step in common - set(self.steps):
+            self.steps[step] = judge_step([steps[step] for steps in ranks])
+        for old in sorted(self.steps)[:-self.window]:
+            del self.steps[old]
+
+    def assess(self) -> Assessment | None:
+        """The most often slowest rank of the last `window` judged steps; None with fewer than
+        MIN_STEPS of them or fewer than two ranks."""
+        chosen = [self.steps[s] for s in sorted(self.steps)[-self.window:]]
+        if self.num_ranks < 2 or len(chosen) < min(MIN_STEPS, self.window):
+            return None
+        slowest = [v.slowest for v in chosen]
+        rank = max(range(self.num_ranks), key=slowest.count)
+        excess: dict[str, float] = {}
+        for v in chosen:
+            for phase, ms in v.excess_ms[rank].items():
+                excess[phase] = excess.get(phase, 0.0) + ms
+        phase = max(excess, key=excess.__getitem__)
+        return Assessment(rank=rank, share=slowest.count(rank) / len(chosen), num_steps=len(chosen),
+                          lead_ms=statistics.median(v.leads_ms[rank] for v in chosen), phase=phase,
+                          excess_ms=excess[phase] / len(chosen), step_ms=statistics.median(v.step_ms for v in chosen))
+
+
 def assess(ranks: Sequence[Mapping[int, StepTimes]], window: int = WINDOW) -> Assessment | None:
-    """Judge the last `window` steps that every rank has reported (`ranks[r][step]`); None with
-    fewer than MIN_STEPS of them or fewer than two ranks."""
+    """Judge the last `window` steps that every rank has reported (`ranks[r][step]`) at once."""
     if len(ranks) < 2:
         return None
-    common = set(ranks[0])
-    for steps in ranks[1:]:
-        common &= set(steps)
-    chosen = sorted(common)[-window:]
-    if len(chosen) < min(MIN_STEPS, window):
-        return None
-    slowest: list[int] = []
-    leads: list[list[float]] = [[] for _ in ranks]
-    excess: list[dict[str, float]] = [{} for _ in ranks]
-    step_ms: list[float] = []
-    for step in chosen:
-        times = [steps[step] for steps in ranks]
-        order = rank_order({p for t in times for p in t})
-        running = [0.0] * len(ranks)
-        best = [0.0] * len(ranks)
-        for phase in order:
-            own = [t.get(phase, 0.0) for t in times]
-            median = _lower_median(own)
-            for r, value in enumerate(own):
-                excess[r][phase] = excess[r].get(phase, 0.0) + value - median
-                running[r] += value
-            median_running = _lower_median(running)
-            for r in range(len(ranks)):
-                best[r] = max(best[r], running[r] - median_running)
-        for r, lead in enumerate(best):
-            leads[r].append(lead * 1000)
-        slowest.append(max(range(len(ranks)), key=lambda r: best[r]))
-        step_ms.append(_lower_median(running) * 1000)
-    rank = max(range(len(ranks)), key=slowest.count)
-    phase = max(excess[rank], key=lambda p: excess[rank][p])
-    return Assessment(rank=rank, share=slowest.count(rank) / len(chosen), num_steps=len(chosen),
-                      lead_ms=statistics.median(leads[rank]), phase=phase,
-                      excess_ms=1000 * excess[rank][phase] / len(chosen), step_ms=statistics.median(step_ms))
+    judge = Judge(len(ranks), window)
+    judge.add(ranks)
+    return judge.assess()
 
 
 @dataclass(frozen=True)
