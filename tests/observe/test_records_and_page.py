@@ -23,7 +23,7 @@ def test_top_shows_a_row_per_rank_and_what_is_wrong_with_one(tmp_path):
     records.write_json(str(tmp_path), records.STATUS,
                        _status(straggler={"rank": 1, "phase": "data", "ms_per_step": 30.0},
                                rank1={"state": "silent", "silent_s": 12.0, "phase": "backward", "step": 7}))
-    records.write_text(str(tmp_path), records.VERDICT, "phalanx watchdog: rank 1 stalled at step 7")
+    records.write_text(str(tmp_path), records.verdict_name("0"), "phalanx watchdog: rank 1 stalled at step 7")
     status = records.read_status(str(tmp_path))
     screen = table.render(str(tmp_path), status, color=True)
     assert table.not_running_line(str(tmp_path), status) is None
@@ -59,7 +59,7 @@ def test_a_restart_keeps_the_earlier_attempt_s_rows_and_the_plots_go_on(tmp_path
     history.sample()
     page = history.page()
     assert page["running"] and page["status"]["attempt"] == "1"
-    assert [r["step"] for r in page["earlier"]["0"]] == [10, 10]
+    assert [r["step"] for r in page["earlier"]["0"]["ranks"]] == [10, 10]
     assert [(p["attempt"], p["step"]) for p in page["points"]] == [("0", 10), ("1", 3)]
 
 

@@ -58,16 +58,20 @@ function render(page) {
      ...phases.map(p => r.phases && p in r.phases ? r.phases[p].toFixed(1) : "-"), mem(r.memory)].forEach(v => cell(tr, v));
     body.appendChild(tr);
   });
-  Object.entries(page.earlier).forEach(([attempt, ranks]) => ranks.forEach(r => {
-    const tr = document.createElement("tr"); tr.className = "earlier";
-    [r.rank, r.host ?? "-", r.local_rank ?? "-", "attempt " + attempt + " ended", r.step ?? "-", "-",
-     ...phases.map(() => ""), mem(r.memory)].forEach(v => cell(tr, v));
-    body.appendChild(tr);
-  }));
+  let earlier = "";
+  Object.entries(page.earlier).forEach(([attempt, past]) => {
+    past.ranks.forEach(r => {
+      const tr = document.createElement("tr"); tr.className = "earlier";
+      [r.rank, r.host ?? "-", r.local_rank ?? "-", "attempt " + attempt + " ended (" + state(r) + ")", r.step ?? "-", "-",
+       ...phases.map(() => ""), mem(r.memory)].forEach(v => cell(tr, v));
+      body.appendChild(tr);
+    });
+    if (past.verdict) earlier += "attempt " + attempt + ": " + past.verdict + "\n";
+  });
   const line = document.getElementById("straggler");
   line.textContent = s.straggler_message || "straggler: none";
   line.className = s.straggler_message ? "" : "none";
-  document.getElementById("verdict").textContent = s.verdict || "";
+  document.getElementById("verdict").textContent = earlier + (s.verdict || "");
   const pts = page.points;
   const t = pts.map(p => new Date(p.time * 1000));
   const lossPts = pts.filter(p => p.loss != null);

@@ -19,7 +19,7 @@ class History:
         self.run_dir = run_dir
         self.interval_s = interval_s
         self.points: collections.deque[dict[str, Any]] = collections.deque(maxlen=KEEP_POINTS)
-        self.earlier: dict[str, list[dict[str, Any]]] = {}  # attempt -> its ranks' last rows
+        self.earlier: dict[str, dict[str, Any]] = {}  # attempt -> {"ranks": last rows, "verdict": ...}
         self.latest: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -50,7 +50,8 @@ class History:
         with self._lock:
             previous = self.latest
             if previous is not None and previous.get("attempt") != status.get("attempt"):
-                self.earlier[str(previous.get("attempt"))] = previous.get("ranks", [])
+                self.earlier[str(previous.get("attempt"))] = {"ranks": previous.get("ranks", []),
+                                                              "verdict": previous.get("verdict")}
             self.latest = status
             if previous is not None and previous.get("time") == status.get("time"):
                 return

@@ -4,7 +4,7 @@ read them (no torch here: the launcher side imports it).
 RUN_DIR/observe/status.json  the latest view of every rank, rewritten about once a second
                              (atomically: a reader never sees half a file)
 RUN_DIR/observe/stragglers.jsonl  one line per straggler named or let go
-RUN_DIR/observe/verdict.txt  the watchdog's report, when it stopped the job
+RUN_DIR/observe/verdict-ATTEMPT.txt  the watchdog's report, when it stopped that attempt of the job
 """
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ import time
 from typing import Any
 
 SUBDIR = "observe"
-STATUS, STRAGGLERS, VERDICT = "status.json", "stragglers.jsonl", "verdict.txt"
+STATUS, STRAGGLERS = "status.json", "stragglers.jsonl"
+
+
+def verdict_name(attempt: str) -> str:
+    """The watchdog's report for one attempt of the job (restarts write their own)."""
+    return f"verdict-{attempt}.txt"
+
+
 STALE_AFTER_S = 5.0  # a status older than this: the job is not running (or its rank 0 is stuck)
 
 
@@ -56,7 +63,7 @@ def read_status(run_dir: str) -> dict[str, Any] | None:
         return None
     status["age_s"] = max(0.0, time.time() - float(status.get("time", 0)))
     try:
-        with open(path(run_dir, VERDICT)) as f:
+        with open(path(run_dir, verdict_name(str(status.get("attempt"))))) as f:
             status["verdict"] = f.read().strip() or None
     except FileNotFoundError:
         status["verdict"] = None

@@ -24,7 +24,7 @@ def start(progress: Any, watchdog: Any, *, rank: int, world_size: int, local_ran
     progress.anatomy = anatomy
     if watchdog is not None:
         watchdog.add_listener(exchange.tick)
-        watchdog.on_report.append(lambda report: _keep_verdict(run_dir, report))
+        watchdog.on_report.append(lambda report: _keep_verdict(run_dir, attempt, report))
     elif world_size == 1:
         anatomy.on_step.append(exchange.tick_alone)
     # A later Phalanx() in this process takes over (as the watchdog does): one exit hook at a time.
@@ -56,9 +56,9 @@ def _collect_last(exchange: Exchange, store: Any, wait_s: float = 3.0) -> None:
         print(f"phalanx: the exit's step anatomy may miss ranks: {error}", file=sys.stderr)
 
 
-def _keep_verdict(run_dir: str, report: str) -> None:
+def _keep_verdict(run_dir: str, attempt: str, report: str) -> None:
     try:
-        records.write_text(run_dir, records.VERDICT, report.split("\nPython stack")[0])
+        records.write_text(run_dir, records.verdict_name(attempt), report.split("\nPython stack")[0])
     except OSError as error:  # the report itself still goes out: this is only its copy for the page
         print(f"phalanx: could not keep the watchdog's report in {run_dir}: {error}", file=sys.stderr)
 

@@ -16,6 +16,7 @@ parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--straggler", choices=("none", "data", "forward"), default="none")
 parser.add_argument("--delay-ms", type=float, default=40.0)
 parser.add_argument("--until", default=None)
+parser.add_argument("--stall-at", type=int, default=None)  # rank 1 stops there, on the first attempt only
 parser.add_argument("--step-sleep-ms", type=float, default=0.0)  # every rank: a slower, steadier job
 args = parser.parse_args()
 slow = int(os.environ.get("RANK", "0")) == 1
@@ -44,8 +45,17 @@ px = Phalanx(strategy="ddp", seed=0)
 data = TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
 model, opt, loader = px.prepare(Net(), torch.optim.SGD(Net().parameters(), lr=0.01),
                                 DataLoader(data, batch_size=4, collate_fn=collate))
-step = 0
-while step < args.steps and not (args.until and os.path.exists(args.until)):
+
+
+def told_to_stop(step):
+    """Every 20 steps, all ranks agree whether the --until file exists (the same step on every rank)."""
+    if not args.until or step % 20:
+        return False
+    return bool(px.reduce(torch.tensor(float(os.path.exists(args.until))), "max").item())
+
+
+step, stopping = 0, False
+while step < args.steps and not stopping:
     for x, y in loader:
         loss = nn.functional.mse_loss(model(x), y)
         px.backward(loss)
@@ -54,8 +64,12 @@ while step < args.steps and not (args.until and os.path.exists(args.until)):
         if args.step_sleep_ms:
             with px.busy("sleep"):
                 time.sleep(args.step_sleep_ms / 1000)
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if slow and step == args.stall_at and first_attempt:
+            time.sleep(600)  # the watchdog stops the job long before
         if step % 10 == 0:
             px.log({"loss": loss.item()}, step=step)
         step += 1
-        if step >= args.steps or (args.until and os.path.exists(args.until)):
+        stopping = told_to_stop(step)
+        if step >= args.steps or stopping:
             break
