@@ -120,7 +120,7 @@ class Phalanx:
         self._observe = None if not cfg.step_anatomy else observe.start(  # phase times, stragglers, status
             self._step_progress, self.watchdog, rank=self.rank, world_size=self.world_size,
             local_rank=self.local_rank, attempt=AgentEnv.from_env().attempt, run_dir=self.run_dir,
-            device=self.device, last_metrics=lambda: self._logging.metrics.last_row)
+            device=self.device, metrics=self._logging.metrics)
         self._profiler = None if cfg.profile is None else StepProfiler(
             cfg.profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s%s", self.rank, self.world_size,

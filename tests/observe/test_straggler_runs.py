@@ -3,6 +3,7 @@ and a compute straggler (rank 1's forward takes longer) are named with that phas
 a balanced run of 500 steps names nobody."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -35,6 +36,9 @@ def test_a_planted_straggler_is_named_with_its_phase_within_100_steps(tmp_path, 
     assert first["step"] < 100, first
     assert first["message"] in err  # logged as a warning too
     assert "step anatomy (ms per step):" in err  # the exit table
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    sent = [row for row in rows if "straggler/rank" in row]  # what the trackers got
+    assert sent[0]["straggler/rank"] == 1 and sent[0]["straggler/ms_per_step"] >= 30, sent
 
 
 @pytest.mark.slow

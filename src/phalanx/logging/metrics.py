@@ -110,6 +110,13 @@ class MetricsLogger:
         elif self.console:
             print(format_line(int(step), row), flush=True)
 
+    def record(self, step: int, values: Mapping[str, float]) -> None:
+        """Write `values` to the sinks and trackers only: no console line, no rates, the user's step
+        counter untouched (phalanx's own figures, e.g. a straggler named at `step`)."""
+        if self.is_main:
+            for sink in self._open():
+                sink.write(int(step), dict(values))
+
     def close(self) -> None:
         for sink in self.sinks or []:
             sink.close()

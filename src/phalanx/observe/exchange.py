@@ -79,6 +79,7 @@ class Exchange:
         self._moved: list[tuple[int, float]] = [(-2, time.monotonic())] * world_size  # (step, when it changed)
         self._steps: list[dict[int, dict[str, float]]] = [{} for _ in range(world_size)]
         self._judge = Judge(world_size)
+        self.events: list[tuple[int, dict[str, float]]] = []  # (step, figures) for the trackers, rank 0
         self._last_local = 0.0
         self.ended = False
 
@@ -143,6 +144,9 @@ class Exchange:
         self._judge.add(self._steps)
         for line in self.watch.update(self._judge.assess(), where):
             self.warn(line)
+            named = self.watch.current
+            self.events.append((self.anatomy.step, {"straggler/rank": named.rank if named else -1,
+                                                    "straggler/ms_per_step": named.ms_per_step if named else 0.0}))
             records.append_line(self.run_dir, records.STRAGGLERS,
                                {"time": time.time(), "step": self.anatomy.step, "message": line})
         self.write_status()

@@ -13,17 +13,19 @@ from phalanx.observe.exchange import Exchange
 
 
 def start(progress: Any, watchdog: Any, *, rank: int, world_size: int, local_rank: int, attempt: str,
-          run_dir: str, device: Any, last_metrics: Callable[[], Any]) -> Exchange:
+          run_dir: str, device: Any, metrics: Any) -> Exchange:
     """Time `progress`'s phases (a StepTracker); publish through `watchdog`'s heartbeat (None in a
     world of one: rank 0 then writes its own status at step boundaries)."""
     anatomy = StepAnatomy()
     logger = get_logger("observe")
     exchange = Exchange(anatomy, rank=rank, world_size=world_size, local_rank=local_rank, attempt=attempt,
                         run_dir=run_dir, phase=lambda: progress.phase, device=device,
-                        warn=logger.warning, last_metrics=last_metrics)
+                        warn=logger.warning, last_metrics=lambda: metrics.last_row)
     progress.anatomy = anatomy
     if watchdog is not None:
         watchdog.add_listener(exchange.tick)
+        if rank == 0:  # a straggler named or let go reaches the trackers from the main thread
+            anatomy.on_step.append(lambda step: _send_events(exchange, metrics))
         watchdog.on_report.append(lambda report: _keep_verdict(run_dir, attempt, report))
     elif world_size == 1:
         anatomy.on_step.append(exchange.tick_alone)
@@ -35,6 +37,12 @@ def start(progress: Any, watchdog: Any, *, rank: int, world_size: int, local_ran
     elif watchdog is not None:  # before the watchdog leaves (atexit runs last registered first)
         atexit.register(_publish_last, exchange, watchdog)
     return exchange
+
+
+def _send_events(exchange: Exchange, metrics: Any) -> None:
+    while exchange.events:
+        step, values = exchange.events.pop(0)
+        metrics.record(step, values)
 
 
 def _publish_last(exchange: Exchange, watchdog: Any) -> None:
