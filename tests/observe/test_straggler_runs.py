@@ -41,7 +41,6 @@ def test_a_planted_straggler_is_named_with_its_phase_within_100_steps(tmp_path, 
     assert sent[0]["straggler/rank"] == 1 and sent[0]["straggler/ms_per_step"] >= 30, sent
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_balanced_run_of_500_steps_names_nobody(tmp_path):
     _, err = run(tmp_path, "--steps", "500", timeout=280)
