@@ -99,3 +99,45 @@ def test_a_few_slow_steps_or_a_small_lead_name_nobody():
     seen = assess(_steps(100, "data", extra=0.001))  # 1 ms: always last, but by too little to matter
     assert StragglerWatch().update(seen, [("vm", 0), ("vm", 1)]) == []
     assert assess([_steps(100)[0]]) is None  # one rank
+
+
+class FakeEvent:
+    """A CUDA event's interface on a fake clock; `done` says whether the device has passed it."""
+
+    clock = Clock()
+    done = True
+
+    def record(self):
+        self.at = FakeEvent.clock.now
+
+    def query(self):
+        return FakeEvent.done
+
+    def elapsed_time(self, end):
+        return 1000 * (end.at - self.at)
+
+
+def test_on_cuda_steps_are_read_from_events_once_the_device_has_passed_them():
+    from phalanx.observe.anatomy import DeviceTimedAnatomy
+
+    clock = FakeEvent.clock
+    tracker = StepTracker()
+    tracker.anatomy = anatomy = DeviceTimedAnatomy(FakeEvent)
+    FakeEvent.done = False  # the device is still behind: nothing is read, nothing waits
+    for _ in range(2):
+        tracker.enter(Phase.DATA)
+        tracker.before_batch()
+        clock.now += 0.010
+        tracker.next_step()
+        tracker.enter(Phase.FORWARD)
+        clock.now += 0.020
+        with tracker.during(Phase.BACKWARD):
+            clock.now += 0.030
+    tracker.enter(Phase.DATA)
+    tracker.before_batch()
+    assert anatomy.num_steps == 0
+    FakeEvent.done = True
+    tracker.before_batch()  # the loader asks again (an epoch's end): the device has caught up
+    assert [s for s, _ in anatomy.steps] == [0, 1]
+    for _, times in anatomy.steps:
+        assert times == pytest.approx({"data": 0.010, "forward": 0.020, "backward": 0.030, "other": 0.0})

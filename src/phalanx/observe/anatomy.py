@@ -7,16 +7,17 @@ no synchronisation of any device. A step runs from one prepared-loader request t
 step's `data` is the wait for its own batch. The last `KEEP` steps are kept for the exchange thread
 to publish; totals since the start are kept for the exit summary.
 
-On CUDA the host-side wall time of a phase is what the rank spends before it can move on; kernels
-queued in a phase finish later, where the host next waits for them (a collective, `.item()`), and
-that wait is counted in the phase where it happens. That is the time another rank waits for, which
-is what straggler attribution needs, and it never adds a synchronisation of its own.
+On CUDA (`DeviceTimedAnatomy`) the host returns from a phase long before its kernels have run, so
+each phase change records a CUDA event on the current stream instead, and a phase's time is the
+device time between its events: the kernels queued in it, and the device's idle wait for the host
+(a data wait) or for a peer (a collective's kernel). A step is read once the device has passed its
+last event (`Event.query()`, never a synchronisation), usually a step or two later.
 """
 from __future__ import annotations
 
 import collections
 import time
-from typing import Callable
+from typing import Any, Callable
 
 DATA, FORWARD, BACKWARD, OPTIMIZER, PIPELINE, COLLECTIVES, OTHER = (
     "data", "forward", "backward", "optimizer", "pipeline", "collectives", "other")
@@ -77,16 +78,18 @@ class StepAnatomy:
         self.switch(DATA)
         if self._open:
             self._open = False
-            done = self._current
-            self.steps.append((self._step, done))
-            if self._step % self.stride == 0:
-                self.sampled.append((self._step, done))
-            for name, seconds in done.items():
-                self.totals[name] = self.totals.get(name, 0.0) + seconds
-            self.num_steps += 1
-            for hook in self.on_step:
-                hook(self._step)
+            self._finish(self._step, self._current)
         self._current = {}
+
+    def _finish(self, step: int, done: dict[str, float]) -> None:
+        self.steps.append((step, done))
+        if step % self.stride == 0:
+            self.sampled.append((step, done))
+        for name, seconds in done.items():
+            self.totals[name] = self.totals.get(name, 0.0) + seconds
+        self.num_steps += 1
+        for hook in self.on_step:
+            hook(step)
 
     def next_step(self, step: int) -> None:
         """The batch of `step` arrived (its data wait is counted in it)."""
@@ -96,3 +99,34 @@ class StepAnatomy:
     @property
     def step(self) -> int:
         return self._step
+
+
+class DeviceTimedAnatomy(StepAnatomy):
+    """Phase times from device events (CUDA): see the module's docstring."""
+
+    def __init__(self, new_event: Callable[[], Any]):
+        super().__init__()
+        self._new_event = new_event  # e.g. lambda: torch.cuda.Event(enable_timing=True)
+        self._marks: list[tuple[str, Any]] = [(OTHER, self._record())]  # (column entered, its event)
+        self._pending: collections.deque[tuple[int, list[tuple[str, Any]]]] = collections.deque()
+
+    def _record(self) -> Any:
+        event = self._new_event()
+        event.record()
+        return event
+
+    def switch(self, phase: str) -> None:
+        self._marks.append((CATEGORY.get(phase, phase), self._record()))
+
+    def step_boundary(self) -> None:
+        self.switch(DATA)
+        if self._open:
+            self._open = False
+            self._pending.append((self._step, self._marks))
+        self._marks = [self._marks[-1]]  # the next step starts with this data wait
+        while self._pending and self._pending[0][1][-1][1].query():
+            step, marks = self._pending.popleft()
+            done: dict[str, float] = {}
+            for (name, start), (_, end) in zip(marks, marks[1:]):
+                done[name] = done.get(name, 0.0) + start.elapsed_time(end) / 1000
+            self._finish(step, done)

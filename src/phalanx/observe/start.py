@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from phalanx.logging.rank_log import get_logger
 from phalanx.observe import records
-from phalanx.observe.anatomy import StepAnatomy
+from phalanx.observe.anatomy import DeviceTimedAnatomy, StepAnatomy
 from phalanx.observe.exchange import Exchange
 
 
@@ -16,7 +16,7 @@ def start(progress: Any, watchdog: Any, *, rank: int, world_size: int, local_ran
           run_dir: str, device: Any, metrics: Any) -> Exchange:
     """Time `progress`'s phases (a StepTracker); publish through `watchdog`'s heartbeat (None in a
     world of one: rank 0 then writes its own status at step boundaries)."""
-    anatomy = StepAnatomy()
+    anatomy = StepAnatomy() if getattr(device, "type", None) != "cuda" else DeviceTimedAnatomy(_cuda_event)
     logger = get_logger("observe")
     exchange = Exchange(anatomy, rank=rank, world_size=world_size, local_rank=local_rank, attempt=attempt,
                         run_dir=run_dir, phase=lambda: progress.phase, device=device,
@@ -37,6 +37,12 @@ def start(progress: Any, watchdog: Any, *, rank: int, world_size: int, local_ran
     elif watchdog is not None:  # before the watchdog leaves (atexit runs last registered first)
         atexit.register(_publish_last, exchange, watchdog)
     return exchange
+
+
+def _cuda_event() -> Any:
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)
 
 
 def _send_events(exchange: Exchange, metrics: Any) -> None:
