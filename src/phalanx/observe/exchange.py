@@ -108,7 +108,7 @@ class Exchange:
     def collect(self, store: Any) -> bool:
         """Read every rank's latest summary; True when each one is its rank's last (at exit)."""
         keys = [store_keys.observe_key(self.attempt, r) for r in range(self.world_size)]
-        present = [k for k in keys if store.check([k])]
+        present = keys if store.check(keys) else [k for k in keys if store.check([k])]  # all, once started
         final = len(present) == len(keys)
         for raw in store.multi_get(present) if present else []:
             summary = json.loads(raw)
