@@ -26,3 +26,11 @@ def test_an_address_in_use_is_refused_before_any_worker_starts(tmp_path):
     assert result.returncode == 2, result.stderr
     assert f"--dashboard 127.0.0.1:{port}: cannot listen there" in result.stderr, result.stderr
     assert not (tmp_path / "run" / "observe").exists()  # no worker ran
+
+
+def test_the_address_reads_alike_from_a_flag_the_variable_and_yaml():
+    from phalanx import config
+
+    assert config.from_flags({"dashboard": "8765"})["dashboard"][0] == "127.0.0.1:8765"
+    assert config.from_env({"PHALANX_DASHBOARD": "0.0.0.0:8765"})["dashboard"][0] == "0.0.0.0:8765"
+    assert config.from_mapping({"dashboard": 8765}, "phalanx.yaml")["dashboard"][0] == "127.0.0.1:8765"
