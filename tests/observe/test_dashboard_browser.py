@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,19 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.observe.observe_helpers import phalanx_run
+from tests.observe.observe_helpers import CHROMIUM, browser_page, free_port, phalanx_run
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOT = os.environ.get("PHALANX_DASHBOARD_SCREENSHOT")  # docs: where to keep the page's picture
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> dict:
@@ -40,7 +30,7 @@ def _get(url: str) -> dict:
 def job(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("dashboard-run")
     stop = run_dir / "stop"
-    port = _free_port()
+    port = free_port()
     proc = phalanx_run(run_dir, "--steps", "100000", "--until", str(stop), "--straggler", "data",
                        "--delay-ms", "30", "--step-sleep-ms", "5", flags=("--dashboard", str(port)))
     url = f"http://127.0.0.1:{port}/"
@@ -86,28 +76,21 @@ def test_top_once_shows_the_running_job_from_another_process(job):
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no chromium: scripts/ci-chromium-deps installs it (root, apt-get)")
 def test_the_page_shows_a_row_per_rank_and_updates(job, tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
-                                                      headless=True, args=FLAGS,
-                                                      viewport={"width": 1400, "height": 900})
-        try:
-            page = browser.new_page()
-            page.goto(job["url"])
-            page.wait_for_function("document.querySelectorAll('#ranks tr.rank').length === 2", timeout=30_000)
-            first = page.inner_text("#ranks tr.rank >> nth=0")
-            page.wait_for_function(f"document.querySelector('#ranks tr.rank').innerText !== {json.dumps(first)}",
-                                   timeout=30_000)
-            page.wait_for_function("document.getElementById('straggler').innerText.includes('rank 1')",
-                                   timeout=60_000)
-            line = page.inner_text("#straggler")
-            assert "in data" in line, line
-            assert page.get_attribute("#ranks tr.rank >> nth=1", "class") == "rank straggler"
-            page.wait_for_function("document.querySelectorAll('#steptime .scatterlayer .trace').length === 2",
-                                   timeout=30_000)  # a line per rank in the step-time plot
-            page.screenshot(path=SCREENSHOT or str(tmp_path / "dashboard.png"), full_page=True)
-        finally:
-            browser.close()
+    pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    with browser_page(job["url"], tmp_path / "profile") as (page, errors):
+        page.wait_for_function("document.querySelectorAll('#ranks tr.rank').length === 2", timeout=30_000)
+        first = page.inner_text("#ranks tr.rank >> nth=0")
+        page.wait_for_function(f"document.querySelector('#ranks tr.rank').innerText !== {json.dumps(first)}",
+                               timeout=30_000)
+        page.wait_for_function("document.getElementById('straggler').innerText.includes('rank 1')",
+                               timeout=60_000)
+        line = page.inner_text("#straggler")
+        assert "in data" in line, line
+        assert page.get_attribute("#ranks tr.rank >> nth=1", "class") == "rank straggler"
+        page.wait_for_function("document.querySelectorAll('#steptime .scatterlayer .trace').length === 2",
+                               timeout=30_000)  # a line per rank in the step-time plot
+        page.screenshot(path=SCREENSHOT or str(tmp_path / "dashboard.png"), full_page=True)
+        assert errors == []  # the page's script ran without an error
 
 
 def test_top_says_when_no_job_runs_there(tmp_path):

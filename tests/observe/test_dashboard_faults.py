@@ -4,7 +4,7 @@ watchdog's verdict, and shows the new attempt's ranks as they train."""
 from __future__ import annotations
 
 import json
-import socket
+import os
 import subprocess
 import sys
 import time
@@ -12,20 +12,14 @@ import urllib.request
 
 import pytest
 
-from tests.observe.observe_helpers import phalanx_run
+from tests.observe.observe_helpers import CHROMIUM, browser_page, free_port, phalanx_run
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(300)
 def test_a_stalled_rank_s_verdict_stays_on_the_page_across_a_restart(tmp_path):
-    port = _free_port()
+    port = free_port()
     stop = tmp_path / "stop"
     proc = phalanx_run(tmp_path, "--steps", "100000", "--until", str(stop), "--stall-at", "30",
                        "--step-sleep-ms", "5",
@@ -52,6 +46,13 @@ def test_a_stalled_rank_s_verdict_stays_on_the_page_across_a_restart(tmp_path):
         top = subprocess.run([sys.executable, "-m", "phalanx", "top", str(tmp_path), "--once"],
                              capture_output=True, text=True, timeout=60)
         assert top.returncode == 0 and "attempt 1" in top.stdout, top.stdout
+        if os.path.exists(CHROMIUM):  # the page shows both attempts' rows and the first one's verdict
+            with browser_page(f"http://127.0.0.1:{port}/", tmp_path / "profile") as (page, errors):
+                page.wait_for_function("document.querySelectorAll('#ranks tr.earlier').length === 2 && "
+                                       "document.querySelectorAll('#ranks tr.rank').length === 2", timeout=30_000)
+                assert "attempt 0: phalanx watchdog: rank 1 stalled at step 30" in page.inner_text("#verdict")
+                assert "attempt 0 ended" in page.inner_text("#ranks tr.earlier >> nth=1")
+                assert errors == []
     finally:
         stop.touch()
         out, err = proc.communicate(timeout=120)

@@ -66,7 +66,7 @@ function render(page) {
        ...phases.map(() => ""), mem(r.memory)].forEach(v => cell(tr, v));
       body.appendChild(tr);
     });
-    if (past.verdict) earlier += "attempt " + attempt + ": " + past.verdict + "\n";
+    if (past.verdict) earlier += "attempt " + attempt + ": " + past.verdict + "\\n";
   });
   const line = document.getElementById("straggler");
   line.textContent = s.straggler_message || "straggler: none";
