@@ -10,6 +10,7 @@ from phalanx.logging.rank_log import get_logger
 from phalanx.observe import records
 from phalanx.observe.anatomy import DeviceTimedAnatomy, StepAnatomy
 from phalanx.observe.exchange import Exchange
+from phalanx.runtime.process_group import ignoring_sigint
 
 
 def start(progress: Any, watchdog: Any, *, rank: int, world_size: int, local_rank: int, attempt: str,
@@ -54,7 +55,8 @@ def _send_events(exchange: Exchange, metrics: Any) -> None:
 def _publish_last(exchange: Exchange, watchdog: Any) -> None:
     """This rank's last summary, for rank 0's exit table."""
     try:
-        exchange.publish(watchdog.store.underlying_store, final=True)
+        with ignoring_sigint():
+            exchange.publish(watchdog.store.underlying_store, final=True)
     except Exception as error:  # noqa: BLE001 - rank 0 may be gone already; the table then misses this rank
         print(f"phalanx (rank {exchange.rank}): could not publish the last step anatomy: {error}", file=sys.stderr)
 
@@ -78,6 +80,11 @@ def _keep_verdict(run_dir: str, attempt: str, report: str) -> None:
 
 
 def _at_exit(exchange: Exchange, logger: Any, watchdog: Any) -> None:
+    with ignoring_sigint():  # Ctrl-C's second delivery must not cut the exit short (see there)
+        _summarise_at_exit(exchange, logger, watchdog)
+
+
+def _summarise_at_exit(exchange: Exchange, logger: Any, watchdog: Any) -> None:
     if watchdog is None:  # a world of one: its status only (no peers to compare in a table)
         exchange.finish()
         return
