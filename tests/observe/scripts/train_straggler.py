@@ -16,6 +16,8 @@ parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--straggler", choices=("none", "data", "forward"), default="none")
 parser.add_argument("--delay-ms", type=float, default=40.0)
 parser.add_argument("--until", default=None)
+parser.add_argument("--strategy", default="ddp")
+parser.add_argument("--forward-backward", action="store_true")  # px.forward_backward instead of the hand loop
 parser.add_argument("--stall-at", type=int, default=None)  # rank 1 stops there, on the first attempt only
 parser.add_argument("--step-sleep-ms", type=float, default=0.0)  # every rank: a slower, steadier job
 args = parser.parse_args()
@@ -41,7 +43,7 @@ class Net(nn.Module):
 
 
 torch.manual_seed(0)
-px = Phalanx(strategy="ddp", seed=0)
+px = Phalanx(strategy=args.strategy, seed=0)
 data = TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
 model, opt, loader = px.prepare(Net(), torch.optim.SGD(Net().parameters(), lr=0.01),
                                 DataLoader(data, batch_size=4, collate_fn=collate))
@@ -57,8 +59,11 @@ def told_to_stop(step):
 step, stopping = 0, False
 while step < args.steps and not stopping:
     for x, y in loader:
-        loss = nn.functional.mse_loss(model(x), y)
-        px.backward(loss)
+        if args.forward_backward:
+            loss = px.forward_backward(model, x, y, nn.functional.mse_loss)
+        else:
+            loss = nn.functional.mse_loss(model(x), y)
+            px.backward(loss)
         opt.step()
         opt.zero_grad()
         if args.step_sleep_ms:
