@@ -45,7 +45,8 @@ class Net(nn.Module):
 torch.manual_seed(0)
 px = Phalanx(strategy=args.strategy, seed=0)
 data = TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
-model, opt, loader = px.prepare(Net(), torch.optim.SGD(Net().parameters(), lr=0.01),
+net = Net()
+model, opt, loader = px.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01),
                                 DataLoader(data, batch_size=4, collate_fn=collate))
 
 
