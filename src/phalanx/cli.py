@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("phalanx.checkpoint.inspect_command", "print a checkpoint's manifest"),
     "config": ("phalanx.config_command", "write the settings template (phalanx.yaml): every setting at its default"),
     "plot": ("phalanx.logging.plot", "plot the metrics a run logged with px.log() to a PNG"),
+    "top": ("phalanx.observe.top_command", "a live table of a running job's ranks: step, phase split, straggler"),
     "parity": ("phalanx.parity.command", "check that a script trains alike on 1 process and on N (loss, gradient norm)"),
 }
 

@@ -17,7 +17,8 @@ from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives, device_peaks, parity_record, preemption, seeding, uneven, watchdog
-from phalanx.runtime.context import DistContext, launcher_settings, parity_request
+from phalanx.observe import start as observe
+from phalanx.runtime.context import AgentEnv, DistContext, launcher_settings, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
@@ -117,6 +118,10 @@ class Phalanx:
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
                                           log_session.LoggingSettings.from_config(cfg), self.ctx.dp_size)
         self._logging.metrics.params = self._run_params
+        self._observe = None if not cfg.step_anatomy else observe.start(  # phase times, stragglers, status
+            self._step_progress, self.watchdog, rank=self.rank, world_size=self.world_size,
+            local_rank=self.local_rank, attempt=AgentEnv.from_env().attempt, run_dir=self.run_dir,
+            device=self.device, metrics=self._logging.metrics)
         self._profiler = None if cfg.profile is None else StepProfiler(
             cfg.profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s%s", self.rank, self.world_size,

@@ -84,3 +84,8 @@ def parse(record: bytes | None, failed: bytes | None) -> RankProgress:
     except ValueError:
         pass
     return RankProgress(step, phase, failed_at)
+
+
+def observe_key(restart: int | str, rank: int) -> str:
+    """Rank `rank`'s step-anatomy summary (JSON) for one restart attempt (see observe/exchange.py)."""
+    return f"phalanx/observe/{restart}/r{rank}"

@@ -15,6 +15,7 @@ BELOW: dict[str, set[str]] = {
     "model": {"config", "logging", "loop"},
     "loop": {"config", "logging"},
     "strategies": {"config", "logging", "loop", "model", "runtime"},
+    "observe": {"config", "logging", "runtime"},  # runtime: start.py only (the launcher's side: no torch)
 }
 
 

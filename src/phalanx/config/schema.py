@@ -62,9 +62,9 @@ class Setting:
 
     @property
     def env(self) -> str | None:
-        """The PHALANX_* variable of a runtime setting (launcher settings have none)."""
+        """The PHALANX_* variable of a runtime setting (launcher settings: only where the row names one)."""
         if self.scope != Scope.RUNTIME:
-            return None
+            return self.env_name  # a launcher setting with a variable of its own (PHALANX_DASHBOARD)
         return self.env_name or f"PHALANX_{self.name.upper()}"
 
     @property
@@ -102,6 +102,14 @@ def _strategy(text: str) -> str:
 
 def _deepspeed_text(text: str) -> str:
     return kinds.PATH.from_text(text)
+
+
+def _dashboard_address(text: str) -> str:
+    """`8080` or `HOST:8080` -> `HOST:PORT` (host 127.0.0.1 when not given)."""
+    host, _, port = text.strip().rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected [HOST:]PORT with a port in 1..65535, e.g. 8080 or 0.0.0.0:8080, got {text!r}")
+    return f"{host.strip('[]') or '127.0.0.1'}:{int(port)}"
 
 
 def grouped(*items: Group | Setting) -> tuple[Setting, ...]:
@@ -263,6 +271,14 @@ SETTINGS: tuple[Setting, ...] = grouped(
     Setting("trackers", kinds.names_list(_tracker_names), None,
             "experiment trackers px.log() also reaches, from the main process only: wandb, mlflow, swanlab, "
             "tensorboard (each a pip extra, e.g. phalanx[mlflow]); added to log_sinks"),
+    Setting("step_anatomy", kinds.BOOL, True,
+            "time each step's phases on every rank (data, forward, backward, optimizer, collectives, px.busy "
+            "names), name stragglers and keep RUN_DIR/observe/status.json for phalanx top and --dashboard",
+            bool_flag=True),
+    Setting("dashboard", kinds.Kind("address", _dashboard_address, lambda v: _dashboard_address(str(v))), None,
+            "[HOST:]PORT: phalanx run serves a live page of the job from node 0 (default host 127.0.0.1; "
+            "another host needs the token printed with the URL); pip extra phalanx[dashboard]", L,
+            env_name="PHALANX_DASHBOARD", value_name="[HOST:]PORT"),
     Setting("profile", kinds.Kind("step range", _step_range, lambda v: _step_range(str(v))), None,
             "START:STOP: trace optimizer steps START..STOP-1 with torch.profiler on every rank, one Chrome "
             "trace per rank in RUN_DIR/profile", value_name="START:STOP"),

@@ -67,10 +67,13 @@ def from_flags(given: Mapping[str, Any]) -> Layer:
 
 
 def from_env(env: Mapping[str, str]) -> Layer:
-    """Runtime settings present as PHALANX_* variables (empty means unset)."""
+    """Settings present as PHALANX_* variables (empty means unset): every runtime setting, and the
+    launcher settings whose row names a variable."""
     layer: Layer = {}
-    for setting in RUNTIME:
-        raw = env.get(setting.env or "", "")
+    for setting in SETTINGS:
+        if not setting.env:
+            continue
+        raw = env.get(setting.env, "")
         if raw != "":
             layer[setting.name] = (_checked(setting, raw, f"{setting.env}={raw}", text=True), setting.env or "")
     return layer

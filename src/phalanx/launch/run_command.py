@@ -229,12 +229,36 @@ def main(args: argparse.Namespace) -> int:
         env.update(node.env)
     env[envvars.PHALANX_LAUNCHER] = "1"  # workers leave the preemption line to this launcher
     log_dir = launcher_log_dir(env, spec.single_node)
+    try:
+        page = start_dashboard(spec, os.path.dirname(log_dir))
+    except ValueError as error:  # the extra is missing, the address taken: before any worker starts
+        print(f"{PROG_ERROR} {error}", file=sys.stderr)
+        return EXIT_USAGE
     os.environ.update(env)  # the elastic agent passes its environment on to every worker
     from phalanx.launch.agent import launch
     from phalanx.launch.report import agent_log_level_is_debug
 
     verbose = spec.verbose or agent_log_level_is_debug(os.environ)
-    return launch(spec, nproc, num_gpus_in_use, node, verbose=verbose, log_dir=log_dir)
+    try:
+        return launch(spec, nproc, num_gpus_in_use, node, verbose=verbose, log_dir=log_dir)
+    finally:
+        if page is not None:
+            page.stop()
+
+
+def start_dashboard(spec: LaunchSpec, run_dir: str):  # -> Dashboard | None
+    """--dashboard: serve the job's page from node 0's launcher; the URL is printed (with its token)."""
+    address = spec.settings.config.dashboard if spec.settings is not None else None
+    if not address or spec.node_rank != 0:
+        return None
+    from phalanx.observe.dashboard import Dashboard
+
+    if not spec.single_node and not os.environ.get(config.BY_NAME["run_dir"].env or ""):
+        print("phalanx run: warning: --dashboard across nodes shows the job only with a --run-dir that "
+              "rank 0's node shares with this launcher", file=sys.stderr, flush=True)
+    page = Dashboard(run_dir, address).start()
+    print(f"phalanx run: dashboard at {page.url}", file=sys.stderr, flush=True)
+    return page
 
 
 def launcher_log_dir(env: dict[str, str], single_node: bool) -> str:

@@ -67,6 +67,7 @@ class MetricsLogger:
         self.postfix: dict[str, str] = {}  # the last row as the bar shows it
         self.throughput: Throughput | None = None  # rates added to every row (samples/s, tokens/s, MFU)
         self._next_step = 0
+        self.last_row: tuple[int, dict[str, float]] | None = None  # (step, row): `phalanx top` shows it
 
     def add_sink(self, sink: sink_registry.Sink) -> None:
         if self.is_main:
@@ -100,6 +101,7 @@ class MetricsLogger:
         if step is None:
             step = self._next_step
         self._next_step = int(step) + 1
+        self.last_row = (int(step), row)
         for sink in self._open():
             sink.write(int(step), row)
         self.postfix = postfix(row)
@@ -107,6 +109,13 @@ class MetricsLogger:
             self.progress_bar.set_postfix(self.postfix)
         elif self.console:
             print(format_line(int(step), row), flush=True)
+
+    def record(self, step: int, values: Mapping[str, float]) -> None:
+        """Write `values` to the sinks and trackers only: no console line, no rates, the user's step
+        counter untouched (phalanx's own figures, e.g. a straggler named at `step`)."""
+        if self.is_main:
+            for sink in self._open():
+                sink.write(int(step), dict(values))
 
     def close(self) -> None:
         for sink in self.sinks or []:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +48,7 @@ STEP = Phase.STEP
 class StepTracker:
     """The current step (batches taken from prepared loaders, from 0) and phase of this rank."""
 
-    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request")
+    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request", "anatomy")
 
     def __init__(self) -> None:
         self.step = -1  # no batch yet
@@ -56,21 +56,29 @@ class StepTracker:
         self.ticks = 0
         self.busy = 0  # > 0 inside `busy()`: long work the others are meant to wait for
         self.on_batch_request: Callable[[], None] | None = None  # preemption's step-boundary check
+        self.anatomy: Any = None  # observe.anatomy.StepAnatomy: times the phases (None: off)
 
     def before_batch(self) -> None:
         """A prepared loader is about to read its next batch: the script finished the step before."""
         hook = self.on_batch_request
         if hook is not None:
             hook()
+        if self.anatomy is not None:
+            self.anatomy.step_boundary()
 
     def next_step(self) -> None:
         self.step += 1
         self.phase = STEP
         self.ticks += 1
+        if self.anatomy is not None:
+            self.anatomy.next_step(self.step)
+            self.anatomy.switch(STEP)
 
     def enter(self, phase: str) -> None:
         self.phase = phase
         self.ticks += 1
+        if self.anatomy is not None:
+            self.anatomy.switch(phase)
 
     @contextlib.contextmanager
     def busy_with(self, phase: str) -> Iterator[None]:

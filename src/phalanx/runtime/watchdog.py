@@ -70,6 +70,7 @@ class Watchdog:
         self._watching_since: float | None = None
         self._failed_at: float | None = None  # unix time of this rank's uncaught exception
         self._listeners: list[Callable[[dist.Store], None]] = []
+        self.on_report: list[Callable[[str], None]] = []  # the report, before this rank stops the job
 
     def add_listener(self, fn: Callable[[dist.Store], None]) -> None:
         """Call `fn(store)` after each heartbeat, in this thread, with the unprefixed store: a check
@@ -168,6 +169,8 @@ class Watchdog:
             stacks.append(f"--- rank {r} (main thread, most recent call last) ---\n{text}")
         report = "\n".join([verdict.headline, *verdict.lines, "Python stack of each rank at that moment:", *stacks])
         self.store.set(store_keys.REPORT, report)
+        for hook in self.on_report:
+            hook(report)
         _announce(report, show=True)
         self.store.set(store_keys.REPORTED, "1")
         os._exit(EXIT_CODE)  # first: a launcher then names this rank, with the report, as the root cause
