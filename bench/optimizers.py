@@ -31,8 +31,9 @@ import torch.optim._muon as torch_muon
 from torch import nn
 
 from _spawn import in_process_group, spawn
+from strategies import DIM, Block  # the residual MLP block of bench/strategies.py (BENCH_DIM)
 
-DIM, BLOCKS, SEQ, BATCH = int(os.environ.get("BENCH_DIM", 256)), int(os.environ.get("BENCH_BLOCKS", 4)), 32, 16
+BLOCKS, SEQ, BATCH = int(os.environ.get("BENCH_BLOCKS", 4)), 32, 16
 TP_PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
 LAYOUTS = {"ddp": {"strategy": "ddp"}, "zero1": {"strategy": "zero1"}, "zero3": {"strategy": "zero3"},
            "tp": {"strategy": "ddp", "tp_plan": TP_PLAN}}  # tp: over all ranks
@@ -46,17 +47,6 @@ def _counted(*args, **kwargs):
 
 
 torch_muon._zeropower_via_newtonschulz = _counted
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.LayerNorm(DIM)
-        self.up = nn.Linear(DIM, 4 * DIM)
-        self.down = nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x):
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
 
 
 class Net(nn.Module):
