@@ -77,7 +77,14 @@ def num_matrices(which: str) -> int:
         if which == "muon" else 0
 
 
-def reference(which: str, global_batch: int, steps: int) -> dict[str, Any]:
+def _edit(model: nn.Module) -> None:
+    """Weights changed by hand between steps (what an owner's whole copy must notice)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.9)
+
+
+def reference(which: str, global_batch: int, steps: int, edit_at: int | None = None) -> dict[str, Any]:
     model = make_model()
     optimizers = make_optimizers(model, which)
     batches = iter(DataLoader(make_data(), batch_size=global_batch))
@@ -90,11 +97,13 @@ def reference(which: str, global_batch: int, steps: int) -> dict[str, Any]:
             optimizer.step()
             optimizer.zero_grad()
         losses.append(loss.item())
+        if len(losses) == edit_at:
+            _edit(model)
     return {"losses": losses, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
 def train(which: str, steps: int = 6, global_batch: int = 8, checkpoint: str | None = None,
-          resume: str | None = None, **settings: Any) -> dict[str, Any]:
+          resume: str | None = None, edit_at: int | None = None, **settings: Any) -> dict[str, Any]:
     """`steps` steps of `which` in the layout `settings` describe (a resume first restores
     `resume`); rank 0 also returns the one-process reference over the same batches from the start."""
     if settings.get("tp", 1) > 1:
@@ -118,6 +127,8 @@ def train(which: str, steps: int = 6, global_batch: int = 8, checkpoint: str | N
             optimizer.step()
             optimizer.zero_grad()
         losses.append(px.reduce(loss, "mean").item())
+        if len(losses) == edit_at:
+            _edit(model)
         if len(losses) == steps:
             break
     ns_calls = NS_CALLS[0]
@@ -128,7 +139,7 @@ def train(which: str, steps: int = 6, global_batch: int = 8, checkpoint: str | N
            "kinds": [type(getattr(o, "optimizer", o)).__name__ for o in optimizers],
            "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}}
     if px.rank == 0:
-        out["reference"] = reference(which, global_batch, done + len(losses))
+        out["reference"] = reference(which, global_batch, done + len(losses), edit_at)
     return out
 
 
@@ -144,8 +155,9 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
 
 
 def checkpoint_chain(zero3_dir: str, zero1_dir: str) -> dict[str, dict]:
-    """Muon: 3 steps under zero3, saved, resumed under ddp for 3 more; Adafactor: 3 steps under
-    zero1, saved (a one-process run resumes it)."""
+    """Muon: 3 steps under zero3, saved, resumed under ddp and under zero2 (each owner takes its
+    matrices' state) for 3 more; Adafactor: 3 steps under zero1, saved (a one-process run resumes it)."""
     return {"muon zero3 saved": train("muon", 3, checkpoint=zero3_dir, strategy="zero3"),
             "muon ddp resumed": train("muon", 3, resume=zero3_dir, strategy="ddp"),
+            "muon zero2 resumed": train("muon", 3, resume=zero3_dir, strategy="zero2"),
             "adafactor zero1 saved": train("adafactor", 3, checkpoint=zero1_dir, strategy="zero1")}

@@ -10,9 +10,10 @@ least-loaded rank, so no rank does most of the work). Every step:
    (its shard, its tensor-parallel block, or all of it) into the model's parameter.
 
 Under zero1 (plain parameters) the owner steps the model's parameter itself. Under FSDP2 and tensor
-parallel the owner keeps a whole copy, gathered at the first step and again whenever a parameter
-changed outside the step (a checkpoint or weights loaded): every rank compares its local tensor's
-version counter with the one the last step left, and the ranks agree with one all-reduce.
+parallel the owner keeps a whole copy, gathered at the first step, after a checkpoint is loaded, and
+whenever a parameter changed outside the step (weights loaded, edited by hand): every rank compares
+a fingerprint of its part with the one the last step left, and the ranks agree with one all-reduce.
+(Version counters cannot tell: DCP and FSDP2 write loaded weights through `.data`, which has its own.)
 
 Checkpoints: `state_dict()` gives every state tensor whole (broadcast from its owner) on every rank,
 the layout a one-process or ddp optimizer saves, so a checkpoint resumes under any layout.
@@ -44,6 +45,14 @@ def _local_part(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
     return whole.redistribute(mesh, param.placements).to_local()
 
 
+def _fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """Two sums of a tensor's values, one weighted by position: equal for the same values in the
+    same places (the same kernels on the same data), different after any write that changed them."""
+    x = t.detach().reshape(-1).float()
+    ramp = torch.arange(1, x.numel() + 1, device=x.device, dtype=torch.float32) / max(x.numel(), 1)
+    return torch.stack([x.sum(), (x * ramp).sum()])
+
+
 def balanced_owners(sizes: list[int], num_ranks: int) -> list[int]:
     """An owner rank for each size: largest first, each to the rank with the least so far (ties: the
     lower rank, then the earlier parameter), the same answer on every rank."""
@@ -64,7 +73,7 @@ class _Slot:
         self.owner = owner
         self.sharded = _is_dtensor(param)
         self.whole: nn.Parameter | None = None  # owner only
-        self.version: int | None = None  # the local tensor's version after the last write (sharded)
+        self.written: torch.Tensor | None = None  # fingerprint of this rank's part after the last write
 
     def local(self) -> torch.Tensor:
         return self.param._local_tensor if self.sharded else self.param
@@ -121,17 +130,18 @@ class WholeTensorOptimizer(torch.optim.Optimizer):
             inner.update({k: v for k, v in self.param_groups[index].items() if k != "params"})
 
     # ---- whole parameters on their owners -------------------------------------------------
-    def _refresh_wholes(self) -> None:
-        """Gather the whole value of every sharded parameter onto its owner: at the first step, and
-        when any rank's part changed since the last step wrote it (ranks agree by all-reduce)."""
+    def _refresh_wholes(self, force: bool = False) -> None:
+        """Gather the whole value of every sharded parameter onto its owner: at the first step, when
+        `force`d, and when any rank's part changed since the last step wrote it (ranks agree)."""
         sharded = [s for s in self._slots if s.sharded]
-        stale = any(s.version != s.local()._version for s in sharded)
-        if self._stepped:
-            flag = torch.tensor([int(stale)], device=self._device())
+        if self._stepped and not force:
+            if not sharded:
+                return  # zero1: the owners step the model's parameters themselves
+            changed = any(not torch.equal(s.written, _fingerprint(s.local())) for s in sharded)
+            flag = torch.tensor([int(changed)], device=self._device())
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
-            stale = bool(flag.item())
-        if self._stepped and not stale:
-            return
+            if not flag.item():
+                return
         with torch.no_grad():
             for slot in self._slots:
                 if not slot.sharded:
@@ -146,7 +156,7 @@ class WholeTensorOptimizer(torch.optim.Optimizer):
                 else:
                     slot.whole.copy_(full)
         for slot in sharded:
-            slot.version = slot.local()._version
+            slot.written = _fingerprint(slot.local())
         if self.optim is None and self.owned():
             self._build_inner()
 
@@ -201,7 +211,7 @@ class WholeTensorOptimizer(torch.optim.Optimizer):
                 offset += slot.param.numel()
                 if slot.sharded:
                     slot.local().copy_(_local_part(slot.param, full))
-                    slot.version = slot.local()._version
+                    slot.written = _fingerprint(slot.local())
                 elif owner != self.rank:
                     slot.param.copy_(full)
 
@@ -234,7 +244,7 @@ class WholeTensorOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        self._refresh_wholes()  # the owners' whole tensors exist before their state is set
+        self._refresh_wholes(force=True)  # the weights were loaded just before (and wholes exist for the state)
         for slot in self._slots:  # the same order on every rank: DTensor state is gathered
             loaded = self.state.get(slot.param) or {}
             whole = {k: _full(v).clone() if isinstance(v, torch.Tensor) else v for k, v in loaded.items()}
