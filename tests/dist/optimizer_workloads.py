@@ -161,3 +161,23 @@ def checkpoint_chain(zero3_dir: str, zero1_dir: str) -> dict[str, dict]:
             "muon ddp resumed": train("muon", 3, resume=zero3_dir, strategy="ddp"),
             "muon zero2 resumed": train("muon", 3, resume=zero3_dir, strategy="zero2"),
             "adafactor zero1 saved": train("adafactor", 3, checkpoint=zero1_dir, strategy="zero1")}
+
+
+def uneven_join(method: str = "join") -> dict[str, Any]:
+    """zero1 + Muon (matrices owned by both ranks) over rank-dependent batch counts inside
+    px.uneven_inputs: a rank out of data still takes part in the owners' broadcasts."""
+    px = Phalanx(strategy="zero1")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False), nn.Linear(8, 1, bias=False))
+    model, muon = px.prepare(model, torch.optim.Muon(model.parameters(), lr=0.02))
+    g = torch.Generator().manual_seed(px.rank)
+    batches = [torch.randn(4, 8, generator=g) for _ in range(4 - px.rank)]
+    steps = 0
+    with px.uneven_inputs(model, muon, method=method) as uneven:
+        for x in uneven.iter(batches):
+            px.backward(model(x).pow(2).mean())
+            muon.step()
+            muon.zero_grad()
+            steps += 1
+    px.wait_for_everyone()
+    return {"steps": steps, "method": uneven.method, "params": [p.detach().clone() for p in model.parameters()]}

@@ -44,9 +44,11 @@ def fast(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("whole-tensor")
     zero3, zero1 = str(tmp / "muon-zero3"), str(tmp / "adafactor-zero1")
     ranks = run_ranks("tests.dist.harness_calls:calls", 2, timeout=800, args=([
-        (f"{WORKLOAD}:matrix", (FAST,)), (f"{WORKLOAD}:checkpoint_chain", (zero3, zero1))],))
+        (f"{WORKLOAD}:matrix", (FAST,)), (f"{WORKLOAD}:checkpoint_chain", (zero3, zero1)),
+        (f"{WORKLOAD}:uneven_join", ())],))
     one = run_ranks(f"{WORKLOAD}:train", 1, args=("adafactor", 3, 8, None, zero1), timeout=300)
-    return {"matrix": [r[0] for r in ranks], "chain": [r[1] for r in ranks], "one": one}
+    return {"matrix": [r[0] for r in ranks], "chain": [r[1] for r in ranks], "join": [r[2] for r in ranks],
+            "one": one}
 
 
 def _assert_equal_to_one_process(ranks: list[dict], name: str) -> None:
@@ -114,6 +116,13 @@ def test_adafactor_saved_by_zero1_on_two_ranks_resumes_in_one_process_and_contin
                                rtol=2e-4, atol=0)
     for key, value in one["reference"]["state"].items():
         torch.testing.assert_close(one["state"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_zero1_muon_under_join_with_uneven_inputs_finishes_with_equal_weights(fast):
+    steps = [r["steps"] for r in fast["join"]]
+    assert steps == [4, 3] and {r["method"] for r in fast["join"]} == {"join"}
+    for a, b in zip(*(r["params"] for r in fast["join"])):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # every rank holds the same parameters
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -79,7 +80,7 @@ class _Slot:
         return self.param._local_tensor if self.sharded else self.param
 
 
-class WholeTensorOptimizer(torch.optim.Optimizer):
+class WholeTensorOptimizer(torch.optim.Optimizer, Joinable):
     """`optimizer_class` stepped on whole parameters, each by its owner rank of `process_group`.
 
     `param_groups` hold the model's parameters and the hyperparameters (what LR schedulers and DCP
@@ -89,6 +90,7 @@ class WholeTensorOptimizer(torch.optim.Optimizer):
     def __init__(self, param_groups: list[dict[str, Any]], optimizer_class: type[torch.optim.Optimizer],
                  process_group: Any = None, **defaults: Any):
         super().__init__(param_groups, defaults)
+        Joinable.__init__(self)
         self.optimizer_class = optimizer_class
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
@@ -170,6 +172,7 @@ class WholeTensorOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        Join.notify_join_context(self)
         self._refresh_wholes()
         self._stepped = True
         self._sync_hyperparameters()
@@ -191,6 +194,7 @@ class WholeTensorOptimizer(torch.optim.Optimizer):
                 self.state[slot.param] = {}  # non-empty on every rank alike once stepped (DCP asks)
         return loss
 
+    @torch.no_grad()
     def _scatter(self) -> None:
         """One broadcast per owner of its parameters' new values; every rank copies its part in."""
         device = self._device()
@@ -220,6 +224,18 @@ class WholeTensorOptimizer(torch.optim.Optimizer):
             raise NotImplementedError("phalanx assigns each parameter an owner once, at px.prepare; "
                                       "HINT: build the optimizer with every param group before prepare")
         super().add_param_group(param_group)
+
+    # ---- Join (zero1): a rank out of data still takes part in the owners' broadcasts -------------
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        return _BroadcastJoinHook(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._device()
+
+    @property
+    def join_process_group(self) -> Any:
+        return self.process_group if self.process_group is not None else dist.group.WORLD
 
     # ---- checkpoints: every state tensor whole, on every rank ------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -253,6 +269,17 @@ class WholeTensorOptimizer(torch.optim.Optimizer):
         for slot in self._slots:
             self.state[slot.param] = {}
         self._sync_hyperparameters()
+
+
+class _BroadcastJoinHook(JoinHook):
+    """A joined rank's part in a step: the broadcasts (its own parameters go out as they are, as
+    zero1's sharded-state optimizer sends its unstepped chunks)."""
+
+    def __init__(self, optimizer: WholeTensorOptimizer):
+        self.optimizer = optimizer
+
+    def main_hook(self) -> None:
+        self.optimizer._scatter()
 
 
 def holder_group(mesh: Any, plan: Any) -> Any:
