@@ -87,3 +87,18 @@ def test_owners_are_balanced_by_size_and_the_same_on_every_rank():
     assert abs(load[0] - load[1]) <= 5 and owners == balanced_owners(list(sizes), 2)
     big = balanced_owners([100, 1, 1, 1, 1], 4)  # one big tensor: alone on its rank, the rest spread
     assert big[0] not in big[1:] and len(set(big[1:])) == 3
+
+
+def test_an_optimizer_that_cannot_be_rebuilt_on_the_owners_is_refused_at_prepare():
+    from phalanx.strategies.sharded_optimizer import constructor_defaults
+    from phalanx.strategies.whole_tensor_step import build
+
+    class NeedsWidth(torch.optim.Optimizer):  # a constructor argument kept outside its defaults
+        def __init__(self, params, width):
+            super().__init__(params, {"lr": 0.1})
+            self.width = width
+
+    opt = NeedsWidth([torch.nn.Parameter(torch.zeros(3, 3))], width=3)
+    with pytest.raises(ValueError, match=r"zero3: dp_shard 2.*rebuilds it on each owner as NeedsWidth\(param_groups, "
+                                         r"\*\*defaults\); that failed:.*HINT: keep NeedsWidth's constructor arguments"):
+        build(opt, None, _plan("zero3"), constructor_defaults)

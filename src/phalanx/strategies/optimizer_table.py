@@ -76,6 +76,18 @@ it or a parent declares itself. Several optimizers over one model (Muon on the m
 rest, as torch's Muon requires) are prepared together and each takes its own path:
 `model, muon, adamw = px.prepare(model, muon, adamw)`.
 
+The owners rebuild your class over their whole tensors as `YourClass(param_groups, **defaults)`,
+so keep its constructor arguments in the defaults it passes to `torch.optim.Optimizer.__init__`
+(prepare refuses a class that cannot be rebuilt so, naming it). Param groups are fixed at prepare.
+
+## ddp, zero1 and the Newton-Schulz work
+
+Under ddp every rank holds every parameter and DDP's all-reduce leaves the gradients whole, so your
+optimizer steps as given on every rank: torch's Muon under DDP runs Newton-Schulz for every matrix
+on every rank. zero1 splits that work: each rank steps only the parameters it owns and broadcasts
+them, and its optimizer state is split by whole parameters. With Join (`px.uneven_inputs`) under
+zero1, a rank out of data still takes part in the owners' broadcasts.
+
 ## Checkpoints
 
 A whole-tensor optimizer saves its state whole (each owner's tensors, as one process would hold

@@ -298,5 +298,15 @@ def build(optimizer: torch.optim.Optimizer, mesh: Any, plan: Any,
           constructor_defaults: Callable[[torch.optim.Optimizer], dict[str, Any]]) -> WholeTensorOptimizer:
     """A WholeTensorOptimizer with `optimizer`'s class, groups and hyperparameters."""
     groups = [dict(group) for group in optimizer.param_groups]
+    defaults = constructor_defaults(optimizer)
+    try:  # each owner rebuilds the class over its whole tensors: find out now, not at the first step
+        type(optimizer)([nn.Parameter(torch.zeros(2, 2))], **defaults)
+    except TypeError as error:
+        name = type(optimizer).__name__
+        raise ValueError(
+            f"{plan.describe()} steps {name} on whole tensors, one owner rank per parameter, and rebuilds it on "
+            f"each owner as {name}(param_groups, **defaults); that failed: {error}. HINT: keep {name}'s "
+            "constructor arguments in its defaults (super().__init__(params, defaults)), or, if its step is "
+            f"element-wise, declare it: phalanx.declare_optimizer({name}, elementwise=True)") from error
     return WholeTensorOptimizer(groups, type(optimizer), process_group=holder_group(mesh, plan),
-                                **constructor_defaults(optimizer))
+                                **defaults)
