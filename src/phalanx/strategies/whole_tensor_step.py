@@ -6,7 +6,7 @@ least-loaded rank, so no rank does most of the work). Every step:
    tensor parallel its DTensor shards are gathered (`full_tensor`);
 2. the owner steps the user's optimizer class on the whole tensor, which only it holds state for;
    so Muon runs exactly one Newton-Schulz per matrix per step in the whole job;
-3. one broadcast per owner of its updated parameters, flattened; every rank copies its own part
+3. one broadcast per owner (and dtype) of its updated parameters, flattened; every rank copies its part
    (its shard, its tensor-parallel block, or all of it) into the model's parameter.
 
 Under zero1 (plain parameters) the owner steps the model's parameter itself. Under FSDP2 and tensor
@@ -198,14 +198,13 @@ class WholeTensorOptimizer(torch.optim.Optimizer, Joinable):
     def _scatter(self) -> None:
         """One broadcast per owner of its parameters' new values; every rank copies its part in."""
         device = self._device()
-        for owner in range(self.num_ranks):
-            slots = [s for s in self._slots if s.owner == owner]
-            if not slots:
-                continue
+        batches: dict[tuple[int, torch.dtype], list[_Slot]] = {}  # one broadcast per owner and dtype
+        for slot in self._slots:
+            batches.setdefault((slot.owner, slot.param.dtype), []).append(slot)
+        for (owner, dtype), slots in batches.items():
             numel = sum(s.param.numel() for s in slots)
-            dtype = slots[0].param.dtype
             if owner == self.rank:
-                flat = torch.cat([s.whole.detach().reshape(-1).to(dtype) for s in slots])
+                flat = torch.cat([s.whole.detach().reshape(-1) for s in slots])
             else:
                 flat = torch.empty(numel, dtype=dtype, device=device)
             dist.broadcast(flat, src=self._global(owner), group=self.process_group)
