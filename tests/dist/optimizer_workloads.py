@@ -156,11 +156,13 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
 
 def checkpoint_chain(zero3_dir: str, zero1_dir: str) -> dict[str, dict]:
     """Muon: 3 steps under zero3, saved, resumed under ddp and under zero2 (each owner takes its
-    matrices' state) for 3 more; Adafactor: 3 steps under zero1, saved (a one-process run resumes it)."""
+    matrices' state) for 3 more; Adafactor: 3 steps under zero1, saved, resumed under zero3 (a one-process
+    run resumes it too)."""
     return {"muon zero3 saved": train("muon", 3, checkpoint=zero3_dir, strategy="zero3"),
             "muon ddp resumed": train("muon", 3, resume=zero3_dir, strategy="ddp"),
             "muon zero2 resumed": train("muon", 3, resume=zero3_dir, strategy="zero2"),
-            "adafactor zero1 saved": train("adafactor", 3, checkpoint=zero1_dir, strategy="zero1")}
+            "adafactor zero1 saved": train("adafactor", 3, checkpoint=zero1_dir, strategy="zero1"),
+            "adafactor zero3 resumed": train("adafactor", 3, resume=zero1_dir, strategy="zero3")}
 
 
 def uneven_join(method: str = "join") -> dict[str, Any]:

@@ -109,6 +109,15 @@ def test_muon_saved_under_zero3_resumes_under_ddp_and_zero2_and_continues_equal(
             torch.testing.assert_close(resumed["state"][key], value, rtol=1e-3, atol=2e-3, msg=f"{name}: {key}")
 
 
+def test_adafactor_saved_by_zero1_resumes_under_zero3_and_continues_equal(fast):
+    resumed = fast["chain"][0]["adafactor zero3 resumed"]
+    assert resumed["plan"].startswith("zero3") and resumed["steps"] == 3
+    ref = resumed["reference"]
+    torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(ref["losses"][3:]), rtol=2e-4, atol=0)
+    for key, value in ref["state"].items():
+        torch.testing.assert_close(resumed["state"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
 def test_adafactor_saved_by_zero1_on_two_ranks_resumes_in_one_process_and_continues_equal(fast):
     (one,) = fast["one"]
     assert one["plan"].startswith("single") and one["steps"] == 3
