@@ -34,6 +34,11 @@ HSDP_2X2 = {"strategy": "hsdp", "strategy_options": {"replicate_size": 2, "shard
 SLOW_FOUR = {f"{which} {name}": {"which": which, **settings}
              for which in ("muon", "adafactor", "trust")
              for name, settings in {"hsdp 2x2": HSDP_2X2, "zero3 x tp2": {"strategy": "zero3", "tp": 2}}.items()}
+SLOW_FOUR.update({  # pipeline stages composed: the owners are the ranks that hold the same stage
+    "muon pp2 x zero1": {"which": "muon", "strategy": "zero1", "pp": 2},
+    "adafactor pp2 x zero3": {"which": "adafactor", "strategy": "zero3", "pp": 2},
+    "muon pp2 x tp2": {"which": "muon", "strategy": "ddp", "pp": 2, "tp": 2},
+})
 WORKLOAD = "tests.dist.optimizer_workloads"
 
 
@@ -147,7 +152,7 @@ def test_every_layout_on_two_ranks_equals_one_process():
 
 
 @pytest.mark.slow
-def test_hsdp_and_zero3_x_tp2_on_four_ranks_equal_one_process():
+def test_hsdp_zero3_x_tp2_and_pipelines_on_four_ranks_equal_one_process():
     ranks = run_ranks(f"{WORKLOAD}:matrix", 4, args=(SLOW_FOUR,), timeout=850)
     for name in SLOW_FOUR:
         _assert_equal_to_one_process(ranks, name)
