@@ -27,6 +27,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
+from phalanx.strategies.parallel_plan import MESH_DIMS
+
 
 def _is_dtensor(t: torch.Tensor) -> bool:
     return hasattr(t, "device_mesh") and hasattr(t, "placements")
@@ -287,7 +289,7 @@ def holder_group(mesh: Any, plan: Any) -> Any:
     ranks. Built at prepare, by every rank together."""
     if plan.pp == 1 or mesh is None:
         return None
-    dims = tuple(d for d in ("dp_replicate", "dp_shard", "tp") if getattr(plan, d) > 1)
+    dims = tuple(d for d in MESH_DIMS if d != "pp" and getattr(plan, d) > 1)
     if len(dims) == 1:
         return mesh[dims[0]].get_group()
     return mesh[dims]._flatten("stage_holders").get_group()
