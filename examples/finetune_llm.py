@@ -24,6 +24,14 @@ its frozen weights and its adapters. `--save DIR` writes a directory `AutoModelF
 loads, adapters merged into the weights (`--keep-adapters`: the adapters alone, with the base
 model's path in their config, which from_pretrained also loads). Checkpoints and resume as for any
 model: `--checkpoint-dir DIR` (phalanx's setting) with `--checkpoint-every N`.
+
+`--optimizer muon`: torch's Muon on the decoder layers' matrices (adapters too, under `--lora`), with
+its learning rate matched to AdamW's RMS, and AdamW on the rest (embeddings, head, norms), as Muon is
+meant to be used. Muon orthogonalises each whole matrix; under zero1/zero2/zero3/hsdp/tp phalanx
+hands every matrix whole to one owner rank (docs/optimizers.md), so any strategy trains as one
+process would:
+
+    phalanx run --nproc-per-node 2 --strategy zero3 examples/finetune_llm.py --tiny --optimizer muon
 """
 import argparse
 import math
@@ -156,6 +164,19 @@ def save(px, model, config, tokenizer, args, base_dir, out):
     px.wait_for_everyone()
 
 
+def make_optimizers(model, name, lr):
+    """AdamW on every trainable weight; or Muon on the decoder layers' 2-D weights (their RMS matched
+    to AdamW's, so one learning rate serves both) and AdamW on the embeddings, head, norms and biases."""
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if name == "adamw":
+        return [torch.optim.AdamW([p for _, p in trainable], lr=lr, weight_decay=0.0)]
+    matrices = [p for n, p in trainable if p.dim() == 2 and ".layers." in f".{n}"]
+    chosen = {id(p) for p in matrices}
+    rest = [p for _, p in trainable if id(p) not in chosen]
+    muon = torch.optim.Muon(matrices, lr=lr, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
+    return [muon] + ([torch.optim.AdamW(rest, lr=lr, weight_decay=0.0)] if rest else [])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -174,6 +195,8 @@ def main():
     parser.add_argument("--checkpoint-every", type=int, metavar="N", help="px.save_state() every N steps "
                                                                           "(needs --checkpoint-dir)")
     parser.add_argument("--save", metavar="DIR", help="write a from_pretrained directory after training")
+    parser.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                        help="muon: Muon on the decoder layers' matrices, AdamW on the rest")
     args = parser.parse_args()
 
     paragraphs = load_paragraphs(args.data, args.limit)
@@ -200,10 +223,11 @@ def main():
         if args.lora:
             model = add_lora(model, args.lora)
     lr = args.lr or (1e-3 if args.tiny else 2e-4)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    optimizers = make_optimizers(model, args.optimizer, lr)
+    optimizer_names = " + ".join(type(o).__name__ for o in optimizers)
     train_loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, collate_fn=collate(pad_id))
     eval_loader = DataLoader(held_out, batch_size=args.batch_size, collate_fn=collate(pad_id))
-    model, optimizer, train_loader, eval_loader = px.prepare(model, optimizer, train_loader, eval_loader)
+    model, *optimizers, train_loader, eval_loader = px.prepare(model, *optimizers, train_loader, eval_loader)
     px.load_model(model, base_dir)  # each rank reads its own slices of the safetensors files
     with torch.no_grad():  # LoRA's B starts at zero: the adapted model starts as the pretrained one
         for name, param in model.named_parameters():
@@ -213,7 +237,7 @@ def main():
     trainable = sum(p.numel() for p in px.unwrap_model(model).parameters() if p.requires_grad)
     px.print(f"{len(train)} training and {len(held_out)} held-out paragraphs; strategy {px.strategy_name}, "
              f"{px.world_size} process(es); training {'LoRA adapters' if args.lora else 'every weight'} "
-             f"({trainable:,} parameters)"
+             f"({trainable:,} parameters) with {optimizer_names}"
              + (f"; resumed at step {px.global_step}" if resumed else ""))
 
     before = evaluate(px, model, eval_loader)
@@ -225,8 +249,9 @@ def main():
                 sums, counts = token_losses(model, batch)
                 px.backward(sums.sum(), num_items=counts.sum())  # Σ loss / Σ tokens over the global batch
                 px.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad()
+                for optimizer in optimizers:
+                    optimizer.step()
+                    optimizer.zero_grad()
             if not px.sync_gradients:
                 continue
             step = px.global_step

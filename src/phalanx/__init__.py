@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["Phalanx", "seed_everything", "spawn", "__version__"]
+__all__ = ["Phalanx", "declare_optimizer", "seed_everything", "spawn", "__version__"]
 
 if TYPE_CHECKING:
     from phalanx.launch.spawn import spawn
     from phalanx.facade import Phalanx
     from phalanx.runtime.seeding import seed_everything
+    from phalanx.strategies.optimizer_kinds import declare_optimizer
 
 
 def __getattr__(name: str):
@@ -29,4 +30,8 @@ def __getattr__(name: str):
         from phalanx.runtime.seeding import seed_everything
 
         return seed_everything
+    if name == "declare_optimizer":  # declare_optimizer(MyOpt, elementwise=...): docs/optimizers.md
+        from phalanx.strategies.optimizer_kinds import declare_optimizer
+
+        return declare_optimizer
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

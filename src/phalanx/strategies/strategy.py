@@ -4,6 +4,7 @@ instead of branching on strategy names."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from typing import Any, ContextManager, Iterable
 
@@ -13,7 +14,8 @@ from torch import nn
 from phalanx.loop.precision import Precision
 from phalanx.runtime.context import DistContext
 from phalanx.logging.rank_log import get_logger
-from phalanx.strategies import fsdp, grad_norm
+from phalanx.strategies import fsdp, grad_norm, optimizer_kinds, whole_tensor_step
+from phalanx.strategies.optimizer_kinds import Route
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.parallelize import Wrapper, dp_group, parallelize
@@ -93,6 +95,14 @@ class ParallelStrategy:
         if self.plan.shards_optimizer_only and (isinstance(optimizer, ShardedStateOptimizer)
                                                 or _is_zero_redundancy(optimizer)):
             return optimizer  # a zero1 optimizer the script built itself
+        kind = optimizer_kinds.classify(optimizer)
+        if optimizer_kinds.route(kind.kind, self.plan, type(optimizer).__name__) is Route.WHOLE_ON_OWNER:
+            if not kind.declared:
+                warnings.warn(optimizer_kinds.undeclared_warning(optimizer, self.plan.describe()), stacklevel=4)
+            refuse_optimizer_with_state(optimizer, self.name)
+            if self._rebind or self._elsewhere:
+                self._point_at_replacements(optimizer)
+            return whole_tensor_step.build(optimizer, self.mesh, self.plan, constructor_defaults)
         if self._rebind or self._elsewhere or self.plan.shards_optimizer_only:
             refuse_optimizer_with_state(optimizer, self.name)
         if self._rebind or self._elsewhere:

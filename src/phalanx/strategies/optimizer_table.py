@@ -1,0 +1,150 @@
+"""docs/optimizers.md, generated from the classification the code uses (strategies/optimizer_kinds.py):
+each optimizer's kind, and `route(kind, plan)` over the layouts the presets build.
+
+    python -m phalanx.strategies.optimizer_table docs/optimizers.md    # regenerate (no path: print it)
+
+tests/docs/test_optimizer_table.py fails when the committed page differs from what this writes.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from phalanx.strategies import presets
+from phalanx.strategies.optimizer_kinds import (ATTRIBUTE, TORCH_ELEMENTWISE, TORCH_WHOLE_MODEL, TORCH_WHOLE_TENSOR,
+                                                Route, StepKind, route)
+from phalanx.strategies.parallel_plan import ParallelPlan
+
+COMMAND = "python -m phalanx.strategies.optimizer_table docs/optimizers.md"
+
+# column title -> (preset, world_size, local_world_size, tp, pp, cpu_offload)
+LAYOUTS: dict[str, tuple[str, int, int, int, int, bool]] = {
+    "ddp, one process": ("ddp", 2, 2, 1, 1, False),
+    "zero1": ("zero1", 2, 2, 1, 1, False),
+    "zero2": ("zero2", 2, 2, 1, 1, False),
+    "zero3": ("zero3", 2, 2, 1, 1, False),
+    "hsdp": ("hsdp", 4, 2, 1, 1, False),
+    "tp 2": ("ddp", 2, 2, 2, 1, False),
+    "zero3 x tp 2": ("zero3", 4, 4, 2, 1, False),
+    "pp 2": ("ddp", 2, 2, 1, 2, False),
+    "zero3, cpu_offload": ("zero3", 2, 2, 1, 1, True),
+}
+CELLS = {Route.AS_GIVEN: "as given", Route.SLICES: "slices", Route.WHOLE_ON_OWNER: "**whole, on an owner**"}
+
+INTRO = f"""# Optimizers
+
+<!-- Generated from src/phalanx/strategies/optimizer_kinds.py by `{COMMAND}`; do not edit by hand. -->
+
+Layouts that split tensors hand an optimizer slices: zero1 its flat chunks of each parameter, zero2,
+zero3 and hsdp FSDP2's row shards, tensor parallel its column or row blocks. For an **element-wise**
+optimizer (SGD, Adam, AdamW, ...: each element is updated from its own gradient and state) stepping the
+slices is the same as stepping the whole tensor, and fast. For an optimizer that reads a **whole
+tensor** it is not: Muon orthogonalises the whole matrix (Newton-Schulz), Adafactor factors rows and
+columns and scales by the parameter's RMS, a LAMB-style trust ratio takes the whole tensor's norm. On
+slices they would train silently differently, so phalanx gives each such parameter to one **owner**
+rank (balanced by size), gathers its full gradient there, steps the whole tensor with your optimizer
+class, and scatters the result back to the shards. Muon thus runs exactly one Newton-Schulz per matrix
+per step in the whole job, split over the ranks. Under zero1 the state of a whole-tensor optimizer is
+split by whole parameters (each on its owner) instead of by slices.
+
+Cells: *as given*: your optimizer steps the parameters each rank holds whole (ddp replicates the
+step on every rank; under pp alone each rank steps its own stages); *slices*: each rank steps its
+slices (the fast sharded paths); **whole, on an owner**: as above; *refused*: prepare raises a
+ValueError naming the optimizer, the layout and what to use, before any step.
+"""
+
+DECLARE = f"""
+## Your own optimizer
+
+phalanx cannot read an optimizer's step, so an optimizer it does not know is treated as
+whole-tensor (always correct, slower than slices if it is in fact element-wise), and prepare warns
+once, naming the class and `phalanx parity` as the check against one process. Declare it to choose
+and to silence the warning, either on the class or, for a class you cannot edit, by registering it:
+
+```python
+class Lion(torch.optim.Optimizer):
+    {ATTRIBUTE} = True   # each element from its own gradient and state: steps slices
+
+import phalanx
+phalanx.declare_optimizer(SomeonesLamb, elementwise=False)   # reads whole tensors
+```
+
+A subclass of a torch optimizer counts as your own (its step may read more than the parent's), unless
+it or a parent declares itself. Several optimizers over one model (Muon on the matrices, AdamW on the
+rest, as torch's Muon requires) are prepared together and each takes its own path:
+`model, muon, adamw = px.prepare(model, muon, adamw)`.
+
+The owners rebuild your class over their whole tensors as `YourClass(param_groups, **defaults)`,
+so keep its constructor arguments in the defaults it passes to `torch.optim.Optimizer.__init__`
+(prepare refuses a class that cannot be rebuilt so, naming it). Param groups are fixed at prepare.
+
+## ddp, zero1 and the Newton-Schulz work
+
+Under ddp every rank holds every parameter and DDP's all-reduce leaves the gradients whole, so your
+optimizer steps as given on every rank: torch's Muon under DDP runs Newton-Schulz for every matrix
+on every rank. zero1 splits that work: each rank steps only the parameters it owns and broadcasts
+them, and its optimizer state is split by whole parameters. With Join (`px.uneven_inputs`) under
+zero1, a rank out of data still takes part in the owners' broadcasts.
+
+## Checkpoints
+
+A whole-tensor optimizer saves its state whole (each owner's tensors, as one process would hold
+them), so a checkpoint resumes under any layout: zero3 to ddp, zero1 on 2 ranks to 1 rank, and back.
+Saving briefly holds every state tensor on every rank.
+
+## Cost
+
+Per step, over what the layout moves anyway: each sharded parameter's gradient gathered (under zero1
+the gradients are whole already) and one broadcast per owner of its updated parameters.
+`bench/optimizers.py` measures step time and bytes moved for Muon beside AdamW
+([Benchmarks](benchmarks.md)).
+"""
+
+
+def _plan(preset: str, world: int, local: int, tp: int, pp: int, offload: bool) -> ParallelPlan:
+    return presets.build(preset, world_size=world, local_world_size=local, tp=tp, pp=pp, cpu_offload=offload)
+
+
+def _cell(kind: StepKind, plan: ParallelPlan) -> str:
+    try:
+        return CELLS[route(kind, plan)]
+    except ValueError:
+        return "refused"
+
+
+def rows() -> list[tuple[str, StepKind]]:
+    """(row title, kind) for torch's optimizers and a user's, in the table's order."""
+    out = [(f"`torch.optim.{n}`", StepKind.ELEMENTWISE) for n in TORCH_ELEMENTWISE if hasattr(torch.optim, n)]
+    out += [(f"`torch.optim.{n}`", StepKind.WHOLE_TENSOR) for n in TORCH_WHOLE_TENSOR if hasattr(torch.optim, n)]
+    out += [(f"`torch.optim.{n}`", StepKind.WHOLE_MODEL) for n in TORCH_WHOLE_MODEL if hasattr(torch.optim, n)]
+    return out + [("yours, declared element-wise", StepKind.ELEMENTWISE),
+                  ("yours, declared whole-tensor", StepKind.WHOLE_TENSOR),
+                  ("yours, undeclared (warns at prepare)", StepKind.WHOLE_TENSOR)]
+
+
+def table_text() -> str:
+    """docs/optimizers.md as the classification says it should read."""
+    plans = {title: _plan(*spec) for title, spec in LAYOUTS.items()}
+    lines = [INTRO, "| optimizer | kind | " + " | ".join(plans) + " |",
+             "|---|---|" + "---|" * len(plans)]
+    for title, kind in rows():
+        lines.append(f"| {title} | {kind.value} | " + " | ".join(_cell(kind, p) for p in plans.values()) + " |")
+    return "\n".join(lines) + "\n" + DECLARE
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print(f"usage: {COMMAND.replace('docs/optimizers.md', '[OUT.md]')}", file=sys.stderr)
+        return 2
+    if args:
+        Path(args[0]).write_text(table_text())
+    else:
+        sys.stdout.write(table_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
