@@ -185,6 +185,11 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "zero2/zero3 embedding tables: auto (each rank keeps its rows; a forward exchanges the looked-up rows "
             "or the table, whichever is smaller) or params (gathered whole like any parameter)",
             needs=Needs.ROW_SHARDED_EMBEDDINGS),
+    Setting("zero1_gather", kinds.choice(names.ZERO1_GATHER_MODES), "bucketed",
+            "zero1: how updated chunks reach every rank: bucketed (transient buffers of at most 16 MiB, nothing "
+            "kept between steps) or persistent (one all-gather of the whole model into a buffer kept for good: "
+            "a little faster, (1 + 1/N) x the parameters' bytes more per rank)",
+            needs=Needs.SHARDED_OPTIMIZER),
     Setting("sync_batchnorm", kinds.BOOL, False,
             "convert BatchNorm layers to SyncBatchNorm at prepare: statistics over every rank's samples, as one "
             "process on the global batch (gloo and NCCL)", bool_flag=True),
