@@ -170,6 +170,11 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "module names to cut pipeline stages before, pp - 1 of them, e.g. layers.4 (default: even by "
             "parameter count over the model's largest ModuleList/Sequential)", value_name="NAMES",
             needs=Needs.PIPELINE),
+    Setting("host_mmap_threshold", kinds.bytes_at_most(32 * 2**20, "glibc's largest mmap threshold is 32MiB"), 2**20,
+            "CPU runs on glibc: host allocations this large or larger are mapped on their own and returned to the "
+            "system when freed (mallopt M_MMAP_THRESHOLD), so ZeRO's freed buffers and each step's activations do "
+            "not stay resident in glibc's heap; at most 32MiB; 0 leaves glibc's default",
+            value_name="SIZE"),
     Setting("memory_budget", kinds.BYTES, None,
             "per-device memory budget strategy auto compares the model with, e.g. 8GB "
             "(default: 60% of the GPU, or of RAM shared by the local ranks)", needs=Needs.AUTO),
