@@ -16,7 +16,7 @@ from phalanx.data.batch_records import BatchRecords
 from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
-from phalanx.runtime import collectives, device_peaks, parity_record, preemption, seeding, uneven, watchdog
+from phalanx.runtime import collectives, device_peaks, host_memory, parity_record, preemption, seeding, uneven, watchdog
 from phalanx.observe import start as observe
 from phalanx.runtime.context import AgentEnv, DistContext, launcher_settings, parity_request
 from phalanx.checkpoint.state import base_optimizer
@@ -66,6 +66,8 @@ class Phalanx:
                                   config.from_kwargs({"strategy": strategy, **settings}))
         cfg = self.config = resolved.config
         self.ctx = DistContext.from_env(cpu=cfg.cpu)
+        if self.ctx.device.type == "cpu":  # tensors live in host memory: give freed ones back
+            host_memory.fix_mmap_threshold(cfg.host_mmap_threshold)
         self.settings = choose(resolved, strategy_options)
         # A given seed seeds Python/NumPy/torch alike on every rank (identical models); without one,
         # the data order and worker seeds use the setting's default (0), and the global RNGs are

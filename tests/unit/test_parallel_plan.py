@@ -74,7 +74,7 @@ def test_layouts_that_cannot_be_built_are_refused_with_the_valid_values(kwargs, 
 # with a need must be added here, which is the point: its applicability is then walked below.
 ASKING = {"find_unused_parameters": True, "static_graph": True, "bucket_cap_mb": 10, "gradient_as_bucket_view": False,
           "comm_hook": "fp16", "powersgd_rank": 2, "powersgd_start_iter": 5, "memory_budget": "1GB",
-          "embedding_exchange": "params", "sequence_parallel": True, "pp_schedule": "GPipe", "pp_microbatches": 4,
+          "embedding_exchange": "params", "zero1_gather": "persistent", "sequence_parallel": True, "pp_schedule": "GPipe", "pp_microbatches": 4,
           "pp_split": ["layers.2"]}
 PRESET_NAMES = ["ddp", "zero1", "zero2", "zero3", "hsdp", "dp", "auto"]
 REFUSED_UNDER_PP = {"static_graph"}  # DDP per pipeline stage computes wrong gradients with it (settings_check)
@@ -96,7 +96,8 @@ def test_every_setting_x_preset_is_applied_refused_or_warned_never_ignored(name,
     plan = settings_check.intended_plan(resolved, world, 2 if preset == "hsdp" else world)
     need = config.BY_NAME[name].needs
     if plan is None:  # auto: undecided; what it may choose is checked once it has chosen
-        met = (need is not Needs.TENSOR_PARALLEL or tp > 1) and (need is not Needs.PIPELINE or pp > 1)
+        met = (need is not Needs.TENSOR_PARALLEL or tp > 1) and (need is not Needs.PIPELINE or pp > 1) \
+            and need is not Needs.SHARDED_OPTIMIZER  # auto picks ddp or zero3, never zero1
     else:
         met = plan.has(need)
     if met and pp > 1 and name in REFUSED_UNDER_PP and (plan is None or plan.uses_ddp):

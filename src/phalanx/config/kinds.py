@@ -182,6 +182,17 @@ def parse_bytes(text: Any) -> int:
 BYTES = Kind("size", parse_bytes, parse_bytes)
 
 
+def bytes_at_most(limit: int, why: str) -> Kind:
+    """A size of at most `limit` bytes (`why` says where the limit comes from)."""
+    def parse(value: Any) -> int:
+        n = parse_bytes(value)
+        if n < 0 or n > limit:
+            raise ValueError(f"expected a size from 0 to {limit} bytes ({why})")
+        return n
+
+    return Kind("size", parse, parse)
+
+
 def _count_or_auto(value: Any) -> int | str:
     if value in ("auto", "gpu", "cpu"):  # torchrun's words for --nproc-per-node
         return value

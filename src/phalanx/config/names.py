@@ -9,6 +9,9 @@ import enum
 STRATEGIES: tuple[str, ...] = ("dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "auto", "hsdp", "single")
 STRATEGY_ALIASES: dict[str, str] = {"fsdp": "zero3"}
 
+# zero1's gather of the updated chunks: transient buckets (memory) or one persistent buffer (speed)
+ZERO1_GATHER_MODES: tuple[str, ...] = ("bucketed", "persistent")
+
 PRECISIONS: tuple[str, ...] = ("no", "bf16", "fp16")
 PRECISION_ALIASES: dict[str, str] = {"none": "no", "fp32": "no", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -57,6 +60,7 @@ class Needs(str, enum.Enum):
     DDP = "DistributedDataParallel"  # ddp, zero1 without tensor parallel
     FSDP = "FSDP2"  # zero2, zero3, hsdp, and every data-parallel layout with tensor parallel
     ROW_SHARDED_EMBEDDINGS = "embeddings looked up where their rows live"  # zero2/zero3 on one mesh dim
+    SHARDED_OPTIMIZER = "zero1's sharded optimizer state"  # zero1 over more than one data-parallel rank
     AUTO = "strategy auto"
     TENSOR_PARALLEL = "tensor parallel (tp > 1)"
     PIPELINE = "pipeline parallel (pp > 1)"

@@ -178,6 +178,11 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "module names to cut pipeline stages before, pp - 1 of them, e.g. layers.4 (default: even by "
             "parameter count over the model's largest ModuleList/Sequential)", value_name="NAMES",
             needs=Needs.PIPELINE),
+    Setting("host_mmap_threshold", kinds.bytes_at_most(32 * 2**20, "glibc's largest mmap threshold is 32MiB"), 2**20,
+            "CPU runs on glibc: host allocations this large or larger are mapped on their own and returned to the "
+            "system when freed (mallopt M_MMAP_THRESHOLD), so ZeRO's freed buffers and each step's activations do "
+            "not stay resident in glibc's heap; at most 32MiB; 0 leaves glibc's default",
+            value_name="SIZE"),
     Setting("memory_budget", kinds.BYTES, None,
             "per-device memory budget strategy auto compares the model with, e.g. 8GB "
             "(default: 60% of the GPU, or of RAM shared by the local ranks)", needs=Needs.AUTO),
@@ -193,6 +198,11 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "zero2/zero3 embedding tables: auto (each rank keeps its rows; a forward exchanges the looked-up rows "
             "or the table, whichever is smaller) or params (gathered whole like any parameter)",
             needs=Needs.ROW_SHARDED_EMBEDDINGS),
+    Setting("zero1_gather", kinds.choice(names.ZERO1_GATHER_MODES), "bucketed",
+            "zero1: how updated chunks reach every rank: bucketed (transient buffers of at most 16 MiB, nothing "
+            "kept between steps) or persistent (one all-gather of the whole model into a buffer kept for good: "
+            "a little faster, (1 + 1/N) x the parameters' bytes more per rank)",
+            needs=Needs.SHARDED_OPTIMIZER),
     Setting("sync_batchnorm", kinds.BOOL, False,
             "convert BatchNorm layers to SyncBatchNorm at prepare: statistics over every rank's samples, as one "
             "process on the global batch (gloo and NCCL)", bool_flag=True),

@@ -3,8 +3,10 @@
 
 The plan follows each strategy's placement rules: ddp replicates everything; zero1 keeps full
 parameters and gradients and splits every parameter's optimizer state along dim 0 over the ranks
-(strategies/sharded_optimizer.py); zero2/zero3 split every parameter along dim 0 into
-`world_size` chunks (as FSDP2 does). Activations and communication buffers are not model state.
+(strategies/sharded_optimizer.py), with `zero1_gather persistent` also a gather buffer of the whole
+model kept between steps (`buffers`); zero2/zero3 split every parameter along dim 0 into
+`world_size` chunks (as FSDP2 does). Activations and transient communication buffers are not
+counted here.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ OPTIMIZER_STATES: dict[str, tuple[int, bool]] = {
     "adagrad": (1, True), "rmsprop": (1, True),
 }
 STEP_BYTES = 4  # AdamW's `step` is a float32 scalar tensor per parameter on CPU
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero3-offload")
+STRATEGIES = ("ddp", "zero1", "zero1-persistent", "zero2", "zero3", "zero3-offload")
 DEFAULT_BUDGET_FRACTION = 0.6  # of device memory; the rest is left for activations and buffers
 
 
@@ -51,10 +53,12 @@ class RankBytes:
     grads: int = 0
     optimizer: int = 0
     host: int = 0
+    buffers: int = 0
+    """Communication buffers phalanx keeps between steps (zero1's persistent gather buffer)."""
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer
+        return self.params + self.grads + self.optimizer + self.buffers
 
 
 def model_sizes(model: nn.Module) -> list[ParamSize]:
@@ -95,6 +99,15 @@ def zero1_optimizer_bytes(size: ParamSize, world_size: int, rank: int, optimizer
     return states * numel * size.element_size + (STEP_BYTES if has_step else 0)
 
 
+def zero1_gather_buffer_bytes(sizes: list[ParamSize], world_size: int) -> int:
+    """zero1_gather persistent: the send buffer (one padded chunk of every parameter) and the
+    receive buffer (world_size of them), kept between steps."""
+    def padded_numel(size: ParamSize) -> int:
+        return math.ceil(size.shape[0] / world_size) * math.prod(size.shape[1:]) if size.shape else 1
+
+    return sum(padded_numel(s) * s.element_size for s in sizes) * (world_size + 1)
+
+
 def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
     """Which rank holds each whole parameter's optimizer state under torch's
     ZeroRedundancyOptimizer (greedy, largest first; zero1 itself splits every parameter)."""
@@ -118,6 +131,8 @@ def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
     out["zero1"] = [RankBytes(full.params, full.grads,
                               sum(zero1_optimizer_bytes(s, world_size, r, optimizer) for s in sizes))
                     for r in range(world_size)]
+    gather = zero1_gather_buffer_bytes(sizes, world_size)
+    out["zero1-persistent"] = [RankBytes(b.params, b.grads, b.optimizer, buffers=gather) for b in out["zero1"]]
     sharded = [_sharded_bytes(sizes, world_size, r, optimizer) for r in range(world_size)]
     out["zero2"] = sharded
     out["zero3"] = [RankBytes(b.params, b.grads, b.optimizer) for b in sharded]
@@ -239,4 +254,5 @@ def measure(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) ->
         optimizer = unwrap_optimizer(optimizer)
         inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local optimizer
         out.optimizer = sum(_bytes(t) for t in _tensors(list(inner.state.values())))
+        out.buffers = optimizer.buffer_bytes() if hasattr(optimizer, "buffer_bytes") else 0
     return out

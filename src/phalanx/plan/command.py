@@ -149,7 +149,7 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
     fb = memory.format_bytes
     dp_size = world_size // (tp * pp)
     table = memory.plan(sizes, dp_size, optimizer, hsdp_shard_size=hsdp_shard_size)
-    width = 14 + 6 * (tp > 1) + 6 * (pp > 1)
+    width = 17 + 6 * (tp > 1) + 6 * (pp > 1)
     whole = full_sizes if full_sizes is not None else sizes
     num_params = sum(s.numel for s in whole)
     lines = [f"model: {num_params:,} trainable parameters ({fb(sum(s.nbytes for s in whole))}), "
@@ -161,8 +161,8 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
                      f"(the tp plan's layers split {tp} ways, the rest whole); the strategies below shard that "
                      f"over the {dp_size} data-parallel ranks")
     lines += ["per-rank model state (the largest rank; activations not included):",
-             f"  {'strategy':{width}s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'total':>11s}  "
-             f"{'vs ddp':>6s}"]
+             f"  {'strategy':{width}s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'buffers':>11s} "
+             f"{'total':>11s}  {'vs ddp':>6s}"]
     ddp_total = table["ddp"][0].total
     for name, ranks in table.items():
         worst = max(ranks, key=lambda b: b.total + b.host)
@@ -177,8 +177,10 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
         if pp > 1:
             name = f"{name} x pp{pp}"
         lines.append(f"  {name:{width}s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
-                     f"{fb(worst.total):>11s}  {ratio:6.2f}{note}")
-    lines.append("  (at rest, between steps; during a step zero2 also holds every unit's gathered parameters\n"
+                     f"{fb(worst.buffers):>11s} {fb(worst.total):>11s}  {ratio:6.2f}{note}")
+    lines.append("  (at rest, between steps; zero1-persistent is zero1 with zero1_gather persistent: one all-gather per\n"
+                 "   step into a buffer kept for good, where zero1 gathers through transient buckets of at most 16 MiB;\n"
+                 "   during a step zero2 also holds every unit's gathered parameters\n"
                  "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks';\n"
                  "   root-level embedding tables are never gathered whole while a forward's tokens x ranks are fewer than their rows)")
     if activations is not None:

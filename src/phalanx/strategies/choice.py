@@ -44,6 +44,8 @@ def choose(resolved: Any, strategy_options: Mapping[str, Any] | StrategyOptions 
         options.activation_checkpointing = cfg.activation_checkpointing
     if resolved.is_set("embedding_exchange"):
         options.embedding_exchange = cfg.embedding_exchange
+    if resolved.is_set("zero1_gather"):
+        options.zero1_gather = cfg.zero1_gather
     if resolved.is_set("compile"):
         options.compile = cfg.compile
     if cfg.tp_plan is not None:

@@ -31,6 +31,8 @@ class StrategyOptions:
     """zero2/zero3: 'auto': root-level embedding tables stay sharded by rows and each forward
     exchanges the looked-up rows or the table, whichever is smaller (strategies/sharded_embedding.py);
     'params': FSDP2 gathers them whole like any parameter."""
+    zero1_gather: str = "bucketed"
+    """zero1: 'bucketed' (transient gather buffers) or 'persistent' (one buffer kept between steps)."""
     init_weights: Callable[[nn.Module], None] | None = None
     """A model built on the meta device: fn(module) initialising one module's own parameters and
     buffers, called per module at prepare (default: the module's reset_parameters())."""

@@ -152,6 +152,8 @@ class ParallelPlan:
             # one data-parallel mesh dim, shards in device memory, no tensor parallel
             return (self.uses_fsdp and self.sharding >= Sharding.GRADIENTS and self.dp_replicate == 1
                     and self.tp == 1 and not self.cpu_offload)
+        if need is Needs.SHARDED_OPTIMIZER:
+            return self.shards_optimizer_only
         if need is Needs.TENSOR_PARALLEL:
             return self.tp > 1
         if need is Needs.PIPELINE:

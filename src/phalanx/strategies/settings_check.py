@@ -135,6 +135,9 @@ def _refusal(need: Needs, plan: ParallelPlan | None, tp: int) -> str:
     if need is Needs.ROW_SHARDED_EMBEDDINGS:
         return (f"only zero2/zero3 on one data-parallel dimension, without CPU offload or tensor parallel, look "
                 f"embeddings up where their rows live, and {layout} is not that layout. HINT: drop the setting")
+    if need is Needs.SHARDED_OPTIMIZER:
+        return (f"only zero1 over more than one data-parallel rank gathers sharded optimizer updates, and {layout} "
+                "is not that layout (auto picks ddp or zero3). HINT: use strategy zero1, or drop the setting")
     if need is Needs.TENSOR_PARALLEL:
         return f"a tensor-parallel setting, but tp is 1. HINT: set tp > 1 (e.g. --tp 2), or drop it"
     if need is Needs.PIPELINE:

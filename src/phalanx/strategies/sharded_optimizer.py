@@ -6,6 +6,12 @@ rank owns the same dim-0 chunk of every parameter (torch.chunk's split, as FSDP2
 the user's optimizer class on those chunks only, then all-gathers the updated chunks so every rank
 holds the full parameters again. Gradients stay full on every rank (DDP all-reduces them).
 
+Memory: a chunk is a view of its parameter's own rows, so zero1 keeps no copy of the parameters;
+what a rank holds at rest is the model, its gradients and 1/N of the optimizer state. The gather
+goes through transient buckets (`gather="bucketed"`, at most GATHER_BUCKET_BYTES gathered at a
+time), or through one persistent buffer of the whole model, sent and received in one collective
+(`gather="persistent"`: a little faster, at (1 + 1/N) x the parameters' bytes held for good).
+
 Checkpoints: `state_dict()` exposes each chunk's state as a DTensor sharded on dim 0 of the full
 parameter, the layout zero3 (FSDP2) saves, so DCP checkpoints move between zero1, zero3, hsdp and
 ddp in both directions.
@@ -21,8 +27,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
+from phalanx.config.names import ZERO1_GATHER_MODES as GATHER_MODES
 from phalanx.runtime.collectives import all_gather_single
 
+GATHER_BUCKET_BYTES = 16 * 2**20
+"""bucketed: the most bytes one all-gather receives (its send buffer is 1/N of that)."""
 
 
 def dim0_chunk(rows: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -38,11 +47,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Slot:
-    """One parameter: its full tensor, this rank's chunk (a view into the local buffer) and where
-    that chunk sits in the buffer all ranks gather. Under tensor parallel the parameter is a DTensor
-    and "full" means this rank's tensor-parallel part of it, which the data-parallel ranks share."""
+    """One parameter: its full tensor, this rank's chunk (a view of the full tensor's rows, stepped
+    in place) and where that chunk sits in the buffer all ranks gather. Under tensor parallel the
+    parameter is a DTensor and "full" means this rank's tensor-parallel part of it, which the
+    data-parallel ranks share."""
 
-    def __init__(self, param: nn.Parameter, world_size: int, rank: int, offset: int):
+    def __init__(self, param: nn.Parameter, world_size: int, rank: int):
         self.param = param
         with torch.no_grad():
             self.full = _local(param)  # what the data-parallel ranks chunk, step and gather
@@ -51,9 +61,23 @@ class _Slot:
         self.row_numel = 1 if self.replicated else math.prod(self.full.shape[1:])
         self.rows_per_rank = rows if self.replicated else math.ceil(rows / world_size)
         self.start, self.end = (0, 1) if self.replicated else dim0_chunk(rows, world_size, rank)
-        self.offset = offset
-        self.padded = self.rows_per_rank * self.row_numel  # numel this slot takes in the buffer
-        self.chunk: nn.Parameter | None = None
+        self.padded = self.rows_per_rank * self.row_numel  # numel this slot takes in a gather
+        self.chunk = nn.Parameter(self._rows(), requires_grad=param.requires_grad)
+
+    def _rows(self) -> torch.Tensor:
+        return self.full if self.replicated else self.full[self.start:self.end]
+
+    def follow_param(self) -> None:
+        """Re-point the chunk at the parameter's storage if the script replaced it
+        (`param.data = ...`): the optimizer keeps its state, keyed by the same chunk."""
+        current = _local(self.param)
+        if current is not self.full and current.data_ptr() != self.full.data_ptr():
+            self.full = current
+            self.chunk.data = self._rows()
+
+    @property
+    def own_numel(self) -> int:
+        return self.chunk.numel()
 
     def grad_chunk(self) -> torch.Tensor | None:
         g = self.param.grad
@@ -71,7 +95,7 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
     """
 
     def __init__(self, param_groups: list[dict[str, Any]], optimizer_class: type[torch.optim.Optimizer],
-                 process_group: Any = None, device_mesh: Any = None, **defaults: Any):
+                 process_group: Any = None, device_mesh: Any = None, gather: str = "bucketed", **defaults: Any):
         super().__init__(param_groups, defaults)
         Joinable.__init__(self)
         self.process_group = process_group
@@ -89,32 +113,30 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         if len(dtypes) > 1:
             raise ValueError(f"zero1 needs one parameter dtype, got {sorted(map(str, dtypes))}. HINT: cast "
                              "the model to one dtype before px.prepare (mixed precision is a setting).")
-        self._slots: list[_Slot] = []
-        offset = 0
-        for p in params:
-            slot = _Slot(p, self.world_size, self.rank, offset)
-            offset += slot.padded
-            self._slots.append(slot)
-        dtype = params[0].dtype if params else torch.float32
-        self._local = torch.zeros(offset, dtype=dtype, device=device)
-        self._gathered = torch.empty(offset * self.world_size, dtype=dtype, device=device)
-        by_param = {}
-        with torch.no_grad():
-            for slot in self._slots:
-                own = (slot.end - slot.start) * slot.row_numel
-                view = self._local[slot.offset:slot.offset + own]
-                if slot.replicated:
-                    view = view.view(())
-                    view.copy_(slot.full)
-                else:
-                    view = view.view(slot.end - slot.start, *slot.full.shape[1:])
-                    view.copy_(slot.full[slot.start:slot.end])
-                slot.chunk = nn.Parameter(view, requires_grad=slot.param.requires_grad)
-                by_param[slot.param] = slot
-        self._by_param: dict[nn.Parameter, _Slot] = by_param
+        if gather not in GATHER_MODES:
+            raise ValueError(f"zero1 gather {gather!r}: use one of {', '.join(GATHER_MODES)}")
+        self.gather = gather
+        self._device = device
+        self._dtype = params[0].dtype if params else torch.float32
+        self._slots: list[_Slot] = [_Slot(p, self.world_size, self.rank) for p in params]
+        self._by_param: dict[nn.Parameter, _Slot] = {slot.param: slot for slot in self._slots}
+        bucket = sum(s.padded for s in self._slots) if gather == "persistent" else \
+            max(1, GATHER_BUCKET_BYTES // (self.world_size * self._dtype.itemsize))
+        self._buckets = _buckets(self._slots, bucket)
+        self._persistent: tuple[torch.Tensor, torch.Tensor] | None = None
+        if gather == "persistent":
+            numel = self._buckets[0][1] if self._buckets else 0
+            self._persistent = (torch.zeros(numel, dtype=self._dtype, device=device),
+                                torch.empty(numel * self.world_size, dtype=self._dtype, device=device))
         self.optim = optimizer_class(
-            [{**{k: v for k, v in g.items() if k != "params"}, "params": [by_param[p].chunk for p in g["params"]]}
+            [{**{k: v for k, v in g.items() if k != "params"},
+              "params": [self._by_param[p].chunk for p in g["params"]]}
              for g in self.param_groups], **defaults)
+
+    def buffer_bytes(self) -> int:
+        """Bytes this optimizer holds beyond the model, its gradients and the optimizer state:
+        the persistent gather buffers, or nothing between steps when gathering in buckets."""
+        return sum(t.numel() * t.element_size() for t in self._persistent or ())
 
     # ---- the step --------------------------------------------------------------------------
     def _sync_hyperparameters(self) -> None:
@@ -132,6 +154,7 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         Join.notify_join_context(self)
         self._sync_hyperparameters()
         for slot in self._slots:
+            slot.follow_param()
             slot.chunk.grad = slot.grad_chunk()
         self.optim.step()
         for slot in self._slots:
@@ -143,15 +166,27 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
 
     @torch.no_grad()
     def gather_params(self) -> None:
-        """Every rank's updated chunks -> the full parameters on every rank (one all-gather)."""
-        all_gather_single(self._gathered, self._local, group=self.process_group)
-        table = self._gathered.view(self.world_size, -1)
-        for slot in self._slots:
-            if slot.replicated:
-                slot.full.copy_(slot.chunk)
-                continue
-            rows = table[:, slot.offset:slot.offset + slot.padded].reshape(-1, *slot.full.shape[1:])
-            slot.full.copy_(rows[:slot.full.shape[0]])
+        """Every rank's updated chunks -> the full parameters on every rank (one all-gather per
+        bucket; one in all with the persistent buffer)."""
+        for slots, numel in self._buckets:
+            if self._persistent is not None:
+                send, received = self._persistent
+            else:
+                send = torch.zeros(numel, dtype=self._dtype, device=self._device)
+                received = torch.empty(numel * self.world_size, dtype=self._dtype, device=self._device)
+            offset = 0
+            for slot in slots:
+                send[offset:offset + slot.own_numel].copy_(slot.chunk.reshape(-1))
+                offset += slot.padded
+            all_gather_single(received, send, group=self.process_group)
+            table = received.view(self.world_size, numel)
+            offset = 0
+            for slot in slots:
+                if not slot.replicated:  # a scalar every rank stepped itself
+                    rows = table[:, offset:offset + slot.padded].reshape(-1, *slot.full.shape[1:])
+                    slot.full.copy_(rows[:slot.full.shape[0]])
+                offset += slot.padded
+            del send, received, table  # a bucket's buffers go before the next one's are made
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
@@ -169,7 +204,7 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         if getattr(self, "_device_mesh", None) is None:
             ranks = dist.get_process_group_ranks(self.process_group) if self.process_group else \
                 list(range(self.world_size))
-            self._device_mesh = DeviceMesh(self._local.device.type, ranks)
+            self._device_mesh = DeviceMesh(self._device.type, ranks)
         return self._device_mesh
 
     def _as_global(self, slot: _Slot, value: Any, gather: bool) -> Any:
@@ -233,11 +268,24 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
 
     @property
     def join_device(self) -> torch.device:
-        return self._local.device
+        return self._device
 
     @property
     def join_process_group(self) -> Any:
         return self.process_group if self.process_group is not None else dist.group.WORLD
+
+
+def _buckets(slots: list[_Slot], numel: int) -> list[tuple[list[_Slot], int]]:
+    """Consecutive slots grouped so each group's padded chunks fit `numel` elements (a slot larger
+    than that goes alone), with each group's total."""
+    out: list[tuple[list[_Slot], int]] = []
+    for slot in slots:
+        if out and out[-1][1] + slot.padded <= numel:
+            out[-1][0].append(slot)
+            out[-1] = (out[-1][0], out[-1][1] + slot.padded)
+        else:
+            out.append(([slot], slot.padded))
+    return out
 
 
 class _GatherJoinHook(JoinHook):

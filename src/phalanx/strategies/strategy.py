@@ -114,7 +114,7 @@ class ParallelStrategy:
             return ShardedStateOptimizer(groups, optimizer_class=type(optimizer),
                                          process_group=dp_group(self.mesh, self.plan),
                                          device_mesh=self.mesh["dp_replicate"] if self.mesh is not None else None,
-                                         **constructor_defaults(optimizer))
+                                         gather=self.options.zero1_gather, **constructor_defaults(optimizer))
         return optimizer
 
     def _point_at_replacements(self, optimizer: torch.optim.Optimizer) -> None:

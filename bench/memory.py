@@ -1,0 +1,170 @@
+"""Per-rank memory of each layout, measured beside what the plan predicts, as ratios to ddp.
+
+A transformers Llama built from a small config (8.3M parameters by default, untied embeddings),
+AdamW, trains on 2 CPU processes under `phalanx run` for each layout in turn, each in fresh
+processes. Every rank reads its resident memory (VmRSS) after `Phalanx()` and before building the
+model (the baseline: torch, transformers and the process group loaded), then:
+- at rest: after 4 steps, with glibc's free memory returned to the system (malloc_trim), minus the
+  baseline: what the layout keeps between steps;
+- peak: the high-water mark (VmHWM, reset through /proc/self/clear_refs) over one more step,
+  minus the baseline: what a step needs on top.
+The plan's figure is `px.memory_report` (parameters, gradients, optimizer state and kept buffers,
+measured from the tensors) and `phalanx plan`'s byte model (memory.plan) for the same model.
+
+Usage: python bench/memory.py [--layouts ddp zero1 zero1-persistent zero2 zero3] [--rounds 1]
+                              [--hidden 256] [--layers 5] [--vocab 8192] [--batch 2] [--seq 64] [--markdown]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUTS = {"ddp": {"strategy": "ddp"}, "zero1": {"strategy": "zero1"},
+           "zero1-persistent": {"strategy": "zero1", "zero1_gather": "persistent"},
+           "zero2": {"strategy": "zero2"}, "zero3": {"strategy": "zero3"}}
+
+WORKER = """\
+import ctypes, json, sys
+import torch
+from phalanx import Phalanx
+from transformers import LlamaConfig, LlamaForCausalLM
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+libc = ctypes.CDLL("libc.so.6")
+
+def trim():
+    libc.malloc_trim(0)
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc.mallinfo2.restype = MallInfo2
+
+def in_use():  # bytes malloc handed out and did not get back: heap chunks in use + mmapped blocks
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+out, hidden, layers, vocab, batch, seq = sys.argv[1], *map(int, sys.argv[2:7])
+options = json.loads(sys.argv[7])
+px = Phalanx(seed=0, **options)
+trim()
+baseline, baseline_used = status("VmRSS"), in_use()
+config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(hidden * 2.75),
+                     num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
+                     max_position_embeddings=256, tie_word_embeddings=False)
+model = LlamaForCausalLM(config)
+params = sum(p.numel() for p in model.parameters())
+model, optimizer = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+g = torch.Generator().manual_seed(px.rank)
+
+def step():
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    optimizer.zero_grad(set_to_none=False)
+    px.backward(model(input_ids=ids, labels=ids).loss)
+    optimizer.step()
+
+for _ in range(4):
+    step()
+trim()
+at_rest, used = status("VmRSS") - baseline, in_use() - baseline_used
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the high-water mark starts again from the current RSS
+step()
+peak = status("VmHWM") - baseline
+report = px.memory_report(model, optimizer)
+with open(f"{out}/rank{px.rank}.json", "w") as f:
+    json.dump({"params": params, "at_rest": at_rest, "in_use": used, "peak": peak, "report": report.total}, f)
+"""
+
+
+def measure(layout: str, args: argparse.Namespace, tmp: Path) -> dict:
+    out = tmp / layout
+    out.mkdir(parents=True, exist_ok=True)
+    script = tmp / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PHALANX_PROGRESS="off", PHALANX_RUN_DIR=str(tmp / "runs"))
+    cmd = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", str(script), str(out),
+           str(args.hidden), str(args.layers), str(args.vocab), str(args.batch), str(args.seq),
+           json.dumps(LAYOUTS[layout])]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"{layout} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return max(ranks, key=lambda r: r["at_rest"])  # the larger rank
+
+
+def planned(args: argparse.Namespace) -> dict[str, int]:
+    """phalanx plan's bytes for the same model (the largest rank), per layout."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from phalanx.model import memory
+
+    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
+                         num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
+                         max_position_embeddings=256, tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    table = memory.plan(memory.model_sizes(model), 2)
+    return {name: max(b.total for b in table[name]) for name in LAYOUTS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over every layout (median reported)")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=5)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
+    parser.add_argument("--seq", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    layouts = ["ddp"] + [name for name in args.layouts if name != "ddp"]
+    runs: dict[str, list[dict]] = {name: [] for name in layouts}
+    with tempfile.TemporaryDirectory(prefix="phalanx-bench-memory-") as tmp:
+        for round_ in range(args.rounds):
+            for name in layouts:
+                runs[name].append(measure(name, args, Path(tmp) / f"r{round_}"))
+    plan = planned(args)
+    mib = 2 ** 20
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name]) / mib
+
+    print(f"Llama {runs['ddp'][0]['params'] / 1e6:.1f}M parameters, AdamW, 2 CPU processes, "
+          f"per-rank MiB above the baseline (the larger rank), median of {args.rounds} round(s)")
+    header = ["layout", "at rest", "vs ddp", "malloc in use", "peak", "vs ddp", "memory_report", "plan",
+              "plan vs ddp", "measured / report"]
+    rows = []
+    for name in layouts:
+        rest, peak, report = med(name, "at_rest"), med(name, "peak"), med(name, "report")
+        rows.append([name, f"{rest:.1f}", f"{rest / med('ddp', 'at_rest'):.2f}", f"{med(name, 'in_use'):.1f}",
+                     f"{peak:.1f}",
+                     f"{peak / med('ddp', 'peak'):.2f}", f"{report:.1f}", f"{plan[name] / mib:.1f}",
+                     f"{plan[name] / plan['ddp']:.2f}", f"{rest / report:.2f}"])
+    if args.markdown:
+        print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        for row in [header] + rows:
+            print("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
+
+
+if __name__ == "__main__":
+    main()
