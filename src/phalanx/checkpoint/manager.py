@@ -21,13 +21,14 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from phalanx.checkpoint import atomic
+from phalanx.checkpoint import atomic, dcp_storage
+from phalanx.checkpoint.object_path import ObjectPath, location
 from phalanx.runtime import collectives
 from phalanx.data.loader import PreparedLoader
 from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, Manifest, hash_files, read_manifest, \
     verify_files, write_manifest
 from phalanx.checkpoint.save_attempt import SaveAttempt
-from phalanx.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner, check_plain, load_plain
+from phalanx.checkpoint.safe_io import SafeLoadPlanner, check_plain, load_plain
 from phalanx.checkpoint.state import base_optimizer, group_by_model, rng_state, seed_all, set_rng_state
 
 COMMON_NAME = "common.pt"
@@ -54,7 +55,7 @@ class Checkpointer:
             raise ValueError(f"checkpoint keep={keep}: must be >= 0 (0 keeps every checkpoint)")
         self.strategy_name = strategy_name
         self.seed = seed
-        self.directory = Path(directory) if directory is not None else None
+        self.directory = location(directory) if directory is not None else None
         if self.directory is not None:  # refused now, not at the first save hours later
             atomic.check_writable(self.directory)
         self.keep = keep
@@ -140,7 +141,7 @@ class Checkpointer:
         if not use_async:
             def write_shards() -> None:
                 with _quiet_alone():
-                    dcp.save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
+                    dcp.save(entries, storage_writer=dcp_storage.writer(staging),
                              no_dist=not collectives.is_distributed())
 
             attempt.run(write_shards)
@@ -152,7 +153,7 @@ class Checkpointer:
 
         def start_upload() -> Any:
             with _quiet_alone():
-                return dcp.async_save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
+                return dcp.async_save(entries, storage_writer=dcp_storage.writer(staging),
                                       process_group=group, no_dist=not collectives.is_distributed())
 
         upload = attempt.run(start_upload)  # agreed on the default group: DCP's thread now uses `group`
@@ -175,7 +176,7 @@ class Checkpointer:
         rank, staging, final = collectives.rank(), attempt.staging, attempt.final
 
         def hash_mine() -> dict:
-            mine = [rank_file(rank)] + sorted(n for n in os.listdir(staging)
+            mine = [rank_file(rank)] + sorted(n for n in _names(staging)
                                               if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
             return hash_files(staging, mine)
 
@@ -185,7 +186,7 @@ class Checkpointer:
             if rank != 0:
                 return
             files = {name: entry for part in gathered for name, entry in part.items()}
-            rest = [n for n in os.listdir(staging) if n not in files and n != MANIFEST_NAME]
+            rest = [n for n in _names(staging) if n not in files and n != MANIFEST_NAME]
             files.update(hash_files(staging, rest))
             manifest = Manifest(step=attempt.step, world_size=collectives.world_size(),
                                 strategy=self.strategy_name, files=files, created_unix=time.time())
@@ -208,7 +209,7 @@ class Checkpointer:
                 raise ValueError("save_state() without a path needs a checkpoint directory. "
                                  "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.save_state('ckpt/step-10')")
             return self.directory / atomic.step_dir_name(self.global_step), True
-        return Path(path), False
+        return location(path), False
 
     def _group_for_async(self) -> Any:
         # DCP's background thread must not share the training loop's group: interleaved collectives
@@ -242,7 +243,7 @@ class Checkpointer:
         if entries:
             try:
                 with _quiet_alone():
-                    dcp.load(entries, storage_reader=SafeFileSystemReader(chosen), planner=SafeLoadPlanner(),
+                    dcp.load(entries, storage_reader=dcp_storage.reader(chosen), planner=SafeLoadPlanner(),
                              no_dist=not collectives.is_distributed())
             except BaseException as error:  # DCP's CheckpointException is a BaseException
                 if isinstance(error, (KeyboardInterrupt, SystemExit)):
@@ -266,7 +267,7 @@ class Checkpointer:
         if path is None and self.directory is None:
             raise ValueError("load_state() without a path needs a checkpoint directory. "
                              "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.load_state('ckpt/step-10')")
-        target = Path(path) if path is not None else self.directory
+        target = location(path) if path is not None else self.directory
         assert target is not None
         if path is not None and not target.exists():
             raise FileNotFoundError(f"load_state({str(path)!r}): no such checkpoint or checkpoint directory")
@@ -316,17 +317,29 @@ def _prepare(final: Path, damaged: bool) -> None:
     older one, is renamed `<name>.damaged` first (kept for inspection, never overwritten)."""
     if damaged and final.exists():
         aside = atomic.unused_name(final.with_name(final.name + ".damaged"))
-        os.rename(final, aside)
+        if isinstance(final, ObjectPath):
+            final.move(aside)
+        else:
+            os.rename(final, aside)
         warnings.warn(f"phalanx: moved the damaged checkpoint {final} to {aside}; saving step {final.name} afresh",
                       CheckpointFallbackWarning, stacklevel=2)
     atomic.prepare_staging(final)
 
 
-def _save_durably(obj: Any, path: Path) -> None:
+def _save_durably(obj: Any, path: Path | ObjectPath) -> None:
+    if isinstance(path, ObjectPath):  # durable once the upload returns
+        with path.open("wb") as f:
+            torch.save(obj, f)
+        return
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _names(directory: Path | ObjectPath) -> list[str]:
+    return [child.name for child in directory.iterdir()] if isinstance(directory, ObjectPath) \
+        else os.listdir(directory)
 
 
 def _check_matches(common: dict, entries: dict, loaders: list, objects: list, where: Path) -> None:

@@ -9,12 +9,12 @@ gather a rank whose disk write failed would leave its peers waiting in the next 
 """
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from phalanx.checkpoint import atomic
+from phalanx.checkpoint.object_path import rmtree
 from phalanx.runtime import collectives
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ class SaveAttempt:
     def fail(self, failed: list[tuple[int, str, bool]], cause: BaseException | None = None) -> None:
         """Remove the staging directory (rank 0) and raise the one message on this rank."""
         if collectives.rank() == 0:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            rmtree(self.staging, ignore_errors=True)
         rank, text, _ = failed[0]
         others = [r for r, _, _ in failed[1:]]
         also = f" (and on rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})" if others else ""
