@@ -115,7 +115,7 @@ class Checkpointer:
         self.wait()
         final, managed = self._save_target(path)
         step = self.global_step
-        attempt = SaveAttempt(final, atomic.staging_path(final), step)
+        attempt = SaveAttempt(final, atomic.staging_path(final), step, needed_bytes=self._needed_bytes)
         staging = attempt.staging
         attempt.run(lambda: _prepare(final, final in self._damaged) if collectives.rank() == 0 else None)
         common = {
@@ -202,6 +202,20 @@ class Checkpointer:
             except OSError as error:  # the new checkpoint is safe; an old one just could not go
                 warnings.warn(f"phalanx: could not remove old checkpoints under {final.parent}: {error}",
                               stacklevel=2)
+
+    def _needed_bytes(self) -> int:
+        """About what a checkpoint takes: the whole model's and optimizers' tensors (a DTensor counts
+        its global size), as DCP writes each once."""
+        seen: set[int] = set()
+        total = 0
+        tensors = [p for model in self.models for p in model.parameters()]
+        tensors += [value for opt in self.optimizers for state in base_optimizer(opt).state.values()
+                    for value in state.values() if isinstance(value, torch.Tensor)]
+        for tensor in tensors:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                total += tensor.numel() * tensor.element_size()
+        return total
 
     def _save_target(self, path: str | os.PathLike | None) -> tuple[Path, bool]:
         if path is None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from phalanx.checkpoint import atomic
+from phalanx.checkpoint import atomic, disk_full
 from phalanx.checkpoint.object_path import rmtree
 from phalanx.runtime import collectives
 
@@ -32,6 +32,7 @@ class SaveAttempt:
     staging: Path
     step: int
     group: Any = None  # the async save's own group, or None for the default one
+    needed_bytes: Callable[[], int] = lambda: 0  # what the checkpoint needs, asked only when the disk is full
 
     def run(self, fn: Callable[[], T]) -> T:
         """`fn()` on this rank, agreed on by all: its result here, or the same error on every rank."""
@@ -70,8 +71,10 @@ class SaveAttempt:
         rank, text, _ = failed[0]
         others = [r for r, _, _ in failed[1:]]
         also = f" (and on rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})" if others else ""
+        full = disk_full.note(self.final.parent, [t for _, t, _ in failed], self.needed_bytes)
         raise CheckpointWriteError(
             f"saving checkpoint step {self.step} to {self.final} failed on rank {rank}{also}: {text}; "
+            + (f"{full}; " if full else "") +
             f"the staging directory {self.staging} was removed and {atomic.LATEST_NAME} was left as it was; "
             f"{atomic.describe_latest(self.final.parent)}"
         ) from cause
