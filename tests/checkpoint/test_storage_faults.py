@@ -18,6 +18,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.checkpoint.conftest import read_events
 from tests.dist.harness import ROOT, RanksFailed, run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
@@ -69,6 +70,7 @@ def test_a_full_disk_stops_every_rank_with_one_message_and_keeps_latest(tmp_path
             assert f"the latest good checkpoint is step 10 ({ckpt}/step-00000010)" in log
         assert (ckpt / "latest").read_text().strip() == "step-00000010"
         assert not list(ckpt.glob(".staging-*")) and not (ckpt / "step-00000015").exists()
+        assert max(e["step"] for e in read_events(out) if e["event"] == "step") == 15  # no step after the failure
         (ckpt / "filler").unlink()  # not needed to verify, but leaves the mount as a user would clean it
         verify = subprocess.run([sys.executable, "-m", "phalanx", "inspect", "--verify", str(ckpt)],
                                 cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -23,6 +23,7 @@ from torch import nn
 
 from phalanx.checkpoint import atomic, dcp_storage
 from phalanx.checkpoint.object_path import ObjectPath, location
+from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives
 from phalanx.data.loader import PreparedLoader
 from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, Manifest, hash_files, read_manifest, \
@@ -69,6 +70,7 @@ class Checkpointer:
         self.step_listeners: list[Any] = []  # called after each counted optimizer step (preemption)
         self._counted: torch.optim.Optimizer | None = None
         self._pending: concurrent.futures.Future | None = None
+        self._pending_step = 0  # the step of the save in flight
         self._damaged: set[Path] = set()  # skipped on load: a later save of that step moves it aside
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._async_group: Any = None
@@ -102,17 +104,27 @@ class Checkpointer:
 
     def _count_step(self, *_: Any) -> None:
         self.global_step += 1
+        self._raise_failed_upload()
         for listener in self.step_listeners:
             listener()
+
+    def _raise_failed_upload(self) -> None:
+        """A finished async save that failed raises its error here, at the first step after it ended:
+        the failure was agreed by every rank's save thread (save_attempt.py), so each raises it."""
+        pending = self._pending
+        if pending is not None and pending.done() and pending.exception() is not None:
+            self._pending = None
+            raise pending.exception()  # type: ignore[misc]
 
     # ---- saving -------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike | None = None, async_save: bool | None = None) -> Path:
         """Write a checkpoint (to `path`, or the next step directory of the managed root); return it.
 
         A failure on any rank (no space, I/O error, permission) raises the same CheckpointWriteError
-        on every rank, with nothing published (see save_attempt.py).
+        on every rank, with nothing published (see save_attempt.py). An async save still in
+        flight is waited for first (and the log says so): two saves never interleave.
         """
-        self.wait()
+        self._wait_for_previous()
         final, managed = self._save_target(path)
         step = self.global_step
         attempt = SaveAttempt(final, atomic.staging_path(final), step, needed_bytes=self._needed_bytes)
@@ -164,6 +176,7 @@ class Checkpointer:
             self._finalize(attempt, managed)
 
         self._pending = self._executor_once().submit(finish)
+        self._pending_step = step
         return final
 
     def wait(self) -> None:
@@ -171,6 +184,17 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
+
+    def _wait_for_previous(self) -> None:
+        if self._pending is None or self._pending.done():
+            self.wait()
+            return
+        get_logger("checkpoint").info("checkpoint of step %d: waiting for the async save of step %d, still being written",
+                          self.global_step, self._pending_step)
+        started = time.monotonic()
+        self.wait()
+        get_logger("checkpoint").info("checkpoint of step %d: the previous save finished after %.2f s more", self.global_step,
+                          time.monotonic() - started)
 
     def _finalize(self, attempt: SaveAttempt, managed: bool) -> None:
         rank, staging, final = collectives.rank(), attempt.staging, attempt.final
