@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from phalanx.checkpoint import atomic, dcp_storage
+from phalanx.checkpoint import atomic, background, dcp_storage
 from phalanx.checkpoint.object_path import ObjectPath, location
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives
@@ -164,7 +164,7 @@ class Checkpointer:
         group = self._group_for_async()
 
         def start_upload() -> Any:
-            with _quiet_alone():
+            with _quiet_alone(), background.threads_started_here_lowered():
                 return dcp.async_save(entries, storage_writer=dcp_storage.writer(staging),
                                       process_group=group, no_dist=not collectives.is_distributed())
 
@@ -172,6 +172,7 @@ class Checkpointer:
         attempt.group = group  # from here on, only the thread below talks on it
 
         def finish() -> None:
+            background.lower_this_thread()
             attempt.run(upload.result)
             self._finalize(attempt, managed)
 
