@@ -28,6 +28,7 @@ READ_ONLY_PREFIX = "readonly"
 class S3Server:
     endpoint: str
     env: dict[str, str]  # AWS_* for the server's user; add to a subprocess's environment
+    pid: int = 0  # the server's process
 
     def url(self, prefix: str) -> str:
         return f"s3://{BUCKET}/{prefix}"
@@ -84,7 +85,7 @@ def s3_server(workdir: Path) -> Iterator[S3Server]:
             {"Effect": "Deny", "Action": ["s3:PutObject", "s3:DeleteObject"],
              "Resource": f"arn:aws:s3:::{BUCKET}/{READ_ONLY_PREFIX}/*"}]}
         iam.put_user_policy(UserName="phalanx", PolicyName="s3", PolicyDocument=json.dumps(policy))
-        server = S3Server(endpoint, aws_env(endpoint, key["AccessKeyId"], key["SecretAccessKey"]))
+        server = S3Server(endpoint, aws_env(endpoint, key["AccessKeyId"], key["SecretAccessKey"]), proc.pid)
         server.client().create_bucket(Bucket=BUCKET)
         yield server
     finally:

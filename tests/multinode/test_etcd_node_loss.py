@@ -2,7 +2,7 @@
 workers, leaves a job the other node finishes from the last checkpoint; under the default c10d
 backend the first node's launcher hosts the store, and its loss ends the job everywhere.
 
-Two network namespaces joined by a veth pair are the nodes (10.252.0.1 = node A, started first;
+Two network namespaces joined by a veth pair are the nodes (10.253.0.1 = node A, started first;
 10.252.0.2 = node B), and etcd runs beside node B (in its namespace: the store outlives node A as a
 separate etcd host would). Each node runs `phalanx run --nnodes 1:2 --nproc-per-node 2` of
 tests/multinode/elastic_train.py: 4 ranks train to step 8 and park there; every process of node A
@@ -29,7 +29,7 @@ from tests.multinode.test_node_loss import STEP_LIMIT_S, _kill_namespace, _parke
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).parent / "elastic_train.py"
-ADDR = {"a": "10.252.0.1", "b": "10.252.0.2"}
+ADDR = {"a": "10.253.0.1", "b": "10.253.0.2"}
 ETCD_PORTS = (23791, 23792)
 pytestmark = [pytest.mark.multinode, pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(900)]
 
