@@ -10,6 +10,8 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import hashlib
+import io
 import os
 import time
 import warnings
@@ -26,8 +28,8 @@ from phalanx.checkpoint.object_path import ObjectPath, location
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives
 from phalanx.data.loader import PreparedLoader
-from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, Manifest, hash_files, read_manifest, \
-    verify_files, write_manifest
+from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, FileEntry, Manifest, hash_files, \
+    read_manifest, verify_files, write_manifest
 from phalanx.checkpoint.save_attempt import SaveAttempt
 from phalanx.checkpoint.safe_io import SafeLoadPlanner, check_plain, load_plain
 from phalanx.checkpoint.state import base_optimizer, group_by_model, rng_state, seed_all, set_rng_state
@@ -144,8 +146,8 @@ class Checkpointer:
 
         def write_own() -> None:
             if collectives.rank() == 0:
-                _save_durably(common, staging / COMMON_NAME)
-            _save_durably(own, staging / rank_file(collectives.rank()))
+                _save_durably(common, staging / COMMON_NAME, attempt.written)
+            _save_durably(own, staging / rank_file(collectives.rank()), attempt.written)
 
         attempt.run(write_own)
         entries = group_by_model(self.models, self.optimizers)
@@ -153,7 +155,7 @@ class Checkpointer:
         if not use_async:
             def write_shards() -> None:
                 with _quiet_alone():
-                    dcp.save(entries, storage_writer=dcp_storage.writer(staging),
+                    dcp.save(entries, storage_writer=dcp_storage.writer(staging, attempt.written),
                              no_dist=not collectives.is_distributed())
 
             attempt.run(write_shards)
@@ -165,7 +167,7 @@ class Checkpointer:
 
         def start_upload() -> Any:
             with _quiet_alone(), background.threads_started_here_lowered():
-                return dcp.async_save(entries, storage_writer=dcp_storage.writer(staging),
+                return dcp.async_save(entries, storage_writer=dcp_storage.writer(staging, attempt.written),
                                       process_group=group, no_dist=not collectives.is_distributed())
 
         upload = attempt.run(start_upload)  # agreed on the default group: DCP's thread now uses `group`
@@ -203,7 +205,7 @@ class Checkpointer:
         def hash_mine() -> dict:
             mine = [rank_file(rank)] + sorted(n for n in _names(staging)
                                               if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
-            return hash_files(staging, mine)
+            return hash_files(staging, mine, known=attempt.written)
 
         gathered = attempt.run_shared(hash_mine)
 
@@ -365,10 +367,16 @@ def _prepare(final: Path, damaged: bool) -> None:
     atomic.prepare_staging(final)
 
 
-def _save_durably(obj: Any, path: Path | ObjectPath) -> None:
-    if isinstance(path, ObjectPath):  # durable once the upload returns
+def _save_durably(obj: Any, path: Path | ObjectPath, written: dict[str, FileEntry]) -> None:
+    """Write `obj` with torch.save, synced; an uploaded object is durable once its upload returns,
+    and its size and sha256 are recorded in `written` on the way (no download to hash it later)."""
+    if isinstance(path, ObjectPath):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        data = buffer.getvalue()
         with path.open("wb") as f:
-            torch.save(obj, f)
+            f.write(data)
+        written[path.name] = FileEntry(size=len(data), sha256=hashlib.sha256(data).hexdigest())
         return
     with open(path, "wb") as f:
         torch.save(obj, f)

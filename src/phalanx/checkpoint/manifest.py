@@ -61,8 +61,10 @@ def hash_file(path: Path, fsync: bool = True) -> FileEntry:
     return FileEntry(size=size, sha256=digest.hexdigest())
 
 
-def hash_files(directory: Path, names: Iterable[str]) -> dict[str, FileEntry]:
-    return {name: hash_file(directory / name) for name in names}
+def hash_files(directory: Path, names: Iterable[str], known: dict[str, FileEntry] | None = None) -> dict[str, FileEntry]:
+    """Size and sha256 of each file; those in `known` (hashed while they were uploaded) are not read again."""
+    known = known or {}
+    return {name: known[name] if name in known else hash_file(directory / name) for name in names}
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:

@@ -9,7 +9,7 @@ gather a rank whose disk write failed would leave its peers waiting in the next 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -33,6 +33,7 @@ class SaveAttempt:
     step: int
     group: Any = None  # the async save's own group, or None for the default one
     needed_bytes: Callable[[], int] = lambda: 0  # what the checkpoint needs, asked only when the disk is full
+    written: dict = field(default_factory=dict)  # file name -> FileEntry, hashed while uploaded (at a URL)
 
     def run(self, fn: Callable[[], T]) -> T:
         """`fn()` on this rank, agreed on by all: its result here, or the same error on every rank."""
