@@ -136,18 +136,21 @@ def in_flight(px, model, optimizer, root, rounds: int, hidden: int) -> dict[str,
     px.save_state(root / "blocking", async_save=False)
     save_s = time.perf_counter() - t
     steps_per_save = max(3, round(save_s / statistics.median(quiet)))
-    during, stalls, waits = [], [], []
-    for r in range(rounds):
-        quiet += [timed_step() for _ in range(steps_per_save)]
+    during, stalls, waits, ratios = [], [], [], []
+    for r in range(rounds):  # paired: the steps just before a save against the steps during it
+        before = [timed_step() for _ in range(steps_per_save)]
         t = time.perf_counter()
         px.save_state(root / f"async-{r}", async_save=True)
         stalls.append(time.perf_counter() - t)
-        during += [timed_step() for _ in range(steps_per_save)]  # about as long as one save takes
+        mine = [timed_step() for _ in range(steps_per_save)]  # about as long as one save takes
         t = time.perf_counter()
         px.wait_for_checkpoint()
         waits.append(time.perf_counter() - t)
+        quiet += before
+        during += mine
+        ratios.append(statistics.median(mine) / statistics.median(before))
     return {"step s": statistics.median(quiet), "step s, save in flight": statistics.median(during),
-            "ratio": statistics.median(during) / statistics.median(quiet), "blocking save s": save_s,
+            "ratio (median of pairs)": statistics.median(ratios), "blocking save s": save_s,
             "async start s": statistics.median(stalls), "left to wait s": statistics.median(waits),
             "steps per save": steps_per_save}
 
