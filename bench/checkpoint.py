@@ -5,13 +5,16 @@
    (also with an fsync, the durable equivalent).
 2. The training-loop stall of an async save vs a blocking one: how long `save_state()` keeps the
    loop from its next step, and the loop's total time with a save every few steps.
+3. The step time while an async save is in flight / the step time without one, to a local disk and
+   to S3 (moto's S3 server on loopback, when `moto[server]` and `s3fs` are installed), side by side.
 
-Usage: python bench/checkpoint.py [--world-size 1] [--hidden 2048] [--layers 8] [--rounds 3]
+Usage: python bench/checkpoint.py [--world-size 1] [--hidden 2048] [--layers 8] [--rounds 3] [--no-s3]
 (world size 1 runs in this process; more ranks are spawned on CPU/gloo, each writing its shard).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -119,17 +122,72 @@ def stall(px, model, optimizer, work: Path, rounds: int, steps: int, every: int,
     return out
 
 
+def in_flight(px, model, optimizer, root, rounds: int, hidden: int) -> dict[str, float]:
+    """Median step time with no save, and during an async save (the steps between its start and its end)."""
+    batch = torch.randn(32, hidden)
+
+    def timed_step() -> float:
+        t = time.perf_counter()
+        train_step(model, optimizer, px, batch)
+        return time.perf_counter() - t
+
+    quiet = [timed_step() for _ in range(10)]
+    t = time.perf_counter()
+    px.save_state(root / "blocking", async_save=False)
+    save_s = time.perf_counter() - t
+    steps_per_save = max(3, round(save_s / statistics.median(quiet)))
+    during, stalls, waits, ratios = [], [], [], []
+    for r in range(rounds):  # paired: the steps just before a save against the steps during it
+        before = [timed_step() for _ in range(steps_per_save)]
+        t = time.perf_counter()
+        px.save_state(root / f"async-{r}", async_save=True)
+        stalls.append(time.perf_counter() - t)
+        mine = [timed_step() for _ in range(steps_per_save)]  # about as long as one save takes
+        t = time.perf_counter()
+        px.wait_for_checkpoint()
+        waits.append(time.perf_counter() - t)
+        quiet += before
+        during += mine
+        ratios.append(statistics.median(mine) / statistics.median(before))
+    return {"step s": statistics.median(quiet), "step s, save in flight": statistics.median(during),
+            "ratio (median of pairs)": statistics.median(ratios), "blocking save s": save_s,
+            "async start s": statistics.median(stalls), "left to wait s": statistics.median(waits),
+            "steps per save": steps_per_save}
+
+
+def in_flight_report(px, model, optimizer, work: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    from phalanx.checkpoint.object_path import location
+
+    results = {"local disk": in_flight(px, model, optimizer, work / "inflight", args.rounds, args.hidden)}
+    url = os.environ.get("BENCH_S3_URL")
+    if url:
+        results["S3 (moto)"] = in_flight(px, model, optimizer, location(url), args.rounds, args.hidden)
+    return results
+
+
 def bench(args: argparse.Namespace, work: str) -> None:
     px, model, optimizer = build(args.hidden, args.layers)
     train_step(model, optimizer, px, torch.randn(8, args.hidden))  # optimizer state exists
     mb = state_mb(model, optimizer)
     work_dir = Path(work)
-    times = throughput(px, model, optimizer, work_dir, args.rounds)
-    loop = stall(px, model, optimizer, work_dir, args.rounds, args.steps, args.every, args.hidden)
+    times = {} if args.only_in_flight else throughput(px, model, optimizer, work_dir, args.rounds)
+    loop = {} if args.only_in_flight else stall(px, model, optimizer, work_dir, args.rounds, args.steps, args.every,
+                                                  args.hidden)
+    flights = in_flight_report(px, model, optimizer, work_dir, args)
     if not px.is_main_process:
         return
     print(f"state: {mb:.0f} MB (model + AdamW), world_size={px.world_size}, rounds={args.rounds}, "
           f"torch {torch.__version__}, {os.cpu_count()} CPUs")
+    if times:
+        print_throughput_and_stall(times, loop, mb, args)
+    print("\nstep time while an async save is in flight / without one (the steps of about one save's length)")
+    columns = list(flights)
+    print(f"{'':26}" + "".join(f"{name:>14}" for name in columns))
+    for key in flights[columns[0]]:
+        print(f"{key:26}" + "".join(f"{flights[name][key]:14.3f}" for name in columns))
+
+
+def print_throughput_and_stall(times: dict, loop: dict, mb: float, args: argparse.Namespace) -> None:
     print(f"{'':22}{'median s':>10}{'MB/s':>10}")
     for name, values in times.items():
         med = statistics.median(values)
@@ -156,17 +214,40 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--no-s3", action="store_true", help="leave out the S3 column (moto's server)")
+    parser.add_argument("--only-in-flight", action="store_true", help="only part 3 (the step time during a save)")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="phalanx-bench-ckpt-", dir=os.environ.get("BENCH_DIR"))
     try:
-        if args.world_size == 1:
-            bench(args, work)
-        else:
-            from _spawn import spawn
+        with contextlib.ExitStack() as stack:
+            if not args.no_s3:
+                _start_s3(stack, Path(work))
+            if args.world_size == 1:
+                bench(args, work)
+            else:
+                from _spawn import spawn
 
-            spawn(_rank_main, args.world_size, args, work)
+                spawn(_rank_main, args.world_size, args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _start_s3(stack: contextlib.ExitStack, work: Path) -> None:
+    """moto's S3 server (the tests' fixture) for the S3 column; its AWS_* settings go to every rank."""
+    try:
+        import moto  # noqa: F401
+        import s3fs  # noqa: F401
+    except ImportError as error:
+        print(f"(no S3 column: {error}; pip install -e '.[test]')")
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.checkpoint.s3_server import s3_server
+
+    (work / "moto").mkdir()
+    server = stack.enter_context(s3_server(work / "moto"))
+    # A real store runs elsewhere: moto's CPU time must not be charged to the training step here.
+    os.setpriority(os.PRIO_PROCESS, server.pid, 19)
+    os.environ.update(server.env, BENCH_S3_URL=server.url("bench"))
 
 
 if __name__ == "__main__":

@@ -16,15 +16,21 @@ checkpointing every 5 steps into --checkpoint-dir, 0.15 s per step so faults lan
 | disk full | checkpoint_dir is a 2 MiB tmpfs, filled after the step-10 checkpoint; `--max-restarts 1` |
 | corrupt latest checkpoint | rank 1 flips bytes in the step-10 checkpoint's shard, then dies; `--max-restarts 1` |
 | a stalled rank | rank 1 sleeps forever inside its step; `--watchdog-timeout 10 --max-restarts 1` |
+| kill -9 of a rank, checkpoints in S3 | as kill -9 of a rank, with `--checkpoint-dir s3://...` (moto's S3 server on loopback) |
+| an interrupted upload (S3) | rank 0 SIGKILLs itself inside the step-15 save: its shards uploaded, the manifest not |
+| bad S3 credentials | `phalanx run` with an access key the store does not know |
+| the first node lost, etcd | the two nodes with `--rdzv-backend etcd-v2` (etcd beside node B): node A's launcher and worker |
 
 steps lost = the last step completed before the fault minus the step the job resumed from;
 seconds to recover = the fault -> the first step completed after it (for signals: including the
 rerun, started as soon as the job exited); "stopped in" = the fault -> the job's exit.
-Node faults need root and iproute2 (namespaces px-f-a/px-f-b, 10.252.0.1/2); tmpfs needs root.
+Node faults need root and iproute2 (namespaces px-f-a/px-f-b, 10.252.0.1/2); tmpfs needs root;
+the S3 rows moto[server] and s3fs; the etcd row etcd (scripts/ci-etcd-deps) and python-etcd.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -57,6 +63,15 @@ steps, every = int(args.get("--steps", "30")), int(args.get("--every", "5"))
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 px = Phalanx()
 (out / f"pid-{px.rank}").write_text(str(os.getpid()))
+if fault == "upload" and attempt == 0:  # rank 0 dies inside the step-15 save, after its shards are written
+    from phalanx.checkpoint.manager import Checkpointer
+    _finalize = Checkpointer._finalize
+    def _die_in_upload(self, save, managed):
+        if save.step == 15 and px.rank == 0:
+            (out / "faulted").write_text(json.dumps({"t": time.time(), "step": 15}))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _finalize(self, save, managed)
+    Checkpointer._finalize = _die_in_upload
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(480, 13, generator=g), torch.randint(0, 3, (480,), generator=g))
@@ -134,9 +149,12 @@ def phalanx_run(out: Path, *flags: str, fault: str = "", prefix: tuple[str, ...]
             "--fault", fault, "--at", str(AT), "--steps", str(STEPS)]
 
 
+EXTRA_ENV: dict[str, str] = {}  # AWS_* of the S3 server, once started
+
+
 def env() -> dict[str, str]:
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "MASTER_", "PHALANX_", "SLURM_"))}
-    return {**keep, "OMP_NUM_THREADS": "1"}
+    return {**keep, "OMP_NUM_THREADS": "1", **EXTRA_ENV}
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> float:
@@ -223,11 +241,12 @@ def inject_disk_full(tmp: Path) -> Row:
     return row
 
 
-def inject_node(tmp: Path, name: str, victim: str) -> Row:
-    out = tmp / name.replace(" ", "-").replace("'", "")
+def inject_node(tmp: Path, name: str, victim: str, etcd: str | None = None) -> Row:
+    out = tmp / name.replace(" ", "-").replace("'", "").replace(",", "")
     out.mkdir()
-    flags = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--max-restarts", "1",
-             "--rdzv-endpoint", f"{NODES['a'][1]}:29711", "--rdzv-timeout", "60"]
+    rendezvous = ["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", etcd, "--rdzv-id", "faults"] if etcd else \
+        ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{NODES['a'][1]}:29711"]
+    flags = ["--nnodes", "1:2", "--nproc-per-node", "1", *rendezvous, "--max-restarts", "1", "--rdzv-timeout", "60"]
     procs = {}
     for node, (ns, _) in NODES.items():
         procs[node] = subprocess.Popen(phalanx_run(out, *flags, prefix=("ip", "netns", "exec", ns)), env=env(),
@@ -245,6 +264,25 @@ def inject_node(tmp: Path, name: str, victim: str) -> Row:
                 err.strip().splitlines()[-1] if err.strip() else "")
     row.note = said.replace(str(out) + "/", "")[:200]
     return row
+
+
+def inject_in_s3(tmp: Path, name: str, fault: str, url: str) -> Row:
+    row = inject_in_script(tmp, name, fault, "--checkpoint-dir", url)
+    if fault == "upload":
+        row.note = "the restart line; the uncommitted step-15 prefix was never loaded, and the next save removed it"
+    return row
+
+
+def inject_bad_credentials(tmp: Path, url: str) -> Row:
+    out = tmp / "credentials"
+    out.mkdir()
+    t0 = time.time()
+    proc = subprocess.run(phalanx_run(out, "--nproc-per-node", "2", "--checkpoint-dir", url),
+                          env={**env(), "AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG1", "AWS_SECRET_ACCESS_KEY": "wrong"},
+                          capture_output=True, text=True, timeout=120)
+    said = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+    return Row("bad S3 credentials", f"refused before launch (exit {proc.returncode})", "0 (nothing started)", "-",
+               f"{time.time() - t0:.1f}", said[:220])
 
 
 def why_not_root(what: str) -> str | None:
@@ -267,17 +305,27 @@ def main() -> None:
         "disk full": inject_disk_full,
         "corrupt latest checkpoint": lambda tmp: inject_in_script(tmp, "corrupt latest checkpoint", "corrupt"),
         "a stalled rank": lambda tmp: inject_in_script(tmp, "a stalled rank", "stall", "--watchdog-timeout", "10"),
+        "kill -9 of a rank, checkpoints in S3": lambda tmp: inject_in_s3(tmp, "kill -9 of a rank, checkpoints in S3",
+                                                                         "kill", S3["url"] + "/kill"),
+        "an interrupted upload (S3)": lambda tmp: inject_in_s3(tmp, "an interrupted upload (S3)", "upload",
+                                                               S3["url"] + "/upload"),
+        "bad S3 credentials": lambda tmp: inject_bad_credentials(tmp, S3["url"] + "/credentials"),
+        "the first node lost, etcd": lambda tmp: inject_node(tmp, "the first node lost, etcd", "a", S3["etcd"]),
     }
     needs = {"kill -9 of a node": "network namespaces", "kill -9 of the store's host": "network namespaces",
              "disk full": "mounting a tmpfs"}
+    needs.update({"the first node lost, etcd": "network namespaces"})
     chosen = [name for name in faults if args.only is None or name in args.only]
     rows: list[Row] = []
     netns_up = False
-    with tempfile.TemporaryDirectory(prefix="phalanx-faults-") as name:
+    with tempfile.TemporaryDirectory(prefix="phalanx-faults-") as name, contextlib.ExitStack() as services:
         tmp = Path(name)
         (tmp / "workload.py").write_text(WORKLOAD)
         try:
             for fault in chosen:
+                if ("S3" in fault or "etcd" in fault) and not S3:
+                    start_services(services, tmp, [f for f in chosen if "S3" in f or "etcd" in f])
+                    netns_up = netns_up or "etcd" in S3  # etcd lives in node B's namespace: keep it
                 reason = why_not_root(needs[fault]) if fault in needs else None
                 if reason is None and needs.get(fault) == "network namespaces" and not netns_up:
                     if shutil.which("ip") is None:
@@ -287,6 +335,8 @@ def main() -> None:
                         subprocess.run([str(NETNS), "up", NODES["a"][0], NODES["b"][0], NODES["a"][1], NODES["b"][1]],
                                        check=True)
                         netns_up = True
+                if reason is None and ("S3" in fault and "url" not in S3 or "etcd" in fault and "etcd" not in S3):
+                    reason = S3.get("why", "its service did not start")
                 if reason:
                     rows.append(Row(fault, f"not run: {reason}", "-", "-"))
                     continue
@@ -306,6 +356,36 @@ def main() -> None:
     else:
         for row in table:
             print("  ".join(row))
+
+
+S3: dict[str, str] = {}  # "url" of the S3 server's bucket, "etcd" endpoint, or "why" not
+
+
+def start_services(services: contextlib.ExitStack, tmp: Path, chosen: list[str]) -> None:
+    """moto's S3 server on loopback (the tests' fixture), and etcd in node B's namespace, as the rows need."""
+    sys.path.insert(0, str(ROOT))
+    S3["started"] = "1"
+    if any("S3" in f for f in chosen):
+        try:
+            from tests.checkpoint.s3_server import s3_server
+
+            server = services.enter_context(s3_server(tmp))
+            EXTRA_ENV.update(server.env)
+            S3["url"] = server.url("faults")
+        except ImportError as error:
+            S3["why"] = f"{error} (pip install -e '.[test]')"
+    if any("etcd" in f for f in chosen) and os.geteuid() == 0 and shutil.which("ip"):
+        from tests.multinode.etcd_server import why_no_etcd
+
+        if why_no_etcd():
+            S3["why"] = why_no_etcd() or ""
+            return
+        subprocess.run([str(NETNS), "down", NODES["a"][0], NODES["b"][0]])
+        subprocess.run([str(NETNS), "up", NODES["a"][0], NODES["b"][0], NODES["a"][1], NODES["b"][1]], check=True)
+        services.callback(subprocess.run, [str(NETNS), "down", NODES["a"][0], NODES["b"][0]])
+        from tests.multinode.etcd_server import etcd_server
+
+        S3["etcd"] = services.enter_context(etcd_server(tmp, NODES["b"][1], 23791, 23792, netns=NODES["b"][0]))
 
 
 if __name__ == "__main__":

@@ -21,3 +21,14 @@ def reference(tmp_path_factory) -> dict:
     results = run_ranks(RESUMABLE, 2, args=(str(base / "ckpt"), str(base / "out"), 40, 5), timeout=150)
     return {"ckpt": base / "ckpt", "events": read_events(base / "out"), "results": results,
             "final": torch.load(base / "out" / "final.pt", weights_only=True)}
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """moto's S3 server on a free loopback port, for the whole session (tests/checkpoint/s3_server.py)."""
+    pytest.importorskip("moto", reason="moto[server] is a test dependency: pip install -e '.[test]'")
+    pytest.importorskip("s3fs", reason="s3fs is the s3 extra: pip install -e '.[s3]'")
+    from tests.checkpoint.s3_server import s3_server
+
+    with s3_server(tmp_path_factory.mktemp("moto")) as server:
+        yield server

@@ -190,11 +190,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--kills", default="")
     parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--keep", type=int, default=0, help="checkpoint_keep (0 keeps all)")
     parser.add_argument("--slow-from", type=int, default=None, help="from this step on, 0.2 s more per step")
     parser.add_argument("--slow-save", action="store_true", help="saves after --slow-from take 3 s more")
     parser.add_argument("--fill-after", type=int, default=None, help="fill the checkpoint filesystem after this save")
     args = parser.parse_args()
-    run(args.ckpt, args.out, args.steps, args.every, kills=args.kills, async_save=args.async_save,
+    run(args.ckpt, args.out, args.steps, args.every, kills=args.kills, async_save=args.async_save, keep=args.keep,
         slow_from=args.slow_from, slow_save=args.slow_save, fill_after=args.fill_after)
 
 

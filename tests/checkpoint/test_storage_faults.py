@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,9 +18,14 @@ from typing import Iterator
 
 import pytest
 
+from tests.checkpoint.conftest import read_events
 from tests.dist.harness import ROOT, RanksFailed, run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+
+# resumable.py's model (13*32+32 + 32*3+3 parameters) and AdamW's exp_avg and exp_avg_sq, in float32,
+# and its step counter per parameter tensor (4): the bytes the disk-full message says the checkpoint needs.
+NEEDED = (13 * 32 + 32 + 32 * 3 + 3) * 4 * 3 + 4 * 4
 
 
 def _why_no_tmpfs() -> str | None:
@@ -56,9 +62,15 @@ def test_a_full_disk_stops_every_rank_with_one_message_and_keeps_latest(tmp_path
         for log in logs:  # every rank stops with the same message: path, error, latest good step
             assert "CheckpointWriteError: saving checkpoint step 15 to " f"{ckpt}/step-00000015 failed on rank" in log
             assert "No space left on device" in log
+            full = re.search(rf"the filesystem of the checkpoint directory {re.escape(str(ckpt))} is full: the checkpoint "
+                             r"needs about (\d+) bytes \([^)]*\), (\d+) bytes are free", log)
+            assert full, log[-3000:]
+            needed, free = int(full.group(1)), int(full.group(2))
+            assert needed == NEEDED and free < needed
             assert f"the latest good checkpoint is step 10 ({ckpt}/step-00000010)" in log
         assert (ckpt / "latest").read_text().strip() == "step-00000010"
         assert not list(ckpt.glob(".staging-*")) and not (ckpt / "step-00000015").exists()
+        assert max(e["step"] for e in read_events(out) if e["event"] == "step") == 15  # no step after the failure
         (ckpt / "filler").unlink()  # not needed to verify, but leaves the mount as a user would clean it
         verify = subprocess.run([sys.executable, "-m", "phalanx", "inspect", "--verify", str(ckpt)],
                                 cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -7,7 +7,8 @@ def listening_addresses(port: int) -> list[str]:
     found = []
     for path, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
         try:
-            lines = open(path).read().splitlines()[1:]
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
         except FileNotFoundError:
             continue
         for line in lines:

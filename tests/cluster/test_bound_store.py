@@ -37,15 +37,22 @@ def test_bound_store_listens_on_loopback_only_and_serves_clients():
     assert handler.next_rendezvous().bootstrap_store_info.master_port == port  # restarts reuse the store
 
 
-def test_hosting_c10d_store_listens_on_the_nodes_own_address_only():
+def test_hosting_c10d_store_listens_on_the_nodes_own_address_only(monkeypatch):
     """Multi-node c10d (torch's store would bind every interface): the host binds its local_addr."""
     params = RendezvousParameters(backend="phalanx-c10d", endpoint="127.0.0.1:0", run_id="c", min_nodes=1,
                                   max_nodes=1, local_addr="127.0.0.1", is_host=True, join_timeout=20)
-    before = len(bound_store._C10D_LISTENERS)
+    ports = []
+
+    def recording(host, port):
+        listener = bind_listener(host, port)
+        ports.append(listener.getsockname()[1])
+        return listener
+
+    monkeypatch.setattr(bound_store, "bind_listener", recording)
     bound_store.register()
     handler = rendezvous_handler_registry.create_handler(params)  # as torch's agent gets it
     info = handler.next_rendezvous()
-    rendezvous_port, workers_port = [s.getsockname()[1] for s in bound_store._C10D_LISTENERS[before:]]
+    rendezvous_port, workers_port = ports
     assert workers_port == info.bootstrap_store_info.master_port  # the store torch opens for the workers
     assert listening_addresses(rendezvous_port) == ["127.0.0.1"]
     assert listening_addresses(workers_port) == ["127.0.0.1"]

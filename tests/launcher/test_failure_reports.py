@@ -31,10 +31,13 @@ def test_a_rank_killed_by_sigkill_gives_137_as_a_shell_would():
 
 
 def test_default_report_has_the_rank_and_traceback_and_no_agent_logging(tmp_path):
-    run_dir = tmp_path / "run"
+    run_dir, temp = tmp_path / "run", tmp_path / "tmp"
+    temp.mkdir()
     result = run_cli(["run", "--nproc-per-node", "2", str(SCRIPTS / "fail_rank1.py")],
-                     env={"PHALANX_RUN_DIR": str(run_dir)})
+                     env={"PHALANX_RUN_DIR": str(run_dir), "TMPDIR": str(temp)})
     assert result.returncode == 1
+    # torch's error pickle of the failed rank (pytorch-errorfile-*) and its log directory went with the launch
+    assert sorted(p.name for p in temp.iterdir()) == []
     text = result.stderr
     report = text[text.index("phalanx: rank 1 (local rank 1 on node 0) failed with exit code 1"):]
     assert re.match(r"phalanx: rank 1 \(local rank 1 on node 0\) failed with exit code 1\n  on host \S+\n"

@@ -3,16 +3,20 @@
 A save is written into `.staging-<name>/`, fsynced, completed by its manifest, then renamed to
 `<name>/` (a rename is atomic on POSIX filesystems), and only then is the `latest` pointer moved
 (also write-then-rename). Loading picks the newest published checkpoint that verifies.
+
+At a URL (object_path.py) there is no rename: a save is written straight into `<name>/`, and the
+manifest, written last, commits it (one PUT is atomic). A `<name>/` without a manifest is a save
+that was cut off: never a candidate for loading, and removed by the next save.
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
-import shutil
 from pathlib import Path
 
 from phalanx.checkpoint.manifest import MANIFEST_NAME
+from phalanx.checkpoint.object_path import ObjectPath, rmtree
 
 LATEST_NAME = "latest"
 STAGING_PREFIX = ".staging-"
@@ -26,10 +30,15 @@ def step_dir_name(step: int) -> str:
 
 
 def staging_path(final: Path) -> Path:
+    """Where a save of `final` is written: beside it to be renamed, or `final` itself at a URL."""
+    if isinstance(final, ObjectPath):
+        return final
     return final.parent / (STAGING_PREFIX + final.name)
 
 
 def fsync_dir(path: Path) -> None:
+    if isinstance(path, ObjectPath):  # an object is durable once its upload returned
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -39,15 +48,19 @@ def fsync_dir(path: Path) -> None:
 
 def prepare_staging(final: Path) -> Path:
     """Create an empty staging directory for `final` (removing a leftover of a crashed save)."""
-    if final.exists():
+    if is_published(final) if isinstance(final, ObjectPath) else final.exists():
         raise FileExistsError(
             f"checkpoint {final} already exists; phalanx never overwrites a checkpoint. "
             "HINT: save to another path, or delete it first if you mean to replace it"
         )
+    if isinstance(final, ObjectPath):
+        remove_uncommitted(final.parent)
+        rmtree(final)  # a cut-off save of this very name, outside a managed root
+        return final
     staging = staging_path(final)
     if staging.exists():
         log.warning("phalanx: removing %s, left by an interrupted save", staging)
-        shutil.rmtree(staging)
+        rmtree(staging)
     staging.mkdir(parents=True)
     return staging
 
@@ -56,6 +69,8 @@ def publish(staging: Path, final: Path) -> None:
     """Rename the complete staging directory to its final name, durably."""
     if not (staging / MANIFEST_NAME).is_file():
         raise RuntimeError(f"refusing to publish {staging}: it has no manifest (the save did not finish)")
+    if isinstance(final, ObjectPath):  # committed by its manifest already: nothing to rename
+        return
     fsync_dir(staging)
     if final.exists():  # checked again: another job may share the directory
         raise FileExistsError(f"checkpoint {final} appeared while saving; nothing was overwritten")
@@ -79,6 +94,9 @@ def is_published(path: Path) -> bool:
 
 def write_latest(root: Path, name: str) -> None:
     """Point `latest` at `name` (write-then-rename); on failure the old pointer stays and no tmp file."""
+    if isinstance(root, ObjectPath):  # one PUT replaces the object whole, or not at all
+        (root / LATEST_NAME).write_text(name + "\n")
+        return
     tmp = root / (LATEST_NAME + ".tmp")
     try:
         with open(tmp, "w") as f:
@@ -106,9 +124,20 @@ def published(root: Path) -> list[tuple[int, Path]]:
     found = []
     for child in root.iterdir():
         match = _STEP_DIR.match(child.name)
-        if match and child.is_dir():
+        if match and (is_published(child) if isinstance(child, ObjectPath) else child.is_dir()):
             found.append((int(match.group(1)), child))
     return sorted(found, reverse=True)
+
+
+def remove_uncommitted(root: ObjectPath) -> list[ObjectPath]:
+    """At a URL: remove `step-*` prefixes without a manifest (saves that were cut off); return them."""
+    removed = []
+    for child in root.iterdir():
+        if _STEP_DIR.match(child.name) and not is_published(child):
+            log.warning("phalanx: removing %s, left by an interrupted save (it has no manifest)", child)
+            rmtree(child)
+            removed.append(child)
+    return removed
 
 
 def candidates(root: Path) -> list[Path]:
@@ -156,7 +185,15 @@ def check_writable(root: Path) -> None:
     """Create `root` if needed, then write, sync and remove a small probe file in it.
 
     Permissions alone would not do: root may write anywhere but a read-only or full filesystem.
+    At a URL, the store is probed instead (storage_probe.py): bucket, credentials, access, endpoint.
     """
+    if isinstance(root, ObjectPath):
+        from phalanx.checkpoint.storage_probe import probe
+
+        problem = probe(root)
+        if problem:
+            raise CheckpointDirNotWritable(f"checkpoint_dir {root} cannot be written: {problem}")
+        return
     probe = root / f".phalanx-write-check-{os.getpid()}"
     created = False
     try:
@@ -183,7 +220,7 @@ def prune(root: Path, keep: int, protect: Path) -> list[Path]:
     removed = []
     for _, path in published(root)[keep:]:
         if path != protect:
-            shutil.rmtree(path)
+            rmtree(path)
             removed.append(path)
     return removed
 
@@ -192,4 +229,6 @@ def is_managed_root(path: Path) -> bool:
     """A directory of checkpoints (has `latest` or step-* dirs) rather than one checkpoint."""
     if (path / LATEST_NAME).is_file() or published(path):
         return True
+    if isinstance(path, ObjectPath):  # an empty prefix does not exist on an object store
+        return not (path / MANIFEST_NAME).exists() and not any(path.glob("*.distcp"))
     return path.is_dir() and not (path / MANIFEST_NAME).exists() and not any(path.glob("*.distcp"))

@@ -54,8 +54,9 @@ def resolve(checkpoint: str | Path) -> Path:
     """A checkpoint directory, or the newest intact one under a checkpoint root (verified)."""
     from phalanx.checkpoint import atomic
     from phalanx.checkpoint.manifest import CheckpointDamaged, verify
+    from phalanx.checkpoint.object_path import location
 
-    path = Path(checkpoint)
+    path = location(checkpoint)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such checkpoint")
     if not atomic.is_managed_root(path):
@@ -77,10 +78,11 @@ def full_state_dict(checkpoint: str | Path, model: str = "model") -> dict[str, A
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from phalanx.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner, load_metadata
+    from phalanx.checkpoint import dcp_storage
+    from phalanx.checkpoint.safe_io import SafeLoadPlanner
 
     path = resolve(checkpoint)
-    metadata = load_metadata(path / ".metadata")
+    metadata = dcp_storage.reader(path).read_metadata()
     prefix = f"{model}.model."
     tensors = {
         fqn: torch.empty(meta.size, dtype=meta.properties.dtype)
@@ -90,7 +92,7 @@ def full_state_dict(checkpoint: str | Path, model: str = "model") -> dict[str, A
     if not tensors:
         entries = sorted({fqn.split(".")[0] for fqn in metadata.state_dict_metadata})
         raise ValueError(f"{path} has no model entry {model!r}; entries: {', '.join(entries)}")
-    dcp.load(tensors, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), no_dist=True)
+    dcp.load(tensors, storage_reader=dcp_storage.reader(path), planner=SafeLoadPlanner(), no_dist=True)
     return {fqn[len(prefix):]: tensor for fqn, tensor in tensors.items()}
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -14,8 +13,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from phalanx.checkpoint import atomic
     from phalanx.checkpoint.manifest import CheckpointDamaged, read_manifest, verify_files
+    from phalanx.checkpoint.object_path import location
 
-    path = Path(args.checkpoint)
+    path = location(args.checkpoint)
     if atomic.is_managed_root(path):
         found = atomic.candidates(path)
         if not found:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import hashlib
+import io
 import os
 import time
 import warnings
@@ -21,13 +23,15 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from phalanx.checkpoint import atomic
+from phalanx.checkpoint import atomic, background, dcp_storage
+from phalanx.checkpoint.object_path import ObjectPath, location
+from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives
 from phalanx.data.loader import PreparedLoader
-from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, Manifest, hash_files, read_manifest, \
-    verify_files, write_manifest
+from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, FileEntry, Manifest, hash_files, \
+    read_manifest, verify_files, write_manifest
 from phalanx.checkpoint.save_attempt import SaveAttempt
-from phalanx.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner, check_plain, load_plain
+from phalanx.checkpoint.safe_io import SafeLoadPlanner, check_plain, load_plain
 from phalanx.checkpoint.state import base_optimizer, group_by_model, rng_state, seed_all, set_rng_state
 
 COMMON_NAME = "common.pt"
@@ -54,7 +58,7 @@ class Checkpointer:
             raise ValueError(f"checkpoint keep={keep}: must be >= 0 (0 keeps every checkpoint)")
         self.strategy_name = strategy_name
         self.seed = seed
-        self.directory = Path(directory) if directory is not None else None
+        self.directory = location(directory) if directory is not None else None
         if self.directory is not None:  # refused now, not at the first save hours later
             atomic.check_writable(self.directory)
         self.keep = keep
@@ -68,6 +72,7 @@ class Checkpointer:
         self.step_listeners: list[Any] = []  # called after each counted optimizer step (preemption)
         self._counted: torch.optim.Optimizer | None = None
         self._pending: concurrent.futures.Future | None = None
+        self._pending_step = 0  # the step of the save in flight
         self._damaged: set[Path] = set()  # skipped on load: a later save of that step moves it aside
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._async_group: Any = None
@@ -101,20 +106,30 @@ class Checkpointer:
 
     def _count_step(self, *_: Any) -> None:
         self.global_step += 1
+        self._raise_failed_upload()
         for listener in self.step_listeners:
             listener()
+
+    def _raise_failed_upload(self) -> None:
+        """A finished async save that failed raises its error here, at the first step after it ended:
+        the failure was agreed by every rank's save thread (save_attempt.py), so each raises it."""
+        pending = self._pending
+        if pending is not None and pending.done() and pending.exception() is not None:
+            self._pending = None
+            raise pending.exception()  # type: ignore[misc]
 
     # ---- saving -------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike | None = None, async_save: bool | None = None) -> Path:
         """Write a checkpoint (to `path`, or the next step directory of the managed root); return it.
 
         A failure on any rank (no space, I/O error, permission) raises the same CheckpointWriteError
-        on every rank, with nothing published (see save_attempt.py).
+        on every rank, with nothing published (see save_attempt.py). An async save still in
+        flight is waited for first (and the log says so): two saves never interleave.
         """
-        self.wait()
+        self._wait_for_previous()
         final, managed = self._save_target(path)
         step = self.global_step
-        attempt = SaveAttempt(final, atomic.staging_path(final), step)
+        attempt = SaveAttempt(final, atomic.staging_path(final), step, needed_bytes=self._needed_bytes)
         staging = attempt.staging
         attempt.run(lambda: _prepare(final, final in self._damaged) if collectives.rank() == 0 else None)
         common = {
@@ -131,8 +146,8 @@ class Checkpointer:
 
         def write_own() -> None:
             if collectives.rank() == 0:
-                _save_durably(common, staging / COMMON_NAME)
-            _save_durably(own, staging / rank_file(collectives.rank()))
+                _save_durably(common, staging / COMMON_NAME, attempt.written)
+            _save_durably(own, staging / rank_file(collectives.rank()), attempt.written)
 
         attempt.run(write_own)
         entries = group_by_model(self.models, self.optimizers)
@@ -140,7 +155,7 @@ class Checkpointer:
         if not use_async:
             def write_shards() -> None:
                 with _quiet_alone():
-                    dcp.save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
+                    dcp.save(entries, storage_writer=dcp_storage.writer(staging, attempt.written),
                              no_dist=not collectives.is_distributed())
 
             attempt.run(write_shards)
@@ -151,18 +166,20 @@ class Checkpointer:
         group = self._group_for_async()
 
         def start_upload() -> Any:
-            with _quiet_alone():
-                return dcp.async_save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
+            with _quiet_alone(), background.threads_started_here_lowered():
+                return dcp.async_save(entries, storage_writer=dcp_storage.writer(staging, attempt.written),
                                       process_group=group, no_dist=not collectives.is_distributed())
 
         upload = attempt.run(start_upload)  # agreed on the default group: DCP's thread now uses `group`
         attempt.group = group  # from here on, only the thread below talks on it
 
         def finish() -> None:
+            background.lower_this_thread()
             attempt.run(upload.result)
             self._finalize(attempt, managed)
 
         self._pending = self._executor_once().submit(finish)
+        self._pending_step = step
         return final
 
     def wait(self) -> None:
@@ -171,13 +188,24 @@ class Checkpointer:
         if pending is not None:
             pending.result()
 
+    def _wait_for_previous(self) -> None:
+        if self._pending is None or self._pending.done():
+            self.wait()
+            return
+        get_logger("checkpoint").info("checkpoint of step %d: waiting for the async save of step %d, still being written",
+                          self.global_step, self._pending_step)
+        started = time.monotonic()
+        self.wait()
+        get_logger("checkpoint").info("checkpoint of step %d: the previous save finished after %.2f s more", self.global_step,
+                          time.monotonic() - started)
+
     def _finalize(self, attempt: SaveAttempt, managed: bool) -> None:
         rank, staging, final = collectives.rank(), attempt.staging, attempt.final
 
         def hash_mine() -> dict:
-            mine = [rank_file(rank)] + sorted(n for n in os.listdir(staging)
+            mine = [rank_file(rank)] + sorted(n for n in _names(staging)
                                               if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
-            return hash_files(staging, mine)
+            return hash_files(staging, mine, known=attempt.written)
 
         gathered = attempt.run_shared(hash_mine)
 
@@ -185,7 +213,7 @@ class Checkpointer:
             if rank != 0:
                 return
             files = {name: entry for part in gathered for name, entry in part.items()}
-            rest = [n for n in os.listdir(staging) if n not in files and n != MANIFEST_NAME]
+            rest = [n for n in _names(staging) if n not in files and n != MANIFEST_NAME]
             files.update(hash_files(staging, rest))
             manifest = Manifest(step=attempt.step, world_size=collectives.world_size(),
                                 strategy=self.strategy_name, files=files, created_unix=time.time())
@@ -202,13 +230,27 @@ class Checkpointer:
                 warnings.warn(f"phalanx: could not remove old checkpoints under {final.parent}: {error}",
                               stacklevel=2)
 
+    def _needed_bytes(self) -> int:
+        """About what a checkpoint takes: the whole model's and optimizers' tensors (a DTensor counts
+        its global size), as DCP writes each once."""
+        seen: set[int] = set()
+        total = 0
+        tensors = [p for model in self.models for p in model.parameters()]
+        tensors += [value for opt in self.optimizers for state in base_optimizer(opt).state.values()
+                    for value in state.values() if isinstance(value, torch.Tensor)]
+        for tensor in tensors:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                total += tensor.numel() * tensor.element_size()
+        return total
+
     def _save_target(self, path: str | os.PathLike | None) -> tuple[Path, bool]:
         if path is None:
             if self.directory is None:
                 raise ValueError("save_state() without a path needs a checkpoint directory. "
                                  "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.save_state('ckpt/step-10')")
             return self.directory / atomic.step_dir_name(self.global_step), True
-        return Path(path), False
+        return location(path), False
 
     def _group_for_async(self) -> Any:
         # DCP's background thread must not share the training loop's group: interleaved collectives
@@ -242,7 +284,7 @@ class Checkpointer:
         if entries:
             try:
                 with _quiet_alone():
-                    dcp.load(entries, storage_reader=SafeFileSystemReader(chosen), planner=SafeLoadPlanner(),
+                    dcp.load(entries, storage_reader=dcp_storage.reader(chosen), planner=SafeLoadPlanner(),
                              no_dist=not collectives.is_distributed())
             except BaseException as error:  # DCP's CheckpointException is a BaseException
                 if isinstance(error, (KeyboardInterrupt, SystemExit)):
@@ -266,7 +308,7 @@ class Checkpointer:
         if path is None and self.directory is None:
             raise ValueError("load_state() without a path needs a checkpoint directory. "
                              "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.load_state('ckpt/step-10')")
-        target = Path(path) if path is not None else self.directory
+        target = location(path) if path is not None else self.directory
         assert target is not None
         if path is not None and not target.exists():
             raise FileNotFoundError(f"load_state({str(path)!r}): no such checkpoint or checkpoint directory")
@@ -316,17 +358,35 @@ def _prepare(final: Path, damaged: bool) -> None:
     older one, is renamed `<name>.damaged` first (kept for inspection, never overwritten)."""
     if damaged and final.exists():
         aside = atomic.unused_name(final.with_name(final.name + ".damaged"))
-        os.rename(final, aside)
+        if isinstance(final, ObjectPath):
+            final.move(aside)
+        else:
+            os.rename(final, aside)
         warnings.warn(f"phalanx: moved the damaged checkpoint {final} to {aside}; saving step {final.name} afresh",
                       CheckpointFallbackWarning, stacklevel=2)
     atomic.prepare_staging(final)
 
 
-def _save_durably(obj: Any, path: Path) -> None:
+def _save_durably(obj: Any, path: Path | ObjectPath, written: dict[str, FileEntry]) -> None:
+    """Write `obj` with torch.save, synced; an uploaded object is durable once its upload returns,
+    and its size and sha256 are recorded in `written` on the way (no download to hash it later)."""
+    if isinstance(path, ObjectPath):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        data = buffer.getvalue()
+        with path.open("wb") as f:
+            f.write(data)
+        written[path.name] = FileEntry(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        return
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _names(directory: Path | ObjectPath) -> list[str]:
+    return [child.name for child in directory.iterdir()] if isinstance(directory, ObjectPath) \
+        else os.listdir(directory)
 
 
 def _check_matches(common: dict, entries: dict, loaders: list, objects: list, where: Path) -> None:

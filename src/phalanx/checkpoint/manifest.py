@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from phalanx.checkpoint.object_path import location
+
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2  # 2: optimizer state flattened, one key per parameter (checkpoint/state.py)
 READABLE_VERSIONS = (1, 2)  # 1: torch's nested optimizer state
@@ -48,19 +50,28 @@ class Manifest:
 def hash_file(path: Path, fsync: bool = True) -> FileEntry:
     """Size and sha256 of `path`; with `fsync`, also flush it to disk (the data is hot in cache)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    local = isinstance(path, Path)
+    size = 0
+    with (open(path, "rb") if local else path.open("rb")) as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
-        if fsync:
+            size += len(chunk)
+        if fsync and local:  # an uploaded object is durable already
             os.fsync(f.fileno())
-    return FileEntry(size=path.stat().st_size, sha256=digest.hexdigest())
+    return FileEntry(size=size, sha256=digest.hexdigest())
 
 
-def hash_files(directory: Path, names: Iterable[str]) -> dict[str, FileEntry]:
-    return {name: hash_file(directory / name) for name in names}
+def hash_files(directory: Path, names: Iterable[str], known: dict[str, FileEntry] | None = None) -> dict[str, FileEntry]:
+    """Size and sha256 of each file; those in `known` (hashed while they were uploaded) are not read again."""
+    known = known or {}
+    return {name: known[name] if name in known else hash_file(directory / name) for name in names}
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Write the manifest, whole or not at all: it is what commits a checkpoint."""
+    if not isinstance(directory, Path):  # a URL: one PUT is atomic
+        (directory / MANIFEST_NAME).write_text(manifest.to_json())
+        return
     tmp = directory / (MANIFEST_NAME + ".tmp")
     with open(tmp, "w") as f:
         f.write(manifest.to_json())
@@ -70,7 +81,7 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
 
 
 def read_manifest(directory: Path) -> Manifest:
-    path = Path(directory) / MANIFEST_NAME
+    path = location(directory) / MANIFEST_NAME
     if not path.is_file():
         raise CheckpointDamaged(
             f"{path}: manifest missing: the checkpoint is incomplete (a save was interrupted) or is "
@@ -90,7 +101,7 @@ def read_manifest(directory: Path) -> Manifest:
 
 def verify_files(directory: Path, manifest: Manifest, names: Iterable[str] | None = None) -> list[str]:
     """Check listed files (all, or `names`) against the manifest; return one message per bad file."""
-    directory = Path(directory)
+    directory = location(directory)
     problems = []
     for name in sorted(manifest.files if names is None else names):
         entry, path = manifest.files[name], directory / name

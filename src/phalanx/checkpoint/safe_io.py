@@ -6,6 +6,7 @@ classes and plain data; everything else phalanx writes is loaded with `weights_o
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import pathlib
 import pickle
@@ -39,24 +40,30 @@ class _MetadataUnpickler(pickle.Unpickler):
         )
 
 
-def load_metadata(path: str | pathlib.Path) -> Metadata:
-    with open(path, "rb") as f:
+def load_metadata(path: str | pathlib.Path, stream: Any = None) -> Metadata:
+    """DCP's `.metadata` at `path` (or read from the open `stream`), through the allowlist."""
+    with (open(path, "rb") if stream is None else contextlib.nullcontext(stream)) as f:
         metadata = _MetadataUnpickler(f).load()
     if not isinstance(metadata, Metadata):
         raise pickle.UnpicklingError(f"{path} holds a {type(metadata).__name__}, not DCP metadata")
     return metadata
 
 
-class SafeFileSystemReader(FileSystemReader):
-    """FileSystemReader whose metadata is unpickled through an allowlist."""
+class SafeMetadataMixin:
+    """For a DCP FileSystemReader (local or fsspec): its metadata is unpickled through an allowlist."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        rank = kwargs.get("rank")
-        metadata = load_metadata(self._get_metadata_path(rank))
+        path = self._get_metadata_path(kwargs.get("rank"))  # type: ignore[attr-defined]
+        with self.fs.create_stream(path, "rb") as stream:  # type: ignore[attr-defined]
+            metadata = load_metadata(path, stream)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        metadata.storage_meta.load_id = self.load_id  # type: ignore[attr-defined]
         return metadata
+
+
+class SafeFileSystemReader(SafeMetadataMixin, FileSystemReader):
+    """FileSystemReader whose metadata is unpickled through an allowlist."""
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -70,8 +77,11 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         super().load_bytes(read_item, value)
 
 
-def load_plain(path: str | pathlib.Path) -> Any:
-    """torch.load of a phalanx side file: tensors and plain containers only."""
+def load_plain(path: Any) -> Any:
+    """torch.load of a phalanx side file (a local path or an ObjectPath): tensors and plain containers only."""
+    if not isinstance(path, (str, pathlib.Path)):  # at a URL: one GET, then parsed in memory
+        with path.open("rb") as f:
+            return torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
     return torch.load(path, map_location="cpu", weights_only=True)
 
 

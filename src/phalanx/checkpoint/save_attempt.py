@@ -9,12 +9,12 @@ gather a rank whose disk write failed would leave its peers waiting in the next 
 """
 from __future__ import annotations
 
-import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from phalanx.checkpoint import atomic
+from phalanx.checkpoint import atomic, disk_full
+from phalanx.checkpoint.object_path import rmtree
 from phalanx.runtime import collectives
 
 T = TypeVar("T")
@@ -32,6 +32,8 @@ class SaveAttempt:
     staging: Path
     step: int
     group: Any = None  # the async save's own group, or None for the default one
+    needed_bytes: Callable[[], int] = lambda: 0  # what the checkpoint needs, asked only when the disk is full
+    written: dict = field(default_factory=dict)  # file name -> FileEntry, hashed while uploaded (at a URL)
 
     def run(self, fn: Callable[[], T]) -> T:
         """`fn()` on this rank, agreed on by all: its result here, or the same error on every rank."""
@@ -66,12 +68,14 @@ class SaveAttempt:
     def fail(self, failed: list[tuple[int, str, bool]], cause: BaseException | None = None) -> None:
         """Remove the staging directory (rank 0) and raise the one message on this rank."""
         if collectives.rank() == 0:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            rmtree(self.staging, ignore_errors=True)
         rank, text, _ = failed[0]
         others = [r for r, _, _ in failed[1:]]
         also = f" (and on rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})" if others else ""
+        full = disk_full.note(self.final.parent, [t for _, t, _ in failed], self.needed_bytes)
         raise CheckpointWriteError(
             f"saving checkpoint step {self.step} to {self.final} failed on rank {rank}{also}: {text}; "
+            + (f"{full}; " if full else "") +
             f"the staging directory {self.staging} was removed and {atomic.LATEST_NAME} was left as it was; "
             f"{atomic.describe_latest(self.final.parent)}"
         ) from cause

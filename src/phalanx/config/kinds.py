@@ -137,6 +137,14 @@ def _text(value: Any) -> str:
 
 TEXT = Kind("text", _text, _text)
 PATH = Kind("path", _text, lambda v: _text(v.__fspath__() if hasattr(v, "__fspath__") else v))
+# A local path or a URL of an fsspec filesystem (s3://bucket/prefix): only a path is made absolute.
+LOCATION = Kind("location", _text, PATH.obj)
+
+
+def is_url(text: str) -> bool:
+    """`scheme://...` with a scheme of two or more letters (so `C://x` stays a Windows path)."""
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and len(scheme) > 1 and scheme.replace("+", "").replace("-", "").isalnum()
 
 
 def names_list(valid: Callable[[], tuple[str, ...]] | None = None) -> Kind:

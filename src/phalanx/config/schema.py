@@ -248,8 +248,9 @@ SETTINGS: tuple[Setting, ...] = grouped(
     Setting("debug", kinds.BOOL, False, "check every phalanx collective for mismatched calls across ranks (slower)",
             bool_flag=True),
     CHECKPOINTS,
-    Setting("checkpoint_dir", kinds.PATH, None,
-            "checkpoint root: px.save_state()/load_state() with no path use it "
+    Setting("checkpoint_dir", kinds.LOCATION, None,
+            "checkpoint root, a directory or an fsspec URL (s3://bucket/prefix): px.save_state()/load_state() "
+            "with no path use it "
             "(with --max-restarts, runs resume by themselves)"),
     Setting("checkpoint_keep", kinds.integer(0), 3, "checkpoints kept under checkpoint_dir, newest first (0 keeps all)"),
     Setting("checkpoint_async", kinds.BOOL, False, "px.save_state() writes in the background by default",

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from phalanx.config import deepspeed as deepspeed_config
+from phalanx.config import deepspeed as deepspeed_config, kinds
 from phalanx.config.schema import BY_NAME, RUNTIME, SETTINGS, PhalanxConfig, Scope, Setting
 
 
@@ -32,7 +32,8 @@ def _checked(setting: Setting, value: Any, label: str, *, text: bool, base_dir: 
         parsed = setting.kind.from_text(value) if text else setting.kind.from_object(value)
     except ValueError as error:
         raise ConfigError(f"{label}: {error}") from None
-    if setting.kind.name in ("path",) or (setting.name == "deepspeed" and isinstance(parsed, str)):
+    if setting.kind.name == "path" or (setting.kind.name == "location" and not kinds.is_url(parsed)) \
+            or (setting.name == "deepspeed" and isinstance(parsed, str)):
         parsed = os.path.normpath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(parsed)))
         if setting.name == "deepspeed" and not os.path.isfile(parsed):
             raise ConfigError(f"{label}: file not found ({parsed}). HINT: pass the path of a DeepSpeed JSON config.")

@@ -32,6 +32,7 @@ from phalanx.launch.rendezvous import (
 from phalanx.cluster import slurm_job
 from phalanx.config import kinds
 from phalanx.launch import local_rank, preemption, report, restarts, torchrun_flags
+from phalanx.launch.private_tmp import private_tempdir
 from phalanx.launch.spec import LaunchSpec
 
 LOOPBACK = "127.0.0.1"
@@ -176,7 +177,14 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
     """Run the workers to completion; return the launcher's exit code (the first failed rank's).
 
     torch's agent logging goes to `log_dir`/launcher.log, and to the terminal only when `verbose`.
+    torch's own temporary files (error pickles, its log directory) go with the launch (private_tmp.py).
     """
+    with private_tempdir():
+        return _launch(spec, nproc_per_node, num_gpus_in_use, node, verbose, log_dir)
+
+
+def _launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: NodeSetup | None,
+            verbose: bool, log_dir: str | None) -> int:
     start_method = choose_start_method(spec.start_method, num_gpus_in_use)
     # Lazy and narrow: the launcher API, not `import torch.distributed.run` and its parser.
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+from typing import Any
 
 from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.elastic.rendezvous import (
@@ -43,6 +44,16 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def store_on(listener: socket.socket, host: str, **kwargs: Any) -> TCPStore:
+    """A master TCPStore serving on `listener`, which it takes over: the store closes the socket when
+    it goes, so the Python object lets go of it now (else it would close the fd a second time, or
+    warn "unclosed socket" when collected)."""
+    store = TCPStore(host, listener.getsockname()[1], is_master=True, multi_tenant=True,
+                     master_listen_fd=listener.fileno(), **kwargs)
+    listener.detach()
+    return store
+
+
 class BoundStaticRendezvous(RendezvousHandler):
     """Static rendezvous (fixed rank and node count) with a store bound to one address."""
 
@@ -51,7 +62,6 @@ class BoundStaticRendezvous(RendezvousHandler):
         self._run_id = run_id
         self._timeout = datetime.timedelta(seconds=timeout_s)
         self._store: TCPStore | None = None
-        self._listener: socket.socket | None = None
         self._closed = False
 
     def get_backend(self) -> str:
@@ -64,10 +74,9 @@ class BoundStaticRendezvous(RendezvousHandler):
     def next_rendezvous(self) -> RendezvousInfo:
         if self._store is None:
             if self._rank == 0:
-                self._listener = bind_listener(self._host, self._port)
-                self._port = self._listener.getsockname()[1]
-                self._store = TCPStore(self._host, self._port, self._world_size, True, self._timeout,
-                                       multi_tenant=True, master_listen_fd=self._listener.fileno())
+                listener = bind_listener(self._host, self._port)
+                self._port = listener.getsockname()[1]
+                self._store = store_on(listener, self._host, world_size=self._world_size, timeout=self._timeout)
             else:
                 self._store = TCPStore(self._host, self._port, self._world_size, False, self._timeout,
                                        multi_tenant=True)
@@ -103,10 +112,6 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     )
 
 
-_C10D_LISTENERS: list[socket.socket] = []
-"""Listening sockets of hosted c10d stores, kept open for the launcher's lifetime."""
-
-
 def create_c10d_handler(params: RendezvousParameters) -> RendezvousHandler:
     """torch's c10d rendezvous, with its two stores bound to one address each instead of every interface.
 
@@ -130,11 +135,8 @@ def create_c10d_handler(params: RendezvousParameters) -> RendezvousHandler:
 
 
 def _bound_tcp_store(host: str, port: int, timeout: datetime.timedelta | None = None) -> TCPStore:
-    listener = bind_listener(host, port)
-    _C10D_LISTENERS.append(listener)
     extra = {"timeout": timeout} if timeout is not None else {}
-    return TCPStore(host, listener.getsockname()[1], is_master=True, multi_tenant=True,
-                    master_listen_fd=listener.fileno(), **extra)
+    return store_on(bind_listener(host, port), host, **extra)
 
 
 def _bind_workers_store(handler: RendezvousHandler) -> RendezvousHandler:

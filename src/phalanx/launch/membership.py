@@ -12,7 +12,8 @@ a larger one when a node comes back (the waiting node triggers a restart). Two t
   written wins) and hand it to their workers as PHALANX_ATTEMPT.
 
 Each agent writes its node's name in the round's store and reads the others'; that is all the
-traffic (a few keys per restart).
+traffic (a few keys per restart). Only `set`, `get` and `add` are used: the etcd rendezvous's store
+(`--rdzv-backend etcd-v2`) has no compare_set or multi_get.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Any
 from phalanx import envvars
 
 ATTEMPT_KEY = "phalanx/attempt"
+PROPOSALS_KEY = "phalanx/attempt-proposals"
 NODE_KEY = "phalanx/node/{}"
 
 
@@ -45,8 +47,9 @@ def agree_attempt(round_store: Any, restart_count: int, has_rounds: bool) -> str
     """
     if not has_rounds:
         return str(restart_count)
-    proposal = f"{restart_count}-{uuid.uuid4().hex[:8]}"
-    return round_store.compare_set(ATTEMPT_KEY, "", proposal).decode()
+    if round_store.add(PROPOSALS_KEY, 1) == 1:  # the first agent here names the attempt
+        round_store.set(ATTEMPT_KEY, f"{restart_count}-{uuid.uuid4().hex[:8]}")
+    return round_store.get(ATTEMPT_KEY).decode()  # waits for the first agent's set
 
 
 def exchange_nodes(round_store: Any, group_rank: int, group_world_size: int, name: str) -> tuple[str, ...] | None:
@@ -55,7 +58,7 @@ def exchange_nodes(round_store: Any, group_rank: int, group_world_size: int, nam
     try:
         round_store.set(NODE_KEY.format(group_rank), name)
         keys = [NODE_KEY.format(rank) for rank in range(group_world_size)]
-        return tuple(value.decode() for value in round_store.multi_get(keys))
+        return tuple(round_store.get(key).decode() for key in keys)
     except Exception as error:  # noqa: BLE001 - logged; the restart goes on without the node names
         logging.getLogger(__name__).warning("phalanx: could not exchange node names after the rendezvous: %s: %s",
                                             type(error).__name__, error)

@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from phalanx import preemption_report as report
@@ -177,8 +176,9 @@ os.register_at_fork(after_in_child=_in_forked_child)
 
 def _latest(checkpoint_dir: str) -> str:
     from phalanx.checkpoint import atomic
+    from phalanx.checkpoint.object_path import location
 
-    return atomic.describe_latest(Path(checkpoint_dir))
+    return atomic.describe_latest(location(checkpoint_dir))
 
 
 def _send(pid: int, sig: signal.Signals) -> None:

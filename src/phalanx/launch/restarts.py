@@ -22,7 +22,6 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from phalanx import envvars, store_keys
@@ -53,8 +52,9 @@ def resume_point(checkpoint_dir: str | None) -> str:
     if not checkpoint_dir:
         return "from the start (no --checkpoint-dir)"
     from phalanx.checkpoint import atomic
+    from phalanx.checkpoint.object_path import location
 
-    found = atomic.latest_intact(Path(checkpoint_dir))
+    found = atomic.latest_intact(location(checkpoint_dir))
     if found is None:
         return f"from the start (no checkpoint in {checkpoint_dir} yet)"
     return f"from checkpoint step {found[0]} ({found[1]})"

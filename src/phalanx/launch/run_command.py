@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Mapping
 
 from phalanx import config
@@ -164,9 +163,10 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
     num_cores = devices.count_cpu_cores()
     if spec.checkpoint_dir:  # refused here, not at the first save hours into the run
         from phalanx.checkpoint import atomic
+        from phalanx.checkpoint.object_path import location
 
         try:
-            atomic.check_writable(Path(spec.checkpoint_dir))
+            atomic.check_writable(location(spec.checkpoint_dir))
         except atomic.CheckpointDirNotWritable as error:
             raise LaunchError(str(error)) from None
     if spec.gpus is not None:

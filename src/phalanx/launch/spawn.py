@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from phalanx.launch import devices
 from phalanx.launch.agent import choose_start_method, no_cuda_init, rendezvous_settings
+from phalanx.launch.private_tmp import private_tempdir
 from phalanx.launch.report import format_failures
 from phalanx import config
 from phalanx.launch.spec import LaunchSpec
@@ -134,7 +135,7 @@ def _launch(fn: Callable[..., Any], args: tuple, kwargs: dict, nprocs: int, meth
     # See launch.agent: the fork warning is about threads the forked child does not use.
     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
     try:
-        with _exported(worker_env):  # the agent passes its environment on to every worker
+        with _exported(worker_env), private_tempdir():  # the agent passes its environment on to every worker
             results = elastic_launch(config, run_in_worker)(fn, args, kwargs, method == "fork")
     except ChildFailedError as error:
         raise SpawnError(format_failures(error, nprocs)) from None
