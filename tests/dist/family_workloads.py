@@ -1,0 +1,82 @@
+"""Training runs for the model-family sweep: transformers models built from small configs (the code
+paths of the pretrained checkpoints users load), trained through `px.forward_backward` in a layout,
+with a one-process reference computed in rank 0 on the same global batches.
+
+The loop clips with torch's own `torch.nn.utils.clip_grad_norm_` on the prepared model's parameters,
+as hand-written loops do: under tensor parallel every parameter is a DTensor, so it works and its
+norm is the one-process norm."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from phalanx import Phalanx
+from phalanx.model.families import build
+from tests.dist.tp_workloads import VOCAB, lm_loss, make_data
+
+MAX_NORM = 1.0
+
+
+def make_model(family: str) -> nn.Module:
+    torch.manual_seed(0)
+    return build(family, vocab_size=VOCAB)
+
+
+def _norm(value: Any) -> float:
+    return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
+
+
+def reference(family: str, global_batch: int, steps: int, lr: float, start: nn.Module) -> dict[str, Any]:
+    """One process, no Phalanx: the losses, norms and weights the layouts must reproduce."""
+    model = start
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses, norms = [], []
+    batches = iter(DataLoader(make_data(), batch_size=global_batch))
+    for _ in range(steps):
+        (batch,) = next(batches)
+        loss = lm_loss(model(batch[:, :-1]), batch[:, 1:])
+        loss.backward()
+        norms.append(_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "norms": norms}
+
+
+def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, **settings: Any) -> dict[str, Any]:
+    """`steps` AdamW steps in the layout `settings` describe, or what prepare refused."""
+    px = Phalanx(**settings)
+    model = make_model(family)
+    start = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    loader = DataLoader(make_data(), batch_size=global_batch // px.dp_size)
+    try:
+        model, optimizer, loader = px.prepare(model, optimizer, loader)
+    except ValueError as error:
+        return {"refused": str(error)}
+    losses, norms = [], []
+    for (batch,) in loader:
+        loss = px.forward_backward(model, batch[:, :-1], batch[:, 1:], lm_loss)
+        params = px.unwrap_model(model).parameters()
+        norm = torch.nn.utils.clip_grad_norm_(params, MAX_NORM) if px.plan.pp == 1 \
+            else px.clip_grad_norm_(model.parameters(), MAX_NORM)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(px.reduce(loss, "mean").item())
+        norms.append(_norm(norm))
+        if len(losses) == steps:
+            break
+    out: dict[str, Any] = {"plan": px.plan.describe(), "losses": losses, "norms": norms,
+                           "keys": sorted(px.get_state_dict(model))}
+    if px.rank == 0:
+        out["reference"] = reference(family, global_batch, steps, lr, start)
+    return out
+
+
+def matrix(cases: dict[str, dict]) -> dict[str, dict]:
+    """Every case in order in this rank: one process group serves them all."""
+    return {name: train(**kwargs) for name, kwargs in cases.items()}
