@@ -47,8 +47,11 @@ def reference(family: str, global_batch: int, steps: int, lr: float, start: nn.M
     return {"losses": losses, "norms": norms}
 
 
-def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, **settings: Any) -> dict[str, Any]:
-    """`steps` AdamW steps in the layout `settings` describe, or what prepare refused."""
+def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, checkpoint: str | None = None,
+          resume: str | None = None, **settings: Any) -> dict[str, Any]:
+    """`steps` AdamW steps in the layout `settings` describe, or what prepare refused; `checkpoint`:
+    px.save_state there at the end; `resume`: px.load_state from there first (the reference then
+    covers the steps before it too, and `losses` are the ones after)."""
     px = Phalanx(**settings)
     model = make_model(family)
     start = copy.deepcopy(model)
@@ -58,6 +61,10 @@ def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, 
         model, optimizer, loader = px.prepare(model, optimizer, loader)
     except ValueError as error:
         return {"refused": str(error)}
+    done = 0
+    if resume is not None:
+        assert px.load_state(resume)
+        done = px.global_step
     losses, norms = [], []
     for (batch,) in loader:
         loss = px.forward_backward(model, batch[:, :-1], batch[:, 1:], lm_loss)
@@ -70,10 +77,13 @@ def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, 
         norms.append(_norm(norm))
         if len(losses) == steps:
             break
+    if checkpoint is not None:
+        px.save_state(checkpoint)
     out: dict[str, Any] = {"plan": px.plan.describe(), "losses": losses, "norms": norms,
                            "keys": sorted(px.get_state_dict(model))}
     if px.rank == 0:
-        out["reference"] = reference(family, global_batch, steps, lr, start)
+        ref = reference(family, global_batch, done + steps, lr, start)
+        out["reference"] = {what: values[done:] for what, values in ref.items()}
     return out
 
 

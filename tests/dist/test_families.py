@@ -20,7 +20,7 @@ def _cases(layout: str, families: list[str]) -> dict[str, dict]:
     return {f"{name} / {layout}": {"family": name, **LAYOUTS[layout]} for name in families}
 
 
-def _check(ranks: list[dict], name: str) -> None:
+def _check(ranks: list[dict], name: str, steps: int = 6) -> None:
     family, layout = name.split(" / ")
     expected = next(f for f in FAMILIES if f.name == family).refused.get(layout)
     for rank in ranks:
@@ -30,7 +30,7 @@ def _check(ranks: list[dict], name: str) -> None:
             continue
         assert "refused" not in run, f"{name} was refused: {run['refused']}"
         ref = ranks[0][name]["reference"]
-        assert len(run["losses"]) == len(ref["losses"]) == 6
+        assert len(run["losses"]) == len(ref["losses"]) == steps
         for what in ("losses", "norms"):
             for step, (got, want) in enumerate(zip(run[what], ref[what]), 1):
                 assert abs(got - want) <= RTOL * abs(want), f"{name} {what} step {step}: {got} vs one process {want}"
@@ -57,3 +57,14 @@ def test_every_family_in_every_layout_equals_one_process_or_is_refused(layout):
     ranks = run_ranks("tests.dist.family_workloads:matrix", processes(layout), args=(cases,), timeout=850)
     for name in cases:
         _check(ranks, name)
+
+
+def test_a_tied_model_saved_under_pp_resumes_under_ddp_and_one_process_and_continues_equal(tmp_path):
+    """The checkpoint of a pipeline holding a tied embedding on both ends loads into layouts where
+    it is one parameter: the 3 steps after the resume equal one process's steps 4-6."""
+    checkpoint = str(tmp_path / "pp")
+    run_ranks("tests.dist.family_workloads:train", 2,
+              args=("llama-tied", 8, 3, 1e-2, checkpoint, None), env={"PHALANX_PP": "2"}, timeout=400)
+    resumed = run_ranks("tests.dist.family_workloads:train", 2,
+                        args=("llama-tied", 8, 3, 1e-2, None, checkpoint), env={"PHALANX_STRATEGY": "ddp"}, timeout=400)
+    _check([{"llama-tied / ddp": r} for r in resumed], "llama-tied / ddp", steps=3)
