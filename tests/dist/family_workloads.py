@@ -30,7 +30,11 @@ def _norm(value: Any) -> float:
     return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
 
 
-def reference(family: str, global_batch: int, steps: int, lr: float, start: nn.Module) -> dict[str, Any]:
+CLIP_VALUE = 0.05  # below some gradients' entries: clip_grad_value_ acts
+
+
+def reference(family: str, global_batch: int, steps: int, lr: float, start: nn.Module,
+              clip_value: bool = False) -> dict[str, Any]:
     """One process, no Phalanx: the losses, norms and weights the layouts must reproduce."""
     model = start
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -41,6 +45,8 @@ def reference(family: str, global_batch: int, steps: int, lr: float, start: nn.M
         loss = lm_loss(model(batch[:, :-1]), batch[:, 1:])
         loss.backward()
         norms.append(_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        if clip_value:
+            torch.nn.utils.clip_grad_value_(model.parameters(), CLIP_VALUE)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
@@ -48,17 +54,24 @@ def reference(family: str, global_batch: int, steps: int, lr: float, start: nn.M
 
 
 def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, checkpoint: str | None = None,
-          resume: str | None = None, **settings: Any) -> dict[str, Any]:
+          resume: str | None = None, late_optimizer: bool = False, clip_value: bool = False,
+          **settings: Any) -> dict[str, Any]:
     """`steps` AdamW steps in the layout `settings` describe, or what prepare refused; `checkpoint`:
     px.save_state there at the end; `resume`: px.load_state from there first (the reference then
-    covers the steps before it too, and `losses` are the ones after)."""
+    covers the steps before it too, and `losses` are the ones after). `late_optimizer`: the optimizer
+    is built from the prepared model's parameters; `clip_value`: torch's clip_grad_value_ after the
+    norm clipping (both loops)."""
     px = Phalanx(**settings)
     model = make_model(family)
     start = copy.deepcopy(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     loader = DataLoader(make_data(), batch_size=global_batch // px.dp_size)
     try:
-        model, optimizer, loader = px.prepare(model, optimizer, loader)
+        if late_optimizer:
+            model, loader = px.prepare(model, loader)
+            optimizer = px.prepare(torch.optim.AdamW(model.parameters(), lr=lr))
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+            model, optimizer, loader = px.prepare(model, optimizer, loader)
     except ValueError as error:
         return {"refused": str(error)}
     done = 0
@@ -71,6 +84,8 @@ def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, 
         params = px.unwrap_model(model).parameters()
         norm = torch.nn.utils.clip_grad_norm_(params, MAX_NORM) if px.plan.pp == 1 \
             else px.clip_grad_norm_(model.parameters(), MAX_NORM)
+        if clip_value:
+            torch.nn.utils.clip_grad_value_(px.unwrap_model(model).parameters(), CLIP_VALUE)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(px.reduce(loss, "mean").item())
@@ -80,9 +95,10 @@ def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, 
     if checkpoint is not None:
         px.save_state(checkpoint)
     out: dict[str, Any] = {"plan": px.plan.describe(), "losses": losses, "norms": norms,
-                           "keys": sorted(px.get_state_dict(model))}
+                           "keys": sorted(px.get_state_dict(model)),
+                           "state_dict": sorted(px.unwrap_model(model).state_dict())}
     if px.rank == 0:
-        ref = reference(family, global_batch, done + steps, lr, start)
+        ref = reference(family, global_batch, done + steps, lr, start, clip_value)
         out["reference"] = {what: values[done:] for what, values in ref.items()}
     return out
 
