@@ -18,6 +18,10 @@ padded; labels are -100 at the padding. The loss is summed over each batch's tar
 given with their count, `px.backward(loss, num_items=tokens)`: every optimizer step averages over
 all target tokens of the global batch, whatever the ranks, accumulation and padding.
 
+`--tie-embeddings` (with --tiny): the output projection shares the input embedding's weight, as in
+Llama-3.2-1B and Qwen2.5. Under `--pp N` the loop trains with `px.forward_backward` and evaluates with
+`px.forward` (the pipeline takes the token ids alone), with the same token-weighted loss.
+
 `--lora R`: rank-R adapters on the attention and MLP projections; the base weights are frozen and
 the optimizer holds only the adapters. Under zero3 each decoder layer is one sharding unit holding
 its frozen weights and its adapters. `--save DIR` writes a directory `AutoModelForCausalLM.from_pretrained`
@@ -63,8 +67,9 @@ def load_paragraphs(path=None, limit=None):
     return paragraphs[:limit] if limit else paragraphs
 
 
-def make_tiny_model(paragraphs, directory, seed=0):
-    """A 2-layer Llama and a 512-token byte-level BPE tokenizer trained on the corpus, saved to `directory`."""
+def make_tiny_model(paragraphs, directory, seed=0, tie_embeddings=False):
+    """A 2-layer Llama and a 512-token byte-level BPE tokenizer trained on the corpus, saved to `directory`;
+    `tie_embeddings`: the output projection shares the input embedding's weight (as in Llama-3.2-1B, Qwen2.5)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -78,7 +83,7 @@ def make_tiny_model(paragraphs, directory, seed=0):
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=0,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tie_embeddings, pad_token_id=0,
         bos_token_id=1, eos_token_id=2))
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -124,13 +129,35 @@ def collate(pad_id):
     return pad
 
 
-def token_losses(model, batch):
+def losses_of(logits, labels):
     """Per-sample sums of the next-token loss over the target tokens, and each sample's target count."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    targets = batch["labels"][:, 1:]
+    targets = labels[:, 1:]
     losses = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE,
                              reduction="none").view(targets.shape)
     return losses.sum(1), (targets != IGNORE).sum(1)
+
+
+def token_losses(px, model, batch):
+    """`losses_of` the model's logits for the batch. Under pp the pipeline takes the token ids alone:
+    with right padding and causal attention, the mask changes no target token's logits."""
+    if px.plan.pp > 1:
+        return losses_of(px.forward(model, batch["input_ids"]), batch["labels"])
+    return losses_of(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                     batch["labels"])
+
+
+def pipeline_step(px, model, batch):
+    """Under pp: one pipeline step on the batch with the token-weighted loss Σ loss / Σ tokens over
+    the global batch (the data-parallel ranks' tokens counted first; the pipeline's loss is the mean
+    over its microbatches and DDP averages over the data-parallel ranks, hence the factors)."""
+    tokens = px.reduce((batch["labels"][:, 1:] != IGNORE).sum().float(), "sum")
+    scale = px.config.pp_microbatches or 2 * px.plan.pp  # phalanx's default: 2 microbatches per stage
+    scale *= px.dp_size / tokens
+
+    def loss_fn(logits, labels):
+        return losses_of(logits, labels)[0].sum() * scale
+
+    return px.forward_backward(model, batch["input_ids"], batch["labels"], loss_fn)
 
 
 @torch.no_grad()
@@ -139,7 +166,7 @@ def evaluate(px, model, loader):
     model.eval()
     total, count = 0.0, 0
     for batch in loader:
-        sums, counts = px.gather_for_metrics(token_losses(model, batch))
+        sums, counts = px.gather_for_metrics(token_losses(px, model, batch))
         total, count = total + sums.double().sum().item(), count + counts.sum().item()
     model.train()
     return total / count, math.exp(total / count)
@@ -186,6 +213,8 @@ def main():
                                                         "(default: Python's reference documentation)")
     parser.add_argument("--limit", type=int, help="use only the first N paragraphs (quick runs)")
     parser.add_argument("--lora", type=int, metavar="R", help="train rank-R LoRA adapters instead of every weight")
+    parser.add_argument("--tie-embeddings", action="store_true", help="--tiny: the output projection shares the "
+                                                                     "input embedding's weight")
     parser.add_argument("--keep-adapters", action="store_true", help="--save writes the adapters, not merged weights")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=8, help="per process")
@@ -208,7 +237,7 @@ def main():
         base_dir = os.path.join(px.run_dir, "tiny-llama")
         with px.main_process_first():
             if px.is_main_process:
-                make_tiny_model(paragraphs, base_dir)
+                make_tiny_model(paragraphs, base_dir, tie_embeddings=args.tie_embeddings)
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -246,8 +275,11 @@ def main():
     while px.global_step < args.steps:
         for batch in px.progress(train_loader, desc=f"step {px.global_step}"):
             with px.accumulate(model):
-                sums, counts = token_losses(model, batch)
-                px.backward(sums.sum(), num_items=counts.sum())  # Σ loss / Σ tokens over the global batch
+                if px.plan.pp > 1:
+                    step_loss = px.reduce(pipeline_step(px, model, batch), "mean")
+                else:
+                    sums, counts = token_losses(px, model, batch)
+                    px.backward(sums.sum(), num_items=counts.sum())  # Σ loss / Σ tokens over the global batch
                 px.clip_grad_norm_(model.parameters(), 1.0)
                 for optimizer in optimizers:
                     optimizer.step()
@@ -256,7 +288,8 @@ def main():
                 continue
             step = px.global_step
             if step % args.log_every == 0 or step == args.steps:
-                px.log({"loss": px.step_loss}, step=step)  # the same global token-weighted mean
+                loss = px.step_loss if px.plan.pp == 1 else step_loss.item()
+                px.log({"loss": loss}, step=step)  # the same global token-weighted mean
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 px.save_state()
             if step >= args.steps:

@@ -369,6 +369,7 @@ class Phalanx:
     def _before_step(self) -> None:
         """Once per optimizer step, before clipping and stepping: the num_items rescale (and under
         `phalanx parity`, the step's record)."""
+        self.strategy.before_step()  # pp: gradients of weights tied across stages summed
         self._items.finish(self._optimized_params(), self._accumulator.cycle_len)
         if self._parity is not None:
             self._parity.record(self.global_step + 1, self._optimized_params())

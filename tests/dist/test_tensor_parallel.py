@@ -64,7 +64,11 @@ def test_llama_uses_its_own_transformers_plan(two):
     split = two[0]["llama tp2"]["dtensors"]
     assert "model.layers.0.self_attn.q_proj.weight" in split and "model.layers.1.mlp.down_proj.weight" in split
     assert "lm_head.weight" in split and "model.embed_tokens.weight" in split  # embedding_rowwise
-    assert "model.norm.weight" not in split  # not in the plan: replicated
+    # not in the plan: replicated, as a Replicate() DTensor like every other parameter (torch's
+    # clip_grad_norm_ and foreach optimizers see one kind of tensor)
+    assert split == two[0]["llama tp2"]["params"]
+    assert two[0]["llama tp2"]["placements"]["model.norm.weight"] == ["Replicate"]
+    assert two[0]["llama tp2"]["placements"]["model.layers.0.self_attn.q_proj.weight"] == ["Shard"]
 
 
 @pytest.mark.parametrize("name", ["llama zero3 x tp2", "user plan zero1 x tp2", "user plan ddp x tp2"])

@@ -150,13 +150,18 @@ def test_a_cut_on_the_meta_device_allocates_nothing():
     assert all(p.is_meta for p in rank.model.parameters()) and "head.weight" in rank.model.state_dict()
 
 
-def test_tied_weights_across_stages_are_refused():
+def test_tied_weights_across_stages_are_held_by_both_ranks_and_found_for_the_gradient_sum():
+    from phalanx.strategies.pipeline.tied import find_tied
+
     model = new_model()
     model.head.weight = model.embed.weight
     chain = pipe.find_chain(model)
-    with pytest.raises(ValueError, match=r"the parameter embed.weight is shared by embed and head, which land on "
-                                         r"stages \[0, 1\].*HINT: untie it"):
-        pipe.cut_model(model, chain, pipe.split_stages(chain, 2), [0])
+    stages = pipe.split_stages(chain, 2)
+    (tied,) = find_tied(model, chain, stages, "1F1B", 2)
+    assert (tied.holders, tied.pp_ranks) == (("embed.weight", "head.weight"), (0, 1)) and tied.name in tied.holders
+    assert find_tied(model, chain, pipe.split_stages(chain, 1), "1F1B", 1) == []  # one stage holds both
+    first = pipe.cut_model(model, chain, stages, [0]).model
+    assert "embed.weight" in dict(first.named_parameters()) and "head.weight" not in dict(first.named_parameters())
 
 
 def test_a_stage_ending_in_a_tuple_is_refused_when_it_runs():

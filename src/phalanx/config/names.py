@@ -34,7 +34,8 @@ METRICS_DESTINATIONS: tuple[str, ...] = ("csv", "jsonl", "tensorboard", "wandb",
 # The styles a `tp_plan` may give a module (transformers' vocabulary, so a model's own plan reads as
 # is); strategies/tensor_parallel.py maps each onto torch's ParallelStyle.
 TP_STYLES: tuple[str, ...] = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input",
-                              "embedding_rowwise", "sequence_parallel", "replicate", "local")
+                              "embedding_rowwise", "sequence_parallel", "replicate", "replicated_with_grad_allreduce",
+                              "local")
 TP_STYLE_ALIASES: dict[str, str] = {"colwise_rep": "colwise_gather_output", "rowwise_rep": "rowwise_split_input",
                                     "local_colwise": "colwise", "local_rowwise": "rowwise"}
 

@@ -130,20 +130,21 @@ def _read_local(f: Any, key: str, target: torch.Tensor, result: LoadResult) -> t
 
 
 def _load_safetensors(model: nn.Module, files: Mapping[str, str], keys: list[str], model_sd: Mapping[str, Any],
-                      result: LoadResult, model_key: Mapping[str, str]) -> None:
-    """One tensor at a time through set_model_state_dict: a rank holds its shards plus one slice."""
+                      result: LoadResult, model_key: Mapping[str, str], alias: Mapping[str, str]) -> None:
+    """One tensor at a time through set_model_state_dict: a rank holds its shards plus one slice.
+    `alias`: checkpoint name -> the name the file stores it under (a tied weight, stored once)."""
     from safetensors import safe_open
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     options = StateDictOptions(full_state_dict=not _is_sharded(model), strict=False)
     by_file: dict[str, list[str]] = {}
     for key in keys:
-        by_file.setdefault(files[key], []).append(key)
+        by_file.setdefault(files[alias.get(key, key)], []).append(key)
     for path, names in by_file.items():
         with safe_open(path, framework="pt") as f:
             for key in names:
-                set_model_state_dict(model, {model_key[key]: _read_local(f, key, model_sd[key], result)},
-                                     options=options)
+                tensor = _read_local(f, alias.get(key, key), model_sd[key], result)
+                set_model_state_dict(model, {model_key[key]: tensor}, options=options)
 
 
 def _full_on_rank0(source: Any) -> Mapping[str, torch.Tensor] | None:
@@ -165,6 +166,18 @@ def checkpoint_names(model: nn.Module, keys: Iterable[str]) -> dict[str, str]:
         return {k: k for k in keys}
     return {k: k.removeprefix("base_model.model.").replace(".base_layer.", ".") for k in keys
             if not _ADAPTER.search(k)}
+
+
+def tied_keys(model: nn.Module) -> dict[str, str]:
+    """Checkpoint name -> the name of the weight it is tied to, which a checkpoint stores alone
+    (transformers' `_tied_weights_keys` where the config ties them: `lm_head.weight` ->
+    `model.embed_tokens.weight`), for names as `checkpoint_names` gives them."""
+    for name, module in model.named_modules():
+        keys = getattr(type(module), "_tied_weights_keys", None)
+        if isinstance(keys, Mapping) and getattr(getattr(module, "config", None), "tie_word_embeddings", False):
+            prefix = "" if not name or (hasattr(model, "peft_config") and name == "base_model.model") else f"{name}."
+            return {f"{prefix}{target}": f"{prefix}{source}" for target, source in keys.items()}
+    return {}
 
 
 def _model_state(model: nn.Module) -> dict[str, Any]:
@@ -198,12 +211,16 @@ def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int 
             "`phalanx export`) and load that file")
     if files is not None:  # every rank reads headers, then its own slices
         found = _safetensors_shapes(files)
-        if elsewhere is not None:
-            found = {k: v for k, v in found.items() if k in expected or not elsewhere(k)}
+        alias = {target: source for target, source in tied_keys(model).items()
+                 if target in expected and target not in found and source in found}
+        found.update({target: found[source] for target, source in alias.items()})
+        if elsewhere is not None:  # asked by the model's names (a peft model's carry its prefix)
+            prefix = "base_model.model." if hasattr(model, "peft_config") else ""
+            found = {k: v for k, v in found.items() if k in expected or not elsewhere(prefix + k)}
         result = compare(expected, found)
         _refuse_or_warn(result, strict, what)
         _load_safetensors(model, files, result.loaded, {n: model_sd[model_key[n]] for n in result.loaded}, result,
-                          model_key)
+                          model_key, alias)
         return result
     # torch file / state dict: rank 0 reads it, checks it and broadcasts tensor by tensor
     broadcast = _distributed()

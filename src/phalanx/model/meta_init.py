@@ -13,7 +13,7 @@ same values for its different slice).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -39,14 +39,15 @@ def init_module(sharded: bool, device: torch.device) -> Iterator[None]:
         yield
 
 
-def transformers_init(model: nn.Module) -> InitFn | None:
+def transformers_init(model: nn.Module, cut_away: Iterable[nn.Module] = ()) -> InitFn | None:
     """For models holding a transformers `PreTrainedModel` (also inside a peft wrapper): each module
     inside one is initialised by that model's own `_init_weights(module)` (its norms and rotary
-    buffers have no reset_parameters); modules outside any use reset_parameters(). None otherwise."""
+    buffers have no reset_parameters); modules outside any use reset_parameters(). None otherwise.
+    `cut_away`: modules a pipeline cut took out of the model, which were inside its outermost one."""
     owners = [m for m in model.modules() if callable(getattr(m, "_init_weights", None)) and hasattr(m, "config")]
     if not owners:
         return None
-    owner_of: dict[int, nn.Module] = {}
+    owner_of: dict[int, nn.Module] = {id(m): owners[0] for m in cut_away}
     for owner in owners:  # in module order: an inner model overrides the outer one for its modules
         for module in owner.modules():
             owner_of[id(module)] = owner
@@ -186,7 +187,9 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
     `model`): FSDP2 re-points its shards when its root is allocated, so a pipeline rank running
     several stages allocates each stage's root (strategies/pipeline/cut.py's views).
     Without `init_fn`, a transformers model initialises its modules as `from_config` would."""
-    init_fn = init_fn or transformers_init(model)
+    if init_fn is None:
+        present = {id(m) for m in model.modules()}
+        init_fn = transformers_init(model, cut_away=[m for m in order or () if id(m) not in present])
     check_initialisable(model, init_fn)
     meta_modules = [m for m in model.modules() if _owns_state(m) and any(t.is_meta for t in _own_tensors(m))]
     if order is not None:

@@ -34,13 +34,32 @@ def default_units(model: nn.Module) -> list[nn.Module]:
     containers = [c for c in children if isinstance(c, _CONTAINERS)]
     if containers:
         return [b for c in containers for b in c.children() if _has_params(b)]
+    holding = [c for c in children if any(isinstance(m, _CONTAINERS) for m in c.modules())]
+    if len(holding) == 1:  # a head around the stack (transformers' XForCausalLM: model + lm_head)
+        return default_units(holding[0])
     return children
+
+
+def without_split_ties(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
+    """`units` less those holding a parameter that a module outside them holds too (tied
+    embeddings): a tied parameter lives in one sharding unit, the enclosing one (FSDP2 refuses a
+    parameter in two groups)."""
+    holders: dict[int, set[int]] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            holders.setdefault(id(p), set()).add(id(module))
+    kept = []
+    for unit in units:
+        inside = {id(m) for m in unit.modules()}
+        if all(holders[id(p)] <= inside for p in unit.parameters()):
+            kept.append(unit)
+    return kept
 
 
 def shard_units(model: nn.Module, spec: ShardSpec) -> list[nn.Module]:
     """The submodules to shard as units, in forward (registration) order."""
     if spec is None:
-        return default_units(model)
+        return without_split_ties(model, default_units(model))
     if callable(spec) and not isinstance(spec, type):
         chosen = [m for name, m in model.named_modules() if name and spec(name, m)]
     else:
@@ -49,7 +68,7 @@ def shard_units(model: nn.Module, spec: ShardSpec) -> list[nn.Module]:
             raise ValueError(f"shard_modules must be module classes or a predicate (name, module) -> bool, "
                              f"got {spec!r}")
         chosen = [m for name, m in model.named_modules() if name and isinstance(m, classes)]
-    return [m for m in chosen if _has_params(m)]
+    return without_split_ties(model, [m for m in chosen if _has_params(m)])
 
 
 def transform_units(model: nn.Module, units: list[nn.Module], activation_checkpointing: Any, compile: Any,

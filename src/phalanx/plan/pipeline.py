@@ -11,7 +11,7 @@ from typing import Any, Callable
 from torch import nn
 
 from phalanx.strategies.pipeline import arithmetic, schedules
-from phalanx.strategies.pipeline.chain import find_chain
+from phalanx.strategies.pipeline.model_plan import model_chain
 from phalanx.strategies.pipeline.split import split_for_schedule, stage_params
 
 
@@ -34,7 +34,7 @@ def plan_pipeline(model: nn.Module, pp: int, schedule: str, microbatches: int | 
     per_rank = schedules.stages_per_rank(schedule)
     m = microbatches or schedules.default_microbatches(pp)
     schedules.check_microbatches(schedule, pp, m)
-    chain = find_chain(model)
+    chain = model_chain(model)
     stages = split_for_schedule(chain, pp, schedule, split)
     figures = arithmetic.pipeline_figures(stage_params(chain, stages), schedule, pp, m)
     stage_bytes = [_bytes(model, stage) for stage in stages]

@@ -24,6 +24,7 @@ from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import layout as pipeline_layout
 from phalanx.strategies.pipeline.cut import RankStages
 from phalanx.strategies.pipeline.runner import PipelineRunner
+from phalanx.strategies.pipeline.tied import TiedGradients
 
 
 class Wrapper(enum.Enum):
@@ -104,6 +105,8 @@ def _done(model: nn.Module, stages: tuple[nn.Module, ...], wrapper: Wrapper, tp_
     runner = PipelineRunner(stages, cut.rank.stage_indices, cut.rank.num_stages, mesh["pp"], device, cut.schedule,
                             cut.num_microbatches)
     runner.refuse_direct_calls(model, hint=pipeline_layout.refuse_model_call_hint())
+    if cut.tied:
+        runner.tied = TiedGradients(model, cut.tied, mesh["pp"], mesh)
     returned = stages[0] if len(stages) == 1 else model
     others = tuple(unit for stage in cut.stages for unit in stage if unit not in cut.rank.units)
     return Parallelized(returned, wrapper, tp_layers, runner, cut.rank, others)

@@ -53,17 +53,20 @@ class ParallelStrategy:
 
     # ---- the model and its optimizer --------------------------------------------------------
     def setup_model(self, model: nn.Module) -> nn.Module:
-        before = dict(model.named_parameters())
+        # every name of a tied parameter: a pipeline stage may hold it under one of them only
+        before = list(model.named_parameters(remove_duplicate=False))
         done = parallelize(model, self.plan, self.mesh, options=self.options, precision=self.precision,
                            device=self.ctx.device, backend=self.ctx.backend)
         self.wrapper = done.wrapper
-        after = dict(self.unwrap(done.model).named_parameters())
+        after = dict(self.unwrap(done.model).named_parameters(remove_duplicate=False))
         self._prepared_params.update(id(p) for p in after.values())
-        for name, old in before.items():
-            if after.get(name) is None and done.pipeline is not None:  # cut away: another rank's stage
-                self._elsewhere[id(old)] = weakref.ref(old)
-            elif after.get(name) is not None and after[name] is not old:
+        for name, old in before:
+            if after.get(name) is not None and after[name] is not old:
                 self._rebind[id(old)] = (weakref.ref(old), after[name])
+        for name, old in before:
+            if after.get(name) is None and done.pipeline is not None and id(old) not in self._rebind \
+                    and id(old) not in self._prepared_params:  # cut away: another rank's stage
+                self._elsewhere[id(old)] = weakref.ref(old)
         if done.pipeline is not None:
             self._pipelines[id(done.model)] = done.pipeline
             self._other_units = done.other_units
@@ -149,9 +152,17 @@ class ParallelStrategy:
             return _fsdp_no_sync(model)
         return contextlib.nullcontext()
 
+    def before_step(self) -> None:
+        """Once per optimizer step, before clipping: gradients of parameters tied across pipeline
+        stages summed over their holders (pp > 1)."""
+        for runner in self._pipelines.values():
+            runner.sync_tied()
+
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         if self.plan.pp > 1:  # this rank's stages' norm, combined with the other stages'
-            return pipeline_grads.clip_grad_norm_(parameters, max_norm, norm_type, pp_group=self.mesh["pp"])
+            counted_elsewhere = {id(p) for runner in self._pipelines.values() for p in runner.counted_elsewhere()}
+            return pipeline_grads.clip_grad_norm_(parameters, max_norm, norm_type, pp_group=self.mesh["pp"],
+                                                  uncounted=counted_elsewhere)
         return grad_norm.clip_(list(parameters), max_norm, norm_type)
 
     # ---- the user's module and its weights ----------------------------------------------------

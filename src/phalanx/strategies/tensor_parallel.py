@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from torch import nn
 
 from phalanx.config import names
+from phalanx.strategies import tied, tp_replicate
 
 _NORMS = ("LayerNorm", "RMSNorm")  # class-name endings of the modules sequence parallel splits
 
@@ -89,7 +90,7 @@ def _style(style: str, sequence_parallel: bool) -> Any:
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate())
     if style == "sequence_parallel":
         return SequenceParallel()
-    return None  # replicate, local: every tensor-parallel rank holds the module whole
+    return tp_replicate.replicate_style(style)  # None for local: left as it is
 
 
 def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequence_parallel: bool = False,
@@ -104,6 +105,8 @@ def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequen
     from torch.distributed.tensor.parallel import PrepareModuleOutput, SequenceParallel, parallelize_module
 
     chosen = dict(chosen) if chosen is not None else match(model, model_plan(model, plan))
+    ties = tied.tied_groups(model)
+    chosen = tied.compatible_styles(model, chosen, ties)
     styles = {name: _style(style, sequence_parallel) for name, style in chosen.items()}
     if sequence_parallel:
         split = tuple(chosen)
@@ -114,7 +117,11 @@ def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequen
         for name, module in model.named_modules():
             if isinstance(module, nn.Embedding) and name not in chosen:
                 styles[name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
-    parallelize_module(model, tp_mesh, {name: style for name, style in styles.items() if style is not None})
+    for name, style in styles.items():  # one module at a time: names are not patterns here
+        if style is not None:
+            parallelize_module(model.get_submodule(name), tp_mesh, style)
+    tp_replicate.replicate_rest(model, tp_mesh, skip={n for n, s in chosen.items() if s == "local"})
+    tied.retie(model, ties)
     return chosen
 
 
@@ -128,7 +135,7 @@ def shrink_to_one_rank(model: nn.Module, plan: Mapping[str, str] | None, tp: int
     for name, style in chosen.items():
         module = modules[name]
         weight = getattr(module, "weight", None)
-        if style in ("replicate", "local", "sequence_parallel") or weight is None:
+        if style in ("replicate", "replicated_with_grad_allreduce", "local", "sequence_parallel") or weight is None:
             continue
         if isinstance(module, nn.Embedding) or style == "embedding_rowwise":
             dim, full_out = 0, None

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from phalanx.strategies.pipeline.chain import ModelChain, shared_parameters
+from phalanx.strategies.pipeline.chain import ModelChain
 from phalanx.strategies.pipeline.split import Stages
 
 
@@ -51,18 +51,6 @@ class RankStages:
     num_stages: int
     units: tuple[str, ...]
     """the names of the units this rank owns."""
-
-
-def _refuse_tied(model: nn.Module, chain: ModelChain, stages: Stages) -> None:
-    stage_of = {name: i for i, stage in enumerate(stages) for name in stage}
-    for param, units in shared_parameters(model, chain).items():
-        owners = sorted({stage_of[u] for u in units})
-        if len(owners) > 1:
-            raise ValueError(
-                f"cannot cut {type(model).__name__} into pipeline stages: the parameter {param} is shared by "
-                f"{' and '.join(units)}, which land on stages {owners}; a parameter lives on one stage only. "
-                "HINT: untie it (give the head its own weight), or choose pp_split so that both stay on one stage."
-            )
 
 
 def _check_boundary_output(stage: int):
@@ -95,7 +83,6 @@ def cut_model(model: nn.Module, chain: ModelChain, stages: Stages, stage_indices
     indices = tuple(sorted(stage_indices))
     if not indices or indices[0] < 0 or indices[-1] >= num_stages or len(set(indices)) != len(indices):
         raise ValueError(f"stage indices {list(stage_indices)} are not distinct stages of 0..{num_stages - 1}")
-    _refuse_tied(model, chain, stages)
     owned = tuple(name for i in indices for name in stages[i])
     for i, stage in enumerate(stages):
         if i not in indices:

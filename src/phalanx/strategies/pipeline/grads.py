@@ -30,11 +30,12 @@ def pipeline_norm(local: torch.Tensor, norm_type: float, pp_group: Any) -> torch
 
 
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
-                    pp_group: Any = None) -> torch.Tensor:
+                    pp_group: Any = None, uncounted: set[int] | None = None) -> torch.Tensor:
     """Clip the gradients of `parameters` (this rank's stages) to the global norm `max_norm`;
-    returns that norm before clipping, a plain tensor, the same on every rank."""
+    returns that norm before clipping, a plain tensor, the same on every rank. `uncounted`: ids of
+    parameters clipped here but counted in the norm by another pipeline rank (tied copies)."""
     params = [p for p in parameters if p.grad is not None]
-    norm = total_norm([p.grad for p in params], float(norm_type))
+    norm = total_norm([p.grad for p in params if id(p) not in (uncounted or ())], float(norm_type))
     if pp_group is not None:
         norm = pipeline_norm(norm, float(norm_type), pp_group)
     by_mesh: dict[Any, list[torch.Tensor]] = {}

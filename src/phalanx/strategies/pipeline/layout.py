@@ -17,8 +17,10 @@ from phalanx.strategies import tensor_parallel
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import schedules
-from phalanx.strategies.pipeline.chain import find_chain
+from phalanx.strategies import tied as tp_tied
+from phalanx.strategies.pipeline import model_plan
 from phalanx.strategies.pipeline.cut import PassThrough, RankStages, cut_model, stage_modules
+from phalanx.strategies.pipeline.tied import TiedParam, find_tied
 from phalanx.strategies.pipeline.split import Stages, split_for_schedule, stage_params
 
 
@@ -35,6 +37,8 @@ class PipelineCut:
     """a meta model's modules before the cut, in registration order (None: not on meta)."""
     tp_layers: dict[str, str] | None
     """tp > 1: this rank's modules the tensor-parallel plan (matched on the whole model) names."""
+    tied: list[TiedParam]
+    """parameters held by the stages of more than one pipeline rank (their gradients are summed)."""
 
     def stage_modules(self) -> tuple[nn.Module, ...]:
         """The module of each stage this rank runs, as the units are now."""
@@ -48,18 +52,23 @@ def cut(model: nn.Module, plan: ParallelPlan, options: StrategyOptions, pp_rank:
     per_rank = schedules.stages_per_rank(schedule)
     microbatches = options.pp_microbatches or schedules.default_microbatches(plan.pp)
     schedules.check_microbatches(schedule, plan.pp, microbatches)
-    chain = find_chain(model)
+    chain = model_plan.model_chain(model)
     stages = split_for_schedule(chain, plan.pp, schedule, options.pp_split)
+    tied = find_tied(model, chain, stages, schedule, plan.pp)
     order = list(model.modules()) if meta_init.is_meta(model) else None
     tp_layers = None
     if plan.tp > 1:
         tp_layers = tensor_parallel.match(model, tensor_parallel.model_plan(model, options.tp_plan))
+        # tied across stages: both copies laid out alike, so their gradients sum element by element
+        tp_layers = tp_tied.compatible_styles(model, tp_layers, tp_tied.tied_groups(model))
+    if model_plan.has_plan(model):
+        model_plan.adapt_forward(model)
     rank = cut_model(model, chain, stages, schedules.stage_indices(schedule, pp_rank, plan.pp, per_rank), views=False)
     if tp_layers is not None:
         present = dict(model.named_modules())
         tp_layers = {name: style for name, style in tp_layers.items()
                      if name in present and not isinstance(present[name], PassThrough)}
-    return PipelineCut(rank, stages, schedule, microbatches, order, tp_layers)
+    return PipelineCut(rank, stages, schedule, microbatches, order, tp_layers, tied)
 
 
 def largest_rank_units(model: nn.Module, pp: int, options: StrategyOptions) -> tuple[str, ...]:
@@ -67,7 +76,7 @@ def largest_rank_units(model: nn.Module, pp: int, options: StrategyOptions) -> t
     strategy auto, which sizes one rank's state before anything is cut)."""
     schedule = schedules.schedule_name(options.pp_schedule)
     per_rank = schedules.stages_per_rank(schedule)
-    chain = find_chain(model)
+    chain = model_plan.model_chain(model)
     stages = split_for_schedule(chain, pp, schedule, options.pp_split)
     counts = dict(zip(stages, stage_params(chain, stages)))
     ranks = [[stages[i] for i in schedules.stage_indices(schedule, r, pp, per_rank)] for r in range(pp)]

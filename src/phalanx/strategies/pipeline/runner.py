@@ -77,6 +77,18 @@ class PipelineRunner:
         self._built: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._loss_scale: float | torch.Tensor = 1.0
         self._running = False
+        self.tied: Any = None  # a pipeline/tied.py TiedGradients when parameters are tied across ranks
+        self._tied_pending = False
+
+    def sync_tied(self) -> None:
+        """Sum the gradients of parameters tied across pipeline ranks, once after training steps."""
+        if self.tied is not None and self._tied_pending:
+            self.tied.sync()
+        self._tied_pending = False
+
+    def counted_elsewhere(self) -> list[torch.Tensor]:
+        """This rank's tied copies whose gradient another pipeline rank counts in the norm."""
+        return self.tied.counted_elsewhere() if self.tied is not None else []
 
     def refuse_direct_calls(self, model: nn.Module, hint: str | None = None) -> None:
         """Make a call of `model` outside this runner raise: a rank's model runs only its own stages'
@@ -144,6 +156,7 @@ class PipelineRunner:
         names.check_microbatches(self.schedule, self.pp, self.num_microbatches, inputs.size(0))
         schedule = self._schedule_for(True, inputs, self.num_microbatches)
         self._loss_scale = loss_scale
+        self._tied_pending = True
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.is_first else ()
         if self.is_last:

@@ -1,0 +1,156 @@
+"""The transformers model families phalanx is tested with, and what each layout does with them: the
+one source of the family sweep (tests/dist/test_families.py) and of the models table in the docs
+(docs/models.md: `python -m phalanx.model.families docs/models.md` writes it).
+
+Each family is built from a small config of its own class (the code paths of the pretrained
+checkpoints users load, nothing downloaded): `build("llama-tied")`.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Family:
+    """A transformers causal-LM family as phalanx meets it."""
+
+    name: str
+    config_class: str
+    model_class: str
+    config: dict[str, Any] = field(default_factory=dict)
+    """the small config's own settings (on top of the shared sizes)."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """layout -> what phalanx's refusal at prepare says (every other layout equals one process)."""
+
+
+_SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "max_position_embeddings": 32}
+_GPT2_SIZES = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32}
+# what the refusal says (the sweep checks the message holds it; the docs table quotes it)
+_NO_PP_PLAN = "GPT2LMHeadModel declares no base_model_pp_plan"
+_NO_TP_PLAN = "GPT2LMHeadModel has no tensor-parallel plan"
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", "LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": False}),
+    Family("llama-tied", "LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True}),
+    Family("qwen2", "Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
+    Family("mistral", "MistralConfig", "MistralForCausalLM", {"tie_word_embeddings": False, "sliding_window": 4}),
+    Family("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM",
+           {"tie_word_embeddings": True, "head_dim": 8, "sliding_window": 4}),
+    Family("gpt2", "GPT2Config", "GPT2LMHeadModel",
+           {"tie_word_embeddings": True, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+           refused={"tp 2": _NO_TP_PLAN, "zero3 x tp 2": _NO_TP_PLAN, "pp 2": _NO_PP_PLAN,
+                    "pp 2 x ddp 2": _NO_PP_PLAN}),
+)
+
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "ddp": {"strategy": "ddp"},
+    "zero3": {"strategy": "zero3"},
+    "tp 2": {"strategy": "ddp", "tp": 2},
+    "zero3 x tp 2": {"strategy": "zero3", "tp": 2},
+    "pp 2": {"strategy": "ddp", "pp": 2},
+    "pp 2 x ddp 2": {"strategy": "ddp", "pp": 2},
+}
+"""layout name -> Phalanx settings; the ones named "x" run on 4 processes, the others on 2."""
+
+
+def family(name: str) -> Family:
+    for fam in FAMILIES:
+        if fam.name == name:
+            return fam
+    raise ValueError(f"unknown model family {name!r}; choose one of {', '.join(f.name for f in FAMILIES)}")
+
+
+def build(name: str, vocab_size: int = 64) -> nn.Module:
+    """The family's model from its small config, initialised by transformers (seed it first)."""
+    import transformers
+
+    fam = family(name)
+    sizes = _GPT2_SIZES if fam.config_class == "GPT2Config" else _SIZES
+    config = getattr(transformers, fam.config_class)(vocab_size=vocab_size, attn_implementation="eager",
+                                                     **sizes, **fam.config)
+    return getattr(transformers, fam.model_class)(config)
+
+
+def processes(layout: str) -> int:
+    """How many processes the sweep runs `layout` on."""
+    return 4 if " x " in layout else 2
+
+
+def table() -> str:
+    """The models table of docs/models.md: each family x layout, equal to one process or refused."""
+    head = "| model | tied embeddings | " + " | ".join(LAYOUTS) + " |"
+    rows = [head, "|" + "---|" * (len(LAYOUTS) + 2)]
+    notes: list[str] = []
+    for fam in FAMILIES:
+        cells = []
+        for layout in LAYOUTS:
+            why = fam.refused.get(layout)
+            if why is None:
+                cells.append("equal")
+            else:
+                if why not in notes:
+                    notes.append(why)
+                cells.append(f"refused ({notes.index(why) + 1})")
+        tied = "yes" if fam.config.get("tie_word_embeddings") else "no"
+        rows.append(f"| {fam.name} (`{fam.model_class}`) | {tied} | " + " | ".join(cells) + " |")
+    rows.append("")
+    rows += [f"({i}) refused at prepare: \"{why}\"." for i, why in enumerate(notes, 1)]
+    return "\n".join(rows) + "\n"
+
+
+COMMAND = "python -m phalanx.model.families docs/models.md"
+
+INTRO = f"""# Models: what works with what
+
+<!-- generated from src/phalanx/model/families.py by `{COMMAND}`: edit that, not this page -->
+
+Models from transformers, as they come: each family below is built from a small config of its own
+class (the code paths of the pretrained checkpoints users load) and trained for 6 steps in each
+layout by `tests/dist/test_families.py`, through `px.forward_backward`, clipping with torch's own
+`torch.nn.utils.clip_grad_norm_` (`px.clip_grad_norm_` under pp). **equal**: every step's loss and
+gradient norm equal one process on the same global batches (within 2e-4 relative). **refused**: prepare
+stops before the first step with the reason quoted below.
+
+- **Tied embeddings** (GPT-2, Gemma, Qwen2.5-0.5B, Llama-3.2-1B) stay one parameter with one gradient:
+  under zero3 and hsdp it lives in one sharding unit; under tp the embedding is split by rows like the
+  output projection beside it (both `Shard(0)`); under pp the first and last stage each hold it and
+  their gradients are summed before the step (Megatron's way), and `px.load_model` reads it from the
+  one tensor a checkpoint stores.
+- **Pipeline stages** are cut from the model's own `base_model_pp_plan` (embeddings on the first
+  stage, decoder layers split, norm and head on the last), also inside a peft (LoRA) wrapper; a model
+  without one is cut by tracing its forward, or refused with the reason.
+- **Tensor parallel** follows the model's own plan and its styles (`colwise`, `rowwise`,
+  `colwise_gather_output`, `embedding_rowwise`, `replicate`, `replicated_with_grad_allreduce`, ...);
+  every parameter is then a DTensor on the tp mesh (`Replicate()` where the plan splits nothing), so
+  torch's `clip_grad_norm_`, `clip_grad_value_` and foreach optimizers work on the prepared model.
+
+Layouts: {", ".join(f"`{name}`" for name in LAYOUTS)} (the ones with "x" on 4 processes, the others on 2).
+
+"""
+
+
+def page_text() -> str:
+    """docs/models.md as this module says it should read."""
+    return INTRO + table()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print(f"usage: {COMMAND.replace('docs/models.md', '[OUT.md]')}", file=sys.stderr)
+        return 2
+    if args:
+        Path(args[0]).write_text(page_text())
+    else:
+        sys.stdout.write(page_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
