@@ -13,6 +13,7 @@ measured from the tensors) and `phalanx plan`'s byte model (memory.plan) for the
 
 Usage: python bench/memory.py [--layouts ddp zero1 zero1-persistent zero2 zero3] [--rounds 1]
                               [--hidden 256] [--layers 5] [--vocab 8192] [--batch 2] [--seq 64] [--markdown]
+                              [--json FILE]
 """
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
     parser.add_argument("--seq", type=int, default=64, help="tokens per sequence")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--json", metavar="FILE", help="also write each layout's figures (bytes) and the plan's there")
     args = parser.parse_args()
     layouts = ["ddp"] + [name for name in args.layouts if name != "ddp"]
     runs: dict[str, list[dict]] = {name: [] for name in layouts}
@@ -141,6 +143,8 @@ def main() -> None:
                 runs[name].append(measure(name, args, Path(tmp) / f"r{round_}"))
     plan = planned(args)
     mib = 2 ** 20
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": runs, "plan": plan}))
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name]) / mib
