@@ -130,10 +130,12 @@ def train(which: str, steps: int = 6, global_batch: int = 8, checkpoint: str | N
         if len(losses) == edit_at:
             _edit(model)
         if len(losses) == steps:
+            ns_calls = NS_CALLS[0]
+            if checkpoint is not None:
+                px.save_state(checkpoint)  # inside the epoch: a resume goes on with its next batch
             break
-    ns_calls = NS_CALLS[0]
-    if checkpoint is not None:
-        px.save_state(checkpoint)
+    else:
+        ns_calls = NS_CALLS[0]
     out = {"plan": px.plan.describe(), "losses": losses, "ns_calls": ns_calls, "steps": len(losses),
            "warnings": [str(w.message) for w in caught],
            "kinds": [type(getattr(o, "optimizer", o)).__name__ for o in optimizers],
