@@ -12,9 +12,11 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, lend_batch
 from phalanx.data.iterable import ShardedIterable
+from phalanx.data.rank_sampler import TakenOverSampler, shards_by_rank
 from phalanx.data.sample_seeds import SampleSeeded
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.data.split_batches import per_rank_batch_size
+from phalanx.logging.rank_log import get_logger
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
@@ -155,6 +157,8 @@ class PreparedLoader:
         self._resume = (self.epoch, skip) if skip else None
 
     def __iter__(self) -> Iterator[Any]:
+        if isinstance(self.loader.sampler, TakenOverSampler):  # the script's set_epoch decides
+            self.epoch = self.loader.sampler.epoch_for_pass(self.epoch)
         epoch = self.epoch
         self.epoch += 1
         skip = self._resume[1] if self._resume is not None and self._resume[0] == epoch else 0
@@ -410,7 +414,7 @@ class _SkipFirst:
 
 def _real_samples(loader: DataLoader) -> int | None:
     sampler = loader.sampler
-    if isinstance(sampler, ShardedSampler):
+    if isinstance(sampler, (ShardedSampler, TakenOverSampler)):
         return sampler.num_real_samples
     return None
 
@@ -454,6 +458,11 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)
     if tag_epoch:
         dataset = SampleSeeded(dataset, seed)
+    if loader.batch_size is not None and shards_by_rank(loader.sampler):  # the script's DistributedSampler
+        taken = TakenOverSampler(loader.sampler, ctx.dp_size, ctx.dp_rank, tag_epoch=tag_epoch)
+        get_logger("data").info("%s", taken.describe(ctx.dp_size))
+        return _build(dataset, batch_size=batch_size, sampler=taken, drop_last=loader.drop_last,
+                      generator=generator, **kwargs)
     shuffle = _default_shuffle(loader)
     if shuffle is not None:
         sharded = ShardedSampler(
@@ -499,7 +508,8 @@ def _default_shuffle(loader: DataLoader) -> bool | None:
 
 def _deals_whole_batches(loader: DataLoader) -> bool:
     """A map-style loader whose sampler phalanx cannot rebuild index-wise: its batches go whole to ranks."""
-    return not isinstance(loader.dataset, IterableDataset) and _default_shuffle(loader) is None
+    return not isinstance(loader.dataset, IterableDataset) and _default_shuffle(loader) is None \
+        and not (loader.batch_size is not None and shards_by_rank(loader.sampler))
 
 
 def _drops_last(loader: DataLoader) -> bool:
