@@ -46,6 +46,10 @@ class Phalanx:
     `phalanx run` or `torchrun` it is one rank of many. The script is the same.
     """
 
+    # Set by the first Phalanx() of the process: `phalanx run`'s worker note reports it, so the
+    # launcher can say when its settings never reached a script (launch/worker_notes.py).
+    started_in_this_process = False
+
     def __init__(
         self,
         strategy: str | None = None,
@@ -59,6 +63,7 @@ class Phalanx:
         from `config_file` (a YAML file), then its default. `strategy_options`: fields of
         `StrategyOptions` (cpu_offload, shard_modules, forward_prefetch, extra), Python only.
         """
+        Phalanx.started_in_this_process = True
         layers = [config.from_yaml_runtime(config_file)] if config_file is not None else []
         resolved = config.resolve(*layers, launcher_settings(),
                                   config.from_kwargs({"strategy": strategy, **settings}))

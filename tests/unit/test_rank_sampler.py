@@ -121,3 +121,13 @@ def test_the_tp_line_says_the_script_counted_every_process(world, caplog):
     data = TensorDataset(torch.arange(8))
     user = DistributedSampler(data, num_replicas=world, rank=0)
     assert "it counted 2 processes" in TakenOverSampler(user, 1, 0).describe(1)
+
+
+def test_set_epoch_through_the_prepared_loaders_sampler_counts_too():
+    """Seed 003 writes `trainloader.sampler.set_epoch(ep)` on the loader prepare returned."""
+    _, loaders = script_loaders(DDP, shuffle=True, seed=3)
+    loaders[0].sampler.set_epoch(7)
+    first, again = one_pass(loaders[0]), one_pass(loaders[0])
+    expected = DistributedSampler(TensorDataset(torch.arange(N)), num_replicas=2, rank=0, shuffle=True, seed=3)
+    expected.set_epoch(7)
+    assert first == again == list(expected)  # the chosen epoch holds until the script chooses again

@@ -46,30 +46,39 @@ def _repointed(sampler: Any, num_replicas: int, rank: int) -> Any:
 class TakenOverSampler(Sampler[int]):
     """The script's rank-sharding sampler, re-pointed at the data-parallel ranks.
 
-    `user` is the script's own object: when the script has called `set_epoch` on it (its epoch
-    moved from what it was at prepare), that epoch is the one each new pass uses, as with torch;
-    until then the prepared loader advances the epoch itself. `num_real_samples` counts this rank's
-    samples that are not DistributedSampler's padding repeats (gather_for_metrics drops those).
-    With `tag_epoch`, indices carry the epoch (per-sample seeds in workers).
+    `user` is the script's own object. The script chooses the epoch as it did with torch: by
+    `set_epoch` on its own sampler object (its `.epoch` moves), or on the prepared loader's
+    `.sampler` (seed 003 writes `trainloader.sampler.set_epoch(ep)`); the last choice holds for each
+    new pass, as with torch. Until the script chooses, the prepared loader advances the epoch itself.
+    `num_real_samples` counts this rank's samples that are not DistributedSampler's padding repeats
+    (gather_for_metrics drops those). With `tag_epoch`, indices carry the epoch (per-sample seeds in
+    workers).
     """
 
     def __init__(self, user: Any, num_replicas: int, rank: int, tag_epoch: bool = False):
         self.user = user
         self.inner = _repointed(user, num_replicas, rank)
         self.tag_epoch = tag_epoch
-        self._epoch_at_prepare = getattr(user, "epoch", None)
+        self._user_epoch_seen = getattr(user, "epoch", None)
+        self._chosen: int | None = None  # the epoch the script chose last; None: it never did
+        self._next_call_is_the_loaders = False
         self.epoch = 0
 
-    @property
-    def followed(self) -> bool:
-        """Whether the script has set the epoch on its own sampler since prepare."""
-        return getattr(self.user, "epoch", None) != self._epoch_at_prepare
-
     def epoch_for_pass(self, own: int) -> int:
-        """The epoch the next pass uses: the script's, once it calls set_epoch; else `own`."""
-        return int(self.user.epoch) if self.followed else own
+        """The epoch the next pass uses: the script's last choice, else `own` (the loader's count).
+        The loader's own set_epoch call for that pass follows."""
+        current = getattr(self.user, "epoch", None)
+        if current != self._user_epoch_seen:  # the script called set_epoch on its own object
+            self._user_epoch_seen = current
+            self._chosen = int(current)  # type: ignore[arg-type]
+        self._next_call_is_the_loaders = True
+        return own if self._chosen is None else self._chosen
 
     def set_epoch(self, epoch: int) -> None:
+        if self._next_call_is_the_loaders:
+            self._next_call_is_the_loaders = False
+        else:  # the script's call, through the prepared loader's `.sampler`
+            self._chosen = epoch
         self.epoch = epoch
         if hasattr(self.inner, "set_epoch"):
             self.inner.set_epoch(epoch)

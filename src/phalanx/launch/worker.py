@@ -15,6 +15,9 @@ import runpy
 import signal
 import sys
 
+from phalanx import envvars
+from phalanx.launch import worker_notes
+
 
 def run_target(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
     """Execute `target` as `__main__` with `sys.argv` and `sys.path[0]` set as the interpreter would."""
@@ -68,12 +71,54 @@ def _remember_argparse_errors() -> list[str]:
     return seen
 
 
+def watch_process_group() -> dict[str, int | None] | None:
+    """Under `phalanx run` (a notes directory named): record the world size of the process group the
+    script joins, whoever calls torch.distributed.init_process_group (the script, Accelerate, Phalanx())."""
+    if not os.environ.get(envvars.PHALANX_WORKER_NOTES):
+        return None
+    import functools
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    seen: dict[str, int | None] = {"group_size": None}
+    original = distributed_c10d.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
+        result = original(*args, **kwargs)
+        seen["group_size"] = dist.get_world_size()
+        return result
+
+    distributed_c10d.init_process_group = dist.init_process_group = init_process_group  # type: ignore[assignment]
+    return seen
+
+
+def leave_note(seen: dict[str, int | None] | None) -> None:
+    """The worker's note for the launcher (launch/worker_notes.py): group joined, Phalanx(), Accelerate."""
+    if seen is None:
+        return
+    dist = sys.modules.get("torch.distributed")
+    size = seen["group_size"]
+    if size is None and dist is not None and dist.is_available() and dist.is_initialized():
+        size = dist.get_world_size()  # joined through a path that bypassed the watched function
+    facade = sys.modules.get("phalanx.facade")
+    runtime = bool(getattr(getattr(facade, "Phalanx", None), "started_in_this_process", False))
+    worker_notes.write(worker_notes.WorkerNote(rank=int(os.environ.get(envvars.RANK, "0")), group_size=size,
+                                               runtime=runtime, accelerate="accelerate" in sys.modules))
+
+
 def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
-    """`run_target`, and when argparse rejects the script's local-rank argument, a hint for the report."""
+    """`run_target`, and when argparse rejects the script's local-rank argument, a hint for the report;
+    under `phalanx run`, the worker's note at its end."""
     seen = _remember_argparse_errors()
+    watched = watch_process_group()
     try:
         run_target(target, is_module, args)
+        leave_note(watched)
     except SystemExit as exit_:
+        if exit_.code in (0, None):
+            leave_note(watched)
         if exit_.code not in (0, None) and seen:
             from phalanx.launch.local_rank import hint_for_argparse_error
 
