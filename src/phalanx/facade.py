@@ -16,7 +16,7 @@ from phalanx.data.loader import BatchInfo, PreparedLoader, scale_batch
 from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives, device_peaks, parity_record, preemption, seeding, uneven, watchdog
-from phalanx.runtime.context import DistContext, launcher_settings, parity_request
+from phalanx.runtime.context import DistContext, launcher_settings, mark_phalanx_created, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
@@ -46,10 +46,6 @@ class Phalanx:
     `phalanx run` or `torchrun` it is one rank of many. The script is the same.
     """
 
-    # Set by the first Phalanx() of the process: `phalanx run`'s worker note reports it, so the
-    # launcher can say when its settings never reached a script (launch/worker_notes.py).
-    started_in_this_process = False
-
     def __init__(
         self,
         strategy: str | None = None,
@@ -63,7 +59,7 @@ class Phalanx:
         from `config_file` (a YAML file), then its default. `strategy_options`: fields of
         `StrategyOptions` (cpu_offload, shard_modules, forward_prefetch, extra), Python only.
         """
-        Phalanx.started_in_this_process = True
+        mark_phalanx_created()  # under `phalanx run`: its settings reached this script
         layers = [config.from_yaml_runtime(config_file)] if config_file is not None else []
         resolved = config.resolve(*layers, launcher_settings(),
                                   config.from_kwargs({"strategy": strategy, **settings}))
@@ -603,3 +599,4 @@ def _signature() -> inspect.Signature:
 
 
 Phalanx.__init__.__signature__ = _signature()  # type: ignore[attr-defined]
+

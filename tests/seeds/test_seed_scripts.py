@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.dist.harness import free_port
 from tests.launcher.launch_helpers import run_cli
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -20,11 +21,11 @@ SAMPLER_LINE = ("[rank 0] INFO phalanx.data: prepare() took over the script's Di
                 "split a second time; set_epoch on it still sets the epoch")
 
 
-def launch(tmp: Path, script: str, *flags: str) -> tuple[str, list[dict]]:
-    """Run SCRIPT on 2 processes; (launcher output, each rank's report)."""
+def launch(tmp: Path, script: str, *flags: str, nproc: int = 2, args: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
+    """Run SCRIPT on `nproc` processes; (launcher output, each rank's report: 2 ranks)."""
     out = tmp / "out"
     out.mkdir()
-    result = run_cli(["run", "--nproc-per-node", "2", *flags, str(SCRIPTS / script), str(out)],
+    result = run_cli(["run", "--nproc-per-node", str(nproc), *flags, str(SCRIPTS / script), str(out), *args],
                      env={"PHALANX_RUN_DIR": str(tmp / "run")}, timeout=240)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
@@ -149,4 +150,14 @@ def test_the_hf_trainer_joins_one_world_and_each_rank_trains_on_half(tmp_path):
     output, reports = launch(tmp_path, "hf_trainer.py")
     assert [(r["world_size"], r["steps"]) for r in reports] == [(2, 4), (2, 4)]  # 32 rows, 2 ranks x 4
     assert sorted(reports[0]["seen"][0] + reports[1]["seen"][0]) == list(range(32))
+    assert not warnings_of(output)
+
+
+def test_an_mp_spawn_script_that_adopts_its_group_gets_the_strategy_and_says_nothing_more(tmp_path):
+    """Seed 004's mp.spawn: the worker itself joins no group (a world of one); its two children do,
+    and their Phalanx() takes the strategy phalanx run was given."""
+    output, reports = launch(tmp_path, "mp_spawn.py", "--strategy", "zero3", nproc=1, args=(str(free_port()),))
+    assert [(r["world_size"], r["strategy"]) for r in reports] == [(2, "zero3"), (2, "zero3")]
+    for epoch in range(2):
+        assert sorted(reports[0]["seen"][epoch] + reports[1]["seen"][epoch]) == list(range(NUM_TRAIN))
     assert not warnings_of(output)

@@ -27,12 +27,17 @@ def test_on_gpus_a_sharded_strategy_becomes_accelerates_fsdp2(strategy, reshard)
 
 
 def test_notes_round_trip_and_an_earlier_runs_notes_are_cleared(tmp_path):
+    from phalanx.runtime.context import mark_phalanx_created
+
     env = {"PHALANX_WORKER_NOTES": str(tmp_path / "workers")}
     for rank in (1, 0):
-        worker_notes.write(WorkerNote(rank=rank, group_size=2, runtime=True), env)
-    assert worker_notes.read(env["PHALANX_WORKER_NOTES"]) == [WorkerNote(0, 2, True), WorkerNote(1, 2, True)]
-    worker_notes.clear(env["PHALANX_WORKER_NOTES"])
-    assert worker_notes.read(env["PHALANX_WORKER_NOTES"]) == []
+        worker_notes.write(WorkerNote(rank=rank, group_size=2, accelerate=True), env)
+    mark_phalanx_created(env)
+    directory = env["PHALANX_WORKER_NOTES"]
+    assert worker_notes.read(directory) == [WorkerNote(0, 2, True), WorkerNote(1, 2, True)]
+    assert worker_notes.phalanx_created(directory)
+    worker_notes.clear(directory)
+    assert worker_notes.read(directory) == [] and not worker_notes.phalanx_created(directory)
     worker_notes.write(WorkerNote(rank=0), {})  # not under phalanx run: nothing written, no error
 
 
@@ -48,14 +53,14 @@ def test_separate_worlds_are_named_only_when_a_rank_missed_the_group():
 def test_the_no_effect_line_lists_every_setting_the_script_could_not_get():
     given = settings(strategy="zero3", grad_accum_steps="4", mixed_precision="bf16", checkpoint_dir="/ck")
     plain = [WorkerNote(0, 2), WorkerNote(1, 2)]
-    line = worker_notes.no_effect_line(plain, given, "dir/train.py", 0)
+    line = worker_notes.no_effect_line(plain, False, given, "dir/train.py", 0)
     assert line.startswith("phalanx run: warning: --strategy zero3, --mixed-precision bf16, --grad-accum-steps 4 "
                            "had no effect: train.py never created Phalanx()")  # the launcher uses checkpoint_dir
     accelerate = [WorkerNote(0, 2, accelerate=True), WorkerNote(1, 2, accelerate=True)]
-    assert worker_notes.no_effect_line(accelerate, given, "train.py", 0).startswith(
+    assert worker_notes.no_effect_line(accelerate, False, given, "train.py", 0).startswith(
         "phalanx run: warning: --strategy zero3, --grad-accum-steps 4 had no effect")  # precision reached it
-    assert worker_notes.no_effect_line(accelerate, settings(strategy="zero3"), "train.py", 2) is None  # FSDP2
-    assert worker_notes.no_effect_line([WorkerNote(0, 2, runtime=True)], given, "train.py", 0) is None
+    assert worker_notes.no_effect_line(accelerate, False, settings(strategy="zero3"), "train.py", 2) is None  # FSDP2
+    assert worker_notes.no_effect_line(plain, True, given, "train.py", 0) is None  # a Phalanx() was created
 
 
 def test_model_module_in_a_world_of_one_names_what_to_use(monkeypatch):

@@ -239,15 +239,16 @@ def main(args: argparse.Namespace) -> int:
     verbose = spec.verbose or agent_log_level_is_debug(os.environ)
     code = launch(spec, nproc, num_gpus_in_use, node, verbose=verbose, log_dir=log_dir)
     if code == 0 and spec.single_node:  # what the workers did that would otherwise go unsaid
-        say_what_workers_did(worker_notes.read(notes_dir), spec, nproc, num_gpus_in_use)
+        say_what_workers_did(notes_dir, spec, nproc, num_gpus_in_use)
     return code
 
 
-def say_what_workers_did(notes: list[worker_notes.WorkerNote], spec: LaunchSpec, nproc: int,
-                         num_gpus_in_use: int) -> None:
+def say_what_workers_did(notes_dir: str, spec: LaunchSpec, nproc: int, num_gpus_in_use: int) -> None:
     """Separate worlds of one, and settings that never reached the script: one line each."""
+    notes = worker_notes.read(notes_dir)
     for line in (worker_notes.separate_worlds_line(notes, nproc),
-                 worker_notes.no_effect_line(notes, spec.settings, spec.target, num_gpus_in_use)):
+                 worker_notes.no_effect_line(notes, worker_notes.phalanx_created(notes_dir), spec.settings,
+                                             spec.target, num_gpus_in_use)):
         if line:
             print(line, file=sys.stderr, flush=True)
 

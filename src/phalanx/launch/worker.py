@@ -91,21 +91,43 @@ def watch_process_group() -> dict[str, int | None] | None:
         return result
 
     distributed_c10d.init_process_group = dist.init_process_group = init_process_group  # type: ignore[assignment]
+    children_rendezvous_themselves()
     return seen
 
 
+def children_rendezvous_themselves() -> None:
+    """A script that starts its own ranks with torch.multiprocessing.spawn (seed 004's `mp.spawn`)
+    rendezvouses them itself (its MASTER_PORT, its ranks). They inherit this worker's
+    TORCHELASTIC_USE_AGENT_STORE, which makes every one of them a client of a store nobody hosts: a
+    hang. Start them without it; this worker keeps it."""
+    import functools
+    import importlib
+
+    mp_spawn = importlib.import_module("torch.multiprocessing.spawn")  # the module; the package exports spawn()
+    original = mp_spawn.start_processes
+
+    @functools.wraps(original)
+    def start_processes(*args, **kwargs):  # type: ignore[no-untyped-def]
+        saved = os.environ.pop(envvars.TORCHELASTIC_USE_AGENT_STORE, None)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if saved is not None:
+                os.environ[envvars.TORCHELASTIC_USE_AGENT_STORE] = saved
+
+    mp_spawn.start_processes = start_processes  # type: ignore[assignment]
+
+
 def leave_note(seen: dict[str, int | None] | None) -> None:
-    """The worker's note for the launcher (launch/worker_notes.py): group joined, Phalanx(), Accelerate."""
+    """The worker's note for the launcher (launch/worker_notes.py): the group it joined, Accelerate."""
     if seen is None:
         return
     dist = sys.modules.get("torch.distributed")
     size = seen["group_size"]
     if size is None and dist is not None and dist.is_available() and dist.is_initialized():
         size = dist.get_world_size()  # joined through a path that bypassed the watched function
-    facade = sys.modules.get("phalanx.facade")
-    runtime = bool(getattr(getattr(facade, "Phalanx", None), "started_in_this_process", False))
     worker_notes.write(worker_notes.WorkerNote(rank=int(os.environ.get(envvars.RANK, "0")), group_size=size,
-                                               runtime=runtime, accelerate="accelerate" in sys.modules))
+                                               accelerate="accelerate" in sys.modules))
 
 
 def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:

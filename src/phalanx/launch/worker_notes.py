@@ -1,10 +1,11 @@
-"""What each worker did that the launcher cannot see: did it join a process group, and of what size;
-did it create Phalanx(); did it use Accelerate. Read after the run to say what would otherwise be
-silent: workers that ran as separate worlds of one, settings that never reached the script.
+"""What the workers did that the launcher cannot see: did each join a process group, and of what
+size; did it use Accelerate; was a Phalanx() created. Read after the run to say what would otherwise
+be silent: workers that ran as separate worlds of one, settings that never reached the script.
 
 Each worker writes one small JSON file, `rank<N>.json`, into the directory the launcher names in
-PHALANX_WORKER_NOTES (its run directory's logs/workers). Pure file and text work here; the worker
-side (launch/worker.py) watches torch.distributed.init_process_group.
+PHALANX_WORKER_NOTES (its run directory's logs/workers); every Phalanx() touches the file
+PHALANX_CREATED_MARKER there (also in processes a worker starts itself, e.g. with mp.spawn). Pure
+file and text work here; the worker side (launch/worker.py) watches init_process_group.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ _LAUNCHER_ACTS_ON = frozenset({"checkpoint_dir", "preemption_signals", "preempt_
 class WorkerNote:
     rank: int
     group_size: int | None = None  # world size of the default process group it joined; None: none
-    runtime: bool = False  # it created Phalanx()
     accelerate: bool = False  # it imported Accelerate (HF Trainer does)
 
 
@@ -43,8 +43,13 @@ def clear(directory: str) -> None:
     """Remove an earlier run's notes (a run directory can be reused), before the workers start."""
     if os.path.isdir(directory):
         for name in os.listdir(directory):
-            if name.startswith("rank") and name.endswith(".json"):
+            if name == envvars.PHALANX_CREATED_MARKER or (name.startswith("rank") and name.endswith(".json")):
                 os.remove(os.path.join(directory, name))
+
+
+def phalanx_created(directory: str) -> bool:
+    """Whether any process of the run created Phalanx()."""
+    return os.path.exists(os.path.join(directory, envvars.PHALANX_CREATED_MARKER))
 
 
 def read(directory: str) -> list[WorkerNote]:
@@ -74,12 +79,14 @@ def separate_worlds_line(notes: list[WorkerNote], world_size: int) -> str | None
             "Trainer scripts join by themselves under phalanx run")
 
 
-def no_effect_line(notes: list[WorkerNote], settings: Any, target: str, num_gpus_in_use: int) -> str | None:
-    """The warning for settings given to `phalanx run` that no worker could apply (no Phalanx())."""
+def no_effect_line(notes: list[WorkerNote], created: bool, settings: Any, target: str,
+                   num_gpus_in_use: int) -> str | None:
+    """The warning for settings given to `phalanx run` that no worker could apply (`created`: was a
+    Phalanx() created)."""
     from phalanx import config
     from phalanx.launch.framework_env import reaches_accelerate
 
-    if settings is None or not notes or any(note.runtime for note in notes):
+    if settings is None or not notes or created:
         return None
     accelerate = any(note.accelerate for note in notes)
     ignored = []
