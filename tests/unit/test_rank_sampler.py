@@ -2,7 +2,6 @@
 ranks), never sharded a second time. Pure: each rank's PreparedLoader from an explicit context."""
 import logging
 
-import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
