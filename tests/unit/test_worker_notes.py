@@ -1,5 +1,7 @@
 """What `phalanx run` hands Accelerate, and what it says after a run from the workers' notes. Pure."""
 
+import copy
+
 import pytest
 import torch
 
@@ -76,3 +78,5 @@ def test_model_module_in_a_world_of_one_names_what_to_use(monkeypatch):
         model.other
     assert px.unwrap_model(model) is model and isinstance(model, torch.nn.Linear)
     assert list(px.get_state_dict(model)) == ["weight", "bias"]
+    copied = copy.deepcopy(model)  # copied (and pickled) as the class it had
+    assert type(copied) is torch.nn.Linear and torch.equal(copied.weight, model.weight)

@@ -14,6 +14,7 @@ becomes a subclass of its own class (as FSDP2's `fully_shard` does) that answers
 """
 from __future__ import annotations
 
+import copyreg
 from typing import Any
 
 from torch import nn
@@ -38,8 +39,8 @@ def answer_module_attribute(model: nn.Module, layout: str, holds_part: bool) -> 
         return model
     cls = type(model)
     if cls not in _SUBCLASSES:
-        _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"__getattr__": _getattr, "__module__": cls.__module__,
-                                                       "__qualname__": cls.__qualname__})
+        _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"__getattr__": _getattr, "__reduce_ex__": _reduce_ex,
+                                                       "__module__": cls.__module__, "__qualname__": cls.__qualname__})
     model.__class__ = _SUBCLASSES[cls]
     model._phalanx_module_message = module_message(layout, holds_part)  # type: ignore[assignment]
     return model
@@ -52,3 +53,12 @@ def _getattr(self: nn.Module, name: str) -> Any:
         if name == "module":
             raise AttributeError(self.__dict__["_phalanx_module_message"]) from None
         raise
+
+
+def _reduce_ex(self: nn.Module, protocol: Any) -> Any:
+    """Pickled (torch.save(model), deepcopy) as the class it had: this one exists only in this process."""
+    reduced = super(type(self), self).__reduce_ex__(protocol)  # type: ignore[misc]
+    if isinstance(reduced, tuple) and len(reduced) >= 2 and reduced[1] and reduced[1][0] is type(self):
+        # object.__new__(that class), then the same state: stdlib only, so loading needs no phalanx
+        reduced = (copyreg._reconstructor, (type(self).__bases__[0], object, None), *reduced[2:])
+    return reduced
