@@ -146,9 +146,9 @@ def test_an_accelerate_script_without_cpu_true_joins_one_world_with_the_precisio
         "runs FSDP on accelerators only. HINT: create px = Phalanx() and px.prepare(...) in the script, or drop the flag"]
 
 
-def test_the_hf_trainer_joins_one_world_and_each_rank_trains_on_half(tmp_path):
-    output, reports = launch(tmp_path, "hf_trainer.py")
-    assert [(r["world_size"], r["steps"]) for r in reports] == [(2, 4), (2, 4)]  # 32 rows, 2 ranks x 4
+def test_the_hf_trainer_joins_one_world_with_the_precision_asked_and_each_rank_trains_on_half(tmp_path):
+    output, reports = launch(tmp_path, "hf_trainer.py", "--mixed-precision", "bf16")
+    assert [(r["world_size"], r["steps"], r["mixed_precision"]) for r in reports] == [(2, 4, "bf16")] * 2  # 32 rows
     assert sorted(reports[0]["seen"][0] + reports[1]["seen"][0]) == list(range(32))
     assert not warnings_of(output)
 

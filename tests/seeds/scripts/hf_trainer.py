@@ -1,7 +1,7 @@
 """The HF Trainer on a tiny BERT classifier built from a config (no download), as the seeds' text
 classification: TrainingArguments with a per-device batch, trainer.train().
 
-    phalanx run --nproc-per-node 2 hf_trainer.py OUT_DIR
+    phalanx run --nproc-per-node 2 [--mixed-precision bf16] hf_trainer.py OUT_DIR
 """
 import os
 import sys
@@ -34,7 +34,7 @@ def main(out_dir):
     trainer = Trainer(model=model, args=args, train_dataset=Reviews())
     trainer.train()
     report(out_dir, "hf_trainer", int(os.environ["RANK"]), seen=[SEEN], world_size=args.world_size,
-           steps=trainer.state.global_step)
+           steps=trainer.state.global_step, mixed_precision=trainer.accelerator.mixed_precision)
 
 
 if __name__ == "__main__":
