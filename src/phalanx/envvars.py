@@ -56,3 +56,9 @@ PHALANX_ATTEMPT = "PHALANX_ATTEMPT"
 PHALANX_PARITY_RECORD = "PHALANX_PARITY_RECORD"  # the JSON-lines file rank 0 writes each step's figures to
 PHALANX_PARITY_STEPS = "PHALANX_PARITY_STEPS"  # optimizer steps to record before leaving
 PHALANX_PARITY_BATCH_SCALE = "PHALANX_PARITY_BATCH_SCALE"  # prepared loaders' batch x this (the 1-process run)
+# set by `phalanx run` for its workers: the directory each worker leaves a note in at its end (did it
+# join a process group, use Accelerate), read by the launcher (launch/worker_notes.py); every
+# Phalanx() under it, in a worker or a process the worker started (mp.spawn), touches the file
+# PHALANX_CREATED_MARKER there
+PHALANX_WORKER_NOTES = "PHALANX_WORKER_NOTES"
+PHALANX_CREATED_MARKER = "phalanx-created"  # a file name in PHALANX_WORKER_NOTES, not a variable

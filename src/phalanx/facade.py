@@ -18,7 +18,7 @@ from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives, device_peaks, host_memory, parity_record, preemption, seeding, uneven, watchdog
 from phalanx.observe import start as observe
-from phalanx.runtime.context import AgentEnv, DistContext, launcher_settings, parity_request
+from phalanx.runtime.context import AgentEnv, DistContext, launcher_settings, mark_phalanx_created, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
@@ -61,6 +61,7 @@ class Phalanx:
         from `config_file` (a YAML file), then its default. `strategy_options`: fields of
         `StrategyOptions` (cpu_offload, shard_modules, forward_prefetch, extra), Python only.
         """
+        mark_phalanx_created()  # under `phalanx run`: its settings reached this script
         layers = [config.from_yaml_runtime(config_file)] if config_file is not None else []
         resolved = config.resolve(*layers, launcher_settings(),
                                   config.from_kwargs({"strategy": strategy, **settings}))
@@ -611,3 +612,4 @@ def _signature() -> inspect.Signature:
 
 
 Phalanx.__init__.__signature__ = _signature()  # type: ignore[attr-defined]
+

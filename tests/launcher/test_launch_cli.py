@@ -83,8 +83,12 @@ def test_same_env_keys_as_torchrun(default_run, out_dir):
                      module="torch.distributed.run", env={"OMP_NUM_THREADS": None})
     assert result.returncode == 0, result.stderr
     torchrun = read_records(out_dir)
-    def without_phalanx_settings(keys):  # the phalanx run above exported its own PHALANX_* flags
-        return {k for k in keys if not k.startswith("PHALANX_")}
+    def without_phalanx_settings(keys):  # the phalanx run above exported its own PHALANX_* flags, and
+        # what `accelerate launch` would set for an Accelerate script (launch/framework_env.py)
+        return {k for k in keys if not k.startswith(("PHALANX_", "ACCELERATE_"))}
+
+    assert {k: v for k, v in records[1]["env"].items() if k.startswith("ACCELERATE_")} == {  # as accelerate launch
+        "ACCELERATE_USE_CPU": "true", "ACCELERATE_MIXED_PRECISION": "bf16"}
 
     assert without_phalanx_settings(records[1]["env_keys"]) == without_phalanx_settings(torchrun[1]["env_keys"])
     for rank in (0, 1):

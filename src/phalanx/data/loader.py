@@ -11,11 +11,13 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from phalanx.data.batch_records import BatchInfo, BatchRecords
 from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, lend_batch
-from phalanx.data.streams import stream_for_rank
+from phalanx.data.rank_sampler import TakenOverSampler, shards_by_rank
 from phalanx.data.sample_seeds import SampleSeeded
 from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.data.split_batches import per_rank_batch_size
+from phalanx.data.streams import stream_for_rank
 from phalanx.data.user_sampler import UserSampler, check_same_draw
+from phalanx.logging.rank_log import get_logger
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
@@ -168,6 +170,8 @@ class PreparedLoader:
             draw.restore(state.get("draw"))
 
     def __iter__(self) -> Iterator[Any]:
+        if isinstance(self.loader.sampler, TakenOverSampler):  # the script's set_epoch decides
+            self.epoch = self.loader.sampler.epoch_for_pass(self.epoch)
         epoch = self.epoch
         self.epoch += 1
         skip = self._resume[1] if self._resume is not None and self._resume[0] == epoch else 0
@@ -450,7 +454,7 @@ class _SkipFirst:
 
 def _real_samples(loader: DataLoader) -> int | None:
     sampler = loader.sampler
-    if isinstance(sampler, (ShardedSampler, UserSampler)):
+    if isinstance(sampler, (ShardedSampler, UserSampler, TakenOverSampler)):
         return sampler.num_real_samples
     return None
 
@@ -494,6 +498,11 @@ def _shard(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool =
     tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)
     if tag_epoch:
         dataset = SampleSeeded(dataset, seed)
+    if loader.batch_size is not None and shards_by_rank(loader.sampler):  # the script's DistributedSampler
+        taken = TakenOverSampler(loader.sampler, ctx.dp_size, ctx.dp_rank, tag_epoch=tag_epoch)
+        get_logger("data").info("%s", taken.describe(ctx.dp_size))
+        return _build(dataset, batch_size=batch_size, sampler=taken, drop_last=loader.drop_last,
+                      generator=generator, **kwargs)
     shuffle = _default_shuffle(loader)
     if shuffle is not None:
         sharded = ShardedSampler(

@@ -17,7 +17,7 @@ from phalanx.config.schema import LAUNCH, TORCHRUN
 from phalanx.launch.node_setup import CLUSTER_ERRORS, apply_slurm, node_setup_for
 from phalanx import envvars
 from phalanx.launch.rendezvous import parse_nnodes
-from phalanx.launch import devices, local_rank, ports, torchrun_flags
+from phalanx.launch import devices, framework_env, local_rank, ports, torchrun_flags, worker_notes
 from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, validate
 from phalanx.logging import sinks
 
@@ -187,6 +187,7 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     env.update(spec.worker_env)
+    env.update(framework_env.accelerate_env(spec.settings, num_gpus_in_use, os.environ))  # as `accelerate launch`
     return nproc, num_gpus_in_use, env
 
 
@@ -229,6 +230,8 @@ def main(args: argparse.Namespace) -> int:
         env.update(node.env)
     env[envvars.PHALANX_LAUNCHER] = "1"  # workers leave the preemption line to this launcher
     log_dir = launcher_log_dir(env, spec.single_node)
+    notes_dir = env[envvars.PHALANX_WORKER_NOTES] = os.path.join(log_dir, "workers")
+    worker_notes.clear(notes_dir)
     try:
         page = start_dashboard(spec, os.path.dirname(log_dir))
     except ValueError as error:  # the extra is missing, the address taken: before any worker starts
@@ -240,10 +243,23 @@ def main(args: argparse.Namespace) -> int:
 
     verbose = spec.verbose or agent_log_level_is_debug(os.environ)
     try:
-        return launch(spec, nproc, num_gpus_in_use, node, verbose=verbose, log_dir=log_dir)
+        code = launch(spec, nproc, num_gpus_in_use, node, verbose=verbose, log_dir=log_dir)
     finally:
         if page is not None:
             page.stop()
+    if code == 0 and spec.single_node:  # what the workers did that would otherwise go unsaid
+        say_what_workers_did(notes_dir, spec, nproc, num_gpus_in_use)
+    return code
+
+
+def say_what_workers_did(notes_dir: str, spec: LaunchSpec, nproc: int, num_gpus_in_use: int) -> None:
+    """Separate worlds of one, and settings that never reached the script: one line each."""
+    notes = worker_notes.read(notes_dir)
+    for line in (worker_notes.separate_worlds_line(notes, nproc),
+                 worker_notes.no_effect_line(notes, worker_notes.phalanx_created(notes_dir), spec.settings,
+                                             spec.target, num_gpus_in_use)):
+        if line:
+            print(line, file=sys.stderr, flush=True)
 
 
 def start_dashboard(spec: LaunchSpec, run_dir: str):  # -> Dashboard | None

@@ -15,6 +15,9 @@ import runpy
 import signal
 import sys
 
+from phalanx import envvars
+from phalanx.launch import worker_notes
+
 
 def run_target(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
     """Execute `target` as `__main__` with `sys.argv` and `sys.path[0]` set as the interpreter would."""
@@ -68,12 +71,76 @@ def _remember_argparse_errors() -> list[str]:
     return seen
 
 
+def watch_process_group() -> dict[str, int | None] | None:
+    """Under `phalanx run` (a notes directory named): record the world size of the process group the
+    script joins, whoever calls torch.distributed.init_process_group (the script, Accelerate, Phalanx())."""
+    if not os.environ.get(envvars.PHALANX_WORKER_NOTES):
+        return None
+    import functools
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    seen: dict[str, int | None] = {"group_size": None}
+    original = distributed_c10d.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
+        result = original(*args, **kwargs)
+        seen["group_size"] = dist.get_world_size()
+        return result
+
+    distributed_c10d.init_process_group = dist.init_process_group = init_process_group  # type: ignore[assignment]
+    children_rendezvous_themselves()
+    return seen
+
+
+def children_rendezvous_themselves() -> None:
+    """A script that starts its own ranks with torch.multiprocessing.spawn (seed 004's `mp.spawn`)
+    rendezvouses them itself (its MASTER_PORT, its ranks). They inherit this worker's
+    TORCHELASTIC_USE_AGENT_STORE, which makes every one of them a client of a store nobody hosts: a
+    hang. Start them without it; this worker keeps it."""
+    import functools
+    import importlib
+
+    mp_spawn = importlib.import_module("torch.multiprocessing.spawn")  # the module; the package exports spawn()
+    original = mp_spawn.start_processes
+
+    @functools.wraps(original)
+    def start_processes(*args, **kwargs):  # type: ignore[no-untyped-def]
+        saved = os.environ.pop(envvars.TORCHELASTIC_USE_AGENT_STORE, None)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if saved is not None:
+                os.environ[envvars.TORCHELASTIC_USE_AGENT_STORE] = saved
+
+    mp_spawn.start_processes = start_processes  # type: ignore[assignment]
+
+
+def leave_note(seen: dict[str, int | None] | None) -> None:
+    """The worker's note for the launcher (launch/worker_notes.py): the group it joined, Accelerate."""
+    if seen is None:
+        return
+    dist = sys.modules.get("torch.distributed")
+    size = seen["group_size"]
+    if size is None and dist is not None and dist.is_available() and dist.is_initialized():
+        size = dist.get_world_size()  # joined through a path that bypassed the watched function
+    worker_notes.write(worker_notes.WorkerNote(rank=int(os.environ.get(envvars.RANK, "0")), group_size=size,
+                                               accelerate="accelerate" in sys.modules))
+
+
 def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
-    """`run_target`, and when argparse rejects the script's local-rank argument, a hint for the report."""
+    """`run_target`, and when argparse rejects the script's local-rank argument, a hint for the report;
+    under `phalanx run`, the worker's note at its end."""
     seen = _remember_argparse_errors()
+    watched = watch_process_group()
     try:
         run_target(target, is_module, args)
+        leave_note(watched)
     except SystemExit as exit_:
+        if exit_.code in (0, None):
+            leave_note(watched)
         if exit_.code not in (0, None) and seen:
             from phalanx.launch.local_rank import hint_for_argparse_error
 

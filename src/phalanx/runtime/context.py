@@ -196,3 +196,12 @@ def _pick_device(local_rank: int, cpu: bool) -> tuple[torch.device, str]:
             )
         return torch.device("cuda", local_rank), "nccl"
     return torch.device("cpu"), "gloo"
+
+
+def mark_phalanx_created(env: Mapping[str, str] | None = None) -> None:
+    """Under `phalanx run`: tell the launcher a Phalanx() was created, so its settings reached the
+    script (it names the settings that did not, otherwise: launch/worker_notes.py)."""
+    notes = (os.environ if env is None else env).get(envvars.PHALANX_WORKER_NOTES)
+    if notes:
+        os.makedirs(notes, exist_ok=True)
+        open(os.path.join(notes, envvars.PHALANX_CREATED_MARKER), "a").close()

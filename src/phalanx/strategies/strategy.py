@@ -15,6 +15,7 @@ from phalanx.loop.precision import Precision
 from phalanx.runtime.context import DistContext
 from phalanx.logging.rank_log import get_logger
 from phalanx.strategies import fsdp, grad_norm, optimizer_kinds, whole_tensor_step
+from phalanx.strategies.module_attr import answer_module_attribute
 from phalanx.strategies.optimizer_kinds import Route
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
@@ -74,7 +75,7 @@ class ParallelStrategy:
                               done.pipeline.pp_rank, done.pipeline.pp, list(done.stages.stage_indices),
                               done.stages.num_stages, ", ".join(done.stages.units), done.pipeline.schedule,
                               done.pipeline.num_microbatches)
-        return done.model
+        return answer_module_attribute(done.model, self.plan.describe(), self.plan.shards_parameters or self.plan.pp > 1)
 
     def held_elsewhere(self, key: str) -> bool:
         """Whether a state-dict key belongs to a unit another pipeline rank holds (pp > 1)."""

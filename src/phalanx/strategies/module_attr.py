@@ -1,0 +1,64 @@
+"""`model.module` on a prepared model, in every layout.
+
+Scripts written for DDP save with `torch.save(model.module.state_dict(), ...)` on rank 0. Under
+ddp and dp the prepared model is torch's wrapper and `.module` is the user's module, as ever. In
+every other layout the model is the user's module itself, laid out in place, and `.module` raises
+a message naming `px.get_state_dict(model)` and `px.unwrap_model(model)` instead of a bare
+AttributeError: sharded (zero2/zero3/hsdp), split by tensor parallel or cut into pipeline stages,
+its state_dict holds this rank's part only, and a rank-0 save of it would look like a whole model.
+
+It stays an AttributeError, so `hasattr(model, "module")` is False and code that unwraps "if it has
+a .module" (transformers' unwrap_model, `getattr(model, "module", model)`) keeps working; a
+`.module` that returned the model itself would send such loops round forever. The model's class
+becomes a subclass of its own class (as FSDP2's `fully_shard` does) that answers only that name.
+"""
+from __future__ import annotations
+
+import copyreg
+from typing import Any
+
+from torch import nn
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def module_message(layout: str, holds_part: bool) -> str:
+    """What `model.module` says under `layout` (e.g. "zero3 (dp_shard=2)")."""
+    if holds_part:
+        what = ("its state_dict() holds this rank's part only, not the whole model. HINT: px.get_state_dict(model) "
+                "gives the full weights on the main process (save those from rank 0 with torch.save)")
+    else:
+        what = "its state_dict() is the whole model. HINT: px.get_state_dict(model) gives the full weights in every layout"
+    return (f"model.module: under {layout} the prepared model is your own module, laid out in place (no DDP wrapper "
+            f"holds it); {what}, px.unwrap_model(model) gives the module itself")
+
+
+def answer_module_attribute(model: nn.Module, layout: str, holds_part: bool) -> nn.Module:
+    """Make `model.module` raise `module_message` (nothing changes if `model` has a `.module`)."""
+    if hasattr(model, "module"):  # torch's DDP / DataParallel, or the user's own submodule of that name
+        return model
+    cls = type(model)
+    if cls not in _SUBCLASSES:
+        _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"__getattr__": _getattr, "__reduce_ex__": _reduce_ex,
+                                                       "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    model.__class__ = _SUBCLASSES[cls]
+    model._phalanx_module_message = module_message(layout, holds_part)  # type: ignore[assignment]
+    return model
+
+
+def _getattr(self: nn.Module, name: str) -> Any:
+    try:
+        return super(type(self), self).__getattr__(name)  # type: ignore[misc]
+    except AttributeError:
+        if name == "module":
+            raise AttributeError(self.__dict__["_phalanx_module_message"]) from None
+        raise
+
+
+def _reduce_ex(self: nn.Module, protocol: Any) -> Any:
+    """Pickled (torch.save(model), deepcopy) as the class it had: this one exists only in this process."""
+    reduced = super(type(self), self).__reduce_ex__(protocol)  # type: ignore[misc]
+    if isinstance(reduced, tuple) and len(reduced) >= 2 and reduced[1] and reduced[1][0] is type(self):
+        # object.__new__(that class), then the same state: stdlib only, so loading needs no phalanx
+        reduced = (copyreg._reconstructor, (type(self).__bases__[0], object, None), *reduced[2:])
+    return reduced
