@@ -145,9 +145,7 @@ def test_every_layout_on_two_ranks_equals_one_process():
     for name in SLOW_TWO:
         _assert_equal_to_one_process(ranks, name)
         counts = [r[name]["ns_calls"] for r in ranks]
-        if name == "muon ddp":  # replicated: every rank steps every matrix, as torch's own Muon under DDP
-            assert counts == [num_matrices("muon") * STEPS] * 2
-        elif name.startswith("muon"):  # zero1/zero2: one owner each; pp2: each stage its own matrices
+        if name.startswith("muon"):  # ddp, zero1/zero2: one owner each; pp2: each stage its own matrices
             assert sum(counts) == num_matrices("muon") * STEPS, name
 
 

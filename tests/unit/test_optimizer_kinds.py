@@ -31,10 +31,12 @@ def test_muon_and_adafactor_get_whole_tensors_wherever_tensors_are_split(name):
     found = classify(getattr(torch.optim, name))
     assert found.kind is StepKind.WHOLE_TENSOR and found.declared
     for plan in (_plan("zero1"), _plan("zero2"), _plan("zero3"), _plan("hsdp", 4), _plan("ddp", tp=2),
-                 _plan("zero3", 4, tp=2)):
+                 _plan("zero3", 4, tp=2), _plan("ddp")):  # ddp: each matrix on one replica, not on every one
         assert route(found.kind, plan) is Route.WHOLE_ON_OWNER, plan.describe()
-    for plan in (_plan("ddp"), _plan("ddp", pp=2), _plan("single", 1)):
+    for plan in (_plan("ddp", pp=2), _plan("single", 1)):  # one holder per parameter already
         assert route(found.kind, plan) is Route.AS_GIVEN, plan.describe()
+    # an optimizer phalanx only guessed at keeps torch's way among replicas (its step may read more)
+    assert route(found.kind, _plan("ddp"), declared=False) is Route.AS_GIVEN
 
 
 def test_an_unknown_optimizer_is_whole_tensor_and_undeclared_until_declared():

@@ -124,7 +124,10 @@ def test_dp_on_cpu_is_a_single_device_run_and_says_so():
     px = Phalanx(strategy="dp")
     with pytest.warns(UserWarning, match="strategy 'dp' on CPU is a single-device run"):
         model = px.prepare(nn.Linear(2, 2))
-    assert type(model) is nn.Linear and px.strategy_name == "dp"
+    # the model as written, not wrapped in nn.DataParallel (its class is a subclass that answers
+    # `model.module` with the fix, as every prepared model's is)
+    assert isinstance(model, nn.Linear) and not isinstance(model, nn.DataParallel) and px.strategy_name == "dp"
+    assert type(model).__mro__[1] is nn.Linear
 
 
 def test_get_state_dict_in_a_world_of_one_is_the_full_state():

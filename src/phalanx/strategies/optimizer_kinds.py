@@ -107,10 +107,16 @@ class Route(enum.Enum):
     WHOLE_ON_OWNER = "whole, on an owner"  # each parameter gathered whole on one owner rank, stepped, scattered
 
 
-def route(kind: StepKind, plan: ParallelPlan, name: str = "this optimizer") -> Route:
+def route(kind: StepKind, plan: ParallelPlan, name: str = "this optimizer", declared: bool = True) -> Route:
     """How an optimizer of `kind` steps under `plan`; ValueError, before any step, for a
     combination phalanx cannot make equal to one process, naming the optimizer (`name`), the layout
-    and what to use instead. (docs/optimizers.md's table is this function over the presets.)"""
+    and what to use instead. (docs/optimizers.md's table is this function over the presets.)
+
+    Replicas (ddp) hold whole tensors already; a whole-tensor optimizer phalanx knows (`declared`)
+    still steps each parameter on one owner, which sends the result to the others, so the job
+    orthogonalises (Muon) or factors (Adafactor) each matrix once per step instead of once per
+    replica. One phalanx only guessed at keeps torch's way there: every replica steps everything,
+    right even if its step reads more than one tensor at a time."""
     layout = plan.describe()
     if kind is StepKind.WHOLE_MODEL and (splits_tensors(plan) or plan.pp > 1):
         raise ValueError(
@@ -118,7 +124,8 @@ def route(kind: StepKind, plan: ParallelPlan, name: str = "this optimizer") -> R
             f"model), but {layout} gives no rank the whole model. HINT: use strategy ddp without tp or pp "
             "(every rank holds every parameter), or an optimizer that steps parameter by parameter")
     if not splits_tensors(plan):
-        return Route.AS_GIVEN
+        replicas = plan.dp_size > 1
+        return Route.WHOLE_ON_OWNER if kind is StepKind.WHOLE_TENSOR and declared and replicas else Route.AS_GIVEN
     if kind is StepKind.ELEMENTWISE:
         return Route.SLICES
     if plan.cpu_offload:

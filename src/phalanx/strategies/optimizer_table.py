@@ -49,8 +49,8 @@ class, and scatters the result back to the shards. Muon thus runs exactly one Ne
 per step in the whole job, split over the ranks. Under zero1 the state of a whole-tensor optimizer is
 split by whole parameters (each on its owner) instead of by slices.
 
-Cells: *as given*: your optimizer steps the parameters each rank holds whole (ddp replicates the
-step on every rank; under pp alone each rank steps its own stages); *slices*: each rank steps its
+Cells: *as given*: your optimizer steps the parameters each rank holds whole (every ddp replica
+steps everything; under pp alone each rank steps its own stages); *slices*: each rank steps its
 slices (the fast sharded paths); **whole, on an owner**: as above; *refused*: prepare raises a
 ValueError naming the optimizer, the layout and what to use, before any step.
 """
@@ -82,11 +82,13 @@ so keep its constructor arguments in the defaults it passes to `torch.optim.Opti
 
 ## ddp, zero1 and the Newton-Schulz work
 
-Under ddp every rank holds every parameter and DDP's all-reduce leaves the gradients whole, so your
-optimizer steps as given on every rank: torch's Muon under DDP runs Newton-Schulz for every matrix
-on every rank. zero1 splits that work: each rank steps only the parameters it owns and broadcasts
-them, and its optimizer state is split by whole parameters. With Join (`px.uneven_inputs`) under
-zero1, a rank out of data still takes part in the owners' broadcasts.
+Under ddp every rank holds every parameter and DDP's all-reduce leaves the gradients whole. A
+whole-tensor optimizer phalanx knows (Muon, Adafactor, yours declared) still steps each parameter on
+one owner, which broadcasts the result: the job runs one Newton-Schulz per matrix per step where
+torch's Muon under DDP runs it on every rank, and the optimizer state is split by whole parameters,
+as under zero1. An optimizer phalanx only guessed at steps as given on every rank under ddp (its
+step may read more than one tensor, which only the whole model on every rank makes right). With
+Join (`px.uneven_inputs`), a rank out of data still takes part in the owners' broadcasts.
 
 ## Checkpoints
 
@@ -107,21 +109,21 @@ def _plan(preset: str, world: int, local: int, tp: int, pp: int, offload: bool) 
     return presets.build(preset, world_size=world, local_world_size=local, tp=tp, pp=pp, cpu_offload=offload)
 
 
-def _cell(kind: StepKind, plan: ParallelPlan) -> str:
+def _cell(kind: StepKind, plan: ParallelPlan, declared: bool) -> str:
     try:
-        return CELLS[route(kind, plan)]
+        return CELLS[route(kind, plan, declared=declared)]
     except ValueError:
         return "refused"
 
 
-def rows() -> list[tuple[str, StepKind]]:
-    """(row title, kind) for torch's optimizers and a user's, in the table's order."""
-    out = [(f"`torch.optim.{n}`", StepKind.ELEMENTWISE) for n in TORCH_ELEMENTWISE if hasattr(torch.optim, n)]
-    out += [(f"`torch.optim.{n}`", StepKind.WHOLE_TENSOR) for n in TORCH_WHOLE_TENSOR if hasattr(torch.optim, n)]
-    out += [(f"`torch.optim.{n}`", StepKind.WHOLE_MODEL) for n in TORCH_WHOLE_MODEL if hasattr(torch.optim, n)]
-    return out + [("yours, declared element-wise", StepKind.ELEMENTWISE),
-                  ("yours, declared whole-tensor", StepKind.WHOLE_TENSOR),
-                  ("yours, undeclared (warns at prepare)", StepKind.WHOLE_TENSOR)]
+def rows() -> list[tuple[str, StepKind, bool]]:
+    """(row title, kind, declared) for torch's optimizers and a user's, in the table's order."""
+    out = [(f"`torch.optim.{n}`", StepKind.ELEMENTWISE, True) for n in TORCH_ELEMENTWISE if hasattr(torch.optim, n)]
+    out += [(f"`torch.optim.{n}`", StepKind.WHOLE_TENSOR, True) for n in TORCH_WHOLE_TENSOR if hasattr(torch.optim, n)]
+    out += [(f"`torch.optim.{n}`", StepKind.WHOLE_MODEL, True) for n in TORCH_WHOLE_MODEL if hasattr(torch.optim, n)]
+    return out + [("yours, declared element-wise", StepKind.ELEMENTWISE, True),
+                  ("yours, declared whole-tensor", StepKind.WHOLE_TENSOR, True),
+                  ("yours, undeclared (warns at prepare)", StepKind.WHOLE_TENSOR, False)]
 
 
 def table_text() -> str:
@@ -129,8 +131,9 @@ def table_text() -> str:
     plans = {title: _plan(*spec) for title, spec in LAYOUTS.items()}
     lines = [INTRO, "| optimizer | kind | " + " | ".join(plans) + " |",
              "|---|---|" + "---|" * len(plans)]
-    for title, kind in rows():
-        lines.append(f"| {title} | {kind.value} | " + " | ".join(_cell(kind, p) for p in plans.values()) + " |")
+    for title, kind, declared in rows():
+        lines.append(f"| {title} | {kind.value} | "
+                     + " | ".join(_cell(kind, p, declared) for p in plans.values()) + " |")
     return "\n".join(lines) + "\n" + DECLARE
 
 

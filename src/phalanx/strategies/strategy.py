@@ -100,7 +100,7 @@ class ParallelStrategy:
                                                 or _is_zero_redundancy(optimizer)):
             return optimizer  # a zero1 optimizer the script built itself
         kind = optimizer_kinds.classify(optimizer)
-        if optimizer_kinds.route(kind.kind, self.plan, type(optimizer).__name__) is Route.WHOLE_ON_OWNER:
+        if optimizer_kinds.route(kind.kind, self.plan, type(optimizer).__name__, kind.declared) is Route.WHOLE_ON_OWNER:
             if not kind.declared:
                 warnings.warn(optimizer_kinds.undeclared_warning(optimizer, self.plan.describe()), stacklevel=4)
             refuse_optimizer_with_state(optimizer, self.name)
