@@ -135,9 +135,9 @@ def train(kind: str, global_batch: int = 8, steps: int = 5, lr: float = 1e-2, ch
         optimizer.zero_grad()
         losses.append(px.reduce(loss, "mean").item())
         if len(losses) == steps:
+            if checkpoint is not None:
+                px.save_state(checkpoint)  # inside the epoch: a resume goes on with its next batch
             break
-    if checkpoint is not None:
-        px.save_state(checkpoint)
     out = {"strategy": px.strategy_name, "plan": px.plan.describe(), "dp": (px.dp_rank, px.dp_size),
            "losses": losses, "seen": seen, "global_step": px.global_step,
            "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
