@@ -489,11 +489,12 @@ class Phalanx:
 
     def reduce(self, data: Any, reduction: str = "mean") -> Any:
         with self._step_progress.during(Phase.REDUCE):
-            return collectives.reduce(data, reduction, debug=self.debug, group=self._dp_group)
+            return collectives.reduce(data, reduction, debug=self.debug, group=self._dp_group,
+                                      device=self.device)
 
     def gather(self, data: Any) -> Any:
         with self._step_progress.during(Phase.GATHER):
-            return collectives.gather(data, debug=self.debug, group=self._dp_group)
+            return collectives.gather(data, debug=self.debug, group=self._dp_group, device=self.device)
 
     def gather_for_metrics(self, data: Any) -> Any:
         """Gather like `gather`, without the repeats the sampler added to even out the ranks.
@@ -513,7 +514,8 @@ class Phalanx:
                 mine = data[:real] if trim and len(data) == size else data
                 return [x for part in collectives.gather_object(mine, debug=self.debug, group=self._dp_group)
                         for x in part]
-            return collectives.gather(collectives.map_tensors(cut, data), debug=self.debug, group=self._dp_group)
+            return collectives.gather(collectives.map_tensors(cut, data), debug=self.debug, group=self._dp_group,
+                                      device=self.device)
 
     def wait_for_everyone(self) -> None:
         """Barrier across all ranks (no-op in a world of one)."""
@@ -536,12 +538,15 @@ class Phalanx:
         """Context for data whose length differs per rank: torch's Join where it applies, else a
         step-level agreement. No objects: every model and optimizer this Phalanx prepared."""
         return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress,
-                                    pipeline=self.config.pp > 1)
+                                    pipeline=self.config.pp > 1, prepared=self._prepared, layout=self._layout())
 
     def join(self, *objects: Any) -> UnevenInputs:
         """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
         return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self._step_progress,
-                                    pipeline=self.config.pp > 1)
+                                    pipeline=self.config.pp > 1, prepared=self._prepared, layout=self._layout())
+
+    def _layout(self) -> str | None:
+        return None if self._strategy is None else self.plan.describe()
 
     def busy(self, what: str = "busy") -> contextlib.AbstractContextManager[None]:
         """Mark long work on this rank that the others wait for on purpose (e.g. rank 0 saving a

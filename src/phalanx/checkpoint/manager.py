@@ -67,6 +67,7 @@ class Checkpointer:
         self.global_step = 0
         self.step_listeners: list[Any] = []  # called after each counted optimizer step (preemption)
         self._counted: torch.optim.Optimizer | None = None
+        self._not_counting = False  # while DCP reads/writes state: its zero-lr init step is no step
         self._pending: concurrent.futures.Future | None = None
         self._damaged: set[Path] = set()  # skipped on load: a later save of that step moves it aside
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -100,9 +101,21 @@ class Checkpointer:
         (self.rank_objects if per_rank else self.objects).append(obj)
 
     def _count_step(self, *_: Any) -> None:
+        if self._not_counting:
+            return
         self.global_step += 1
         for listener in self.step_listeners:
             listener()
+
+    @contextlib.contextmanager
+    def _dcp_steps_uncounted(self) -> Iterator[None]:
+        """torch's get/set_optimizer_state_dict create the state of an optimizer that has none yet
+        (plain SGD) with a `step()` at lr 0: not a training step, so global_step must not move."""
+        self._not_counting = True
+        try:
+            yield
+        finally:
+            self._not_counting = False
 
     # ---- saving -------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike | None = None, async_save: bool | None = None) -> Path:
@@ -139,7 +152,7 @@ class Checkpointer:
         use_async = self.async_save if async_save is None else async_save
         if not use_async:
             def write_shards() -> None:
-                with _quiet_alone():
+                with _quiet_alone(), self._dcp_steps_uncounted():
                     dcp.save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
                              no_dist=not collectives.is_distributed())
 
@@ -151,7 +164,7 @@ class Checkpointer:
         group = self._group_for_async()
 
         def start_upload() -> Any:
-            with _quiet_alone():
+            with _quiet_alone(), self._dcp_steps_uncounted():
                 return dcp.async_save(entries, storage_writer=dcp.FileSystemWriter(staging, sync_files=True),
                                       process_group=group, no_dist=not collectives.is_distributed())
 
@@ -241,7 +254,7 @@ class Checkpointer:
         _check_matches(common, entries, self.loaders, self.objects, chosen)
         if entries:
             try:
-                with _quiet_alone():
+                with _quiet_alone(), self._dcp_steps_uncounted():
                     dcp.load(entries, storage_reader=SafeFileSystemReader(chosen), planner=SafeLoadPlanner(),
                              no_dist=not collectives.is_distributed())
             except BaseException as error:  # DCP's CheckpointException is a BaseException

@@ -131,6 +131,7 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
                 loss = closure()
         Join.notify_join_context(self)
         self._sync_hyperparameters()
+        self._pull_params()
         for slot in self._slots:
             slot.chunk.grad = slot.grad_chunk()
         self.optim.step()
@@ -140,6 +141,14 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         if not self.state:
             self._refresh_state()  # non-empty from the first step on, as DCP expects
         return loss
+
+    @torch.no_grad()
+    def _pull_params(self) -> None:
+        """This rank's chunks <- the full parameters: after a step they are equal, but a checkpoint
+        load, `px.load_model` or the script may have written the parameters since, and a step from
+        stale chunks would gather the old weights back (one copy of 1/world_size of the model)."""
+        for slot in self._slots:
+            slot.chunk.copy_(slot.full if slot.replicated else slot.full[slot.start:slot.end])
 
     @torch.no_grad()
     def gather_params(self) -> None:

@@ -1,0 +1,35 @@
+"""Findings of issue 26 part 6, each a silent wrong answer or a crash before its fix."""
+import pytest
+import torch
+
+from tests.dist.harness import run_ranks
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("findings")
+    return run_ranks("tests.dist.harness_calls:calls", 2, args=([
+        ("tests.dist.findings_workloads:resume_then_train", ("zero1", str(tmp / "zero1"))),
+        ("tests.dist.findings_workloads:python_values", ()),
+    ],), timeout=240)
+
+
+def test_zero1_resume_is_not_undone_by_the_first_step(runs):
+    """zero1's shard buffers kept the pre-load weights: the first step after a load gathered them back."""
+    for rank in runs:
+        r = rank[0]
+        torch.testing.assert_close(r["resumed_losses"], r["losses"], rtol=1e-5, atol=1e-6)
+        for name, value in r["weights"].items():
+            torch.testing.assert_close(r["resumed_weights"][name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_reduce_and_gather_of_python_values_are_reduced_not_passed_through(runs):
+    r0, r1 = (r[1] for r in runs)
+    for r in (r0, r1):
+        assert r["mean"] == 1.5 and r["sum"] == 3.0
+        assert r["list"] == [1.0, 2.0]
+        assert r["dict"] == {"acc": 1.25, "n": [1.0, 2.0]}
+        assert r["gather"] == [0.0, 1.0] and r["gather_list"] == [0.0, 10.0, 1.0, 11.0]
+        assert "px.reduce takes tensors and Python numbers" in r["refused"] and "str" in r["refused"]
