@@ -325,10 +325,6 @@ class Phalanx:
         rank_batch = prepared.batch_size if self.config.split_batches else per_rank
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
             self.settings.deepspeed.check_loader(rank_batch)
-        if self.config.pp > 1 and rank_batch is not None:  # each batch is cut into microbatches
-            pipeline_schedules.check_microbatches(
-                self.config.pp_schedule, self.config.pp,
-                self.config.pp_microbatches or pipeline_schedules.default_microbatches(self.config.pp), rank_batch)
         return self._checkpointer.track(prepared)
 
     # ---- the step --------------------------------------------------------------------------
@@ -373,7 +369,8 @@ class Phalanx:
         return list(seen.values())
 
     def forward_backward(self, model: nn.Module, inputs: Any, targets: Any,
-                         loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
+                         loss_fn: Callable[[Any, Any], torch.Tensor], *,
+                         num_items: int | torch.Tensor | None = None) -> torch.Tensor:
         """One batch through every layout: `model(inputs)` (a tuple is unpacked, a dict passed as
         keywords), `loss_fn(output, targets)`, and `px.backward` of it. Returns the loss, detached:
         the same value on every rank of a tensor-parallel group. Write training loops with it: the
@@ -382,14 +379,24 @@ class Phalanx:
         Under pp > 1 it runs the pipeline schedule over this batch (the same on every rank of the
         pipeline; one tensor of inputs), cut into pp_microbatches microbatches, and returns the loss,
         the mean over the microbatches, on every rank of the pipeline. `loss_fn` must average over
-        the samples it is given."""
+        the samples it is given.
+
+        `num_items` (as in `px.backward`, every layout, pp included): `loss_fn` *sums* over the items
+        (target tokens) it is given and `num_items` counts this batch's; the step then uses Σ loss /
+        Σ num_items over every rank and micro-step. The returned loss is the batch's sum."""
         pipeline = self._pipeline(model)
         if pipeline is not None:
             with self._step_progress.during(Phase.PIPELINE):
                 scale = self.strategy.precision.loss_scale() / self._accumulator.loss_divisor()
-                return pipeline.step(inputs, targets, loss_scale=scale, loss_fn=loss_fn)
+                if num_items is None:
+                    self._items.add_plain()
+                    return pipeline.step(inputs, targets, loss_scale=scale, loss_fn=loss_fn)
+                divisor = self._items.begin(num_items)  # every microbatch's summed loss / the common divisor
+                loss = pipeline.step(inputs, targets, loss_scale=scale / divisor, loss_fn=loss_fn, summed=True)
+                self._items.add_loss(loss)
+                return loss
         loss = loss_fn(_call(model, inputs), targets)
-        self.backward(loss)
+        self.backward(loss, num_items=num_items)
         return loss.detach()
 
     def forward(self, model: nn.Module, inputs: Any) -> Any:

@@ -60,3 +60,61 @@ def python_values() -> dict[str, Any]:
     except TypeError as error:
         out["refused"] = str(error)
     return out
+
+
+# ---- pp: the short last batch, num_items --------------------------------------------------------
+PP_BATCH = 30  # 96 samples: 3 batches of 30 (cut into 3 microbatches, not 4) and a last one of 6
+
+
+def _masked(tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token targets with every token divisible by 3 ignored: the batches' counts differ."""
+    return tokens.masked_fill(tokens % 3 == 0, -100)
+
+
+def summed_lm_loss(output: Any, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(output.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                                       reduction="sum")
+
+
+def pp_reference(num_items: bool) -> dict[str, Any]:
+    from tests.dist import pp_workloads as p
+
+    model = p.make_model(2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for (batch,) in DataLoader(p.make_data(), batch_size=PP_BATCH):
+        targets = _masked(batch[:, 1:])
+        if num_items:
+            loss = summed_lm_loss(model(batch[:, :-1]), targets)
+            (loss / (targets != -100).sum()).backward()
+        else:
+            loss = p.lm_loss(model(batch[:, :-1]), batch[:, 1:])
+            loss.backward()
+        losses.append(loss.item())
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"losses": losses, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def pp_epoch(num_items: bool) -> dict[str, Any]:
+    """pp 2: an epoch of batches of 30 (the last one 6), by mean loss or summed with num_items."""
+    from tests.dist import pp_workloads as p
+
+    px = Phalanx(strategy="ddp", pp=2)
+    model = p.make_model(2)
+    model, optimizer, loader = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                          DataLoader(p.make_data(), batch_size=PP_BATCH))
+    losses = []
+    for (batch,) in loader:
+        if num_items:
+            targets = _masked(batch[:, 1:])
+            loss = px.forward_backward(model, batch[:, :-1], targets, summed_lm_loss,
+                                       num_items=(targets != -100).sum())
+        else:
+            loss = px.forward_backward(model, batch[:, :-1], batch[:, 1:], p.lm_loss)
+        losses.append(loss.item())
+        optimizer.step()
+        optimizer.zero_grad()
+    evaluated = px.forward(model, p.make_data().tensors[0][:7, :-1])  # an eval batch of any size
+    return {"losses": losses, "state": px.get_state_dict(model), "eval_rows": evaluated.shape[0],
+            "global_step": px.global_step}

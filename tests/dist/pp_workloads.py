@@ -133,7 +133,7 @@ def refusals() -> dict[str, str]:
     cases = {
         "unknown split": ({"pp": 2, "pp_split": ["layers.7"]}, 2, None),
         "too few blocks": ({"pp": 2}, 1, None),
-        "microbatches vs batch": ({"pp": 2, "pp_microbatches": 3}, 2, 8),
+        "batch below pp": ({"pp": 2}, 2, 1),
         "dict inputs": ({"pp": 2}, 2, "dict"),
     }
     for name, (settings, layers, extra) in cases.items():
@@ -143,8 +143,9 @@ def refusals() -> dict[str, str]:
             if extra == "dict":
                 tokens = make_data().tensors[0][:4]
                 px.forward_backward(model, {"tokens": tokens[:, :-1]}, tokens[:, 1:], lm_loss)
-            elif extra is not None:
-                px.prepare(DataLoader(make_data(), batch_size=extra))
+            elif extra is not None:  # prepared (any batch size), refused at its step
+                tokens = next(iter(px.prepare(DataLoader(make_data(), batch_size=extra))))[0]
+                px.forward_backward(model, tokens[:, :-1], tokens[:, 1:], lm_loss)
         except (ValueError, TypeError) as error:
             out[name] = str(error)
     return out

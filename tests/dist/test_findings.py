@@ -33,3 +33,27 @@ def test_reduce_and_gather_of_python_values_are_reduced_not_passed_through(runs)
         assert r["dict"] == {"acc": 1.25, "n": [1.0, 2.0]}
         assert r["gather"] == [0.0, 1.0] and r["gather_list"] == [0.0, 10.0, 1.0, 11.0]
         assert "px.reduce takes tensors and Python numbers" in r["refused"] and "str" in r["refused"]
+
+
+@pytest.fixture(scope="module")
+def pp_runs():
+    return run_ranks("tests.dist.harness_calls:calls", 2, args=([
+        ("tests.dist.findings_workloads:pp_epoch", (False,)),
+        ("tests.dist.findings_workloads:pp_epoch", (True,)),
+    ],), timeout=240)
+
+
+@pytest.mark.parametrize("num_items", [False, True], ids=["mean loss", "num_items"])
+def test_pp_trains_the_short_last_batch_and_num_items_like_one_process(pp_runs, num_items):
+    """A batch pp_microbatches does not divide (30, and the epoch's last of 6) was refused at prepare
+    (or raised at its step), and forward_backward took no num_items; an eval batch of 7 was refused."""
+    from tests.dist import findings_workloads as w
+
+    ref = w.pp_reference(num_items)
+    for rank in pp_runs:
+        run = rank[int(num_items)]
+        assert run["global_step"] == 4 and run["eval_rows"] == 7
+        torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-5)
+    state = pp_runs[0][int(num_items)]["state"]
+    for key, value in ref["state"].items():
+        torch.testing.assert_close(state[key], value, rtol=1e-5, atol=1e-6, msg=key)

@@ -173,8 +173,9 @@ def test_what_the_model_or_the_batch_shows_wrong_is_refused_at_prepare_on_every_
                                              "before. The units, in the order forward calls them, are: embed, "
                                              "layers.0, layers.1, norm, head")
         assert r["too few blocks"].startswith("pp=2 needs at least 2 blocks to give each stage one, but layers holds 1")
-        assert r["microbatches vs batch"].startswith("the batch of 8 samples does not split into pp_microbatches=3 "
-                                                     "equal microbatches. HINT:")
+        assert r["batch below pp"].startswith("a training batch of 1 sample(s) cannot be cut into equal microbatches "
+                                              "that pp_schedule=1F1B with pp=2 can run (at least 2). HINT: drop the "
+                                              "short last batch (DataLoader(..., drop_last=True))")
         assert r["dict inputs"].startswith("the pipeline's first stage takes one tensor, and the inputs are a dict")
 
 

@@ -283,6 +283,19 @@ def test_microbatch_counts_that_cannot_run_are_refused(schedule, pp, m, batch, m
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize("schedule, pp, m, batch, count", [
+    ("1F1B", 2, 4, 8, 4), ("1F1B", 2, 4, 6, 3), ("1F1B", 2, 4, 2, 2), ("1F1B", 2, 4, 7, 7),
+    ("1F1B", 2, 3, 8, 2), ("Interleaved1F1B", 2, 4, 6, 3), ("DualPipeV", 2, 4, 6, 6),
+])
+def test_a_batch_the_microbatches_do_not_divide_is_cut_into_equal_ones_that_run(schedule, pp, m, batch, count):
+    assert pipe.microbatches_for(schedule, pp, m, batch) == count
+
+
+def test_a_batch_smaller_than_pp_is_refused_with_drop_last():
+    with pytest.raises(ValueError, match=r"a training batch of 1 sample\(s\) cannot be cut .* drop_last=True"):
+        pipe.microbatches_for("1F1B", 2, 4, 1)
+
+
 def test_microbatch_counts_that_run():
     pipe.check_microbatches("1F1B", 2, 4, 8)
     pipe.check_microbatches("Interleaved1F1B", 4, 6)  # one round of 6

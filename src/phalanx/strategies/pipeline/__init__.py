@@ -24,8 +24,8 @@ _HOMES = {
     "data_parallel": ("apply_ddp", "apply_fsdp"),
     "grads": ("clip_grad_norm_",),
     "runner": ("PipelineRunner",),
-    "schedules": ("SCHEDULES", "check_microbatches", "default_microbatches", "last_stage_rank", "schedule_name",
-                  "stage_indices", "stages_per_rank"),
+    "schedules": ("SCHEDULES", "check_microbatches", "default_microbatches", "last_stage_rank", "microbatches_for",
+                  "schedule_name", "stage_indices", "stages_per_rank"),
     "split": ("Stages", "split_stages", "stage_params"),
     "state": ("OPTIONS", "gather_full_state_dict", "get_state", "set_state"),
 }
