@@ -263,7 +263,7 @@ class Phalanx:
             self._adopt_plan(plan)
             get_logger().info("strategy auto chose %s: %s", name, reason)
         if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
-            model = sync_batchnorm.convert(model, self.device)
+            model = sync_batchnorm.convert(model, self.device, self._dp_group)
         shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
         self._logging.throughput.set_model(shape and shape.flops_per_token,
                                            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
@@ -314,8 +314,6 @@ class Phalanx:
         if self._parity is not None and not self.config.split_batches:
             # parity's one-process run takes the N processes' global batch (split_batches: it already is)
             loader = scale_batch(loader, self._parity.batch_scale)
-        if self._parity is not None:
-            self._parity.watch_loader()
         prepared = PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_info=self._batch_info, shard=shard, progress=self._step_progress,
@@ -323,6 +321,8 @@ class Phalanx:
             on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
             split_batches=self.config.split_batches)
         rank_batch = prepared.batch_size if self.config.split_batches else per_rank
+        if self._parity is not None:  # the batch a step gives this rank in the recorded run
+            self._parity.watch_loader(prepared.batch_size if self.config.split_batches else loader.batch_size)
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
             self.settings.deepspeed.check_loader(rank_batch)
         return self._checkpointer.track(prepared)

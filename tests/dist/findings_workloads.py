@@ -118,3 +118,34 @@ def pp_epoch(num_items: bool) -> dict[str, Any]:
     evaluated = px.forward(model, p.make_data().tensors[0][:7, :-1])  # an eval batch of any size
     return {"losses": losses, "state": px.get_state_dict(model), "eval_rows": evaluated.shape[0],
             "global_step": px.global_step}
+
+
+def tp_refusal() -> str:
+    """tp 2 on a Llama with 3 key/value heads: refused at prepare with the numbers, on every rank."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    px = Phalanx(strategy="ddp", tp=2)
+    config = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=6, num_key_value_heads=3)
+    try:
+        px.prepare(LlamaForCausalLM(config))
+    except ValueError as error:
+        return str(error)
+    return "prepared"
+
+
+# ---- sync_batchnorm over the data-parallel ranks only ------------------------------------------
+def batchnorm_layout(settings: dict) -> dict[str, Any]:
+    """batchnorm_workloads' CNN under `settings` (tp or pp), sync_batchnorm on: its state after an
+    epoch of per-rank batches of 4 (the whole model on the main process)."""
+    from tests.dist import batchnorm_workloads as b
+
+    px = Phalanx(sync_batchnorm=True, seed=0, **settings)
+    model = b.make_model()
+    model, optimizer, loader = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.3),
+                                          DataLoader(b.make_data(), batch_size=b.PER_RANK))
+    for x, y in loader:
+        px.forward_backward(model, x, y, nn.functional.cross_entropy)
+        optimizer.step()
+        optimizer.zero_grad()
+    return {k: v.detach().clone() for k, v in px.get_state_dict(model).items()}

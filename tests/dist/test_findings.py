@@ -13,6 +13,7 @@ def runs(tmp_path_factory):
     return run_ranks("tests.dist.harness_calls:calls", 2, args=([
         ("tests.dist.findings_workloads:resume_then_train", ("zero1", str(tmp / "zero1"))),
         ("tests.dist.findings_workloads:python_values", ()),
+        ("tests.dist.findings_workloads:tp_refusal", ()),
     ],), timeout=240)
 
 
@@ -33,6 +34,11 @@ def test_reduce_and_gather_of_python_values_are_reduced_not_passed_through(runs)
         assert r["dict"] == {"acc": 1.25, "n": [1.0, 2.0]}
         assert r["gather"] == [0.0, 1.0] and r["gather_list"] == [0.0, 10.0, 1.0, 11.0]
         assert "px.reduce takes tensors and Python numbers" in r["refused"] and "str" in r["refused"]
+
+
+def test_tp_that_does_not_divide_the_key_value_heads_is_refused_at_prepare(runs):
+    for rank in runs:
+        assert rank[2].startswith("tp=2 does not divide the model's key/value heads (num_key_value_heads=3)"), rank[2]
 
 
 @pytest.fixture(scope="module")
@@ -56,4 +62,22 @@ def test_pp_trains_the_short_last_batch_and_num_items_like_one_process(pp_runs, 
         torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-5)
     state = pp_runs[0][int(num_items)]["state"]
     for key, value in ref["state"].items():
+        torch.testing.assert_close(state[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize("settings", [{"strategy": "ddp", "tp": 2, "tp_plan": {"7": "replicate"}},
+                                      {"strategy": "ddp", "pp": 2, "pp_microbatches": 2}], ids=["tp2", "pp2"])
+def test_sync_batchnorm_reduces_over_the_data_parallel_ranks_only(settings):
+    """It reduced over the world: under pp the stage without the layer never joined (deadlock), under
+    tp each sample was counted once per tp rank (the running variance's n / (n - 1) came out wrong)."""
+    from tests.dist import batchnorm_workloads as b
+
+    ranks = run_ranks("tests.dist.findings_workloads:batchnorm_layout", 2, args=(settings,), timeout=150)
+    state = ranks[0]
+    if "pp" in settings:  # statistics per microbatch, as a pipeline computes them: it finished, and is finite
+        assert state and all(torch.isfinite(v.float()).all() for v in state.values())
+        return
+    ref = b.reference(batch_size=b.PER_RANK)  # dp 1: each step is one rank's batch
+    assert state.keys() == ref.keys()
+    for key, value in ref.items():
         torch.testing.assert_close(state[key], value, rtol=1e-5, atol=1e-6, msg=key)

@@ -37,6 +37,7 @@ class Phase(str, enum.Enum):
     MAIN_PROCESS_FIRST = "main_process_first"
     FAILED = "failed"
     EXIT = "exit"
+    EXIT_MID_PASS = "exit mid-pass"  # left with batches of a prepared loader's pass still unread
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -48,7 +49,7 @@ STEP = Phase.STEP
 class StepTracker:
     """The current step (batches taken from prepared loaders, from 0) and phase of this rank."""
 
-    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request")
+    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request", "mid_pass")
 
     def __init__(self) -> None:
         self.step = -1  # no batch yet
@@ -56,6 +57,7 @@ class StepTracker:
         self.ticks = 0
         self.busy = 0  # > 0 inside `busy()`: long work the others are meant to wait for
         self.on_batch_request: Callable[[], None] | None = None  # preemption's step-boundary check
+        self.mid_pass = False  # a prepared loader's pass has begun and not run out (an exit now is early)
 
     def before_batch(self) -> None:
         """A prepared loader is about to read its next batch: the script finished the step before."""
