@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from phalanx import config
+from phalanx.checkpoint.deferred import DeferredSave
 from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.loader import BatchInfo, PreparedLoader, scale_batch
 from phalanx.logging import session as log_session
@@ -113,6 +114,9 @@ class Phalanx:
             signals=cfg.preemption_signals, checkpointer=self._checkpointer, rank=self.rank,
             world_size=self.world_size, progress=self._step_progress, grace=cfg.preempt_grace,
             cycle_idle=lambda: self._accumulator.cycle_pos == 0, busy=self.busy, watchdog=self.watchdog)
+        self._deferred_save = DeferredSave(self._checkpointer, lambda: self._accumulator.cycle_pos == 0,
+                                           self._save_now)  # save_state() mid-cycle: at the cycle's end
+        self._step_progress.batch_request_hooks.append(self._deferred_save.at_boundary)
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
                                           log_session.LoggingSettings.from_config(cfg), self.ctx.dp_size)
         self._logging.metrics.params = self._run_params
@@ -461,8 +465,17 @@ class Phalanx:
     def save_state(self, path: str | os.PathLike | None = None, *, async_save: bool | None = None) -> str:
         """Save model, optimizer, data position, RNG, counters and registered objects; return the path.
 
-        Without `path`, writes the next `step-XXXXXXXX` checkpoint under `checkpoint_dir`.
+        Without `path`, writes the next `step-XXXXXXXX` checkpoint under `checkpoint_dir`. Called in
+        the middle of a gradient-accumulation cycle, it warns and saves after the cycle's optimizer
+        step, at the next step boundary, returning that checkpoint's path (checkpoint/deferred.py).
         """
+        if self._accumulator.cycle_pos != 0:  # the cycle's gradients are not in the model yet
+            return self._deferred_save.request(path, async_save, self._accumulator.cycle_pos,
+                                               self._accumulator.cycle_len)
+        self._deferred_save.pending = None  # a save at a boundary supersedes one asked for mid-cycle
+        return self._save_now(path, async_save)
+
+    def _save_now(self, path: str | os.PathLike | None, async_save: bool | None) -> str:
         with self.busy(Phase.SAVE_STATE):  # writing can outlast the watchdog timeout on some ranks
             return str(self._checkpointer.save(path, async_save))
 

@@ -49,7 +49,7 @@ STEP = Phase.STEP
 class StepTracker:
     """The current step (batches taken from prepared loaders, from 0) and phase of this rank."""
 
-    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request", "mid_pass")
+    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request", "batch_request_hooks", "mid_pass")
 
     def __init__(self) -> None:
         self.step = -1  # no batch yet
@@ -57,10 +57,13 @@ class StepTracker:
         self.ticks = 0
         self.busy = 0  # > 0 inside `busy()`: long work the others are meant to wait for
         self.on_batch_request: Callable[[], None] | None = None  # preemption's step-boundary check
+        self.batch_request_hooks: list[Callable[[], None]] = []  # other work due at a step boundary
         self.mid_pass = False  # a prepared loader's pass has begun and not run out (an exit now is early)
 
     def before_batch(self) -> None:
         """A prepared loader is about to read its next batch: the script finished the step before."""
+        for hook in self.batch_request_hooks:  # a deferred save first: a preemption stop may follow
+            hook()
         hook = self.on_batch_request
         if hook is not None:
             hook()
