@@ -237,7 +237,7 @@ class Flat(nn.Module):
     (TwoInputs, "its forward needs more than one input (tokens, mask)"),
     (Skip, "its forward calls `embed` more than once"),
     (Unused, "extra hold(s) parameters but the forward never calls them"),
-    (Flat, "it has no nn.ModuleList or nn.Sequential of blocks"),
+    (Flat, "it has no nn.ModuleList or nn.Sequential of blocks, and pp_split cannot help"),  # it named pp_split
 ])
 def test_models_the_cut_cannot_handle_are_refused_with_the_reason(cls, message):
     with pytest.raises(ValueError) as err:
