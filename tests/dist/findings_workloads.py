@@ -149,3 +149,61 @@ def batchnorm_layout(settings: dict) -> dict[str, Any]:
         optimizer.step()
         optimizer.zero_grad()
     return {k: v.detach().clone() for k, v in px.get_state_dict(model).items()}
+
+
+# ---- LoRA under tensor parallel ----------------------------------------------------------------
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_llama() -> nn.Module:
+    """tp_workloads' tiny Llama with rank-4 LoRA adapters; B drawn non-zero so the adapters act from step 1."""
+    from peft import LoraConfig, get_peft_model
+
+    from tests.dist.tp_workloads import make_model
+
+    model = get_peft_model(make_model("llama"), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                           target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+def merged(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The full weights `state` put into a fresh LoRA model, merged (as the example's export does)."""
+    cpu = lora_llama()
+    cpu.load_state_dict(state)
+    return {k: v.detach().clone() for k, v in cpu.merge_and_unload().state_dict().items()}
+
+
+def lora_train(tp: int, steps: int = 3) -> dict[str, Any]:
+    """AdamW on the adapters, batches of 8 sequences (the whole batch on every rank under tp alone)."""
+    from tests.dist.tp_workloads import lm_loss, make_data
+
+    px = Phalanx(strategy="ddp", tp=tp) if tp > 1 else None
+    model = lora_llama()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    if px is not None:
+        model, optimizer = px.prepare(model, optimizer)
+    losses = []
+    for _, (batch,) in zip(range(steps), DataLoader(make_data(), batch_size=8)):
+        output = model(input_ids=batch[:, :-1])
+        loss = lm_loss(output, batch[:, 1:])
+        px.backward(loss) if px is not None else loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    state = px.get_state_dict(model) if px is not None else model.state_dict()
+    out: dict[str, Any] = {"losses": losses}
+    if px is not None:  # how each part of an adapted layer is split: "Shard(0)", "Shard(1)", or "whole"
+        attn = px.unwrap_model(model).base_model.model.model.layers[0].self_attn
+        out["layouts"] = {f"{proj}.{part}": str(list(getattr(w, "placements", ["whole"])))
+                          for proj in ("q_proj", "o_proj") for part, w in (
+                              ("base_layer", getattr(attn, proj).base_layer.weight),
+                              ("lora_A", getattr(attn, proj).lora_A["default"].weight),
+                              ("lora_B", getattr(attn, proj).lora_B["default"].weight))}
+    if px is None or px.is_main_process:
+        out["merged"] = merged(model, {k: v.detach().float() for k, v in state.items()})
+    return out

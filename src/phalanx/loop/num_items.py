@@ -163,8 +163,8 @@ class ItemCount:
         self.divisor = max(num_items / (self.world_size * max(calls, 1)), 1.0)  # the next step's: items per backward
         if scale != 1.0:
             grads = [p.grad for p in params if p.grad is not None]
-            if grads:
-                torch._foreach_mul_(grads, scale)
+            for kind in {type(g) for g in grads}:  # one foreach per tensor type: tp mixes DTensors and tensors
+                torch._foreach_mul_([g for g in grads if type(g) is kind], scale)
 
 
 def _malformed(value: Any) -> bool:
