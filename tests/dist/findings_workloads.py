@@ -207,3 +207,10 @@ def lora_train(tp: int, steps: int = 3) -> dict[str, Any]:
     if px is None or px.is_main_process:
         out["merged"] = merged(model, {k: v.detach().float() for k, v in state.items()})
     return out
+
+
+def fp16_tp() -> dict[str, Any]:
+    """fp16 under tp 2 on 2 processes (dp 1): the grad scaler's unscale met split and whole gradients."""
+    from tests.dist.tp_workloads import TINY_LM_PLAN, train
+
+    return train("tinylm", 8, 3, 1e-2, strategy="ddp", tp=2, tp_plan=TINY_LM_PLAN, mixed_precision="fp16")

@@ -143,7 +143,7 @@ def train(kind: str, global_batch: int = 8, steps: int = 5, lr: float = 1e-2, ch
            "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
            "dtensors": sorted(n for n, p in px.unwrap_model(model).named_parameters() if hasattr(p, "device_mesh")),
            # this rank's own part of each split parameter, and how it is split (each rank's, not rank 0's only)
-           "local": {n: ([str(pl) for pl in p.placements], p.to_local().detach().clone().float())
+           "local": {n: ([repr(pl) for pl in p.placements], p.to_local().detach().clone().float())
                      for n, p in px.unwrap_model(model).named_parameters() if hasattr(p, "device_mesh")}}
     if px.rank == 0:
         out["reference"] = reference(kind, global_batch, done + len(losses), lr, start)
