@@ -104,3 +104,14 @@ def test_metrics_rows_carry_samples_and_tokens_per_second(runs):
     for row in rows:
         assert row["samples_per_s"] > 0 and row["tokens_per_s"] > row["samples_per_s"]  # several tokens a sample
         assert "mfu" not in row  # no GPU peak on CPU: no MFU, not a guess
+
+
+def test_tp_2_with_lora_runs_exactly_the_steps_asked_for(tmp_path):
+    """`--tp 2 --lora 8` stopped at prepare ("tp_plan pattern 'model.layers.*.self_attn.q_proj' matches no module
+    of PeftModelForCausalLM"); the issue also saw 26 steps reported for --steps 20."""
+    result = run_cli(["run", "--nproc-per-node", "2", "--tp", "2", "--run-dir", str(tmp_path / "run"), str(EXAMPLE),
+                      *ARGS, "--steps", "3"], cwd=tmp_path, timeout=280)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "training LoRA adapters" in result.stdout
+    assert [int(s) for s in re.findall(r"^step (\d+) \|", result.stdout, re.M)] == [1, 2, 3]
+    assert "after 3 steps" in result.stdout
