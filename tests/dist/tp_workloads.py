@@ -144,7 +144,10 @@ def train(kind: str, global_batch: int = 8, steps: int = 5, lr: float = 1e-2, ch
            "dtensors": sorted(n for n, p in px.unwrap_model(model).named_parameters() if hasattr(p, "device_mesh")),
            "placements": {n: [type(x).__name__ for x in p.placements] for n, p in
                           px.unwrap_model(model).named_parameters() if hasattr(p, "placements")},
-           "params": sorted(n for n, _ in px.unwrap_model(model).named_parameters())}
+           "params": sorted(n for n, _ in px.unwrap_model(model).named_parameters()),
+           # this rank's own part of each split parameter, and how it is split (each rank's, not rank 0's only)
+           "local": {n: ([repr(pl) for pl in p.placements], p.to_local().detach().clone().float())
+                     for n, p in px.unwrap_model(model).named_parameters() if hasattr(p, "device_mesh")}}
     if px.rank == 0:
         out["reference"] = reference(kind, global_batch, done + len(losses), lr, start)
     return out
