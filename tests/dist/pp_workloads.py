@@ -99,6 +99,8 @@ def train(layers: int = 2, global_batch: int = 8, steps: int = 5, accum: int = 1
         if norm is not None:
             norms.append(norm.item())
         if len(losses) == steps * accum:
+            if checkpoint is not None:
+                px.save_state(checkpoint)  # inside the epoch: a resume goes on with its next batch
             break
     evaluated = None
     try:
@@ -108,8 +110,6 @@ def train(layers: int = 2, global_batch: int = 8, steps: int = 5, accum: int = 1
         if evaluate:
             raise
         evaluated = str(error)
-    if checkpoint is not None:
-        px.save_state(checkpoint)
     out = {"strategy": px.strategy_name, "plan": px.plan.describe(), "dp": (px.dp_rank, px.dp_size),
            "losses": losses, "norms": norms, "seen": seen, "global_step": px.global_step, "eval": evaluated,
            "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
