@@ -26,11 +26,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.utils.data import DataLoader
 
 from _spawn import spawn
-from _workload import BATCH, HIDDEN, dataset, make_model
+from _workload import BATCH, HIDDEN, dataset, endless, make_model, run_round
 
 SAMPLES = 8192
 SERVE = """
@@ -46,22 +45,6 @@ threading.Thread(target=browse, daemon=True).start()
 sys.stdin.read()  # until the bench closes our stdin
 """
 
-
-def endless(loader):
-    while True:
-        yield from loader
-
-
-def run_round(steps: int, batches, model, opt, backward) -> float:
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        x, y = next(batches)
-        opt.zero_grad(set_to_none=True)
-        backward(nn.functional.cross_entropy(model(x), y))
-        opt.step()
-    dist.barrier()
-    return steps / (time.perf_counter() - start)
 
 
 def bench(rounds: int, steps: int, run_dir: str) -> None:

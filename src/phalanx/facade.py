@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from phalanx import config
+from phalanx.checkpoint.deferred import DeferredSave
 from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.batch_records import BatchRecords
 from phalanx.data.loader import PreparedLoader, scale_batch
@@ -118,6 +119,9 @@ class Phalanx:
             signals=cfg.preemption_signals, checkpointer=self._checkpointer, rank=self.rank,
             world_size=self.world_size, progress=self._step_progress, grace=cfg.preempt_grace,
             cycle_idle=lambda: self._accumulator.cycle_pos == 0, busy=self.busy, watchdog=self.watchdog)
+        self._deferred_save = DeferredSave(self._checkpointer, lambda: self._accumulator.cycle_pos == 0,
+                                           self._save_now)  # save_state() mid-cycle: at the cycle's end
+        self._step_progress.batch_request_hooks.append(self._deferred_save.at_boundary)
         self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
                                           log_session.LoggingSettings.from_config(cfg), self.ctx.dp_size)
         self._logging.metrics.params = self._run_params
@@ -273,7 +277,7 @@ class Phalanx:
             self._adopt_plan(plan)
             get_logger().info("strategy auto chose %s: %s", name, reason)
         if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
-            model = sync_batchnorm.convert(model, self.device)
+            model = sync_batchnorm.convert(model, self.device, self._dp_group)
         shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
         self._logging.throughput.set_model(shape and shape.flops_per_token,
                                            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
@@ -324,8 +328,6 @@ class Phalanx:
         if self._parity is not None and not self.config.split_batches:
             # parity's one-process run takes the N processes' global batch (split_batches: it already is)
             loader = scale_batch(loader, self._parity.batch_scale)
-        if self._parity is not None:
-            self._parity.watch_loader()
         prepared = PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_records=self._batch_records, shard=shard, progress=self._step_progress,
@@ -333,12 +335,10 @@ class Phalanx:
             on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
             split_batches=self.config.split_batches)
         rank_batch = prepared.batch_size if self.config.split_batches else per_rank
+        if self._parity is not None:  # the batch a step gives this rank in the recorded run
+            self._parity.watch_loader(prepared.batch_size if self.config.split_batches else loader.batch_size)
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
             self.settings.deepspeed.check_loader(rank_batch)
-        if self.config.pp > 1 and rank_batch is not None:  # each batch is cut into microbatches
-            pipeline_schedules.check_microbatches(
-                self.config.pp_schedule, self.config.pp,
-                self.config.pp_microbatches or pipeline_schedules.default_microbatches(self.config.pp), rank_batch)
         return self._checkpointer.track(prepared)
 
     # ---- the step --------------------------------------------------------------------------
@@ -384,7 +384,8 @@ class Phalanx:
         return list(seen.values())
 
     def forward_backward(self, model: nn.Module, inputs: Any, targets: Any,
-                         loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
+                         loss_fn: Callable[[Any, Any], torch.Tensor], *,
+                         num_items: int | torch.Tensor | None = None) -> torch.Tensor:
         """One batch through every layout: `model(inputs)` (a tuple is unpacked, a dict passed as
         keywords), `loss_fn(output, targets)`, and `px.backward` of it. Returns the loss, detached:
         the same value on every rank of a tensor-parallel group. Write training loops with it: the
@@ -393,14 +394,24 @@ class Phalanx:
         Under pp > 1 it runs the pipeline schedule over this batch (the same on every rank of the
         pipeline; one tensor of inputs), cut into pp_microbatches microbatches, and returns the loss,
         the mean over the microbatches, on every rank of the pipeline. `loss_fn` must average over
-        the samples it is given."""
+        the samples it is given.
+
+        `num_items` (as in `px.backward`, every layout, pp included): `loss_fn` *sums* over the items
+        (target tokens) it is given and `num_items` counts this batch's; the step then uses Σ loss /
+        Σ num_items over every rank and micro-step. The returned loss is the batch's sum."""
         pipeline = self._pipeline(model)
         if pipeline is not None:
             with self._step_progress.during(Phase.PIPELINE):
                 scale = self.strategy.precision.loss_scale() / self._accumulator.loss_divisor()
-                return pipeline.step(inputs, targets, loss_scale=scale, loss_fn=loss_fn)
+                if num_items is None:
+                    self._items.add_plain()
+                    return pipeline.step(inputs, targets, loss_scale=scale, loss_fn=loss_fn)
+                divisor = self._items.begin(num_items)  # every microbatch's summed loss / the common divisor
+                loss = pipeline.step(inputs, targets, loss_scale=scale / divisor, loss_fn=loss_fn, summed=True)
+                self._items.add_loss(loss)
+                return loss
         loss = loss_fn(_call(model, inputs), targets)
-        self.backward(loss)
+        self.backward(loss, num_items=num_items)
         return loss.detach()
 
     def forward(self, model: nn.Module, inputs: Any) -> Any:
@@ -465,8 +476,17 @@ class Phalanx:
     def save_state(self, path: str | os.PathLike | None = None, *, async_save: bool | None = None) -> str:
         """Save model, optimizer, data position, RNG, counters and registered objects; return the path.
 
-        Without `path`, writes the next `step-XXXXXXXX` checkpoint under `checkpoint_dir`.
+        Without `path`, writes the next `step-XXXXXXXX` checkpoint under `checkpoint_dir`. Called in
+        the middle of a gradient-accumulation cycle, it warns and saves after the cycle's optimizer
+        step, at the next step boundary, returning that checkpoint's path (checkpoint/deferred.py).
         """
+        if self._accumulator.cycle_pos != 0:  # the cycle's gradients are not in the model yet
+            return self._deferred_save.request(path, async_save, self._accumulator.cycle_pos,
+                                               self._accumulator.cycle_len)
+        self._deferred_save.pending = None  # a save at a boundary supersedes one asked for mid-cycle
+        return self._save_now(path, async_save)
+
+    def _save_now(self, path: str | os.PathLike | None, async_save: bool | None) -> str:
         with self.busy(Phase.SAVE_STATE):  # writing can outlast the watchdog timeout on some ranks
             return str(self._checkpointer.save(path, async_save))
 
@@ -500,11 +520,12 @@ class Phalanx:
 
     def reduce(self, data: Any, reduction: str = "mean") -> Any:
         with self._step_progress.during(Phase.REDUCE):
-            return collectives.reduce(data, reduction, debug=self.debug, group=self._dp_group)
+            return collectives.reduce(data, reduction, debug=self.debug, group=self._dp_group,
+                                      device=self.device)
 
     def gather(self, data: Any) -> Any:
         with self._step_progress.during(Phase.GATHER):
-            return collectives.gather(data, debug=self.debug, group=self._dp_group)
+            return collectives.gather(data, debug=self.debug, group=self._dp_group, device=self.device)
 
     def gather_for_metrics(self, data: Any, loader: PreparedLoader | None = None) -> Any:
         """Gather like `gather`, without the repeats the sampler added to even out the ranks.
@@ -527,7 +548,8 @@ class Phalanx:
                 mine = data[:real] if trim and len(data) == size else data
                 return [x for part in collectives.gather_object(mine, debug=self.debug, group=self._dp_group)
                         for x in part]
-            return collectives.gather(collectives.map_tensors(cut, data), debug=self.debug, group=self._dp_group)
+            return collectives.gather(collectives.map_tensors(cut, data), debug=self.debug, group=self._dp_group,
+                                      device=self.device)
 
     def wait_for_everyone(self) -> None:
         """Barrier across all ranks (no-op in a world of one)."""
@@ -550,12 +572,15 @@ class Phalanx:
         """Context for data whose length differs per rank: torch's Join where it applies, else a
         step-level agreement. No objects: every model and optimizer this Phalanx prepared."""
         return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress,
-                                    pipeline=self.config.pp > 1)
+                                    pipeline=self.config.pp > 1, prepared=self._prepared, layout=self._layout())
 
     def join(self, *objects: Any) -> UnevenInputs:
         """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
         return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self._step_progress,
-                                    pipeline=self.config.pp > 1)
+                                    pipeline=self.config.pp > 1, prepared=self._prepared, layout=self._layout())
+
+    def _layout(self) -> str | None:
+        return None if self._strategy is None else self.plan.describe()
 
     def busy(self, what: str = "busy") -> contextlib.AbstractContextManager[None]:
         """Mark long work on this rank that the others wait for on purpose (e.g. rank 0 saving a

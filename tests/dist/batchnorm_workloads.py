@@ -24,11 +24,11 @@ def make_data() -> TensorDataset:
     return TensorDataset(x, torch.randint(0, 3, (len(x),), generator=g))
 
 
-def reference() -> dict:
-    """One process, batches of 2 x PER_RANK."""
+def reference(batch_size: int = 2 * PER_RANK) -> dict:
+    """One process, batches of `batch_size` (2 ranks' worth by default)."""
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.3)
-    for x, y in DataLoader(make_data(), batch_size=2 * PER_RANK):
+    for x, y in DataLoader(make_data(), batch_size=batch_size):
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -91,9 +91,9 @@ def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, 
         losses.append(px.reduce(loss, "mean").item())
         norms.append(_norm(norm))
         if len(losses) == steps:
+            if checkpoint is not None:
+                px.save_state(checkpoint)  # inside the epoch: a resume goes on with its next batch
             break
-    if checkpoint is not None:
-        px.save_state(checkpoint)
     out: dict[str, Any] = {"plan": px.plan.describe(), "losses": losses, "norms": norms,
                            "keys": sorted(px.get_state_dict(model)),
                            "state_dict": sorted(px.unwrap_model(model).state_dict())}

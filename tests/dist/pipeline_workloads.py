@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from phalanx.loop.precision import Precision
 from phalanx.strategies import pipeline as pipe
+from tests.dist import pipeline_dp
 from tests.dist.strategy_workloads import Block, make_optimizer
 
 VOCAB, DIM, SEQ, GLOBAL_BATCH = 32, 16, 6, 8
@@ -102,12 +103,12 @@ class Layout:
         stages = pipe.split_stages(chain, pp * per_rank)
         self.rank = pipe.cut_model(model, chain, stages, pipe.stage_indices(schedule, self.pp_rank, pp, per_rank))
         if dp_kind == "ddp":
-            modules = pipe.apply_ddp(self.rank, self.mesh[dim])
+            modules = pipeline_dp.apply_ddp(self.rank, self.mesh[dim])
         elif dp_kind == "zero3":
             from torch.distributed.fsdp import MixedPrecisionPolicy
 
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mp else None
-            modules = pipe.apply_fsdp(self.rank, self.mesh[dim], **({"mp_policy": policy} if policy else {}))
+            modules = pipeline_dp.apply_fsdp(self.rank, self.mesh[dim], **({"mp_policy": policy} if policy else {}))
         else:
             modules = self.rank.stages
         self.model = self.rank.model

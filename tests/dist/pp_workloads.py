@@ -41,8 +41,14 @@ def eval_inputs() -> torch.Tensor:
 
 
 def reference(layers: int, global_batch: int, steps: int, accum: int = 1, lr: float = 1e-2,
-              start: nn.Module | None = None) -> dict[str, Any]:
-    """One process, no Phalanx: `steps` optimizer steps, each over `accum` global batches."""
+              start: nn.Module | None = None, mixed_precision: str | None = None) -> dict[str, Any]:
+    """One process, no Phalanx: `steps` optimizer steps, each over `accum` global batches; with
+    mixed_precision "bf16" the forward runs under autocast(bf16), as each stage's does."""
+    import contextlib
+
+    def autocast() -> Any:
+        return torch.autocast("cpu", dtype=torch.bfloat16) if mixed_precision == "bf16" else contextlib.nullcontext()
+
     model = start if start is not None else make_model(layers)
     optimizer = make_optimizer(model, lr)
     batches = iter(DataLoader(make_data(), batch_size=global_batch))
@@ -50,13 +56,15 @@ def reference(layers: int, global_batch: int, steps: int, accum: int = 1, lr: fl
     for _ in range(steps):
         for _ in range(accum):
             (batch,) = next(batches)
-            loss = lm_loss(model(batch[:, :-1]), batch[:, 1:])
+            with autocast():
+                output = model(batch[:, :-1])
+            loss = lm_loss(output, batch[:, 1:])
             (loss / accum).backward()
             losses.append(loss.item())
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM).item())
         optimizer.step()
         optimizer.zero_grad()
-    with torch.no_grad():
+    with torch.no_grad(), autocast():
         evaluated = model(eval_inputs())
     return {"losses": losses, "norms": norms, "eval": evaluated,
             "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
@@ -111,7 +119,8 @@ def train(layers: int = 2, global_batch: int = 8, steps: int = 5, accum: int = 1
     except RuntimeError as error:
         out["direct_call"] = str(error)
     if px.rank == 0:
-        out["reference"] = reference(layers, global_batch, done + steps, accum, lr, start)
+        out["reference"] = reference(layers, global_batch, done + steps, accum, lr, start,
+                                     settings.get("mixed_precision"))
     return out
 
 
@@ -133,7 +142,7 @@ def refusals() -> dict[str, str]:
     cases = {
         "unknown split": ({"pp": 2, "pp_split": ["layers.7"]}, 2, None),
         "too few blocks": ({"pp": 2}, 1, None),
-        "microbatches vs batch": ({"pp": 2, "pp_microbatches": 3}, 2, 8),
+        "batch below pp": ({"pp": 2}, 2, 1),
         "dict inputs": ({"pp": 2}, 2, "dict"),
     }
     for name, (settings, layers, extra) in cases.items():
@@ -143,8 +152,9 @@ def refusals() -> dict[str, str]:
             if extra == "dict":
                 tokens = make_data().tensors[0][:4]
                 px.forward_backward(model, {"tokens": tokens[:, :-1]}, tokens[:, 1:], lm_loss)
-            elif extra is not None:
-                px.prepare(DataLoader(make_data(), batch_size=extra))
+            elif extra is not None:  # prepared (any batch size), refused at its step
+                tokens = next(iter(px.prepare(DataLoader(make_data(), batch_size=extra))))[0]
+                px.forward_backward(model, tokens[:, :-1], tokens[:, 1:], lm_loss)
         except (ValueError, TypeError) as error:
             out[name] = str(error)
     return out

@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
 LOSS_TOL = dict(rtol=1e-4, atol=1e-4)
 STATE_TOL = dict(rtol=1e-4, atol=1e-4)  # AdamW's normalised steps amplify rounding on tiny gradients
 LOW_PRECISION_TOL = dict(rtol=0, atol=3e-2)
+BF16_TOL = dict(rtol=1e-4, atol=1e-4)  # pp's stages under autocast against one process under autocast
 EVAL_LOW_TOL = dict(rtol=0, atol=1e-1)  # logits of a few units, computed in bf16 / fp16
 
 TWO = {
@@ -91,9 +92,26 @@ def test_auto_chooses_a_data_parallel_preset_and_the_stages_keep_the_models_name
     assert r1["state"] == {}  # the whole model comes to the first pipeline rank
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_per_stage_follows_the_fp32_reference(two, precision):
-    name = f"pp2 {precision}"
+def test_bf16_per_stage_equals_one_process_under_the_same_autocast(two):
+    """Compared with an fp32 run within 3e-2 before: now with one process under autocast(bf16), the losses
+    and gradient norms within 1e-4."""
+    name = "pp2 bf16"
+    ref = _reference(two, name)
+    for rank in two:
+        torch.testing.assert_close(torch.tensor(rank[name]["losses"]), torch.tensor(ref["losses"]), **BF16_TOL)
+        torch.testing.assert_close(torch.tensor(rank[name]["norms"]), torch.tensor(ref["norms"]), **BF16_TOL)
+        # px.forward's logits are bf16 from microbatches of another size: within two bf16 steps at their size
+        torch.testing.assert_close(rank[name]["eval"].float(), ref["eval"].float(), rtol=0, atol=1.6e-2)
+    for key, value in ref["state"].items():
+        # an AdamW step is lr-sized (1e-2) where a tiny gradient's sign turns on a bf16 rounding: a weight
+        # or two per run differ by up to one step (measured 1e-4 to 1e-2), so the weights stay at 3e-2
+        torch.testing.assert_close(two[0][name]["state"][key], value.float(), **LOW_PRECISION_TOL,
+                                   msg=lambda m, key=key: f"{key}: {m}")
+
+
+def test_fp16_per_stage_follows_the_fp32_reference(two):
+    # fp16's scaler (its skipped steps, its scale) has no one-process twin here: compared with fp32
+    name = "pp2 fp16"
     assert_equal_to_one_process(two, name, LOW_PRECISION_TOL)
     assert two[0][name]["losses"] != _reference(two, name)["losses"], "low precision must differ somewhere"
 
@@ -173,8 +191,9 @@ def test_what_the_model_or_the_batch_shows_wrong_is_refused_at_prepare_on_every_
                                              "before. The units, in the order forward calls them, are: embed, "
                                              "layers.0, layers.1, norm, head")
         assert r["too few blocks"].startswith("pp=2 needs at least 2 blocks to give each stage one, but layers holds 1")
-        assert r["microbatches vs batch"].startswith("the batch of 8 samples does not split into pp_microbatches=3 "
-                                                     "equal microbatches. HINT:")
+        assert r["batch below pp"].startswith("a training batch of 1 sample(s) cannot be cut into equal microbatches "
+                                              "that pp_schedule=1F1B with pp=2 can run (at least 2). HINT: drop the "
+                                              "short last batch (DataLoader(..., drop_last=True))")
         assert r["dict inputs"].startswith("the pipeline's first stage takes one tensor, and the inputs are a dict")
 
 

@@ -91,28 +91,9 @@ def shards(n):
 
 
 def test_phalanx_spawn_in_a_jupyter_kernel(tmp_path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    for key, value in script_env().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(tmp_path)
-    from ipykernel.kernelspec import write_kernel_spec
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
+    from tests.notebook import run_cells
 
-    # A kernel spec of our own, running this interpreter: a user's "python3" spec may point elsewhere.
-    write_kernel_spec(tmp_path / "kernels" / "phalanx-test")
-    kernel = KernelManager(kernel_name="phalanx-test",
-                           kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
-    try:
-        nbclient.NotebookClient(notebook, km=kernel, timeout=180, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    finally:  # nbclient leaves a kernel it was given running: it would outlive the test session
-        if kernel.has_kernel:
-            kernel.shutdown_kernel(now=True)
-    assert not kernel.is_alive()
-    stdout = "".join(o.get("text", "") for cell in notebook.cells for o in cell.outputs if o.get("name") == "stdout")
+    stdout = run_cells(NOTEBOOK_CELLS, tmp_path, monkeypatch, script_env())
     results_line = next(line for line in stdout.splitlines() if line.startswith("RESULTS "))
     reports = eval(results_line[len("RESULTS "):])  # the repr of a list of dicts of ints and strings
     check_two_rank_reports(reports, stdout)

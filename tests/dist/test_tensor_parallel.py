@@ -58,6 +58,13 @@ def test_tensor_parallel_on_two_ranks_equals_one_process(two, name):
     assert [r[name]["dp"] for r in two] == [(0, 1), (0, 1)]  # one tensor-parallel group: the same data
     assert torch.equal(two[0][name]["seen"][0], two[1][name]["seen"][0])
     assert two[0][name]["dtensors"], "no parameter was split"
+    ref = two[0][name]["reference"]["state"]
+    for rank, run in enumerate(two):  # every rank's own part, against that part of one process's weights
+        for key, (placements, local) in run[name]["local"].items():
+            assert len(placements) == 1 and placements[0].startswith(("Shard(dim=", "Replicate")), (key, placements)
+            part = ref[key].float() if placements[0].startswith("Replicate") else \
+                torch.chunk(ref[key].float(), 2, dim=int(placements[0][len("Shard(dim="):-1]))[rank]
+            torch.testing.assert_close(local, part, rtol=1e-4, atol=1e-4, msg=f"rank {rank}: {key}")
 
 
 def test_llama_uses_its_own_transformers_plan(two):

@@ -121,6 +121,17 @@ def test_join_trains_every_batch_and_syncs_the_final_model(user_loops):
             assert torch.equal(a, b)
 
 
+def test_join_of_the_model_alone_takes_in_its_prepared_optimizer(user_loops):
+    """px.uneven_inputs(model) under zero1 hung: the sharded optimizer's all-gather was not in the Join."""
+    strategy, results = user_loops
+    if strategy not in JOINABLE:
+        return
+    r0, r1 = (r["model_only"] for r in results)
+    assert (r0["method"], r0["steps"], r1["steps"]) == ("join", 5, 4)
+    for a, b in zip(r0["params"], r1["params"]):
+        assert torch.equal(a, b)
+
+
 def test_step_agreement_stops_every_rank_together(user_loops):
     strategy, results = user_loops
     for method in ("auto", "agree") if strategy not in JOINABLE else ("agree",):

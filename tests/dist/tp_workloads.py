@@ -135,16 +135,19 @@ def train(kind: str, global_batch: int = 8, steps: int = 5, lr: float = 1e-2, ch
         optimizer.zero_grad()
         losses.append(px.reduce(loss, "mean").item())
         if len(losses) == steps:
+            if checkpoint is not None:
+                px.save_state(checkpoint)  # inside the epoch: a resume goes on with its next batch
             break
-    if checkpoint is not None:
-        px.save_state(checkpoint)
     out = {"strategy": px.strategy_name, "plan": px.plan.describe(), "dp": (px.dp_rank, px.dp_size),
            "losses": losses, "seen": seen, "global_step": px.global_step,
            "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
            "dtensors": sorted(n for n, p in px.unwrap_model(model).named_parameters() if hasattr(p, "device_mesh")),
            "placements": {n: [type(x).__name__ for x in p.placements] for n, p in
                           px.unwrap_model(model).named_parameters() if hasattr(p, "placements")},
-           "params": sorted(n for n, _ in px.unwrap_model(model).named_parameters())}
+           "params": sorted(n for n, _ in px.unwrap_model(model).named_parameters()),
+           # this rank's own part of each split parameter, and how it is split (each rank's, not rank 0's only)
+           "local": {n: ([repr(pl) for pl in p.placements], p.to_local().detach().clone().float())
+                     for n, p in px.unwrap_model(model).named_parameters() if hasattr(p, "device_mesh")}}
     if px.rank == 0:
         out["reference"] = reference(kind, global_batch, done + len(losses), lr, start)
     return out

@@ -129,6 +129,8 @@ def presplit_train(px: Phalanx, drop_last: bool, shard: bool = False) -> dict:
 def user_loop_suite(strategy: str, methods: tuple[str, ...]) -> dict:
     px = Phalanx(strategy=strategy)
     out = {method: user_loop_uneven(px, method) for method in methods}
+    if "join" in methods:  # the docs' pattern: only the model named; zero1's optimizer joins too
+        out["model_only"] = user_loop_uneven(px, "auto", model_only=True)
     try:
         px.join()  # every prepared model and optimizer
         out["join_error"] = None
@@ -137,7 +139,7 @@ def user_loop_suite(strategy: str, methods: tuple[str, ...]) -> dict:
     return out
 
 
-def user_loop_uneven(px: Phalanx, method: str) -> dict:
+def user_loop_uneven(px: Phalanx, method: str, model_only: bool = False) -> dict:
     """A user loop over a plain list whose length depends on the rank, inside px.uneven_inputs."""
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
@@ -146,7 +148,7 @@ def user_loop_uneven(px: Phalanx, method: str) -> dict:
     g = torch.Generator().manual_seed(px.rank)
     batches = [torch.randn(4, 3, generator=g) for _ in range(5 - px.rank)]
     steps = 0
-    with px.uneven_inputs(model, optimizer, method=method) as uneven:
+    with px.uneven_inputs(*((model,) if model_only else (model, optimizer)), method=method) as uneven:
         for x in uneven.iter(batches):
             optimizer.zero_grad()
             px.backward(model(x).pow(2).mean())

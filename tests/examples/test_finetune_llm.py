@@ -113,3 +113,14 @@ def test_muon_fine_tunes_the_adapters_under_zero3(tmp_path):
     assert "strategy zero3, 2 process(es); training LoRA adapters (16,384 parameters) with Muon" in stdout
     before, after = (float(x) for x in re.search(r"eval loss (\S+), perplexity \S+ \(was (\S+),", stdout).groups()[::-1])
     assert after < before
+
+
+def test_tp_2_with_lora_runs_exactly_the_steps_asked_for(tmp_path):
+    """`--tp 2 --lora 8` stopped at prepare ("tp_plan pattern 'model.layers.*.self_attn.q_proj' matches no module
+    of PeftModelForCausalLM"); the issue also saw 26 steps reported for --steps 20."""
+    result = run_cli(["run", "--nproc-per-node", "2", "--tp", "2", "--run-dir", str(tmp_path / "run"), str(EXAMPLE),
+                      *ARGS, "--steps", "3"], cwd=tmp_path, timeout=280)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "training LoRA adapters" in result.stdout
+    assert [int(s) for s in re.findall(r"^step (\d+) \|", result.stdout, re.M)] == [1, 2, 3]
+    assert "after 3 steps" in result.stdout

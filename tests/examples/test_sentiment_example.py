@@ -62,7 +62,7 @@ def test_metrics_files_and_no_progress_bar_in_captured_output(run):
     assert rows[-1]["val_acc"] != "" and all(r["loss"] != "" for r in rows[:-1])
     jsonl = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [j["step"] for j in jsonl] == [int(r["step"]) for r in rows]
-    assert sorted(p.name for p in run_dir.iterdir()) == ["logs", "metrics.csv", "metrics.jsonl", "vocab.txt"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["logs", "metrics.csv", "metrics.jsonl", "observe", "vocab.txt"]
     assert "\r" not in result.stdout and "step/s" not in result.stdout  # stdout is a pipe here
     assert "step 20 | loss " in result.stdout
 

@@ -48,6 +48,15 @@ def test_missing_script_and_module(tmp_path, monkeypatch):
     validate(LaunchSpec(target="mymod", is_module=True))
 
 
+def test_a_script_with_a_syntax_error_is_refused_once_before_launch(tmp_path, monkeypatch):
+    """It reached every worker, each printing the same traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken.py").write_text("import torch\n\nfor x in range(3)\n    print(x)\n")
+    with pytest.raises(LaunchError, match=r"training script 'broken.py' does not compile \(broken.py, line 3, "
+                                          r"column 18\): expected ':': for x in range\(3\)\. HINT: fix it"):
+        validate(LaunchSpec(target="broken.py"))
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--nnodes", "0"], "--nnodes 0: expected N or MIN:MAX with 1 <= MIN <= MAX"),
     (["--max-restarts", "-1"], "--max-restarts -1: expected a whole number >= 0"),

@@ -48,6 +48,15 @@ def test_a_correct_script_agrees_batchnorm_with_sync_batchnorm_and_dropout_off(t
     assert (tmp_path / "runs" / "parity").is_dir()
 
 
+def test_a_batch_size_set_from_dp_size_is_named_as_differing_global_batches(tmp_path):
+    """It reported "none that phalanx can see": the one-process run took 16 samples a step, 2 processes 8."""
+    result = parity(tmp_path, SCRIPT, "--batch-from-dp-size")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ("the global batches differ: 16 samples per step in the one-process run against 8 on 2 processes"
+            in result.stdout)
+    assert "none that phalanx can see" not in result.stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (("--no-backward",), "parity_train.py never called px.backward, so there is nothing to compare"),
     (("--stop-after", "2"), "parity_train.py took only 2 optimizer steps (px.backward was called 2 times), "

@@ -120,3 +120,32 @@ def no_items_anywhere(zero_on: str) -> str:
     except ValueError as error:
         return str(error)
     return f"ok after {px.global_step} steps"
+
+
+BAD_VALUES = {  # what rank 1 passes where rank 0 passes the real count, and in which step
+    "None in the first step": (0, None),
+    "None in a later step": (1, None),
+    "negative": (1, -3),
+    "a string": (0, "12"),
+    "a tensor of 2": (1, torch.tensor([1, 2])),
+}
+
+
+def bad_num_items() -> dict[str, str]:
+    """Each case: rank 1 passes a bad num_items; every rank must raise the same error (none may hang)."""
+    out = {}
+    for name, (step_of, value) in BAD_VALUES.items():
+        px = Phalanx(strategy="ddp", seed=0)
+        model = TokenLM()
+        model, optimizer = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.5))
+        inputs, labels = collate(make_sequences()[:2])
+        try:
+            for step in range(2):
+                loss, n = summed_loss(model, inputs, labels)
+                px.backward(loss, num_items=value if (px.rank == 1 and step == step_of) else n)
+                optimizer.step()
+                optimizer.zero_grad()
+            out[name] = "no error"
+        except ValueError as error:
+            out[name] = str(error)
+    return out

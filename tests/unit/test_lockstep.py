@@ -130,3 +130,13 @@ def test_presplit_and_stream_positions_resume_per_rank():
         assert [b.tolist() for b in resumed] == [[6, 7], [8, 9]]
         assert taken == [[0, 1], [2, 3], [4, 5]]
         assert resumed.state_dict()["epoch"] == 1  # the pass is complete: the next one starts afresh
+
+
+def test_rank_that_exited_with_batches_unread_is_not_said_to_have_run_out_of_data():
+    """A rank that called sys.exit(0) mid-epoch was diagnosed as "its data ran out first"."""
+    verdict = judge([view(4, "backward"), view(2, "exit mid-pass")], NOW, 5.0, me=0)
+    assert verdict.culprits == [1]
+    assert ("rank 1 exited after step 2 with batches of its prepared loader still unread (a break, return or "
+            "sys.exit in the script?)") in verdict.headline
+    assert "data ran out" not in verdict.headline
+    assert verdict.lines[1].endswith("<-- left its training loop")

@@ -74,8 +74,8 @@ def test_layouts_that_cannot_be_built_are_refused_with_the_valid_values(kwargs, 
 # with a need must be added here, which is the point: its applicability is then walked below.
 ASKING = {"find_unused_parameters": True, "static_graph": True, "bucket_cap_mb": 10, "gradient_as_bucket_view": False,
           "comm_hook": "fp16", "powersgd_rank": 2, "powersgd_start_iter": 5, "memory_budget": "1GB",
-          "embedding_exchange": "params", "zero1_gather": "persistent", "sequence_parallel": True, "pp_schedule": "GPipe", "pp_microbatches": 4,
-          "pp_split": ["layers.2"]}
+          "embedding_exchange": "params", "zero1_gather": "persistent", "sequence_parallel": True, "pp_schedule": "GPipe",
+          "pp_microbatches": 4, "pp_split": ["layers.2"], "tp_plan": {"layers.*.q": "colwise"}}
 PRESET_NAMES = ["ddp", "zero1", "zero2", "zero3", "hsdp", "dp", "auto"]
 REFUSED_UNDER_PP = {"static_graph"}  # DDP per pipeline stage computes wrong gradients with it (settings_check)
 
@@ -142,6 +142,14 @@ def test_tp_plan_reads_from_every_source():
         kind.from_object({"a": "diagonal"})
     resolved = config.resolve(config.from_kwargs({"tp_plan": {"layers.*.q": "colwise"}}))
     assert config.worker_env(resolved)["PHALANX_TP_PLAN"] == '{"layers.*.q": "colwise"}'  # it travels to workers
+
+
+def test_tp_plan_with_tp_1_is_refused_not_ignored():
+    """tp_plan was silently ignored while tp was 1 (its schema row named no need)."""
+    resolved = config.resolve(config.from_kwargs({"strategy": "ddp", "tp_plan": {"layers.*.q": "colwise"}}))
+    with pytest.raises(config.ConfigError, match=r"tp_plan=\{'layers.\*.q': 'colwise'\} \(from Phalanx\(\)\): a "
+                                                 r"tensor-parallel setting, but tp is 1\. HINT: set tp > 1"):
+        settings_check.check(resolved, settings_check.intended_plan(resolved, 1, 1))
 
 
 class Net(nn.Module):

@@ -242,7 +242,7 @@ class Flat(nn.Module):
     (TwoInputs, "its forward needs more than one input (tokens, mask)"),
     (Skip, "its forward calls `embed` more than once"),
     (Unused, "extra hold(s) parameters but the forward never calls them"),
-    (Flat, "it has no nn.ModuleList or nn.Sequential of blocks"),
+    (Flat, "it has no nn.ModuleList or nn.Sequential of blocks, and pp_split cannot help"),  # it named pp_split
 ])
 def test_models_the_cut_cannot_handle_are_refused_with_the_reason(cls, message):
     with pytest.raises(ValueError) as err:
@@ -286,6 +286,19 @@ def test_microbatch_counts_that_cannot_run_are_refused(schedule, pp, m, batch, m
     with pytest.raises(ValueError) as err:
         pipe.check_microbatches(schedule, pp, m, batch)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("schedule, pp, m, batch, count", [
+    ("1F1B", 2, 4, 8, 4), ("1F1B", 2, 4, 6, 3), ("1F1B", 2, 4, 2, 2), ("1F1B", 2, 4, 7, 7),
+    ("1F1B", 2, 3, 8, 2), ("Interleaved1F1B", 2, 4, 6, 3), ("DualPipeV", 2, 4, 6, 6),
+])
+def test_a_batch_the_microbatches_do_not_divide_is_cut_into_equal_ones_that_run(schedule, pp, m, batch, count):
+    assert pipe.microbatches_for(schedule, pp, m, batch) == count
+
+
+def test_a_batch_smaller_than_pp_is_refused_with_drop_last():
+    with pytest.raises(ValueError, match=r"a training batch of 1 sample\(s\) cannot be cut .* drop_last=True"):
+        pipe.microbatches_for("1F1B", 2, 4, 1)
 
 
 def test_microbatch_counts_that_run():

@@ -95,3 +95,12 @@ def test_tensor_parallel_layouts_are_planned_per_rank_and_a_layout_is_suggested(
     assert cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "4", "--tp", "4",
                      "--input", "4x8"]) == 2
     assert "HINT: tp must divide the model's attention (and key/value) heads" in capsys.readouterr().err
+
+
+def test_tensor_parallel_over_every_rank_names_ddp_not_single(capsys):
+    """`phalanx plan --tp 2` on 2 ranks printed "auto would pick: single" beside its suggested layout."""
+    assert cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "2", "--tp", "2",
+                     "--optimizer", "sgd", "--budget", "1GB"]) == 0
+    out = capsys.readouterr().out
+    assert "auto would pick: ddp (tp=2 takes every rank: no data-parallel ranks)" in out
+    assert "single" not in out

@@ -71,6 +71,7 @@ class Checkpointer:
         self.global_step = 0
         self.step_listeners: list[Any] = []  # called after each counted optimizer step (preemption)
         self._counted: torch.optim.Optimizer | None = None
+        self._not_counting = False  # while DCP reads/writes state: its zero-lr init step is no step
         self._pending: concurrent.futures.Future | None = None
         self._pending_step = 0  # the step of the save in flight
         self._damaged: set[Path] = set()  # skipped on load: a later save of that step moves it aside
@@ -105,6 +106,8 @@ class Checkpointer:
         (self.rank_objects if per_rank else self.objects).append(obj)
 
     def _count_step(self, *_: Any) -> None:
+        if self._not_counting:
+            return
         self.global_step += 1
         self._raise_failed_upload()
         for listener in self.step_listeners:
@@ -117,6 +120,16 @@ class Checkpointer:
         if pending is not None and pending.done() and pending.exception() is not None:
             self._pending = None
             raise pending.exception()  # type: ignore[misc]
+
+    @contextlib.contextmanager
+    def _dcp_steps_uncounted(self) -> Iterator[None]:
+        """torch's get/set_optimizer_state_dict create the state of an optimizer that has none yet
+        (plain SGD) with a `step()` at lr 0: not a training step, so global_step must not move."""
+        self._not_counting = True
+        try:
+            yield
+        finally:
+            self._not_counting = False
 
     # ---- saving -------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike | None = None, async_save: bool | None = None) -> Path:
@@ -154,7 +167,7 @@ class Checkpointer:
         use_async = self.async_save if async_save is None else async_save
         if not use_async:
             def write_shards() -> None:
-                with _quiet_alone():
+                with _quiet_alone(), self._dcp_steps_uncounted():
                     dcp.save(entries, storage_writer=dcp_storage.writer(staging, attempt.written),
                              no_dist=not collectives.is_distributed())
 
@@ -166,7 +179,7 @@ class Checkpointer:
         group = self._group_for_async()
 
         def start_upload() -> Any:
-            with _quiet_alone(), background.threads_started_here_lowered():
+            with _quiet_alone(), background.threads_started_here_lowered(), self._dcp_steps_uncounted():
                 return dcp.async_save(entries, storage_writer=dcp_storage.writer(staging, attempt.written),
                                       process_group=group, no_dist=not collectives.is_distributed())
 
@@ -283,7 +296,7 @@ class Checkpointer:
         _check_matches(common, entries, self.loaders, self.objects, chosen)
         if entries:
             try:
-                with _quiet_alone():
+                with _quiet_alone(), self._dcp_steps_uncounted():
                     dcp.load(entries, storage_reader=dcp_storage.reader(chosen), planner=SafeLoadPlanner(),
                              no_dist=not collectives.is_distributed())
             except BaseException as error:  # DCP's CheckpointException is a BaseException

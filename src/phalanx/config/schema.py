@@ -160,7 +160,7 @@ SETTINGS: tuple[Setting, ...] = grouped(
                                          "a mapping of module name patterns to tensor-parallel styles"), None,
             "how tensor parallel splits this model: {module name pattern: colwise | rowwise | ...}, e.g. "
             "{\"layers.*.attn.q\": \"colwise\"} (default: the model's own transformers plan); used when tp > 1",
-            value_name="PLAN"),
+            value_name="PLAN", needs=Needs.TENSOR_PARALLEL),
     Setting("sequence_parallel", kinds.BOOL, False,
             "tensor parallel: also split norms and dropout along the sequence between the split layers",
             bool_flag=True, needs=Needs.TENSOR_PARALLEL),

@@ -205,7 +205,11 @@ class PreparedLoader:
                     progress.before_batch()  # before the read: a preemption stops exactly between steps
                 item = next(batches, None)
                 if item is None:
+                    if progress is not None:
+                        progress.mid_pass = False  # ran out: a rank that leaves now has no data left
                     break
+                if progress is not None:
+                    progress.mid_pass = True
                 batch, real = item
                 self.batch_info.size, self.batch_info.num_real = _batch_len(batch), real
                 self.batch_info.left = None if total is None else total - index

@@ -111,6 +111,7 @@ def check_target(target: str, is_module: bool) -> None:
                 f"training script {target!r} not found (working directory: {os.getcwd()}). "
                 "HINT: check the path, or pass -m to run a module."
             )
+        check_syntax(target)
         return
     # `python -m` searches the working directory first; do the same for the check.
     cwd = os.getcwd()
@@ -130,6 +131,21 @@ def check_target(target: str, is_module: bool) -> None:
             "HINT: install its package, run from the directory that contains it, or drop -m "
             "to run a script path."
         )
+
+
+def check_syntax(path: str) -> None:
+    """A script that does not compile fails here once, not as a traceback from every worker."""
+    try:
+        with open(path, "rb") as fp:
+            source = fp.read()
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        where = f"{path}, line {error.lineno}" + (f", column {error.offset}" if error.offset else "")
+        text = f": {error.text.strip()}" if error.text and error.text.strip() else ""
+        raise LaunchError(f"training script {path!r} does not compile ({where}): {error.msg}{text}. "
+                          "HINT: fix it (python -m py_compile SCRIPT shows the same), then launch again") from None
+    except (OSError, ValueError):  # unreadable, or null bytes: the worker's own error says it best
+        return
 
 
 def validate(spec: LaunchSpec) -> LaunchSpec:

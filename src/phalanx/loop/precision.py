@@ -46,9 +46,7 @@ class Precision:
         self.scaler: Any = None
         if self.name == "fp16":
             if self.sharded:
-                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-                self.scaler = ShardedGradScaler(self.device.type)
+                self.scaler = _sharded_scaler(self.device.type)
             else:
                 self.scaler = torch.amp.GradScaler(self.device.type)
         self._unscaled: set[int] = set()  # optimizers unscaled since the scaler's last update()
@@ -115,3 +113,32 @@ class Precision:
         self.scaler.update()
         self._unscaled.clear()
         return result
+
+
+class _ParamGroups:
+    """An optimizer's param_groups, narrowed: what a grad scaler's unscale reads."""
+
+    def __init__(self, param_groups: list[dict[str, Any]]):
+        self.param_groups = param_groups
+
+
+def _sharded_scaler(device_type: str) -> Any:
+    """torch's ShardedGradScaler, whose unscale takes DTensor and plain gradients apart: tensor
+    parallel without FSDP2 (dp 1) leaves the layers its plan does not split as plain tensors beside
+    its DTensors, and one foreach over both fails ("mixed torch.Tensor and DTensor")."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    class MixedGradScaler(ShardedGradScaler):
+        def _unscale_grads_(self, optimizer: Any, inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                            allow_fp16: bool = True) -> dict[torch.device, torch.Tensor]:
+            groups = optimizer.param_groups
+            kinds = {type(p.grad) for g in groups for p in g["params"] if p.grad is not None}
+            if len(kinds) <= 1:
+                return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+            found: dict[torch.device, torch.Tensor] = {}
+            for kind in kinds:  # the same found_inf per device, accumulated in place by each call
+                part = _ParamGroups([{**g, "params": [p for p in g["params"] if type(p.grad) is kind]} for g in groups])
+                found.update(super()._unscale_grads_(part, inv_scale, found_inf, allow_fp16))
+            return found
+
+    return MixedGradScaler(device_type)

@@ -74,9 +74,12 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         return out.to(x.dtype)
 
 
-def convert(model: nn.Module, device: torch.device) -> nn.Module:
-    """BatchNorm layers become SyncBatchNorm (torch's; phalanx's CPU-capable one off accelerators)."""
-    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+def convert(model: nn.Module, device: torch.device, process_group: object = None) -> nn.Module:
+    """BatchNorm layers become SyncBatchNorm (torch's; phalanx's CPU-capable one off accelerators)
+    whose statistics are reduced over `process_group`: the data-parallel ranks (None: every rank).
+    Not the world under tp or pp: tensor-parallel ranks see the same samples (each would be counted
+    tp times), and a pipeline stage's layers run on its own ranks only (the others never join)."""
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
     if device.type not in _ACCELERATED:
         for module in model.modules():
             if type(module) is nn.SyncBatchNorm:

@@ -87,6 +87,14 @@ def likely_causes(one: dict[str, Any], many: dict[str, Any], many_steps: list[di
     """What the records show that makes N processes train unlike one, at the first differing step."""
     world = many["world_size"]
     causes = []
+    ones, manys = one.get("global_batch"), many.get("global_batch")
+    if ones and manys and ones != manys:
+        causes.append(
+            f"the global batches differ: {ones} samples per step in the one-process run against {manys} on {world} "
+            f"processes, so the two runs cannot agree. The one-process run takes the per-process batch x {world}; a "
+            "script that sets its batch size from px.dp_size or px.world_size (global // px.dp_size) shrinks it "
+            "with the world size. HINT: keep the per-process batch size fixed, or prepare the loader with "
+            "split_batches=True (its batch_size is then the global batch, the same in both runs)")
     if many["unsynced_batchnorm"]:
         names = ", ".join(many["unsynced_batchnorm"][:6]) + (", ..." if len(many["unsynced_batchnorm"]) > 6 else "")
         causes.append(f"BatchNorm layers without SyncBatchNorm ({names}): each process normalises with the statistics "

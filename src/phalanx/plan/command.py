@@ -185,8 +185,9 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
                  "   root-level embedding tables are never gathered whole while a forward's tokens x ranks are fewer than their rows)")
     if activations is not None:
         lines.append(activation_lines(activations, activation_checkpointing, fb))
-    if pp > 1 and dp_size == 1:
-        choice, why = "ddp", f"pp={pp}{f' x tp={tp}' if tp > 1 else ''} takes every rank: no data-parallel ranks"
+    if tp * pp > 1 and dp_size == 1:  # as auto decides: the data-parallel preset over no ranks at all
+        layout = " x ".join(f"{name}={size}" for name, size in (("pp", pp), ("tp", tp)) if size > 1)
+        choice, why = "ddp", f"{layout} takes every rank: no data-parallel ranks"
     else:
         choice, why = memory.recommend(sizes, dp_size, budget, optimizer=optimizer)
     lines.append(f"auto would pick: {choice} ({why})")

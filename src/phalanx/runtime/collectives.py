@@ -4,6 +4,7 @@ Every function is a no-op identity in a world of one, so scripts run unchanged w
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -55,11 +56,45 @@ def _check(op: str, data: Any, ragged_dim0: bool = False) -> None:
     check_collective(op, data, ragged_dim0)
 
 
-def reduce(data: Any, reduction: str = "mean", debug: bool = False, group: Any = None) -> Any:
+def _is_number(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def as_tensors(data: Any, device: torch.device | str, verb: str) -> tuple[Any, Callable[[Any], Any]]:
+    """Python numbers in `data` as float64 tensors (a list or tuple of numbers as one 1-D tensor),
+    and the function that turns the collective's result back into Python values. Any other
+    non-tensor leaf is refused: passed through, it would be this rank's value, not a `verb`d one."""
+    if isinstance(data, torch.Tensor):
+        return data, lambda out: out
+    if _is_number(data):
+        return torch.tensor(float(data), dtype=torch.float64, device=device), \
+            (lambda out: out.item()) if verb == "reduce" else (lambda out: out.tolist())
+    if isinstance(data, (list, tuple)) and data and all(_is_number(x) for x in data) \
+            and not hasattr(data, "_fields"):
+        kind = type(data)
+        return torch.tensor([float(x) for x in data], dtype=torch.float64, device=device), \
+            lambda out: kind(out.tolist())
+    if isinstance(data, (list, tuple)):
+        pairs = [as_tensors(x, device, verb) for x in data]
+        make = (lambda xs: type(data)(*xs)) if hasattr(data, "_fields") else type(data)
+        return make([t for t, _ in pairs]), lambda out: make([back(o) for (_, back), o in zip(pairs, out)])
+    if isinstance(data, dict):
+        parts = {k: as_tensors(v, device, verb) for k, v in data.items()}
+        return type(data)({k: t for k, (t, _) in parts.items()}), \
+            lambda out: type(data)({k: back(out[k]) for k, (_, back) in parts.items()})
+    raise TypeError(f"px.{verb} takes tensors and Python numbers (also in lists, tuples and dicts); got a "
+                    f"{type(data).__name__} ({data!r:.40}). HINT: for other objects use "
+                    f"{'px.gather_for_metrics on a list' if verb == 'gather' else 'a tensor or a number'}")
+
+
+def reduce(data: Any, reduction: str = "mean", debug: bool = False, group: Any = None,
+           device: torch.device | str = "cpu") -> Any:
     """All-reduce every tensor over `group` (default: every rank); every rank receives the result.
-    Input tensors are not modified."""
+    Python numbers (alone, or in lists, tuples, dicts) are reduced too and come back as Python
+    floats. Input tensors are not modified."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    data, back = as_tensors(data, device, "reduce")
     world = world_size(group)
     if debug and world > 1:
         _check(f"reduce[{reduction}]", data)
@@ -77,15 +112,21 @@ def reduce(data: Any, reduction: str = "mean", debug: bool = False, group: Any =
             out /= world
         return out
 
-    return map_tensors(one, data)
+    return back(map_tensors(one, data))
 
 
-def gather(data: Any, debug: bool = False, group: Any = None) -> Any:
+def gather(data: Any, debug: bool = False, group: Any = None, device: torch.device | str = "cpu") -> Any:
     """Concatenate every tensor along dim 0 over the ranks of `group` (default: all), in rank order.
 
     Ranks may hold different lengths along dim 0 (the last batch, a filtered batch); the other
-    dims must match. 0-d tensors become one row per rank.
+    dims must match. 0-d tensors become one row per rank. A Python number becomes a list of one
+    per rank, a list of numbers the ranks' lists concatenated.
     """
+    data, back = as_tensors(data, device, "gather")
+    return back(_gather(data, debug, group))
+
+
+def _gather(data: Any, debug: bool, group: Any) -> Any:
     if debug and world_size() > 1:
         _check("gather", map_tensors(lambda t: t.reshape(1) if t.dim() == 0 else t, data), ragged_dim0=True)
     if world_size(group) == 1:

@@ -45,6 +45,7 @@ class ParityRecorder:
         self.unsynced: list[str] = []
         self.dropout_layers = 0
         self.prepared_loaders = 0
+        self.batch_size: int | None = None  # this rank's first prepared loader's batch (after the scale)
         take_out_dropout()
         if rank == 0:
             atexit.register(self._write_end)
@@ -54,8 +55,11 @@ class ParityRecorder:
         self.unsynced += unsynced_batchnorms(model)
         self.dropout_layers += sum(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
 
-    def watch_loader(self) -> None:
+    def watch_loader(self, batch_size: int | None = None) -> None:
+        """A prepared loader, with the batch each of its steps gives this rank (None: unknown)."""
         self.prepared_loaders += 1
+        if self.batch_size is None:
+            self.batch_size = batch_size
 
     def add_loss(self, loss: torch.Tensor, num_items: Any) -> None:
         if self.rng_digest is None:
@@ -73,7 +77,7 @@ class ParityRecorder:
         norm = gradient_norm(params)
         mine = {"loss_sum": self.loss_sum, "items": self.items_sum, "backward": self.num_backward,
                 "seed": torch.initial_seed(), "rng": self.rng_digest, "unsynced": self.unsynced,
-                "dropout_layers": self.dropout_layers, "loaders": self.prepared_loaders}
+                "dropout_layers": self.dropout_layers, "loaders": self.prepared_loaders, "batch": self.batch_size}
         self.loss_sum, self.items_sum, self.num_backward = 0.0, 0.0, 0
         ranks = collectives.gather_object(mine)
         self.num_recorded += 1
@@ -103,7 +107,8 @@ def step_line(step: int, norm: float, ranks: list[dict[str, Any]], world_size: i
     return {"step": step, "loss": loss, "grad_norm": norm, "rank_losses": rank_losses, "world_size": world_size,
             "batch_scale": batch_scale, "seeds": [r["seed"] for r in ranks], "rng": [r["rng"] for r in ranks],
             "unsynced_batchnorm": ranks[0]["unsynced"], "dropout_layers": ranks[0]["dropout_layers"],
-            "prepared_loaders": ranks[0]["loaders"]}
+            "prepared_loaders": ranks[0]["loaders"],
+            "global_batch": None if any(r.get("batch") is None for r in ranks) else sum(r["batch"] for r in ranks)}
 
 
 def gradient_norm(params: Iterable[torch.Tensor]) -> float:

@@ -6,7 +6,9 @@ minutes away. So the handlers installed here do nothing themselves; the interpre
 handler also writes each signal's number to a pipe (`signal.set_wakeup_fd`), and a thread reading
 that pipe counts deliveries at once. Deliveries less than `same_delivery_s` apart count once:
 SLURM signals every process of a step while `phalanx run` forwards the same signal to its workers.
-Where something else already owns the wakeup fd (an asyncio loop), the handlers count instead.
+Where something else already owns the wakeup fd (an asyncio loop), or takes it over later (the
+script, a notebook's event loop), the handlers count instead. A second `SignalWatch` (a second
+`Phalanx()` in one process) replaces the first.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ class SignalWatch:
         """Take over the signals (main thread only; False elsewhere, changing nothing)."""
         if threading.current_thread() is not threading.main_thread():
             return False
+        for older in list(_watches):  # a second Phalanx() in this process (a notebook cell run again):
+            older.uninstall()  # the newest owns the signals, else the older one's pipe would hear them
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
         previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
@@ -73,6 +77,14 @@ class SignalWatch:
 
     def _handler(self, signum: int, frame: object) -> None:
         if self._pipe is None:  # no pipe of ours: count here, in the main thread
+            self._delivered(signum)
+            return
+        # Is our pipe still the wakeup fd? The script (or a notebook's event loop) may have set its
+        # own since: then this delivery went there, not to our thread, and is counted here. Theirs
+        # is put back: set_wakeup_fd answers only by replacing.
+        current = signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)
+        if current != self._pipe[1]:
+            signal.set_wakeup_fd(current)
             self._delivered(signum)
 
     def _read(self) -> None:

@@ -67,6 +67,7 @@ class Preemption:
         self._posted = False
         self._store: dist.Store | None = None
         self._batches_at_step: int | None = None
+        self._step_at_last_batch: int | None = None  # global_step at the previous batch request
         self.watch: SignalWatch | None = None
         self._requested_key = f"{store_keys.preempt_prefix(self.agent.attempt)}/{store_keys.PREEMPT_REQUESTED}"
 
@@ -99,12 +100,18 @@ class Preemption:
     # ---- step boundaries -----------------------------------------------------------------------
     def before_batch(self) -> None:
         """A prepared loader is about to read the next batch."""
+        previous, self._step_at_last_batch = self._step_at_last_batch, self.checkpointer.global_step
         if self.requested is None:
             if not self.poll_each_boundary:
                 return
             self.poll(self._own_store())
             if self.requested is None:
                 return
+        if self.world_size == 1 and previous == self.checkpointer.global_step:
+            # No optimizer step since the previous batch: the middle of an evaluation loop (or of a
+            # step that reads several batches), not a step boundary. Several ranks agree on a step
+            # S after the current one, which only a finished step reaches; one alone waits likewise.
+            return
         self._at_boundary()
 
     def after_step(self, *_: Any) -> None:

@@ -37,6 +37,7 @@ class Phase(str, enum.Enum):
     MAIN_PROCESS_FIRST = "main_process_first"
     FAILED = "failed"
     EXIT = "exit"
+    EXIT_MID_PASS = "exit mid-pass"  # left with batches of a prepared loader's pass still unread
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -48,7 +49,7 @@ STEP = Phase.STEP
 class StepTracker:
     """The current step (batches taken from prepared loaders, from 0) and phase of this rank."""
 
-    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request", "anatomy")
+    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request", "batch_request_hooks", "mid_pass", "anatomy")
 
     def __init__(self) -> None:
         self.step = -1  # no batch yet
@@ -57,9 +58,13 @@ class StepTracker:
         self.busy = 0  # > 0 inside `busy()`: long work the others are meant to wait for
         self.on_batch_request: Callable[[], None] | None = None  # preemption's step-boundary check
         self.anatomy: Any = None  # observe.anatomy.StepAnatomy: times the phases (None: off)
+        self.batch_request_hooks: list[Callable[[], None]] = []  # other work due at a step boundary
+        self.mid_pass = False  # a prepared loader's pass has begun and not run out (an exit now is early)
 
     def before_batch(self) -> None:
         """A prepared loader is about to read its next batch: the script finished the step before."""
+        for hook in self.batch_request_hooks:  # a deferred save first: a preemption stop may follow
+            hook()
         hook = self.on_batch_request
         if hook is not None:
             hook()

@@ -66,7 +66,8 @@ class UnevenInputs:
 _END = object()
 
 
-def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto", pipeline: bool = False) -> str:
+def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto", pipeline: bool = False,
+                  layout: str | None = None) -> str:
     """'join' when every model among `objects` is Joinable (ddp), else 'agree'; 'none' alone.
     Under pipeline parallel always 'agree': a rank out of data cannot shadow its neighbour stages'
     point-to-point exchanges, which Join knows nothing of."""
@@ -86,11 +87,13 @@ def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
     not_joinable = [type(m).__name__ for m in models if not isinstance(m, Joinable)]
     if method == "join":
         if not models or not_joinable:
+            where = f" (this layout: {layout})" if layout else ""
             raise ValueError(
-                f"phalanx: torch's Join needs Joinable models, got {not_joinable or 'no model'}. Join "
-                "covers ddp (DistributedDataParallel) and zero1's optimizer; sharded models (zero2, "
-                "zero3, fsdp) are not Joinable. HINT: use px.uneven_inputs(model), which falls back to "
-                "a step-level agreement, and iterate your data through `uneven.iter(...)`."
+                f"phalanx: torch's Join needs Joinable models, got {not_joinable or 'no model'}{where}. Join "
+                "covers DistributedDataParallel and zero1's optimizer, i.e. ddp and zero1 without tensor "
+                "parallel; FSDP2 models (zero2, zero3, hsdp, and every data-parallel layout with tp > 1) are "
+                "not Joinable. HINT: use px.uneven_inputs(model), which falls back to a step-level agreement, "
+                "and iterate your data through `uneven.iter(...)`."
             )
         return "join"
     if method == "agree":
@@ -99,11 +102,21 @@ def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
 
 
 def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto",
-                  progress: StepTracker | None = None, pipeline: bool = False) -> UnevenInputs:
+                  progress: StepTracker | None = None, pipeline: bool = False,
+                  prepared: Sequence[Any] = (), layout: str | None = None) -> UnevenInputs:
     """Build the context for `objects` (prepared models and optimizers); `pipeline`: the layout
-    has pipeline stages (pp > 1)."""
-    chosen = choose_method(objects, ctx, method, pipeline)
-    joinables = [o for o in map(_unwrap, objects) if isinstance(o, Joinable)] if chosen == "join" else []
+    has pipeline stages (pp > 1). `prepared`: everything px.prepare returned; under Join its
+    Joinable optimizers (zero1's, whose step all-gathers) join too, also when the script named
+    only the model (`px.uneven_inputs(model)`), else a rank out of data misses their collectives."""
+    chosen = choose_method(objects, ctx, method, pipeline, layout)
+    joinables: list[Any] = []
+    if chosen == "join":
+        params = {id(p) for m in objects if isinstance(m, nn.Module) for p in m.parameters()}
+        optimizers = [o for o in prepared if isinstance(o, Optimizer)
+                      and any(id(p) in params for g in o.param_groups for p in g["params"])]
+        for o in map(_unwrap, [*objects, *optimizers]):
+            if isinstance(o, Joinable) and not any(o is j for j in joinables):
+                joinables.append(o)
     return UnevenInputs(chosen, joinables, progress)
 
 

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 from phalanx.runtime.step_tracker import Phase
 
 LEFT_LOOP = Phase.EXIT  # the phase of a rank that has left its script (atexit)
+LEFT = (Phase.EXIT, Phase.EXIT_MID_PASS)  # ... after its data ran out, or with batches still unread
 _IN_SCRIPT = (Phase.START, Phase.STEP)  # phases in which a rank runs the user's code, not phalanx's
 # Phases of a training step that communicate and never take minutes as work: every rank stuck in
 # one of them for longer than the collective timeout is a hang torch's timeout did not catch (a
@@ -46,7 +47,7 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int,
         return None
     dead = [r for r, v in enumerate(peers) if r != me and now - v.beat_at > timeout]
     places = {(v.record[2], v.record[3]) for v in peers}  # type: ignore[index]
-    left = [r for r, v in enumerate(peers) if v.record[3] == LEFT_LOOP]  # type: ignore[index]
+    left = [r for r, v in enumerate(peers) if v.record[3] in LEFT]  # type: ignore[index]
     name = _namer(labels)
     if not dead and not left and len(places) == 1:
         return _all_stuck(peers, now, stuck_after, name)  # same place: long work, unless it is too long
@@ -65,7 +66,7 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int,
         if r in dead:
             note = f"  <-- died: no heartbeat for {now - v.beat_at:.1f} s"
         elif r in culprits:
-            note = "  <-- stalled" if phase != LEFT_LOOP else "  <-- left its training loop"
+            note = "  <-- stalled" if phase not in LEFT else "  <-- left its training loop"
         else:
             note = " (waiting)"
         lines.append(f"  {name(r)}: {at_step(step)}, phase {phase!r}{note}")
@@ -79,6 +80,11 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int,
         what = (f"{who} left its training loop after {at_step(step)} while the others still wait: its data ran "
                 "out first. HINT: prepare the DataLoader with px.prepare (equal batch counts on every rank) "
                 "or wrap the loop in px.uneven_inputs(model)")
+    elif phase == Phase.EXIT_MID_PASS:
+        what = (f"{who} exited after {at_step(step)} with batches of its prepared loader still unread (a break, "
+                "return or sys.exit in the script?) while the others still wait; it has no stack left to show. "
+                "HINT: end the loop at the same step on every rank (decide it with px.reduce, or wrap the loop "
+                "in px.uneven_inputs(model) when the data differs per rank)")
     elif phase in _IN_SCRIPT:
         what = f"{who} stalled at {at_step(step)} (phase {phase!r}: in the training script, between phalanx calls)"
     else:

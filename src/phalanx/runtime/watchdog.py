@@ -41,7 +41,7 @@ from phalanx import store_keys
 from phalanx.runtime.process_group import ignoring_sigint, leaving_cleanly, store_client
 from phalanx.runtime.context import AgentEnv
 from phalanx.runtime.step_tracker import Phase, StepTracker
-from phalanx.runtime.verdict import LEFT_LOOP, PeerView, Verdict, at_step, judge
+from phalanx.runtime.verdict import LEFT, LEFT_LOOP, PeerView, Verdict, at_step, judge
 
 DEFAULT_WATCHDOG_TIMEOUT_S = 60.0
 EXIT_CODE = 3  # a rank stopped by the watchdog (1 stays "the script raised")
@@ -114,7 +114,7 @@ class Watchdog:
                     continue  # moving: peers are not this rank's business
                 self._watch_peers(now)
             except Exception as error:  # noqa: BLE001 - reported below, never hidden
-                if self._stop.is_set() or self.progress.phase == LEFT_LOOP or not self.group_alive():
+                if self._stop.is_set() or self.progress.phase in LEFT or not self.group_alive():
                     return  # the store's host finished first at exit, or the script ended its group
                 _stop_process(f"phalanx watchdog (rank {self.rank}): lost the rendezvous store: "
                               f"{type(error).__name__}: {error}\nIts host (the launcher's agent, or rank 0 "
@@ -230,8 +230,8 @@ class Watchdog:
         with ignoring_sigint():  # a second Ctrl-C must not cut the exit path short (see there)
             if not leaving_cleanly():  # leaving because of an exception (forked workers get here)
                 self.failed(exc_type)
-            else:
-                self.progress.enter(LEFT_LOOP)
+            else:  # whether it ran out of data or left with batches unread (a break, return, sys.exit)
+                self.progress.enter(Phase.EXIT_MID_PASS if self.progress.mid_pass else LEFT_LOOP)
             try:
                 destroy(before_destroy=self.stop)
             except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code

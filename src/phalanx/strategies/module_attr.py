@@ -34,31 +34,38 @@ def module_message(layout: str, holds_part: bool) -> str:
 
 
 def answer_module_attribute(model: nn.Module, layout: str, holds_part: bool) -> nn.Module:
-    """Make `model.module` raise `module_message` (nothing changes if `model` has a `.module`)."""
+    """Make `model.module` raise `module_message` (nothing changes if `model` has a `.module`; a
+    model prepared again keeps its class and gets the new layout's message)."""
     if hasattr(model, "module"):  # torch's DDP / DataParallel, or the user's own submodule of that name
         return model
     cls = type(model)
-    if cls not in _SUBCLASSES:
-        _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"__getattr__": _getattr, "__reduce_ex__": _reduce_ex,
-                                                       "__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    model.__class__ = _SUBCLASSES[cls]
+    if cls not in _SUBCLASSES.values():
+        if cls not in _SUBCLASSES:
+            _SUBCLASSES[cls] = _answering_subclass(cls)
+        model.__class__ = _SUBCLASSES[cls]
     model._phalanx_module_message = module_message(layout, holds_part)  # type: ignore[assignment]
     return model
 
 
-def _getattr(self: nn.Module, name: str) -> Any:
-    try:
-        return super(type(self), self).__getattr__(name)  # type: ignore[misc]
-    except AttributeError:
-        if name == "module":
-            raise AttributeError(self.__dict__["_phalanx_module_message"]) from None
-        raise
+def _answering_subclass(base: type) -> type:
+    """`base` with a `__getattr__` that answers `.module`; its methods call `base`'s by name (not
+    `super(type(self), self)`, which recurses as soon as the class is subclassed again)."""
 
+    def __getattr__(self: nn.Module, name: str) -> Any:
+        try:
+            return base.__getattr__(self, name)
+        except AttributeError:
+            if name == "module":
+                raise AttributeError(self.__dict__["_phalanx_module_message"]) from None
+            raise
 
-def _reduce_ex(self: nn.Module, protocol: Any) -> Any:
-    """Pickled (torch.save(model), deepcopy) as the class it had: this one exists only in this process."""
-    reduced = super(type(self), self).__reduce_ex__(protocol)  # type: ignore[misc]
-    if isinstance(reduced, tuple) and len(reduced) >= 2 and reduced[1] and reduced[1][0] is type(self):
-        # object.__new__(that class), then the same state: stdlib only, so loading needs no phalanx
-        reduced = (copyreg._reconstructor, (type(self).__bases__[0], object, None), *reduced[2:])
-    return reduced
+    def __reduce_ex__(self: nn.Module, protocol: Any) -> Any:
+        """Pickled (torch.save(model), deepcopy) as `base`: this class exists only in this process."""
+        reduced = base.__reduce_ex__(self, protocol)
+        if isinstance(reduced, tuple) and len(reduced) >= 2 and reduced[1] and reduced[1][0] is type(self):
+            # object.__new__(base), then the same state: stdlib only, so loading needs no phalanx
+            reduced = (copyreg._reconstructor, (base, object, None), *reduced[2:])
+        return reduced
+
+    return type(base.__name__, (base,), {"__getattr__": __getattr__, "__reduce_ex__": __reduce_ex__,
+                                         "__module__": base.__module__, "__qualname__": base.__qualname__})

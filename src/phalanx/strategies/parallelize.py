@@ -18,7 +18,7 @@ from torch import nn
 from phalanx.loop.precision import Precision
 from phalanx.model import meta_init
 from phalanx.model.units import default_units, shard_units, transform_units
-from phalanx.strategies import ddp, dp, fsdp, tensor_parallel
+from phalanx.strategies import ddp, dp, fsdp, tensor_parallel, tp_fit, tp_peft
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import layout as pipeline_layout
@@ -67,8 +67,10 @@ def parallelize(model: nn.Module, plan: ParallelPlan, mesh: Any, *, options: Str
     cut = pipeline_layout.cut(model, plan, options, mesh["pp"].get_local_rank()) if plan.pp > 1 else None
     tp_layers: dict[str, str] = {}
     if plan.tp > 1:
+        chosen = cut.tp_layers if cut is not None else tp_peft.choose(model, options.tp_plan)
+        tp_fit.check(model, plan.tp, chosen)  # before anything is split: the sizes, not a crash in forward
         tp_layers = tensor_parallel.apply(model, mesh["tp"], options.tp_plan, options.sequence_parallel,
-                                          chosen=cut.tp_layers if cut is not None else None)
+                                          chosen=chosen)
     init_order = cut.init_order if cut is not None else None
     if plan.uses_fsdp:
         units = transform_units(model, shard_units(model, options.shard_modules), options.activation_checkpointing,

@@ -1,6 +1,6 @@
 """A small training script for `phalanx parity`: correct by default; `--bug loss` multiplies the loss by
 the world size, `--batchnorm` puts BatchNorm in the model, `--stop-after M` ends after M steps,
-`--no-backward` never trains."""
+`--no-backward` never trains, `--batch-from-dp-size` sets the per-process batch from a global 8 // px.dp_size."""
 import argparse
 
 import torch
@@ -14,6 +14,7 @@ parser.add_argument("--bug", choices=["none", "loss"], default="none")
 parser.add_argument("--batchnorm", action="store_true")
 parser.add_argument("--stop-after", type=int, default=None)
 parser.add_argument("--no-backward", action="store_true")
+parser.add_argument("--batch-from-dp-size", action="store_true")
 args = parser.parse_args()
 
 px = Phalanx(seed=0)
@@ -24,7 +25,7 @@ layers = [nn.Linear(6, 16)] + ([nn.BatchNorm1d(16)] if args.batchnorm else []) +
                                                                                    nn.Linear(16, 2)]
 model = nn.Sequential(*layers)
 optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-loader = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
+loader = DataLoader(TensorDataset(x, y), batch_size=8 // px.dp_size if args.batch_from_dp_size else 4, shuffle=True)
 model, optimizer, loader = px.prepare(model, optimizer, loader)
 for step, (inputs, targets) in enumerate(loader):
     if args.stop_after is not None and step == args.stop_after:

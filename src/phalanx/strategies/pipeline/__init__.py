@@ -4,7 +4,7 @@ schedules, composed with data parallelism per stage, checkpoints under the model
     chain = find_chain(model)                           # the units forward calls, checked
     stages = split_stages(chain, pp, pp_split)          # which units each stage owns
     rank = cut_model(model, chain, stages, stage_indices(schedule, pp_rank, pp, per_rank))
-    modules = apply_fsdp(rank, mesh["dp_shard"])        # or apply_ddp(...), or rank.stages
+    modules = rank.stages                               # each in DDP or FSDP2 (parallelize does it for Phalanx)
     runner = PipelineRunner(modules, rank.stage_indices, rank.num_stages, mesh["pp"], device,
                             schedule, microbatches, loss_fn)
     loss = runner.step(inputs, targets)                 # every pipeline rank, same batch
@@ -21,11 +21,10 @@ _HOMES = {
     "arithmetic": ("PipelineFigures", "bubble_fraction", "in_flight", "pipeline_figures"),
     "chain": ("ModelChain", "Unit", "find_chain"),
     "cut": ("PassThrough", "RankStages", "cut_model"),
-    "data_parallel": ("apply_ddp", "apply_fsdp"),
     "grads": ("clip_grad_norm_",),
     "runner": ("PipelineRunner",),
-    "schedules": ("SCHEDULES", "check_microbatches", "default_microbatches", "last_stage_rank", "schedule_name",
-                  "stage_indices", "stages_per_rank"),
+    "schedules": ("SCHEDULES", "check_microbatches", "default_microbatches", "last_stage_rank", "microbatches_for",
+                  "schedule_name", "stage_indices", "stages_per_rank"),
     "split": ("Stages", "split_stages", "stage_params"),
     "state": ("OPTIONS", "gather_full_state_dict", "get_state", "set_state"),
 }

@@ -71,8 +71,9 @@ def block_list(model: nn.Module) -> str:
     if best is None:
         raise ValueError(
             f"cannot cut {type(model).__name__} into pipeline stages: it has no nn.ModuleList or "
-            "nn.Sequential of blocks. HINT: hold the repeated blocks in an nn.ModuleList and call them "
-            "in a loop in forward, or name the cut points with pp_split."
+            "nn.Sequential of blocks, and pp_split cannot help: it chooses where to cut among the blocks of "
+            "such a list. HINT: hold the repeated blocks in an nn.ModuleList and call them in a loop in forward "
+            "(or in order through an nn.Sequential)."
         )
     return best[2]
 

@@ -76,6 +76,8 @@ class PipelineRunner:
         self._last = dist.get_global_rank(self.group, names.last_stage_rank(self.schedule, self.pp))
         self._built: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._loss_scale: float | torch.Tensor = 1.0
+        self._step_microbatches = self.num_microbatches  # this step's (a short batch may take fewer)
+        self._summed = False  # this step's loss_fn sums over items: no mean over the microbatches
         self._running = False
         self.tied: Any = None  # a pipeline/tied.py TiedGradients when parameters are tied across ranks
         self._tied_pending = False
@@ -113,7 +115,8 @@ class PipelineRunner:
     # ---- building torch's stages and schedule, once per (mode, input shape) -------------------
     def _scaled_loss(self, output: Any, targets: Any) -> torch.Tensor:
         assert self.loss_fn is not None  # noqa: S101 - step() checks it
-        return self.loss_fn(output, targets) * (self._loss_scale / self.num_microbatches)
+        per = 1 if self._summed else self._step_microbatches
+        return self.loss_fn(output, targets) * (self._loss_scale / per)
 
     def _build(self, training: bool, microbatches: int) -> Any:
         from torch.distributed.pipelining import PipelineStage
@@ -141,10 +144,12 @@ class PipelineRunner:
 
     # ---- running -------------------------------------------------------------------------------
     def step(self, inputs: torch.Tensor, targets: Any, loss_scale: float | torch.Tensor = 1.0,
-             loss_fn: LossFn | None = None) -> torch.Tensor:
+             loss_fn: LossFn | None = None, summed: bool = False) -> torch.Tensor:
         """Forward and backward of one batch through the pipeline; the loss (mean over microbatches)
         on every pipeline rank. `loss_scale` multiplies the loss backward sees (accumulation's
-        1/steps, fp16's scale), not the one returned. `loss_fn`: this step's (default: the runner's)."""
+        1/steps, fp16's scale), not the one returned. `loss_fn`: this step's (default: the runner's).
+        `summed`: `loss_fn` sums over the items it is given (px.forward_backward's num_items): the
+        microbatches' losses are added, not averaged, and the sum is returned."""
         if loss_fn is not None:
             self.loss_fn = loss_fn
         if self.loss_fn is None:
@@ -153,9 +158,9 @@ class PipelineRunner:
             raise RuntimeError("a pipeline training step needs autograd: it was called under torch.no_grad(). "
                                "HINT: evaluate with forward() instead.")
         _one_tensor(inputs)
-        names.check_microbatches(self.schedule, self.pp, self.num_microbatches, inputs.size(0))
-        schedule = self._schedule_for(True, inputs, self.num_microbatches)
-        self._loss_scale = loss_scale
+        microbatches = names.microbatches_for(self.schedule, self.pp, self.num_microbatches, inputs.size(0))
+        schedule = self._schedule_for(True, inputs, microbatches)
+        self._loss_scale, self._step_microbatches, self._summed = loss_scale, microbatches, summed
         self._tied_pending = True
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.is_first else ()

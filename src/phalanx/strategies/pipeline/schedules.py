@@ -89,6 +89,35 @@ def check_microbatches(schedule: str, pp: int, microbatches: int, batch_size: in
         )
 
 
+def microbatches_for(schedule: str, pp: int, microbatches: int, batch_size: int) -> int:
+    """How many equal microbatches a training batch of `batch_size` is cut into: `microbatches`
+    when it divides the batch; else (a short last batch, a batch size pp_microbatches does not
+    divide) the most equal microbatches, at most `microbatches`, the schedule can run (fewer than
+    pp cannot fill the pipeline), or failing that the fewest above it. Every sample is trained on,
+    and the step's loss, the mean of the microbatches' means, is the batch's mean as one process
+    computes it. ValueError for a batch no count fits (fewer samples than pp)."""
+    if batch_size % microbatches == 0:
+        return microbatches
+    fits = []
+    for count in range(pp, batch_size + 1):
+        if batch_size % count:
+            continue
+        try:
+            check_microbatches(schedule, pp, count)
+        except ValueError:
+            continue
+        fits.append(count)
+    if not fits:
+        raise ValueError(
+            f"a training batch of {batch_size} sample(s) cannot be cut into equal microbatches that "
+            f"pp_schedule={schedule_name(schedule)} with pp={pp} can run (at least {pp}). HINT: drop the short "
+            "last batch (DataLoader(..., drop_last=True)), or use a batch size that is a multiple of "
+            f"pp_microbatches={microbatches}."
+        )
+    below = [c for c in fits if c <= microbatches]
+    return max(below) if below else min(fits)
+
+
 def rank_labels(world_size: int, pp: int, schedule: str) -> list[str]:
     """Per global rank, the pipeline stage(s) it runs (`pipeline stage 1 of 2`), pp being the
     outermost mesh dimension; for the watchdog's reports."""

@@ -1,12 +1,13 @@
-"""Data parallelism inside each pipeline stage: DDP or FSDP2 over the data-parallel group/mesh.
+"""Data parallelism inside each pipeline stage, for the tests that drive the runner by hand: DDP or
+FSDP2 over the data-parallel group/mesh. (Phalanx itself wraps stages in `parallelize`, with its own
+options and mixed precision; this was strategies/pipeline/data_parallel.py, which nothing in phalanx
+used.)
 
 The stage modules, not the whole model, are wrapped: each stage's gradients are reduced over the
 ranks that hold the same stage (the data-parallel submesh at this pipeline rank). torch's
 `PipelineStage` knows both wrappers: under DDP it runs every microbatch but the last under
 `no_sync()` and reduces on the last; under FSDP2 it turns gradient sync and resharding off for the
-microbatches and reduce-scatters once after them. These are for a loop written with the runner
-directly; `parallelize` does the same per stage through phalanx's own DDP and FSDP2 wrapping
-(strategies/parallelize.py), options and mixed precision included.
+microbatches and reduce-scatters once after them.
 """
 from __future__ import annotations
 
