@@ -64,6 +64,10 @@ def _loss(output: Any, targets: torch.Tensor, reduction: str = "mean") -> torch.
                                        reduction=reduction)
 
 
+def _summed_loss(output: Any, targets: torch.Tensor) -> torch.Tensor:
+    return _loss(output, targets, "sum")
+
+
 def _norm(value: Any) -> float:
     return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
 
@@ -103,8 +107,7 @@ def _run(settings: dict[str, Any], model_name: str, features: tuple[str, ...], f
                 inputs, targets = _split(model_name, next(batches), "num_items" in features)
                 with px.accumulate(model):
                     if "num_items" in features:
-                        summed = _loss(model(inputs), targets, "sum")
-                        px.backward(summed, num_items=(targets != IGNORE).sum())
+                        px.forward_backward(model, inputs, targets, _summed_loss, num_items=(targets != IGNORE).sum())
                     else:
                         micro.append(px.reduce(px.forward_backward(model, inputs, targets, _loss), "mean").item())
             if "clip" in features:

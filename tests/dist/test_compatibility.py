@@ -4,7 +4,8 @@ clipped norm within 2e-4 relative over 6 steps, final weights allclose; looser w
 BF16_TOLERANCE) or is refused at prepare with the reason the cell names; docs/compatibility.md is generated from the same list.
 
 The references run in one launch of a world of one; the cells in one launch per process count (a
-preemption cell in a launch of its own: see PREEMPT_ALONE). The unmarked test runs a representative
+preemption stops a run with SystemExit in the middle of the launch; the next cell's Phalanx() starts
+afresh). The unmarked test runs a representative
 subset; the whole matrix is marked slow."""
 from __future__ import annotations
 
@@ -16,9 +17,6 @@ from tests.dist.harness import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]
 WORKLOADS = "tests.dist.compat_workloads"
-# A process whose job was preempted once takes a second SIGTERM as the preempted job's "again"
-# (#26 part 3, being fixed): each preemption cell runs in a launch of its own until then.
-PREEMPT_ALONE = True
 
 
 def _reference_key(c: Cell) -> tuple[str, tuple[str, ...]]:
@@ -32,15 +30,12 @@ def run_matrix(cells: list[Cell], tmp: str) -> tuple[dict, dict[str, list[dict]]
     results: dict[str, list[dict]] = {}
     for processes in (2, 4):
         group = [c for c in cells if layout(c.layout).processes == processes]
-        batches = [[c] for c in group if "preempt" in c.features] if PREEMPT_ALONE else []
-        batches.append([c for c in group if not (PREEMPT_ALONE and "preempt" in c.features)])
-        for batch in batches:
-            if not batch:
-                continue
-            ranks = run_ranks(f"{WORKLOADS}:cells", processes, args=([c.name for c in batch], tmp), timeout=900,
-                              local_world_size=2)
-            for c in batch:
-                results[c.name] = [rank[c.name] for rank in ranks]
+        if not group:
+            continue
+        ranks = run_ranks(f"{WORKLOADS}:cells", processes, args=([c.name for c in group], tmp), timeout=900,
+                          local_world_size=2)
+        for c in group:
+            results[c.name] = [rank[c.name] for rank in ranks]
     return refs, results
 
 
@@ -70,8 +65,9 @@ def check(c: Cell, refs: dict, ranks: list[dict]) -> None:
 
 
 FAST = [cell(name) for name in ("zero3 / llama / num_items+clip+accum2", "tp 2 / llama / bf16+clip",
-                                "pp 2 / llama-lora / clip", "ddp / cnn-bn / clip",
-                                "zero1 / llama / clip+resume from ddp", "pp 2 / llama / clip+preempt")]
+                                "pp 2 / llama-lora / clip", "ddp / cnn-bn / clip", "pp 2 / cnn-bn / clip",
+                                "zero1 / llama / clip+resume from ddp", "pp 2 / llama / clip+preempt",
+                                "tp 2 / llama / clip+preempt")]
 
 
 @pytest.fixture(scope="module")

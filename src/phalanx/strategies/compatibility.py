@@ -42,7 +42,8 @@ MODELS: dict[str, str] = {
 }
 
 FEATURES: dict[str, str] = {
-    "num_items": "token-weighted loss: `px.backward(loss_sum, num_items=tokens)`, some labels ignored",
+    "num_items": "token-weighted loss: `px.forward_backward(model, x, y, summed_loss, num_items=tokens)`, a third "
+                 "of the labels ignored",
     "clip": "gradient clipping: `px.clip_grad_norm_(model.parameters(), 1.0)`",
     "accum2": "`grad_accum_steps=2` with `px.accumulate(model)`",
     "bf16": "`mixed_precision=\"bf16\"`",
@@ -93,30 +94,26 @@ _RESUME_FROM = {"ddp": "zero3", "zero1": "ddp", "zero2": "zero1", "zero3": "tp 2
                 "pp 2 x tp 2": "pp 2 x ddp 2"}
 
 
-_LORA_TP = "LoRA under tp: the base model's tp plan does not yet reach inside the PEFT wrapper (#26 part 2)"
-_BN_SPLIT = "sync_batchnorm under pp and tp: its group is not yet the data-parallel one (#26 part 3)"
-_ITEMS_PP = "num_items under pp: forward_backward under pp takes no num_items yet (#26 part 3)"
+_BN_PP = "sync_batchnorm with pp=2: a pipeline runs each microbatch through"
+_BN_TP = "Sequential has no tensor-parallel plan: phalanx does not know which of its layers to split"
+INSTEAD = {
+    _BN_PP: "BatchNorm's statistics would cover one microbatch, not the global batch; train it under a "
+            "data-parallel layout (ddp, zero1/2/3, hsdp), or use GroupNorm / LayerNorm to use pp",
+    _BN_TP: "give `tp_plan` (module name pattern -> colwise / rowwise / ...), or use a data-parallel layout",
+}
+"""refusal -> what the page says to use instead (the message's own HINT says it too)."""
 
 
 def _cells() -> tuple[tuple[Cell, ...], tuple[tuple[str, str, str], ...]]:
-    cells, pending = [], []
+    cells: list[Cell] = []
+    pending: list[tuple[str, str, str]] = []  # (layout, model or feature, why): none at present
     for layout in LAYOUTS:
-        pp, tp = "pp" in layout.settings, "tp" in layout.settings
         cells += [
-            Cell(layout.name, "llama", ("clip", "accum2") if pp else ("num_items", "clip", "accum2")),
+            Cell(layout.name, "llama", ("num_items", "clip", "accum2")),
             Cell(layout.name, "llama", ("bf16", "clip")),
-        ]
-        if pp:
-            pending.append((layout.name, "num_items", _ITEMS_PP))
-        if tp:
-            pending.append((layout.name, "llama-lora", _LORA_TP))
-        else:
-            cells.append(Cell(layout.name, "llama-lora", ("clip",)))
-        if pp or tp:
-            pending.append((layout.name, "cnn-bn", _BN_SPLIT))
-        else:
-            cells.append(Cell(layout.name, "cnn-bn", ("clip",)))
-        cells += [
+            Cell(layout.name, "llama-lora", ("clip",)),
+            Cell(layout.name, "cnn-bn", ("clip",), refused=_BN_PP if "pp" in layout.settings
+                 else _BN_TP if "tp" in layout.settings else None),
             Cell(layout.name, "llama", ("clip", "resume"), resume_from=_RESUME_FROM[layout.name]),
             Cell(layout.name, "llama", ("clip", "preempt")),
         ]
@@ -124,8 +121,8 @@ def _cells() -> tuple[tuple[Cell, ...], tuple[tuple[str, str, str], ...]]:
 
 
 CELLS, PENDING = _cells()
-"""PENDING: (layout, model or feature, why) combinations not in the matrix yet: each a known bug being
-fixed; the page says so in its cell."""
+"""PENDING: (layout, model or feature, why) combinations left out of the matrix while a known bug in
+them is being fixed; the page says so in their cell."""
 
 
 def layout(name: str) -> Layout:
@@ -171,7 +168,7 @@ def table() -> str:
             entries.append("<br>".join(parts))
         rows.append(f"| {item.name} | {item.processes} | " + " | ".join(entries) + " |")
     rows.append("")
-    rows += [f"({i}) refused at prepare: \"{why}\"." for i, why in enumerate(notes, 1)]
+    rows += [f"({i}) refused at prepare: \"{why}...\": {INSTEAD[why]}." for i, why in enumerate(notes, 1)]
     rows += [f"[{i}] not in the matrix yet: {why}." for i, why in enumerate(pending, 1)]
     return "\n".join(rows) + "\n"
 
