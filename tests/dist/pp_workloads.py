@@ -99,6 +99,9 @@ def train(layers: int = 2, global_batch: int = 8, steps: int = 5, accum: int = 1
         if norm is not None:
             norms.append(norm.item())
         if len(losses) == steps * accum:
+            if checkpoint is not None:  # inside the epoch: a save after the break records it left early (#30)
+                px.save_state(checkpoint)
+                checkpoint = None
             break
     evaluated = None
     try:
