@@ -97,9 +97,11 @@ def test_lora_under_tp_follows_the_base_models_plan_and_merges_like_one_process(
     ref = w.lora_train(1)
     for rank in ranks:
         torch.testing.assert_close(torch.tensor(rank["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-5)
-        assert rank["layouts"] == {  # colwise q: base and B by rows; rowwise o: base and A by columns
-            "q_proj.base_layer": "[Shard(dim=0)]", "q_proj.lora_A": "['whole']", "q_proj.lora_B": "[Shard(dim=0)]",
-            "o_proj.base_layer": "[Shard(dim=1)]", "o_proj.lora_A": "[Shard(dim=1)]", "o_proj.lora_B": "['whole']"}
+        # colwise q: base and B by rows; rowwise o: base and A by columns; the other adapter whole on
+        # every rank, a Replicate() DTensor like every parameter under tp (#28)
+        assert rank["layouts"] == {
+            "q_proj.base_layer": "[Shard(dim=0)]", "q_proj.lora_A": "[Replicate()]", "q_proj.lora_B": "[Shard(dim=0)]",
+            "o_proj.base_layer": "[Shard(dim=1)]", "o_proj.lora_A": "[Shard(dim=1)]", "o_proj.lora_B": "[Replicate()]"}
     merged = ranks[0]["merged"]
     assert merged.keys() == ref["merged"].keys()
     for key, value in ref["merged"].items():
