@@ -277,6 +277,7 @@ class Phalanx:
             self._adopt_plan(plan)
             get_logger().info("strategy auto chose %s: %s", name, reason)
         if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
+            sync_batchnorm.refuse_under_pipeline(model, self.config.pp)
             model = sync_batchnorm.convert(model, self.device, self._dp_group)
         shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
         self._logging.throughput.set_model(shape and shape.flops_per_token,

@@ -137,13 +137,16 @@ def tp_refusal() -> str:
 # ---- sync_batchnorm over the data-parallel ranks only ------------------------------------------
 def batchnorm_layout(settings: dict) -> dict[str, Any]:
     """batchnorm_workloads' CNN under `settings` (tp or pp), sync_batchnorm on: its state after an
-    epoch of per-rank batches of 4 (the whole model on the main process)."""
+    epoch of per-rank batches of 4 (the whole model on the main process), or what prepare refused."""
     from tests.dist import batchnorm_workloads as b
 
     px = Phalanx(sync_batchnorm=True, seed=0, **settings)
     model = b.make_model()
-    model, optimizer, loader = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.3),
-                                          DataLoader(b.make_data(), batch_size=b.PER_RANK))
+    try:
+        model, optimizer, loader = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.3),
+                                              DataLoader(b.make_data(), batch_size=b.PER_RANK))
+    except ValueError as error:  # pp: refused (statistics of one microbatch are not the global batch's)
+        return {"refused": str(error)}
     for x, y in loader:
         px.forward_backward(model, x, y, nn.functional.cross_entropy)
         optimizer.step()

@@ -7,12 +7,12 @@ checkpoints users load, nothing downloaded): `build("llama-tied")`.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from torch import nn
+
+from phalanx.config import generated_page
 
 
 @dataclass(frozen=True)
@@ -141,15 +141,7 @@ def page_text() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) > 1 or (args and args[0].startswith("-")):
-        print(f"usage: {COMMAND.replace('docs/models.md', '[OUT.md]')}", file=sys.stderr)
-        return 2
-    if args:
-        Path(args[0]).write_text(page_text())
-    else:
-        sys.stdout.write(page_text())
-    return 0
+    return generated_page.main(argv, page_text, COMMAND)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ tests/docs/test_optimizer_table.py fails when the committed page differs from wh
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
+from phalanx.config import generated_page
 from phalanx.strategies import presets
 from phalanx.strategies.optimizer_kinds import (ATTRIBUTE, TORCH_ELEMENTWISE, TORCH_WHOLE_MODEL, TORCH_WHOLE_TENSOR,
                                                 Route, StepKind, route)
@@ -138,15 +138,7 @@ def table_text() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) > 1 or (args and args[0].startswith("-")):
-        print(f"usage: {COMMAND.replace('docs/optimizers.md', '[OUT.md]')}", file=sys.stderr)
-        return 2
-    if args:
-        Path(args[0]).write_text(table_text())
-    else:
-        sys.stdout.write(table_text())
-    return 0
+    return generated_page.main(argv, table_text, COMMAND)
 
 
 if __name__ == "__main__":

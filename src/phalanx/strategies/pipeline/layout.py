@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from phalanx.model import meta_init
-from phalanx.strategies import tensor_parallel
+from phalanx.strategies import tp_peft
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import schedules
@@ -58,7 +58,7 @@ def cut(model: nn.Module, plan: ParallelPlan, options: StrategyOptions, pp_rank:
     order = list(model.modules()) if meta_init.is_meta(model) else None
     tp_layers = None
     if plan.tp > 1:
-        tp_layers = tensor_parallel.match(model, tensor_parallel.model_plan(model, options.tp_plan))
+        tp_layers = tp_peft.choose(model, options.tp_plan)  # a PEFT wrapper: the base model's plan inside it
         # tied across stages: both copies laid out alike, so their gradients sum element by element
         tp_layers = tp_tied.compatible_styles(model, tp_layers, tp_tied.tied_groups(model))
     if model_plan.has_plan(model):

@@ -1,0 +1,95 @@
+"""The composition matrix: every cell of phalanx.strategies.compatibility.CELLS (layout x model x
+features) equals one process with the same settings on the same global batches (per-step loss and
+clipped norm within 2e-4 relative over 6 steps, final weights allclose; looser with bf16: see
+BF16_TOLERANCE) or is refused at prepare with the reason the cell names; docs/compatibility.md is generated from the same list.
+
+The references run in one launch of a world of one; the cells in one launch per process count, each
+preemption cell in a launch of its own: a second preemption in one process (a new Phalanx() after
+the first stopped with SystemExit) hung once in the agreement on its stop step (zero1 after ddp,
+under load; it passed other times), a finding left open. The unmarked test runs a representative
+subset; the whole matrix is marked slow."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from phalanx.strategies.compatibility import CELLS, Cell, cell, layout
+from tests.dist.harness import run_ranks
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]
+WORKLOADS = "tests.dist.compat_workloads"
+
+
+def _reference_key(c: Cell) -> tuple[str, tuple[str, ...]]:
+    return c.model, tuple(f for f in c.features if f not in ("resume", "preempt"))
+
+
+def run_matrix(cells: list[Cell], tmp: str) -> tuple[dict, dict[str, list[dict]]]:
+    """(references by key, each cell's per-rank results)."""
+    keys = sorted({_reference_key(c) for c in cells if c.refused is None})
+    refs = run_ranks(f"{WORKLOADS}:references", 1, args=(keys,), timeout=600)[0]
+    results: dict[str, list[dict]] = {}
+    for processes in (2, 4):
+        group = [c for c in cells if layout(c.layout).processes == processes]
+        batches = [[c] for c in group if "preempt" in c.features]  # each alone: see the module's docstring
+        batches.append([c for c in group if "preempt" not in c.features])
+        for batch in filter(None, batches):
+            ranks = run_ranks(f"{WORKLOADS}:cells", processes, args=([c.name for c in batch], tmp), timeout=900,
+                              local_world_size=2)
+            for c in batch:
+                results[c.name] = [rank[c.name] for rank in ranks]
+    return refs, results
+
+
+def check(c: Cell, refs: dict, ranks: list[dict]) -> None:
+    for rank in ranks:
+        if c.refused is not None:
+            assert c.refused in rank.get("refused", ""), f"{c.name}: expected a refusal naming {c.refused!r}, got {rank}"
+            continue
+        assert "refused" not in rank, f"{c.name} was refused: {rank['refused']}"
+        ref = refs[_reference_key(c)]
+        if "preempt" in c.features:
+            assert rank["exit"] == 143
+        for what in ("losses", "norms"):
+            assert len(rank[what]) == len(ref[what]), f"{c.name} {what}: {rank[what]} vs one process {ref[what]}"
+            for step, (got, want) in enumerate(zip(rank[what], ref[what]), 1):
+                assert abs(got - want) <= c.tolerance[what] * abs(want), f"{c.name} {what} step {step}: {got} vs one process {want}"
+    if c.refused is None:
+        state, want, tol = ranks[0]["state"], refs[_reference_key(c)]["state"], c.tolerance
+        assert sorted(state) == sorted(want), c.name
+        for key in want:
+            if "weights_atol" in tol:
+                torch.testing.assert_close(state[key], want[key], rtol=tol["weights"], atol=tol["weights_atol"],
+                                           msg=lambda m: f"{c.name} {key}: {m}")
+            else:  # bf16: tensor by tensor
+                off = (state[key] - want[key]).norm() / want[key].norm().clamp_min(1e-12)
+                assert off <= tol["weights"], f"{c.name} {key}: off by {off:.3g} of its norm"
+
+
+FAST = [cell(name) for name in ("zero3 / llama / num_items+clip+accum2", "tp 2 / llama / bf16+clip",
+                                "pp 2 / llama-lora / clip", "ddp / cnn-bn / clip", "pp 2 / cnn-bn / clip",
+                                "zero1 / llama / clip+resume from ddp", "pp 2 / llama / clip+preempt",
+                                "tp 2 / llama / clip+preempt")]
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory) -> tuple[dict, dict]:
+    return run_matrix(FAST, str(tmp_path_factory.mktemp("compat")))
+
+
+@pytest.mark.parametrize("name", [c.name for c in FAST])
+def test_representative_cells_equal_one_process_or_are_refused(fast, name):
+    refs, results = fast
+    check(cell(name), refs, results[name])
+
+
+@pytest.mark.slow
+def test_every_cell_of_the_matrix_equals_one_process_or_is_refused(tmp_path):
+    refs, results = run_matrix(list(CELLS), str(tmp_path))
+    failed = []
+    for c in CELLS:
+        try:
+            check(c, refs, results[c.name])
+        except AssertionError as error:
+            failed.append(f"{c.name}: {str(error)[:300]}")
+    assert not failed, "\n".join(failed)
