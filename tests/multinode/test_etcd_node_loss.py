@@ -36,7 +36,9 @@ pytestmark = [pytest.mark.multinode, pytest.mark.dist, pytest.mark.slow, pytest.
 
 def _start(ns: str, tmp: Path, log: str, endpoint: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "NCCL_", "SLURM_", "MASTER_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    # TMPDIR in the test's folder: a node killed with SIGKILL cannot remove its launcher's private
+    # temporary directory, which would otherwise stay behind in /tmp
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), TMPDIR=str(tmp))
     cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "phalanx", "run", "--nnodes", "1:2",
            "--nproc-per-node", "2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", endpoint,
            "--rdzv-id", f"etcd-node-loss-{os.getpid()}", "--rdzv-timeout", "120", "--max-restarts", "3",

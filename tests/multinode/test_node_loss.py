@@ -46,7 +46,9 @@ def nodes():
 
 def _start(ns: str, tmp: Path, log: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "NCCL_", "SLURM_", "MASTER_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    # TMPDIR in the test's folder: a node killed with SIGKILL cannot remove its launcher's private
+    # temporary directory, which would otherwise stay behind in /tmp
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), TMPDIR=str(tmp))
     cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "phalanx", "run", "--nnodes", "1:2",
            "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDR['a']}:{PORT}",
            "--rdzv-timeout", "120", "--max-restarts", "3", "--monitor-interval", "0.5",
