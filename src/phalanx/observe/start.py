@@ -88,6 +88,7 @@ def _summarise_at_exit(exchange: Exchange, logger: Any, watchdog: Any) -> None:
     if watchdog is None:  # a world of one: its status only (no peers to compare in a table)
         exchange.finish()
         return
+    watchdog.mark_leaving()  # waiting for the others' last summaries below is no stall
     _collect_last(exchange, watchdog.store.underlying_store)
     table = exchange.phase_table()
     if table:

@@ -217,6 +217,13 @@ class Watchdog:
             if note:
                 print(note, file=sys.stderr, flush=True)
 
+    def mark_leaving(self) -> None:
+        """This rank has left its script cleanly: whether it ran out of data or left with batches
+        unread (a break, return, sys.exit). Exit hooks that wait (observe's last table) call it
+        first, so their wait is never taken for a stall."""
+        if leaving_cleanly():
+            self.progress.enter(Phase.EXIT_MID_PASS if self.progress.mid_pass else LEFT_LOOP)
+
     def leave(self, destroy) -> None:
         """Mark this rank as out of its loop, pass the exit barrier while still watched, stop the
         thread, then leave the group.
@@ -230,8 +237,8 @@ class Watchdog:
         with ignoring_sigint():  # a second Ctrl-C must not cut the exit path short (see there)
             if not leaving_cleanly():  # leaving because of an exception (forked workers get here)
                 self.failed(exc_type)
-            else:  # whether it ran out of data or left with batches unread (a break, return, sys.exit)
-                self.progress.enter(Phase.EXIT_MID_PASS if self.progress.mid_pass else LEFT_LOOP)
+            else:
+                self.mark_leaving()
             try:
                 destroy(before_destroy=self.stop)
             except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code
