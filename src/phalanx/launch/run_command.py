@@ -231,7 +231,8 @@ def main(args: argparse.Namespace) -> int:
     env[envvars.PHALANX_LAUNCHER] = "1"  # workers leave the preemption line to this launcher
     log_dir = launcher_log_dir(env, spec.single_node)
     notes_dir = env[envvars.PHALANX_WORKER_NOTES] = os.path.join(log_dir, "workers")
-    worker_notes.clear(notes_dir)
+    if spec.single_node:  # read after a single-node run only; nodes sharing a run dir must not clear each other's
+        worker_notes.clear(notes_dir)
     try:
         page = start_dashboard(spec, os.path.dirname(log_dir))
     except ValueError as error:  # the extra is missing, the address taken: before any worker starts

@@ -9,6 +9,7 @@ file and text work here; the worker side (launch/worker.py) watches init_process
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -40,11 +41,13 @@ def write(note: WorkerNote, environ: Any = os.environ) -> None:
 
 
 def clear(directory: str) -> None:
-    """Remove an earlier run's notes (a run directory can be reused), before the workers start."""
+    """Remove an earlier run's notes (a run directory can be reused), before the workers start; a
+    note another launcher removed meanwhile is gone already."""
     if os.path.isdir(directory):
         for name in os.listdir(directory):
             if name == envvars.PHALANX_CREATED_MARKER or (name.startswith("rank") and name.endswith(".json")):
-                os.remove(os.path.join(directory, name))
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(directory, name))
 
 
 def phalanx_created(directory: str) -> bool:
