@@ -21,6 +21,7 @@ from phalanx.runtime import collectives, device_peaks, host_memory, parity_recor
 from phalanx.observe import start as observe
 from phalanx.runtime.context import AgentEnv, DistContext, launcher_settings, mark_phalanx_created, parity_request
 from phalanx.checkpoint.state import base_optimizer
+from phalanx.checkpoint.tied_names import tied_names
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.process_group import destroy_process_group, init_process_group
 from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch_optimizer
@@ -283,7 +284,8 @@ class Phalanx:
         self._logging.throughput.set_model(shape and shape.flops_per_token,
                                            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
                                            share=self.ctx.dp_size / self.world_size)  # tensor parallel splits the FLOPs
-        model = self._checkpointer.track(self.strategy.setup_model(model))
+        tied = tied_names(model)  # before a pipeline cut leaves this rank one of a tied parameter's names
+        model = self._checkpointer.track(self.strategy.setup_model(model), tied=tied)
         hook_state = ddp_options.hook_state_of(model)
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
             self._checkpointer.register(hook_state, per_rank=True)

@@ -67,8 +67,8 @@ def test_optimizer_state_is_saved_flattened_one_key_per_parameter(tmp_path):
 
 
 def test_format_1_nested_optimizer_state_still_loads(tmp_path, monkeypatch):
-    def nested(models, optimizers):  # what phalanx wrote before format 2
-        entries = group_by_model(models, optimizers)
+    def nested(models, optimizers, tied=None):  # what phalanx wrote before format 2
+        entries = group_by_model(models, optimizers, tied)
         for entry in entries.values():
             entry.flat = False
         return entries

@@ -67,14 +67,3 @@ def test_every_family_in_every_layout_equals_one_process_or_is_refused(layout):
     for name in cases:
         _check(ranks, name)
 
-
-@pytest.mark.slow
-def test_a_tied_model_saved_under_pp_resumes_under_ddp_and_continues_equal(tmp_path):
-    """The checkpoint of a pipeline holding a tied embedding on both ends loads into layouts where
-    it is one parameter: the 3 steps after the resume equal one process's steps 4-6 (~90 s)."""
-    checkpoint = str(tmp_path / "pp")
-    run_ranks("tests.dist.family_workloads:train", 2,
-              args=("llama-tied", 8, 3, 1e-2, checkpoint, None), env={"PHALANX_PP": "2"}, timeout=400)
-    resumed = run_ranks("tests.dist.family_workloads:train", 2,
-                        args=("llama-tied", 8, 3, 1e-2, None, checkpoint), env={"PHALANX_STRATEGY": "ddp"}, timeout=400)
-    _check([{"llama-tied / ddp": r} for r in resumed], "llama-tied / ddp", steps=3)

@@ -93,7 +93,21 @@ def full_state_dict(checkpoint: str | Path, model: str = "model") -> dict[str, A
         entries = sorted({fqn.split(".")[0] for fqn in metadata.state_dict_metadata})
         raise ValueError(f"{path} has no model entry {model!r}; entries: {', '.join(entries)}")
     dcp.load(tensors, storage_reader=dcp_storage.reader(path), planner=SafeLoadPlanner(), no_dist=True)
-    return {fqn[len(prefix):]: tensor for fqn, tensor in tensors.items()}
+    state = {fqn[len(prefix):]: tensor for fqn, tensor in tensors.items()}
+    # a tied parameter is stored once (checkpoint/tied_names.py): its other names as the model's state_dict has them
+    for alias, canonical in tied_in(path, model).items():
+        if canonical in state and alias not in state:
+            state[alias] = state[canonical].clone()  # its own storage: safetensors refuses shared tensors
+    return state
+
+
+def tied_in(path: Path, model: str = "model") -> dict[str, str]:
+    """A model entry's tied names (other name -> the canonical one it is stored under); {} for a
+    checkpoint written before they were stored once."""
+    from phalanx.checkpoint.manager import COMMON_NAME
+    from phalanx.checkpoint.safe_io import load_plain
+
+    return dict(load_plain(path / COMMON_NAME).get("tied", {}).get(model, {}))
 
 
 def export(checkpoint: str | Path, output: str | Path, model: str = "model", dtype: str | None = None,

@@ -16,7 +16,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -64,6 +64,7 @@ class Checkpointer:
         self.keep = keep
         self.async_save = async_save
         self.models: list[nn.Module] = []
+        self._tied: dict[int, dict[str, str]] = {}  # id(model) -> its tied names (checkpoint/tied_names.py)
         self.optimizers: list[Any] = []
         self.loaders: list[Any] = []
         self.objects: list[Any] = []
@@ -79,10 +80,13 @@ class Checkpointer:
         self._async_group: Any = None
 
     # ---- what is covered ----------------------------------------------------------------------
-    def track(self, obj: Any) -> Any:
-        """Cover a prepared model, optimizer, loader, or any object with state_dict/load_state_dict."""
+    def track(self, obj: Any, tied: Mapping[str, str] | None = None) -> Any:
+        """Cover a prepared model, optimizer, loader, or any object with state_dict/load_state_dict.
+        `tied`: a model's tied names as `tied_names.tied_names` read them before prepare (a pipeline
+        stage may hold one of them only): saved once, under the canonical name."""
         if isinstance(obj, nn.Module):
             self.models.append(obj)
+            self._tied[id(obj)] = dict(tied or {})
         elif isinstance(obj, torch.optim.Optimizer) or (
                 isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer) and hasattr(obj, "zero_grad")):
             self.optimizers.append(obj)
@@ -145,9 +149,12 @@ class Checkpointer:
         attempt = SaveAttempt(final, atomic.staging_path(final), step, needed_bytes=self._needed_bytes)
         staging = attempt.staging
         attempt.run(lambda: _prepare(final, final in self._damaged) if collectives.rank() == 0 else None)
+        entries = group_by_model(self.models, self.optimizers, self._tied)
         common = {
             "global_step": step,
-            "models": list(group_by_model(self.models, self.optimizers)),
+            "models": list(entries),
+            # each model's tied names, stored once under the canonical one: `phalanx export` writes them all
+            "tied": {name: dict(entry.tied) for name, entry in entries.items() if entry.tied},
             "loaders": [loader.state_dict() for loader in self.loaders],
             "objects": [obj.state_dict() for obj in self.objects],
         }
@@ -163,7 +170,6 @@ class Checkpointer:
             _save_durably(own, staging / rank_file(collectives.rank()), attempt.written)
 
         attempt.run(write_own)
-        entries = group_by_model(self.models, self.optimizers)
         use_async = self.async_save if async_save is None else async_save
         if not use_async:
             def write_shards() -> None:
@@ -290,7 +296,7 @@ class Checkpointer:
         common = load_plain(chosen / COMMON_NAME)
         rank = collectives.rank()
         rng = load_plain(chosen / rank_file(rank)) if rank < manifest.world_size else None
-        entries = group_by_model(self.models, self.optimizers)
+        entries = group_by_model(self.models, self.optimizers, self._tied)
         for entry in entries.values():  # format 1 holds torch's nested optimizer state
             entry.flat = manifest.format_version >= 2
         _check_matches(common, entries, self.loaders, self.objects, chosen)

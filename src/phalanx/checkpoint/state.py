@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -30,6 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.checkpoint.stateful import Stateful
+
+from phalanx.checkpoint import tied_names
 
 
 def base_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -54,27 +56,40 @@ def _owns(model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
 @dataclass
 class ModelAndOptimizers(Stateful):
     """One model and the optimizers over its parameters, as DCP's Stateful. `flat`: the optimizer
-    state's form, flattened (format 2, what is saved) or nested (format 1, read only)."""
+    state's form, flattened (format 2, what is saved) or nested (format 1, read only). `tied`: the
+    model's tied names (checkpoint/tied_names.py), each saved and loaded under its canonical name
+    (format 2: a format 1 checkpoint holds every name)."""
 
     model: nn.Module
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
     flat: bool = True
+    tied: Mapping[str, str] = field(default_factory=dict)
+    _live_keys: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     def _options(self) -> StateDictOptions:
         return StateDictOptions(flatten_optimizer_state_dict=self.flat)
 
+    def _tied(self) -> Mapping[str, str]:
+        return self.tied if self.flat else {}
+
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
+        live: dict[str, Any] = {"model": get_model_state_dict(self.model)}
         if self.optimizers:
             with _without_empty_groups(self.optimizers):
-                state["optim"] = get_optimizer_state_dict(self.model, self.optimizers, options=self._options())
-        return state
+                live["optim"] = get_optimizer_state_dict(self.model, self.optimizers, options=self._options())
+        # DCP asks for this dict on load too (the keys to read): remember what each part holds here
+        self._live_keys = {part: list(values) for part, values in live.items()}
+        return {part: tied_names.to_saved(values, self._tied()) for part, values in live.items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_model_state_dict(self.model, state_dict["model"], options=StateDictOptions(strict=True))
+        if not self._live_keys:
+            self.state_dict()
+        live = {part: tied_names.from_saved(values, self._live_keys[part], self._tied())
+                for part, values in state_dict.items()}
+        set_model_state_dict(self.model, live["model"], options=StateDictOptions(strict=True))
         if self.optimizers:
             with _without_empty_groups(self.optimizers):
-                set_optimizer_state_dict(self.model, self.optimizers, state_dict["optim"], options=self._options())
+                set_optimizer_state_dict(self.model, self.optimizers, live["optim"], options=self._options())
 
 
 @contextlib.contextmanager
@@ -95,14 +110,17 @@ def _without_empty_groups(optimizers: list[torch.optim.Optimizer]) -> Iterator[N
                 opt.param_groups.insert(i, group)
 
 
-def group_by_model(models: list[nn.Module], optimizers: list[Any]) -> dict[str, ModelAndOptimizers]:
-    """DCP entries `model`, `model_1`, ...: each model with the optimizers over its parameters."""
+def group_by_model(models: list[nn.Module], optimizers: list[Any],
+                   tied: Mapping[int, Mapping[str, str]] | None = None) -> dict[str, ModelAndOptimizers]:
+    """DCP entries `model`, `model_1`, ...: each model with the optimizers over its parameters;
+    `tied`: id(model) -> its tied names."""
     entries = {}
     left = [base_optimizer(o) for o in optimizers]
     for i, model in enumerate(models):
         mine = [o for o in left if _owns(model, o)]
         left = [o for o in left if not any(o is m for m in mine)]
-        entries["model" if i == 0 else f"model_{i}"] = ModelAndOptimizers(model, mine)
+        entries["model" if i == 0 else f"model_{i}"] = ModelAndOptimizers(model, mine,
+                                                                          tied=(tied or {}).get(id(model), {}))
     if left:
         raise ValueError(
             f"{len(left)} optimizer(s) act on parameters of no prepared model, so their state cannot be "

@@ -121,7 +121,8 @@ stops before the first step with the reason quoted below.
   under zero3 and hsdp it lives in one sharding unit; under tp the embedding is split by rows like the
   output projection beside it (both `Shard(0)`); under pp the first and last stage each hold it and
   their gradients are summed before the step (Megatron's way), and `px.load_model` reads it from the
-  one tensor a checkpoint stores.
+  one tensor a checkpoint stores. `px.save_state` stores it once in every layout, under
+  `model.embed_tokens.weight`, so checkpoints move between pp and the other layouts both ways.
 - **Pipeline stages** are cut from the model's own `base_model_pp_plan` (embeddings on the first
   stage, decoder layers split, norm and head on the last), also inside a peft (LoRA) wrapper; a model
   without one is cut by tracing its forward, or refused with the reason.
