@@ -48,9 +48,11 @@ def failed_key(restart: int | str, rank: int) -> str:
     return f"{watchdog_prefix(restart)}/{failed_name(rank)}"
 
 
-def preempt_prefix(restart: int | str) -> str:
-    """The preemption agreement's key prefix for one restart attempt (see runtime/preemption.py)."""
-    return f"phalanx/preempt/{restart}"
+def preempt_prefix(restart: int | str, generation: int = 0) -> str:
+    """The preemption agreement's key prefix for one restart attempt and, within it, one `Phalanx()`
+    of each rank's process (`generation` counts them: a notebook builds a second one after the first
+    stopped, on the same store, and must not read the first one's agreement; see runtime/preemption.py)."""
+    return f"phalanx/preempt/{restart}/{generation}"
 
 
 PREEMPT_REQUESTED = "requested"  # `SIGNAL|reason`, written by the first rank that heard of it

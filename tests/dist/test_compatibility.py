@@ -3,11 +3,10 @@ features) equals one process with the same settings on the same global batches (
 clipped norm within 2e-4 relative over 6 steps, final weights allclose; looser with bf16: see
 BF16_TOLERANCE) or is refused at prepare with the reason the cell names; docs/compatibility.md is generated from the same list.
 
-The references run in one launch of a world of one; the cells in one launch per process count, each
-preemption cell in a launch of its own: a second preemption in one process (a new Phalanx() after
-the first stopped with SystemExit) hung once in the agreement on its stop step (zero1 after ddp,
-under load; it passed other times), a finding left open. The unmarked test runs a representative
-subset; the whole matrix is marked slow."""
+The references run in one launch of a world of one; the cells in one launch per process count (a
+preemption stops a run with SystemExit in the middle of the launch; the next cell's Phalanx() starts
+afresh, and its preemption agrees under store keys of its own: runtime/preemption.py). The unmarked
+test runs a representative subset; the whole matrix is marked slow."""
 from __future__ import annotations
 
 import pytest
@@ -31,13 +30,12 @@ def run_matrix(cells: list[Cell], tmp: str) -> tuple[dict, dict[str, list[dict]]
     results: dict[str, list[dict]] = {}
     for processes in (2, 4):
         group = [c for c in cells if layout(c.layout).processes == processes]
-        batches = [[c] for c in group if "preempt" in c.features]  # each alone: see the module's docstring
-        batches.append([c for c in group if "preempt" not in c.features])
-        for batch in filter(None, batches):
-            ranks = run_ranks(f"{WORKLOADS}:cells", processes, args=([c.name for c in batch], tmp), timeout=900,
-                              local_world_size=2)
-            for c in batch:
-                results[c.name] = [rank[c.name] for rank in ranks]
+        if not group:
+            continue
+        ranks = run_ranks(f"{WORKLOADS}:cells", processes, args=([c.name for c in group], tmp), timeout=900,
+                          local_world_size=2)
+        for c in group:
+            results[c.name] = [rank[c.name] for rank in ranks]
     return refs, results
 
 

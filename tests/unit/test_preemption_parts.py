@@ -6,10 +6,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -93,10 +95,11 @@ class _Stopped(Exception):
     pass
 
 
-def _rank(store: dist.Store, rank: int, world: int) -> preemption.Preemption:
+def _rank(store: dist.Store, rank: int, world: int, generation: int = 0) -> preemption.Preemption:
     checkpointer = SimpleNamespace(global_step=0, directory=Path("/nonexistent"))
     p = preemption.Preemption(rank=rank, world_size=world, checkpointer=checkpointer, progress=StepTracker(),
-                              cycle_idle=lambda: True, busy=None, grace=1.0, agent=AgentEnv(attempt="7"))
+                              cycle_idle=lambda: True, busy=None, grace=1.0, agent=AgentEnv(attempt="7"),
+                              generation=generation)
     p._store = store
 
     def stop(step: int) -> None:
@@ -133,6 +136,44 @@ def test_ranks_agree_on_one_step_though_they_heard_of_it_at_different_steps():
     assert _boundary(a, 12) == 12 and _boundary(b, 12) == 12
 
 
+def test_a_second_phalanx_in_the_same_processes_agrees_afresh():
+    """A notebook's second Phalanx() after the first stopped: same store, same attempt. It read the
+    first one's agreement (the request, a count already complete, the old steps): without a signal
+    it stopped at once, and with one a rank decided its stop before the other had posted, on a
+    step the other did not choose (the ranks then wait in different collectives: the hang)."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
+    a, b = _rank(server, 0, 2), _rank(client, 1, 2)
+    a.request("SIGTERM")
+    assert _boundary(a, 10) is None
+    b.poll(b._store)
+    assert _boundary(b, 10) is None and b.stop_at == 11
+    assert _boundary(a, 11) == 11 and _boundary(b, 11) == 11  # the first Phalanx() stopped after step 11
+    # each rank's second Phalanx() (as preemption.start numbers them), on the same store
+    a, b = _rank(server, 0, 2, generation=1), _rank(client, 1, 2, generation=1)
+    b.poll(b._store)
+    assert b.requested is None  # no signal yet: nothing to stop for
+    a.request("SIGTERM")
+    assert _boundary(a, 1) is None and a.stop_at is None  # posted 1; rank 1 has not posted: not decided
+    b.poll(b._store)
+    assert _boundary(b, 2) is None and b.stop_at == 3
+    assert _boundary(a, 2) is None and a.stop_at == 3
+    assert _boundary(a, 3) == 3 and _boundary(b, 3) == 3
+
+
+def test_preemption_start_numbers_the_phalanx_objects_of_a_process(tmp_path):
+    checkpointer = SimpleNamespace(global_step=0, directory=tmp_path, step_listeners=[])
+    started = [preemption.start(signals="SIGUSR2", checkpointer=checkpointer, rank=0, world_size=1,
+                                progress=StepTracker(), cycle_idle=lambda: True, busy=None, grace=1.0)
+               for _ in range(2)]
+    try:
+        assert started[0]._prefix != started[1]._prefix
+        assert started[1]._prefix.startswith(started[0]._prefix.rsplit("/", 1)[0] + "/")
+    finally:
+        for p in started:
+            p.close()
+
+
 def test_a_world_of_one_stops_at_its_next_boundary():
     p = _rank(None, 0, 1)  # type: ignore[arg-type]
     p.request("SIGUSR1")
@@ -165,6 +206,54 @@ def test_signal_deliveries_are_counted_from_a_thread_and_close_ones_count_once()
         watch.uninstall()
     assert seen == [(signal.SIGUSR2, 1), (signal.SIGUSR2, 2)]
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+
+
+class _SignalInside:
+    """A lock that, once held, runs the watch's handler as the interpreter does when a signal arrives
+    between two bytecodes of the `with` block: a second delivery on the main thread."""
+
+    def __init__(self, watch: SignalWatch, lock: Any):
+        self.watch, self.lock, self.fired = watch, lock, False
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+        if not self.fired:
+            self.fired = True
+            self.watch._handler(signal.SIGUSR2, None)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
+def test_a_delivery_inside_the_handlers_own_count_does_not_deadlock():
+    """Where the handlers count (someone else's wakeup fd: a notebook's event loop), a second signal
+    whose handler ran inside the first one's locked count waited for the lock its own thread held."""
+    seen: list[int] = []
+    watch = SignalWatch((signal.SIGUSR2,), lambda signum, count: seen.append(count))  # not installed: no pipe
+    watch._lock = _SignalInside(watch, watch._lock)
+    counting = threading.Thread(target=watch._handler, args=(signal.SIGUSR2, None), daemon=True)
+    counting.start()
+    counting.join(timeout=30)  # the failure is a deadlock: this bound only ends the test
+    assert not counting.is_alive(), "the nested delivery deadlocked on the count's lock"
+    assert seen == [1]  # one delivery: the two came within same_delivery_s
+
+
+def test_the_signal_thread_reads_the_pipe_it_was_given_though_uninstalled_before_it_ran(monkeypatch):
+    """A second Phalanx() uninstalls the first watch; a thread that had not yet run its first line
+    read the pipe from the watch (None by then) and died, leaving the pipe's read end open."""
+    started: list[threading.Thread] = []
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self))  # not running yet
+    watch = SignalWatch((signal.SIGUSR2,), lambda signum, count: None)
+    assert watch.install()
+    watch.uninstall()
+    monkeypatch.undo()
+    (thread,) = started
+    read_end = thread._args[0]
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    with pytest.raises(OSError):
+        os.fstat(read_end)  # closed by the thread at end-of-file
 
 
 def test_slurm_end_time_from_the_environment_or_squeue():

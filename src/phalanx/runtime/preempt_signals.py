@@ -32,7 +32,9 @@ class SignalWatch:
         self.same_delivery_s = same_delivery_s
         self.count = 0
         self._last: float | None = None
-        self._lock = threading.Lock()
+        # reentrant: where the handlers count (the wakeup fd is someone else's), a second delivery's
+        # handler can run on the main thread between two bytecodes of the first one's `with` block
+        self._lock = threading.RLock()
         self._previous: dict[signal.Signals, object] = {}
         self._pipe: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
@@ -52,7 +54,9 @@ class SignalWatch:
             os.close(write_end)
         else:
             self._pipe = (read_end, write_end)
-            self._thread = threading.Thread(target=self._read, name="phalanx-signals", daemon=True)
+            # the fd is handed over, not read from self._pipe: an uninstall (a second Phalanx()) may
+            # have cleared that before a slow thread's first line runs
+            self._thread = threading.Thread(target=self._read, args=(read_end,), name="phalanx-signals", daemon=True)
             self._thread.start()
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handler)
@@ -87,9 +91,7 @@ class SignalWatch:
             signal.set_wakeup_fd(current)
             self._delivered(signum)
 
-    def _read(self) -> None:
-        assert self._pipe is not None
-        read_end = self._pipe[0]
+    def _read(self, read_end: int) -> None:
         try:
             while True:
                 data = os.read(read_end, 64)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import itertools
 import os
 import signal
 import sys
@@ -45,6 +46,7 @@ from phalanx.runtime.process_group import store_client
 from phalanx.runtime.step_tracker import Phase, StepTracker
 
 STORE_TIMEOUT = datetime.timedelta(seconds=60)
+_STARTED = itertools.count()  # preemptions started in this process: the same count on every rank (SPMD)
 
 
 class Preemption:
@@ -52,7 +54,7 @@ class Preemption:
 
     def __init__(self, *, rank: int, world_size: int, checkpointer: Any, progress: StepTracker,
                  cycle_idle: Callable[[], bool], busy: Callable[[str], Any], grace: float,
-                 agent: AgentEnv | None = None, poll_each_boundary: bool = False):
+                 agent: AgentEnv | None = None, poll_each_boundary: bool = False, generation: int = 0):
         self.rank = rank
         self.world_size = world_size
         self.checkpointer = checkpointer
@@ -69,7 +71,10 @@ class Preemption:
         self._batches_at_step: int | None = None
         self._step_at_last_batch: int | None = None  # global_step at the previous batch request
         self.watch: SignalWatch | None = None
-        self._requested_key = f"{store_keys.preempt_prefix(self.agent.attempt)}/{store_keys.PREEMPT_REQUESTED}"
+        # keys of this Phalanx() only: an earlier one in this process (same attempt, same store) left its
+        # agreement there, whose count and steps would decide this one's stop before every rank posted
+        self._prefix = store_keys.preempt_prefix(self.agent.attempt, generation)
+        self._requested_key = f"{self._prefix}/{store_keys.PREEMPT_REQUESTED}"
 
     # ---- hearing about it ----------------------------------------------------------------------
     def on_delivery(self, signum: int, count: int) -> None:
@@ -136,7 +141,7 @@ class Preemption:
         if self.world_size == 1:
             return step
         store = self._own_store()
-        prefix = store_keys.preempt_prefix(self.agent.attempt)
+        prefix = self._prefix
         if not self._posted:
             assert self.requested is not None
             name, reason = self.requested
@@ -196,7 +201,8 @@ def start(*, signals: str, checkpointer: Any, rank: int, world_size: int, progre
     if not numbers or checkpointer.directory is None:
         return None
     preemption = Preemption(rank=rank, world_size=world_size, checkpointer=checkpointer, progress=progress,
-                            cycle_idle=cycle_idle, busy=busy, grace=grace, poll_each_boundary=watchdog is None)
+                            cycle_idle=cycle_idle, busy=busy, grace=grace, poll_each_boundary=watchdog is None,
+                            generation=next(_STARTED))
     preemption.watch = SignalWatch(numbers, preemption.on_delivery)
     if not preemption.watch.install():
         preemption.watch = None
