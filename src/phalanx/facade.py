@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from phalanx import config
+from phalanx import config, refusal
 from phalanx.checkpoint.deferred import DeferredSave
 from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.batch_records import BatchRecords
@@ -238,7 +238,8 @@ class Phalanx:
         prepared: list[Any] = list(objects)
         models = [i for i, o in enumerate(objects) if isinstance(o, nn.Module)]
         for i in models:
-            prepared[i] = self.prepare_model(objects[i])
+            with refusal.refusing():  # a layout this model cannot take: said once, not per rank (phalanx/refusal.py)
+                prepared[i] = self.prepare_model(objects[i])
         for i, obj in enumerate(objects):
             if isinstance(obj, torch.optim.Optimizer):
                 model = prepared[models[0]] if len(models) == 1 else None

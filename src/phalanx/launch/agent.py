@@ -19,7 +19,7 @@ import uuid
 import warnings
 from typing import Any, Iterator
 
-from phalanx import config
+from phalanx import config, refusal
 from phalanx.launch.node_setup import store_address
 from phalanx.launch.rendezvous import (
     BOUND_C10D_BACKEND,
@@ -229,6 +229,10 @@ def _launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: N
                                                node_name=node.local_addr if node is not None else ""):
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as error:
+        message = restarts.refused(error.failures)
+        if message is not None:  # every rank refused the same at prepare: once, as a setting refused before launch
+            print(f"phalanx run: error: {message}", file=sys.stderr, flush=True)
+            return refusal.EXIT_CODE
         if stopper is not None and stopper.takes_over(error.failures):
             if stopper.outcome is None and checkpoint_dir and not (stopper.killed_after_grace or stopper.killed_by_third):
                 print(report.format_failures(error, nproc_per_node, seen.progress, log_dir), file=sys.stderr, flush=True)

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from phalanx import envvars, store_keys
+from phalanx import envvars, refusal, store_keys
 from phalanx.launch import membership
 
 
@@ -84,6 +84,15 @@ def storage_fault(failures: dict[int, Any]) -> bool:
         if text.startswith(STORAGE_FAULT):
             return True
     return False
+
+
+def refused(failures: dict[int, Any]) -> str | None:
+    """What prepare refused, as a failed worker recorded it (phalanx/refusal.py); None otherwise."""
+    for failure in failures.values():
+        found = refusal.from_error_file_data(failure.error_file_data)
+        if found is not None:
+            return found
+    return None
 
 
 def failure_order(rank: int, failure: Any, progress: dict[int, store_keys.RankProgress]) -> tuple:
@@ -163,6 +172,8 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
                 self._phalanx_failures = result.failures
             if result.is_failed() and stopper is not None and stopper.takes_over(result.failures):
                 self._remaining_restarts = 0  # preempted: the job ends here, it is not restarted
+            if result.is_failed() and self._remaining_restarts > 0 and refused(result.failures) is not None:
+                self._remaining_restarts = 0  # the layout cannot take the model: every attempt would refuse it
             if result.is_failed() and self._remaining_restarts > 0 and storage_fault(result.failures):
                 self._remaining_restarts = 0
                 say("phalanx: not restarting: a checkpoint could not be written (see below); make room or fix the "

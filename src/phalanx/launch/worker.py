@@ -15,7 +15,7 @@ import runpy
 import signal
 import sys
 
-from phalanx import envvars
+from phalanx import envvars, refusal
 from phalanx.launch import worker_notes
 
 
@@ -138,6 +138,11 @@ def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str
     try:
         run_target(target, is_module, args)
         leave_note(watched)
+    except refusal.Refused as error:  # the same on every rank: the launcher says it once, no tracebacks
+        refusal.say(error, int(os.environ.get(envvars.RANK, "0")), launcher=True)
+        if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            refusal.write(os.environ["TORCHELASTIC_ERROR_FILE"], str(error))
+        raise SystemExit(refusal.EXIT_CODE) from None
     except SystemExit as exit_:
         if exit_.code in (0, None):
             leave_note(watched)

@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from phalanx import refusal
 from phalanx.runtime.context import AgentEnv, DistContext
 
 # torch's default collective timeout is 10-30 minutes: a stuck job should fail in minutes.
@@ -91,6 +92,9 @@ def _watch_for_uncaught_exceptions() -> None:
 
     def hook(*exc_info):
         _state["failed"] = True
+        if isinstance(exc_info[1], refusal.Refused):  # the same on every rank: rank 0 says it, no tracebacks
+            refusal.say(exc_info[1], dist.get_rank() if dist.is_initialized() else 0, launcher=False)
+            return
         previous(*exc_info)
 
     sys.excepthook = hook
