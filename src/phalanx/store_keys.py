@@ -49,7 +49,7 @@ def failed_key(restart: int | str, rank: int) -> str:
 
 
 def preempt_prefix(restart: int | str) -> str:
-    """The preemption agreement's key prefix for one restart attempt (see runtime/preemption.py)."""
+    """The preemption agreement's key prefix for one restart attempt (see preemption/worker.py)."""
     return f"phalanx/preempt/{restart}"
 
 

@@ -133,19 +133,20 @@ def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
                     for r in range(world_size)]
     gather = zero1_gather_buffer_bytes(sizes, world_size)
     out["zero1-persistent"] = [RankBytes(b.params, b.grads, b.optimizer, buffers=gather) for b in out["zero1"]]
-    sharded = [_sharded_bytes(sizes, world_size, r, optimizer) for r in range(world_size)]
+    sharded = [sharded_bytes(sizes, world_size, r, optimizer) for r in range(world_size)]
     out["zero2"] = sharded
     out["zero3"] = [RankBytes(b.params, b.grads, b.optimizer) for b in sharded]
     out["zero3-offload"] = [RankBytes(host=b.total) for b in sharded]
     if hsdp_shard_size is not None:
         if hsdp_shard_size < 1 or world_size % hsdp_shard_size:
             raise ValueError(f"hsdp shard size {hsdp_shard_size} does not divide world size {world_size}")
-        out["hsdp"] = [_sharded_bytes(sizes, hsdp_shard_size, r % hsdp_shard_size, optimizer)
+        out["hsdp"] = [sharded_bytes(sizes, hsdp_shard_size, r % hsdp_shard_size, optimizer)
                        for r in range(world_size)]
     return out
 
 
-def _sharded_bytes(sizes: list[ParamSize], group_size: int, rank: int, optimizer: str) -> RankBytes:
+def sharded_bytes(sizes: list[ParamSize], group_size: int, rank: int, optimizer: str = "adamw") -> RankBytes:
+    """Rank `rank`'s dim-0 shards over `group_size` ranks: parameters, gradients and optimizer state."""
     numels = [(s, _dim0_chunk(s.shape, group_size, rank)) for s in sizes]
     shard = sum(n * s.element_size for s, n in numels)
     return RankBytes(shard, shard, sum(_optimizer_bytes(s, n, optimizer) for s, n in numels))

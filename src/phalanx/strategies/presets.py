@@ -8,8 +8,11 @@ turns a canonical name into a plan. Pure Python, no torch.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
+from phalanx import config
 from phalanx.config import names
 from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
 
@@ -39,6 +42,17 @@ PRESETS: dict[str, Preset] = {
 assert set(names.STRATEGIES) == {*PRESETS, *names.STRATEGY_ALIASES, AUTO}, "config/names.py lists every preset"
 
 
+def multi_process() -> list[str]:
+    """The presets that run several processes, least communication first (the table's order)."""
+    return [name for name, preset in PRESETS.items() if name != SINGLE and not preset.threads_over_gpus]
+
+
+def asking(**settings: Any) -> config.PhalanxConfig:
+    """The settings that ask for a layout (`asking(tp=2, pp=2)`), checked by their schema rows: what
+    `build` takes when no job's settings exist (the docs' tables, tests)."""
+    return config.resolve(config.from_kwargs(settings), warn=False).config
+
+
 def canonical(name: str) -> str:
     """A preset name, `auto`, or ValueError listing the valid names."""
     key = names.canonical_strategy(name)
@@ -47,12 +61,14 @@ def canonical(name: str) -> str:
     return key
 
 
-def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, pp: int = 1,
-          cpu_offload: bool = False, replicate_size: int | None = None, shard_size: int | None = None) -> ParallelPlan:
-    """The plan preset `name` stands for on `world_size` processes (`local_world_size` per node).
+def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_world_size: int, cpu_offload: bool = False,
+          replicate_size: int | None = None, shard_size: int | None = None) -> ParallelPlan:
+    """The plan preset `name` stands for on `world_size` processes (`local_world_size` per node),
+    with the model-parallel degrees `settings` (the resolved PhalanxConfig) ask for: its tp and pp.
 
     ValueError naming the settings and the valid values when the layout cannot be built.
     """
+    tp, pp = settings.tp, settings.pp
     key = canonical(name)
     if key == AUTO and world_size == 1:
         key = SINGLE
@@ -101,6 +117,19 @@ def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, pp:
         replicate, shard = dp, 1
     return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, sharding=preset.sharding,
                         cpu_offload=cpu_offload and preset.sharding >= Sharding.GRADIENTS)
+
+
+def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> ParallelPlan:
+    """The plan of `name` (one of AUTO_CHOOSES) over `plan`'s degrees: auto's decision between
+    replicas and shards of the same data-parallel ranks, made once the model is known."""
+    if name not in AUTO_CHOOSES:
+        raise ValueError(f"auto chooses among {', '.join(AUTO_CHOOSES)}, not {name!r}")
+    if not plan.is_distributed:
+        return plan
+    sharding = PRESETS[name].sharding
+    replicate, shard = (1, plan.dp_size) if sharding >= Sharding.GRADIENTS else (plan.dp_size, 1)
+    return dataclasses.replace(plan, preset=name, sharding=sharding, dp_replicate=replicate, dp_shard=shard,
+                               cpu_offload=cpu_offload and sharding >= Sharding.GRADIENTS)
 
 
 def hybrid_shape(dp_size: int, local_world_size: int, tp: int = 1, replicate_size: int | None = None,
