@@ -16,12 +16,13 @@ from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.logging.rank_log import get_logger
 from phalanx import services
 from phalanx.config.names import Needs
-from phalanx.runtime import collectives, device_peaks, host_memory, parity_record, seeding, uneven
+from phalanx.runtime import collectives, device_peaks, host_memory, parity_record, seeding
 from phalanx.runtime.context import DistContext, handed_plan, launcher_settings, mark_phalanx_created, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.runtime.process_group import init_process_group
 from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch_optimizer
-from phalanx.runtime.uneven import UnevenInputs
+from phalanx.data import uneven
+from phalanx.data.uneven import UnevenInputs
 from phalanx.model import memory
 from phalanx.model import flops, meta_init
 from phalanx.model import load_model as model_loading

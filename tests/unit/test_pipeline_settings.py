@@ -232,7 +232,7 @@ def test_uneven_inputs_under_pp_agree_step_by_step_and_join_is_refused():
     from torch import nn
 
     from phalanx.runtime.context import DistContext
-    from phalanx.runtime.uneven import choose_method
+    from phalanx.data.uneven import choose_method
 
     ctx = DistContext(rank=0, world_size=2)
     ddp_like = [nn.Linear(2, 2)]  # what Join would take under ddp is not what decides under pp
