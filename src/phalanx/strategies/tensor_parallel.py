@@ -159,8 +159,9 @@ def shrink_to_one_rank(model: nn.Module, tp_plan: Mapping[str, str] | None, plan
     return chosen
 
 
-def _narrow(module: nn.Module, name: str, dim: int, tp: int) -> None:
+def _narrow(module: nn.Module, name: str, dim: int, parts: int) -> None:
+    """Replace `module.name` by an empty (meta) parameter 1/parts the size along `dim`."""
     old = getattr(module, name)
     shape = list(old.shape)
-    shape[dim] //= tp
+    shape[dim] //= parts
     setattr(module, name, nn.Parameter(old.new_empty(shape), requires_grad=old.requires_grad))
