@@ -110,7 +110,7 @@ class Phalanx:
         self._logging.metrics.params = self._run_params
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s%s", self.rank, self.world_size,
                           self.device, "auto (decided at prepare(model), when the model is known)"
-                          if self.strategy_name == "auto" else self.strategy_name, self.run_dir,
+                          if self.strategy_name == presets.AUTO else self.strategy_name, self.run_dir,
                           self._logging.open_hint)
 
     @classmethod

@@ -60,3 +60,21 @@ def test_plans_are_made_in_one_place():
                 makers.add(path.relative_to(SRC).as_posix())
     # presets.build makes every plan; job_plan rebuilds the launcher's from its fields, unchanged
     assert makers == {"strategies/presets.py", "strategies/job_plan.py"}
+
+
+NAMES = {"ddp", "zero1", "zero2", "zero3", "hsdp", "fsdp", "single"}  # "dp" and "auto" mean other things too
+# Tables of layouts to test or document, written as a user writes them (a strategy setting's value)
+LAYOUT_TABLES = {"strategies/compatibility.py", "model/families.py", "strategies/optimizer_table.py"}
+
+
+def test_strategy_names_are_spelled_in_one_table():
+    spelled = {}
+    for path in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in NAMES and id(node) not in docstrings:
+                spelled.setdefault(path.relative_to(SRC).as_posix(), set()).add(node.value)
+    assert set(spelled) - LAYOUT_TABLES == {"config/names.py"}, spelled

@@ -9,37 +9,19 @@ turns a canonical name into a plan. Pure Python, no torch.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from phalanx import config
 from phalanx.config import names
 from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
 
-AUTO = "auto"  # not a preset: decided from the model at prepare (strategies/auto.py)
-AUTO_CHOOSES = ("ddp", "zero3")  # what auto decides between: the same degrees, replicas or shards
-SINGLE = "single"  # what a world of one runs, whatever was asked (one script, every scale)
+# The names come from config/names.py's one table; this module turns each into a plan.
+AUTO, SINGLE, AUTO_CHOOSES, PRESETS = names.AUTO, names.SINGLE, names.AUTO_CHOOSES, names.PRESETS
 
 
-@dataclass(frozen=True)
-class Preset:
-    sharding: Sharding
-    holds: str  # what each rank holds, for the docs and `phalanx plan`
-    hybrid: bool = False  # hsdp: replicas across nodes, shards within one
-    threads_over_gpus: bool = False  # dp: one process, nn.DataParallel
-
-
-PRESETS: dict[str, Preset] = {
-    SINGLE: Preset(Sharding.NONE, "everything, in one process"),
-    "dp": Preset(Sharding.NONE, "everything, one process driving every visible GPU", threads_over_gpus=True),
-    "ddp": Preset(Sharding.NONE, "full model, gradients and optimizer state"),
-    "zero1": Preset(Sharding.OPTIMIZER, "full model and gradients; 1/N of the optimizer state"),
-    "zero2": Preset(Sharding.GRADIENTS, "1/N of parameters, gradients and optimizer state; gathered "
-                                        "parameters kept from forward to backward"),
-    "zero3": Preset(Sharding.PARAMETERS, "1/N of everything; each block gathered only while it computes"),
-    "hsdp": Preset(Sharding.PARAMETERS, "zero3 within a node, replicated across nodes", hybrid=True),
-}
-assert set(names.STRATEGIES) == {*PRESETS, *names.STRATEGY_ALIASES, AUTO}, "config/names.py lists every preset"
+def sharding(name: str) -> Sharding:
+    """What preset `name`'s data-parallel shard dim splits (its ZeRO stage)."""
+    return Sharding(PRESETS[name].stage)
 
 
 def multi_process() -> list[str]:
@@ -111,12 +93,12 @@ def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_w
             # they are fewer than a node's processes, all of them (one replica).
             shard_size = min(local_world_size // tp, dp)
         replicate, shard = hybrid_shape(dp, local_world_size, tp, replicate_size, shard_size)
-    elif preset.sharding >= Sharding.GRADIENTS:
+    elif Sharding(preset.stage) >= Sharding.GRADIENTS:
         replicate, shard = 1, dp
     else:
         replicate, shard = dp, 1
-    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, sharding=preset.sharding,
-                        cpu_offload=cpu_offload and preset.sharding >= Sharding.GRADIENTS)
+    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, sharding=Sharding(preset.stage),
+                        cpu_offload=cpu_offload and Sharding(preset.stage) >= Sharding.GRADIENTS)
 
 
 def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> ParallelPlan:
@@ -126,10 +108,10 @@ def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> Para
         raise ValueError(f"auto chooses among {', '.join(AUTO_CHOOSES)}, not {name!r}")
     if not plan.is_distributed:
         return plan
-    sharding = PRESETS[name].sharding
-    replicate, shard = (1, plan.dp_size) if sharding >= Sharding.GRADIENTS else (plan.dp_size, 1)
-    return dataclasses.replace(plan, preset=name, sharding=sharding, dp_replicate=replicate, dp_shard=shard,
-                               cpu_offload=cpu_offload and sharding >= Sharding.GRADIENTS)
+    stage = sharding(name)
+    replicate, shard = (1, plan.dp_size) if stage >= Sharding.GRADIENTS else (plan.dp_size, 1)
+    return dataclasses.replace(plan, preset=name, sharding=stage, dp_replicate=replicate, dp_shard=shard,
+                               cpu_offload=cpu_offload and stage >= Sharding.GRADIENTS)
 
 
 def hybrid_shape(dp_size: int, local_world_size: int, tp: int = 1, replicate_size: int | None = None,
