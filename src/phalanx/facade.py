@@ -376,13 +376,8 @@ class Phalanx:
         if pipeline is not None:
             with self._step_progress.during(Phase.PIPELINE):
                 scale = self.strategy.precision.loss_scale() / self._accumulator.loss_divisor()
-                if num_items is None:
-                    self._items.add_plain()
-                    return pipeline.step(inputs, targets, loss_scale=scale, loss_fn=loss_fn)
-                divisor = self._items.begin(num_items)  # every microbatch's summed loss / the common divisor
-                loss = pipeline.step(inputs, targets, loss_scale=scale / divisor, loss_fn=loss_fn, summed=True)
-                self._items.add_loss(loss)
-                return loss
+                return pipeline.train_step(inputs, targets, loss_fn, loss_scale=scale, items=self._items,
+                                           num_items=num_items)
         loss = loss_fn(_call(model, inputs), targets)
         self.backward(loss, num_items=num_items)
         return loss.detach()
@@ -509,20 +504,12 @@ class Phalanx:
         the innermost loop in progress (an eval inside training: the eval's, then the training's
         again); with loaders read side by side (`zip`), name the one `data` came from: `loader=`.
         """
-        info = self._batch_records.current() if loader is None else loader.batch_info
-        size, real = info.size, info.num_real
-        trim = size is not None and real is not None and real < size
-
-        def cut(t: torch.Tensor) -> torch.Tensor:
-            return t[:real] if trim and t.dim() > 0 and t.shape[0] == size else t
-
+        mine = (self._batch_records.current() if loader is None else loader.batch_info).without_padding(data)
         with self._step_progress.during(Phase.GATHER_FOR_METRICS):
             if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
-                mine = data[:real] if trim and len(data) == size else data
                 return [x for part in collectives.gather_object(mine, debug=self.debug, group=self._dp_group)
                         for x in part]
-            return collectives.gather(collectives.map_tensors(cut, data), debug=self.debug, group=self._dp_group,
-                                      device=self.device)
+            return collectives.gather(mine, debug=self.debug, group=self._dp_group, device=self.device)
 
     def wait_for_everyone(self) -> None:
         """Barrier across all ranks (no-op in a world of one)."""
@@ -546,16 +533,11 @@ class Phalanx:
         step-level agreement. No objects: every model and optimizer this Phalanx prepared."""
         return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress,
                                     pipeline=self._plan.has(Needs.PIPELINE), prepared=self._prepared,
-                                    layout=self._layout())
+                                    layout=None if self._strategy is None else self.plan.describe())
 
     def join(self, *objects: Any) -> UnevenInputs:
         """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
-        return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self._step_progress,
-                                    pipeline=self._plan.has(Needs.PIPELINE), prepared=self._prepared,
-                                    layout=self._layout())
-
-    def _layout(self) -> str | None:
-        return None if self._strategy is None else self.plan.describe()
+        return self.uneven_inputs(*objects, method="join")
 
     def busy(self, what: str = "busy") -> contextlib.AbstractContextManager[None]:
         """Mark long work on this rank that the others wait for on purpose (e.g. rank 0 saving a
@@ -604,12 +586,6 @@ def _call(model: nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
-def _signature() -> inspect.Signature:
-    """`Phalanx`'s signature as help() and IDEs show it: the fixed arguments, then every runtime setting."""
-    fixed = [p for p in inspect.signature(Phalanx.__init__).parameters.values() if p.kind != p.VAR_KEYWORD]
-    named = {p.name for p in fixed}
-    return inspect.Signature([*fixed, *(p for p in config.keyword_parameters() if p.name not in named)])
-
-
-setattr(Phalanx.__init__, "__signature__", _signature())
+# `Phalanx`'s signature as help() and IDEs show it: the fixed arguments, then every runtime setting
+setattr(Phalanx.__init__, "__signature__", config.with_settings(inspect.signature(Phalanx.__init__)))
 
