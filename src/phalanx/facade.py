@@ -11,35 +11,31 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from phalanx import config, refusal
-from phalanx.checkpoint.deferred import DeferredSave
-from phalanx.checkpoint.manager import Checkpointer
 from phalanx.data.batch_records import BatchRecords
 from phalanx.data.loader import PreparedLoader, scale_batch
-from phalanx.logging import session as log_session
 from phalanx.logging.rank_log import get_logger
-from phalanx.runtime import collectives, device_peaks, host_memory, parity_record, preemption, seeding, uneven, watchdog
-from phalanx.observe import start as observe
-from phalanx.runtime.context import AgentEnv, DistContext, launcher_settings, mark_phalanx_created, parity_request
+from phalanx import services
+from phalanx.config.names import Needs
+from phalanx.runtime import collectives, device_peaks, host_memory, parity_record, seeding
+from phalanx.runtime.context import DistContext, handed_plan, launcher_settings, mark_phalanx_created, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.checkpoint.tied_names import tied_names
-from phalanx.runtime.profiler import StepProfiler
-from phalanx.runtime.process_group import destroy_process_group, init_process_group
+from phalanx.runtime.process_group import init_process_group
 from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch_optimizer
-from phalanx.runtime.uneven import UnevenInputs
+from phalanx.data import uneven
+from phalanx.data.uneven import UnevenInputs
 from phalanx.model import memory
-from phalanx.model import flops, meta_init, sync_batchnorm
+from phalanx.model import flops, meta_init
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
 from phalanx.loop.num_items import ItemCount
-from phalanx.strategies import auto, ddp_options, presets, settings_check
+from phalanx.strategies import auto, ddp_options, job_plan, presets, settings_check
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import choose
 from phalanx.strategies.mesh import build_mesh
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
-from phalanx.strategies.parallelize import dp_group
-from phalanx.strategies.pipeline import schedules as pipeline_schedules
 from phalanx.strategies.strategy import ParallelStrategy
 
 
@@ -80,20 +76,20 @@ class Phalanx:
             seeding.seed_everything(self.seed)
         self.device_placement = cfg.device_placement
         self._resolved = resolved
-        preset = presets.canonical(self.settings.strategy)  # bad names fail before any group is joined
-        for warning in settings_check.check(resolved, settings_check.intended_plan(
-                resolved, self.ctx.world_size, self.ctx.local_world_size, **self._hybrid())):
+        # the job's one plan: the launcher's when these settings ask for it, else built here, once;
+        # strategy auto's is the plan of its degrees until it decides (at prepare, from the model)
+        self._plan = job_plan.plan_for(self.settings.strategy, cfg, handed_plan(), world_size=self.ctx.world_size,
+                                       local_world_size=self.ctx.local_world_size,
+                                       cpu_offload=self.settings.options.cpu_offload, **self._hybrid())
+        for warning in settings_check.check(resolved, settings_check.checked_plan(resolved, self._plan)):
             get_logger().warning("%s", warning)
         self.debug = cfg.debug  # check each collective's shapes across ranks first
         init_process_group(self.ctx, cfg.collective_timeout)
-        # auto is decided once the model is known (prepare_model); every other name is a plan now.
         self._strategy: Strategy | None = None
         self._dp_group: Any = None  # the data-parallel ranks' group (None: every rank)
-        if preset != presets.AUTO or not self.ctx.is_distributed:
-            self._adopt_plan(self._build_plan(preset))
-        else:  # ddp or zero3 over the ranks tp and pp leave: the same data shards either way
-            degrees = self._build_plan(presets.AUTO_CHOOSES[0])
-            self.ctx = self.ctx.with_data_parallel(degrees.dp_rank(self.ctx.rank), degrees.dp_size)
+        self.ctx = self.ctx.with_data_parallel(self._plan)  # auto's replicas or shards: the same data shards
+        if not self._undecided():
+            self._adopt_plan(self._plan)
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_records = BatchRecords()  # each prepared loader's own record of its last batch
@@ -106,35 +102,16 @@ class Phalanx:
         self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
         self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
-        self.watchdog = watchdog.start_watchdog(self.ctx.rank, self.ctx.world_size, self._step_progress,
-                                                cfg.watchdog_timeout, destroy_process_group,
-                                                collective_timeout=cfg.collective_timeout,
-                                                labels=pipeline_schedules.rank_labels(
-                                                    self.ctx.world_size, cfg.pp, cfg.pp_schedule)
-                                                if cfg.pp > 1 else None)
-        self._checkpointer = Checkpointer(
-            strategy_name=self.strategy_name, seed=self.seed, keep=cfg.checkpoint_keep,
-            async_save=cfg.checkpoint_async, directory=cfg.checkpoint_dir,
-        )
-        self._preemption = preemption.start(  # signals -> a checkpoint of an agreed step, then exit 128+N
-            signals=cfg.preemption_signals, checkpointer=self._checkpointer, rank=self.rank,
-            world_size=self.world_size, progress=self._step_progress, grace=cfg.preempt_grace,
-            cycle_idle=lambda: self._accumulator.cycle_pos == 0, busy=self.busy, watchdog=self.watchdog)
-        self._deferred_save = DeferredSave(self._checkpointer, lambda: self._accumulator.cycle_pos == 0,
-                                           self._save_now)  # save_state() mid-cycle: at the cycle's end
-        self._step_progress.batch_request_hooks.append(self._deferred_save.at_boundary)
-        self._logging = log_session.start(self.ctx.rank, self.is_main_process, collectives.broadcast_object,
-                                          log_session.LoggingSettings.from_config(cfg), self.ctx.dp_size)
+        running = services.start(self.ctx, cfg, self._plan, self._step_progress, strategy_name=self.strategy_name,
+                                 seed=self.seed, cycle_idle=lambda: self._accumulator.cycle_pos == 0,
+                                 save_now=self._save_now)
+        self.watchdog, self._checkpointer, self._preemption = running.watchdog, running.checkpointer, running.preemption
+        self._deferred_save, self._logging = running.deferred_save, running.logging
+        self._observe, self._profiler = running.observe, running.profiler
         self._logging.metrics.params = self._run_params
-        self._observe = None if not cfg.step_anatomy else observe.start(  # phase times, stragglers, status
-            self._step_progress, self.watchdog, rank=self.rank, world_size=self.world_size,
-            local_rank=self.local_rank, attempt=AgentEnv.from_env().attempt, run_dir=self.run_dir,
-            device=self.device, metrics=self._logging.metrics)
-        self._profiler = None if cfg.profile is None else StepProfiler(
-            cfg.profile, self.rank, self.run_dir, lambda: self._checkpointer.global_step)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s%s", self.rank, self.world_size,
                           self.device, "auto (decided at prepare(model), when the model is known)"
-                          if self.strategy_name == "auto" else self.strategy_name, self.run_dir,
+                          if self.strategy_name == presets.AUTO else self.strategy_name, self.run_dir,
                           self._logging.open_hint)
 
     @classmethod
@@ -178,12 +155,12 @@ class Phalanx:
     @property
     def plan(self) -> ParallelPlan:
         """The parallel plan this job runs: degrees of each mesh dimension, what is sharded."""
-        return self._parallel().plan
+        return self.strategy.plan
 
     @property
     def mesh(self) -> Any:
         """The DeviceMesh with named dims (pp, dp_replicate, dp_shard, tp); None in a world of one."""
-        return self._parallel().mesh
+        return self.strategy.mesh
 
     @property
     def dp_size(self) -> int:
@@ -202,29 +179,24 @@ class Phalanx:
                                "HINT: call px.prepare(model, ...) first.")
         return self._strategy
 
-    def _parallel(self) -> ParallelStrategy:
-        return self.strategy  # type: ignore[return-value]
-
     def _pipeline(self, model: nn.Module) -> Any:
-        """The PipelineRunner of a model prepared under pp > 1; None in other layouts."""
-        return self._parallel().pipeline(model) if self._strategy is not None else None
+        """The pipeline runner of a prepared model (pp > 1); None in other layouts."""
+        return self.strategy.pipeline(model) if self._strategy is not None else None
+
+    def _undecided(self) -> bool:
+        """Strategy auto, still to decide from the model (a world of one has nothing to decide)."""
+        return presets.canonical(self.settings.strategy) == presets.AUTO and self._plan.is_distributed
 
     def _hybrid(self) -> dict[str, Any]:
         """hsdp's shape options, from strategy_options."""
         return {"replicate_size": self.settings.options.replicate_size, "shard_size": self.settings.options.shard_size}
 
-    def _build_plan(self, preset: str) -> ParallelPlan:
-        return presets.build(preset, world_size=self.ctx.world_size, local_world_size=self.ctx.local_world_size,
-                             tp=self.config.tp, pp=self.config.pp, cpu_offload=self.settings.options.cpu_offload,
-                             **self._hybrid())
-
     def _adopt_plan(self, plan: ParallelPlan) -> None:
         """Build the mesh (every rank, together) and the strategy for `plan`; loaders read the
         data-parallel shard it gives this rank."""
-        mesh = build_mesh(plan, self.ctx.device.type)
-        self.ctx = self.ctx.with_data_parallel(plan.dp_rank(self.ctx.rank), plan.dp_size)
-        self._strategy = ParallelStrategy(plan, self.ctx, self.settings.options, mesh)
-        self._dp_group = dp_group(mesh, plan)
+        self._plan = plan
+        self._strategy = ParallelStrategy(plan, self.ctx, self.settings.options, build_mesh(plan, self.ctx.device.type))
+        self._dp_group = self._strategy.dp_group
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
@@ -259,7 +231,7 @@ class Phalanx:
         hsdp, tensor parallel) or cuts pipeline stages (pp > 1): prepare then allocates and
         initialises only this rank's shards or stages, with the values one process would draw; and
         under auto (which sizes the model before choosing). On `px.device` otherwise."""
-        on_meta = self._strategy is None or self._parallel().plan.builds_on_meta
+        on_meta = self._strategy is None or self.strategy.plan.builds_on_meta
         return meta_init.init_module(on_meta, self.device)
 
     def load_model(self, model: nn.Module, source: Any, *, strict: bool = True) -> model_loading.LoadResult:
@@ -269,18 +241,18 @@ class Phalanx:
         Under pp each rank reads its own stages' tensors from a safetensors file (other sources refused)."""
         with self.busy(Phase.LOAD_MODEL):
             return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank,
-                                            elsewhere=self._parallel().held_elsewhere if self.config.pp > 1 else None)
+                                            elsewhere=self.strategy.stage_filter())
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        if self._strategy is None:  # auto: sized from this model, then a concrete plan
-            name, reason = auto.decide(model, self.ctx, self.settings.options, self.config.tp, self.config.pp)
-            plan = self._build_plan(name)
-            settings_check.check(self._resolved, plan, chose=f"{name}: {reason}")
+        if self._strategy is None:  # auto: sized from this model, then replicas or shards of its degrees
+            name, reason = auto.decide(model, self.ctx, self.settings.options, self._plan)
+            plan = presets.decided(self._plan, name, cpu_offload=self.settings.options.cpu_offload)
+            settings_check.check(self._resolved, settings_check.checked_plan(self._resolved, plan, decided=True),
+                                 chose=f"{name}: {reason}")
             self._adopt_plan(plan)
             get_logger().info("strategy auto chose %s: %s", name, reason)
         if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
-            sync_batchnorm.refuse_under_pipeline(model, self.config.pp)
-            model = sync_batchnorm.convert(model, self.device, self._dp_group)
+            model = self.strategy.convert_sync_batchnorm(model)
         shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
         self._logging.throughput.set_model(shape and shape.flops_per_token,
                                            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
@@ -407,13 +379,8 @@ class Phalanx:
         if pipeline is not None:
             with self._step_progress.during(Phase.PIPELINE):
                 scale = self.strategy.precision.loss_scale() / self._accumulator.loss_divisor()
-                if num_items is None:
-                    self._items.add_plain()
-                    return pipeline.step(inputs, targets, loss_scale=scale, loss_fn=loss_fn)
-                divisor = self._items.begin(num_items)  # every microbatch's summed loss / the common divisor
-                loss = pipeline.step(inputs, targets, loss_scale=scale / divisor, loss_fn=loss_fn, summed=True)
-                self._items.add_loss(loss)
-                return loss
+                return pipeline.train_step(inputs, targets, loss_fn, loss_scale=scale, items=self._items,
+                                           num_items=num_items)
         loss = loss_fn(_call(model, inputs), targets)
         self.backward(loss, num_items=num_items)
         return loss.detach()
@@ -540,20 +507,12 @@ class Phalanx:
         the innermost loop in progress (an eval inside training: the eval's, then the training's
         again); with loaders read side by side (`zip`), name the one `data` came from: `loader=`.
         """
-        info = self._batch_records.current() if loader is None else loader.batch_info
-        size, real = info.size, info.num_real
-        trim = size is not None and real is not None and real < size
-
-        def cut(t: torch.Tensor) -> torch.Tensor:
-            return t[:real] if trim and t.dim() > 0 and t.shape[0] == size else t
-
+        mine = (self._batch_records.current() if loader is None else loader.batch_info).without_padding(data)
         with self._step_progress.during(Phase.GATHER_FOR_METRICS):
             if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
-                mine = data[:real] if trim and len(data) == size else data
                 return [x for part in collectives.gather_object(mine, debug=self.debug, group=self._dp_group)
                         for x in part]
-            return collectives.gather(collectives.map_tensors(cut, data), debug=self.debug, group=self._dp_group,
-                                      device=self.device)
+            return collectives.gather(mine, debug=self.debug, group=self._dp_group, device=self.device)
 
     def wait_for_everyone(self) -> None:
         """Barrier across all ranks (no-op in a world of one)."""
@@ -576,15 +535,12 @@ class Phalanx:
         """Context for data whose length differs per rank: torch's Join where it applies, else a
         step-level agreement. No objects: every model and optimizer this Phalanx prepared."""
         return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress,
-                                    pipeline=self.config.pp > 1, prepared=self._prepared, layout=self._layout())
+                                    pipeline=self._plan.has(Needs.PIPELINE), prepared=self._prepared,
+                                    layout=None if self._strategy is None else self.plan.describe())
 
     def join(self, *objects: Any) -> UnevenInputs:
         """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
-        return uneven.uneven_inputs(objects or self._prepared, self.ctx, "join", self._step_progress,
-                                    pipeline=self.config.pp > 1, prepared=self._prepared, layout=self._layout())
-
-    def _layout(self) -> str | None:
-        return None if self._strategy is None else self.plan.describe()
+        return self.uneven_inputs(*objects, method="join")
 
     def busy(self, what: str = "busy") -> contextlib.AbstractContextManager[None]:
         """Mark long work on this rank that the others wait for on purpose (e.g. rank 0 saving a
@@ -633,12 +589,6 @@ def _call(model: nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
-def _signature() -> inspect.Signature:
-    """`Phalanx`'s signature as help() and IDEs show it: the fixed arguments, then every runtime setting."""
-    fixed = [p for p in inspect.signature(Phalanx.__init__).parameters.values() if p.kind != p.VAR_KEYWORD]
-    named = {p.name for p in fixed}
-    return inspect.Signature([*fixed, *(p for p in config.keyword_parameters() if p.name not in named)])
-
-
-Phalanx.__init__.__signature__ = _signature()  # type: ignore[attr-defined]
+# `Phalanx`'s signature as help() and IDEs show it: the fixed arguments, then every runtime setting
+setattr(Phalanx.__init__, "__signature__", config.with_settings(inspect.signature(Phalanx.__init__)))
 

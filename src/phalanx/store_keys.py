@@ -51,7 +51,7 @@ def failed_key(restart: int | str, rank: int) -> str:
 def preempt_prefix(restart: int | str, generation: int = 0) -> str:
     """The preemption agreement's key prefix for one restart attempt and, within it, one `Phalanx()`
     of each rank's process (`generation` counts them: a notebook builds a second one after the first
-    stopped, on the same store, and must not read the first one's agreement; see runtime/preemption.py)."""
+    stopped, on the same store, and must not read the first one's agreement; see preemption/worker.py)."""
     return f"phalanx/preempt/{restart}/{generation}"
 
 

@@ -5,7 +5,7 @@ BF16_TOLERANCE) or is refused at prepare with the reason the cell names; docs/co
 
 The references run in one launch of a world of one; the cells in one launch per process count (a
 preemption stops a run with SystemExit in the middle of the launch; the next cell's Phalanx() starts
-afresh, and its preemption agrees under store keys of its own: runtime/preemption.py). The unmarked
+afresh, and its preemption agrees under store keys of its own: preemption/worker.py). The unmarked
 test runs a representative subset; the whole matrix is marked slow."""
 from __future__ import annotations
 

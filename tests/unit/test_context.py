@@ -34,6 +34,6 @@ def test_unknown_strategy_lists_valid_names():
 
 
 def test_auto_and_ddp_in_a_world_of_one_run_single_device():
-    assert presets.build("auto", world_size=1, local_world_size=1).preset == "single"
-    assert presets.build("ddp", world_size=1, local_world_size=1).preset == "single"
+    assert presets.build("auto", presets.asking(), world_size=1, local_world_size=1).preset == "single"
+    assert presets.build("ddp", presets.asking(), world_size=1, local_world_size=1).preset == "single"
     assert presets.canonical("auto") == "auto"  # decided at prepare, from the model size

@@ -1,26 +1,52 @@
-"""The rooms' doors: each package imports only the packages below it (checked on the source, so a
-lazy import inside a function counts too)."""
+"""The rooms' doors: every package (and every module at the package root) has a place in one order,
+and imports only the rooms before it: no import against the layering, so no cycle. Checked on the
+source, so a lazy import inside a function counts too, and so does a module named in a string
+(`cli.py` imports its subcommands by name)."""
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "phalanx"
 
-# What each package may import from phalanx besides itself: the rooms below it.
-BELOW: dict[str, set[str]] = {
-    "config": set(),
-    "model": {"config", "logging", "loop"},
-    "loop": {"config", "logging"},
-    "strategies": {"config", "logging", "loop", "model", "runtime"},
-    "observe": {"config", "logging", "runtime"},  # runtime: start.py only (the launcher's side: no torch)
-}
+# Bottom first: a room may import the rooms before it. Everyone may import the leaves.
+LEAVES = {"envvars", "store_keys", "preemption_report", "refusal", "__version__"}  # names, keys and the refusal error: no imports of phalanx
+ORDER = [
+    "config",  # the settings schema, its kinds, sources and word lists
+    "logging",  # rank-aware logs, metrics, progress
+    "cluster",  # what SLURM / MPI / the network say: pure functions
+    "loop",  # accumulation, LR schedulers, precision
+    "model",  # meta init, weight loading, units, memory estimates
+    "runtime",  # inside a worker: context, process group, collectives, watchdog
+    "data",  # samplers, streams, the prepared loader, uneven inputs
+    "checkpoint",  # save / load / resume, export
+    "observe",  # step anatomy, stragglers; `phalanx top`, the dashboard
+    "strategies",  # the parallel plan, its presets, parallelize, the Strategy
+    "preemption",  # the worker's side of preemption: signals, an agreed step, its checkpoint
+    "launch",  # the launcher process (never the runtime: test_launcher_imports)
+    "parity",  # `phalanx parity`
+    "plan",  # `phalanx plan`
+    "doctor",  # `phalanx doctor`
+    "services",  # what runs beside the loop, wired for the facade
+    "facade",  # `Phalanx`
+    "config_command",  # `phalanx config`
+    "cli",  # the `phalanx` command
+    "__main__",
+    "__init__",  # the public API
+]
 
 
-def _phalanx_imports(path: Path) -> set[str]:
-    """The top-level phalanx packages `path` imports, anywhere in the file."""
+def _room(path: Path) -> str:
+    parts = path.relative_to(SRC).parts
+    return parts[0] if len(parts) > 1 else parts[0][:-3]
+
+
+def _imports(path: Path) -> set[str]:
+    """The phalanx rooms `path` imports, anywhere in the file."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("phalanx."):
@@ -29,14 +55,52 @@ def _phalanx_imports(path: Path) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("phalanx."))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and re.fullmatch(r"phalanx(\.\w+)+", node.value) \
+                and node.value.split(".")[1] in (*ORDER, *LEAVES):  # importlib.import_module("phalanx.x.y")
+            found.add(node.value.split(".")[1])
     return found
 
 
-@pytest.mark.parametrize("package", sorted(BELOW))
-def test_a_package_imports_only_the_rooms_below_it(package):
-    wrong = {}
-    for path in sorted((SRC / package).rglob("*.py")):
-        above = _phalanx_imports(path) - BELOW[package] - {package, "envvars", "store_keys"}
-        if above:
-            wrong[str(path.relative_to(SRC))] = sorted(above)
-    assert not wrong, f"{package}/ imports rooms above it: {wrong}"
+@functools.lru_cache(maxsize=1)
+def _graph() -> dict[str, dict[str, set[str]]]:
+    """room -> imported room -> the files that import it."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        room = _room(path)
+        for other in _imports(path) - {room}:
+            graph.setdefault(room, {}).setdefault(other, set()).add(str(path.relative_to(SRC)))
+    return graph
+
+
+def test_every_room_has_a_place_in_the_order():
+    rooms = {_room(path) for path in SRC.rglob("*.py")}
+    assert rooms - LEAVES == set(ORDER), "place each new package or root module in ORDER (and docs/architecture.md)"
+
+
+@pytest.mark.parametrize("room", ORDER)
+def test_a_room_imports_only_the_rooms_before_it(room):
+    allowed = set(ORDER[:ORDER.index(room)]) | LEAVES
+    wrong = {other: sorted(files) for other, files in _graph().get(room, {}).items() if other not in allowed}
+    assert not wrong, f"{room} imports rooms after it: {wrong}"
+
+
+def test_the_leaves_import_no_room():
+    graph = _graph()
+    assert not {leaf: graph[leaf] for leaf in LEAVES if leaf in graph}
+
+
+def test_no_cycles():
+    graph = {room: set(edges) for room, edges in _graph().items()}
+    done: set[str] = set()
+
+    def visit(room: str, path: tuple[str, ...]) -> None:
+        assert room not in path, f"import cycle: {' -> '.join((*path, room))}"
+        if room in done:
+            return
+        for other in sorted(graph.get(room, ())):
+            visit(other, (*path, room))
+        done.add(room)
+
+    for room in sorted(graph):
+        visit(room, ())

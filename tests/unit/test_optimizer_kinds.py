@@ -11,8 +11,8 @@ from phalanx.strategies.optimizer_kinds import Route, StepKind, classify, route
 from phalanx.strategies.whole_tensor_step import balanced_owners
 
 
-def _plan(name: str, world: int = 2, **kw):
-    return presets.build(name, world_size=world, local_world_size=world, **kw)
+def _plan(name: str, world: int = 2, tp: int = 1, pp: int = 1, **kw):
+    return presets.build(name, presets.asking(tp=tp, pp=pp), world_size=world, local_world_size=world, **kw)
 
 
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "ASGD",

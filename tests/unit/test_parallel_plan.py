@@ -14,7 +14,7 @@ from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
 
 
 def build(name, world=4, local=4, tp=1, **kw):
-    return presets.build(name, world_size=world, local_world_size=local, tp=tp, **kw)
+    return presets.build(name, presets.asking(tp=tp), world_size=world, local_world_size=local, **kw)
 
 
 def test_presets_are_points_of_the_plan():
@@ -178,13 +178,14 @@ def test_a_transformers_model_brings_its_own_plan():
 def test_one_tensor_parallel_rank_holds_the_split_layers_narrowed():
     with torch.device("meta"):
         net = Net()
-    tensor_parallel.shrink_to_one_rank(net, {"blocks.*.0": "colwise", "blocks.*.1": "rowwise"}, 2)
+    tensor_parallel.shrink_to_one_rank(net, {"blocks.*.0": "colwise", "blocks.*.1": "rowwise"},
+                                       build("ddp", world=2, local=2, tp=2))
     assert net.blocks[0][0].weight.shape == (8, 8) and net.blocks[0][0].bias.shape == (8,)
     assert net.blocks[0][1].weight.shape == (8, 8) and net.blocks[0][1].bias.shape == (8,)
     assert net.blocks[0](torch.empty(3, 8, device="meta")).shape == (3, 8)  # a rank's part computes end to end
     with pytest.raises(ValueError, match=r"tp=3: layer 'blocks.0.0' \(Linear\) has 16 rows to split"):
         with torch.device("meta"):
-            tensor_parallel.shrink_to_one_rank(Net(), {"blocks.*.0": "colwise"}, 3)
+            tensor_parallel.shrink_to_one_rank(Net(), {"blocks.*.0": "colwise"}, build("ddp", world=3, local=3, tp=3))
 
 
 def test_launcher_refuses_tp_that_does_not_divide_the_processes(tmp_path, capsys):

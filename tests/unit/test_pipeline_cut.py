@@ -151,15 +151,16 @@ def test_a_cut_on_the_meta_device_allocates_nothing():
 
 
 def test_tied_weights_across_stages_are_held_by_both_ranks_and_found_for_the_gradient_sum():
+    from phalanx.strategies.parallel_plan import ParallelPlan
     from phalanx.strategies.pipeline.tied import find_tied
 
     model = new_model()
     model.head.weight = model.embed.weight
     chain = pipe.find_chain(model)
     stages = pipe.split_stages(chain, 2)
-    (tied,) = find_tied(model, chain, stages, "1F1B", 2)
+    (tied,) = find_tied(model, chain, stages, "1F1B", ParallelPlan(preset="ddp", pp=2))
     assert (tied.holders, tied.pp_ranks) == (("embed.weight", "head.weight"), (0, 1)) and tied.name in tied.holders
-    assert find_tied(model, chain, pipe.split_stages(chain, 1), "1F1B", 1) == []  # one stage holds both
+    assert find_tied(model, chain, pipe.split_stages(chain, 1), "1F1B", ParallelPlan(preset="single")) == []  # one stage holds both
     first = pipe.cut_model(model, chain, stages, [0]).model
     assert "embed.weight" in dict(first.named_parameters()) and "head.weight" not in dict(first.named_parameters())
 

@@ -20,8 +20,8 @@ from phalanx.strategies.pipeline import layout, schedules
 from tests.dist.tp_workloads import TinyLM
 
 
-def build(name, world=4, local=4, **kw):
-    return presets.build(name, world_size=world, local_world_size=local, **kw)
+def build(name, world=4, local=4, tp=1, pp=1, **kw):
+    return presets.build(name, presets.asking(tp=tp, pp=pp), world_size=world, local_world_size=local, **kw)
 
 
 def check(**settings):
@@ -154,14 +154,14 @@ def test_a_world_of_one_refuses_pp_as_it_refuses_tp():
 
 # ---- the watchdog names stages --------------------------------------------------------------------
 def test_rank_labels_follow_the_schedules_placement():
-    assert schedules.rank_labels(4, 2, "1F1B") == ["pipeline stage 0 of 2", "pipeline stage 0 of 2",
+    assert schedules.rank_labels(build("ddp", pp=2), "1F1B") == ["pipeline stage 0 of 2", "pipeline stage 0 of 2",
                                                    "pipeline stage 1 of 2", "pipeline stage 1 of 2"]
-    assert schedules.rank_labels(2, 2, "ZBVZeroBubble") == ["pipeline stages 0, 3 of 4", "pipeline stages 1, 2 of 4"]
+    assert schedules.rank_labels(build("ddp", world=2, local=2, pp=2), "ZBVZeroBubble") == ["pipeline stages 0, 3 of 4", "pipeline stages 1, 2 of 4"]
 
 
 def test_a_stalled_stage_is_named_with_its_rank():
     peers = [PeerView((5, 10, 3, "pipeline"), 100.0, 0.0), PeerView((5, 10, 3, "step"), 100.0, 0.0)]
-    verdict = judge(peers, now=100.0, timeout=10.0, me=0, labels=schedules.rank_labels(2, 2, "1F1B"))
+    verdict = judge(peers, now=100.0, timeout=10.0, me=0, labels=schedules.rank_labels(build("ddp", world=2, local=2, pp=2), "1F1B"))
     assert verdict.headline.startswith("phalanx watchdog: rank 1 (pipeline stage 1 of 2) stalled at step 3 "
                                        "(phase 'step': in the training script")
     assert verdict.lines == ["  rank 0 (pipeline stage 0 of 2): step 3, phase 'pipeline' (waiting)",
@@ -185,8 +185,8 @@ def test_a_meta_models_stage_draws_the_initial_values_of_one_process():
 
 def test_strategy_auto_sizes_the_largest_pipeline_rank():
     # a block holds 8448 parameters, the embedding and the head 2048 each, the norm 64
-    assert layout.largest_rank_units(TinyLM(4), 2, StrategyOptions()) == ("layers.2", "layers.3", "norm", "head")
-    interleaved = layout.largest_rank_units(TinyLM(4), 2, StrategyOptions(pp_schedule="Interleaved1F1B"))
+    assert layout.largest_rank_units(TinyLM(4), build("ddp", pp=2), StrategyOptions()) == ("layers.2", "layers.3", "norm", "head")
+    interleaved = layout.largest_rank_units(TinyLM(4), build("ddp", pp=2), StrategyOptions(pp_schedule="Interleaved1F1B"))
     assert interleaved == ("layers.1", "layers.3", "norm", "head")  # stages 1 and 3: 19008 against 18944
 
 
@@ -232,7 +232,7 @@ def test_uneven_inputs_under_pp_agree_step_by_step_and_join_is_refused():
     from torch import nn
 
     from phalanx.runtime.context import DistContext
-    from phalanx.runtime.uneven import choose_method
+    from phalanx.data.uneven import choose_method
 
     ctx = DistContext(rank=0, world_size=2)
     ddp_like = [nn.Linear(2, 2)]  # what Join would take under ddp is not what decides under pp

@@ -21,9 +21,9 @@ from phalanx import preemption_report as report
 from phalanx.cluster import slurm_job
 from phalanx.config import kinds
 from phalanx.launch import preemption as launch_preemption
-from phalanx.runtime import preemption
+from phalanx.preemption import worker as preemption
 from phalanx.runtime.context import AgentEnv
-from phalanx.runtime.preempt_signals import SignalWatch
+from phalanx.preemption.signals import SignalWatch
 from phalanx.runtime.step_tracker import StepTracker
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,6 +8,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from phalanx.data.loader import PreparedLoader
 from phalanx.data.split_batches import not_dividing_message, per_rank_batch_size
 from phalanx.runtime.context import DistContext
+from phalanx.strategies.parallel_plan import ParallelPlan
 
 
 def split_loaders(world: int, batch_size: int = 12, n: int = 48, **ctx_kw) -> list[PreparedLoader]:
@@ -104,7 +105,7 @@ def test_a_stream_is_read_in_per_rank_batches():
 
 def test_the_data_parallel_size_and_rank_come_from_the_context_not_the_world():
     """Ranks of one tensor-parallel group (same dp rank) read the same batches."""
-    tp_pairs = [DistContext(rank=r, world_size=4).with_data_parallel(r // 2, 2) for r in range(4)]
+    tp_pairs = [DistContext(rank=r, world_size=4).with_data_parallel(ParallelPlan(preset="ddp", dp_replicate=2, tp=2)) for r in range(4)]
     data = TensorDataset(torch.arange(48))
     per_rank = [PreparedLoader(DataLoader(data, batch_size=12, shuffle=True), c, seed=7, split_batches=True)
                 for c in tp_pairs]

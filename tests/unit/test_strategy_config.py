@@ -25,7 +25,7 @@ def test_unknown_strategy_lists_every_valid_name():
 
 
 def build(name, world_size=1):
-    return presets.build(name, world_size=world_size, local_world_size=world_size).preset
+    return presets.build(name, presets.asking(), world_size=world_size, local_world_size=world_size).preset
 
 
 def test_names_resolve_and_fsdp_is_zero3():

@@ -19,7 +19,14 @@ from phalanx.config.template import template_text
 
 __all__ = ["BY_NAME", "GROUPS", "Group", "LAUNCHER", "RUNTIME", "SETTINGS", "ConfigError", "Layer", "PhalanxConfig", "Resolved",
            "Scope", "Setting", "from_env", "from_flags", "from_kwargs", "from_mapping", "from_yaml", "from_yaml_runtime", "keyword_parameters",
-           "resolve", "template_text", "to_env_value", "valid_keys", "worker_env"]
+           "resolve", "template_text", "to_env_value", "valid_keys", "with_settings", "worker_env"]
+
+
+def with_settings(signature: inspect.Signature) -> inspect.Signature:
+    """`signature` (of a function taking **settings) with every runtime setting as a keyword argument."""
+    fixed = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+    named = {p.name for p in fixed}
+    return inspect.Signature([*fixed, *(p for p in keyword_parameters() if p.name not in named)])
 
 
 def keyword_parameters() -> list[inspect.Parameter]:

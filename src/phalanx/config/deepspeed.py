@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+from phalanx.config import names
+
+_STAGES = names.BY_STAGE  # DeepSpeed's ZeRO stage -> the preset of that stage
 _TOP_LEVEL = {"zero_optimization", "bf16", "bfloat16", "fp16", "gradient_accumulation_steps",
               "gradient_clipping", "train_micro_batch_size_per_gpu", "train_batch_size"}
 
@@ -107,7 +109,7 @@ def load(config: str | os.PathLike | Mapping[str, Any], warn: bool = True) -> De
 
 def _read_zero(zero: Any, out: DeepSpeedConfig) -> None:
     if zero is None:
-        out.strategy = "ddp"  # DeepSpeed's default is stage 0: plain data parallelism
+        out.strategy = _STAGES[0]  # DeepSpeed's default is stage 0: plain data parallelism
         return
     if not isinstance(zero, Mapping):
         raise ValueError(f"{out.source}: zero_optimization must be an object, got {zero!r}")

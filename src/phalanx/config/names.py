@@ -4,10 +4,42 @@ to mean anything. strategies/ and loop/precision.py own the behaviour behind eac
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
-# In the order users read them in error messages; "single" is what a world of one runs.
-STRATEGIES: tuple[str, ...] = ("dp", "ddp", "zero1", "zero2", "zero3", "fsdp", "auto", "hsdp", "single")
-STRATEGY_ALIASES: dict[str, str] = {"fsdp": "zero3"}
+
+@dataclass(frozen=True)
+class Preset:
+    """What a strategy name stands for: a point of the parallel plan (strategies/presets.py builds it)."""
+
+    stage: int  # the ZeRO stage: what the data-parallel shard dim splits (parallel_plan.Sharding)
+    holds: str  # what each rank holds, for the docs and `phalanx plan`
+    hybrid: bool = False  # hsdp: replicas across nodes, shards within one
+    threads_over_gpus: bool = False  # dp: one process, nn.DataParallel
+
+
+AUTO = "auto"  # not a preset: decided from the model at prepare (strategies/auto.py)
+SINGLE = "single"  # what a world of one runs, whatever was asked (one script, every scale)
+# THE table of strategy names, in the order users read them in error messages: a preset, an
+# alias of one (its name), or auto (None). Every other list of names derives from it.
+STRATEGY_TABLE: dict[str, Preset | str | None] = {
+    "dp": Preset(0, "everything, one process driving every visible GPU", threads_over_gpus=True),
+    "ddp": Preset(0, "full model, gradients and optimizer state"),
+    "zero1": Preset(1, "full model and gradients; 1/N of the optimizer state"),
+    "zero2": Preset(2, "1/N of parameters, gradients and optimizer state; gathered parameters kept from "
+                       "forward to backward"),
+    "zero3": Preset(3, "1/N of everything; each block gathered only while it computes"),
+    "fsdp": "zero3",
+    AUTO: None,
+    "hsdp": Preset(3, "zero3 within a node, replicated across nodes", hybrid=True),
+    SINGLE: Preset(0, "everything, in one process"),
+}
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_TABLE)
+STRATEGY_ALIASES: dict[str, str] = {name: to for name, to in STRATEGY_TABLE.items() if isinstance(to, str)}
+PRESETS: dict[str, Preset] = {name: p for name, p in STRATEGY_TABLE.items() if isinstance(p, Preset)}
+# The data-parallel presets of one process per device, by ZeRO stage (DeepSpeed's stages, Accelerate's FSDP)
+BY_STAGE: dict[int, str] = {p.stage: name for name, p in PRESETS.items()
+                            if not p.hybrid and not p.threads_over_gpus and name != SINGLE}
+AUTO_CHOOSES: tuple[str, ...] = (BY_STAGE[0], BY_STAGE[3])  # auto: the same degrees, replicas or shards
 
 # zero1's gather of the updated chunks: transient buckets (memory) or one persistent buffer (speed)
 ZERO1_GATHER_MODES: tuple[str, ...] = ("bucketed", "persistent")

@@ -8,6 +8,9 @@ one of the loader it is given.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from phalanx.runtime.collectives import map_tensors
 
 
 @dataclass(eq=False)
@@ -21,6 +24,17 @@ class BatchInfo:
 
     def clear(self) -> None:
         self.size = self.num_real = self.left = None
+
+    def without_padding(self, data: Any) -> Any:
+        """`data` computed from this batch, less this rank's padding repeats: tensors (nested in
+        containers) whose first dimension is the batch's size cut to its real samples, and a list
+        of that many Python objects (predicted strings) likewise; anything else as it is."""
+        size, real = self.size, self.num_real
+        if size is None or real is None or real >= size:
+            return data
+        if isinstance(data, list) and len(data) == size and not any(hasattr(x, "shape") for x in data):
+            return data[:real]
+        return map_tensors(lambda t: t[:real] if t.dim() > 0 and t.shape[0] == size else t, data)
 
 
 class BatchRecords:

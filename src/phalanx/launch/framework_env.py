@@ -14,13 +14,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from phalanx.config import names
+
 ACCELERATE_USE_CPU = "ACCELERATE_USE_CPU"
 ACCELERATE_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
 ACCELERATE_USE_FSDP = "ACCELERATE_USE_FSDP"
 FSDP_VERSION = "FSDP_VERSION"
 FSDP_RESHARD_AFTER_FORWARD = "FSDP_RESHARD_AFTER_FORWARD"
 # phalanx's sharded presets Accelerate's FSDP2 expresses: reshard after forward (zero3) or not (zero2)
-_FSDP_RESHARD = {"zero3": "true", "fsdp": "true", "zero2": "false"}
+_FSDP_RESHARD = {name: "true" if stage >= 3 else "false" for stage, name in names.BY_STAGE.items() if stage >= 2}
+_FSDP_RESHARD.update({alias: _FSDP_RESHARD[to] for alias, to in names.STRATEGY_ALIASES.items() if to in _FSDP_RESHARD})
+_DDP = (names.BY_STAGE[0], names.AUTO)  # Accelerate's default, multi-GPU data parallel
 
 
 def accelerate_env(settings: Any, num_gpus_in_use: int, environ: Mapping[str, str]) -> dict[str, str]:
@@ -40,5 +44,5 @@ def reaches_accelerate(name: str, value: Any, num_gpus_in_use: int) -> bool:
     """Whether the setting `name` = `value` reaches an Accelerate script through `accelerate_env`."""
     if name == "mixed_precision":
         return True
-    return name == "strategy" and value in ("ddp", "auto") or (name == "strategy" and num_gpus_in_use > 0
+    return name == "strategy" and value in _DDP or (name == "strategy" and num_gpus_in_use > 0
                                                               and value in _FSDP_RESHARD)

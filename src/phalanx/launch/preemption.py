@@ -6,7 +6,7 @@ its shutdown timeout) and knows nothing of SIGUSR1, whose default action would e
 and orphan the workers. So the preemption signals are taken out of torch's list; `Stopper`
 handles them instead:
 - 1st: forward the signal to every local worker and keep supervising; the workers finish their
-  step, agree on it, save it and exit (runtime/preemption.py). Until they all have exited (or
+  step, agree on it, save it and exit (preemption/worker.py). Until they all have exited (or
   `preempt_grace` has passed: then they are killed) no worker is stopped by torch, so a rank that
   exits first never cuts another's save short, and no restart follows.
 - 2nd: a note; the save goes on.

@@ -180,7 +180,7 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
     else:
         num_gpus_in_use = devices.count_visible_gpus()
     nproc = devices.resolve_nproc(spec.nproc_per_node, spec.gpus, lambda: num_gpus_in_use, num_cores, spec.nproc_kind)
-    check_layout(spec, nproc)
+    handed = check_layout(spec, nproc)
     env = devices.worker_env_for_devices(nproc, spec.gpus, os.environ, num_cores)
     warning = devices.oversubscription_warning(nproc, num_cores, num_gpus_in_use,
                                                env.get(envvars.OMP_NUM_THREADS) or os.environ.get(envvars.OMP_NUM_THREADS))
@@ -188,33 +188,43 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
         print(warning, file=sys.stderr, flush=True)
     env.update(spec.worker_env)
     env.update(framework_env.accelerate_env(spec.settings, num_gpus_in_use, os.environ))  # as `accelerate launch`
+    if handed is not None:
+        env[envvars.PHALANX_PLAN] = handed  # the job's plan, built once: workers asking the same adopt it
     return nproc, num_gpus_in_use, env
 
 
-def check_layout(spec: LaunchSpec, nproc: int) -> None:
+def check_layout(spec: LaunchSpec, nproc: int) -> str | None:
     """The parallel layout the settings describe, on every node count the job may have: tp (x pp)
     must divide the processes, hsdp's replicas must fit the nodes, settings the layout would ignore are
-    refused. Also DeepSpeed's batch identity, which counts data-parallel ranks."""
+    refused. Also DeepSpeed's batch identity, which counts data-parallel ranks. Returns the plan of
+    the job's full size as the workers' PHALANX_PLAN (strategies/job_plan.py), built once here."""
     if spec.settings is None:
-        return
-    from phalanx.strategies import settings_check
+        return None
+    from phalanx.strategies import job_plan, settings_check
 
-    tp = spec.settings.config.tp
+    cfg = spec.settings.config
+    deepspeed = spec.settings.deepspeed
+    handed = None
     for nnodes in sorted({spec.min_nnodes or spec.nnodes, spec.nnodes}):
+        where = {"world_size": nproc * nnodes, "local_world_size": nproc,
+                 "cpu_offload": bool(deepspeed is not None and deepspeed.cpu_offload)}
         try:
-            for warning in settings_check.check(spec.settings, settings_check.intended_plan(
-                    spec.settings, nproc * nnodes, nproc)):
+            plan = job_plan.build(cfg.strategy, cfg, **where)
+            for warning in settings_check.check(spec.settings, settings_check.checked_plan(spec.settings, plan)):
                 print(f"phalanx run: warning: {warning}", file=sys.stderr, flush=True)
             if spec.deepspeed is not None and spec.min_nnodes is None:
-                spec.deepspeed.check_world(nproc * nnodes // (tp * spec.settings.config.pp))
+                spec.deepspeed.check_world(plan.dp_size)
         except ValueError as error:
             raise LaunchError(str(error)) from None
-    if nproc % tp:
-        what = "is larger than" if tp > nproc else "does not divide"
-        print(f"phalanx run: warning: tp={tp} {what} the {nproc} processes of a node: tensor-parallel groups then "
+        if nnodes == spec.nnodes:
+            handed = job_plan.hand_off(plan, job_plan.inputs(cfg.strategy, cfg, **where))
+    if nproc % cfg.tp:
+        what = "is larger than" if cfg.tp > nproc else "does not divide"
+        print(f"phalanx run: warning: tp={cfg.tp} {what} the {nproc} processes of a node: tensor-parallel groups then "
               "span nodes, and their all-reduces cross the slower links on every layer. HINT: keep tp within a "
               "node (a divisor of --nproc-per-node) and let the data-parallel dims span the nodes",
               file=sys.stderr, flush=True)
+    return handed
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from phalanx.config import kinds
+from phalanx.config import kinds, names
 
 # Optimizer state tensors per parameter, each the parameter's size, plus a scalar `step` tensor.
 OPTIMIZER_STATES: dict[str, tuple[int, bool]] = {
@@ -26,7 +26,10 @@ OPTIMIZER_STATES: dict[str, tuple[int, bool]] = {
     "adagrad": (1, True), "rmsprop": (1, True),
 }
 STEP_BYTES = 4  # AdamW's `step` is a float32 scalar tensor per parameter on CPU
-STRATEGIES = ("ddp", "zero1", "zero1-persistent", "zero2", "zero3", "zero3-offload")
+# the table's rows: the presets of each ZeRO stage (config/names.py), zero1's persistent gather, zero3 offloaded
+_DDP, _ZERO1, _ZERO2, _ZERO3 = (names.BY_STAGE[stage] for stage in range(4))
+_HYBRID = next(name for name, preset in names.PRESETS.items() if preset.hybrid)
+STRATEGIES = (_DDP, _ZERO1, f"{_ZERO1}-persistent", _ZERO2, _ZERO3, f"{_ZERO3}-offload")
 DEFAULT_BUDGET_FRACTION = 0.6  # of device memory; the rest is left for activations and buffers
 
 
@@ -126,26 +129,27 @@ def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
     (ranks per shard group, by default the processes of a node) hsdp too: zero3 within a group."""
     full = RankBytes(params=sum(s.nbytes for s in sizes), grads=sum(s.nbytes for s in sizes),
                      optimizer=sum(_optimizer_bytes(s, s.numel, optimizer) for s in sizes))
-    out: dict[str, list[RankBytes]] = {"ddp": [RankBytes(full.params, full.grads, full.optimizer)
-                                              for _ in range(world_size)]}
-    out["zero1"] = [RankBytes(full.params, full.grads,
+    out: dict[str, list[RankBytes]] = {_DDP: [RankBytes(full.params, full.grads, full.optimizer)
+                                             for _ in range(world_size)]}
+    out[_ZERO1] = [RankBytes(full.params, full.grads,
                               sum(zero1_optimizer_bytes(s, world_size, r, optimizer) for s in sizes))
                     for r in range(world_size)]
     gather = zero1_gather_buffer_bytes(sizes, world_size)
-    out["zero1-persistent"] = [RankBytes(b.params, b.grads, b.optimizer, buffers=gather) for b in out["zero1"]]
-    sharded = [_sharded_bytes(sizes, world_size, r, optimizer) for r in range(world_size)]
-    out["zero2"] = sharded
-    out["zero3"] = [RankBytes(b.params, b.grads, b.optimizer) for b in sharded]
-    out["zero3-offload"] = [RankBytes(host=b.total) for b in sharded]
+    out[f"{_ZERO1}-persistent"] = [RankBytes(b.params, b.grads, b.optimizer, buffers=gather) for b in out[_ZERO1]]
+    sharded = [sharded_bytes(sizes, world_size, r, optimizer) for r in range(world_size)]
+    out[_ZERO2] = sharded
+    out[_ZERO3] = [RankBytes(b.params, b.grads, b.optimizer) for b in sharded]
+    out[f"{_ZERO3}-offload"] = [RankBytes(host=b.total) for b in sharded]
     if hsdp_shard_size is not None:
         if hsdp_shard_size < 1 or world_size % hsdp_shard_size:
             raise ValueError(f"hsdp shard size {hsdp_shard_size} does not divide world size {world_size}")
-        out["hsdp"] = [_sharded_bytes(sizes, hsdp_shard_size, r % hsdp_shard_size, optimizer)
+        out[_HYBRID] = [sharded_bytes(sizes, hsdp_shard_size, r % hsdp_shard_size, optimizer)
                        for r in range(world_size)]
     return out
 
 
-def _sharded_bytes(sizes: list[ParamSize], group_size: int, rank: int, optimizer: str) -> RankBytes:
+def sharded_bytes(sizes: list[ParamSize], group_size: int, rank: int, optimizer: str = "adamw") -> RankBytes:
+    """Rank `rank`'s dim-0 shards over `group_size` ranks: parameters, gradients and optimizer state."""
     numels = [(s, _dim0_chunk(s.shape, group_size, rank)) for s in sizes]
     shard = sum(n * s.element_size for s, n in numels)
     return RankBytes(shard, shard, sum(_optimizer_bytes(s, n, optimizer) for s, n in numels))
@@ -157,20 +161,22 @@ def recommend(sizes: list[ParamSize], world_size: int, budget_bytes: int, mixed_
     fits the budget, else zero3. With tensor parallel (`tp` > 1) the state is taken as split evenly
     over the tp ranks (an estimate: layers the tp plan leaves whole are not split)."""
     if world_size * tp <= 1:
-        return "single", "world_size is 1: nothing to distribute"
-    need = plan(sizes, max(world_size, 1), optimizer)["ddp"][0].total // tp
+        return names.SINGLE, "world_size is 1: nothing to distribute"
+    replicas, shards = names.AUTO_CHOOSES
+    need = plan(sizes, max(world_size, 1), optimizer)[replicas][0].total // tp
     with_tp = f" (state split over tp={tp})" if tp > 1 else ""
     if need <= budget_bytes:
-        return "ddp", f"ddp needs {format_bytes(need)} per rank{with_tp}, within the {format_bytes(budget_bytes)} budget"
-    return "zero3", (f"ddp would need {format_bytes(need)} per rank{with_tp}, over the {format_bytes(budget_bytes)} "
-                     "budget: sharding with zero3")
+        return replicas, (f"{replicas} needs {format_bytes(need)} per rank{with_tp}, within the "
+                          f"{format_bytes(budget_bytes)} budget")
+    return shards, (f"{replicas} would need {format_bytes(need)} per rank{with_tp}, over the {format_bytes(budget_bytes)} "
+                    f"budget: sharding with {shards}")
 
 
 def zero3_peak(sizes: list[ParamSize], world_size: int, largest_unit_bytes: int, optimizer: str = "adamw",
                tp: int = 1) -> tuple[int, int]:
     """(model state at rest, + the largest unit's gathered parameters) per rank under zero3 over
     `world_size` ranks in all, `tp` of them splitting each gathered unit."""
-    at_rest = max(b.total for b in plan(sizes, world_size, optimizer)["zero3"])
+    at_rest = max(b.total for b in plan(sizes, world_size, optimizer)[_ZERO3])
     return at_rest, at_rest + largest_unit_bytes // tp
 
 

@@ -74,13 +74,14 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         return out.to(x.dtype)
 
 
-def refuse_under_pipeline(model: nn.Module, pp: int) -> None:
-    """sync_batchnorm promises statistics over the global batch; a pipeline runs each microbatch through
-    the BatchNorm layers on its own, so their statistics would cover one microbatch: refused."""
+def refuse_under_pipeline(model: nn.Module, pipeline: str) -> None:
+    """sync_batchnorm promises statistics over the global batch; a pipeline (`pipeline`, e.g. "pp=2")
+    runs each microbatch through the BatchNorm layers on its own, so their statistics would cover one
+    microbatch: refused."""
     norms = [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if pp > 1 and norms:
+    if norms:
         raise ValueError(
-            f"sync_batchnorm with pp={pp}: a pipeline runs each microbatch through {norms[0]!r} "
+            f"sync_batchnorm with {pipeline}: a pipeline runs each microbatch through {norms[0]!r} "
             f"({len(norms)} BatchNorm layer(s)) on its own, so their statistics would cover one microbatch, "
             f"not the global batch one process normalizes over. HINT: train a model with BatchNorm under a "
             f"data-parallel layout (ddp, zero1/2/3, hsdp) with sync_batchnorm, or replace BatchNorm with "

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from phalanx import config
 from phalanx.plan import optimizer as optimizer_choice
+from phalanx.strategies import presets
 
 _FACTORY_NAMES = ("make_model", "build_model", "get_model", "create_model")
 
@@ -138,17 +139,20 @@ def _hint(target: str, module: Any) -> str:
             "make_model() function to the file.")
 
 
-def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard_size: int | None = None,
+def render(sizes: list, rows: dict[str, Any], optimizer: str, budget: int,
            activations: Any = None, activation_checkpointing: bool = False, optimizer_why: str = "",
-           tp: int = 1, full_sizes: list | None = None, suggestion: str = "", pp: int = 1, pipeline: str = "") -> str:
-    """The report. With `tp` > 1, `sizes` are one tensor-parallel rank's parameters (`full_sizes`
-    the model's) and the data-parallel strategies span world_size / tp ranks; with `pp` > 1, the
-    largest pipeline rank's, over world_size / (tp x pp) ranks, after the `pipeline` section."""
+           full_sizes: list | None = None, suggestion: str = "", pipeline: str = "") -> str:
+    """The report over `rows` (plan/sharding.py's layouts: a ParallelPlan per row, every one of the
+    same degrees). With tp > 1, `sizes` are one tensor-parallel rank's parameters (`full_sizes` the
+    model's) and the rows span the data-parallel ranks tp leaves; with pp > 1, the largest pipeline
+    rank's, after the `pipeline` section."""
     from phalanx.model import memory
+    from phalanx.plan import sharding
 
     fb = memory.format_bytes
-    dp_size = world_size // (tp * pp)
-    table = memory.plan(sizes, dp_size, optimizer, hsdp_shard_size=hsdp_shard_size)
+    degrees = next(iter(rows.values()))  # the rows differ in what they shard, not in their degrees
+    world_size, tp, pp, dp_size = degrees.world_size, degrees.tp, degrees.pp, degrees.dp_size
+    table = sharding.table(sizes, rows, optimizer)
     width = 17 + 6 * (tp > 1) + 6 * (pp > 1)
     whole = full_sizes if full_sizes is not None else sizes
     num_params = sum(s.numel for s in whole)
@@ -163,15 +167,15 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
     lines += ["per-rank model state (the largest rank; activations not included):",
              f"  {'strategy':{width}s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'buffers':>11s} "
              f"{'total':>11s}  {'vs ddp':>6s}"]
-    ddp_total = table["ddp"][0].total
+    ddp_total = table[presets.AUTO_CHOOSES[0]][0].total
     for name, ranks in table.items():
         worst = max(ranks, key=lambda b: b.total + b.host)
         note = ""
         if worst.host:
             note = f"  (+{fb(worst.host)} in CPU memory)"
         ratio = worst.total / ddp_total if ddp_total else 0.0
-        if name == "hsdp":
-            name = f"hsdp {dp_size // hsdp_shard_size}x{hsdp_shard_size}"
+        if name in presets.PRESETS and presets.PRESETS[name].hybrid:  # replicas x shards
+            name = f"{name} {rows[name].dp_replicate}x{rows[name].dp_shard}"
         if tp > 1:
             name = f"{name} x tp{tp}"
         if pp > 1:
@@ -187,7 +191,7 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
         lines.append(activation_lines(activations, activation_checkpointing, fb))
     if tp * pp > 1 and dp_size == 1:  # as auto decides: the data-parallel preset over no ranks at all
         layout = " x ".join(f"{name}={size}" for name, size in (("pp", pp), ("tp", tp)) if size > 1)
-        choice, why = "ddp", f"{layout} takes every rank: no data-parallel ranks"
+        choice, why = presets.AUTO_CHOOSES[0], f"{layout} takes every rank: no data-parallel ranks"
     else:
         choice, why = memory.recommend(sizes, dp_size, budget, optimizer=optimizer)
     lines.append(f"auto would pick: {choice} ({why})")
@@ -234,8 +238,9 @@ def main(args: argparse.Namespace) -> int:
         factory = load_factory(args.model)
         model = _build(factory, args.model)
         full_sizes = memory.model_sizes(model)
-        if args.tp > 1:
-            _shrink(model, tp_plan, args.tp)
+        plan = _plan(args, args.tp)
+        if plan.tp > 1:
+            _shrink(model, tp_plan, plan)
     except ValueError as error:
         print(f"phalanx plan: error: {error}", file=sys.stderr)
         return 2
@@ -243,9 +248,13 @@ def main(args: argparse.Namespace) -> int:
     if budget is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         budget = memory.device_budget_bytes(device, args.nproc_per_node or args.world_size)
+    from phalanx.plan import sharding
+
     try:
-        shard, acts = _shard_and_activations(args, model)
-        pipeline = _pipeline(args, model) if args.pp > 1 else None
+        acts = _activations_of(args, model)
+        rows = sharding.layouts(presets.asking(tp=args.tp, pp=args.pp), world_size=args.world_size,
+                                local_world_size=args.nproc_per_node or args.world_size)
+        pipeline = _pipeline(args, model, plan) if plan.pp > 1 else None
     except ValueError as error:
         print(f"phalanx plan: error: {error}", file=sys.stderr)
         return 2
@@ -255,13 +264,19 @@ def main(args: argparse.Namespace) -> int:
         sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in pipeline.units)]
         acts = None
     suggestion = suggest(factory, args, tp_plan, choice.name, budget, sizes, acts) if pipeline is None else ""
-    print(render(sizes, args.world_size, choice.name, budget, shard, acts, args.activation_checkpointing,
-                 choice.why, tp=args.tp, full_sizes=full_sizes, suggestion=suggestion, pp=args.pp,
-                 pipeline=pipeline.report if pipeline is not None else ""))
+    print(render(sizes, rows, choice.name, budget, acts, args.activation_checkpointing, choice.why,
+                 full_sizes=full_sizes, suggestion=suggestion, pipeline=pipeline.report if pipeline is not None else ""))
     return 0
 
 
-def _pipeline(args: argparse.Namespace, model: Any) -> Any:
+def _plan(args: argparse.Namespace, tp: int) -> Any:
+    """The ddp plan of --world-size, --nproc-per-node, --pp and tensor-parallel degree `tp` (--tp, or
+    a larger one the suggestion tries): the degrees every row shares."""
+    return presets.build(presets.AUTO_CHOOSES[0], presets.asking(tp=tp, pp=args.pp), world_size=args.world_size,
+                         local_world_size=args.nproc_per_node or args.world_size)
+
+
+def _pipeline(args: argparse.Namespace, model: Any, plan: Any) -> Any:
     from phalanx.model import memory
     from phalanx.plan import activations
     from phalanx.plan.pipeline import plan_pipeline
@@ -271,7 +286,7 @@ def _pipeline(args: argparse.Namespace, model: Any) -> Any:
         shape, dtype = activations.parse_input(args.input)
         measure = lambda units: activations.measure(model, [activations.meta_input(shape, dtype)], units)  # noqa: E731
     split = [n.strip() for n in args.pp_split.split(",") if n.strip()] if args.pp_split else None
-    return plan_pipeline(model, args.pp, args.pp_schedule, args.pp_microbatches, split, measure, memory.format_bytes)
+    return plan_pipeline(model, plan, args.pp_schedule, args.pp_microbatches, split, measure, memory.format_bytes)
 
 
 def _build(factory: Callable[[], Any], label: str) -> Any:
@@ -290,13 +305,10 @@ def _build(factory: Callable[[], Any], label: str) -> Any:
     return model
 
 
-def _shrink(model: Any, tp_plan: Any, tp: int) -> None:
+def _shrink(model: Any, tp_plan: Any, plan: Any) -> None:
     from phalanx.strategies import tensor_parallel
 
-    tensor_parallel.shrink_to_one_rank(model, tp_plan, tp)
-
-
-PREFERENCE = ("ddp", "zero1", "zero2", "zero3")  # least communication first
+    tensor_parallel.shrink_to_one_rank(model, tp_plan, plan)
 
 
 def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, optimizer: str, budget: int,
@@ -305,21 +317,26 @@ def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, 
     the budget: the data-parallel presets at --tp, then larger tp within a node."""
     from phalanx.model import memory
 
+    from phalanx.plan import sharding
+
     nproc = args.nproc_per_node or args.world_size
     candidates = [args.tp] + [t for t in range(args.tp + 1, nproc + 1) if nproc % t == 0 and args.world_size % t == 0]
+    preference = [name for name in presets.multi_process() if not presets.PRESETS[name].hybrid]  # least traffic first
     for tp in candidates:
+        plan = _plan(args, tp)
         if tp != args.tp:
             try:
                 model = _build(factory, args.model)
-                _shrink(model, tp_plan, tp)
+                _shrink(model, tp_plan, plan)
                 acts = _activations(args, model) if args.input else None
             except ValueError:
                 continue  # this model's layers (or heads) do not split that many ways, or it has no plan
             sizes = memory.model_sizes(model)
-        table = memory.plan(sizes, args.world_size // tp, optimizer)
         extra = 0 if acts is None else (acts.peak_checkpointed if args.activation_checkpointing else acts.peak)
-        for name in PREFERENCE:
-            need = max(b.total for b in table[name]) + extra
+        for name in preference:
+            layout = presets.build(name, presets.asking(tp=plan.tp, pp=plan.pp), world_size=plan.world_size,
+                                   local_world_size=nproc)
+            need = max(b.total for b in sharding.rank_bytes(sizes, layout, optimizer)) + extra
             if need <= budget:
                 layout = name + (f" x tp{tp}" if tp > 1 else "")
                 what = "model state + activations" if acts is not None else "model state"
@@ -341,18 +358,17 @@ def _activations(args: argparse.Namespace, model: Any) -> Any:
                          f"rank: {error}. HINT: tp must divide the model's attention (and key/value) heads") from None
 
 
-def _shard_and_activations(args: argparse.Namespace, model: Any) -> tuple[int, Any]:
-    """hsdp's shard size (the processes per node), and the activation estimate when --input is given."""
+def _activations_of(args: argparse.Namespace, model: Any) -> Any:
+    """The activation estimate when --input is given (None otherwise), once the nodes' processes are checked."""
     nproc = args.nproc_per_node or args.world_size
     if args.world_size % nproc:
         raise ValueError(f"--nproc-per-node {nproc} does not divide --world-size {args.world_size}")
     if nproc % args.tp:
         raise ValueError(f"--tp {args.tp} does not divide the {nproc} processes of a node: tensor parallel "
                          "belongs inside a node")
-    shard = min(nproc // args.tp, args.world_size // (args.tp * args.pp))  # hsdp: within a node, within a stage
     if args.input is None:
         if args.activation_checkpointing:
             raise ValueError("--activation-checkpointing changes the activation estimate, which needs --input "
                              "SHAPE[:DTYPE], e.g. --input 16x512")
-        return shard, None
-    return shard, _activations(args, model)
+        return None
+    return _activations(args, model)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import arithmetic, schedules
 from phalanx.strategies.pipeline.model_plan import model_chain
 from phalanx.strategies.pipeline.split import split_for_schedule, stage_params
@@ -26,16 +27,18 @@ def _bytes(model: nn.Module, units: tuple[str, ...]) -> int:
     return sum(p.numel() * p.element_size() for u in units for p in model.get_submodule(u).parameters())
 
 
-def plan_pipeline(model: nn.Module, pp: int, schedule: str, microbatches: int | None, split: list[str] | None,
-                  measure: Callable[[list[nn.Module]], Any] | None, fb: Callable[[float], str]) -> PipelinePlan:
-    """The pipeline section of the report. `measure(units)`: the activation estimate of one rank's
-    batch with those modules as units (plan/activations.py), or None without --input."""
+def plan_pipeline(model: nn.Module, plan: ParallelPlan, schedule: str, microbatches: int | None,
+                  split: list[str] | None, measure: Callable[[list[nn.Module]], Any] | None,
+                  fb: Callable[[float], str]) -> PipelinePlan:
+    """The pipeline section of the report on `plan`'s pipeline ranks. `measure(units)`: the activation
+    estimate of one rank's batch with those modules as units (plan/activations.py), or None without --input."""
+    pp = plan.pp
     schedule = schedules.schedule_name(schedule)
     per_rank = schedules.stages_per_rank(schedule)
     m = microbatches or schedules.default_microbatches(pp)
     schedules.check_microbatches(schedule, pp, m)
     chain = model_chain(model)
-    stages = split_for_schedule(chain, pp, schedule, split)
+    stages = split_for_schedule(chain, plan, schedule, split)
     figures = arithmetic.pipeline_figures(stage_params(chain, stages), schedule, pp, m)
     stage_bytes = [_bytes(model, stage) for stage in stages]
     per_microbatch: list[int] | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Protocol
 
 import torch
 
@@ -12,6 +12,15 @@ from phalanx import config, envvars
 from phalanx.cluster.mpi import torch_env_from_mpi
 from phalanx.cluster.slurm import torch_env_from_slurm
 from phalanx.runtime.world_check import refuse_silent_world_of_one
+
+
+class DataParallelLayout(Protocol):
+    """What a context needs of a parallel plan (strategies/parallel_plan.py, a room above)."""
+
+    @property
+    def dp_size(self) -> int: ...
+
+    def dp_rank(self, rank: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -44,9 +53,9 @@ class DistContext:
         if self.dp_rank == -1:
             object.__setattr__(self, "dp_rank", self.rank)
 
-    def with_data_parallel(self, dp_rank: int, dp_size: int) -> "DistContext":
-        """This context with the data-parallel coordinates a parallel plan gives it."""
-        return dataclasses.replace(self, dp_rank=dp_rank, dp_size=dp_size)
+    def with_data_parallel(self, plan: DataParallelLayout) -> "DistContext":
+        """This context with the data-parallel coordinates the parallel plan gives it."""
+        return dataclasses.replace(self, dp_rank=plan.dp_rank(self.rank), dp_size=plan.dp_size)
 
     @property
     def is_distributed(self) -> bool:
@@ -154,6 +163,11 @@ class AgentEnv:
 def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:
     """The settings the launcher handed this process as PHALANX_* variables, checked."""
     return config.from_env(os.environ if env is None else env)
+
+
+def handed_plan(env: Mapping[str, str] | None = None) -> str:
+    """The parallel plan `phalanx run` built for its workers (strategies/job_plan.py); "" without one."""
+    return (os.environ if env is None else env).get(envvars.PHALANX_PLAN, "")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from phalanx.model.units import default_units
 from phalanx.runtime.context import DistContext
 from phalanx.strategies import presets
 from phalanx.strategies.options import StrategyOptions
+from phalanx.strategies.parallel_plan import ParallelPlan
 
 
 def budget_bytes(ctx: DistContext, options: StrategyOptions) -> int:
@@ -18,19 +19,21 @@ def budget_bytes(ctx: DistContext, options: StrategyOptions) -> int:
     return memory.device_budget_bytes(ctx.device, ctx.local_world_size)
 
 
-def decide(model: nn.Module, ctx: DistContext, options: StrategyOptions, tp: int = 1, pp: int = 1) -> tuple[str, str]:
-    """(preset name, why) for this model over the data-parallel ranks left after tensor and
-    pipeline parallel; under pp the largest pipeline rank's stages are what must fit.
+def decide(model: nn.Module, ctx: DistContext, options: StrategyOptions, plan: ParallelPlan) -> tuple[str, str]:
+    """(preset name, why) for this model over the data-parallel ranks `plan` (the job's degrees)
+    leaves after tensor and pipeline parallel; under pp the largest pipeline rank's stages are what
+    must fit.
 
     auto stays data-parallel: when even zero3 across the ranks does not fit, it still picks zero3
     and says which tp would fit instead, rather than choosing tensor parallel silently."""
+    tp, pp = plan.tp, plan.pp
     sizes = memory.model_sizes(model)
     if pp > 1:
         from phalanx.strategies.pipeline import layout as pipeline_layout
 
-        mine = pipeline_layout.largest_rank_units(model, pp, options)
+        mine = pipeline_layout.largest_rank_units(model, plan, options)
         sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in mine)]
-    ranks = ctx.world_size // pp  # the ranks one stage's state is spread over (tp x data-parallel)
+    ranks = plan.world_size // pp  # the ranks one stage's state is spread over (tp x data-parallel)
     if pp > 1 and ranks == tp:
         return presets.AUTO_CHOOSES[0], (f"pp={pp}{f' x tp={tp}' if tp > 1 else ''} takes every process: no "
                                          "data-parallel ranks to replicate or shard over")

@@ -1,12 +1,13 @@
 """The narrow interface the facade talks to; strategies/strategy.py implements it for every plan."""
 from __future__ import annotations
 
-from typing import ContextManager, Iterable, Protocol
+from typing import Any, Callable, ContextManager, Iterable, Protocol
 
 import torch
 from torch import nn
 
 from phalanx.loop.precision import Precision
+from phalanx.strategies.parallel_plan import ParallelPlan
 
 
 class Strategy(Protocol):
@@ -14,6 +15,12 @@ class Strategy(Protocol):
 
     name: str
     precision: Precision
+    plan: ParallelPlan
+    """The layout it applies: every layout question is the plan's."""
+    mesh: Any
+    """The DeviceMesh with the plan's named dims; None in a world of one."""
+    dp_group: Any
+    """The process group of the ranks that read different data (None: every rank)."""
 
     def setup_model(self, model: nn.Module) -> nn.Module:
         """Move `model` to the device and wrap it for this strategy."""
@@ -35,3 +42,16 @@ class Strategy(Protocol):
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full, unsharded weights (on CPU for sharded strategies) on the main process."""
+
+    def before_step(self) -> None:
+        """Once per optimizer step, before clipping (pp: gradients of weights tied across stages summed)."""
+
+    def pipeline(self, model: nn.Module) -> Any:
+        """The pipeline runner of a prepared model (pp > 1); None in other layouts."""
+
+    def stage_filter(self) -> Callable[[str], bool] | None:
+        """For loading full weights: which state-dict keys belong to other ranks' pipeline stages
+        (None: every key is this rank's)."""
+
+    def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
+        """BatchNorm layers synced over the ranks that read different data (refused where they can't be)."""

@@ -8,6 +8,7 @@ tests/docs/test_optimizer_table.py fails when the committed page differs from wh
 from __future__ import annotations
 
 import sys
+from typing import Mapping
 
 import torch
 
@@ -20,16 +21,17 @@ from phalanx.strategies.parallel_plan import ParallelPlan
 COMMAND = "python -m phalanx.strategies.optimizer_table docs/optimizers.md"
 
 # column title -> (preset, world_size, local_world_size, tp, pp, cpu_offload)
-LAYOUTS: dict[str, tuple[str, int, int, int, int, bool]] = {
-    "ddp, one process": ("ddp", 2, 2, 1, 1, False),
-    "zero1": ("zero1", 2, 2, 1, 1, False),
-    "zero2": ("zero2", 2, 2, 1, 1, False),
-    "zero3": ("zero3", 2, 2, 1, 1, False),
-    "hsdp": ("hsdp", 4, 2, 1, 1, False),
-    "tp 2": ("ddp", 2, 2, 2, 1, False),
-    "zero3 x tp 2": ("zero3", 4, 4, 2, 1, False),
-    "pp 2": ("ddp", 2, 2, 1, 2, False),
-    "zero3, cpu_offload": ("zero3", 2, 2, 1, 1, True),
+# title: (preset, world size, local world size, the degrees the settings ask for, cpu_offload)
+LAYOUTS: dict[str, tuple[str, int, int, dict[str, int], bool]] = {
+    "ddp, one process": ("ddp", 2, 2, {}, False),
+    "zero1": ("zero1", 2, 2, {}, False),
+    "zero2": ("zero2", 2, 2, {}, False),
+    "zero3": ("zero3", 2, 2, {}, False),
+    "hsdp": ("hsdp", 4, 2, {}, False),
+    "tp 2": ("ddp", 2, 2, {"tp": 2}, False),
+    "zero3 x tp 2": ("zero3", 4, 4, {"tp": 2}, False),
+    "pp 2": ("ddp", 2, 2, {"pp": 2}, False),
+    "zero3, cpu_offload": ("zero3", 2, 2, {}, True),
 }
 CELLS = {Route.AS_GIVEN: "as given", Route.SLICES: "slices", Route.WHOLE_ON_OWNER: "**whole, on an owner**"}
 
@@ -105,8 +107,8 @@ the gradients are whole already) and one broadcast per owner of its updated para
 """
 
 
-def _plan(preset: str, world: int, local: int, tp: int, pp: int, offload: bool) -> ParallelPlan:
-    return presets.build(preset, world_size=world, local_world_size=local, tp=tp, pp=pp, cpu_offload=offload)
+def _plan(preset: str, world: int, local: int, asked: Mapping[str, int], offload: bool) -> ParallelPlan:
+    return presets.build(preset, presets.asking(**asked), world_size=world, local_world_size=local, cpu_offload=offload)
 
 
 def _cell(kind: StepKind, plan: ParallelPlan, declared: bool) -> str:

@@ -68,7 +68,7 @@ def parallelize(model: nn.Module, plan: ParallelPlan, mesh: Any, *, options: Str
     tp_layers: dict[str, str] = {}
     if plan.tp > 1:
         chosen = cut.tp_layers if cut is not None else tp_peft.choose(model, options.tp_plan)
-        tp_fit.check(model, plan.tp, chosen)  # before anything is split: the sizes, not a crash in forward
+        tp_fit.check(model, plan, chosen)  # before anything is split: the sizes, not a crash in forward
         tp_layers = tensor_parallel.apply(model, mesh["tp"], options.tp_plan, options.sequence_parallel,
                                           chosen=chosen)
     init_order = cut.init_order if cut is not None else None

@@ -8,35 +8,31 @@ turns a canonical name into a plan. Pure Python, no torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from typing import Any
 
+from phalanx import config
 from phalanx.config import names
 from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
 
-AUTO = "auto"  # not a preset: decided from the model at prepare (strategies/auto.py)
-AUTO_CHOOSES = ("ddp", "zero3")  # what auto decides between: the same degrees, replicas or shards
-SINGLE = "single"  # what a world of one runs, whatever was asked (one script, every scale)
+# The names come from config/names.py's one table; this module turns each into a plan.
+AUTO, SINGLE, AUTO_CHOOSES, PRESETS = names.AUTO, names.SINGLE, names.AUTO_CHOOSES, names.PRESETS
 
 
-@dataclass(frozen=True)
-class Preset:
-    sharding: Sharding
-    holds: str  # what each rank holds, for the docs and `phalanx plan`
-    hybrid: bool = False  # hsdp: replicas across nodes, shards within one
-    threads_over_gpus: bool = False  # dp: one process, nn.DataParallel
+def sharding(name: str) -> Sharding:
+    """What preset `name`'s data-parallel shard dim splits (its ZeRO stage)."""
+    return Sharding(PRESETS[name].stage)
 
 
-PRESETS: dict[str, Preset] = {
-    SINGLE: Preset(Sharding.NONE, "everything, in one process"),
-    "dp": Preset(Sharding.NONE, "everything, one process driving every visible GPU", threads_over_gpus=True),
-    "ddp": Preset(Sharding.NONE, "full model, gradients and optimizer state"),
-    "zero1": Preset(Sharding.OPTIMIZER, "full model and gradients; 1/N of the optimizer state"),
-    "zero2": Preset(Sharding.GRADIENTS, "1/N of parameters, gradients and optimizer state; gathered "
-                                        "parameters kept from forward to backward"),
-    "zero3": Preset(Sharding.PARAMETERS, "1/N of everything; each block gathered only while it computes"),
-    "hsdp": Preset(Sharding.PARAMETERS, "zero3 within a node, replicated across nodes", hybrid=True),
-}
-assert set(names.STRATEGIES) == {*PRESETS, *names.STRATEGY_ALIASES, AUTO}, "config/names.py lists every preset"
+def multi_process() -> list[str]:
+    """The presets that run several processes, least communication first (the table's order)."""
+    return [name for name, preset in PRESETS.items() if name != SINGLE and not preset.threads_over_gpus]
+
+
+def asking(**settings: Any) -> config.PhalanxConfig:
+    """The settings that ask for a layout (`asking(tp=2, pp=2)`), checked by their schema rows: what
+    `build` takes when no job's settings exist (the docs' tables, tests)."""
+    return config.resolve(config.from_kwargs(settings), warn=False).config
 
 
 def canonical(name: str) -> str:
@@ -47,12 +43,14 @@ def canonical(name: str) -> str:
     return key
 
 
-def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, pp: int = 1,
-          cpu_offload: bool = False, replicate_size: int | None = None, shard_size: int | None = None) -> ParallelPlan:
-    """The plan preset `name` stands for on `world_size` processes (`local_world_size` per node).
+def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_world_size: int, cpu_offload: bool = False,
+          replicate_size: int | None = None, shard_size: int | None = None) -> ParallelPlan:
+    """The plan preset `name` stands for on `world_size` processes (`local_world_size` per node),
+    with the model-parallel degrees `settings` (the resolved PhalanxConfig) ask for: its tp and pp.
 
     ValueError naming the settings and the valid values when the layout cannot be built.
     """
+    tp, pp = settings.tp, settings.pp
     key = canonical(name)
     if key == AUTO and world_size == 1:
         key = SINGLE
@@ -95,12 +93,25 @@ def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, pp:
             # they are fewer than a node's processes, all of them (one replica).
             shard_size = min(local_world_size // tp, dp)
         replicate, shard = hybrid_shape(dp, local_world_size, tp, replicate_size, shard_size)
-    elif preset.sharding >= Sharding.GRADIENTS:
+    elif Sharding(preset.stage) >= Sharding.GRADIENTS:
         replicate, shard = 1, dp
     else:
         replicate, shard = dp, 1
-    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, sharding=preset.sharding,
-                        cpu_offload=cpu_offload and preset.sharding >= Sharding.GRADIENTS)
+    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, sharding=Sharding(preset.stage),
+                        cpu_offload=cpu_offload and Sharding(preset.stage) >= Sharding.GRADIENTS)
+
+
+def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> ParallelPlan:
+    """The plan of `name` (one of AUTO_CHOOSES) over `plan`'s degrees: auto's decision between
+    replicas and shards of the same data-parallel ranks, made once the model is known."""
+    if name not in AUTO_CHOOSES:
+        raise ValueError(f"auto chooses among {', '.join(AUTO_CHOOSES)}, not {name!r}")
+    if not plan.is_distributed:
+        return plan
+    stage = sharding(name)
+    replicate, shard = (1, plan.dp_size) if stage >= Sharding.GRADIENTS else (plan.dp_size, 1)
+    return dataclasses.replace(plan, preset=name, sharding=stage, dp_replicate=replicate, dp_shard=shard,
+                               cpu_offload=cpu_offload and stage >= Sharding.GRADIENTS)
 
 
 def hybrid_shape(dp_size: int, local_world_size: int, tp: int = 1, replicate_size: int | None = None,

@@ -26,19 +26,19 @@ def asks(setting: Setting, value: Any) -> bool:
     return value is not None and value != setting.default
 
 
-def unmet(resolved: Resolved, plan: ParallelPlan | None, tp: int = 1) -> list[Setting]:
+def unmet(resolved: Resolved, plan: ParallelPlan | None) -> list[Setting]:
     """Settings somebody set whose need the layout lacks; `plan` None: strategy auto, undecided
-    (what it may choose is checked once it has)."""
-    pp = resolved.config.pp
+    (what it may choose is checked once it has; until then the degrees the settings ask for)."""
+    cfg = resolved.config
     missing = []
     for setting in RUNTIME:
         if setting.needs is Needs.ALWAYS or not resolved.is_set(setting.name):
             continue
-        if not asks(setting, getattr(resolved.config, setting.name)):
+        if not asks(setting, getattr(cfg, setting.name)):
             continue
         if plan is None:
             met = setting.needs in (Needs.AUTO, Needs.DDP, Needs.FSDP, Needs.ROW_SHARDED_EMBEDDINGS) or \
-                (setting.needs is Needs.TENSOR_PARALLEL and tp > 1) or (setting.needs is Needs.PIPELINE and pp > 1)
+                (setting.needs is Needs.TENSOR_PARALLEL and cfg.tp > 1) or (setting.needs is Needs.PIPELINE and cfg.pp > 1)
         else:
             met = plan.has(setting.needs)
         if not met:
@@ -46,32 +46,42 @@ def unmet(resolved: Resolved, plan: ParallelPlan | None, tp: int = 1) -> list[Se
     return missing
 
 
+def checked_plan(resolved: Resolved, plan: ParallelPlan, *, decided: bool = False) -> ParallelPlan | None:
+    """The plan the settings are checked against: the job's own (`plan`), None while strategy auto
+    has not decided, and in a world of one the layout the settings describe at the smallest scale it
+    could run in (one script, every scale: `strategy: zero3` with a DDP comm hook is refused even
+    under plain python)."""
+    name = presets.canonical(resolved.config.strategy)
+    if name == presets.AUTO and not decided:
+        return None
+    if plan.is_distributed or plan.threads_over_gpus:
+        return plan
+    cfg = resolved.config
+    return _build(name, resolved, 2 * cfg.tp * cfg.pp, 2 * cfg.tp * cfg.pp)
+
+
 def intended_plan(resolved: Resolved, world_size: int, local_world_size: int,
                   strategy: str | None = None, **hybrid: Any) -> ParallelPlan | None:
-    """The plan the settings describe (None for undecided auto); a world of one is checked as the
-    smallest world the layout could run in."""
-    cfg = resolved.config
-    name = presets.canonical(strategy or cfg.strategy)
-    one_process = name in presets.PRESETS and presets.PRESETS[name].threads_over_gpus
-    if world_size == 1 and not one_process:
-        world_size = local_world_size = 2 * cfg.tp * cfg.pp
-        hybrid = {}
+    """`checked_plan` of the plan the settings describe on `world_size` processes."""
+    name = presets.canonical(strategy or resolved.config.strategy)
+    return checked_plan(resolved, _build(name, resolved, world_size, local_world_size, **hybrid))
+
+
+def _build(name: str, resolved: Resolved, world_size: int, local_world_size: int, **hybrid: Any) -> ParallelPlan:
     try:  # auto decides between presets of the same degrees, so either one checks them
-        plan = presets.build(presets.AUTO_CHOOSES[0] if name == presets.AUTO else name, world_size=world_size,
-                             local_world_size=local_world_size, tp=cfg.tp, pp=cfg.pp, **hybrid)
+        return presets.build(presets.AUTO_CHOOSES[0] if name == presets.AUTO else name, resolved.config,
+                             world_size=world_size, local_world_size=local_world_size, **hybrid)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    return None if name == presets.AUTO else plan
 
 
 def check(resolved: Resolved, plan: ParallelPlan | None, *, chose: str = "") -> list[str]:
     """ConfigError for the first need the layout lacks (every setting asking for it named, with
     where it came from); warnings for advisory ones. `chose`: why auto picked the plan."""
-    tp = resolved.config.tp
     check_pipeline(resolved, plan)
     warnings = []
     by_need: dict[Needs, list[Setting]] = {}
-    for setting in unmet(resolved, plan, tp):
+    for setting in unmet(resolved, plan):
         by_need.setdefault(setting.needs, []).append(setting)
     for need, settings in by_need.items():
         asked = ", ".join(f"{s.name}={getattr(resolved.config, s.name)!r}" for s in settings)
@@ -79,9 +89,9 @@ def check(resolved: Resolved, plan: ParallelPlan | None, *, chose: str = "") -> 
                          ({resolved.origin["strategy"]} if "strategy" in resolved.origin else set()))
         where = f" (strategy auto chose {chose})" if chose else (f" (from {', '.join(sources)})" if sources else "")
         if need in _ADVISORY:
-            warnings.append(f"{asked}{where}: read by {need.value} only; {_layout(plan, tp)} ignores it")
+            warnings.append(f"{asked}{where}: read by {need.value} only; {_layout(resolved, plan)} ignores it")
             continue
-        raise ConfigError(f"{asked}{where}: {_refusal(need, plan, tp)}")
+        raise ConfigError(f"{asked}{where}: {_refusal(need, resolved, plan)}")
     return warnings
 
 
@@ -118,14 +128,16 @@ def check_pipeline(resolved: Resolved, plan: ParallelPlan | None) -> None:
             "setting")
 
 
-def _layout(plan: ParallelPlan | None, tp: int) -> str:
+def _layout(resolved: Resolved, plan: ParallelPlan | None) -> str:
     name = plan.preset if plan is not None else presets.AUTO
+    tp = plan.tp if plan is not None else resolved.config.tp
     return f"strategy {name!r}" + (f" with tp={tp}" if tp > 1 else "") + \
         (f" with pp={plan.pp}" if plan is not None and plan.pp > 1 else "")
 
 
-def _refusal(need: Needs, plan: ParallelPlan | None, tp: int) -> str:
-    layout = _layout(plan, tp)
+def _refusal(need: Needs, resolved: Resolved, plan: ParallelPlan | None) -> str:
+    layout = _layout(resolved, plan)
+    tp = plan.tp if plan is not None else resolved.config.tp
     if need is Needs.DDP:
         engine = "DataParallel" if plan is not None and plan.threads_over_gpus else "FSDP2"
         why = " (tensor parallel composes with FSDP2)" if tp > 1 else ""

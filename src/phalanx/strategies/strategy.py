@@ -6,12 +6,13 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
-from typing import Any, ContextManager, Iterable
+from typing import Any, Callable, ContextManager, Iterable
 
 import torch
 from torch import nn
 
 from phalanx.loop.precision import Precision
+from phalanx.model import sync_batchnorm
 from phalanx.runtime.context import DistContext
 from phalanx.logging.rank_log import get_logger
 from phalanx.strategies import fsdp, grad_norm, optimizer_kinds, whole_tensor_step
@@ -36,6 +37,7 @@ class ParallelStrategy:
         self.ctx = ctx
         self.options = options or StrategyOptions()
         self.mesh = mesh
+        self.dp_group = dp_group(mesh, plan)  # the data-parallel ranks' group (None: every rank)
         self.precision = Precision(self.options.mixed_precision, ctx.device, sharded=plan.partial_gradients)
         self.wrapper = Wrapper.NONE
         # id(original parameter) -> (weak ref to it, its replacement): FSDP2 and tensor parallel swap
@@ -81,6 +83,17 @@ class ParallelStrategy:
         """Whether a state-dict key belongs to a unit another pipeline rank holds (pp > 1)."""
         return any(key.startswith(f"{unit}.") for unit in self._other_units)
 
+    def stage_filter(self) -> Callable[[str], bool] | None:
+        """`held_elsewhere` under pp (full weights are read stage by stage), else None."""
+        return self.held_elsewhere if self.plan.pp > 1 else None
+
+    def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
+        """BatchNorm -> SyncBatchNorm over the data-parallel ranks (tensor-parallel ranks see the same
+        samples); refused under pp, where a stage's layers would see one microbatch at a time."""
+        if self.plan.pp > 1:
+            sync_batchnorm.refuse_under_pipeline(model, f"pp={self.plan.pp}")
+        return sync_batchnorm.convert(model, self.ctx.device, self.dp_group)
+
     def pipeline(self, model: nn.Module) -> PipelineRunner | None:
         """The runner of a model prepared under pp > 1 (None without pp); ValueError for a model
         this strategy did not prepare under pp."""
@@ -116,7 +129,7 @@ class ParallelStrategy:
         if self.plan.shards_optimizer_only:
             groups = [dict(group) for group in optimizer.param_groups]
             return ShardedStateOptimizer(groups, optimizer_class=type(optimizer),
-                                         process_group=dp_group(self.mesh, self.plan),
+                                         process_group=self.dp_group,
                                          device_mesh=self.mesh["dp_replicate"] if self.mesh is not None else None,
                                          gather=self.options.zero1_gather, **constructor_defaults(optimizer))
         return optimizer

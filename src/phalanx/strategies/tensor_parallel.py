@@ -15,6 +15,7 @@ from torch import nn
 
 from phalanx.config import names
 from phalanx.strategies import tied, tp_replicate
+from phalanx.strategies.parallel_plan import ParallelPlan
 
 _NORMS = ("LayerNorm", "RMSNorm")  # class-name endings of the modules sequence parallel splits
 
@@ -125,12 +126,13 @@ def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequen
     return chosen
 
 
-def shrink_to_one_rank(model: nn.Module, plan: Mapping[str, str] | None, tp: int) -> dict[str, str]:
-    """Give a meta-device model the shapes one tensor-parallel rank holds (for `phalanx plan`): each
-    split layer's weight narrowed to its 1/tp part, outputs that tensor parallel gathers (and inputs
-    it splits) kept at their full sizes, so a meta forward sees what one rank computes and saves.
-    Returns module name -> style, as `apply` would."""
-    chosen = match(model, model_plan(model, plan))
+def shrink_to_one_rank(model: nn.Module, tp_plan: Mapping[str, str] | None, plan: ParallelPlan) -> dict[str, str]:
+    """Give a meta-device model the shapes one of `plan`'s tensor-parallel ranks holds (for `phalanx
+    plan`): each split layer's weight narrowed to its 1/tp part, outputs that tensor parallel gathers
+    (and inputs it splits) kept at their full sizes, so a meta forward sees what one rank computes and
+    saves. Returns module name -> style (`tp_plan`: the tp_plan setting), as `apply` would."""
+    tp = plan.tp
+    chosen = match(model, model_plan(model, tp_plan))
     modules = dict(model.named_modules())
     for name, style in chosen.items():
         module = modules[name]
@@ -157,8 +159,9 @@ def shrink_to_one_rank(model: nn.Module, plan: Mapping[str, str] | None, tp: int
     return chosen
 
 
-def _narrow(module: nn.Module, name: str, dim: int, tp: int) -> None:
+def _narrow(module: nn.Module, name: str, dim: int, parts: int) -> None:
+    """Replace `module.name` by an empty (meta) parameter 1/parts the size along `dim`."""
     old = getattr(module, name)
     shape = list(old.shape)
-    shape[dim] //= tp
+    shape[dim] //= parts
     setattr(module, name, nn.Parameter(old.new_empty(shape), requires_grad=old.requires_grad))

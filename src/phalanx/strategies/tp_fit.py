@@ -13,6 +13,8 @@ from typing import Any, Mapping
 
 from torch import nn
 
+from phalanx.strategies.parallel_plan import ParallelPlan
+
 # transformers' config fields that tensor parallel splits: the name a message uses for each
 _CONFIG_FIELDS = (("num_attention_heads", "attention heads"), ("num_key_value_heads", "key/value heads"),
                   ("intermediate_size", "MLP width"))
@@ -46,8 +48,9 @@ def split_sizes(model: nn.Module, chosen: Mapping[str, str]) -> list[tuple[str, 
     return sizes
 
 
-def check(model: nn.Module, tp: int, chosen: Mapping[str, str]) -> None:
-    """ValueError naming every size `tp` does not divide, and the degrees that would fit."""
+def check(model: nn.Module, plan: ParallelPlan, chosen: Mapping[str, str]) -> None:
+    """ValueError naming every size the plan's tp does not divide, and the degrees that would fit."""
+    tp = plan.tp
     sizes = split_sizes(model, chosen)
     bad = [what for what, size in sizes if size % tp]
     if not bad:

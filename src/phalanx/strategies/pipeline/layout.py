@@ -53,8 +53,8 @@ def cut(model: nn.Module, plan: ParallelPlan, options: StrategyOptions, pp_rank:
     microbatches = options.pp_microbatches or schedules.default_microbatches(plan.pp)
     schedules.check_microbatches(schedule, plan.pp, microbatches)
     chain = model_plan.model_chain(model)
-    stages = split_for_schedule(chain, plan.pp, schedule, options.pp_split)
-    tied = find_tied(model, chain, stages, schedule, plan.pp)
+    stages = split_for_schedule(chain, plan, schedule, options.pp_split)
+    tied = find_tied(model, chain, stages, schedule, plan)
     order = list(model.modules()) if meta_init.is_meta(model) else None
     tp_layers = None
     if plan.tp > 1:
@@ -71,13 +71,14 @@ def cut(model: nn.Module, plan: ParallelPlan, options: StrategyOptions, pp_rank:
     return PipelineCut(rank, stages, schedule, microbatches, order, tp_layers, tied)
 
 
-def largest_rank_units(model: nn.Module, pp: int, options: StrategyOptions) -> tuple[str, ...]:
+def largest_rank_units(model: nn.Module, plan: ParallelPlan, options: StrategyOptions) -> tuple[str, ...]:
     """The units of the pipeline rank holding the most parameters, as `cut` would place them (for
     strategy auto, which sizes one rank's state before anything is cut)."""
+    pp = plan.pp
     schedule = schedules.schedule_name(options.pp_schedule)
     per_rank = schedules.stages_per_rank(schedule)
     chain = model_plan.model_chain(model)
-    stages = split_for_schedule(chain, pp, schedule, options.pp_split)
+    stages = split_for_schedule(chain, plan, schedule, options.pp_split)
     counts = dict(zip(stages, stage_params(chain, stages)))
     ranks = [[stages[i] for i in schedules.stage_indices(schedule, r, pp, per_rank)] for r in range(pp)]
     largest = max(ranks, key=lambda held: sum(counts[stage] for stage in held))

@@ -174,6 +174,19 @@ class PipelineRunner:
         dist.broadcast(loss, src=self._last, group=self.group)
         return loss
 
+    def train_step(self, inputs: torch.Tensor, targets: Any, loss_fn: LossFn, *, loss_scale: float | torch.Tensor,
+                   items: Any, num_items: Any = None) -> torch.Tensor:
+        """`step` for px.forward_backward: without `num_items` the mean loss; with it every
+        microbatch's summed loss over the common divisor of the step (`items`: loop/num_items.py's
+        ItemCount), and the batch's sum returned."""
+        if num_items is None:
+            items.add_plain()
+            return self.step(inputs, targets, loss_scale=loss_scale, loss_fn=loss_fn)
+        divisor = items.begin(num_items)
+        loss = self.step(inputs, targets, loss_scale=loss_scale / divisor, loss_fn=loss_fn, summed=True)
+        items.add_loss(loss)
+        return loss
+
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The last stage's output for `inputs` (no gradients), on every pipeline rank. Any batch size:
         it is cut into as many equal microbatches as divide it, up to num_microbatches."""

@@ -8,6 +8,7 @@ ZBVZeroBubble, DualPipeV.
 from __future__ import annotations
 
 from phalanx.config import names as setting_names
+from phalanx.strategies.parallel_plan import ParallelPlan
 
 SINGLE = ("1F1B", "GPipe")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
@@ -118,14 +119,16 @@ def microbatches_for(schedule: str, pp: int, microbatches: int, batch_size: int)
     return max(below) if below else min(fits)
 
 
-def rank_labels(world_size: int, pp: int, schedule: str) -> list[str]:
-    """Per global rank, the pipeline stage(s) it runs (`pipeline stage 1 of 2`), pp being the
-    outermost mesh dimension; for the watchdog's reports."""
+def rank_labels(plan: ParallelPlan, schedule: str) -> list[str] | None:
+    """Per global rank, the pipeline stage(s) it runs (`pipeline stage 1 of 2`), for the watchdog's
+    reports; None when the plan has no pipeline."""
+    if plan.pp == 1:
+        return None
     schedule = schedule_name(schedule)
     per_rank = stages_per_rank(schedule)
     labels = []
-    for rank in range(world_size):
-        stages = stage_indices(schedule, rank // (world_size // pp), pp, per_rank)
+    for rank in range(plan.world_size):
+        stages = stage_indices(schedule, plan.coordinates(rank)["pp"], plan.pp, per_rank)
         which = ", ".join(map(str, stages))
-        labels.append(f"pipeline stage{'s' if len(stages) > 1 else ''} {which} of {pp * per_rank}")
+        labels.append(f"pipeline stage{'s' if len(stages) > 1 else ''} {which} of {plan.pp * per_rank}")
     return labels

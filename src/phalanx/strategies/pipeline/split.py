@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import schedules
 from phalanx.strategies.pipeline.chain import ModelChain
 
@@ -100,8 +101,10 @@ def split_stages(chain: ModelChain, num_stages: int, pp_split: Sequence[str] | N
     return tuple(tuple(names[a:b]) for a, b in zip(bounds, bounds[1:]))
 
 
-def split_for_schedule(chain: ModelChain, pp: int, schedule: str, pp_split: Sequence[str] | None = None) -> Stages:
-    """The stages of a pipeline of `pp` ranks under `schedule` (pp x its stages per rank)."""
+def split_for_schedule(chain: ModelChain, plan: ParallelPlan, schedule: str,
+                       pp_split: Sequence[str] | None = None) -> Stages:
+    """The stages of the plan's pipeline ranks under `schedule` (pp x its stages per rank)."""
+    pp = plan.pp
     per_rank = schedules.stages_per_rank(schedule)
     try:
         return split_stages(chain, pp * per_rank, pp_split)

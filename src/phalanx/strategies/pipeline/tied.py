@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import schedules
 from phalanx.strategies.pipeline.chain import ModelChain, shared_parameters
 from phalanx.strategies.pipeline.split import Stages
@@ -30,8 +31,9 @@ class TiedParam:
     """the pipeline ranks whose stages hold it."""
 
 
-def find_tied(model: nn.Module, chain: ModelChain, stages: Stages, schedule: str, pp: int) -> list[TiedParam]:
-    """The parameters of `model` (before the cut) that land on more than one pipeline rank."""
+def find_tied(model: nn.Module, chain: ModelChain, stages: Stages, schedule: str, plan: ParallelPlan) -> list[TiedParam]:
+    """The parameters of `model` (before the cut) that land on more than one of the plan's pipeline ranks."""
+    pp = plan.pp
     per_rank = schedules.stages_per_rank(schedule)
     rank_of_stage = {s: r for r in range(pp) for s in schedules.stage_indices(schedule, r, pp, per_rank)}
     stage_of_unit = {name: i for i, stage in enumerate(stages) for name in stage}

@@ -41,7 +41,7 @@ from phalanx.config import kinds
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives
 from phalanx.runtime.context import AgentEnv
-from phalanx.runtime.preempt_signals import SignalWatch
+from phalanx.preemption.signals import SignalWatch
 from phalanx.runtime.process_group import store_client
 from phalanx.runtime.step_tracker import Phase, StepTracker
 
