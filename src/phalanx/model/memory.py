@@ -100,12 +100,12 @@ def zero1_optimizer_bytes(size: ParamSize, world_size: int, rank: int, optimizer
 
 
 def zero1_gather_buffer_bytes(sizes: list[ParamSize], world_size: int) -> int:
-    """zero1_gather persistent: the send buffer (one padded chunk of every parameter) and the
-    receive buffer (world_size of them), kept between steps."""
+    """zero1_gather persistent: the buffer every rank's padded chunk of every parameter is
+    gathered into (in place: this rank's slot is what it sends), kept between steps."""
     def padded_numel(size: ParamSize) -> int:
         return math.ceil(size.shape[0] / world_size) * math.prod(size.shape[1:]) if size.shape else 1
 
-    return sum(padded_numel(s) * s.element_size for s in sizes) * (world_size + 1)
+    return sum(padded_numel(s) * s.element_size for s in sizes) * world_size
 
 
 def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
