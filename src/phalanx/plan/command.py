@@ -140,15 +140,17 @@ def _hint(target: str, module: Any) -> str:
 
 def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard_size: int | None = None,
            activations: Any = None, activation_checkpointing: bool = False, optimizer_why: str = "",
-           tp: int = 1, full_sizes: list | None = None, suggestion: str = "", pp: int = 1, pipeline: str = "") -> str:
+           tp: int = 1, full_sizes: list | None = None, suggestion: str = "", pp: int = 1, pipeline: str = "",
+           runtime: int = 0) -> str:
     """The report. With `tp` > 1, `sizes` are one tensor-parallel rank's parameters (`full_sizes`
     the model's) and the data-parallel strategies span world_size / tp ranks; with `pp` > 1, the
-    largest pipeline rank's, over world_size / (tp x pp) ranks, after the `pipeline` section."""
+    largest pipeline rank's, over world_size / (tp x pp) ranks, after the `pipeline` section.
+    `runtime`: the process's own bytes (memory.runtime_bytes), in every total."""
     from phalanx.model import memory
 
     fb = memory.format_bytes
     dp_size = world_size // (tp * pp)
-    table = memory.plan(sizes, dp_size, optimizer, hsdp_shard_size=hsdp_shard_size)
+    table = memory.plan(sizes, dp_size, optimizer, hsdp_shard_size=hsdp_shard_size, runtime=runtime)
     width = 17 + 6 * (tp > 1) + 6 * (pp > 1)
     whole = full_sizes if full_sizes is not None else sizes
     num_params = sum(s.numel for s in whole)
@@ -160,16 +162,18 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
         lines.append(f"tensor parallel tp={tp}: one rank holds {fb(sum(s.nbytes for s in sizes))} of the parameters "
                      f"(the tp plan's layers split {tp} ways, the rest whole); the strategies below shard that "
                      f"over the {dp_size} data-parallel ranks")
-    lines += ["per-rank model state (the largest rank; activations not included):",
+    lines += ["per-rank model state (the largest rank; activations not included):" if not runtime else
+              f"per-rank memory between steps (the largest rank; totals include {fb(runtime)} a CPU process holds "
+              "in every layout: torch's kernels and caches; vs ddp: of the model state; activations not included):",
              f"  {'strategy':{width}s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'buffers':>11s} "
              f"{'total':>11s}  {'vs ddp':>6s}"]
-    ddp_total = table["ddp"][0].total
+    ddp_total = table["ddp"][0].total - runtime  # vs ddp: the model state a layout changes
     for name, ranks in table.items():
         worst = max(ranks, key=lambda b: b.total + b.host)
         note = ""
         if worst.host:
             note = f"  (+{fb(worst.host)} in CPU memory)"
-        ratio = worst.total / ddp_total if ddp_total else 0.0
+        ratio = (worst.total - worst.runtime) / ddp_total if ddp_total else 0.0
         if name == "hsdp":
             name = f"hsdp {dp_size // hsdp_shard_size}x{hsdp_shard_size}"
         if tp > 1:
@@ -179,7 +183,7 @@ def render(sizes: list, world_size: int, optimizer: str, budget: int, hsdp_shard
         lines.append(f"  {name:{width}s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
                      f"{fb(worst.buffers):>11s} {fb(worst.total):>11s}  {ratio:6.2f}{note}")
     lines.append("  (at rest, between steps; zero1-persistent is zero1 with zero1_gather persistent: one all-gather per\n"
-                 "   step into a buffer kept for good, where zero1 gathers through transient buckets of at most 16 MiB;\n"
+                 "   step into a buffer kept for good, where zero1 gathers through transient buckets of 1/16 of the model;\n"
                  "   during a step zero2 also holds every unit's gathered parameters\n"
                  "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks';\n"
                  "   root-level embedding tables are never gathered whole while a forward's tokens x ranks are fewer than their rows)")
@@ -251,13 +255,14 @@ def main(args: argparse.Namespace) -> int:
         return 2
     choice = optimizer_choice.choose(args.optimizer, args.model)
     sizes = memory.model_sizes(model)
+    args.runtime = memory.runtime_bytes("cuda" if torch.cuda.is_available() else "cpu")
     if pipeline is not None:  # the largest pipeline rank's stages; activations per rank come with them
         sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in pipeline.units)]
         acts = None
     suggestion = suggest(factory, args, tp_plan, choice.name, budget, sizes, acts) if pipeline is None else ""
     print(render(sizes, args.world_size, choice.name, budget, shard, acts, args.activation_checkpointing,
                  choice.why, tp=args.tp, full_sizes=full_sizes, suggestion=suggestion, pp=args.pp,
-                 pipeline=pipeline.report if pipeline is not None else ""))
+                 pipeline=pipeline.report if pipeline is not None else "", runtime=args.runtime))
     return 0
 
 
@@ -316,13 +321,14 @@ def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, 
             except ValueError:
                 continue  # this model's layers (or heads) do not split that many ways, or it has no plan
             sizes = memory.model_sizes(model)
-        table = memory.plan(sizes, args.world_size // tp, optimizer)
+        table = memory.plan(sizes, args.world_size // tp, optimizer, runtime=getattr(args, "runtime", 0))
         extra = 0 if acts is None else (acts.peak_checkpointed if args.activation_checkpointing else acts.peak)
         for name in PREFERENCE:
             need = max(b.total for b in table[name]) + extra
             if need <= budget:
                 layout = name + (f" x tp{tp}" if tp > 1 else "")
-                what = "model state + activations" if acts is not None else "model state"
+                what = "model state" + (" + runtime" if getattr(args, "runtime", 0) else "") + \
+                    (" + activations" if acts is not None else "")
                 return (f"suggested layout for {args.world_size} ranks: {layout} ({what} {memory.format_bytes(need)} "
                         f"per rank, within the {memory.format_bytes(budget)} budget)")
     return (f"suggested layout: none fits {memory.format_bytes(budget)} per rank on {args.world_size} ranks; "
