@@ -9,9 +9,11 @@ model (the baseline: torch, transformers and the process group loaded), then:
 - peak: the high-water mark (VmHWM, reset through /proc/self/clear_refs) over one more step,
   minus the baseline: what a step needs on top.
 The plan's figure is `px.memory_report` (parameters, gradients, optimizer state and kept buffers,
-measured from the tensors) and `phalanx plan`'s byte model (memory.plan) for the same model.
+measured from the tensors, and the runtime's own bytes a CPU process holds in every layout) and
+`phalanx plan`'s byte model (memory.plan) for the same model; hsdp is one node's (shards over its
+2 processes), tp2 is tensor parallel over both processes (the model's transformers tp plan).
 
-Usage: python bench/memory.py [--layouts ddp zero1 zero1-persistent zero2 zero3] [--rounds 1]
+Usage: python bench/memory.py [--layouts ddp zero1 zero1-persistent zero2 zero3 hsdp tp2] [--rounds 1]
                               [--hidden 256] [--layers 5] [--vocab 8192] [--batch 2] [--seq 64] [--markdown]
                               [--json FILE]
 """
@@ -29,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = {"ddp": {"strategy": "ddp"}, "zero1": {"strategy": "zero1"},
            "zero1-persistent": {"strategy": "zero1", "zero1_gather": "persistent"},
-           "zero2": {"strategy": "zero2"}, "zero3": {"strategy": "zero3"}}
+           "zero2": {"strategy": "zero2"}, "zero3": {"strategy": "zero3"},
+           "hsdp": {"strategy": "hsdp"}, "tp2": {"strategy": "ddp", "tp": 2}}
 
 WORKER = """\
 import ctypes, json, sys
@@ -69,7 +72,7 @@ config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int
 model = LlamaForCausalLM(config)
 params = sum(p.numel() for p in model.parameters())
 model, optimizer = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-g = torch.Generator().manual_seed(px.rank)
+g = torch.Generator().manual_seed(px.rank // options.get("tp", 1))  # tensor-parallel ranks share a batch
 
 def step():
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
@@ -108,19 +111,29 @@ def measure(layout: str, args: argparse.Namespace, tmp: Path) -> dict:
 
 
 def planned(args: argparse.Namespace) -> dict[str, int]:
-    """phalanx plan's bytes for the same model (the largest rank), per layout."""
+    """phalanx plan's bytes for the same model (the largest rank), per layout, with the runtime a CPU
+    process holds in every layout: hsdp's shard group is the node's 2 processes; tp2 is one
+    tensor-parallel rank's part of the model (as `phalanx plan --tp 2`), over no other data-parallel rank."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from phalanx.model import memory
+    from phalanx.strategies import tensor_parallel
 
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
-                         num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
-                         max_position_embeddings=256, tie_word_embeddings=False)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    table = memory.plan(memory.model_sizes(model), 2)
-    return {name: max(b.total for b in table[name]) for name in LAYOUTS}
+    def build():
+        config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
+                             num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
+                             max_position_embeddings=256, tie_word_embeddings=False)
+        with torch.device("meta"):
+            return LlamaForCausalLM(config)
+
+    runtime = memory.runtime_bytes("cpu")
+    table = memory.plan(memory.model_sizes(build()), 2, hsdp_shard_size=2, runtime=runtime)
+    out = {name: max(b.total for b in table[name]) for name in LAYOUTS if name in table}
+    split = build()
+    tensor_parallel.shrink_to_one_rank(split, None, 2)
+    out["tp2"] = memory.plan(memory.model_sizes(split), 1, runtime=runtime)["ddp"][0].total
+    return out
 
 
 def main() -> None:
@@ -152,14 +165,14 @@ def main() -> None:
     print(f"Llama {runs['ddp'][0]['params'] / 1e6:.1f}M parameters, AdamW, 2 CPU processes, "
           f"per-rank MiB above the baseline (the larger rank), median of {args.rounds} round(s)")
     header = ["layout", "at rest", "vs ddp", "malloc in use", "peak", "vs ddp", "memory_report", "plan",
-              "plan vs ddp", "measured / report"]
+              "plan vs ddp", "measured / plan"]
     rows = []
     for name in layouts:
         rest, peak, report = med(name, "at_rest"), med(name, "peak"), med(name, "report")
         rows.append([name, f"{rest:.1f}", f"{rest / med('ddp', 'at_rest'):.2f}", f"{med(name, 'in_use'):.1f}",
                      f"{peak:.1f}",
                      f"{peak / med('ddp', 'peak'):.2f}", f"{report:.1f}", f"{plan[name] / mib:.1f}",
-                     f"{plan[name] / plan['ddp']:.2f}", f"{rest / report:.2f}"])
+                     f"{plan[name] / plan['ddp']:.2f}", f"{rest / (plan[name] / mib):.2f}"])
     if args.markdown:
         print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
         for row in rows:

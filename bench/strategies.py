@@ -59,9 +59,11 @@ class Head(nn.Module):
 
 
 class Net(nn.Module):
+    vocab = VOCAB
+
     def __init__(self):
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
+        self.embed = nn.Embedding(self.vocab, DIM)
         self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
         self.head = Head()
 
@@ -82,7 +84,14 @@ class Encoder(Net):
             for _ in range(BLOCKS))
 
 
-MODELS = {"mlp": Net, "encoder": Encoder}
+class SmallVocabEncoder(Encoder):
+    """The encoder with a 4096-token vocabulary: its embedding is 25% of its parameters (the
+    encoder's, with 16384 tokens, 57%), so the blocks zero3 gathers one at a time dominate."""
+
+    vocab = 4096
+
+
+MODELS = {"mlp": Net, "encoder": Encoder, "small-vocab-encoder": SmallVocabEncoder}
 MODEL = os.environ.get("BENCH_MODEL", "mlp")  # set by --model before the ranks start
 
 
@@ -96,7 +105,8 @@ def batches(n: int, replica: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]
     `replica` ranks that hold one model replica together (tp x pp) read the same, that much larger, batch."""
     g = torch.Generator().manual_seed(dist.get_rank() // replica)
     size = BATCH * replica
-    return [(torch.randint(0, VOCAB, (size, SEQ), generator=g), torch.randint(0, CLASSES, (size,), generator=g))
+    vocab = MODELS[MODEL].vocab
+    return [(torch.randint(0, vocab, (size, SEQ), generator=g), torch.randint(0, CLASSES, (size,), generator=g))
             for _ in range(n)]
 
 
@@ -241,10 +251,18 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
             rate, cpu_ms, held[name] = run_variant(VARIANTS[name], data[name], steps)
             rates[name].append(rate)
             cpu[name].append(cpu_ms)
+    floor = None
+    if "phalanx ddp" in names and "phalanx zero3" in names:  # every rank takes part in the timing
+        import _zero3_floor
+
+        zero3_ms, ddp_ms = _zero3_floor.comm_ms(make_model(), BATCH, SEQ)
+        floor = sorted(cpu["phalanx ddp"])[rounds // 2] + zero3_ms - ddp_ms
     if dist.get_rank() == 0:
-        params = sum(p.numel() for p in make_model().parameters())
+        model = make_model()
+        params = sum(p.numel() for p in model.parameters())
+        embedding = model.embed.weight.numel() / params
         print(f"CPU/gloo figures: {dist.get_world_size()} ranks (1 thread each), {MODEL} model {params / 1e6:.1f}M "
-              f"params (embedding {VOCAB}x{DIM}, {BLOCKS} blocks), global batch {BATCH * dist.get_world_size()}x{SEQ}; "
+              f"params (embedding {model.vocab}x{DIM}, {embedding:.0%} of them, {BLOCKS} blocks), global batch {BATCH * dist.get_world_size()}x{SEQ}; "
               f"{rounds} alternating rounds of {steps} steps, median")
         base_name = "raw ddp" if "raw ddp" in names else names[0]
         base = sorted(rates[base_name])[rounds // 2]
@@ -258,6 +276,11 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
             print(f"  {name:56s} {med:8.2f} {med / base:11.3f} {c:12.1f} {base_cpu / c:6.3f} "
                   f"{min(per_round):10.3f}-{max(per_round):.3f}      "
                   f"{held[name] / 2**20:7.1f} MiB {held[name] / base_bytes:5.2f} {bubble(name):>6s}")
+        if floor is not None:
+            zero3, ddp = sorted(cpu["phalanx zero3"])[rounds // 2], sorted(cpu["phalanx ddp"])[rounds // 2]
+            print(f"  zero3's floor: {floor:.1f} CPU ms/step (phalanx ddp's, plus zero3's gathers, gradient reductions "
+                  f"and copies, less ddp's all-reduce, each timed alone: bench/_zero3_floor.py);\n"
+                  f"  phalanx zero3 runs at {floor / zero3:.2f} of that floor's speed and {ddp / zero3:.2f}x phalanx ddp's")
         print(f"  (CPU ms/step: rank 0's own CPU time, all threads; 'vs' = {base_name}'s CPU time / this one's,\n"
               "   a throughput ratio that ignores time stolen by other processes on a shared machine;\n"
               "   state/rank: the largest rank's parameters + gradients + optimizer state after a step;\n"
@@ -281,6 +304,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="substrings of variant names to run")
     parser.add_argument("--model", nargs="+", choices=sorted(MODELS), default=["mlp"],
                         help="mlp: residual MLP blocks; encoder: nn.TransformerEncoderLayer blocks; "
+                             "small-vocab-encoder: the same with a 4096-token embedding (25%% of the parameters); "
                              "several: one table each, one after the other")
     args = parser.parse_args()
     for model in args.model:

@@ -440,8 +440,9 @@ class Phalanx:
         return self.strategy.full_state_dict(model)
 
     def memory_report(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> memory.RankBytes:
-        """Bytes of parameters, gradients and optimizer state this rank holds now."""
-        return memory.measure(model, optimizer)
+        """Bytes of parameters, gradients, optimizer state and kept buffers this rank holds now, and
+        the runtime's own (on CPU; `runtime`): what the process holds between steps."""
+        return memory.measure(model, optimizer, runtime=memory.runtime_bytes(self.ctx.device.type))
 
     # ---- checkpoints (phalanx.checkpoint) -------------------------------------------------------
     def save_state(self, path: str | os.PathLike | None = None, *, async_save: bool | None = None) -> str:

@@ -1,6 +1,7 @@
 """ZeRO keeps its promise in resident memory, not only in bytes counted: each layout's per-rank
 RSS at rest and at a step's peak, measured by bench/memory.py on a transformers Llama (2 CPU
-processes, one `phalanx run` per layout), in the order the byte count gives."""
+processes, one `phalanx run` per layout), in the order the byte count gives; and `phalanx plan`
+(= px.memory_report) within 15% of what each layout measures at rest, so its advice holds."""
 from __future__ import annotations
 
 import json
@@ -10,35 +11,63 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.plan.command import PREFERENCE
+
 ROOT = Path(__file__).resolve().parents[2]
+LAYOUTS = ("ddp", "zero1", "zero2", "zero3", "hsdp", "tp2")
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("memory") / "memory.json"
-    done = subprocess.run([sys.executable, "bench/memory.py", "--layouts", "ddp", "zero1", "zero2", "zero3",
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1400)
+    done = subprocess.run([sys.executable, "bench/memory.py", "--layouts", *LAYOUTS, "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1400)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(out.read_text())
 
 
+def _figure(measured, key):
+    return {name: runs[0][key] for name, runs in measured["runs"].items()}
+
+
 def test_at_rest_each_stage_holds_less_than_the_one_before(measured):
-    rest = {name: runs[0]["at_rest"] for name, runs in measured["runs"].items()}
+    rest = _figure(measured, "at_rest")
     # bytes: ddp 1.00, zero1 0.75, zero2 and zero3 0.50 (zero2 reshards after the backward, so at rest
-    # it holds what zero3 does); measured 0.85 / 0.61 / 0.61 with freed host memory given back
+    # it holds what zero3 does); measured 0.85 / 0.63 / 0.63 with freed host memory given back
     assert rest["zero1"] < 0.92 * rest["ddp"], rest
     assert rest["zero2"] < 0.85 * rest["zero1"], rest
     assert rest["zero3"] < 1.05 * rest["zero2"] and rest["zero3"] < 0.72 * rest["ddp"], rest
 
 
-def test_no_stage_peaks_far_above_ddp(measured):
-    # the goal is every stage at or under ddp's peak; measured zero1 1.02, zero2 0.95, zero3 1.03
-    peak = {name: runs[0]["peak"] for name, runs in measured["runs"].items()}
+def test_no_stage_peaks_above_ddp(measured):
+    # measured zero1 0.84, zero2 0.82, zero3 0.78 (before zero1 gathered in place in small buckets:
+    # zero1 1.01, its gather buffers on top of its step); runs repeat within ~1 MiB of each other
+    peak = _figure(measured, "peak")
     for name in ("zero1", "zero2", "zero3"):
-        assert peak[name] < 1.1 * peak["ddp"], peak
+        assert peak[name] < 0.95 * peak["ddp"], peak
 
 
 def test_memory_report_is_the_plan(measured):
     for name, runs in measured["runs"].items():
         assert runs[0]["report"] == measured["plan"][name], name
+
+
+def test_the_plan_is_within_15_percent_of_what_each_layout_holds_at_rest(measured):
+    # measured / plan: ddp 1.00, zero1 1.08, zero2/zero3/hsdp 1.09, tp2 1.10 (before the runtime's
+    # 22 MiB and tp's whole embedding gradient were counted: 1.18 to 1.49)
+    rest = _figure(measured, "at_rest")
+    for name in LAYOUTS:
+        assert abs(measured["plan"][name] - rest[name]) <= 0.15 * rest[name], (name, rest[name], measured["plan"][name])
+
+
+def test_the_layout_the_plan_advises_for_a_budget_is_the_one_that_fits(measured):
+    # phalanx plan suggests the first of ddp, zero1, zero2, zero3 whose figure fits the budget;
+    # at budgets between the measured figures, the plan's choice is the one the measurements make
+    rest = _figure(measured, "at_rest")
+    values = sorted(rest[name] for name in PREFERENCE)
+    budgets = [(a + b) / 2 for a, b in zip(values, values[1:]) if b > 1.1 * a] + [values[-1] * 1.05]
+    for budget in budgets:
+        by_plan = next((n for n in PREFERENCE if measured["plan"][n] <= budget), None)
+        by_measure = next((n for n in PREFERENCE if rest[n] <= budget), None)
+        assert by_plan == by_measure, (budget, rest, measured["plan"])

@@ -37,7 +37,7 @@ def test_chunks_are_views_of_the_parameters_and_buckets_hold_nothing_between_ste
     for gathered, _ in runs:
         tiny, bucketed = gathered["tiny buckets held"], gathered["bucketed held"]
         assert tiny["chunks_share_params"] and bucketed["chunks_share_params"]
-        assert tiny["buckets"] > 5 and bucketed["buckets"] == 1  # 256-byte buckets vs one 16 MiB one
+        assert tiny["buckets"] > 5 and bucketed["buckets"] == 1  # 256-byte buckets vs one of at least 1 MiB
         assert tiny["buffer_bytes"] == bucketed["buffer_bytes"] == 0
         assert gathered["bucketed report"]["buffers"] == 0
 
@@ -48,7 +48,7 @@ def test_the_persistent_buffer_is_counted_by_memory_report_and_the_plan(runs):
     for rank, (gathered, _) in enumerate(runs):
         held = gathered["persistent held"]
         assert held["chunks_share_params"]
-        assert held["buffer_bytes"] == held["padded_numel"] * 4 * 3  # send + 2 ranks' chunks, fp32
+        assert held["buffer_bytes"] == held["padded_numel"] * 4 * 2  # 2 ranks' chunks, fp32 (sent in place)
         report = gathered["persistent report"]
         assert report["buffers"] == held["buffer_bytes"]
         assert planned["zero1-persistent"][rank].buffers == held["buffer_bytes"]

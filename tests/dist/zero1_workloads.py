@@ -9,7 +9,7 @@ from torch import nn
 
 from phalanx import Phalanx
 from phalanx.loop.accumulation import unwrap_optimizer
-from phalanx.strategies import sharded_optimizer
+from phalanx.strategies import zero1_buckets
 from tests.dist import strategy_workloads as w
 
 
@@ -27,16 +27,16 @@ def gathers() -> dict[str, Any]:
     """TinyNet under zero1 with buckets of 256 bytes (one all-gather per few rows), and with the
     persistent buffer: trained results (as strategy_workloads.train) and what each holds."""
     out: dict[str, Any] = {}
-    default = sharded_optimizer.GATHER_BUCKET_BYTES
+    default = zero1_buckets.GATHER_BUCKET_BYTES
     try:
-        sharded_optimizer.GATHER_BUCKET_BYTES = 256
+        zero1_buckets.GATHER_BUCKET_BYTES = 256
         out["tiny buckets"] = w.train("zero1")
         px = Phalanx(strategy="zero1")
         model = w.make_model()
         _, optimizer = px.prepare(model, w.make_optimizer(model))
         out["tiny buckets held"] = _held(optimizer)
     finally:
-        sharded_optimizer.GATHER_BUCKET_BYTES = default
+        zero1_buckets.GATHER_BUCKET_BYTES = default
     out["persistent"] = w.train("zero1", options={"zero1_gather": "persistent"})
     px = Phalanx(strategy="zero1", zero1_gather="persistent")
     model = w.make_model()

@@ -91,7 +91,7 @@ def test_tensor_parallel_layouts_are_planned_per_rank_and_a_layout_is_suggested(
     one_rank = ((22_688 - 5 * 32) // 2 + 5 * 32) * 4
     assert f"tensor parallel tp=2: one rank holds {one_rank / 1024:.1f} KiB of the parameters" in out
     assert "  zero3 x tp2" in out and "hsdp 1x2 x tp2" in out
-    assert "suggested layout for 4 ranks: ddp x tp2 (model state + activations" in out
+    assert "suggested layout for 4 ranks: ddp x tp2 (model state + runtime + activations" in out
     assert cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "4", "--tp", "4",
                      "--input", "4x8"]) == 2
     assert "HINT: tp must divide the model's attention (and key/value) heads" in capsys.readouterr().err

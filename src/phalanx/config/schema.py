@@ -199,9 +199,9 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "or the table, whichever is smaller) or params (gathered whole like any parameter)",
             needs=Needs.ROW_SHARDED_EMBEDDINGS),
     Setting("zero1_gather", kinds.choice(names.ZERO1_GATHER_MODES), "bucketed",
-            "zero1: how updated chunks reach every rank: bucketed (transient buffers of at most 16 MiB, nothing "
-            "kept between steps) or persistent (one all-gather of the whole model into a buffer kept for good: "
-            "a little faster, (1 + 1/N) x the parameters' bytes more per rank)",
+            "zero1: how updated chunks reach every rank: bucketed (transient buffers of 1/16 of the parameters' bytes, "
+            "within 1-64 MiB, nothing kept between steps) or persistent (one all-gather of the whole model into a "
+            "buffer kept for good: a little faster, the parameters' bytes more per rank)",
             needs=Needs.SHARDED_OPTIMIZER),
     Setting("sync_batchnorm", kinds.BOOL, False,
             "convert BatchNorm layers to SyncBatchNorm at prepare: statistics over every rank's samples, as one "

@@ -31,6 +31,17 @@ _DDP, _ZERO1, _ZERO2, _ZERO3 = (names.BY_STAGE[stage] for stage in range(4))
 _HYBRID = next(name for name, preset in names.PRESETS.items() if preset.hybrid)
 STRATEGIES = (_DDP, _ZERO1, f"{_ZERO1}-persistent", _ZERO2, _ZERO3, f"{_ZERO3}-offload")
 DEFAULT_BUDGET_FRACTION = 0.6  # of device memory; the rest is left for activations and buffers
+CPU_RUNTIME_BYTES = 22 * 2**20
+"""What a CPU process holds after its first training step beyond its model state, in every layout
+and for every model size: torch's lazily loaded kernels and modules and the model code's caches.
+Measured in one process without phalanx (malloc's bytes in use after 3 AdamW steps, less 4x the
+parameters, transformers Llamas of 22-88 MB, batches of 2-8 x 64 tokens): 21.6-23.5 MiB, and still
+held once the model and optimizer are deleted. On a GPU it is host memory, outside the device's."""
+
+
+GRAD_SHAPE_ATTR = "phalanx_grad_shape"
+"""Set on a planning (meta) parameter whose gradient a rank holds at another shape than the
+parameter: tensor parallel's row-split embedding, whose gradient torch gives whole (Replicate)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,12 @@ class ParamSize:
     name: str
     shape: tuple[int, ...]
     element_size: int
+    grad_shape: tuple[int, ...] | None = None
+    """The gradient's shape where it differs from the parameter's (GRAD_SHAPE_ATTR)."""
+
+    @property
+    def grad_nbytes(self) -> int:
+        return self.nbytes if self.grad_shape is None else math.prod(self.grad_shape) * self.element_size
 
     @property
     def numel(self) -> int:
@@ -58,16 +75,23 @@ class RankBytes:
     host: int = 0
     buffers: int = 0
     """Communication buffers phalanx keeps between steps (zero1's persistent gather buffer)."""
+    runtime: int = 0
+    """What the process holds whatever the layout (CPU_RUNTIME_BYTES on CPU; 0 on a GPU)."""
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.buffers
+        return self.params + self.grads + self.optimizer + self.buffers + self.runtime
+
+
+def runtime_bytes(device_type: str) -> int:
+    """The runtime's own bytes on a device of this type (see CPU_RUNTIME_BYTES)."""
+    return CPU_RUNTIME_BYTES if device_type == "cpu" else 0
 
 
 def model_sizes(model: nn.Module) -> list[ParamSize]:
     """Trainable parameters' shapes (works on a model built on the meta device)."""
-    return [ParamSize(n, tuple(p.shape), p.element_size()) for n, p in model.named_parameters()
-            if p.requires_grad]
+    return [ParamSize(n, tuple(p.shape), p.element_size(), getattr(p, GRAD_SHAPE_ATTR, None))
+            for n, p in model.named_parameters() if p.requires_grad]
 
 
 def unit_bytes(unit: nn.Module) -> int:
@@ -103,12 +127,12 @@ def zero1_optimizer_bytes(size: ParamSize, world_size: int, rank: int, optimizer
 
 
 def zero1_gather_buffer_bytes(sizes: list[ParamSize], world_size: int) -> int:
-    """zero1_gather persistent: the send buffer (one padded chunk of every parameter) and the
-    receive buffer (world_size of them), kept between steps."""
+    """zero1_gather persistent: the buffer every rank's padded chunk of every parameter is
+    gathered into (in place: this rank's slot is what it sends), kept between steps."""
     def padded_numel(size: ParamSize) -> int:
         return math.ceil(size.shape[0] / world_size) * math.prod(size.shape[1:]) if size.shape else 1
 
-    return sum(padded_numel(s) * s.element_size for s in sizes) * (world_size + 1)
+    return sum(padded_numel(s) * s.element_size for s in sizes) * world_size
 
 
 def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
@@ -124,10 +148,11 @@ def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
 
 
 def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
-         hsdp_shard_size: int | None = None) -> dict[str, list[RankBytes]]:
+         hsdp_shard_size: int | None = None, runtime: int = 0) -> dict[str, list[RankBytes]]:
     """Per strategy, per rank: the model-state bytes that rank will hold. With `hsdp_shard_size`
-    (ranks per shard group, by default the processes of a node) hsdp too: zero3 within a group."""
-    full = RankBytes(params=sum(s.nbytes for s in sizes), grads=sum(s.nbytes for s in sizes),
+    (ranks per shard group, by default the processes of a node) hsdp too: zero3 within a group.
+    `runtime`: the process's own bytes (runtime_bytes), counted in every row's total."""
+    full = RankBytes(params=sum(s.nbytes for s in sizes), grads=sum(s.grad_nbytes for s in sizes),
                      optimizer=sum(_optimizer_bytes(s, s.numel, optimizer) for s in sizes))
     out: dict[str, list[RankBytes]] = {_DDP: [RankBytes(full.params, full.grads, full.optimizer)
                                              for _ in range(world_size)]}
@@ -145,6 +170,9 @@ def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
             raise ValueError(f"hsdp shard size {hsdp_shard_size} does not divide world size {world_size}")
         out[_HYBRID] = [sharded_bytes(sizes, hsdp_shard_size, r % hsdp_shard_size, optimizer)
                        for r in range(world_size)]
+    for rows in out.values():
+        for b in rows:
+            b.runtime = runtime
     return out
 
 
@@ -249,11 +277,12 @@ def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def measure(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> RankBytes:
-    """Bytes of the parameters, gradients and optimizer state this rank holds (local shards)."""
+def measure(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, runtime: int = 0) -> RankBytes:
+    """Bytes of the parameters, gradients and optimizer state this rank holds (local shards), and
+    `runtime` (runtime_bytes of the device) as the process's own."""
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
-    out = RankBytes(params=sum(_bytes(p) for p in params), grads=sum(_bytes(g) for g in grads))
+    out = RankBytes(params=sum(_bytes(p) for p in params), grads=sum(_bytes(g) for g in grads), runtime=runtime)
     if optimizer is not None:
         from phalanx.loop.accumulation import unwrap_optimizer
 

@@ -141,18 +141,19 @@ def _hint(target: str, module: Any) -> str:
 
 def render(sizes: list, rows: dict[str, Any], optimizer: str, budget: int,
            activations: Any = None, activation_checkpointing: bool = False, optimizer_why: str = "",
-           full_sizes: list | None = None, suggestion: str = "", pipeline: str = "") -> str:
+           full_sizes: list | None = None, suggestion: str = "", pipeline: str = "", runtime: int = 0) -> str:
     """The report over `rows` (plan/sharding.py's layouts: a ParallelPlan per row, every one of the
     same degrees). With tp > 1, `sizes` are one tensor-parallel rank's parameters (`full_sizes` the
     model's) and the rows span the data-parallel ranks tp leaves; with pp > 1, the largest pipeline
-    rank's, after the `pipeline` section."""
+    rank's, after the `pipeline` section. `runtime`: the process's own bytes (memory.runtime_bytes),
+    in every total."""
     from phalanx.model import memory
     from phalanx.plan import sharding
 
     fb = memory.format_bytes
     degrees = next(iter(rows.values()))  # the rows differ in what they shard, not in their degrees
     world_size, tp, pp, dp_size = degrees.world_size, degrees.tp, degrees.pp, degrees.dp_size
-    table = sharding.table(sizes, rows, optimizer)
+    table = sharding.table(sizes, rows, optimizer, runtime=runtime)
     width = 17 + 6 * (tp > 1) + 6 * (pp > 1)
     whole = full_sizes if full_sizes is not None else sizes
     num_params = sum(s.numel for s in whole)
@@ -164,16 +165,18 @@ def render(sizes: list, rows: dict[str, Any], optimizer: str, budget: int,
         lines.append(f"tensor parallel tp={tp}: one rank holds {fb(sum(s.nbytes for s in sizes))} of the parameters "
                      f"(the tp plan's layers split {tp} ways, the rest whole); the strategies below shard that "
                      f"over the {dp_size} data-parallel ranks")
-    lines += ["per-rank model state (the largest rank; activations not included):",
+    lines += ["per-rank model state (the largest rank; activations not included):" if not runtime else
+              f"per-rank memory between steps (the largest rank; totals include {fb(runtime)} a CPU process holds "
+              "in every layout: torch's kernels and caches; vs ddp: of the model state; activations not included):",
              f"  {'strategy':{width}s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'buffers':>11s} "
              f"{'total':>11s}  {'vs ddp':>6s}"]
-    ddp_total = table[presets.AUTO_CHOOSES[0]][0].total
+    ddp_total = table[presets.AUTO_CHOOSES[0]][0].total - runtime  # vs ddp: the model state a layout changes
     for name, ranks in table.items():
         worst = max(ranks, key=lambda b: b.total + b.host)
         note = ""
         if worst.host:
             note = f"  (+{fb(worst.host)} in CPU memory)"
-        ratio = worst.total / ddp_total if ddp_total else 0.0
+        ratio = (worst.total - worst.runtime) / ddp_total if ddp_total else 0.0
         if name in presets.PRESETS and presets.PRESETS[name].hybrid:  # replicas x shards
             name = f"{name} {rows[name].dp_replicate}x{rows[name].dp_shard}"
         if tp > 1:
@@ -183,7 +186,7 @@ def render(sizes: list, rows: dict[str, Any], optimizer: str, budget: int,
         lines.append(f"  {name:{width}s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
                      f"{fb(worst.buffers):>11s} {fb(worst.total):>11s}  {ratio:6.2f}{note}")
     lines.append("  (at rest, between steps; zero1-persistent is zero1 with zero1_gather persistent: one all-gather per\n"
-                 "   step into a buffer kept for good, where zero1 gathers through transient buckets of at most 16 MiB;\n"
+                 "   step into a buffer kept for good, where zero1 gathers through transient buckets of 1/16 of the model;\n"
                  "   during a step zero2 also holds every unit's gathered parameters\n"
                  "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks';\n"
                  "   root-level embedding tables are never gathered whole while a forward's tokens x ranks are fewer than their rows)")
@@ -260,12 +263,14 @@ def main(args: argparse.Namespace) -> int:
         return 2
     choice = optimizer_choice.choose(args.optimizer, args.model)
     sizes = memory.model_sizes(model)
+    args.runtime = memory.runtime_bytes("cuda" if torch.cuda.is_available() else "cpu")
     if pipeline is not None:  # the largest pipeline rank's stages; activations per rank come with them
         sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in pipeline.units)]
         acts = None
     suggestion = suggest(factory, args, tp_plan, choice.name, budget, sizes, acts) if pipeline is None else ""
     print(render(sizes, rows, choice.name, budget, acts, args.activation_checkpointing, choice.why,
-                 full_sizes=full_sizes, suggestion=suggestion, pipeline=pipeline.report if pipeline is not None else ""))
+                 full_sizes=full_sizes, suggestion=suggestion, pipeline=pipeline.report if pipeline is not None else "",
+                 runtime=args.runtime))
     return 0
 
 
@@ -336,10 +341,12 @@ def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, 
         for name in preference:
             layout = presets.build(name, presets.asking(tp=plan.tp, pp=plan.pp), world_size=plan.world_size,
                                    local_world_size=nproc)
-            need = max(b.total for b in sharding.rank_bytes(sizes, layout, optimizer)) + extra
+            need = max(b.total for b in sharding.rank_bytes(sizes, layout, optimizer,
+                                                             runtime=getattr(args, "runtime", 0))) + extra
             if need <= budget:
                 layout = name + (f" x tp{tp}" if tp > 1 else "")
-                what = "model state + activations" if acts is not None else "model state"
+                what = "model state" + (" + runtime" if getattr(args, "runtime", 0) else "") + \
+                    (" + activations" if acts is not None else "")
                 return (f"suggested layout for {args.world_size} ranks: {layout} ({what} {memory.format_bytes(need)} "
                         f"per rank, within the {memory.format_bytes(budget)} budget)")
     return (f"suggested layout: none fits {memory.format_bytes(budget)} per rank on {args.world_size} ranks; "

@@ -8,9 +8,10 @@ holds the full parameters again. Gradients stay full on every rank (DDP all-redu
 
 Memory: a chunk is a view of its parameter's own rows, so zero1 keeps no copy of the parameters;
 what a rank holds at rest is the model, its gradients and 1/N of the optimizer state. The gather
-goes through transient buckets (`gather="bucketed"`, at most GATHER_BUCKET_BYTES gathered at a
-time), or through one persistent buffer of the whole model, sent and received in one collective
-(`gather="persistent"`: a little faster, at (1 + 1/N) x the parameters' bytes held for good).
+goes through transient buckets (`gather="bucketed"`: 1/16 of the parameters' bytes each, within
+1-64 MiB, cut by rows where a parameter is larger; strategies/zero1_buckets.py), or through one
+persistent buffer of the whole model, gathered in one collective (`gather="persistent"`: a little
+faster, at the parameters' bytes (padded to N equal chunks) held for good).
 
 Checkpoints: `state_dict()` exposes each chunk's state as a DTensor sharded on dim 0 of the full
 parameter, the layout zero3 (FSDP2) saves, so DCP checkpoints move between zero1, zero3, hsdp and
@@ -29,17 +30,8 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from phalanx.config.names import ZERO1_GATHER_MODES as GATHER_MODES
 from phalanx.runtime.collectives import all_gather_single
-
-GATHER_BUCKET_BYTES = 16 * 2**20
-"""bucketed: the most bytes one all-gather receives (its send buffer is 1/N of that)."""
-
-
-def dim0_chunk(rows: int, world_size: int, rank: int) -> tuple[int, int]:
-    """[start, end) rows of `rank`'s chunk when `rows` are split as torch.chunk does."""
-    per = math.ceil(rows / world_size) if rows else 0
-    start = min(rows, rank * per)
-    return start, min(rows, start + per)
-
+from phalanx.strategies import zero1_buckets
+from phalanx.strategies.zero1_buckets import dim0_chunk
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local tensor (tensor parallel's part of a parameter; the same storage), else `t`."""
@@ -120,14 +112,14 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         self._dtype = params[0].dtype if params else torch.float32
         self._slots: list[_Slot] = [_Slot(p, self.world_size, self.rank) for p in params]
         self._by_param: dict[nn.Parameter, _Slot] = {slot.param: slot for slot in self._slots}
-        bucket = sum(s.padded for s in self._slots) if gather == "persistent" else \
-            max(1, GATHER_BUCKET_BYTES // (self.world_size * self._dtype.itemsize))
-        self._buckets = _buckets(self._slots, bucket)
-        self._persistent: tuple[torch.Tensor, torch.Tensor] | None = None
+        padded = sum(s.padded for s in self._slots)
+        bucket = padded if gather == "persistent" else max(1, zero1_buckets.bucket_bytes(
+            padded * self.world_size * self._dtype.itemsize) // (self.world_size * self._dtype.itemsize))
+        self._buckets = zero1_buckets.plan_buckets(self._slots, bucket)
+        self._persistent: torch.Tensor | None = None
         if gather == "persistent":
-            numel = self._buckets[0][1] if self._buckets else 0
-            self._persistent = (torch.zeros(numel, dtype=self._dtype, device=device),
-                                torch.empty(numel * self.world_size, dtype=self._dtype, device=device))
+            numel = self._buckets[0].numel if self._buckets else 0
+            self._persistent = torch.zeros(numel * self.world_size, dtype=self._dtype, device=device)
         self.optim = optimizer_class(
             [{**{k: v for k, v in g.items() if k != "params"},
               "params": [self._by_param[p].chunk for p in g["params"]]}
@@ -136,7 +128,8 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
     def buffer_bytes(self) -> int:
         """Bytes this optimizer holds beyond the model, its gradients and the optimizer state:
         the persistent gather buffers, or nothing between steps when gathering in buckets."""
-        return sum(t.numel() * t.element_size() for t in self._persistent or ())
+        held = self._persistent
+        return 0 if held is None else held.numel() * held.element_size()
 
     # ---- the step --------------------------------------------------------------------------
     def _sync_hyperparameters(self) -> None:
@@ -167,26 +160,9 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
     @torch.no_grad()
     def gather_params(self) -> None:
         """Every rank's updated chunks -> the full parameters on every rank (one all-gather per
-        bucket; one in all with the persistent buffer)."""
-        for slots, numel in self._buckets:
-            if self._persistent is not None:
-                send, received = self._persistent
-            else:
-                send = torch.zeros(numel, dtype=self._dtype, device=self._device)
-                received = torch.empty(numel * self.world_size, dtype=self._dtype, device=self._device)
-            offset = 0
-            for slot in slots:
-                send[offset:offset + slot.own_numel].copy_(slot.chunk.reshape(-1))
-                offset += slot.padded
-            all_gather_single(received, send, group=self.process_group)
-            table = received.view(self.world_size, numel)
-            offset = 0
-            for slot in slots:
-                if not slot.replicated:  # a scalar every rank stepped itself
-                    rows = table[:, offset:offset + slot.padded].reshape(-1, *slot.full.shape[1:])
-                    slot.full.copy_(rows[:slot.full.shape[0]])
-                offset += slot.padded
-            del send, received, table  # a bucket's buffers go before the next one's are made
+        bucket, in place; one in all with the persistent buffer)."""
+        zero1_buckets.gather(self._buckets, self.world_size, self.rank, self._dtype, self._device,
+                             self.process_group, self._persistent)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
@@ -273,19 +249,6 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
     @property
     def join_process_group(self) -> Any:
         return self.process_group if self.process_group is not None else dist.group.WORLD
-
-
-def _buckets(slots: list[_Slot], numel: int) -> list[tuple[list[_Slot], int]]:
-    """Consecutive slots grouped so each group's padded chunks fit `numel` elements (a slot larger
-    than that goes alone), with each group's total."""
-    out: list[tuple[list[_Slot], int]] = []
-    for slot in slots:
-        if out and out[-1][1] + slot.padded <= numel:
-            out[-1][0].append(slot)
-            out[-1] = (out[-1][0], out[-1][1] + slot.padded)
-        else:
-            out.append(([slot], slot.padded))
-    return out
 
 
 class _GatherJoinHook(JoinHook):

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from torch import nn
 
 from phalanx.config import names
+from phalanx.model import memory
 from phalanx.strategies import tied, tp_replicate
 from phalanx.strategies.parallel_plan import ParallelPlan
 
@@ -149,7 +150,10 @@ def shrink_to_one_rank(model: nn.Module, tp_plan: Mapping[str, str] | None, plan
             raise ValueError(f"tp={tp}: layer {name!r} ({type(module).__name__}) has {weight.shape[dim]} "
                              f"{'rows' if dim == 0 else 'columns'} to split, not a multiple of {tp}. "
                              f"HINT: choose tp among the divisors of {weight.shape[dim]}")
+        whole = tuple(weight.shape)
         _narrow(module, "weight", dim, tp)
+        if isinstance(module, nn.Embedding):  # torch's embedding backward gives its gradient whole
+            setattr(module.weight, memory.GRAD_SHAPE_ATTR, whole)
         if dim == 0 and getattr(module, "bias", None) is not None:
             _narrow(module, "bias", 0, tp)
         if full_out is not None:

@@ -1,0 +1,102 @@
+"""zero3's floor on CPU/gloo: the CPU time a sharded step cannot avoid, from the bytes it moves.
+
+Per step, zero3 as phalanx applies it all-gathers every unit's parameters for the forward (the root
+unit's too), again for the backward (all but the last unit, which stays gathered, and the root,
+which stays from forward to backward), reduces every unit's gradients (on gloo an all-reduce, then
+this rank's chunk), and exchanges the root embedding's looked-up rows (token ids and outputs
+forward, output gradients backward); each gather is copied out into the parameters and each
+gradient into the reduce buffer. ddp instead all-reduces every gradient in 25 MiB buckets.
+
+floor = phalanx ddp's CPU time per step + those collectives and copies - ddp's all-reduce, each
+timed alone on the same ranks (rank 0's CPU time, median of `reps`): the step zero3 would take if
+sharding cost nothing beyond moving its bytes, at this machine's per-collective latency.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from phalanx.runtime.collectives import all_gather_single
+
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def _units(model: nn.Module) -> tuple[list[int], int, nn.Embedding | None]:
+    """Numel of each unit phalanx shards, of the root unit, and the root embedding it row-shards."""
+    from phalanx.model.units import shard_units
+
+    units = shard_units(model, None)
+    in_units = sum(p.numel() for u in units for p in u.parameters())
+    embedding = next((m for m in model.children() if isinstance(m, nn.Embedding)), None)
+    root = sum(p.numel() for p in model.parameters()) - in_units - (embedding.weight.numel() if embedding else 0)
+    return [sum(p.numel() for p in u.parameters()) for u in units], root, embedding
+
+
+def _cpu_ms(fn: Callable[[], None], reps: int) -> float:
+    fn()  # warm up gloo's pairs and buffers
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start = time.process_time()
+        fn()
+        times.append((time.process_time() - start) * 1000)
+    return sorted(times)[reps // 2]
+
+
+def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[float, float]:
+    """(zero3's collectives and copies, ddp's all-reduce) per step, CPU ms, timed alone."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    units, root, embedding = _units(model)
+
+    def buffers(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        per = math.ceil(n / world)
+        return torch.randn(per * world), torch.randn(n), torch.randn(per)  # gathered, full, shard
+
+    held = {n: buffers(n) for n in set(units + [root])}
+
+    def gather(n: int) -> None:
+        gathered, full, _ = held[n]
+        per = gathered.numel() // world
+        gathered[rank * per:(rank + 1) * per].copy_(held[n][2])
+        all_gather_single(gathered, gathered[rank * per:(rank + 1) * per])
+        full.copy_(gathered[:n])
+
+    def reduce(n: int) -> None:
+        gathered, full, shard = held[n]
+        gathered[:n].copy_(full)
+        dist.all_reduce(gathered)
+        shard.copy_(gathered.view(world, -1)[rank])
+
+    tokens = torch.zeros(batch, seq, dtype=torch.int64)
+    all_tokens = torch.zeros(world * batch, seq, dtype=torch.int64)
+    dim = embedding.embedding_dim if embedding is not None else 0
+    rows = torch.randn(world * batch, seq, dim)
+    grads = torch.randn(world * batch, seq, dim)
+
+    def zero3() -> None:
+        if embedding is not None:
+            all_gather_single(all_tokens, tokens)
+            dist.all_reduce(rows)
+        for n in units + [root]:
+            gather(n)
+        for n in units[:-1]:
+            gather(n)
+        for n in units + [root]:
+            reduce(n)
+        if embedding is not None:
+            all_gather_single(grads, grads[rank * batch:(rank + 1) * batch])
+
+    total = sum(p.numel() for p in model.parameters())
+    per_bucket = DDP_BUCKET_BYTES // 4
+    bucket_list = [torch.randn(min(per_bucket, total - i)) for i in range(0, total, per_bucket)]
+
+    def ddp() -> None:
+        for bucket in bucket_list:
+            dist.all_reduce(bucket)
+
+    return _cpu_ms(zero3, reps), _cpu_ms(ddp, reps)
