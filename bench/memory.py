@@ -10,7 +10,7 @@ model (the baseline: torch, transformers and the process group loaded), then:
   minus the baseline: what a step needs on top.
 The plan's figure is `px.memory_report` (parameters, gradients, optimizer state and kept buffers,
 measured from the tensors, and the runtime's own bytes a CPU process holds in every layout) and
-`phalanx plan`'s byte model (memory.plan) for the same model; hsdp is one node's (shards over its
+`phalanx plan`'s byte model (plan/sharding.py) for the same model; hsdp is one node's (shards over its
 2 processes), tp2 is tensor parallel over both processes (the model's transformers tp plan).
 
 Usage: python bench/memory.py [--layouts ddp zero1 zero1-persistent zero2 zero3 hsdp tp2] [--rounds 1]
@@ -118,7 +118,8 @@ def planned(args: argparse.Namespace) -> dict[str, int]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from phalanx.model import memory
-    from phalanx.strategies import tensor_parallel
+    from phalanx.plan import sharding
+    from phalanx.strategies import presets, tensor_parallel
 
     def build():
         config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
@@ -128,11 +129,13 @@ def planned(args: argparse.Namespace) -> dict[str, int]:
             return LlamaForCausalLM(config)
 
     runtime = memory.runtime_bytes("cpu")
-    table = memory.plan(memory.model_sizes(build()), 2, hsdp_shard_size=2, runtime=runtime)
+    rows = sharding.layouts(presets.asking(), world_size=2, local_world_size=2)
+    table = sharding.table(memory.model_sizes(build()), rows, runtime=runtime)
     out = {name: max(b.total for b in table[name]) for name in LAYOUTS if name in table}
     split = build()
-    tensor_parallel.shrink_to_one_rank(split, None, 2)
-    out["tp2"] = memory.plan(memory.model_sizes(split), 1, runtime=runtime)["ddp"][0].total
+    tp2 = presets.build("ddp", presets.asking(tp=2), world_size=2, local_world_size=2)
+    tensor_parallel.shrink_to_one_rank(split, None, tp2)
+    out["tp2"] = max(b.total for b in sharding.rank_bytes(memory.model_sizes(split), tp2, runtime=runtime))
     return out
 
 

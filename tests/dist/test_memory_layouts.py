@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.plan.command import PREFERENCE
+from phalanx.plan.command import preference
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUTS = ("ddp", "zero1", "zero2", "zero3", "hsdp", "tp2")
@@ -65,9 +65,9 @@ def test_the_layout_the_plan_advises_for_a_budget_is_the_one_that_fits(measured)
     # phalanx plan suggests the first of ddp, zero1, zero2, zero3 whose figure fits the budget;
     # at budgets between the measured figures, the plan's choice is the one the measurements make
     rest = _figure(measured, "at_rest")
-    values = sorted(rest[name] for name in PREFERENCE)
+    values = sorted(rest[name] for name in preference())
     budgets = [(a + b) / 2 for a, b in zip(values, values[1:]) if b > 1.1 * a] + [values[-1] * 1.05]
     for budget in budgets:
-        by_plan = next((n for n in PREFERENCE if measured["plan"][n] <= budget), None)
-        by_measure = next((n for n in PREFERENCE if rest[n] <= budget), None)
+        by_plan = next((n for n in preference() if measured["plan"][n] <= budget), None)
+        by_measure = next((n for n in preference() if rest[n] <= budget), None)
         assert by_plan == by_measure, (budget, rest, measured["plan"])

@@ -316,6 +316,11 @@ def _shrink(model: Any, tp_plan: Any, plan: Any) -> None:
     tensor_parallel.shrink_to_one_rank(model, tp_plan, plan)
 
 
+def preference() -> list[str]:
+    """The layouts `suggest` tries, least traffic first: the presets of one sharding dim (not hybrid)."""
+    return [name for name in presets.multi_process() if not presets.PRESETS[name].hybrid]
+
+
 def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, optimizer: str, budget: int,
             sizes: list, acts: Any) -> str:
     """The layout with the least communication whose model state (+ activations with --input) fits
@@ -326,7 +331,7 @@ def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, 
 
     nproc = args.nproc_per_node or args.world_size
     candidates = [args.tp] + [t for t in range(args.tp + 1, nproc + 1) if nproc % t == 0 and args.world_size % t == 0]
-    preference = [name for name in presets.multi_process() if not presets.PRESETS[name].hybrid]  # least traffic first
+    order = preference()
     for tp in candidates:
         plan = _plan(args, tp)
         if tp != args.tp:
@@ -338,7 +343,7 @@ def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, 
                 continue  # this model's layers (or heads) do not split that many ways, or it has no plan
             sizes = memory.model_sizes(model)
         extra = 0 if acts is None else (acts.peak_checkpointed if args.activation_checkpointing else acts.peak)
-        for name in preference:
+        for name in order:
             layout = presets.build(name, presets.asking(tp=plan.tp, pp=plan.pp), world_size=plan.world_size,
                                    local_world_size=nproc)
             need = max(b.total for b in sharding.rank_bytes(sizes, layout, optimizer,
