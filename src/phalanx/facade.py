@@ -37,7 +37,9 @@ from phalanx.strategies.choice import choose
 from phalanx.strategies.mesh import build_mesh
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
-from phalanx.strategies.parallelize import dp_group
+from phalanx.strategies.context import attention as cp_attention
+from phalanx.strategies.context.step import ContextParallel
+from phalanx.strategies.parallelize import cp_group, dp_group, grad_group
 from phalanx.strategies.pipeline import schedules as pipeline_schedules
 from phalanx.strategies.strategy import ParallelStrategy
 
@@ -88,15 +90,19 @@ class Phalanx:
         # auto is decided once the model is known (prepare_model); every other name is a plan now.
         self._strategy: Strategy | None = None
         self._dp_group: Any = None  # the data-parallel ranks' group (None: every rank)
+        self._grad_group: Any = None  # the ranks gradients are averaged over: data-parallel x cp
+        self._cp = ContextParallel()
         if preset != presets.AUTO or not self.ctx.is_distributed:
             self._adopt_plan(self._build_plan(preset))
+            grad_size = self.plan.grad_size
         else:  # ddp or zero3 over the ranks tp and pp leave: the same data shards either way
             degrees = self._build_plan(presets.AUTO_CHOOSES[0])
             self.ctx = self.ctx.with_data_parallel(degrees.dp_rank(self.ctx.rank), degrees.dp_size)
+            grad_size = degrees.grad_size
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_records = BatchRecords()  # each prepared loader's own record of its last batch
-        self._items = ItemCount(self.ctx.dp_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._dp_group)
+        self._items = ItemCount(grad_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._grad_group)
         self._parity = parity_record.from_request(parity_request(), self.rank, self.world_size)  # `phalanx parity`
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
                                         batches_left=lambda: self._batch_records.current().left,
@@ -195,6 +201,34 @@ class Phalanx:
         return self.ctx.dp_rank
 
     @property
+    def cp_size(self) -> int:
+        """Context-parallel ranks each row's sequence is cut over (1: no cut)."""
+        return self._cp.size
+
+    @property
+    def cp_rank(self) -> int:
+        """This rank's index in its context-parallel group: it holds chunks cp_rank and 2cp-1-cp_rank."""
+        return self._cp.rank
+
+    def shard_sequence(self, inputs: Any, targets: Any = None, *, pad: bool = False, seq_dim: int = 1) -> tuple[Any, Any]:
+        """This rank's part of a batch under cp, for hand-written loops (px.forward_backward does it):
+        inputs (a tensor [batch, seq] or a dict: input_ids, position_ids, attention_mask) and targets
+        (shifted already) cut along the sequence with the load-balanced cut; positions stay global,
+        the masks go to attention. pad=True pads the sequence to a multiple of 2 x cp (masked, targets
+        -100). The cut stays active for the next forward: transformers models and px.attention read
+        it (F.scaled_dot_product_attention is routed inside px.forward_backward only)."""
+        local_inputs, local_targets, _ = self._cp.shard(inputs, targets, pad=pad, seq_dim=seq_dim)
+        return local_inputs, local_targets
+
+    def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, causal: bool = True,
+                  sliding_window: int | None = None, scale: float | None = None, algorithm: str = "auto") -> torch.Tensor:
+        """Attention of [B, H, S, D] queries over keys/values [B, H_kv, S, D] across the cp cut of the
+        batch in flight (Ulysses when H_kv divides over cp, else an all-gather of K/V); plain SDPA with
+        the batch's masks otherwise."""
+        return cp_attention(query, key, value, causal=causal, sliding_window=sliding_window, scale=scale,
+                            algorithm=algorithm)
+
+    @property
     def strategy(self) -> Strategy:
         if self._strategy is None:
             raise RuntimeError("strategy 'auto' decides when the model is prepared. "
@@ -214,7 +248,8 @@ class Phalanx:
 
     def _build_plan(self, preset: str) -> ParallelPlan:
         return presets.build(preset, world_size=self.ctx.world_size, local_world_size=self.ctx.local_world_size,
-                             tp=self.config.tp, pp=self.config.pp, cpu_offload=self.settings.options.cpu_offload,
+                             tp=self.config.tp, pp=self.config.pp, cp=self.config.cp,
+                             cpu_offload=self.settings.options.cpu_offload,
                              **self._hybrid())
 
     def _adopt_plan(self, plan: ParallelPlan) -> None:
@@ -224,6 +259,8 @@ class Phalanx:
         self.ctx = self.ctx.with_data_parallel(plan.dp_rank(self.ctx.rank), plan.dp_size)
         self._strategy = ParallelStrategy(plan, self.ctx, self.settings.options, mesh)
         self._dp_group = dp_group(mesh, plan)
+        self._grad_group = grad_group(mesh, plan)
+        self._cp = ContextParallel(plan.cp, plan.cp_rank(self.ctx.rank), cp_group(mesh, plan))
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
@@ -283,6 +320,7 @@ class Phalanx:
         self._logging.throughput.set_model(shape and shape.flops_per_token,
                                            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
                                            share=self.ctx.dp_size / self.world_size)  # tensor parallel splits the FLOPs
+        self._cp.prepare(model)  # cp: the model's attention sent across the cut, or refused
         model = self._checkpointer.track(self.strategy.setup_model(model))
         hook_state = ddp_options.hook_state_of(model)
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
@@ -411,6 +449,8 @@ class Phalanx:
                 loss = pipeline.step(inputs, targets, loss_scale=scale / divisor, loss_fn=loss_fn, summed=True)
                 self._items.add_loss(loss)
                 return loss
+        if self._cp.size > 1:  # each rank runs its part of every row
+            return self._cp.forward_backward(model, inputs, targets, loss_fn, num_items, _call, self.backward)
         loss = loss_fn(_call(model, inputs), targets)
         self.backward(loss, num_items=num_items)
         return loss.detach()

@@ -52,3 +52,108 @@ def attention_cases() -> dict[tuple, dict[str, torch.Tensor]]:
     finally:
         dist.barrier()
         dist.destroy_process_group()
+
+
+# ---- a tiny Llama trained through px.forward_backward at cp > 1, against one process -----------
+VOCAB, SEQ, SAMPLES = 64, 16, 48
+
+
+def tiny_llama(kv_heads: int = 2, sliding_window: int | None = None) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=kv_heads, max_position_embeddings=4 * SEQ, attn_implementation="sdpa")
+    if sliding_window is not None:
+        return MistralForCausalLM(MistralConfig(**shape, sliding_window=sliding_window))
+    return LlamaForCausalLM(LlamaConfig(**shape))
+
+
+def rows() -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    return torch.utils.data.TensorDataset(torch.randint(0, VOCAB, (SAMPLES, SEQ + 1), generator=g))
+
+
+def llm_inputs(mask: str, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The model's inputs for a batch of rows (targets: tokens[:, 1:], shifted before any cut)."""
+    fields = {"input_ids": tokens[:, :-1], "use_cache": False}
+    if mask == "packed":  # three documents per row: 5, 7 and 4 tokens
+        fields["position_ids"] = torch.tensor([*range(5), *range(7), *range(4)]).expand(len(tokens), SEQ)
+    if mask == "padding":  # the last 5 tokens of every row are padding, their targets ignored
+        fields["attention_mask"] = torch.ones(len(tokens), SEQ, dtype=torch.long)
+        fields["attention_mask"][:, -5:] = 0
+    return fields
+
+
+def llm_targets(mask: str, tokens: torch.Tensor) -> torch.Tensor:
+    targets = tokens[:, 1:].clone()
+    if mask == "padding":
+        targets[:, -5:] = -100
+    return targets
+
+
+def mean_loss(output, targets):
+    return torch.nn.functional.cross_entropy(output.logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
+def summed_loss(output, targets):
+    return torch.nn.functional.cross_entropy(output.logits.flatten(0, 1).float(), targets.flatten(),
+                                             ignore_index=-100, reduction="sum")
+
+
+def llm_reference(mask: str, global_batch: int, steps: int, num_items: bool, **model_args) -> list[float]:
+    model = tiny_llama(**model_args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batches = iter(torch.utils.data.DataLoader(rows(), batch_size=global_batch))
+    losses = []
+    for _ in range(steps):
+        (tokens,) = next(batches)
+        targets = llm_targets(mask, tokens)
+        inputs = llm_inputs(mask, tokens)
+        if mask == "packed":  # transformers' block-diagonal causal needs no attention_mask and no cache
+            inputs.pop("attention_mask", None)
+        if num_items:
+            loss = summed_loss(model(**inputs), targets) / (targets != -100).sum()
+        else:
+            loss = mean_loss(model(**inputs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def train_llm(mask: str, global_batch: int = 4, steps: int = 6, num_items: bool = False,
+              model_args: dict | None = None, **settings) -> dict:
+    """`steps` AdamW steps of the tiny Llama through px.forward_backward in the layout `settings`
+    describe; rank 0 also returns the one-process reference."""
+    from phalanx import Phalanx
+    from phalanx.strategies.context import cut_attention as attention_module
+
+    model_args = model_args or {}
+    px = Phalanx(**settings)
+    model = tiny_llama(**model_args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loader = torch.utils.data.DataLoader(rows(), batch_size=global_batch // px.dp_size)
+    model, optimizer, loader = px.prepare(model, optimizer, loader)
+    losses = []
+    for step, (tokens,) in enumerate(loader):
+        if step == steps:
+            break
+        targets = llm_targets(mask, tokens)
+        if num_items:
+            count = (targets != -100).sum()
+            px.forward_backward(model, llm_inputs(mask, tokens), targets, summed_loss, num_items=count)
+            optimizer.step()
+            losses.append(px.step_loss)
+        else:
+            loss = px.forward_backward(model, llm_inputs(mask, tokens), targets, mean_loss)
+            optimizer.step()
+            losses.append(px.reduce(loss).item())
+        optimizer.zero_grad()
+    result = {"losses": losses, "cp_size": px.cp_size, "cp_rank": px.cp_rank, "dp_size": px.dp_size,
+              "algorithm": attention_module.last_used.get("algorithm")}
+    if px.rank == 0:
+        result["reference"] = llm_reference(mask, global_batch, steps, num_items, **model_args)
+    px.wait_for_everyone()
+    return result

@@ -48,7 +48,8 @@ def canonical(name: str) -> str:
 
 
 def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, pp: int = 1,
-          cpu_offload: bool = False, replicate_size: int | None = None, shard_size: int | None = None) -> ParallelPlan:
+          cpu_offload: bool = False, replicate_size: int | None = None, shard_size: int | None = None,
+          cp: int = 1) -> ParallelPlan:
     """The plan preset `name` stands for on `world_size` processes (`local_world_size` per node).
 
     ValueError naming the settings and the valid values when the layout cannot be built.
@@ -72,6 +73,8 @@ def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, pp:
                          f"needs {'pp x tp = ' if tp > 1 else 'pp = '}{tp * pp} of them. HINT: choose pp among "
                          f"{', '.join(map(str, fits))}{f' (with tp={tp})' if tp > 1 else ''}, or run a multiple of "
                          f"{tp * pp} processes")
+    if cp > 1:
+        check_cp(key, cp, world_size=world_size, tp=tp, pp=pp)
     if world_size % tp:
         raise ValueError(f"tp={tp} does not divide the {world_size} processes. HINT: choose tp among "
                          f"{', '.join(map(str, divisors(world_size)))}, or run a multiple of {tp} processes")
@@ -84,7 +87,7 @@ def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, pp:
         return ParallelPlan(preset=key, threads_over_gpus=True)
     if world_size == 1:
         return ParallelPlan(preset=SINGLE)
-    dp = world_size // (tp * pp)
+    dp = world_size // (tp * pp * cp)
     if preset.hybrid:
         if local_world_size % tp:
             raise ValueError(f"hsdp with tp={tp}: each node's {local_world_size} processes do not split into "
@@ -99,8 +102,26 @@ def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, pp:
         replicate, shard = 1, dp
     else:
         replicate, shard = dp, 1
-    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, sharding=preset.sharding,
-                        cpu_offload=cpu_offload and preset.sharding >= Sharding.GRADIENTS)
+    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, cp=cp,
+                        sharding=preset.sharding, cpu_offload=cpu_offload and preset.sharding >= Sharding.GRADIENTS)
+
+
+def check_cp(key: str, cp: int, *, world_size: int, tp: int, pp: int) -> None:
+    """ValueError, with the fix, for a context-parallel degree the layout cannot take."""
+    if PRESETS[key].threads_over_gpus:
+        raise ValueError(f"strategy 'dp' runs one process, and cp={cp} cuts each sequence over {cp} processes. "
+                         "HINT: use strategy ddp, zero2 or zero3 with cp, under `phalanx run`")
+    if pp > 1:
+        raise ValueError(f"cp={cp} with pp={pp}: context parallel is not composed with pipeline stages (a stage's "
+                         "microbatches would need their own cut). HINT: use cp with ddp, zero2, zero3 or tp, and pp=1")
+    if key in ("zero1", "hsdp"):
+        raise ValueError(f"cp={cp} with strategy {key}: not composed yet. HINT: use ddp, zero2 or zero3 with cp")
+    if world_size > 1 and world_size % (cp * tp):
+        with_tp = f" x tp={tp}" if tp > 1 else ""
+        fits = [d for d in divisors(world_size) if (world_size // d) % tp == 0]
+        raise ValueError(f"cp={cp}{with_tp} does not divide the {world_size} processes. HINT: choose cp among "
+                         f"{', '.join(map(str, fits))}{f' (with tp={tp})' if tp > 1 else ''}, or run a multiple of "
+                         f"{cp * tp} processes")
 
 
 def hybrid_shape(dp_size: int, local_world_size: int, tp: int = 1, replicate_size: int | None = None,

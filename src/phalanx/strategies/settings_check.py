@@ -54,11 +54,11 @@ def intended_plan(resolved: Resolved, world_size: int, local_world_size: int,
     name = presets.canonical(strategy or cfg.strategy)
     one_process = name in presets.PRESETS and presets.PRESETS[name].threads_over_gpus
     if world_size == 1 and not one_process:
-        world_size = local_world_size = 2 * cfg.tp * cfg.pp
+        world_size = local_world_size = 2 * cfg.tp * cfg.pp * cfg.cp
         hybrid = {}
     try:  # auto decides between presets of the same degrees, so either one checks them
         plan = presets.build(presets.AUTO_CHOOSES[0] if name == presets.AUTO else name, world_size=world_size,
-                             local_world_size=local_world_size, tp=cfg.tp, pp=cfg.pp, **hybrid)
+                             local_world_size=local_world_size, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, **hybrid)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     return None if name == presets.AUTO else plan

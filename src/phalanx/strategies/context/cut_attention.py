@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from phalanx.strategies.context import comm, masks
+from phalanx.strategies.context import comm, masks, routing
 from phalanx.strategies.context.layout import SequenceLayout, active_layout
 
 
@@ -26,7 +26,7 @@ class Algorithm(str, enum.Enum):
 
 
 ALGORITHMS = ("auto", *(a.value for a in Algorithm))
-last_used: dict[str, str] = {}  # what the last call ran: {"algorithm": ..., "why": ...}, for reports
+last_used: dict = {}  # what the last call across a cut ran: algorithm, why, and the calls so far
 
 
 def choose_algorithm(num_kv_heads: int, cp_size: int, requested: str = "auto") -> tuple[Algorithm, str]:
@@ -63,7 +63,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, ca
         positions = torch.arange(query.shape[2], device=query.device)
         return _attend(query, key, value, masks.allowed(positions, positions, **mask_of), scale)
     chosen, why = choose_algorithm(key.shape[1], layout.cp_size, algorithm)
-    last_used.update(algorithm=chosen.value, why=why)
+    last_used.update(algorithm=chosen.value, why=why, calls=last_used.get("calls", 0) + 1)
     gathered = layout.gathered.to(query.device)
     if chosen is Algorithm.ULYSSES:
         q, k, v = (comm.heads_to_sequence(t, layout.group) for t in (query, key, value))
@@ -77,5 +77,6 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves a group of query heads
         k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     anything = mask.any(-1, keepdim=True)  # a row that may see nothing would be NaN: give it zeros
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~anything, scale=scale)
+    with routing.paused():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~anything, scale=scale)
     return out * anything if not bool(anything.all()) else out

@@ -1,0 +1,61 @@
+"""A tiny Llama (and Mistral, for the sliding window) trained through px.forward_backward at cp 2
+equals one process: per-step loss within 2e-4 relative over 6 steps, for each mask and both
+attention algorithms; cp 2 x dp 2 on 4 processes (slow)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.dist.harness import run_ranks
+
+CP2 = {"PHALANX_CP": "2"}
+
+
+def train(mask: str, world_size: int = 2, env: dict | None = None, **kwargs) -> list[dict]:
+    args = (mask, kwargs.pop("global_batch", 4), 6, kwargs.pop("num_items", False), kwargs.pop("model_args", None))
+    return run_ranks("tests.dist.cp_workloads:train_llm", world_size=world_size, args=args, timeout=420,
+                     env={**CP2, "PHALANX_STRATEGY": "ddp", **(env or {})})
+
+
+def assert_equal_to_one_process(ranks: list[dict], algorithm: str) -> None:
+    reference = ranks[0]["reference"]
+    for rank in ranks:
+        assert rank["cp_size"] == 2 and rank["algorithm"] == algorithm
+        for got, want in zip(rank["losses"], reference, strict=True):
+            assert abs(got - want) <= 2e-4 * abs(want), (rank["losses"], reference)
+    assert sorted(r["cp_rank"] for r in ranks) == sorted([0, 1] * (len(ranks) // 2))
+
+
+def test_causal_ulysses_cp2() -> None:
+    assert_equal_to_one_process(train("causal"), "ulysses")
+
+
+def test_packed_allgather_cp2_num_items() -> None:
+    # one key/value head: Ulysses cannot split it over 2 ranks, so the all-gather runs
+    assert_equal_to_one_process(train("packed", num_items=True, model_args={"kv_heads": 1}), "allgather")
+
+
+@pytest.mark.slow
+def test_packed_ulysses_cp2() -> None:
+    assert_equal_to_one_process(train("packed"), "ulysses")
+
+
+@pytest.mark.slow
+def test_padding_cp2_num_items() -> None:
+    assert_equal_to_one_process(train("padding", num_items=True), "ulysses")
+
+
+@pytest.mark.slow
+def test_sliding_window_cp2() -> None:
+    assert_equal_to_one_process(train("causal", model_args={"sliding_window": 5}), "ulysses")
+
+
+@pytest.mark.slow
+def test_zero3_cp2_packed() -> None:
+    assert_equal_to_one_process(train("packed", env={"PHALANX_STRATEGY": "zero3"}), "ulysses")
+
+
+@pytest.mark.slow
+def test_cp2_dp2_packed() -> None:
+    ranks = train("packed", world_size=4, global_batch=8)
+    assert [r["dp_size"] for r in ranks] == [2] * 4
+    assert_equal_to_one_process(ranks, "ulysses")
