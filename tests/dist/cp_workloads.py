@@ -157,3 +157,72 @@ def train_llm(mask: str, global_batch: int = 4, steps: int = 6, num_items: bool 
         result["reference"] = llm_reference(mask, global_batch, steps, num_items, **model_args)
     px.wait_for_everyone()
     return result
+
+
+# ---- a model of the user's own: attention by F.scaled_dot_product_attention or px.attention ----
+class OwnAttentionLM(torch.nn.Module):
+    """Embeddings with learned positions (read from position_ids: global under cp), one attention
+    block, a head. `attend`: "sdpa" (torch's call, routed under cp), "px" (px.attention), "manual"
+    (softmax written out: cannot be routed), "mha" (nn.MultiheadAttention: refused)."""
+
+    def __init__(self, attend: str = "sdpa", px=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.attend, self.px, self.heads = attend, px, 4
+        self.embed, self.pos = torch.nn.Embedding(VOCAB, 32), torch.nn.Embedding(SEQ, 32)
+        self.qkv, self.out, self.head = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32), torch.nn.Linear(32, VOCAB)
+        if attend == "mha":
+            self.mha = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, input_ids, position_ids=None):
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        h = self.embed(input_ids) + self.pos(position_ids)
+        b, s, _ = h.shape
+        q, k, v = (t.reshape(b, s, self.heads, 8).transpose(1, 2) for t in self.qkv(h).chunk(3, -1))
+        if self.attend == "px":
+            a = self.px.attention(q, k, v, causal=True)
+        elif self.attend == "manual":
+            scores = (q @ k.transpose(-1, -2)) / 8 ** 0.5
+            a = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf")).softmax(-1) @ v
+        else:
+            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(h + self.out(a.transpose(1, 2).reshape(b, s, 32)))
+
+
+def logits_loss(output, targets):
+    return torch.nn.functional.cross_entropy(output.flatten(0, 1), targets.flatten())
+
+
+def train_own_model(steps: int = 6) -> dict:
+    """The own-attention model at cp = world size through sdpa and px.attention, then the refusals."""
+    from phalanx import Phalanx
+
+    px = Phalanx(strategy="ddp", cp=2)
+    result: dict = {}
+    for attend in ("sdpa", "px"):
+        model = OwnAttentionLM(attend, px)
+        reference = OwnAttentionLM("sdpa")  # same seed: same weights; torch attention over the whole rows
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+        model, optimizer = px.prepare(model, optimizer)
+        losses, ref_losses = [], []
+        for (tokens,) in list(torch.utils.data.DataLoader(rows(), batch_size=4))[:steps]:
+            losses.append(px.forward_backward(model, {"input_ids": tokens[:, :-1]}, tokens[:, 1:], logits_loss).item())
+            optimizer.step()
+            optimizer.zero_grad()
+            ref_loss = logits_loss(reference(tokens[:, :-1]), tokens[:, 1:])
+            ref_loss.backward()
+            ref_optimizer.step()
+            ref_optimizer.zero_grad()
+            ref_losses.append(ref_loss.item())
+        result[attend] = (losses, ref_losses)
+    for attend in ("mha", "manual"):
+        try:
+            model = px.prepare(OwnAttentionLM(attend, px))
+            tokens = rows()[:2][0]
+            px.forward_backward(model, {"input_ids": tokens[:, :-1]}, tokens[:, 1:], logits_loss)
+        except ValueError as error:
+            result[attend] = str(error)
+    px.wait_for_everyone()
+    return result

@@ -59,3 +59,22 @@ def test_cp2_dp2_packed() -> None:
     ranks = train("packed", world_size=4, global_batch=8)
     assert [r["dp_size"] for r in ranks] == [2] * 4
     assert_equal_to_one_process(ranks, "ulysses")
+
+
+@pytest.fixture(scope="module")
+def own_model() -> list[dict]:
+    return run_ranks("tests.dist.cp_workloads:train_own_model", world_size=2, timeout=300)
+
+
+@pytest.mark.parametrize("attend", ["sdpa", "px"])
+def test_own_model_attention_routed(own_model: list[dict], attend: str) -> None:
+    for rank in own_model:
+        losses, reference = rank[attend]
+        for got, want in zip(losses, reference, strict=True):
+            assert abs(got - want) <= 2e-4 * abs(want), (losses, reference)
+
+
+def test_attention_that_cannot_be_routed_is_refused(own_model: list[dict]) -> None:
+    for rank in own_model:
+        assert "mha is an nn.MultiheadAttention" in rank["mha"] and "px.attention(q, k, v)" in rank["mha"]
+        assert "no attention of OwnAttentionLM went across the cut" in rank["manual"]

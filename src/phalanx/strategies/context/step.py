@@ -53,7 +53,7 @@ class ContextParallel:
             yield
         if attention_module.last_used.get("calls", 0) == before:
             raise ValueError(
-                f"context parallel: no attention of {type(model).__name__} went across the cut, so each rank "
+                f"context parallel: no attention of {_model_name(model)} went across the cut, so each rank "
                 "attended only to its own part of the sequence. HINT: compute attention with px.attention(q, k, v) "
                 "or F.scaled_dot_product_attention(q, k, v, is_causal=True) (no attn_mask), use a transformers "
                 "model, or run cp=1")
@@ -82,3 +82,9 @@ class ContextParallel:
         loss = loss_fn(output, local_targets)
         backward(loss, num_items=None if num_items is None else num_items / self.size)
         return self.whole_loss(loss, summed=num_items is not None)
+
+
+def _model_name(model: nn.Module) -> str:
+    """The user's class of a prepared model: DDP's `module`, FSDP2's generated FSDP<Name> class skipped."""
+    inner = getattr(model, "module", model)
+    return next(c.__name__ for c in type(inner).__mro__ if not c.__name__.startswith("FSDP"))
