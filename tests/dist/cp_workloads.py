@@ -124,9 +124,11 @@ def llm_reference(mask: str, global_batch: int, steps: int, num_items: bool, **m
 
 
 def train_llm(mask: str, global_batch: int = 4, steps: int = 6, num_items: bool = False,
-              model_args: dict | None = None, **settings) -> dict:
+              model_args: dict | None = None, save: tuple[int, str] | None = None, resume: str | None = None,
+              **settings) -> dict:
     """`steps` AdamW steps of the tiny Llama through px.forward_backward in the layout `settings`
-    describe; rank 0 also returns the one-process reference."""
+    describe (save=(step, path): a checkpoint after that many steps; resume: start from one, going
+    on to `steps`); rank 0 also returns the one-process reference."""
     from phalanx import Phalanx
     from phalanx.strategies.context import cut_attention as attention_module
 
@@ -136,9 +138,11 @@ def train_llm(mask: str, global_batch: int = 4, steps: int = 6, num_items: bool 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = torch.utils.data.DataLoader(rows(), batch_size=global_batch // px.dp_size)
     model, optimizer, loader = px.prepare(model, optimizer, loader)
+    if resume is not None:
+        assert px.load_state(resume)
     losses = []
-    for step, (tokens,) in enumerate(loader):
-        if step == steps:
+    for tokens, in loader:
+        if px.global_step == steps:
             break
         targets = llm_targets(mask, tokens)
         if num_items:
@@ -151,9 +155,11 @@ def train_llm(mask: str, global_batch: int = 4, steps: int = 6, num_items: bool 
             optimizer.step()
             losses.append(px.reduce(loss).item())
         optimizer.zero_grad()
+        if save is not None and px.global_step == save[0]:
+            px.save_state(save[1])
     result = {"losses": losses, "cp_size": px.cp_size, "cp_rank": px.cp_rank, "dp_size": px.dp_size,
               "algorithm": attention_module.last_used.get("algorithm")}
-    if px.rank == 0:
+    if px.rank == 0 and resume is None:
         result["reference"] = llm_reference(mask, global_batch, steps, num_items, **model_args)
     px.wait_for_everyone()
     return result

@@ -78,3 +78,27 @@ def test_attention_that_cannot_be_routed_is_refused(own_model: list[dict]) -> No
     for rank in own_model:
         assert "mha is an nn.MultiheadAttention" in rank["mha"] and "px.attention(q, k, v)" in rank["mha"]
         assert "no attention of OwnAttentionLM went across the cut" in rank["manual"]
+
+
+@pytest.mark.slow
+def test_cp2_tp2_causal() -> None:
+    # tensor parallel leaves each rank one of the two key/value heads: the all-gather runs
+    ranks = train("causal", world_size=4, env={"PHALANX_TP": "2"})
+    assert_equal_to_one_process(ranks, "allgather")
+
+
+@pytest.mark.slow
+def test_checkpoint_at_cp2_dp2_resumes_at_dp4_and_one_process(tmp_path) -> None:
+    path = str(tmp_path / "ckpt")
+    args = ("packed", 8, 6, False, None)
+    saved = run_ranks("tests.dist.cp_workloads:train_llm", world_size=4, args=(*args, (3, path)), timeout=420,
+                      env={**CP2, "PHALANX_STRATEGY": "zero3"})
+    assert_equal_to_one_process(saved, "ulysses")
+    after = saved[0]["losses"][3:]
+    for world_size, env in ((4, {"PHALANX_CP": "1", "PHALANX_STRATEGY": "ddp"}), (1, {"PHALANX_CP": "1"})):
+        resumed = run_ranks("tests.dist.cp_workloads:train_llm", world_size=world_size, args=(*args, None, path),
+                            timeout=420, env=env)
+        for rank in resumed:
+            assert len(rank["losses"]) == 3
+            for got, want in zip(rank["losses"], after, strict=True):
+                assert abs(got - want) <= 2e-4 * abs(want), (rank["losses"], after)
