@@ -60,17 +60,29 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, ca
                    documents=None if layout is None else layout.documents,
                    key_padding=None if layout is None else layout.key_padding)
     if layout is None or layout.cp_size == 1:
-        positions = torch.arange(query.shape[2], device=query.device)
-        return _attend(query, key, value, masks.allowed(positions, positions, **mask_of), scale)
+        return _attend_whole(query, key, value, mask_of, scale)
     chosen, why = choose_algorithm(key.shape[1], layout.cp_size, algorithm)
     last_used.update(algorithm=chosen.value, why=why, calls=last_used.get("calls", 0) + 1)
     gathered = layout.gathered.to(query.device)
     if chosen is Algorithm.ULYSSES:
-        q, k, v = (comm.heads_to_sequence(t, layout.group) for t in (query, key, value))
-        out = _attend(q, k, v, masks.allowed(gathered, gathered, **mask_of), scale)
-        return comm.sequence_to_heads(out, layout.group)
+        # whole sequences for heads / cp heads, put back in their natural order: a plain causal mask
+        # then needs no mask tensor (SDPA's own is_causal, memory linear in the sequence)
+        order = gathered.argsort()
+        q, k, v = (comm.heads_to_sequence(t, layout.group).index_select(2, order) for t in (query, key, value))
+        out = _attend_whole(q, k, v, mask_of, scale)
+        return comm.sequence_to_heads(out.index_select(2, gathered), layout.group)
     k, v = (comm.gather_sequence(t, 2, layout.group) for t in (key, value))
     return _attend(query, k, v, masks.allowed(layout.local.to(query.device), gathered, **mask_of), scale)
+
+
+def _attend_whole(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_of: dict, scale: float) -> torch.Tensor:
+    """Attention over whole sequences in natural order: SDPA's is_causal when the mask is only causal."""
+    if all(mask_of[name] is None for name in ("sliding_window", "documents", "key_padding")):
+        with routing.paused():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=mask_of["causal"], scale=scale,
+                                                  enable_gqa=k.shape[1] != q.shape[1])
+    positions = torch.arange(q.shape[2], device=q.device)
+    return _attend(q, k, v, masks.allowed(positions, positions, **mask_of), scale)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
