@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phalanx import config
+from phalanx.plan import context
 from phalanx.plan import optimizer as optimizer_choice
 
 _FACTORY_NAMES = ("make_model", "build_model", "get_model", "create_model")
@@ -51,6 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp", type=int, default=1,
                         help="pipeline-parallel degree: per pipeline rank its stages' bytes (and with --input the "
                              "activations in flight); the strategies span world size / (tp x pp) ranks (default 1)")
+    context.add_argument(parser)
     parser.add_argument("--pp-schedule", "--pp_schedule", default="1F1B", metavar="SCHEDULE",
                         help="pipeline schedule, as the pp_schedule setting takes it (default 1F1B)")
     parser.add_argument("--pp-microbatches", "--pp_microbatches", type=int, default=None, metavar="N",
@@ -244,6 +246,7 @@ def main(args: argparse.Namespace) -> int:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         budget = memory.device_budget_bytes(device, args.nproc_per_node or args.world_size)
     try:
+        cp_line = context.cut_input(args)
         shard, acts = _shard_and_activations(args, model)
         pipeline = _pipeline(args, model) if args.pp > 1 else None
     except ValueError as error:
@@ -258,6 +261,8 @@ def main(args: argparse.Namespace) -> int:
     print(render(sizes, args.world_size, choice.name, budget, shard, acts, args.activation_checkpointing,
                  choice.why, tp=args.tp, full_sizes=full_sizes, suggestion=suggestion, pp=args.pp,
                  pipeline=pipeline.report if pipeline is not None else ""))
+    if cp_line:
+        print(cp_line)
     return 0
 
 

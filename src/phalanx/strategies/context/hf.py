@@ -33,7 +33,13 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
                attention_mask: Any, dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
                sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     from phalanx.strategies.context.cut_attention import attention
+    from phalanx.strategies.context.layout import active_layout
 
+    if active_layout() is None:  # no batch cut (an evaluation of whole rows): transformers' own sdpa
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, sliding_window=sliding_window, **kwargs)
     if dropout:
         raise ValueError(f"context parallel: attention dropout {dropout} in {type(module).__name__} is not supported "
                          "across the cut. HINT: set the config's attention_dropout to 0 under cp")
@@ -42,5 +48,12 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     return out.transpose(1, 2).contiguous(), None
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
+def _no_mask(*args: Any, **kwargs: Any) -> Any:
+    """No mask for a cut batch (attention builds it from global positions); sdpa's for whole rows."""
+    from phalanx.strategies.context.layout import active_layout
+
+    if active_layout() is None:
+        from transformers.masking_utils import sdpa_mask
+
+        return sdpa_mask(*args, **kwargs)
     return None

@@ -26,10 +26,10 @@ class ContextParallel:
     group: Any = None
     reported: bool = False
 
-    def shard(self, inputs: Any, targets: Any = None, *, pad: bool = False,
-              seq_dim: int = 1) -> tuple[Any, Any, SequenceLayout]:
+    def shard(self, inputs: Any, targets: Any = None, *, pad: bool = False, seq_dim: int = 1,
+              activate: bool = True) -> tuple[Any, Any, SequenceLayout]:
         return shard_sequence(inputs, targets, cp_size=self.size, cp_rank=self.rank, group=self.group, pad=pad,
-                              seq_dim=seq_dim)
+                              seq_dim=seq_dim, activate=activate)
 
     def prepare(self, model: nn.Module) -> None:
         """Route `model`'s attention across the cut; ValueError naming what cannot be routed."""
@@ -76,7 +76,7 @@ class ContextParallel:
         """px.forward_backward over a cut batch: this rank's part through the model and the loss,
         backward (with num_items / cp: the cp ranks' shares add up to the batch's count), and the
         whole rows' loss returned."""
-        local_inputs, local_targets, layout = self.shard(inputs, targets)
+        local_inputs, local_targets, layout = self.shard(inputs, targets, activate=False)  # active in the forward only
         with self.forward(model, layout):
             output = call(model, local_inputs)
         loss = loss_fn(output, local_targets)
