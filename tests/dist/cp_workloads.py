@@ -200,21 +200,35 @@ def logits_loss(output, targets):
     return torch.nn.functional.cross_entropy(output.flatten(0, 1), targets.flatten())
 
 
+def _cp_mean(loss: torch.Tensor) -> float:
+    """The whole rows' mean loss from each cp rank's part (cp = every rank here)."""
+    loss = loss.detach().clone()
+    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+    return loss.item()
+
+
 def train_own_model(steps: int = 6) -> dict:
     """The own-attention model at cp = world size through sdpa and px.attention, then the refusals."""
     from phalanx import Phalanx
 
     px = Phalanx(strategy="ddp", cp=2)
     result: dict = {}
-    for attend in ("sdpa", "px"):
-        model = OwnAttentionLM(attend, px)
+    for attend in ("sdpa", "px", "hand"):  # hand: px.attention in a hand-written loop with px.shard_sequence
+        model = OwnAttentionLM("px" if attend == "hand" else attend, px)
         reference = OwnAttentionLM("sdpa")  # same seed: same weights; torch attention over the whole rows
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
         model, optimizer = px.prepare(model, optimizer)
         losses, ref_losses = [], []
         for (tokens,) in list(torch.utils.data.DataLoader(rows(), batch_size=4))[:steps]:
-            losses.append(px.forward_backward(model, {"input_ids": tokens[:, :-1]}, tokens[:, 1:], logits_loss).item())
+            if attend == "hand":
+                inputs, targets = px.shard_sequence({"input_ids": tokens[:, :-1]}, tokens[:, 1:])
+                loss = logits_loss(model(**inputs), targets)
+                px.backward(loss)
+                losses.append(px.reduce(loss.detach()).item() if px.cp_size == 1 else _cp_mean(loss))
+            else:
+                losses.append(px.forward_backward(model, {"input_ids": tokens[:, :-1]}, tokens[:, 1:],
+                                                  logits_loss).item())
             optimizer.step()
             optimizer.zero_grad()
             ref_loss = logits_loss(reference(tokens[:, :-1]), tokens[:, 1:])

@@ -74,3 +74,20 @@ def test_load_balanced_cut() -> None:
     assert local_indices(8, 2, 1).tolist() == [2, 3, 4, 5]
     with pytest.raises(ValueError, match="multiple of 4"):
         local_indices(10, 2, 0)
+
+
+def test_shard_sequence_pads_to_the_cut_and_keeps_positions_global() -> None:
+    from phalanx.strategies.context import shard_sequence
+
+    tokens = torch.arange(14).expand(2, 14)
+    local, targets, layout = shard_sequence({"input_ids": tokens}, tokens + 100, cp_size=2, cp_rank=1, pad=True,
+                                            activate=False)
+    assert layout.seq_len == 16 and layout.local.tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert local["input_ids"][0].tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert local["position_ids"][0].tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert "attention_mask" not in local  # the layout carries it
+    assert layout.key_padding[0].tolist() == [True] * 14 + [False] * 2 and layout.documents is None
+    _, first, _ = shard_sequence({"input_ids": tokens}, tokens + 100, cp_size=2, cp_rank=0, pad=True, activate=False)
+    assert first[0].tolist() == [100, 101, 102, 103, 112, 113, -100, -100]  # chunks 0 and 3: padding ignored
+    with pytest.raises(ValueError, match="pass pad=True"):
+        shard_sequence(tokens, cp_size=2, cp_rank=0, activate=False)

@@ -66,7 +66,7 @@ def own_model() -> list[dict]:
     return run_ranks("tests.dist.cp_workloads:train_own_model", world_size=2, timeout=300)
 
 
-@pytest.mark.parametrize("attend", ["sdpa", "px"])
+@pytest.mark.parametrize("attend", ["sdpa", "px", "hand"])
 def test_own_model_attention_routed(own_model: list[dict], attend: str) -> None:
     for rank in own_model:
         losses, reference = rank[attend]
