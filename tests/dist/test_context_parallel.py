@@ -102,3 +102,9 @@ def test_checkpoint_at_cp2_dp2_resumes_at_dp4_and_one_process(tmp_path) -> None:
             assert len(rank["losses"]) == 3
             for got, want in zip(rank["losses"], after, strict=True):
                 assert abs(got - want) <= 2e-4 * abs(want), (rank["losses"], after)
+
+
+@pytest.mark.slow
+def test_zero1_cp2_dp2_causal() -> None:
+    ranks = train("causal", world_size=4, global_batch=8, env={"PHALANX_STRATEGY": "zero1"})
+    assert_equal_to_one_process(ranks, "ulysses")

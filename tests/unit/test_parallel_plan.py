@@ -231,7 +231,7 @@ def test_cp_is_a_mesh_dim_between_data_parallel_and_tp():
     ("ddp", dict(world=4, cp=2, tp=4), r"cp=2 x tp=4 does not divide the 4 processes"),
     ("ddp", dict(world=4, cp=2, pp=2), r"cp=2 with pp=2: context parallel is not composed with pipeline"),
     ("dp", dict(world=1, local=1, cp=2), r"strategy 'dp' runs one process, and cp=2"),
-    ("zero1", dict(cp=2), r"cp=2 with strategy zero1: not composed yet"),
+    ("hsdp", dict(cp=2, local=2), r"cp=2 with strategy hsdp: not composed yet"),
 ])
 def test_cp_layouts_refused_with_the_fix(name, kw, match):
     with pytest.raises(ValueError, match=match):

@@ -70,10 +70,16 @@ def grad_group(mesh: Any, plan: ParallelPlan) -> Any:
     context-parallel ranks too (each holds part of every row, so each has part of the gradient)."""
     if plan.cp == 1:
         return dp_group(mesh, plan)
-    if plan.grad_size == plan.world_size:
-        return None
+    return None if plan.grad_size == plan.world_size else grad_mesh(mesh, plan).get_group()
+
+
+def grad_mesh(mesh: Any, plan: ParallelPlan) -> Any:
+    """The replicas' mesh (zero1 lays its optimizer-state chunks over it): dp_replicate, and under
+    cp dp_replicate x cp flattened."""
+    if plan.cp == 1:
+        return mesh["dp_replicate"]
     dims = tuple(d for d in ("dp_replicate", "dp_shard", "cp") if getattr(plan, d) > 1)
-    return mesh[dims]._flatten("dp_cp").get_group() if len(dims) > 1 else mesh[dims[0]].get_group()
+    return mesh[dims]._flatten("dp_cp") if len(dims) > 1 else mesh[dims[0]]
 
 
 def cp_group(mesh: Any, plan: ParallelPlan) -> Any:

@@ -110,12 +110,12 @@ def check_cp(key: str, cp: int, *, world_size: int, tp: int, pp: int) -> None:
     """ValueError, with the fix, for a context-parallel degree the layout cannot take."""
     if PRESETS[key].threads_over_gpus:
         raise ValueError(f"strategy 'dp' runs one process, and cp={cp} cuts each sequence over {cp} processes. "
-                         "HINT: use strategy ddp, zero2 or zero3 with cp, under `phalanx run`")
+                         "HINT: use strategy ddp, zero1, zero2 or zero3 with cp, under `phalanx run`")
     if pp > 1:
         raise ValueError(f"cp={cp} with pp={pp}: context parallel is not composed with pipeline stages (a stage's "
-                         "microbatches would need their own cut). HINT: use cp with ddp, zero2, zero3 or tp, and pp=1")
-    if key in ("zero1", "hsdp"):
-        raise ValueError(f"cp={cp} with strategy {key}: not composed yet. HINT: use ddp, zero2 or zero3 with cp")
+                         "microbatches would need their own cut). HINT: use cp with ddp, zero1, zero2, zero3 or tp, and pp=1")
+    if PRESETS[key].hybrid:
+        raise ValueError(f"cp={cp} with strategy {key}: not composed yet. HINT: use ddp, zero1, zero2 or zero3 with cp")
     if world_size > 1 and world_size % (cp * tp):
         with_tp = f" x tp={tp}" if tp > 1 else ""
         fits = [d for d in divisors(world_size) if (world_size // d) % tp == 0]
