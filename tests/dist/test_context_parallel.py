@@ -108,3 +108,12 @@ def test_checkpoint_at_cp2_dp2_resumes_at_dp4_and_one_process(tmp_path) -> None:
 def test_zero1_cp2_dp2_causal() -> None:
     ranks = train("causal", world_size=4, global_batch=8, env={"PHALANX_STRATEGY": "zero1"})
     assert_equal_to_one_process(ranks, "ulysses")
+
+
+@pytest.mark.slow
+def test_hsdp_cp2_two_nodes_packed() -> None:
+    # 2 "nodes" of 2 processes: a replica per node, parameters sharded over its cp ranks
+    ranks = run_ranks("tests.dist.cp_workloads:train_llm", world_size=4, local_world_size=2, timeout=420,
+                      args=("packed", 8, 6, False, None), env={**CP2, "PHALANX_STRATEGY": "hsdp"})
+    assert [r["dp_size"] for r in ranks] == [2] * 4
+    assert_equal_to_one_process(ranks, "ulysses")

@@ -224,6 +224,8 @@ def test_cp_is_a_mesh_dim_between_data_parallel_and_tp():
     assert alone.dp_size == 1 and alone.grad_size == 2 and alone.uses_ddp  # gradients averaged over cp
     assert build("zero3", world=4, local=4, cp=2).degrees()["dp_shard"] == 2
     assert build("ddp", world=1, local=1, cp=2).cp == 1  # a world of one runs the whole sequence
+    hsdp = build("hsdp", world=8, local=4, cp=2)  # a node: 2 shards x cp 2; 2 nodes: 2 replicas
+    assert (hsdp.dp_replicate, hsdp.dp_shard, hsdp.cp) == (2, 2, 2)
 
 
 @pytest.mark.parametrize("name, kw, match", [
@@ -231,7 +233,7 @@ def test_cp_is_a_mesh_dim_between_data_parallel_and_tp():
     ("ddp", dict(world=4, cp=2, tp=4), r"cp=2 x tp=4 does not divide the 4 processes"),
     ("ddp", dict(world=4, cp=2, pp=2), r"cp=2 with pp=2: context parallel is not composed with pipeline"),
     ("dp", dict(world=1, local=1, cp=2), r"strategy 'dp' runs one process, and cp=2"),
-    ("hsdp", dict(cp=2, local=2), r"cp=2 with strategy hsdp: not composed yet"),
+    ("hsdp", dict(world=4, local=2, cp=4), r"hsdp with cp=4: each node's 2 processes do not split"),
 ])
 def test_cp_layouts_refused_with_the_fix(name, kw, match):
     with pytest.raises(ValueError, match=match):

@@ -93,11 +93,17 @@ def build(name: str, *, world_size: int, local_world_size: int, tp: int = 1, pp:
             raise ValueError(f"hsdp with tp={tp}: each node's {local_world_size} processes do not split into "
                              f"tensor-parallel groups, so replicas and shards cannot follow the nodes. HINT: choose "
                              f"tp among {', '.join(map(str, divisors(local_world_size)))}")
+        if local_world_size % (tp * cp):
+            raise ValueError(f"hsdp with cp={cp}{f' x tp={tp}' if tp > 1 else ''}: each node's {local_world_size} "
+                             "processes do not split into context-parallel groups, so replicas and shards cannot "
+                             f"follow the nodes. HINT: choose cp among "
+                             f"{', '.join(str(d) for d in divisors(local_world_size) if (local_world_size // d) % tp == 0)}")
         if pp > 1 and shard_size is None and replicate_size is None:
             # pp is the outermost dim: a stage's data-parallel ranks shard within a node, or, when
             # they are fewer than a node's processes, all of them (one replica).
             shard_size = min(local_world_size // tp, dp)
-        replicate, shard = hybrid_shape(dp, local_world_size, tp, replicate_size, shard_size)
+        # a node's processes hold shard x cp x tp ranks (cp and tp inside a node, as the mesh lays them)
+        replicate, shard = hybrid_shape(dp, local_world_size, tp * cp, replicate_size, shard_size)
     elif preset.sharding >= Sharding.GRADIENTS:
         replicate, shard = 1, dp
     else:
@@ -114,8 +120,6 @@ def check_cp(key: str, cp: int, *, world_size: int, tp: int, pp: int) -> None:
     if pp > 1:
         raise ValueError(f"cp={cp} with pp={pp}: context parallel is not composed with pipeline stages (a stage's "
                          "microbatches would need their own cut). HINT: use cp with ddp, zero1, zero2, zero3 or tp, and pp=1")
-    if PRESETS[key].hybrid:
-        raise ValueError(f"cp={cp} with strategy {key}: not composed yet. HINT: use ddp, zero1, zero2 or zero3 with cp")
     if world_size > 1 and world_size % (cp * tp):
         with_tp = f" x tp={tp}" if tp > 1 else ""
         fits = [d for d in divisors(world_size) if (world_size // d) % tp == 0]
