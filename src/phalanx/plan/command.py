@@ -263,6 +263,9 @@ def main(args: argparse.Namespace) -> int:
                  pipeline=pipeline.report if pipeline is not None else ""))
     if cp_line:
         print(cp_line)
+        longest = context.longest_sequence(model, args, sizes, choice.name, budget) if pipeline is None else ""
+        if longest:
+            print(longest)
     return 0
 
 

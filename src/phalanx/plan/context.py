@@ -6,6 +6,7 @@ rank's part of the batch (`--input BxS` becomes `Bx(S/N)`)."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
@@ -39,3 +40,44 @@ def cut_input(args: argparse.Namespace) -> str:
     args.input = "x".join(dims) + sep + dtype
     return (f"context parallel: cp {cp}, each rank holds {seq // cp} of every row's {seq} tokens: the activations "
             f"above are one rank's ({args.input}); data-parallel ranks {args.world_size // (cp * args.tp * args.pp)}")
+
+
+def longest_sequence(model: Any, args: argparse.Namespace, sizes: list, optimizer: str, budget: int) -> str:
+    """The longest row (a multiple of 2 x cp tokens, at --input's batch) whose one-cp-rank activations
+    and zero3's model state fit `budget` per rank, beside cp 1's: a line for the report ('' without
+    cp or --input)."""
+    if args.cp == 1 or args.input is None:
+        return ""
+    at_cp = _longest(model, args, sizes, optimizer, budget, args.cp)
+    alone = _longest(model, args, sizes, optimizer, budget, 1)
+    from phalanx.model import memory
+
+    return (f"longest sequence that fits {memory.format_bytes(budget)} per rank (zero3's model state, batch "
+            f"{args.input.split('x')[0]}): {at_cp or 'none'} tokens at cp {args.cp}, {alone or 'none'} at cp 1")
+
+
+def _longest(model: Any, args: argparse.Namespace, sizes: list, optimizer: str, budget: int, cp: int) -> int:
+    from phalanx.model import memory
+    from phalanx.model.units import default_units
+    from phalanx.plan import activations
+
+    shape, dtype = activations.parse_input(args.input)
+    state = memory.plan(sizes, args.world_size // (args.tp * args.pp), optimizer)["zero3"][0].total
+    units = default_units(model)
+
+    def fits(seq: int) -> bool:
+        part = (shape[0], seq // cp, *shape[2:])
+        acts = activations.measure(model, [activations.meta_input(part, dtype)], units)
+        peak = acts.peak_checkpointed if args.activation_checkpointing else acts.peak
+        return state + peak <= budget
+
+    step = 2 * cp
+    if not fits(step):
+        return 0
+    low, high = step, 2 * step
+    while fits(high) and high < 2**24:  # double until it does not fit, then halve the gap
+        low, high = high, 2 * high
+    while high - low > step:
+        middle = (low + high) // 2 // step * step
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
