@@ -215,8 +215,8 @@ class Phalanx:
         inputs (a tensor [batch, seq] or a dict: input_ids, position_ids, attention_mask) and targets
         (shifted already) cut along the sequence with the load-balanced cut; positions stay global,
         the masks go to attention. pad=True pads the sequence to a multiple of 2 x cp (masked, targets
-        -100). The cut stays active for the next forward: transformers models and px.attention read
-        it (F.scaled_dot_product_attention is routed inside px.forward_backward only)."""
+        -100). The cut stays active until px.backward: transformers models and px.attention read it
+        (F.scaled_dot_product_attention is routed inside px.forward_backward only)."""
         local_inputs, local_targets, _ = self._cp.shard(inputs, targets, pad=pad, seq_dim=seq_dim)
         return local_inputs, local_targets
 
@@ -398,6 +398,7 @@ class Phalanx:
                 self._parity.add_loss(loss, num_items)
             self._logging.throughput.commit()
             self.strategy.backward(scaled)
+            self._cp.end_batch()  # a batch cut by px.shard_sequence ends with its backward
 
     @property
     def step_loss(self) -> float | None:

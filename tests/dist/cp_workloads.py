@@ -237,6 +237,10 @@ def train_own_model(steps: int = 6) -> dict:
             ref_optimizer.zero_grad()
             ref_losses.append(ref_loss.item())
         result[attend] = (losses, ref_losses)
+        if attend == "hand":  # the cut ended with px.backward: a whole row attends over itself
+            tokens = rows()[:2][0][:, :-1]
+            with torch.no_grad():
+                result["whole_row"] = (px.unwrap_model(model)(tokens), reference(tokens))
     for attend in ("mha", "manual"):
         try:
             model = px.prepare(OwnAttentionLM(attend, px))

@@ -74,6 +74,14 @@ def test_own_model_attention_routed(own_model: list[dict], attend: str) -> None:
             assert abs(got - want) <= 2e-4 * abs(want), (losses, reference)
 
 
+def test_the_cut_ends_with_backward(own_model: list[dict]) -> None:
+    import torch
+
+    for rank in own_model:
+        got, want = rank["whole_row"]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_attention_that_cannot_be_routed_is_refused(own_model: list[dict]) -> None:
     for rank in own_model:
         assert "mha is an nn.MultiheadAttention" in rank["mha"] and "px.attention(q, k, v)" in rank["mha"]

@@ -13,7 +13,7 @@ from torch import nn
 from phalanx.logging.rank_log import get_logger
 from phalanx.strategies.context import cut_attention as attention_module
 from phalanx.strategies.context import hf, routing
-from phalanx.strategies.context.layout import SequenceLayout, using_layout
+from phalanx.strategies.context.layout import SequenceLayout, set_active, using_layout
 from phalanx.strategies.context.shard import shard_sequence
 
 
@@ -30,6 +30,10 @@ class ContextParallel:
               activate: bool = True) -> tuple[Any, Any, SequenceLayout]:
         return shard_sequence(inputs, targets, cp_size=self.size, cp_rank=self.rank, group=self.group, pad=pad,
                               seq_dim=seq_dim, activate=activate)
+
+    def end_batch(self) -> None:
+        """The batch cut by shard_sequence is done (its backward ran): later forwards see whole rows."""
+        set_active(None)
 
     def prepare(self, model: nn.Module) -> None:
         """Route `model`'s attention across the cut; ValueError naming what cannot be routed."""
