@@ -36,6 +36,14 @@ hands every matrix whole to one owner rank (docs/optimizers.md), so any strategy
 process would:
 
     phalanx run --nproc-per-node 2 --strategy zero3 examples/finetune_llm.py --tiny --optimizer muon
+
+`--pack`: paragraphs packed end to end into rows of exactly --seq-len tokens, position_ids restarting
+at each paragraph (transformers' packing: block-diagonal causal attention, no padding); the target
+that would cross into the next paragraph is ignored. `--cp N`: context parallel, each row's sequence
+cut over N processes (docs/long-sequences.md); with --pack the loop uses `px.forward_backward`, which
+cuts inputs and targets, and stays equal to one process:
+
+    phalanx run --nproc-per-node 2 examples/finetune_llm.py --tiny --cp 2 --seq-len 256 --pack
 """
 import argparse
 import math
@@ -113,6 +121,27 @@ def block_classes(model_dir):
     config = AutoConfig.from_pretrained(model_dir)
     classes = [getattr(transformers, name, None) for name in config.architectures or []]
     return {name for cls in classes if cls is not None for name in (cls._no_split_modules or [])}
+
+
+def pack(samples, seq_len):
+    """Rows of seq_len + 1 token ids and their positions (restarting at each paragraph), end to end."""
+    ids = [t for s in samples for t in s]
+    positions = [p for s in samples for p in range(len(s))]
+    width = seq_len + 1
+    return [(torch.tensor(ids[i:i + width]), torch.tensor(positions[i:i + width]))
+            for i in range(0, len(ids) - width + 1, width)]
+
+
+def packed_batch(rows):
+    """Inputs (positions global within the row, so a cut keeps them) and shifted targets of packed rows."""
+    ids, positions = (torch.stack(column) for column in zip(*rows))
+    targets = ids[:, 1:].masked_fill(positions[:, 1:] == 0, IGNORE)  # never predict across paragraphs
+    return {"input_ids": ids[:, :-1], "position_ids": positions[:, :-1], "use_cache": False}, targets
+
+
+def summed_loss(output, targets):
+    return F.cross_entropy(output.logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE,
+                           reduction="sum")
 
 
 def collate(pad_id):
@@ -224,6 +253,8 @@ def main():
     parser.add_argument("--checkpoint-every", type=int, metavar="N", help="px.save_state() every N steps "
                                                                           "(needs --checkpoint-dir)")
     parser.add_argument("--save", metavar="DIR", help="write a from_pretrained directory after training")
+    parser.add_argument("--pack", action="store_true", help="pack paragraphs into full rows of --seq-len tokens")
+    parser.add_argument("--cp", type=int, help="context-parallel degree (phalanx's cp setting)")
     parser.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
                         help="muon: Muon on the decoder layers' matrices, AdamW on the rest")
     args = parser.parse_args()
@@ -232,7 +263,8 @@ def main():
     base_dir = args.model
     blocks = block_classes(base_dir) if base_dir else {"LlamaDecoderLayer"}
     # zero2/zero3/hsdp: each decoder layer is a sharding unit (frozen weights and adapters together)
-    px = Phalanx(strategy_options={"shard_modules": lambda name, module: type(module).__name__ in blocks})
+    px = Phalanx(strategy_options={"shard_modules": lambda name, module: type(module).__name__ in blocks},
+                 cp=args.cp)
     if args.tiny:
         base_dir = os.path.join(px.run_dir, "tiny-llama")
         with px.main_process_first():
@@ -254,7 +286,8 @@ def main():
     lr = args.lr or (1e-3 if args.tiny else 2e-4)
     optimizers = make_optimizers(model, args.optimizer, lr)
     optimizer_names = " + ".join(type(o).__name__ for o in optimizers)
-    train_loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, collate_fn=collate(pad_id))
+    train_loader = DataLoader(pack(train, args.seq_len) if args.pack else train, batch_size=args.batch_size,
+                              shuffle=True, collate_fn=packed_batch if args.pack else collate(pad_id))
     eval_loader = DataLoader(held_out, batch_size=args.batch_size, collate_fn=collate(pad_id))
     model, *optimizers, train_loader, eval_loader = px.prepare(model, *optimizers, train_loader, eval_loader)
     px.load_model(model, base_dir)  # each rank reads its own slices of the safetensors files
@@ -265,7 +298,7 @@ def main():
     resumed = px.config.checkpoint_dir is not None and px.load_state()  # resume from --checkpoint-dir
     trainable = sum(p.numel() for p in px.unwrap_model(model).parameters() if p.requires_grad)
     px.print(f"{len(train)} training and {len(held_out)} held-out paragraphs; strategy {px.strategy_name}, "
-             f"{px.world_size} process(es); training {'LoRA adapters' if args.lora else 'every weight'} "
+             f"{px.world_size} process(es){f', cp {px.cp_size}' if px.cp_size > 1 else ''}; training {'LoRA adapters' if args.lora else 'every weight'} "
              f"({trainable:,} parameters) with {optimizer_names}"
              + (f"; resumed at step {px.global_step}" if resumed else ""))
 
@@ -277,6 +310,9 @@ def main():
             with px.accumulate(model):
                 if px.plan.pp > 1:
                     step_loss = px.reduce(pipeline_step(px, model, batch), "mean")
+                elif args.pack:  # cut along the sequence under cp; Σ loss / Σ tokens over the global batch
+                    inputs, targets = batch
+                    px.forward_backward(model, inputs, targets, summed_loss, num_items=(targets != IGNORE).sum())
                 else:
                     sums, counts = token_losses(px, model, batch)
                     px.backward(sums.sum(), num_items=counts.sum())  # Σ loss / Σ tokens over the global batch

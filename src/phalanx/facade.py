@@ -4,19 +4,19 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from phalanx import config, refusal
+from phalanx import across_ranks, config, refusal
 from phalanx.data.batch_records import BatchRecords
 from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.logging.rank_log import get_logger
 from phalanx import services
 from phalanx.config.names import Needs
-from phalanx.runtime import collectives, device_peaks, host_memory, parity_record, seeding
+from phalanx.runtime import device_peaks, host_memory, parity_record, seeding
 from phalanx.runtime.context import DistContext, handed_plan, launcher_settings, mark_phalanx_created, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.checkpoint.tied_names import tied_names
@@ -36,6 +36,9 @@ from phalanx.strategies.choice import choose
 from phalanx.strategies.mesh import build_mesh
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.context import attention as cp_attention
+from phalanx.strategies.context.step import ContextParallel
+from phalanx.strategies.parallelize import cp_group, grad_group
 from phalanx.strategies.strategy import ParallelStrategy
 
 
@@ -87,13 +90,15 @@ class Phalanx:
         init_process_group(self.ctx, cfg.collective_timeout)
         self._strategy: Strategy | None = None
         self._dp_group: Any = None  # the data-parallel ranks' group (None: every rank)
+        self._grad_group: Any = None  # the ranks gradients are averaged over: data-parallel x cp
+        self._cp = ContextParallel()
         self.ctx = self.ctx.with_data_parallel(self._plan)  # auto's replicas or shards: the same data shards
         if not self._undecided():
             self._adopt_plan(self._plan)
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_records = BatchRecords()  # each prepared loader's own record of its last batch
-        self._items = ItemCount(self.ctx.dp_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._dp_group)
+        self._items = ItemCount(self._plan.grad_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._grad_group)
         self._parity = parity_record.from_request(parity_request(), self.rank, self.world_size)  # `phalanx parity`
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
                                         batches_left=lambda: self._batch_records.current().left,
@@ -173,6 +178,23 @@ class Phalanx:
         return self.ctx.dp_rank
 
     @property
+    def cp_size(self) -> int:
+        """Context-parallel ranks each row's sequence is cut over (1: no cut)."""
+        return self._cp.size
+
+    @property
+    def cp_rank(self) -> int:
+        """This rank's index in its context-parallel group: it holds chunks cp_rank and 2cp-1-cp_rank."""
+        return self._cp.rank
+
+    def shard_sequence(self, inputs: Any, targets: Any = None, *, pad: bool = False, seq_dim: int = 1) -> tuple[Any, Any]:
+        """This rank's part of a batch under cp, for hand-written loops (px.forward_backward cuts its
+        own): see strategies/context/step.py `ContextParallel.shard`; active until px.backward."""
+        return self._cp.shard(inputs, targets, pad=pad, seq_dim=seq_dim)[:2]
+
+    attention = staticmethod(cp_attention)  # px.attention(q, k, v, ...): attention across the cp cut
+
+    @property
     def strategy(self) -> Strategy:
         if self._strategy is None:
             raise RuntimeError("strategy 'auto' decides when the model is prepared. "
@@ -195,8 +217,11 @@ class Phalanx:
         """Build the mesh (every rank, together) and the strategy for `plan`; loaders read the
         data-parallel shard it gives this rank."""
         self._plan = plan
-        self._strategy = ParallelStrategy(plan, self.ctx, self.settings.options, build_mesh(plan, self.ctx.device.type))
+        mesh = build_mesh(plan, self.ctx.device.type)
+        self._strategy = ParallelStrategy(plan, self.ctx, self.settings.options, mesh)
         self._dp_group = self._strategy.dp_group
+        self._grad_group = grad_group(mesh, plan)
+        self._cp = ContextParallel(plan.cp, plan.cp_rank(self.ctx.rank), cp_group(mesh, plan))
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
@@ -257,6 +282,7 @@ class Phalanx:
         self._logging.throughput.set_model(shape and shape.flops_per_token,
                                            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
                                            share=self.ctx.dp_size / self.world_size)  # tensor parallel splits the FLOPs
+        self._cp.prepare(model)  # cp: the model's attention sent across the cut, or refused
         tied = tied_names(model)  # before a pipeline cut leaves this rank one of a tied parameter's names
         model = self._checkpointer.track(self.strategy.setup_model(model), tied=tied)
         hook_state = ddp_options.hook_state_of(model)
@@ -335,6 +361,7 @@ class Phalanx:
                 self._parity.add_loss(loss, num_items)
             self._logging.throughput.commit()
             self.strategy.backward(scaled)
+            self._cp.end_batch()  # a batch cut by px.shard_sequence ends with its backward
 
     @property
     def step_loss(self) -> float | None:
@@ -381,6 +408,8 @@ class Phalanx:
                 scale = self.strategy.precision.loss_scale() / self._accumulator.loss_divisor()
                 return pipeline.train_step(inputs, targets, loss_fn, loss_scale=scale, items=self._items,
                                            num_items=num_items)
+        if self._cp.size > 1:  # each rank runs its part of every row
+            return self._cp.forward_backward(model, inputs, targets, loss_fn, num_items, _call, self.backward)
         loss = loss_fn(_call(model, inputs), targets)
         self.backward(loss, num_items=num_items)
         return loss.detach()
@@ -484,52 +513,13 @@ class Phalanx:
         """Optimizer steps taken (restored by load_state)."""
         return self._checkpointer.global_step
 
-    # ---- talking across ranks ----------------------------------------------------------------
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """`print` on the main process only."""
-        if self.is_main_process:
-            print(*args, **kwargs)
-
-    def reduce(self, data: Any, reduction: str = "mean") -> Any:
-        with self._step_progress.during(Phase.REDUCE):
-            return collectives.reduce(data, reduction, debug=self.debug, group=self._dp_group,
-                                      device=self.device)
-
-    def gather(self, data: Any) -> Any:
-        with self._step_progress.during(Phase.GATHER):
-            return collectives.gather(data, debug=self.debug, group=self._dp_group, device=self.device)
-
-    def gather_for_metrics(self, data: Any, loader: PreparedLoader | None = None) -> Any:
-        """Gather like `gather`, without the repeats the sampler added to even out the ranks.
-
-        Inside a loop over a prepared loader, this rank's padding samples are cut from the
-        current batch before gathering, so an eval over N items yields exactly N. Python lists
-        (e.g. predicted strings) are gathered as objects and flattened. The batch is the last one of
-        the innermost loop in progress (an eval inside training: the eval's, then the training's
-        again); with loaders read side by side (`zip`), name the one `data` came from: `loader=`.
-        """
-        mine = (self._batch_records.current() if loader is None else loader.batch_info).without_padding(data)
-        with self._step_progress.during(Phase.GATHER_FOR_METRICS):
-            if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
-                return [x for part in collectives.gather_object(mine, debug=self.debug, group=self._dp_group)
-                        for x in part]
-            return collectives.gather(mine, debug=self.debug, group=self._dp_group, device=self.device)
-
-    def wait_for_everyone(self) -> None:
-        """Barrier across all ranks (no-op in a world of one)."""
-        with self._step_progress.during(Phase.BARRIER):
-            collectives.barrier(debug=self.debug)
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """Let the main process run the block first (e.g. to download or cache a dataset)."""
-        if not self.is_main_process:
-            self.wait_for_everyone()
-            yield
-            return
-        with self.busy(Phase.MAIN_PROCESS_FIRST):  # the others wait on purpose: not a stall
-            yield
-        self.wait_for_everyone()
+    # ---- talking across ranks (across_ranks.py) ----------------------------------------------
+    print = across_ranks.print_main
+    reduce = across_ranks.reduce
+    gather = across_ranks.gather
+    gather_for_metrics = across_ranks.gather_for_metrics
+    wait_for_everyone = across_ranks.wait_for_everyone
+    main_process_first = across_ranks.main_process_first
 
     # ---- lockstep safety: uneven inputs, watchdog, debug -------------------------------------
     def uneven_inputs(self, *objects: Any, method: str = "auto") -> UnevenInputs:

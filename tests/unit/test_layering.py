@@ -32,6 +32,7 @@ ORDER = [
     "plan",  # `phalanx plan`
     "doctor",  # `phalanx doctor`
     "services",  # what runs beside the loop, wired for the facade
+    "across_ranks",  # px.print / reduce / gather / gather_for_metrics / barriers, bound by the facade
     "facade",  # `Phalanx`
     "config_command",  # `phalanx config`
     "cli",  # the `phalanx` command

@@ -13,18 +13,18 @@ from phalanx.strategies import presets, settings_check, tensor_parallel
 from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
 
 
-def build(name, world=4, local=4, tp=1, **kw):
-    return presets.build(name, presets.asking(tp=tp), world_size=world, local_world_size=local, **kw)
+def build(name, world=4, local=4, tp=1, pp=1, cp=1, **kw):
+    return presets.build(name, presets.asking(tp=tp, pp=pp, cp=cp), world_size=world, local_world_size=local, **kw)
 
 
 def test_presets_are_points_of_the_plan():
-    assert build("ddp").degrees() == {"pp": 1, "dp_replicate": 4, "dp_shard": 1, "tp": 1}
+    assert build("ddp").degrees() == {"pp": 1, "dp_replicate": 4, "dp_shard": 1, "cp": 1, "tp": 1}
     assert build("zero1").sharding is Sharding.OPTIMIZER and build("zero1").dp_replicate == 4
-    assert build("zero3").degrees() == {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "tp": 1}
+    assert build("zero3").degrees() == {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 1}
     assert build("zero2").sharding is Sharding.GRADIENTS and not build("zero2").reshard_after_forward
-    assert build("hsdp", local=2).degrees() == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 1}
-    assert build("zero3", tp=2).degrees() == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2}
-    assert build("hsdp", world=8, local=4, tp=2).degrees() == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 2}
+    assert build("hsdp", local=2).degrees() == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1}
+    assert build("zero3", tp=2).degrees() == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
+    assert build("hsdp", world=8, local=4, tp=2).degrees() == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 2}
     assert build("fsdp").preset == "zero3"
     assert build("zero3", world=1, local=1).preset == "single"
 
@@ -45,7 +45,7 @@ def test_what_each_layout_uses():
 def test_ranks_lie_tp_innermost_and_data_follows_the_data_parallel_dims():
     plan = build("zero3", world=8, local=8, tp=2)
     assert [plan.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert plan.coordinates(5) == {"pp": 0, "dp_replicate": 0, "dp_shard": 2, "tp": 1}
+    assert plan.coordinates(5) == {"pp": 0, "dp_replicate": 0, "dp_shard": 2, "cp": 0, "tp": 1}
     hsdp = build("hsdp", world=8, local=4, tp=2)
     assert [hsdp.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert hsdp.describe() == "hsdp: dp_replicate 2 x dp_shard 2 x tp 2 (8 process(es))"
@@ -213,3 +213,29 @@ def run_command_parser():
     parser = argparse.ArgumentParser(prog="phalanx run")
     run_command.configure(parser)
     return parser
+
+
+def test_cp_is_a_mesh_dim_between_data_parallel_and_tp():
+    plan = build("ddp", world=8, local=8, tp=2, cp=2)
+    assert plan.degrees() == {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "cp": 2, "tp": 2}
+    assert plan.dp_size == 2 and plan.grad_size == 4 and plan.uses_fsdp  # tp composes with FSDP2
+    assert [plan.dp_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]  # a cp group reads the same rows
+    assert [plan.cp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    alone = build("ddp", world=2, local=2, cp=2)
+    assert alone.dp_size == 1 and alone.grad_size == 2 and alone.uses_ddp  # gradients averaged over cp
+    assert build("zero3", world=4, local=4, cp=2).degrees()["dp_shard"] == 2
+    assert build("ddp", world=1, local=1, cp=2).cp == 1  # a world of one runs the whole sequence
+    hsdp = build("hsdp", world=8, local=4, cp=2)  # a node: 2 shards x cp 2; 2 nodes: 2 replicas
+    assert (hsdp.dp_replicate, hsdp.dp_shard, hsdp.cp) == (2, 2, 2)
+
+
+@pytest.mark.parametrize("name, kw, match", [
+    ("ddp", dict(world=6, cp=4), r"cp=4 does not divide the 6 processes. HINT: choose cp among 1, 2, 3, 6"),
+    ("ddp", dict(world=4, cp=2, tp=4), r"cp=2 x tp=4 does not divide the 4 processes"),
+    ("ddp", dict(world=4, cp=2, pp=2), r"cp=2 with pp=2: context parallel is not composed with pipeline"),
+    ("dp", dict(world=1, local=1, cp=2), r"strategy 'dp' runs one process, and cp=2"),
+    ("hsdp", dict(world=4, local=2, cp=4), r"hsdp with cp=4: each node's 2 processes do not split"),
+])
+def test_cp_layouts_refused_with_the_fix(name, kw, match):
+    with pytest.raises(ValueError, match=match):
+        build(name, **kw)

@@ -54,11 +54,11 @@ def test_the_options_carry_the_pipeline_settings():
 
 # ---- presets with pp ------------------------------------------------------------------------------
 def test_presets_compose_with_pp_and_data_follows_the_data_parallel_dims():
-    assert build("ddp", pp=2).degrees() == {"pp": 2, "dp_replicate": 2, "dp_shard": 1, "tp": 1}
-    assert build("zero3", pp=2).degrees() == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 1}
+    assert build("ddp", pp=2).degrees() == {"pp": 2, "dp_replicate": 2, "dp_shard": 1, "cp": 1, "tp": 1}
+    assert build("zero3", pp=2).degrees() == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1}
     assert build("zero1", pp=2).sharding is Sharding.OPTIMIZER
-    assert build("ddp", world=8, local=8, pp=2, tp=2).degrees() == {"pp": 2, "dp_replicate": 2, "dp_shard": 1, "tp": 2}
-    assert build("ddp", world=2, local=2, pp=2).degrees() == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 1}
+    assert build("ddp", world=8, local=8, pp=2, tp=2).degrees() == {"pp": 2, "dp_replicate": 2, "dp_shard": 1, "cp": 1, "tp": 2}
+    assert build("ddp", world=2, local=2, pp=2).degrees() == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1}
     plan = build("ddp", pp=2)
     assert [plan.dp_rank(r) for r in range(4)] == [0, 1, 0, 1]  # pp outermost: ranks 0, 1 run stage 0
     assert [plan.coordinates(r)["pp"] for r in range(4)] == [0, 0, 1, 1]
@@ -71,10 +71,10 @@ def test_presets_compose_with_pp_and_data_follows_the_data_parallel_dims():
 
 def test_hsdp_with_pp_shards_each_stage_within_a_node_and_replicates_across():
     # 2 nodes of 4, pp 2: a stage's 4 data-parallel ranks are one node's, sharded (no replica)
-    assert build("hsdp", world=8, local=4, pp=2).degrees() == {"pp": 2, "dp_replicate": 1, "dp_shard": 4, "tp": 1}
+    assert build("hsdp", world=8, local=4, pp=2).degrees() == {"pp": 2, "dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 1}
     # 4 nodes of 4, pp 2: each stage on 2 nodes, sharded within one, replicated across the two
-    assert build("hsdp", world=16, local=4, pp=2).degrees() == {"pp": 2, "dp_replicate": 2, "dp_shard": 4, "tp": 1}
-    assert build("hsdp", world=4, local=4, pp=2).degrees() == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 1}
+    assert build("hsdp", world=16, local=4, pp=2).degrees() == {"pp": 2, "dp_replicate": 2, "dp_shard": 4, "cp": 1, "tp": 1}
+    assert build("hsdp", world=4, local=4, pp=2).degrees() == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1}
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -167,6 +167,10 @@ SETTINGS: tuple[Setting, ...] = grouped(
     Setting("pp", kinds.integer(1), 1,
             "pipeline-parallel degree: stages the model's blocks are cut into, one pipeline rank each (stages "
             "furthest apart in the mesh: across nodes); the data-parallel dims get the processes / (tp x pp)"),
+    Setting("cp", kinds.integer(1), 1,
+            "context-parallel degree: ranks that split each row's sequence (long sequences; attention across the "
+            "cut by Ulysses or an all-gather of keys and values, any mask); they read the same rows, and the "
+            "data-parallel dims get the processes / (tp x pp x cp)"),
     Setting("pp_schedule", kinds.choice(names.PP_SCHEDULES, names.canonical_pp_schedule), "1F1B",
             "pipeline schedule, torch's names in any case: 1F1B, GPipe (one stage per rank); Interleaved1F1B, "
             "LoopedBFS, InterleavedZeroBubble (2 stages per rank, looped); ZBVZeroBubble, DualPipeV (2 per rank, "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phalanx import config
+from phalanx.plan import context
 from phalanx.plan import optimizer as optimizer_choice
 from phalanx.strategies import presets
 
@@ -52,6 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp", type=int, default=1,
                         help="pipeline-parallel degree: per pipeline rank its stages' bytes (and with --input the "
                              "activations in flight); the strategies span world size / (tp x pp) ranks (default 1)")
+    context.add_argument(parser)
     parser.add_argument("--pp-schedule", "--pp_schedule", default="1F1B", metavar="SCHEDULE",
                         help="pipeline schedule, as the pp_schedule setting takes it (default 1F1B)")
     parser.add_argument("--pp-microbatches", "--pp_microbatches", type=int, default=None, metavar="N",
@@ -254,7 +256,9 @@ def main(args: argparse.Namespace) -> int:
     from phalanx.plan import sharding
 
     try:
+        cp_line = context.cut_input(args)  # before the activations: --input becomes one cp rank's part
         acts = _activations_of(args, model)
+        # cp's ranks hold model state as data-parallel ranks do (sharded over dp x cp): rows of tp and pp
         rows = sharding.layouts(presets.asking(tp=args.tp, pp=args.pp), world_size=args.world_size,
                                 local_world_size=args.nproc_per_node or args.world_size)
         pipeline = _pipeline(args, model, plan) if plan.pp > 1 else None
@@ -271,6 +275,11 @@ def main(args: argparse.Namespace) -> int:
     print(render(sizes, rows, choice.name, budget, acts, args.activation_checkpointing, choice.why,
                  full_sizes=full_sizes, suggestion=suggestion, pipeline=pipeline.report if pipeline is not None else "",
                  runtime=args.runtime))
+    if cp_line:
+        print(cp_line)
+        longest = context.longest_sequence(model, args, sizes, choice.name, budget) if pipeline is None else ""
+        if longest:
+            print(longest)
     return 0
 
 

@@ -20,7 +20,9 @@ from phalanx.config.names import Needs
 
 # The mesh's dimensions, outermost first (torchtitan's order): ranks next to each other share a
 # tensor-parallel group, the fastest links; pipeline stages are furthest apart.
-MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
+# Context parallel (cp) sits between the data-parallel dims and tp, as in torchtitan: its ranks
+# exchange keys and values on every layer, less often than tensor parallel's all-reduces.
+MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 class Sharding(enum.IntEnum):
@@ -48,6 +50,9 @@ class ParallelPlan:
     """Pipeline ranks: the model's blocks cut into consecutive stages, one (or, interleaved, a few)
     per pipeline rank; activations go point to point from stage to stage."""
     sharding: Sharding = Sharding.NONE
+    cp: int = 1
+    """Context-parallel ranks: each row's sequence cut over them; they read the same rows, and
+    gradients are averaged (or parameters sharded) over the data-parallel and cp ranks together."""
     cpu_offload: bool = False
     """zero3: sharded parameters, gradients and optimizer state live in CPU memory."""
     threads_over_gpus: bool = False
@@ -67,12 +72,21 @@ class ParallelPlan:
     # ---- sizes -----------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp_size(self) -> int:
         """Ranks that read different data: the data-parallel dims."""
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def grad_size(self) -> int:
+        """Ranks whose gradients are averaged into one step: the data-parallel ranks x cp."""
+        return self.dp_size * self.cp
+
+    def cp_rank(self, rank: int) -> int:
+        """Which part of each row's sequence `rank` holds."""
+        return self.coordinates(rank)["cp"]
 
     def degrees(self) -> dict[str, int]:
         """Every mesh dimension's size, outermost first."""
@@ -101,14 +115,14 @@ class ParallelPlan:
     def uses_fsdp(self) -> bool:
         """FSDP2 `fully_shard` over the data-parallel dims: sharded stages, and every data-parallel
         layout composed with tensor parallel (torch composes TP with FSDP2, not with DDP)."""
-        if self.dp_size == 1:
+        if self.grad_size == 1:
             return False
         return self.sharding >= Sharding.GRADIENTS or self.tp > 1
 
     @property
     def uses_ddp(self) -> bool:
         """DistributedDataParallel over the data-parallel dims: ddp and zero1 without tensor parallel."""
-        return self.dp_size > 1 and not self.uses_fsdp and not self.threads_over_gpus
+        return self.grad_size > 1 and not self.uses_fsdp and not self.threads_over_gpus
 
     @property
     def shards_parameters(self) -> bool:
@@ -132,7 +146,7 @@ class ParallelPlan:
     @property
     def shards_optimizer_only(self) -> bool:
         """zero1: phalanx's sharded-state optimizer over the data-parallel ranks."""
-        return self.sharding is Sharding.OPTIMIZER and self.dp_size > 1
+        return self.sharding is Sharding.OPTIMIZER and self.grad_size > 1
 
     @property
     def builds_on_meta(self) -> bool:

@@ -48,8 +48,13 @@ class Parallelized:
 
 def dp_mesh(mesh: Any, plan: ParallelPlan) -> Any:
     """The mesh FSDP2 works over: the shard dim alone, or replicate x shard (hsdp, and replicas
-    composed with tensor parallel)."""
-    return mesh["dp_replicate", "dp_shard"] if plan.dp_replicate > 1 else mesh["dp_shard"]
+    composed with tensor parallel). Under cp the shard dim is dp_shard x cp flattened (torchtitan's
+    dp_shard_cp): parameters are sharded over the context-parallel ranks too."""
+    shard = "dp_shard"
+    if plan.cp > 1:
+        shard = "dp_shard_cp"
+        mesh["dp_shard", "cp"]._flatten(shard)
+    return mesh["dp_replicate", shard] if plan.dp_replicate > 1 else mesh[shard]
 
 
 def dp_group(mesh: Any, plan: ParallelPlan) -> Any:
@@ -58,6 +63,28 @@ def dp_group(mesh: Any, plan: ParallelPlan) -> Any:
         return None
     dims = [d for d in ("dp_replicate", "dp_shard") if getattr(plan, d) > 1] or ["dp_shard"]
     return mesh[tuple(dims)]._flatten("dp").get_group() if len(dims) > 1 else mesh[dims[0]].get_group()
+
+
+def grad_group(mesh: Any, plan: ParallelPlan) -> Any:
+    """The process group gradients are averaged over: the data-parallel ranks, and under cp their
+    context-parallel ranks too (each holds part of every row, so each has part of the gradient)."""
+    if plan.cp == 1:
+        return dp_group(mesh, plan)
+    return None if plan.grad_size == plan.world_size else grad_mesh(mesh, plan).get_group()
+
+
+def grad_mesh(mesh: Any, plan: ParallelPlan) -> Any:
+    """The replicas' mesh (zero1 lays its optimizer-state chunks over it): dp_replicate, and under
+    cp dp_replicate x cp flattened."""
+    if plan.cp == 1:
+        return mesh["dp_replicate"]
+    dims = tuple(d for d in ("dp_replicate", "dp_shard", "cp") if getattr(plan, d) > 1)
+    return mesh[dims]._flatten("dp_cp") if len(dims) > 1 else mesh[dims[0]]
+
+
+def cp_group(mesh: Any, plan: ParallelPlan) -> Any:
+    """The context-parallel ranks' group (None: no cp)."""
+    return mesh["cp"].get_group() if plan.cp > 1 else None
 
 
 def parallelize(model: nn.Module, plan: ParallelPlan, mesh: Any, *, options: StrategyOptions, precision: Precision,
@@ -91,7 +118,7 @@ def parallelize(model: nn.Module, plan: ParallelPlan, mesh: Any, *, options: Str
     if plan.uses_ddp:
         # Under pp, torch's stage runs its first (shape-finding) microbatch outside no_sync: DDP must
         # look for unused parameters, or the next new input shape fails in its reducer (docs/pipeline.md).
-        group = dp_group(mesh, plan)
+        group = grad_group(mesh, plan)
         stages = tuple(ddp.apply(m, options, device, group, find_unused_parameters=cut is not None or None)
                        if pipeline_layout.has_params(m) else m for m in stages)
         return _done(model, stages, Wrapper.DDP, tp_layers, cut, mesh, device)

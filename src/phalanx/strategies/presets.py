@@ -46,11 +46,11 @@ def canonical(name: str) -> str:
 def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_world_size: int, cpu_offload: bool = False,
           replicate_size: int | None = None, shard_size: int | None = None) -> ParallelPlan:
     """The plan preset `name` stands for on `world_size` processes (`local_world_size` per node),
-    with the model-parallel degrees `settings` (the resolved PhalanxConfig) ask for: its tp and pp.
+    with the model-parallel degrees `settings` (the resolved PhalanxConfig) ask for: its tp, pp and cp.
 
     ValueError naming the settings and the valid values when the layout cannot be built.
     """
-    tp, pp = settings.tp, settings.pp
+    tp, pp, cp = settings.tp, settings.pp, settings.cp
     key = canonical(name)
     if key == AUTO and world_size == 1:
         key = SINGLE
@@ -70,6 +70,8 @@ def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_w
                          f"needs {'pp x tp = ' if tp > 1 else 'pp = '}{tp * pp} of them. HINT: choose pp among "
                          f"{', '.join(map(str, fits))}{f' (with tp={tp})' if tp > 1 else ''}, or run a multiple of "
                          f"{tp * pp} processes")
+    if cp > 1:
+        check_cp(key, cp, world_size=world_size, tp=tp, pp=pp)
     if world_size % tp:
         raise ValueError(f"tp={tp} does not divide the {world_size} processes. HINT: choose tp among "
                          f"{', '.join(map(str, divisors(world_size)))}, or run a multiple of {tp} processes")
@@ -82,22 +84,28 @@ def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_w
         return ParallelPlan(preset=key, threads_over_gpus=True)
     if world_size == 1:
         return ParallelPlan(preset=SINGLE)
-    dp = world_size // (tp * pp)
+    dp = world_size // (tp * pp * cp)
     if preset.hybrid:
         if local_world_size % tp:
             raise ValueError(f"hsdp with tp={tp}: each node's {local_world_size} processes do not split into "
                              f"tensor-parallel groups, so replicas and shards cannot follow the nodes. HINT: choose "
                              f"tp among {', '.join(map(str, divisors(local_world_size)))}")
+        if local_world_size % (tp * cp):
+            raise ValueError(f"hsdp with cp={cp}{f' x tp={tp}' if tp > 1 else ''}: each node's {local_world_size} "
+                             "processes do not split into context-parallel groups, so replicas and shards cannot "
+                             f"follow the nodes. HINT: choose cp among "
+                             f"{', '.join(str(d) for d in divisors(local_world_size) if (local_world_size // d) % tp == 0)}")
         if pp > 1 and shard_size is None and replicate_size is None:
             # pp is the outermost dim: a stage's data-parallel ranks shard within a node, or, when
             # they are fewer than a node's processes, all of them (one replica).
             shard_size = min(local_world_size // tp, dp)
-        replicate, shard = hybrid_shape(dp, local_world_size, tp, replicate_size, shard_size)
+        # a node's processes hold shard x cp x tp ranks (cp and tp inside a node, as the mesh lays them)
+        replicate, shard = hybrid_shape(dp, local_world_size, tp * cp, replicate_size, shard_size)
     elif Sharding(preset.stage) >= Sharding.GRADIENTS:
         replicate, shard = 1, dp
     else:
         replicate, shard = dp, 1
-    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, sharding=Sharding(preset.stage),
+    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, cp=cp, sharding=Sharding(preset.stage),
                         cpu_offload=cpu_offload and Sharding(preset.stage) >= Sharding.GRADIENTS)
 
 
@@ -112,6 +120,22 @@ def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> Para
     replicate, shard = (1, plan.dp_size) if stage >= Sharding.GRADIENTS else (plan.dp_size, 1)
     return dataclasses.replace(plan, preset=name, sharding=stage, dp_replicate=replicate, dp_shard=shard,
                                cpu_offload=cpu_offload and stage >= Sharding.GRADIENTS)
+
+
+def check_cp(key: str, cp: int, *, world_size: int, tp: int, pp: int) -> None:
+    """ValueError, with the fix, for a context-parallel degree the layout cannot take."""
+    if PRESETS[key].threads_over_gpus:
+        raise ValueError(f"strategy 'dp' runs one process, and cp={cp} cuts each sequence over {cp} processes. "
+                         "HINT: use strategy ddp, zero1, zero2 or zero3 with cp, under `phalanx run`")
+    if pp > 1:
+        raise ValueError(f"cp={cp} with pp={pp}: context parallel is not composed with pipeline stages (a stage's "
+                         "microbatches would need their own cut). HINT: use cp with ddp, zero1, zero2, zero3 or tp, and pp=1")
+    if world_size > 1 and world_size % (cp * tp):
+        with_tp = f" x tp={tp}" if tp > 1 else ""
+        fits = [d for d in divisors(world_size) if (world_size // d) % tp == 0]
+        raise ValueError(f"cp={cp}{with_tp} does not divide the {world_size} processes. HINT: choose cp among "
+                         f"{', '.join(map(str, fits))}{f' (with tp={tp})' if tp > 1 else ''}, or run a multiple of "
+                         f"{cp * tp} processes")
 
 
 def hybrid_shape(dp_size: int, local_world_size: int, tp: int = 1, replicate_size: int | None = None,

@@ -57,7 +57,7 @@ def checked_plan(resolved: Resolved, plan: ParallelPlan, *, decided: bool = Fals
     if plan.is_distributed or plan.threads_over_gpus:
         return plan
     cfg = resolved.config
-    return _build(name, resolved, 2 * cfg.tp * cfg.pp, 2 * cfg.tp * cfg.pp)
+    return _build(name, resolved, 2 * cfg.tp * cfg.pp * cfg.cp, 2 * cfg.tp * cfg.pp * cfg.cp)
 
 
 def intended_plan(resolved: Resolved, world_size: int, local_world_size: int,

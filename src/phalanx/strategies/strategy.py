@@ -20,7 +20,7 @@ from phalanx.strategies.module_attr import answer_module_attribute
 from phalanx.strategies.optimizer_kinds import Route
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
-from phalanx.strategies.parallelize import Wrapper, dp_group, parallelize
+from phalanx.strategies.parallelize import Wrapper, dp_group, grad_group, grad_mesh, parallelize
 from phalanx.strategies.pipeline import grads as pipeline_grads
 from phalanx.strategies.pipeline import state as pipeline_state
 from phalanx.strategies.pipeline.runner import PipelineRunner
@@ -129,8 +129,8 @@ class ParallelStrategy:
         if self.plan.shards_optimizer_only:
             groups = [dict(group) for group in optimizer.param_groups]
             return ShardedStateOptimizer(groups, optimizer_class=type(optimizer),
-                                         process_group=self.dp_group,
-                                         device_mesh=self.mesh["dp_replicate"] if self.mesh is not None else None,
+                                         process_group=grad_group(self.mesh, self.plan),
+                                         device_mesh=grad_mesh(self.mesh, self.plan) if self.mesh is not None else None,
                                          gather=self.options.zero1_gather, **constructor_defaults(optimizer))
         return optimizer
 
