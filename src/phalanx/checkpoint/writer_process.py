@@ -20,6 +20,7 @@ import atexit
 import io
 import os
 import pickle
+import signal
 import socket
 import struct
 import subprocess
@@ -174,8 +175,10 @@ class Helper:
         package_root = str(Path(__file__).resolve().parents[2])  # importable even from a source tree
         start = (f"import sys; sys.path.insert(0, {package_root!r}); "
                  f"from phalanx.checkpoint.writer_process import main; main({theirs.fileno()})")
+        # its own session: a signal to the training process's group (Ctrl-C, an agent stopping workers)
+        # must not end a write the training process still waits for; it ends when the socket closes
         self.process = subprocess.Popen([sys.executable, "-c", start], pass_fds=[theirs.fileno()],
-                                        stdin=subprocess.DEVNULL)
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         try:
             os.setpriority(os.PRIO_PROCESS, self.process.pid, NICENESS)
@@ -304,6 +307,7 @@ def _picklable(error: BaseException) -> BaseException:
 
 
 def main(fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training process decides when to stop: see Helper
     torch.set_num_threads(1)
     sock = socket.socket(fileno=fd)
     while True:
