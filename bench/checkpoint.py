@@ -122,8 +122,12 @@ def stall(px, model, optimizer, work: Path, rounds: int, steps: int, every: int,
     return out
 
 
-def in_flight(px, model, optimizer, root, rounds: int, hidden: int) -> dict[str, float]:
-    """Median step time with no save, and during an async save (the steps between its start and its end)."""
+def in_flight(px, model, optimizer, root, rounds: int, hidden: int, writers: list[str]) -> dict[str, dict[str, float]]:
+    """Per writer: median step time with no save, and during an async save (the steps between its start
+    and its end). Several writers alternate round by round, so the machine's load drifts over both."""
+    from phalanx.checkpoint import writer_process
+
+    supported = writer_process.supported
     batch = torch.randn(32, hidden)
 
     def timed_step() -> float:
@@ -136,32 +140,41 @@ def in_flight(px, model, optimizer, root, rounds: int, hidden: int) -> dict[str,
     px.save_state(root / "blocking", async_save=False)
     save_s = time.perf_counter() - t
     steps_per_save = max(3, round(save_s / statistics.median(quiet)))
-    during, stalls, waits, ratios = [], [], [], []
+    seen = {w: {"quiet": list(quiet), "during": [], "stalls": [], "waits": [], "ratios": []} for w in writers}
     for r in range(rounds):  # paired: the steps just before a save against the steps during it
-        before = [timed_step() for _ in range(steps_per_save)]
-        t = time.perf_counter()
-        px.save_state(root / f"async-{r}", async_save=True)
-        stalls.append(time.perf_counter() - t)
-        mine = [timed_step() for _ in range(steps_per_save)]  # about as long as one save takes
-        t = time.perf_counter()
-        px.wait_for_checkpoint()
-        waits.append(time.perf_counter() - t)
-        quiet += before
-        during += mine
-        ratios.append(statistics.median(mine) / statistics.median(before))
-    return {"step s": statistics.median(quiet), "step s, save in flight": statistics.median(during),
-            "ratio (median of pairs)": statistics.median(ratios), "blocking save s": save_s,
-            "async start s": statistics.median(stalls), "left to wait s": statistics.median(waits),
-            "steps per save": steps_per_save}
+        for writer in (writers if r % 2 == 0 else writers[::-1]):
+            writer_process.supported = supported if writer == "process" else (lambda: False)
+            mine = seen[writer]
+            before = [timed_step() for _ in range(steps_per_save)]
+            t = time.perf_counter()
+            px.save_state(root / f"async-{writer}-{r}", async_save=True)
+            mine["stalls"].append(time.perf_counter() - t)
+            during = [timed_step() for _ in range(steps_per_save)]  # about as long as one save takes
+            t = time.perf_counter()
+            px.wait_for_checkpoint()
+            mine["waits"].append(time.perf_counter() - t)
+            mine["quiet"] += before
+            mine["during"] += during
+            mine["ratios"].append(statistics.median(during) / statistics.median(before))
+    writer_process.supported = supported
+    return {w: {"step s": statistics.median(m["quiet"]), "step s, save in flight": statistics.median(m["during"]),
+                "ratio (median of pairs)": statistics.median(m["ratios"]), "blocking save s": save_s,
+                "async start s": statistics.median(m["stalls"]), "left to wait s": statistics.median(m["waits"]),
+                "steps per save": steps_per_save} for w, m in seen.items()}
 
 
 def in_flight_report(px, model, optimizer, work: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     from phalanx.checkpoint.object_path import location
 
-    results = {"local disk": in_flight(px, model, optimizer, work / "inflight", args.rounds, args.hidden)}
+    writers = ["process", "thread"] if args.writer == "both" else [args.writer]
+    where = {"local disk": work / "inflight"}
     url = os.environ.get("BENCH_S3_URL")
     if url:
-        results["S3 (moto)"] = in_flight(px, model, optimizer, location(url), args.rounds, args.hidden)
+        where["S3 (moto)"] = location(url)
+    results = {}
+    for name, root in where.items():
+        for writer, figures in in_flight(px, model, optimizer, root, args.rounds, args.hidden, writers).items():
+            results[name if len(writers) == 1 else f"{name}, {writer}"] = figures
     return results
 
 
@@ -177,14 +190,16 @@ def bench(args: argparse.Namespace, work: str) -> None:
     if not px.is_main_process:
         return
     print(f"state: {mb:.0f} MB (model + AdamW), world_size={px.world_size}, rounds={args.rounds}, "
-          f"torch {torch.__version__}, {os.cpu_count()} CPUs")
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
+          f"async shards written by the {args.writer} writer")
     if times:
         print_throughput_and_stall(times, loop, mb, args)
     print("\nstep time while an async save is in flight / without one (the steps of about one save's length)")
     columns = list(flights)
-    print(f"{'':26}" + "".join(f"{name:>14}" for name in columns))
+    width = max(14, *(len(name) + 2 for name in columns))
+    print(f"{'':26}" + "".join(f"{name:>{width}}" for name in columns))
     for key in flights[columns[0]]:
-        print(f"{key:26}" + "".join(f"{flights[name][key]:14.3f}" for name in columns))
+        print(f"{key:26}" + "".join(f"{flights[name][key]:{width}.3f}" for name in columns))
 
 
 def print_throughput_and_stall(times: dict, loop: dict, mb: float, args: argparse.Namespace) -> None:
@@ -216,6 +231,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--no-s3", action="store_true", help="leave out the S3 column (moto's server)")
     parser.add_argument("--only-in-flight", action="store_true", help="only part 3 (the step time during a save)")
+    parser.add_argument("--writer", choices=["process", "thread", "both"], default="both",
+                        help="who writes an async save's shards: the helper process (phalanx's way), DCP's "
+                             "thread in the training process (before; for comparison), or both, round by round")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="phalanx-bench-ckpt-", dir=os.environ.get("BENCH_DIR"))
     try:

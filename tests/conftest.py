@@ -1,6 +1,9 @@
-"""Test-wide guards: no test may leak launcher variables or a process group into the next, and the
-suite never writes into the repository (checked when the session ends)."""
+"""Test-wide guards: no test may leak launcher variables or a process group into the next, the
+suite never writes into the repository and leaves no ResourceWarning (both checked when the session
+ends)."""
+import gc
 import os
+import warnings
 import subprocess
 from pathlib import Path
 
@@ -76,26 +79,60 @@ def repository_outputs() -> set[str]:
     return found
 
 
+def pytest_configure(config):
+    # Python hides ResourceWarning by default: shown, every one reaches pytest_warning_recorded.
+    config.addinivalue_line("filterwarnings", "always::ResourceWarning")
+
+
+def pytest_warning_recorded(warning_message, when, nodeid, location):
+    """An unclosed socket or file (a ResourceWarning, also when it surfaced from a finalizer as an
+    unraisable exception) fails the session at its end, with where it was seen."""
+    text = str(warning_message.message)
+    if issubclass(warning_message.category, ResourceWarning) or "ResourceWarning" in text:
+        _resource_warnings.append(f"{nodeid or when}: {warning_message.category.__name__}: {text}"
+                                  f" ({warning_message.filename}:{warning_message.lineno})")
+
+
 def pytest_sessionstart(session):
     session.config.stash[_before_key] = repository_outputs()
 
 
+def _left_resource_warnings() -> list[str]:
+    """The ResourceWarnings seen during the session, and those the last garbage collection gives."""
+    with warnings.catch_warnings(record=True) as late:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    return _resource_warnings + [f"at the session's end (garbage collected): {w.category.__name__}: {w.message} "
+                                 f"({w.filename}:{w.lineno})" for w in late if issubclass(w.category, ResourceWarning)]
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """Fail the run when tests left files in the repository (the README promises they never do)."""
+    """Fail the run when tests left files in the repository (the README promises they never do), or
+    left a socket or file unclosed (ResourceWarning)."""
+    leaks = _left_resource_warnings()
+    if leaks:
+        _fail_session(session, "unclosed resources (ResourceWarning)",
+                      f"{len(leaks)} ResourceWarning(s); close what is opened (with-blocks, .close()):\n  "
+                      + "\n  ".join(leaks[:20]))
     before = session.config.stash.get(_before_key, None)
     if before is None:
         return
     added = sorted(repository_outputs() - before)
     if added:
         shown = "\n  ".join(added[:20]) + (f"\n  ... and {len(added) - 20} more" if len(added) > 20 else "")
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        message = f"tests wrote into the repository ({ROOT}); they must write under a temporary directory:\n  {shown}"
-        if reporter is not None:
-            reporter.write_sep("=", "files left in the repository", red=True)
-            reporter.write_line(message, red=True)
-        else:
-            print(message)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        _fail_session(session, "files left in the repository",
+                      f"tests wrote into the repository ({ROOT}); they must write under a temporary directory:\n  {shown}")
+
+
+def _fail_session(session, title: str, message: str) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", title, red=True)
+        reporter.write_line(message, red=True)
+    else:
+        print(message)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 _before_key = pytest.StashKey[set]()
+_resource_warnings: list[str] = []

@@ -78,3 +78,25 @@ def test_a_failed_async_save_stops_the_next_step_and_latest_stays(tmp_path, monk
     assert px.global_step == 3
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step-00000001"
     assert not (tmp_path / "ckpt" / "step-00000002").exists()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_a_failed_async_save_on_one_rank_is_reported_on_every_rank_at_the_next_step(tmp_path):
+    """2 ranks: rank 1's shard of the async save of step 4 cannot be written (the storage fails in
+    the background write); both ranks raise the same CheckpointWriteError, with the cause, at step 5,
+    and `latest` stays on step 2 with nothing of step 4 left."""
+    from tests.checkpoint.failing_async import FAILING_STEP
+    from tests.dist.harness import run_ranks
+
+    ckpt = tmp_path / "ckpt"
+    results = run_ranks("tests.checkpoint.failing_async:run", 2, args=(str(ckpt),), timeout=240)
+    for rank, seen in enumerate(results):
+        assert seen["error"] is not None, f"rank {rank} trained on after the failed save: {seen}"
+        assert seen["raised_at_step"] == FAILING_STEP + 1
+        assert f"saving checkpoint step {FAILING_STEP} to {ckpt}/step-00000004 failed on rank" in seen["error"]
+        assert "__1_0.distcp" in seen["error"] and "Is a directory" in seen["error"], seen["error"]
+        assert "the latest good checkpoint is step 2" in seen["error"], seen["error"]
+        assert seen["latest"] == "step-00000002"
+        assert seen["entries"] == ["latest", "step-00000002"], seen["entries"]
+    assert results[0]["error"] == results[1]["error"]

@@ -2,6 +2,10 @@
 
     PHALANX_STRESS_EXITS=500 scripts/test tests/stress -s      # hours on a 2-core machine
 
+`test_no_forked_rank_exit_ever_aborts` runs the same job's ranks forked from one process that imported
+torch once (exit_zygote.py): the ranks' own exits, N per path, at a fraction of the cost (about 1 s of
+CPU a run instead of 5-10), several runs at a time, so the runs themselves load the cores.
+
 Each case (launcher x ending) runs N times, round-robin, beside CPU load (one busy process per core,
 or PHALANX_STRESS_BURNERS of them), and the runs in which any process aborted (`terminate called
 ...`, SIGABRT) or ended otherwise than expected (a normal end must exit 0 with every rank done; an
@@ -146,3 +150,25 @@ def test_no_exit_ever_aborts(stress, cpu_load, tmp_path):
     assert total["aborted"] == 0, f"{total['aborted']} runs aborted at exit; the first: {first_problem['aborted']}"
     assert total["wrong"] == 0, f"{total['wrong']} runs ended wrongly; the first: {first_problem['wrong']}"
 
+
+
+def test_no_forked_rank_exit_ever_aborts(stress, cpu_load, tmp_path):
+    """exit_zygote.py: each worker-side path (a group made from the launcher's variables, an adopted
+    group) x each ending, N runs of 2 forked ranks, 4 runs at a time; every rank ends through the
+    interpreter's own exit. Counted as in the test above, with the same report file."""
+    report = stress["report"] or str(tmp_path / "exits.jsonl")
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", TMPDIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    before = Path(report).read_text().count("\n") if Path(report).exists() else 0
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "exit_zygote.py"), str(stress["runs"]), report,
+                           "--concurrent", "4"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in Path(report).read_text().splitlines()[before:]]
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for row in rows:
+        counts.setdefault((row["launcher"], row["ending"]), {"ok": 0, "aborted": 0, "wrong": 0})[row["outcome"]] += 1
+    for (path, mode), count in sorted(counts.items()):
+        print(f"exit stress: {path}, {mode}: {json.dumps(count)}")
+    bad = [row for row in rows if row["outcome"] != "ok"]
+    assert not bad, f"{len(bad)} of {len(rows)} runs ended badly; the first: {bad[0]}"
+    assert all(sum(c.values()) == stress["runs"] for c in counts.values()) and len(counts) == 6, counts

@@ -94,6 +94,7 @@ def test_plot_writes_a_png(tmp_path, capsys):
     for step in range(1, 6):
         logger.log({"loss": 1.0 / step}, step=step)
     logger.log({"val_acc": 0.9}, step=5)
+    logger.close()
     out = tmp_path / "curves.png"
     assert cli.main(["plot", str(tmp_path), "--out", str(out)]) == 0
     data = out.read_bytes()
@@ -111,9 +112,10 @@ def test_bar_rule():
             return True
 
     assert bar_enabled(True, "auto", Tty()) and not bar_enabled(False, "auto", Tty())  # main only
-    assert not bar_enabled(True, "auto", open(os.devnull, "w"))
-    assert bar_enabled(True, "on", open(os.devnull, "w")) and not bar_enabled(True, "off", Tty())
-    assert bar_enabled(True, True, open(os.devnull, "w")) and not bar_enabled(False, True, Tty())
+    with open(os.devnull, "w") as devnull:
+        assert not bar_enabled(True, "auto", devnull)
+        assert bar_enabled(True, "on", devnull) and not bar_enabled(True, "off", Tty())
+        assert bar_enabled(True, True, devnull) and not bar_enabled(False, True, Tty())
 
 
 PROGRESS_SCRIPT = textwrap.dedent("""

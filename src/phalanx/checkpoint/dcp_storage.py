@@ -12,22 +12,32 @@ from typing import Any, Iterator
 
 from torch.distributed.checkpoint import FileSystemWriter
 
+from phalanx.checkpoint import writer_process
 from phalanx.checkpoint.manifest import FileEntry
 from phalanx.checkpoint.object_path import ObjectPath
 from phalanx.checkpoint.safe_io import SafeFileSystemReader, SafeMetadataMixin
 
 
-def writer(path: Path | ObjectPath, written: dict[str, FileEntry] | None = None) -> Any:
+def writer(path: Path | ObjectPath, written: dict[str, FileEntry] | None = None, for_async: bool = False) -> Any:
     """A StorageWriter into `path`. Local files are fsynced. Uploaded objects are durable already, and
-    each one's size and sha256 go into `written` as it is uploaded, so the manifest needs no download."""
+    each one's size and sha256 go into `written` as it is uploaded, so the manifest needs no download.
+    `for_async`: the shards of an async save are written by a helper process (writer_process.py),
+    which hashes every file as it writes it, local or uploaded."""
     if isinstance(path, ObjectPath):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-        storage = FsspecWriter(str(path), sync_files=False)
-        if written is not None:
-            storage.fs = _hashing(storage.fs, written)
-        return storage
-    return FileSystemWriter(path, sync_files=True)
+        base: type = FsspecWriter
+    else:
+        base = FileSystemWriter
+    if for_async and writer_process.supported():
+        base = writer_process.out_of_process(base)
+    storage = base(str(path), sync_files=not isinstance(path, ObjectPath)) if isinstance(path, ObjectPath) \
+        else base(path, sync_files=True)
+    if written is not None:
+        storage.written = written
+        if isinstance(path, ObjectPath):
+            storage.fs = hashing(storage.fs, written)
+    return storage
 
 
 def reader(path: Path | ObjectPath) -> Any:
@@ -61,7 +71,7 @@ class _HashingStream:
         return getattr(self._raw, name)
 
 
-def _hashing(fs: Any, written: dict[str, FileEntry]) -> Any:
+def hashing(fs: Any, written: dict[str, FileEntry]) -> Any:
     """DCP's fsspec FileSystem `fs`, recording each written file's FileEntry in `written` by name."""
     plain_create_stream = fs.create_stream
 

@@ -186,7 +186,7 @@ class Checkpointer:
 
         def start_upload() -> Any:
             with _quiet_alone(), background.threads_started_here_lowered(), self._dcp_steps_uncounted():
-                return dcp.async_save(entries, storage_writer=dcp_storage.writer(staging, attempt.written),
+                return dcp.async_save(entries, storage_writer=dcp_storage.writer(staging, attempt.written, for_async=True),
                                       process_group=group, no_dist=not collectives.is_distributed())
 
         upload = attempt.run(start_upload)  # agreed on the default group: DCP's thread now uses `group`

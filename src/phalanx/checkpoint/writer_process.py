@@ -1,0 +1,329 @@
+"""An async save's bytes written by a helper process, so the training process keeps its GIL and cores.
+
+Measured in the training process (bench/checkpoint.py, 2 cores): DCP's writer thread serializes every
+tensor with `torch.save`, hashes it and, for a URL, drives s3fs's event loop, all Python that holds
+the GIL; the training loop's thread then waits for the GIL between its ops, and a low-priority thread
+holding it makes the wait longer (a niced thread is preempted while holding the GIL). So an async save
+here is split: the training process stages the state once into one shared-memory arena (a memfd, the
+copy DCP's stager makes anyway), plans with DCP as before (its collectives stay in DCP's thread,
+on the async group), and hands the plan with arena offsets to one helper process per training
+process (nice 19). The helper runs the same DCP
+storage writer over views of the arena, hashing each file as it writes it, and answers with DCP's
+write results and the files' sizes and sha256; DCP's thread only waits on a socket meanwhile.
+
+Where memfd or fd passing is missing (not Linux), or a state holds a tensor type the arena does not
+stage (e.g. ShardedTensor), the writer stages and writes in-process as DCP does.
+"""
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+NICENESS = 19  # a separate process: the loop's cores are served first, the helper takes what is left
+ALIGN = 64
+
+
+def supported() -> bool:
+    return hasattr(os, "memfd_create") and hasattr(socket, "send_fds") and os.path.isdir("/proc/self/fd")
+
+
+# ---- the arena: one shared-memory block holding every staged tensor ---------------------------------
+class Arena:
+    """A memfd of `size` bytes mapped here; `view` places a tensor in it."""
+
+    def __init__(self, size: int):
+        self.size = max(size, 1)
+        self.fd = os.memfd_create("phalanx-ckpt", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self.storage = _map(self.fd, self.size)
+        self._used = 0
+
+    def view(self, like: torch.Tensor) -> torch.Tensor:
+        nbytes = like.numel() * like.element_size()
+        start = -(-self._used // ALIGN) * ALIGN
+        self._used = start + nbytes
+        assert self._used <= self.size, "arena sized too small"
+        return torch.empty(0, dtype=like.dtype).set_(self.storage, start // like.element_size(), like.shape)
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        return tensor.untyped_storage().data_ptr() == self.storage.data_ptr()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _map(fd: int, size: int) -> torch.UntypedStorage:
+    return torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=size, dtype=torch.uint8).untyped_storage()
+
+
+def _plain_leaves(obj: Any) -> list[torch.Tensor] | None:
+    """Every tensor (a DTensor's local part) in a nested state dict; None if one is of another kind."""
+    from torch.distributed.tensor import DTensor
+
+    found: list[torch.Tensor] = []
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, DTensor):
+            found.append(item._local_tensor)
+        elif isinstance(item, torch.Tensor):
+            if type(item) is not torch.Tensor and not isinstance(item, torch.nn.Parameter):
+                return None
+            found.append(item)
+    return found
+
+
+def stage(state_dict: dict) -> tuple[dict, Arena] | None:
+    """A copy of `state_dict` whose tensors live in a new arena (None: a tensor kind it does not stage)."""
+    from torch.distributed.tensor import DTensor
+
+    leaves = _plain_leaves(state_dict)
+    if leaves is None:
+        return None
+    arena = Arena(sum(-(-t.numel() * t.element_size() // ALIGN) * ALIGN for t in leaves))
+
+    def copy(item: Any) -> Any:
+        if isinstance(item, dict):
+            return {key: copy(value) for key, value in item.items()}
+        if isinstance(item, list):
+            return [copy(value) for value in item]
+        if isinstance(item, tuple):
+            return tuple(copy(value) for value in item)
+        if isinstance(item, DTensor):
+            local = copy(item._local_tensor)
+            return DTensor.from_local(local, item.device_mesh, item.placements, run_check=False,
+                                      shape=item.shape, stride=item.stride())
+        if isinstance(item, torch.Tensor):
+            staged = arena.view(item)
+            staged.copy_(item.detach())
+            return staged
+        return item
+
+    with torch.no_grad():
+        return copy(state_dict), arena
+
+
+# ---- the writer's side in the training process ----------------------------------------------------
+def out_of_process(base: type) -> type:
+    """A subclass of DCP's storage writer `base` whose async saves are written by the helper."""
+
+    class OutOfProcessWriter(base):  # type: ignore[misc, valid-type]
+        _arena: Arena | None = None
+        written: dict | None = None  # file name -> FileEntry, filled from the helper's answer
+
+        def stage(self, state_dict: dict) -> dict:
+            staged = stage(state_dict)
+            if staged is None:
+                return super().stage(state_dict)
+            state, self._arena = staged
+            return state
+
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            arena = self._arena
+            if arena is None:
+                return super().write_data(plan, planner)
+            try:
+                items = [(item.index, _describe(planner.resolve_data(item), arena)) for item in plan.items]
+                request = {"writer": type(self).__mro__[1], "path": str(self.path),
+                           "sync_files": self.sync_files, "plan": plan, "items": items, "arena_size": arena.size}
+                results, written = helper().write(request, arena.fd)
+            finally:
+                arena.close()
+                self._arena = None
+            if self.written is not None:
+                self.written.update(written)
+            future: torch.futures.Future = torch.futures.Future()
+            future.set_result(results)
+            return future
+
+    return OutOfProcessWriter
+
+
+def _describe(data: Any, arena: Arena) -> tuple:
+    """How the helper finds one write item's data: in the arena, or (rarely) sent along."""
+    if isinstance(data, io.BytesIO):
+        return ("bytes", data.getvalue())
+    if arena.holds(data):
+        return ("arena", data.dtype, tuple(data.shape), tuple(data.stride()), data.storage_offset())
+    return ("tensor", data.detach().cpu().clone())
+
+
+# ---- the helper process, seen from the training process ---------------------------------------------
+class Helper:
+    """One helper process and the socket to it; requests are answered one at a time."""
+
+    def __init__(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        package_root = str(Path(__file__).resolve().parents[2])  # importable even from a source tree
+        start = (f"import sys; sys.path.insert(0, {package_root!r}); "
+                 f"from phalanx.checkpoint.writer_process import main; main({theirs.fileno()})")
+        # its own session: a signal to the training process's group (Ctrl-C, an agent stopping workers)
+        # must not end a write the training process still waits for; it ends when the socket closes
+        self.process = subprocess.Popen([sys.executable, "-c", start], pass_fds=[theirs.fileno()],
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        theirs.close()
+        try:
+            os.setpriority(os.PRIO_PROCESS, self.process.pid, NICENESS)
+        except OSError:  # not permitted or not supported: the helper still works, at normal priority
+            pass
+        self.socket = mine
+        self.lock = threading.Lock()
+
+    def write(self, request: dict, fd: int) -> tuple[list, dict]:
+        with self.lock:
+            try:
+                _send(self.socket, request, [fd])
+                reply = _recv(self.socket)[0]
+            except OSError as error:
+                reply = None
+                cause: BaseException | None = error
+            else:
+                cause = None
+            if reply is None:
+                code = self.process.poll()
+                raise RuntimeError(f"the checkpoint writer process (pid {self.process.pid}) is gone"
+                                   f"{f' (exit code {code})' if code is not None else ''}: {cause or 'no answer'}")
+        status, *rest = reply
+        if status == "error":
+            raise rest[0]
+        return rest[0], rest[1]
+
+    def close(self) -> None:
+        self.socket.close()  # the helper ends at end of input
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_helpers: dict[int, Helper] = {}
+_helpers_lock = threading.Lock()
+
+
+def helper() -> Helper:
+    """This process's helper, started on first use (a forked child starts its own)."""
+    with _helpers_lock:
+        found = _helpers.get(os.getpid())
+        if found is not None and found.process.poll() is not None:  # it died: the next save gets a new one
+            found.socket.close()
+            found = None
+        if found is None:
+            found = _helpers[os.getpid()] = Helper()
+            atexit.register(_close, os.getpid())
+        return found
+
+
+def _close(pid: int) -> None:
+    found = _helpers.pop(pid, None)
+    if found is not None and pid == os.getpid():
+        found.close()
+
+
+# ---- the wire: length-prefixed pickles, with file descriptors beside the length --------------------
+def _send(sock: socket.socket, obj: Any, fds: list[int]) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    socket.send_fds(sock, [struct.pack("!Q", len(data))], fds)
+    sock.sendall(data)
+
+
+def _recv(sock: socket.socket) -> tuple[Any, list[int]]:
+    """(object, fds); (None, []) at end of input."""
+    header, fds, _, _ = socket.recv_fds(sock, 8, 4)
+    if not header:
+        return None, []
+    header += _exactly(sock, 8 - len(header))
+    (size,) = struct.unpack("!Q", header)
+    return pickle.loads(_exactly(sock, size)), list(fds)
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    parts, left = [], size
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the other end closed mid-message")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+# ---- the helper process itself -------------------------------------------------------------------
+class _Resolved:
+    """The planner DCP's writer asks for each item's data: here, views of the arena."""
+
+    def __init__(self, items: dict):
+        self.items = items
+
+    def resolve_data(self, item: Any) -> Any:
+        return self.items[item.index]
+
+
+def _write(request: dict, fds: list[int]) -> tuple[list, dict]:
+    from phalanx.checkpoint.dcp_storage import hashing
+
+    storage = _map(fds[0], request["arena_size"])
+    items = {}
+    for index, desc in request["items"]:
+        if desc[0] == "arena":
+            _, dtype, shape, stride, offset = desc
+            items[index] = torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+        elif desc[0] == "bytes":
+            items[index] = io.BytesIO(desc[1])
+        else:
+            items[index] = desc[1]
+    writer = request["writer"](request["path"], sync_files=request["sync_files"])
+    writer.per_thread_copy_ahead = 0  # the data is in memory already
+    written: dict = {}
+    writer.fs = hashing(writer.fs, written)
+    future = writer.write_data(request["plan"], _Resolved(items))
+    return future.wait(), written
+
+
+def _picklable(error: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - e.g. a botocore error with required constructor arguments
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def main(fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training process decides when to stop: see Helper
+    torch.set_num_threads(1)
+    sock = socket.socket(fileno=fd)
+    while True:
+        request, fds = _recv(sock)
+        if request is None:
+            return
+        try:
+            reply: tuple = ("ok", *_write(request, fds))
+        except BaseException as error:  # noqa: BLE001 - every failure goes back to the training process
+            reply = ("error", _picklable(error))
+        finally:
+            for received in fds:
+                os.close(received)
+        try:
+            _send(sock, reply, [])
+        except OSError:  # the training process is gone: nobody is waiting for the answer
+            return
+
+
