@@ -140,9 +140,21 @@ def train_llm(mask: str, global_batch: int = 4, steps: int = 6, num_items: bool 
     model, optimizer, loader = px.prepare(model, optimizer, loader)
     if resume is not None:
         assert px.load_state(resume)
-    losses = []
+    losses = llm_steps(px, model, optimizer, loader, mask, num_items, steps - px.global_step, save)
+    result = {"losses": losses, "cp_size": px.cp_size, "cp_rank": px.cp_rank, "dp_size": px.dp_size,
+              "algorithm": attention_module.last_used.get("algorithm")}
+    if px.rank == 0 and resume is None:
+        result["reference"] = llm_reference(mask, global_batch, steps, num_items, **model_args)
+    px.wait_for_everyone()
+    return result
+
+
+def llm_steps(px, model, optimizer, loader, mask: str, num_items: bool, steps: int,
+              save: tuple[int, str] | None = None) -> list[float]:
+    """`steps` prepared steps through px.forward_backward; each step's whole-batch loss."""
+    losses: list[float] = []
     for tokens, in loader:
-        if px.global_step == steps:
+        if len(losses) == steps:
             break
         targets = llm_targets(mask, tokens)
         if num_items:
@@ -157,10 +169,33 @@ def train_llm(mask: str, global_batch: int = 4, steps: int = 6, num_items: bool 
         optimizer.zero_grad()
         if save is not None and px.global_step == save[0]:
             px.save_state(save[1])
-    result = {"losses": losses, "cp_size": px.cp_size, "cp_rank": px.cp_rank, "dp_size": px.dp_size,
-              "algorithm": attention_module.last_used.get("algorithm")}
-    if px.rank == 0 and resume is None:
-        result["reference"] = llm_reference(mask, global_batch, steps, num_items, **model_args)
+    return losses
+
+
+# each mask as the tests train it: (inputs' mask, model_args); the window is Mistral's sliding_window
+MASK_CASES = {"causal": ("causal", {}), "packed": ("packed", {}), "window": ("causal", {"sliding_window": 5}),
+              "padding": ("padding", {})}
+
+
+def train_llm_masks(global_batch: int = 4, steps: int = 6) -> dict:
+    """Every mask of MASK_CASES trained in one launch, one Phalanx (the layout from the env), a fresh
+    model per mask; rank 0 also returns each mask's one-process reference. Every mask weighs its loss
+    with num_items (exact for each; a run passes num_items on every backward or on none)."""
+    from phalanx import Phalanx
+    from phalanx.strategies.context import cut_attention as attention_module
+
+    px = Phalanx()
+    result: dict = {"cp_size": px.cp_size, "cp_rank": px.cp_rank, "dp_size": px.dp_size}
+    for name, (mask, model_args) in MASK_CASES.items():
+        model = tiny_llama(**model_args)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        loader = torch.utils.data.DataLoader(rows(), batch_size=global_batch // px.dp_size)
+        model, optimizer, loader = px.prepare(model, optimizer, loader)
+        attention_module.last_used.pop("algorithm", None)
+        result[name] = {"losses": llm_steps(px, model, optimizer, loader, mask, True, steps),
+                        "algorithm": attention_module.last_used.get("algorithm")}
+        if px.rank == 0:
+            result[name]["reference"] = llm_reference(mask, global_batch, steps, True, **model_args)
     px.wait_for_everyone()
     return result
 

@@ -1,6 +1,6 @@
 """A tiny Llama (and Mistral, for the sliding window) trained through px.forward_backward at cp 2
 equals one process: per-step loss within 2e-4 relative over 6 steps, for each mask and both
-attention algorithms; cp 2 x dp 2 on 4 processes (slow)."""
+attention algorithms; every mask at cp 2 x dp 2 and at cp 2 x tp 2 on 4 processes (slow)."""
 from __future__ import annotations
 
 import pytest
@@ -54,13 +54,6 @@ def test_zero3_cp2_packed() -> None:
     assert_equal_to_one_process(train("packed", env={"PHALANX_STRATEGY": "zero3"}), "ulysses")
 
 
-@pytest.mark.slow
-def test_cp2_dp2_packed() -> None:
-    ranks = train("packed", world_size=4, global_batch=8)
-    assert [r["dp_size"] for r in ranks] == [2] * 4
-    assert_equal_to_one_process(ranks, "ulysses")
-
-
 @pytest.fixture(scope="module")
 def own_model() -> list[dict]:
     return run_ranks("tests.dist.cp_workloads:train_own_model", world_size=2, timeout=300)
@@ -86,13 +79,6 @@ def test_attention_that_cannot_be_routed_is_refused(own_model: list[dict]) -> No
     for rank in own_model:
         assert "mha is an nn.MultiheadAttention" in rank["mha"] and "px.attention(q, k, v)" in rank["mha"]
         assert "no attention of OwnAttentionLM went across the cut" in rank["manual"]
-
-
-@pytest.mark.slow
-def test_cp2_tp2_causal() -> None:
-    # tensor parallel leaves each rank one of the two key/value heads: the all-gather runs
-    ranks = train("causal", world_size=4, env={"PHALANX_TP": "2"})
-    assert_equal_to_one_process(ranks, "allgather")
 
 
 @pytest.mark.slow
@@ -125,3 +111,37 @@ def test_hsdp_cp2_two_nodes_packed() -> None:
                       args=("packed", 8, 6, False, None), env={**CP2, "PHALANX_STRATEGY": "hsdp"})
     assert [r["dp_size"] for r in ranks] == [2] * 4
     assert_equal_to_one_process(ranks, "ulysses")
+
+
+@pytest.mark.slow
+def test_cp2_tp2_causal_mean_loss() -> None:
+    # the mean loss (no num_items) at tp 2; the all-gather runs (one key/value head per tp rank)
+    ranks = train("causal", world_size=4, env={"PHALANX_TP": "2"})
+    assert_equal_to_one_process(ranks, "allgather")
+
+
+# ---- every mask at cp 2 x dp 2 and cp 2 x tp 2: one 4-process launch per layout trains all four ----
+# layout: (env, global batch, dp size, algorithm); tp 2 leaves each rank one of the two key/value
+# heads, so the all-gather runs there
+LAYOUTS = {"cp2_dp2": ({"PHALANX_STRATEGY": "ddp"}, 8, 2, "ulysses"),
+           "cp2_tp2": ({"PHALANX_STRATEGY": "ddp", "PHALANX_TP": "2"}, 4, 1, "allgather")}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout_run(request) -> tuple[str, list[dict]]:
+    """Each rank's result of train_llm_masks at one layout, launched once for the module."""
+    env, global_batch, _, _ = LAYOUTS[request.param]
+    return request.param, run_ranks("tests.dist.cp_workloads:train_llm_masks", world_size=4, timeout=840,
+                                    args=(global_batch, 6), env={**CP2, **env})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mask", ["causal", "packed", "window", "padding"])
+def test_every_mask_at_4_processes(layout_run: tuple[str, list[dict]], mask: str) -> None:
+    layout, ranks = layout_run
+    _, _, dp_size, algorithm = LAYOUTS[layout]
+    assert [r["dp_size"] for r in ranks] == [dp_size] * 4
+    reference = ranks[0][mask]["reference"]
+    assert len(reference) == 6
+    assert_equal_to_one_process([{**r, **r[mask], "reference": reference} for r in ranks], algorithm)
