@@ -2,12 +2,15 @@
 
 A transformers Llama built from a small config (8.3M parameters by default, untied embeddings),
 AdamW, trains on 2 CPU processes under `phalanx run` for each layout in turn, each in fresh
-processes. Every rank reads its resident memory (VmRSS) after `Phalanx()` and before building the
-model (the baseline: torch, transformers and the process group loaded), then:
+processes. Every rank reads its resident anonymous memory (RssAnon: the heap and mmapped tensors,
+not the pages of torch's libraries, whose resident share depends on the page cache: a freshly
+installed venv's libraries read 6-20 MiB more) after `Phalanx()` and before building the model
+(the baseline: torch, transformers and the process group loaded), then:
 - at rest: after 4 steps, with glibc's free memory returned to the system (malloc_trim), minus the
   baseline: what the layout keeps between steps;
-- peak: the high-water mark (VmHWM, reset through /proc/self/clear_refs) over one more step,
-  minus the baseline: what a step needs on top.
+- peak: the high-water mark (VmHWM, reset through /proc/self/clear_refs) over one more step, less
+  the library and shared pages resident after it (RssFile + RssShmem), minus the baseline: what a
+  step needs on top.
 The plan's figure is `px.memory_report` (parameters, gradients, optimizer state and kept buffers,
 measured from the tensors, and the runtime's own bytes a CPU process holds in every layout) and
 `phalanx plan`'s byte model (plan/sharding.py) for the same model; hsdp is one node's (shards over its
@@ -65,7 +68,7 @@ out, hidden, layers, vocab, batch, seq = sys.argv[1], *map(int, sys.argv[2:7])
 options = json.loads(sys.argv[7])
 px = Phalanx(seed=0, **options)
 trim()
-baseline, baseline_used = status("VmRSS"), in_use()
+baseline, baseline_used = status("RssAnon"), in_use()
 config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(hidden * 2.75),
                      num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
                      max_position_embeddings=256, tie_word_embeddings=False)
@@ -83,11 +86,11 @@ def step():
 for _ in range(4):
     step()
 trim()
-at_rest, used = status("VmRSS") - baseline, in_use() - baseline_used
+at_rest, used = status("RssAnon") - baseline, in_use() - baseline_used
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the high-water mark starts again from the current RSS
 step()
-peak = status("VmHWM") - baseline
+peak = status("VmHWM") - status("RssFile") - status("RssShmem") - baseline
 report = px.memory_report(model, optimizer)
 with open(f"{out}/rank{px.rank}.json", "w") as f:
     json.dump({"params": params, "at_rest": at_rest, "in_use": used, "peak": peak, "report": report.total}, f)

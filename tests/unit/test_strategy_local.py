@@ -144,17 +144,17 @@ def make_model() -> nn.Module:
 def test_plan_command_prints_every_strategy_and_the_choice(capsys):
     parser = argparse.ArgumentParser()
     plan_command.configure(parser)
-    args = parser.parse_args([f"{__file__}:make_model", "--world-size", "2", "--budget", "23MiB"])
+    args = parser.parse_args([f"{__file__}:make_model", "--world-size", "2", "--budget", "3MiB"])
     assert plan_command.main(args) == 0
     out = capsys.readouterr().out
     assert "model: 68,810 trainable parameters" in out
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert set(lines) >= {"ddp", "zero1", "zero2", "zero3", "zero3-offload"}
-    assert "totals include 22.0 MiB a CPU process holds in every layout" in out  # on CPU, every total
+    assert "totals include 2.0 MiB a CPU process's heap holds in every layout" in out  # on CPU, every total
     assert lines["zero3"].split()[-1] == "0.50" and lines["ddp"].split()[-1] == "1.00"  # of the model state
     assert "auto would pick: ddp (ddp needs 1.0 MiB per rank" in out  # auto's choice, by model state only
-    assert out.strip().endswith("suggested layout for 2 ranks: zero1 (model state + runtime 22.8 MiB per rank, "
-                                "within the 23.0 MiB budget)")  # the least communication that fits
+    assert out.strip().endswith("suggested layout for 2 ranks: zero1 (model state + runtime 2.8 MiB per rank, "
+                                "within the 3.0 MiB budget)")  # the least communication that fits
 
 
 def test_plan_command_explains_a_missing_factory(tmp_path):

@@ -31,12 +31,14 @@ _DDP, _ZERO1, _ZERO2, _ZERO3 = (names.BY_STAGE[stage] for stage in range(4))
 _HYBRID = next(name for name, preset in names.PRESETS.items() if preset.hybrid)
 STRATEGIES = (_DDP, _ZERO1, f"{_ZERO1}-persistent", _ZERO2, _ZERO3, f"{_ZERO3}-offload")
 DEFAULT_BUDGET_FRACTION = 0.6  # of device memory; the rest is left for activations and buffers
-CPU_RUNTIME_BYTES = 22 * 2**20
-"""What a CPU process holds after its first training step beyond its model state, in every layout
-and for every model size: torch's lazily loaded kernels and modules and the model code's caches.
-Measured in one process without phalanx (malloc's bytes in use after 3 AdamW steps, less 4x the
-parameters, transformers Llamas of 22-88 MB, batches of 2-8 x 64 tokens): 21.6-23.5 MiB, and still
-held once the model and optimizer are deleted. On a GPU it is host memory, outside the device's."""
+CPU_RUNTIME_BYTES = 2 * 2**20
+"""The anonymous memory (heap) a CPU process holds after its first training steps beyond its model
+state, in every layout: torch's and the model code's own caches. Measured in one process without
+phalanx (RssAnon after 4 AdamW steps and malloc_trim, less 4x the parameters, transformers Llamas of
+8-25 MB, batches of 2 x 64 tokens): 1.9-2.5 MiB. Not counted: the pages of torch's libraries that
+the first steps make resident (about 20 MiB, file-backed and reclaimable, and 6-20 MiB more or less
+with the page cache's state, so no plan can promise them). On a GPU it is host memory, outside the
+device's."""
 
 
 GRAD_SHAPE_ATTR = "phalanx_grad_shape"

@@ -168,8 +168,8 @@ def render(sizes: list, rows: dict[str, Any], optimizer: str, budget: int,
                      f"(the tp plan's layers split {tp} ways, the rest whole); the strategies below shard that "
                      f"over the {dp_size} data-parallel ranks")
     lines += ["per-rank model state (the largest rank; activations not included):" if not runtime else
-              f"per-rank memory between steps (the largest rank; totals include {fb(runtime)} a CPU process holds "
-              "in every layout: torch's kernels and caches; vs ddp: of the model state; activations not included):",
+              f"per-rank memory between steps (the largest rank; totals include {fb(runtime)} a CPU process's heap holds "
+              "in every layout: torch's own caches; vs ddp: of the model state; activations not included):",
              f"  {'strategy':{width}s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'buffers':>11s} "
              f"{'total':>11s}  {'vs ddp':>6s}"]
     ddp_total = table[presets.AUTO_CHOOSES[0]][0].total - runtime  # vs ddp: the model state a layout changes
