@@ -167,6 +167,9 @@ def _describe(data: Any, arena: Arena) -> tuple:
 
 
 # ---- the helper process, seen from the training process ---------------------------------------------
+CLOSE_WAIT_S = 600.0  # how long exit waits for a write in flight
+
+
 class Helper:
     """One helper process and the socket to it; requests are answered one at a time."""
 
@@ -207,6 +210,12 @@ class Helper:
         return rest[0], rest[1]
 
     def close(self) -> None:
+        # A write in flight finishes first: this runs from atexit, registered at the first save, so
+        # before the facade's exit hook that waits for the async save (atexit runs last-registered
+        # first); closing under it failed the save the script's exit was still waiting for.
+        if not self.lock.acquire(timeout=CLOSE_WAIT_S):
+            print(f"phalanx: the checkpoint writer process (pid {self.process.pid}) did not finish its write "
+                  f"in {CLOSE_WAIT_S:.0f} s; stopping it", file=sys.stderr, flush=True)
         self.socket.close()  # the helper ends at end of input
         try:
             self.process.wait(timeout=30)
