@@ -20,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -87,7 +88,7 @@ def measure(seq: int, cp: int, steps: int) -> dict:
             spawn(run, 1, seq, steps, out)
         else:
             spawn(in_process_group, cp, run, seq, steps, out)
-        ranks = [json.load(open(f"{out}.{r}")) for r in range(cp)]
+        ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(cp)]
     return {"tokens_per_s": min(r["tokens_per_s"] for r in ranks), "peak_bytes": max(r["peak_bytes"] for r in ranks)}
 
 

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -69,7 +70,7 @@ def bytes_read(dataset: IterableDataset, rank: int, world: int, folder: str) -> 
     log = tempfile.mkdtemp(dir=folder)
     view = stream_for_rank(dataset, DistContext(rank=rank, world_size=world), 0, WORKERS)
     items = sum(len(b["i"]) for b in DataLoader(Measured(view, log), batch_size=64, num_workers=WORKERS))
-    total = sum(int(x) for name in os.listdir(log) for x in open(os.path.join(log, name)).read().split())
+    total = sum(int(x) for path in Path(log).iterdir() for x in path.read_text().split())
     return total, items
 
 

