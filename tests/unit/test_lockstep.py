@@ -61,6 +61,14 @@ def test_rank_that_left_its_loop_is_named_with_a_hint():
     assert "px.uneven_inputs(model)" in verdict.headline
 
 
+def test_ranks_that_all_left_their_scripts_are_never_judged():
+    # Exit hooks (observe's last table) wait on each other for seconds after the loop: all ranks in
+    # 'exit', at different steps, one past its last heartbeat (its thread ended first), is no stall.
+    leaving = [view(4, "exit", moved_ago=60.0), view(5, "exit mid-pass", moved_ago=60.0, beat_ago=30.0)]
+    assert judge(leaving, NOW, 5.0, me=0) is None
+    assert judge(leaving[:1] * 2, NOW, 5.0, me=1, stuck_after=10.0) is None
+
+
 def test_all_waiting_at_different_steps_blames_the_rank_behind():
     verdict = judge([view(7, "reduce"), view(6, "backward")], NOW, 5.0, me=0)
     assert verdict.culprits == [1]

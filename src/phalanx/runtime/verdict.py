@@ -45,6 +45,8 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int,
     `labels`: per rank, what else names it (its pipeline stage), said next to the rank."""
     if any(v.record is None for v in peers) or min(now - v.moved_at for v in peers) <= timeout:
         return None
+    if all(v.record[3] in LEFT for v in peers):  # type: ignore[index]
+        return None  # every rank has left its script: nobody waits for anyone (exit hooks may take long)
     dead = [r for r, v in enumerate(peers) if r != me and now - v.beat_at > timeout]
     places = {(v.record[2], v.record[3]) for v in peers}  # type: ignore[index]
     left = [r for r, v in enumerate(peers) if v.record[3] in LEFT]  # type: ignore[index]
