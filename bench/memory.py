@@ -18,7 +18,7 @@ measured from the tensors, and the runtime's own bytes a CPU process holds in ev
 
 Usage: python bench/memory.py [--layouts ddp zero1 zero1-persistent zero2 zero3 hsdp tp2] [--rounds 1]
                               [--hidden 256] [--layers 5] [--vocab 8192] [--batch 2] [--seq 64] [--markdown]
-                              [--json FILE]
+                              [--json FILE] [--fake-world]
 """
 from __future__ import annotations
 
@@ -68,7 +68,21 @@ def in_use():  # bytes malloc handed out and did not get back: heap chunks in us
 
 out, hidden, layers, vocab, batch, seq = sys.argv[1], *map(int, sys.argv[2:7])
 options = json.loads(sys.argv[7])
+fake_rank = int(sys.argv[8]) if len(sys.argv) > 8 else None
+if fake_rank is not None:  # one rank of a world of 2 whose collectives do no work (torch's fake backend)
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=fake_rank, world_size=2)
+    options = dict(options, watchdog_timeout=0)  # no peers' heartbeats to read
 px = Phalanx(seed=0, **options)
+cuda = px.device.type == "cuda"
+if cuda:  # the caching allocator's figures: what tensors hold, not what the driver or NCCL keep
+    def status(key):
+        return torch.cuda.max_memory_allocated() if key == "VmHWM" else 0 if key in ("RssFile", "RssShmem") else torch.cuda.memory_allocated()
+    def trim():
+        torch.cuda.synchronize()
+    def in_use():
+        return torch.cuda.memory_reserved()
 trim()
 baseline, baseline_used = status("RssAnon"), in_use()
 config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(hidden * 2.75),
@@ -77,10 +91,18 @@ config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int
 model = LlamaForCausalLM(config)
 params = sum(p.numel() for p in model.parameters())
 model, optimizer = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+if fake_rank is not None and hasattr(model, "register_comm_hook"):
+    # DDP's built-in all-reduce cannot read the fake backend's result (None): hand the bucket back,
+    # as the in-place all-reduce does, so the buffers are those of a real run
+    def passthrough(state, bucket):
+        done = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+    model.register_comm_hook(None, passthrough)
 g = torch.Generator().manual_seed(px.rank // options.get("tp", 1))  # tensor-parallel ranks share a batch
 
 def step():
-    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g).to(px.device)
     optimizer.zero_grad(set_to_none=False)
     px.backward(model(input_ids=ids, labels=ids).loss)
     optimizer.step()
@@ -89,9 +111,13 @@ for _ in range(4):
     step()
 trim()
 at_rest, used = status("RssAnon") - baseline, in_use() - baseline_used
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the high-water mark starts again from the current RSS
+if cuda:
+    torch.cuda.reset_peak_memory_stats()
+else:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the high-water mark starts again from the current RSS
 step()
+trim()
 peak = status("VmHWM") - status("RssFile") - status("RssShmem") - baseline
 report = px.memory_report(model, optimizer)
 with open(f"{out}/rank{px.rank}.json", "w") as f:
@@ -108,9 +134,15 @@ def measure(layout: str, args: argparse.Namespace, tmp: Path) -> dict:
     cmd = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", str(script), str(out),
            str(args.hidden), str(args.layers), str(args.vocab), str(args.batch), str(args.seq),
            json.dumps(LAYOUTS[layout])]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"{layout} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    if args.fake_world:  # each rank alone in its own process, in turn: a world of 2 on one device
+        env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        commands = [[sys.executable, *cmd[cmd.index(str(script)):], str(rank)] for rank in range(2)]
+    else:
+        commands = [cmd]
+    for command in commands:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            raise SystemExit(f"{layout} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     return max(ranks, key=lambda r: r["at_rest"])  # the larger rank
 
@@ -133,7 +165,7 @@ def planned(args: argparse.Namespace) -> dict[str, int]:
         with torch.device("meta"):
             return LlamaForCausalLM(config)
 
-    runtime = memory.runtime_bytes("cpu")
+    runtime = memory.runtime_bytes(args.device)
     rows = sharding.layouts(presets.asking(), world_size=2, local_world_size=2)
     table = sharding.table(memory.model_sizes(build()), rows, runtime=runtime)
     out = {name: max(b.total for b in table[name]) for name in LAYOUTS if name in table}
@@ -153,9 +185,16 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
     parser.add_argument("--seq", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--fake-world", action="store_true",
+                        help="run each rank of the 2 alone, in turn, in a world whose collectives do no work "
+                             "(torch's fake backend): per-rank memory of a 2-GPU layout on one GPU (its allocator's "
+                             "figures), on the CPU a check against the real 2-process figures")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--json", metavar="FILE", help="also write each layout's figures (bytes) and the plan's there")
     args = parser.parse_args()
+    import torch
+
+    args.device = "cuda" if args.fake_world and torch.cuda.is_available() else "cpu"
     layouts = ["ddp"] + [name for name in args.layouts if name != "ddp"]
     runs: dict[str, list[dict]] = {name: [] for name in layouts}
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-memory-") as tmp:
@@ -170,7 +209,10 @@ def main() -> None:
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name]) / mib
 
-    print(f"Llama {runs['ddp'][0]['params'] / 1e6:.1f}M parameters, AdamW, 2 CPU processes, "
+    world = (f"2 ranks of a fake world, one process at a time on {args.device} ("
+             + ("the CUDA allocator's allocated bytes; 'malloc in use' is its reserved bytes)" if args.device == "cuda"
+                else "RssAnon)") if args.fake_world else "2 CPU processes")
+    print(f"Llama {runs['ddp'][0]['params'] / 1e6:.1f}M parameters, AdamW, {world}, "
           f"per-rank MiB above the baseline (the larger rank), median of {args.rounds} round(s)")
     header = ["layout", "at rest", "vs ddp", "malloc in use", "peak", "vs ddp", "memory_report", "plan",
               "plan vs ddp", "measured / plan"]

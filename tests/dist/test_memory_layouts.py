@@ -71,3 +71,15 @@ def test_the_layout_the_plan_advises_for_a_budget_is_the_one_that_fits(measured)
         by_plan = next((n for n in preference() if measured["plan"][n] <= budget), None)
         by_measure = next((n for n in preference() if rest[n] <= budget), None)
         assert by_plan == by_measure, (budget, rest, measured["plan"])
+
+
+def test_a_fake_world_measures_what_two_processes_hold(measured, tmp_path):
+    """bench/memory.py --fake-world (each rank alone, collectives doing no work: how one GPU sizes a
+    2-GPU layout, tests/gpu) reads within 10% of the real 2-process run at rest, layout by layout."""
+    out = tmp_path / "fake.json"
+    done = subprocess.run([sys.executable, "bench/memory.py", "--fake-world", "--layouts", "ddp", "zero1", "zero3", "tp2",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    fake = {name: runs[0]["at_rest"] for name, runs in json.loads(out.read_text())["runs"].items()}
+    real = _figure(measured, "at_rest")
+    assert all(abs(fake[name] - real[name]) <= 0.1 * real[name] for name in fake), (fake, real)

@@ -1,6 +1,7 @@
 """The CUDA paths the CPU suite exercises only through their twins: device binding, autocast and the
 fp16 scaler on a GPU, `phalanx run` choosing one process per GPU and the spawn start method,
 `--gpus`, `dp`, and `cpu=True` on a GPU machine. Run on a machine with a GPU (`-m gpu`)."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,22 @@ def test_phalanx_spawn_starts_gpu_workers_with_spawn():
     import phalanx
 
     assert phalanx.spawn(_device_of_rank, nprocs=1) == ["cuda:0"]
+
+
+def test_zero_stages_order_by_the_allocators_memory_on_the_gpu(tmp_path):
+    """#27 on a GPU: each rank of a 2-rank world alone on the one GPU (torch's fake backend), the
+    CUDA allocator's bytes at rest order zero3 (within 5 % of zero2, which keeps as much) < zero1 < ddp,
+    as the CPU test (tests/dist/test_memory_layouts.py) asks, and no stage's peak passes ddp's."""
+    out = tmp_path / "memory.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "memory.py"), "--fake-world", "--layouts",
+                           "ddp", "zero1", "zero2", "zero3", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "one process at a time on cuda" in done.stdout
+    runs = {name: rows[0] for name, rows in json.loads(out.read_text())["runs"].items()}
+    rest = {name: r["at_rest"] for name, r in runs.items()}
+    assert rest["zero1"] < 0.92 * rest["ddp"] and rest["zero2"] < 0.85 * rest["zero1"], rest
+    assert rest["zero3"] < 1.05 * rest["zero2"] and rest["zero3"] < 0.72 * rest["ddp"], rest
+    assert all(runs[name]["peak"] <= runs["ddp"]["peak"] for name in ("zero1", "zero2", "zero3")), runs
+    plan = json.loads(out.read_text())["plan"]  # the plan's bytes, cuBLAS's workspaces included
+    assert all(abs(plan[name] - rest[name]) <= 0.15 * rest[name] for name in rest), (rest, plan)

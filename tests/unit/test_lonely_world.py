@@ -58,6 +58,17 @@ def test_adopted_group_takes_rank_size_and_backend_from_the_group():
     assert ctx.adopted and ctx.device == torch.device("cpu")
 
 
+def test_adopted_fake_group_sizes_a_rank_on_the_gpu_when_there_is_one(monkeypatch):
+    # torch's fake backend (collectives do no work): one process sizes a rank of a larger world
+    # (bench/memory.py --fake-world); its tensors go where a real run's would, the GPU if any
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert DistContext.from_group(1, 2, "fake", env={}).device == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ctx = DistContext.from_group(1, 2, "fake", env={}, gpu_count=1)
+    assert (ctx.local_rank, ctx.device) == (0, torch.device("cuda", 0))
+    assert DistContext.from_group(1, 2, "fake", env={}, cpu=True, gpu_count=1).device == torch.device("cpu")
+
+
 def test_adopted_nccl_group_maps_ranks_to_local_gpus():
     ctx = DistContext.from_group(5, 8, "nccl", env={}, gpu_count=4)  # 2 nodes of 4 GPUs
     assert (ctx.local_rank, ctx.local_world_size, ctx.node_rank, ctx.device) == (1, 4, 1, torch.device("cuda", 1))

@@ -39,6 +39,12 @@ phalanx (RssAnon after 4 AdamW steps and malloc_trim, less 4x the parameters, tr
 the first steps make resident (about 20 MiB, file-backed and reclaimable, and 6-20 MiB more or less
 with the page cache's state, so no plan can promise them). On a GPU it is host memory, outside the
 device's."""
+CUDA_RUNTIME_BYTES = 64 * 2**20
+"""What a GPU process's caching allocator holds beyond its model state, in every layout: the cuBLAS
+and cuBLASLt workspaces torch allocates at the first matrix product (32 MiB each on Hopper). Measured
+on an H200 (torch 2.11, CUDA 13): at rest minus the model state was 64.0 MiB for ddp, zero1, zero2,
+zero3 and tp 2 alike (bench/memory.py --fake-world). Other architectures get other sizes, and
+CUBLAS_WORKSPACE_CONFIG changes them; NCCL's own buffers are outside the allocator and not counted."""
 
 
 GRAD_SHAPE_ATTR = "phalanx_grad_shape"
@@ -78,7 +84,7 @@ class RankBytes:
     buffers: int = 0
     """Communication buffers phalanx keeps between steps (zero1's persistent gather buffer)."""
     runtime: int = 0
-    """What the process holds whatever the layout (CPU_RUNTIME_BYTES on CPU; 0 on a GPU)."""
+    """What the process holds whatever the layout (CPU_RUNTIME_BYTES on CPU, CUDA_RUNTIME_BYTES on a GPU)."""
 
     @property
     def total(self) -> int:
@@ -86,8 +92,8 @@ class RankBytes:
 
 
 def runtime_bytes(device_type: str) -> int:
-    """The runtime's own bytes on a device of this type (see CPU_RUNTIME_BYTES)."""
-    return CPU_RUNTIME_BYTES if device_type == "cpu" else 0
+    """The runtime's own bytes on a device of this type (see CPU_RUNTIME_BYTES, CUDA_RUNTIME_BYTES)."""
+    return {"cpu": CPU_RUNTIME_BYTES, "cuda": CUDA_RUNTIME_BYTES}.get(device_type, 0)
 
 
 def model_sizes(model: nn.Module) -> list[ParamSize]:

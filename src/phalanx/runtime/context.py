@@ -112,12 +112,13 @@ class DistContext:
 
         local_rank is LOCAL_RANK when set, else rank % the local world size (LOCAL_WORLD_SIZE,
         else one process per visible GPU, else every rank on this machine). The device is
-        cuda:local_rank under an NCCL group, the CPU otherwise.
+        cuda:local_rank under an NCCL group (or torch's "fake" backend, whose collectives do no work:
+        one process sizes a rank of a larger world, bench/memory_fake_world.py), the CPU otherwise.
         """
         env = os.environ if env is None else env
         if world_size == 1:
             refuse_silent_world_of_one(env)
-        use_cuda = "nccl" in backend and not cpu
+        use_cuda = ("nccl" in backend or (backend == "fake" and torch.cuda.is_available())) and not cpu
         if gpu_count is None:
             gpu_count = torch.cuda.device_count() if use_cuda else 0
         default_local = min(world_size, gpu_count) if gpu_count > 0 else world_size
