@@ -1,8 +1,11 @@
 """Test-wide guards: no test may leak launcher variables or a process group into the next, the
-suite never writes into the repository and leaves no ResourceWarning (both checked when the session
-ends)."""
+suite never writes into the repository or the system's temporary folder and leaves no ResourceWarning
+(all checked when the session ends)."""
+import atexit
 import gc
 import os
+import shutil
+import tempfile
 import warnings
 import subprocess
 from pathlib import Path
@@ -79,9 +82,31 @@ def repository_outputs() -> set[str]:
     return found
 
 
+# What the suite's processes would otherwise leave in the system's temporary directory: multiprocessing's
+# listener folders (a process that ends by os._exit never removes its own), torch's elastic agent's log
+# folders and error files (plain torchrun keeps them), phalanx's own launch folders.
+_TMP_LEFTOVERS = ("pymp-", "torchelastic_", "pytorch-errorfile-", "phalanx-")
+
+
 def pytest_configure(config):
     # Python hides ResourceWarning by default: shown, every one reaches pytest_warning_recorded.
     config.addinivalue_line("filterwarnings", "always::ResourceWarning")
+    # One temporary folder for the whole session, removed at its end: TMPDIR reaches every process the
+    # tests start, so what they write through tempfile goes with it (pytest's own tmp_path too).
+    system_tmp = tempfile.gettempdir()
+    before = set(os.listdir(system_tmp))
+    session_tmp = tempfile.mkdtemp(prefix="phalanx-tests-")
+    os.environ["TMPDIR"] = tempfile.tempdir = session_tmp
+    config.stash[_tmp_key] = (system_tmp, before, session_tmp)
+    # Removed at the interpreter's exit, after every other exit hook (atexit runs the first registered
+    # last): a Phalanx() made in this process by a test writes its run's last status at exit.
+    atexit.register(shutil.rmtree, session_tmp, True)
+
+
+def _left_in_system_tmp(session) -> list[str]:
+    system_tmp, before, session_tmp = session.config.stash[_tmp_key]
+    return sorted(os.path.join(system_tmp, name) for name in set(os.listdir(system_tmp)) - before
+                  if name.startswith(_TMP_LEFTOVERS) and os.path.join(system_tmp, name) != session_tmp)
 
 
 def pytest_warning_recorded(warning_message, when, nodeid, location):
@@ -114,6 +139,11 @@ def pytest_sessionfinish(session, exitstatus):
         _fail_session(session, "unclosed resources (ResourceWarning)",
                       f"{len(leaks)} ResourceWarning(s); close what is opened (with-blocks, .close()):\n  "
                       + "\n  ".join(leaks[:20]))
+    left = _left_in_system_tmp(session)
+    if left:
+        _fail_session(session, f"files left in {session.config.stash[_tmp_key][0]}",
+                      "tests left these outside the session's temporary folder (write through tempfile, or "
+                      "under tmp_path):\n  " + "\n  ".join(left[:20]))
     before = session.config.stash.get(_before_key, None)
     if before is None:
         return
@@ -138,5 +168,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 _before_key = pytest.StashKey[set]()
+_tmp_key = pytest.StashKey[tuple]()
 _resource_warnings: list[str] = []
 _session_failures: list[tuple[str, str]] = []
