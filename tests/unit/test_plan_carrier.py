@@ -33,6 +33,7 @@ ARITHMETIC = {
     "strategies/presets.py:hybrid_shape": "hsdp's replicas x shards of the data-parallel ranks, inside build",
     "plan/command.py:_plan": "`phalanx plan` tries tp degrees larger than --tp; each becomes a plan there",
     "strategies/presets.py:check_cp": "the cp degree against the others, inside build, before the plan exists",
+    "strategies/presets.py:_indivisible": "the refusal of a degree x tp that does not divide the world, inside build",
     # context parallel's cut of one row over one cp group (ContextParallel passes plan.cp, plan.cp_rank(rank))
     "strategies/context/layout.py:local_indices": "the token positions cp rank i holds: chunks i and 2cp-1-i",
     "strategies/context/shard.py:shard_sequence": "a batch cut over its cp group: that group's size and this rank's index",

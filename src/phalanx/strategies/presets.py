@@ -58,18 +58,12 @@ def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_w
         raise ValueError("strategy auto is decided from the model: call strategies.auto.decide first")
     preset = PRESETS[key]
     if preset.threads_over_gpus and tp > 1:
-        raise ValueError(f"strategy 'dp' runs one process, and tp={tp} needs {tp} processes per tensor-parallel "
-                         "group. HINT: use strategy ddp, zero1, zero2, zero3 or hsdp with tp, under `phalanx run`")
+        raise _one_process(f"tp={tp} needs {tp} processes per tensor-parallel group", "ddp, zero1, zero2, zero3 or hsdp with tp")
     if preset.threads_over_gpus and pp > 1:
-        raise ValueError(f"strategy 'dp' runs one process, and pp={pp} needs a process per pipeline stage. HINT: use "
-                         "strategy ddp, zero1, zero2, zero3 or hsdp with pp, under `phalanx run`")
+        raise _one_process(f"pp={pp} needs a process per pipeline stage", "ddp, zero1, zero2, zero3 or hsdp with pp")
     if pp > 1 and world_size % (tp * pp):
-        with_tp = f" x tp={tp}" if tp > 1 else ""
-        fits = [p for p in divisors(world_size) if (world_size // p) % tp == 0]
-        raise ValueError(f"pp={pp}{with_tp} does not divide the {world_size} processes: each data-parallel replica "
-                         f"needs {'pp x tp = ' if tp > 1 else 'pp = '}{tp * pp} of them. HINT: choose pp among "
-                         f"{', '.join(map(str, fits))}{f' (with tp={tp})' if tp > 1 else ''}, or run a multiple of "
-                         f"{tp * pp} processes")
+        raise _indivisible("pp", pp, world_size, tp, ": each data-parallel replica needs "
+                           f"{'pp x tp = ' if tp > 1 else 'pp = '}{tp * pp} of them")
     if cp > 1:
         check_cp(key, cp, world_size=world_size, tp=tp, pp=pp)
     if world_size % tp:
@@ -125,17 +119,26 @@ def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> Para
 def check_cp(key: str, cp: int, *, world_size: int, tp: int, pp: int) -> None:
     """ValueError, with the fix, for a context-parallel degree the layout cannot take."""
     if PRESETS[key].threads_over_gpus:
-        raise ValueError(f"strategy 'dp' runs one process, and cp={cp} cuts each sequence over {cp} processes. "
-                         "HINT: use strategy ddp, zero1, zero2 or zero3 with cp, under `phalanx run`")
+        raise _one_process(f"cp={cp} cuts each sequence over {cp} processes", "ddp, zero1, zero2 or zero3 with cp")
     if pp > 1:
         raise ValueError(f"cp={cp} with pp={pp}: context parallel is not composed with pipeline stages (a stage's "
                          "microbatches would need their own cut). HINT: use cp with ddp, zero1, zero2, zero3 or tp, and pp=1")
     if world_size > 1 and world_size % (cp * tp):
-        with_tp = f" x tp={tp}" if tp > 1 else ""
-        fits = [d for d in divisors(world_size) if (world_size // d) % tp == 0]
-        raise ValueError(f"cp={cp}{with_tp} does not divide the {world_size} processes. HINT: choose cp among "
-                         f"{', '.join(map(str, fits))}{f' (with tp={tp})' if tp > 1 else ''}, or run a multiple of "
-                         f"{cp * tp} processes")
+        raise _indivisible("cp", cp, world_size, tp)
+
+
+def _one_process(what: str, instead: str) -> ValueError:
+    """strategy 'dp' (one process over the GPUs) asked with a degree that needs processes."""
+    return ValueError(f"strategy 'dp' runs one process, and {what}. HINT: use strategy {instead}, under `phalanx run`")
+
+
+def _indivisible(dim: str, degree: int, world_size: int, tp: int, why: str = "") -> ValueError:
+    """A degree that, times tp, does not divide the world: the degrees that do, and the world sizes that fit."""
+    with_tp = f" x tp={tp}" if tp > 1 else ""
+    fits = [d for d in divisors(world_size) if (world_size // d) % tp == 0]
+    return ValueError(f"{dim}={degree}{with_tp} does not divide the {world_size} processes{why}. HINT: choose {dim} "
+                      f"among {', '.join(map(str, fits))}{f' (with tp={tp})' if tp > 1 else ''}, or run a multiple of "
+                      f"{degree * tp} processes")
 
 
 def hybrid_shape(dp_size: int, local_world_size: int, tp: int = 1, replicate_size: int | None = None,
