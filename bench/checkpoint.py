@@ -190,7 +190,8 @@ def bench(args: argparse.Namespace, work: str) -> None:
     if not px.is_main_process:
         return
     print(f"state: {mb:.0f} MB (model + AdamW), world_size={px.world_size}, rounds={args.rounds}, "
-          f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs, the loop on {torch.get_num_threads()} thread(s) "
+          f"(OMP_NUM_THREADS), load average {os.getloadavg()[0]:.1f}, "
           f"async shards written by the {args.writer} writer")
     if times:
         print_throughput_and_stall(times, loop, mb, args)

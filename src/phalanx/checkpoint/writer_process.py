@@ -7,7 +7,7 @@ holding it makes the wait longer (a niced thread is preempted while holding the 
 here is split: the training process stages the state once into one shared-memory arena (a memfd, the
 copy DCP's stager makes anyway), plans with DCP as before (its collectives stay in DCP's thread,
 on the async group), and hands the plan with arena offsets to one helper process per training
-process (nice 19). The helper runs the same DCP
+process (Linux's idle scheduling class, else nice 19). The helper runs the same DCP
 storage writer over views of the arena, hashing each file as it writes it, and answers with DCP's
 write results and the files' sizes and sha256; DCP's thread only waits on a socket meanwhile.
 
