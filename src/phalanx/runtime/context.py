@@ -113,7 +113,7 @@ class DistContext:
         local_rank is LOCAL_RANK when set, else rank % the local world size (LOCAL_WORLD_SIZE,
         else one process per visible GPU, else every rank on this machine). The device is
         cuda:local_rank under an NCCL group (or torch's "fake" backend, whose collectives do no work:
-        one process sizes a rank of a larger world, bench/memory_fake_world.py), the CPU otherwise.
+        one process sizes a rank of a larger world: bench/memory.py --fake-world), the CPU otherwise.
         """
         env = os.environ if env is None else env
         if world_size == 1:
