@@ -27,12 +27,13 @@ def writer(path: Path | ObjectPath, written: dict[str, FileEntry] | None = None,
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
         base: type = FsspecWriter
+        target, sync = str(path), False
     else:
         base = FileSystemWriter
+        target, sync = path, True
     if for_async and writer_process.supported():
         base = writer_process.out_of_process(base)
-    storage = base(str(path), sync_files=not isinstance(path, ObjectPath)) if isinstance(path, ObjectPath) \
-        else base(path, sync_files=True)
+    storage = base(target, sync_files=sync)
     if written is not None:
         storage.written = written
         if isinstance(path, ObjectPath):
