@@ -7,6 +7,12 @@ this rank's chunk), and exchanges the root embedding's looked-up rows (token ids
 forward, output gradients backward); each gather is copied out into the parameters and each
 gradient into the reduce buffer. ddp instead all-reduces every gradient in 25 MiB buckets.
 
+Every buffer is allocated per use, as FSDP2 allocates it (the all-gather output and the unsharded
+parameters at each gather, the reduce buffer and the sharded gradient at each reduction; ddp's
+buckets persist), so the floor includes what memory costs under the process's host memory setting:
+fresh pages, zeroed by the kernel, where `host_mmap_threshold` gives freed buffers back to the
+system (phalanx's default, 1MiB), glibc's reused heap where it is 0.
+
 floor = phalanx ddp's CPU time per step + those collectives and copies - ddp's all-reduce, each
 timed alone on the same ranks (rank 0's CPU time, median of `reps`): the step zero3 would take if
 sharding cost nothing beyond moving its bytes, at this machine's per-collective latency.
@@ -53,35 +59,31 @@ def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[floa
     world, rank = dist.get_world_size(), dist.get_rank()
     units, root, embedding = _units(model)
 
-    def buffers(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        per = math.ceil(n / world)
-        return torch.randn(per * world), torch.randn(n), torch.randn(per)  # gathered, full, shard
-
-    held = {n: buffers(n) for n in set(units + [root])}
+    shards = {n: torch.randn(math.ceil(n / world)) for n in set(units + [root])}  # this rank's parameters
+    grads = {n: torch.randn(n) for n in set(units + [root])}  # autograd's unsharded gradients (ddp's too)
 
     def gather(n: int) -> None:
-        gathered, full, _ = held[n]
-        per = gathered.numel() // world
-        gathered[rank * per:(rank + 1) * per].copy_(held[n][2])
+        shard = shards[n]
+        per = shard.numel()
+        gathered = torch.empty(per * world)
+        gathered[rank * per:(rank + 1) * per].copy_(shard)
         all_gather_single(gathered, gathered[rank * per:(rank + 1) * per])
-        full.copy_(gathered[:n])
+        torch.empty(n).copy_(gathered[:n])
 
     def reduce(n: int) -> None:
-        gathered, full, shard = held[n]
-        gathered[:n].copy_(full)
+        gathered = torch.empty(shards[n].numel() * world)
+        gathered[:n].copy_(grads[n])
         dist.all_reduce(gathered)
-        shard.copy_(gathered.view(world, -1)[rank])
+        torch.empty(shards[n].numel()).copy_(gathered.view(world, -1)[rank])
 
     tokens = torch.zeros(batch, seq, dtype=torch.int64)
-    all_tokens = torch.zeros(world * batch, seq, dtype=torch.int64)
     dim = embedding.embedding_dim if embedding is not None else 0
-    rows = torch.randn(world * batch, seq, dim)
-    grads = torch.randn(world * batch, seq, dim)
+    output_grads = torch.randn(batch, seq, dim)
 
     def zero3() -> None:
         if embedding is not None:
-            all_gather_single(all_tokens, tokens)
-            dist.all_reduce(rows)
+            all_gather_single(torch.empty(world * batch, seq, dtype=torch.int64), tokens)
+            dist.all_reduce(torch.zeros(world * batch, seq, dim))  # the rows each rank looked up
         for n in units + [root]:
             gather(n)
         for n in units[:-1]:
@@ -89,7 +91,7 @@ def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[floa
         for n in units + [root]:
             reduce(n)
         if embedding is not None:
-            all_gather_single(grads, grads[rank * batch:(rank + 1) * batch])
+            all_gather_single(torch.empty(world * batch, seq, dim), output_grads)
 
     total = sum(p.numel() for p in model.parameters())
     per_bucket = DDP_BUCKET_BYTES // 4

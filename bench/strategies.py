@@ -149,6 +149,9 @@ def _raw_fsdp(reshard: bool):
 
 
 # ---- phalanx --------------------------------------------------------------------------------
+HOST_MMAP_THRESHOLD = [0]  # what the phalanx variants ran under; printed with the figures
+
+
 def with_phalanx(strategy: str, tp: int = 1, pp: int = 1, schedule: str = "1F1B", microbatches: int | None = None,
                  **options) -> Callable:
     def build():
@@ -158,6 +161,7 @@ def with_phalanx(strategy: str, tp: int = 1, pp: int = 1, schedule: str = "1F1B"
         if pp > 1:
             settings.update(pp=pp, pp_schedule=schedule, pp_microbatches=microbatches)
         px = Phalanx(strategy=strategy, strategy_options=options or None, **settings)
+        HOST_MMAP_THRESHOLD[0] = px.config.host_mmap_threshold  # the process's, once set (mallopt)
         model = make_model()
         model, opt = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
         return model, opt, lambda x, y: px.forward_backward(model, x, y, loss_fn)
@@ -263,7 +267,8 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
         embedding = model.embed.weight.numel() / params
         print(f"CPU/gloo figures: {dist.get_world_size()} ranks (1 thread each), {MODEL} model {params / 1e6:.1f}M "
               f"params (embedding {model.vocab}x{DIM}, {embedding:.0%} of them, {BLOCKS} blocks), global batch {BATCH * dist.get_world_size()}x{SEQ}; "
-              f"{rounds} alternating rounds of {steps} steps, median")
+              f"{rounds} alternating rounds of {steps} steps, median; host_mmap_threshold {HOST_MMAP_THRESHOLD[0]} bytes "
+              f"(0: glibc's own)")
         base_name = "raw ddp" if "raw ddp" in names else names[0]
         base = sorted(rates[base_name])[rounds // 2]
         base_bytes = held[base_name]
@@ -278,8 +283,8 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
                   f"{held[name] / 2**20:7.1f} MiB {held[name] / base_bytes:5.2f} {bubble(name):>6s}")
         if floor is not None:
             zero3, ddp = sorted(cpu["phalanx zero3"])[rounds // 2], sorted(cpu["phalanx ddp"])[rounds // 2]
-            print(f"  zero3's floor: {floor:.1f} CPU ms/step (phalanx ddp's, plus zero3's gathers, gradient reductions "
-                  f"and copies, less ddp's all-reduce, each timed alone: bench/_zero3_floor.py);\n"
+            print(f"  zero3's floor: {floor:.1f} CPU ms/step (phalanx ddp's, plus zero3's gathers, gradient reductions, "
+                  f"copies and per-use buffers, less ddp's all-reduce, each timed alone: bench/_zero3_floor.py);\n"
                   f"  phalanx zero3 runs at {floor / zero3:.2f} of that floor's speed and {ddp / zero3:.2f}x phalanx ddp's")
         print(f"  (CPU ms/step: rank 0's own CPU time, all threads; 'vs' = {base_name}'s CPU time / this one's,\n"
               "   a throughput ratio that ignores time stolen by other processes on a shared machine;\n"
