@@ -25,3 +25,18 @@ def test_close_waits_for_a_write_in_flight():
     closer.join(60)
     assert closed.is_set() and helper.socket.fileno() == -1
     assert helper.process.poll() == 0  # the helper ended at the end of its input
+
+
+def test_a_staged_tensor_gets_a_storage_of_its_own_bytes_so_dcp_does_not_clone_it():
+    import torch
+
+    arena = torch.arange(64, dtype=torch.float32).untyped_storage()
+    staged = writer_process._in_arena(arena, torch.float32, (2, 3), (3, 1), 10)
+    assert staged.tolist() == [[10.0, 11.0, 12.0], [13.0, 14.0, 15.0]]
+    assert staged.untyped_storage().nbytes() == staged.nbytes  # DCP clones where these differ
+    assert staged.data_ptr() == arena.data_ptr() + 10 * 4  # the arena's memory, not a copy
+    strided = writer_process._in_arena(arena, torch.float32, (2, 2), (1, 2), 4)  # not contiguous: as staged
+    assert strided.tolist() == [[4.0, 6.0], [5.0, 7.0]]
+    assert strided.untyped_storage().nbytes() == arena.nbytes()
+    empty = writer_process._in_arena(arena, torch.float32, (0, 3), (3, 1), 8)
+    assert empty.shape == (0, 3) and empty.untyped_storage().nbytes() == 0
