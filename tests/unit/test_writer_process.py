@@ -40,3 +40,21 @@ def test_a_staged_tensor_gets_a_storage_of_its_own_bytes_so_dcp_does_not_clone_i
     assert strided.untyped_storage().nbytes() == arena.nbytes()
     empty = writer_process._in_arena(arena, torch.float32, (0, 3), (3, 1), 8)
     assert empty.shape == (0, 3) and empty.untyped_storage().nbytes() == 0
+
+
+def test_every_thread_of_the_helper_runs_idle_class():
+    import os
+
+    helper = writer_process.Helper()
+    try:
+        # the helper sets its policy once it has started; ask until its threads say so
+        policies = set()
+        for _ in range(600):
+            tids = os.listdir(f"/proc/{helper.process.pid}/task")
+            policies = {os.sched_getscheduler(int(tid)) for tid in tids}
+            if policies == {os.SCHED_IDLE}:
+                break
+            threading.Event().wait(0.05)
+        assert policies == {os.SCHED_IDLE}, f"{len(tids)} threads, policies {policies}"
+    finally:
+        helper.close()

@@ -366,10 +366,13 @@ def _run_when_idle() -> None:
     a niced process. At nice 19 it still got time slices beside a training loop that used every
     core (the loop's step 1.14x slower during a save on 2 cores); idle-class, it writes in the loop's
     waits (collectives, data), and a save the loop waits for (the next one, the exit, a preemption)
-    gets the cores the loop leaves idle while it waits."""
-    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+    gets the cores the loop leaves idle while it waits. Every thread: a policy is a thread's own,
+    and importing torch has started one already."""
+    if not (hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE")):
+        return
+    for tid in os.listdir("/proc/self/task"):
         try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except OSError:  # not permitted (a restricted container): nice 19 stays
+            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+        except OSError:  # not permitted (a restricted container), or a thread that ended: nice 19 stays
             pass
 
