@@ -59,13 +59,15 @@ def test_a_machine_that_never_idles_still_gets_its_save_written():
 
 
 def test_busy_when_the_process_waited_more_than_a_quarter_of_the_time(monkeypatch):
-    clock = iter([0.0, 1.0, 2.0, 3.0]).__next__
+    clock = iter([0.0, 1.0, 2.0, 2.001, 3.0]).__next__
     waits = iter([0, int(0.1e9), int(0.5e9), int(0.6e9)])
-    monkeypatch.setattr(LoopWatch, "waited_ns", lambda self: next(waits))
+    read = []
+    monkeypatch.setattr(LoopWatch, "waited_ns", lambda self: read.append(1) or next(waits))
     monkeypatch.setattr(polite_writes, "runnable_tasks", lambda: 0)
     watch = LoopWatch(os.getpid(), clock=clock)
     assert not watch.busy()  # waited 0.1 s of 1 s
     assert watch.busy()  # 0.4 s of 1 s
+    assert watch.busy() and len(read) == 3  # 1 ms later: not read again, the verdict holds
     assert not watch.busy()  # 0.1 s of 1 s again
 
 

@@ -8,9 +8,10 @@ threads queued on the other. A waking thread is placed beside the thread that wo
 core looks busy, and the balancer leaves a core running an idle-class task alone for tens of
 milliseconds, so the loop's two threads took turns on one core.
 
-So every MiB it writes, the helper checks whether the training process's threads spent more than a
-quarter of the time since the last check waiting for a CPU (the run_delay of
-/proc/<pid>/task/*/schedstat), or the machine has more runnable tasks than CPUs; while so, it sleeps
+So every MiB it writes, the helper checks whether the machine has more runnable tasks than CPUs, or
+(at most every 10 ms) whether the training process's threads spent more than a quarter of the time
+since the last reading waiting for a CPU (the run_delay of /proc/<pid>/task/*/schedstat, which sees
+a CPU set smaller than the machine's); while so, it sleeps
 a millisecond at a time, which leaves its core idle: the kernel then moves a waiting thread there.
 It never waits more than 50 ms a MiB, so a save always progresses (at least 20 MiB/s). Without
 schedstat (a kernel without schedstats) only the count of runnable tasks is checked; without /proc
@@ -27,6 +28,7 @@ CHUNK_BYTES = 2**20  # checked once per MiB written: ~2 ms of the helper's work 
 PAUSE_S = 0.001  # one sleep: short, so a core that frees up is used again at once
 MAX_WAIT_S = 0.05  # per MiB: the floor under a save's speed (20 MiB/s) on a machine that never idles
 BUSY_SHARE = 0.25  # the loop waited this share of the time since the last check: it wants the core
+RUN_DELAY_EVERY_S = 0.01  # the loop's waits are read at most this often (~0.3 ms for 60 threads)
 
 
 class LoopWatch:
@@ -36,6 +38,7 @@ class LoopWatch:
         self.pid, self._clock = pid, clock
         self._cpus = os.cpu_count() or 1
         self._last = (self._clock(), self.waited_ns())
+        self._waited_long = False
 
     def waited_ns(self) -> int | None:
         """The total time the process's threads have spent runnable but not running, in ns (None:
@@ -54,13 +57,20 @@ class LoopWatch:
         return total
 
     def busy(self) -> bool:
-        """True if, since the last call, the process waited for a CPU more than BUSY_SHARE of the
-        time, or more tasks are runnable on this machine than it has CPUs."""
-        now, waited = self._clock(), self.waited_ns()
-        (then, before), self._last = self._last, (now, waited)
-        if waited is not None and before is not None and waited - before > BUSY_SHARE * (now - then) * 1e9:
+        """True if more tasks are runnable on this machine than it has CPUs, or the process waited
+        for a CPU more than BUSY_SHARE of the time between its last two readings of its waits
+        (taken at most every RUN_DELAY_EVERY_S: reading them opens a file per thread)."""
+        if runnable_tasks() > self._cpus:
             return True
-        return runnable_tasks() > self._cpus
+        now = self._clock()
+        then, before = self._last
+        if now - then < RUN_DELAY_EVERY_S:
+            return self._waited_long  # the last reading's verdict holds until the next
+        waited = self.waited_ns()
+        self._last = (now, waited)
+        self._waited_long = (waited is not None and before is not None
+                             and waited - before > BUSY_SHARE * (now - then) * 1e9)
+        return self._waited_long
 
 
 def runnable_tasks() -> int:
