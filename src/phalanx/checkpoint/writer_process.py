@@ -314,20 +314,11 @@ def _in_arena(storage: torch.UntypedStorage, dtype: torch.dtype, shape: tuple, s
     """The staged tensor at `offset` (elements) of the arena. A contiguous one gets a storage of its
     own bytes (a slice of the arena's, the same memory): DCP's writer clones a tensor whose storage
     is larger than itself, 48 MB of copying for a 48 MB save."""
-    size = torch.Size(shape)
-    element = torch.empty(0, dtype=dtype).element_size()
-    if tuple(stride) == _contiguous_strides(size):
-        start = offset * element
-        return torch.empty(0, dtype=dtype).set_(storage[start:start + size.numel() * element], 0, size, stride)
-    return torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
-
-
-def _contiguous_strides(size: torch.Size) -> tuple:
-    strides, step = [], 1
-    for dim in reversed(size):
-        strides.append(step)
-        step *= max(dim, 1)
-    return tuple(reversed(strides))
+    staged = torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+    if not staged.is_contiguous():
+        return staged
+    start = offset * staged.element_size()
+    return torch.empty(0, dtype=dtype).set_(storage[start:start + staged.nbytes], 0, shape, stride)
 
 
 def _picklable(error: BaseException) -> BaseException:
