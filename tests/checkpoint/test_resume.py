@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.checkpoint.conftest import RESUMABLE, read_events
-from tests.dist.harness import ROOT, run_ranks
+from tests.dist.harness import ROOT, run_command, run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 
@@ -29,7 +29,7 @@ def killed(tmp_path_factory) -> dict:
                "--checkpoint-dir", str(base / "ckpt"),
                "tests/checkpoint/resumable.py", "--out", str(base / "out"),
                "--kills", KILLS, "--async-save"]
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_command(command, env, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     return {"ckpt": base / "ckpt", "events": read_events(base / "out"),
             "final": torch.load(base / "out" / "final.pt", weights_only=True), "log": proc.stderr}
@@ -41,7 +41,7 @@ def launch_with_restarts(base: Path, kills: str, *extra: str) -> subprocess.Comp
     command = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--max-restarts", "3",
                "--checkpoint-dir", str(base / "ckpt"), *extra,
                "tests/checkpoint/resumable.py", "--out", str(base / "out"), "--kills", kills]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    return run_command(command, env, timeout=240)
 
 
 def test_kill_and_auto_resume_under_zero3_matches_the_uninterrupted_run(tmp_path):

@@ -79,3 +79,55 @@ def run_ranks(target: str, world_size: int = 2, args: Sequence[Any] = (), timeou
             why = f"timed out after {timeout:.0f}s" if timed_out else "a rank failed"
             raise RanksFailed(f"{target} on {world_size} ranks: {why}\n" + "\n".join(logs))
         return [torch.load(out / f"result{rank}.pt", weights_only=False) for rank in range(world_size)]
+
+
+def run_command(command: Sequence[str], env: dict[str, str], timeout: float, cwd: Path = ROOT
+                ) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, capture_output=True, text=True)` for a launcher. One that has not
+    finished within `timeout` (its output not closed: a process it started may hold it) fails the
+    test with its output so far and each process still holding that output, which are then killed."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as error:
+        holders = _holding(os.fstat(proc.stderr.fileno()).st_ino)  # type: ignore[union-attr]
+        table = "\n".join(_describe(pid) for pid in holders)
+        launcher = "still running" if proc.poll() is None else f"ended with {proc.returncode}"
+        for pid in {proc.pid, *holders}:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        out, err = proc.communicate()
+        partial = err or (error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else "")
+        raise RanksFailed(f"{' '.join(command)}: no end within {timeout:.0f} s (the launcher {launcher}); "
+                          f"processes holding its output:\n{table}\n--- its stderr, last part ---\n{partial[-6000:]}"
+                          ) from None
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _holding(pipe_inode: int) -> list[int]:
+    """The processes with the pipe of that inode among their open files."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            links = {os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")}
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if f"pipe:[{pipe_inode}]" in links and int(entry) != os.getpid():
+            found.append(int(entry))
+    return sorted(found)
+
+
+def _describe(pid: int) -> str:
+    """`pid ppid state wchan: command line` of a running process, as far as /proc still shows it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"{pid}: ended"
+    return f"{pid} (parent {ppid}, state {state}, waiting in {wchan or '-'}): {args[:300]}"
