@@ -100,3 +100,52 @@ def test_a_failed_async_save_on_one_rank_is_reported_on_every_rank_at_the_next_s
         assert seen["latest"] == "step-00000002"
         assert seen["entries"] == ["latest", "step-00000002"], seen["entries"]
     assert results[0]["error"] == results[1]["error"]
+
+
+EXIT_WITH_A_SAVE_IN_FLIGHT = """
+import atexit, os, sys, time
+import torch
+from torch import nn
+from phalanx import Phalanx
+from phalanx.checkpoint import writer_process
+
+started = []
+plain_init = writer_process.Helper.__init__
+def counted(self):
+    plain_init(self)
+    started.append(self)
+writer_process.Helper.__init__ = counted
+plain_helper = writer_process.helper
+def late():  # the save's thread reaches its write after the exit began (2 ranks plan with collectives first)
+    time.sleep(0.5)
+    return plain_helper()
+writer_process.helper = late
+# registered first, so it runs last: after phalanx's own exit hooks
+atexit.register(lambda: print("helpers", len(started), [h.process.poll() for h in started], flush=True))
+px = Phalanx(checkpoint_dir=sys.argv[1], checkpoint_async=True, preemption_signals="none")
+model = nn.Linear(4, 2)
+model, optimizer = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+for _ in range(2):
+    optimizer.zero_grad()
+    px.backward(model(torch.ones(3, 4)).sum())
+    optimizer.step()
+    px.save_state()  # the first is written while the second step runs; the second is in flight at exit
+atexit._run_exitfuncs()  # how a worker forked by `phalanx run` ends (launch/worker.py), threads still running
+os._exit(0)
+"""
+
+
+def test_the_exit_publishes_the_save_in_flight_with_the_helper_that_wrote_the_one_before(tmp_path):
+    """The helper that writes async saves ends after the exit's wait for the last save, not before
+    it: closed first, it was gone when that save reached its write, which then started a second
+    helper (another torch import, seconds of the exit) that nothing closed."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_in_flight.py"
+    script.write_text(EXIT_WITH_A_SAVE_IN_FLIGHT)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "helpers 1 [0]", proc.stdout + proc.stderr[-3000:]
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step-00000002"

@@ -1,7 +1,7 @@
-"""The async checkpoint writer process (checkpoint/writer_process.py) at exit: its atexit close is
-registered at the first save, so it runs before the facade's exit hook that waits for the save in
-flight; it must let that write finish instead of closing the socket under it (a fresh-clone CI run
-lost the last async save of tests/checkpoint/test_resume.py that way)."""
+"""The async checkpoint writer process (checkpoint/writer_process.py): closing it lets a write in
+flight finish instead of closing the socket under it (a fresh-clone CI run once lost the last async
+save of tests/checkpoint/test_resume.py that way); its staged tensors are not copied again; every
+thread of it runs idle-class; it ends quietly when the training process dies mid-conversation."""
 import threading
 
 import pytest
@@ -58,3 +58,52 @@ def test_every_thread_of_the_helper_runs_idle_class():
         assert policies == {os.SCHED_IDLE}, f"{len(tids)} threads, policies {policies}"
     finally:
         helper.close()
+
+
+def test_the_helper_ends_quietly_when_the_training_process_dies_with_its_answer_unread():
+    """A rank killed with the helper's answer unread resets the connection: the helper ends without
+    a traceback on the job's stderr (it printed a ConnectionResetError into every killed run)."""
+    import select
+    import socket
+    import subprocess
+    import sys
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    start = f"from phalanx.checkpoint.writer_process import main; main({theirs.fileno()})"
+    helper = subprocess.Popen([sys.executable, "-c", start], pass_fds=[theirs.fileno()], stderr=subprocess.PIPE)
+    theirs.close()
+    writer_process._send(mine, {"not": "a request"}, [])  # answered with an error
+    assert writer_process._recv(mine)[0][0] == "error"
+    writer_process._send(mine, {"not": "a request"}, [])
+    assert select.select([mine], [], [], 120)[0]  # its answer has arrived ...
+    mine.close()  # ... unread: the helper's next read is a reset, not an end of input
+    _, err = helper.communicate(timeout=120)
+    assert helper.returncode == 0 and err == b"", err.decode()
+
+
+def test_a_write_that_comes_after_close_fails_at_once_instead_of_waiting_forever():
+    """close() used to keep the helper's lock: a save whose thread had taken the helper just before
+    the exit closed it then waited for that lock forever, and the exit for the save (an exit-phase
+    hang no watchdog ends). Now such a write fails with its cause."""
+    import os
+
+    helper = writer_process.Helper()
+    helper.close()
+    outcome: list = []
+
+    def write() -> None:
+        fd = os.memfd_create("test")
+        try:
+            helper.write({"not": "a request"}, fd)
+            outcome.append("written")
+        except RuntimeError as error:
+            outcome.append(str(error))
+        finally:
+            os.close(fd)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    writer.join(60)
+    assert not writer.is_alive(), "a write after close() waits forever"
+    assert outcome == [f"the checkpoint writer process (pid {helper.process.pid}) was closed before this "
+                       "write: the process is exiting"]

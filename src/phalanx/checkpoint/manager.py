@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from phalanx.checkpoint import atomic, background, dcp_storage
+from phalanx.checkpoint import atomic, background, dcp_storage, writer_process
 from phalanx.checkpoint.object_path import ObjectPath, location
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives
@@ -281,8 +281,16 @@ class Checkpointer:
     def _executor_once(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="phalanx-ckpt")
-            atexit.register(self.wait)  # runs before the process group is destroyed (LIFO)
+            atexit.register(self._at_exit)  # runs before the process group is destroyed (LIFO)
         return self._executor
+
+    def _at_exit(self) -> None:
+        """The last async save is published before the script's exit, and the helper that wrote its
+        bytes ends after it (not before: the save may not have reached its write yet)."""
+        try:
+            self.wait()
+        finally:
+            writer_process.close_helper()
 
     # ---- loading ------------------------------------------------------------------------------
     def load(self, path: str | os.PathLike | None = None) -> bool:

@@ -17,7 +17,6 @@ stage (e.g. ShardedTensor), the writer stages and writes in-process as DCP does.
 """
 from __future__ import annotations
 
-import atexit
 import io
 import os
 import pickle
@@ -191,10 +190,14 @@ class Helper:
         except OSError:  # not permitted or not supported: the helper still works, at normal priority
             pass
         self.socket = mine
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # held from a request to its answer, and by close()
+        self.closed = False
 
     def write(self, request: dict, fd: int) -> tuple[list, dict]:
         with self.lock:
+            if self.closed:  # a save whose thread took this helper just before the exit closed it
+                raise RuntimeError(f"the checkpoint writer process (pid {self.process.pid}) was closed before "
+                                   "this write: the process is exiting")
             try:
                 _send(self.socket, request, [fd])
                 reply = _recv(self.socket)[0]
@@ -213,13 +216,18 @@ class Helper:
         return rest[0], rest[1]
 
     def close(self) -> None:
-        # A write in flight finishes first: this runs from atexit, registered at the first save, so
-        # before the facade's exit hook that waits for the async save (atexit runs last-registered
-        # first); closing under it failed the save the script's exit was still waiting for.
-        if not self.lock.acquire(timeout=CLOSE_WAIT_S):
+        """End the helper once a write in flight has finished (closing under it fails the save). A
+        write asked for afterwards fails at once: the lock is released, never kept."""
+        locked = self.lock.acquire(timeout=CLOSE_WAIT_S)
+        if not locked:
             print(f"phalanx: the checkpoint writer process (pid {self.process.pid}) did not finish its write "
                   f"in {CLOSE_WAIT_S:.0f} s; stopping it", file=sys.stderr, flush=True)
-        self.socket.close()  # the helper ends at end of input
+        try:
+            self.closed = True
+            self.socket.close()  # the helper ends at end of input
+        finally:
+            if locked:
+                self.lock.release()
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -232,7 +240,8 @@ _helpers_lock = threading.Lock()
 
 
 def helper() -> Helper:
-    """This process's helper, started on first use (a forked child starts its own)."""
+    """This process's helper, started on first use (a forked child starts its own). It ends when
+    `close_helper` says so, or at the end of its input when this process ends."""
     with _helpers_lock:
         found = _helpers.get(os.getpid())
         if found is not None and found.process.poll() is not None:  # it died: the next save gets a new one
@@ -240,13 +249,17 @@ def helper() -> Helper:
             found = None
         if found is None:
             found = _helpers[os.getpid()] = Helper()
-            atexit.register(_close, os.getpid())
         return found
 
 
-def _close(pid: int) -> None:
-    found = _helpers.pop(pid, None)
-    if found is not None and pid == os.getpid():
+def close_helper() -> None:
+    """End this process's helper, after the write it is doing. The checkpointer calls it at exit
+    once its last async save is published: the save's thread starts the helper, so an exit hook
+    registered then would run before the wait for that save (atexit runs the last registered
+    first), close the helper before the save had used it, and the save would start a second one."""
+    with _helpers_lock:
+        found = _helpers.pop(os.getpid(), None)
+    if found is not None:
         found.close()
 
 
@@ -336,7 +349,10 @@ def main(fd: int) -> None:
     watch = polite_writes.LoopWatch(os.getppid())  # the training process that started this helper
     sock = socket.socket(fileno=fd)
     while True:
-        request, fds = _recv(sock)
+        try:
+            request, fds = _recv(sock)
+        except OSError:  # the training process died with our last answer unread (connection reset)
+            return
         if request is None:
             return
         try:
