@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.checkpoint.conftest import read_events
-from tests.dist.harness import ROOT
+from tests.dist.harness import ROOT, run_command
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 
@@ -76,7 +76,7 @@ def assert_checkpoint_of(match: re.Match, base: Path, events: list[dict]) -> int
 
 
 def assert_resumes_bitwise(command: list[str], base: Path, step: int, expected: dict) -> None:
-    rerun = subprocess.run(command, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
+    rerun = run_command(command, env(), timeout=240)
     assert rerun.returncode == 0, rerun.stderr[-4000:]
     events = read_events(base / "out")
     assert [e["step"] for e in events if e["event"] == "resumed"] == [step]
@@ -124,7 +124,7 @@ def test_world_of_one_python_train_py_on_sigterm(tmp_path):
         return [sys.executable, SCRIPT, "--ckpt", str(base / "ckpt"), "--out", str(base / "out"), *extra]
 
     (tmp_path / "ref" / "out").mkdir(parents=True)
-    ref = subprocess.run(command(tmp_path / "ref"), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
+    ref = run_command(command(tmp_path / "ref"), env(), timeout=240)
     assert ref.returncode == 0, ref.stderr[-4000:]
     base = tmp_path / "stopped"
     proc = signalled(command(base, "--slow-from", "15"), base / "out", lambda p: p.send_signal(signal.SIGTERM))

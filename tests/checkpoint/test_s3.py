@@ -23,7 +23,7 @@ import torch
 from tests.checkpoint.conftest import read_events
 from tests.checkpoint.s3_server import BUCKET, READ_ONLY_PREFIX, aws_env, free_port
 from tests.checkpoint.test_preemption import SCRIPT, preemption_line, signalled
-from tests.dist.harness import ROOT, run_ranks
+from tests.dist.harness import ROOT, run_command, run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 slow = pytest.mark.slow  # the shared job: three launches of two ranks, about 100 s
@@ -53,8 +53,7 @@ def job(s3, tmp_path_factory):
             os.environ.pop(key, None)
     after_stop = s3.keys("run1")
     stopped_events = read_events(out)
-    resumed = subprocess.run(s3_run(s3, url, out, base / "run"), cwd=ROOT, env=s3_env(s3),
-                             capture_output=True, text=True, timeout=400)
+    resumed = run_command(s3_run(s3, url, out, base / "run"), s3_env(s3), timeout=400)
     return {"url": url, "out": out, "stopped": stopped, "after_stop": after_stop, "stopped_events": stopped_events,
             "resumed": resumed, "events": read_events(out)}
 

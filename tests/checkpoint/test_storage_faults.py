@@ -19,7 +19,7 @@ from typing import Iterator
 import pytest
 
 from tests.checkpoint.conftest import read_events
-from tests.dist.harness import ROOT, RanksFailed, run_ranks
+from tests.dist.harness import ROOT, RanksFailed, run_command, run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -85,10 +85,9 @@ def test_a_full_disk_under_phalanx_run_is_not_restarted(tmp_path):
     with small_tmpfs(tmp_path / "ckpt") as ckpt:
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        proc = subprocess.run([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--max-restarts", "2",
-                               "--checkpoint-dir", str(ckpt), "--run-dir", str(tmp_path / "run"),
-                               "tests/checkpoint/resumable.py", "--out", str(out), "--fill-after", "10"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        proc = run_command([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--max-restarts", "2",
+                            "--checkpoint-dir", str(ckpt), "--run-dir", str(tmp_path / "run"),
+                            "tests/checkpoint/resumable.py", "--out", str(out), "--fill-after", "10"], env, timeout=240)
         assert proc.returncode == 1, proc.stderr[-4000:]
         assert "phalanx: restart" not in proc.stderr
         assert "phalanx: not restarting: a checkpoint could not be written" in proc.stderr
