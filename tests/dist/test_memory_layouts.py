@@ -58,7 +58,9 @@ def test_the_plan_is_within_15_percent_of_what_each_layout_holds_at_rest(measure
     # libraries' file pages added 20-40 MiB that varied with the page cache (a fresh venv failed here)
     rest = _figure(measured, "at_rest")
     for name in LAYOUTS:
-        assert abs(measured["plan"][name] - rest[name]) <= 0.15 * rest[name], (name, rest[name], measured["plan"][name])
+        # the whole run in the message: whether malloc's bytes in use moved with the resident ones
+        assert abs(measured["plan"][name] - rest[name]) <= 0.15 * rest[name], (name, measured["runs"][name],
+                                                                                measured["plan"][name])
 
 
 def test_the_layout_the_plan_advises_for_a_budget_is_the_one_that_fits(measured):
@@ -82,4 +84,4 @@ def test_a_fake_world_measures_what_two_processes_hold(measured, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     fake = {name: runs[0]["at_rest"] for name, runs in json.loads(out.read_text())["runs"].items()}
     real = _figure(measured, "at_rest")
-    assert all(abs(fake[name] - real[name]) <= 0.1 * real[name] for name in fake), (fake, real)
+    assert all(abs(fake[name] - real[name]) <= 0.1 * real[name] for name in fake), (fake, measured["runs"])
