@@ -89,7 +89,7 @@ def run_command(command: Sequence[str], env: dict[str, str], timeout: float, cwd
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired as error:
+    except subprocess.TimeoutExpired:
         holders = _holding(os.fstat(proc.stderr.fileno()).st_ino)  # type: ignore[union-attr]
         table = "\n".join(_describe(pid) for pid in holders)
         launcher = "still running" if proc.poll() is None else f"ended with {proc.returncode}"
@@ -98,10 +98,9 @@ def run_command(command: Sequence[str], env: dict[str, str], timeout: float, cwd
                 os.kill(pid, 9)
             except OSError:
                 pass
-        out, err = proc.communicate()
-        partial = err or (error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else "")
+        out, err = proc.communicate()  # all of it: communicate keeps what it read before the timeout
         raise RanksFailed(f"{' '.join(command)}: no end within {timeout:.0f} s (the launcher {launcher}); "
-                          f"processes holding its output:\n{table}\n--- its stderr, last part ---\n{partial[-6000:]}"
+                          f"processes holding its output:\n{table}\n--- its stderr, last part ---\n{err[-6000:]}"
                           ) from None
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
@@ -122,7 +121,7 @@ def _holding(pipe_inode: int) -> list[int]:
 
 
 def _describe(pid: int) -> str:
-    """`pid ppid state wchan: command line` of a running process, as far as /proc still shows it."""
+    """`pid (parent, state, wait channel): command line` of a process, as far as /proc still shows it."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         state, ppid = stat.rsplit(")", 1)[1].split()[:2]
