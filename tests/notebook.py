@@ -26,10 +26,14 @@ def run_cells(cells: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     kernel = KernelManager(kernel_name="phalanx-test",
                            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    client = nbclient.NotebookClient(notebook, km=kernel, timeout=timeout,
+                                     resources={"metadata": {"path": str(tmp_path)}})
     try:
-        nbclient.NotebookClient(notebook, km=kernel, timeout=timeout,
-                                resources={"metadata": {"path": str(tmp_path)}}).execute()
-    finally:  # nbclient leaves a kernel it was given running: it would outlive the test session
+        client.execute()
+    finally:  # nbclient leaves a kernel it was given running, and its client's sockets open (pyzmq
+        # warns when they are collected): the kernel would outlive the test session
+        if client.kc is not None:
+            client.kc.stop_channels()
         if kernel.has_kernel:
             kernel.shutdown_kernel(now=True)
     assert not kernel.is_alive()
