@@ -45,6 +45,38 @@ def misbehave_at_step_3(how: str, watchdog_timeout: float | None = None) -> None
     print(f"rank {px.rank}: finished the loop", flush=True)
 
 
+class StuckInRank1Worker(torch.utils.data.Dataset):
+    """Rank 1's first DataLoader worker stops delivering at its 9th sample (in step 2 or 3): it
+    waits while its parent lives, and ends once the watchdog has stopped the rank."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = torch.utils.data.get_worker_info()
+        if os.environ["RANK"] == "1" and info.id == 0:
+            self.loaded = getattr(self, "loaded", 0) + 1
+            if self.loaded == 9:
+                print(f"rank 1: worker 0 (pid {os.getpid()}) stops delivering", flush=True)
+                parent = os.getppid()
+                while os.getppid() == parent:
+                    time.sleep(0.2)
+                os._exit(0)
+        return torch.full((3,), float(i))
+
+
+def stuck_loader_worker(watchdog_timeout: float) -> None:
+    """Train with 2 DataLoader workers per rank until rank 1's first worker stops delivering."""
+    px = Phalanx(strategy="ddp", watchdog_timeout=watchdog_timeout)
+    model = nn.Linear(3, 1)
+    model, optimizer, loader = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                          DataLoader(StuckInRank1Worker(), batch_size=2, num_workers=2))
+    for x in loader:
+        optimizer.zero_grad()
+        px.backward(model(x).sum())
+        optimizer.step()
+
+
 def comm_hook_never_completes(seconds: float) -> None:
     """From step 1 on, a DDP comm hook whose future never completes: every rank waits in backward,
     where no collective timeout applies; the watchdog must end it after the collective + watchdog

@@ -68,6 +68,20 @@ def test_rank_that_hangs_is_named_with_its_step_and_every_stack():
     assert "multiprocessing" not in stacks and "launch/worker.py" not in stacks, "launcher frames trimmed"
 
 
+def test_a_rank_waiting_on_its_data_loader_names_what_each_worker_is_doing():
+    """The rank's own stack ends in a queue read; the report adds its child processes: the worker
+    that stopped (sleeping where it sleeps) and the one waiting for work."""
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks("tests.dist.failure_workloads:stuck_loader_worker", 2, args=(WATCHDOG_S,), timeout=120)
+    text = str(failed.value)
+    stuck = re.search(r"rank 1: worker 0 \(pid (\d+)\) stops delivering", text).group(1)
+    assert "phalanx watchdog: rank 1 stalled" in text, text
+    rank1 = text.split("--- rank 1 (main thread")[1].split("--- rank ")[0]
+    assert "dataloader.py" in rank1, rank1  # its main thread waits on the loader
+    workers = re.findall(r"^  pid (\d+): sleeping in \S+, [\d.]+ s CPU in \d+ s; forked from it$", rank1, re.M)
+    assert stuck in workers and len(workers) == 2, rank1
+
+
 def test_rank_that_is_killed_is_named_with_its_step():
     text, seconds = misbehave("kill")
     assert seconds < WATCHDOG_S + 30, text

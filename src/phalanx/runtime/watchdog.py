@@ -38,6 +38,7 @@ from typing import Callable
 import torch.distributed as dist
 
 from phalanx import store_keys
+from phalanx.runtime.children import describe_children
 from phalanx.runtime.process_group import ignoring_sigint, leaving_cleanly, store_client
 from phalanx.runtime.context import AgentEnv
 from phalanx.runtime.step_tracker import Phase, StepTracker
@@ -158,7 +159,7 @@ class Watchdog:
 
     # ---- stopping everyone -----------------------------------------------------------------
     def _report(self, verdict: Verdict) -> None:
-        self.store.set(store_keys.stack_name(self.rank), main_thread_stack())
+        self.store.set(store_keys.stack_name(self.rank), rank_snapshot())
         waiting_for = [r for r in range(self.world_size) if r != self.rank and r not in verdict.dead]
         deadline = time.monotonic() + max(3.0, 3 * self.interval)
         while time.monotonic() < deadline and not all(self.store.check([store_keys.stack_name(r)]) for r in waiting_for):
@@ -182,7 +183,7 @@ class Watchdog:
         """
         message = f"phalanx watchdog stopped rank {self.rank}; the report: {headline}"
         try:
-            self.store.set(store_keys.stack_name(self.rank), main_thread_stack())
+            self.store.set(store_keys.stack_name(self.rank), rank_snapshot())
             deadline = time.monotonic() + 10.0
             while time.monotonic() < deadline and not self.store.check([store_keys.REPORTED]):
                 time.sleep(0.05)
@@ -246,6 +247,15 @@ class Watchdog:
                 _stop_process(f"phalanx (rank {self.rank}): leaving the process group failed: "
                               f"{type(error).__name__}: {error}", show=True)
             self.stop()
+
+
+def rank_snapshot() -> str:
+    """The main thread's stack, then what this rank's child processes are doing (DataLoader
+    workers, a writer helper): a rank waiting on its loader's queue waits on them."""
+    children = describe_children()
+    if not children:
+        return main_thread_stack()
+    return main_thread_stack() + "Its child processes:\n" + "".join(f"  {line}\n" for line in children)
 
 
 def main_thread_stack() -> str:
