@@ -2,8 +2,8 @@
 
 Per step, zero3 as phalanx applies it all-gathers every unit's parameters for the forward (the root
 unit's too), again for the backward (all but the last unit, which stays gathered, and the root,
-which stays from forward to backward), reduces every unit's gradients (on gloo an all-reduce, then
-this rank's chunk), and exchanges the root embedding's looked-up rows (token ids and outputs
+which stays from forward to backward), reduces every unit's gradients (on gloo an all-to-all, then
+the sum of this rank's chunks: strategies/gloo_comms.py), and exchanges the root embedding's looked-up rows (token ids and outputs
 forward, output gradients backward); each gather is copied out into the parameters and each
 gradient into the reduce buffer. ddp instead all-reduces every gradient in 25 MiB buckets.
 
@@ -71,10 +71,11 @@ def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[floa
         torch.empty(n).copy_(gathered[:n])
 
     def reduce(n: int) -> None:
-        gathered = torch.empty(shards[n].numel() * world)
-        gathered[:n].copy_(grads[n])
-        dist.all_reduce(gathered)
-        torch.empty(shards[n].numel()).copy_(gathered.view(world, -1)[rank])
+        laid_out = torch.empty(shards[n].numel() * world)
+        laid_out[:n].copy_(grads[n])
+        copies = torch.empty_like(laid_out)
+        dist.all_to_all_single(copies, laid_out)
+        torch.sum(copies.view(world, -1), 0, out=torch.empty(shards[n].numel()))
 
     tokens = torch.zeros(batch, seq, dtype=torch.int64)
     dim = embedding.embedding_dim if embedding is not None else 0

@@ -1,0 +1,47 @@
+"""zero2/zero3's gradient reduce-scatter on gloo (an all-to-all and a local sum) gives what gloo's
+own reduce_scatter_tensor gives, for SUM and AVG, on 2 and 4 ranks and on a subgroup."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.dist.harness import run_ranks
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
+
+
+def compare_with_gloos_own() -> list[tuple[str, bool, float]]:
+    """(case, bit-equal, largest difference) for each op, on the world and on a group of the even ranks."""
+    from phalanx.strategies.gloo_comms import AllToAllReduceScatter
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    evens = dist.new_group(list(range(0, world, 2)))
+    comm, results = AllToAllReduceScatter(), []
+    for group, name in ((None, "world"), (evens, "evens")):
+        if group is evens and rank % 2:
+            continue
+        size = dist.get_world_size(group)
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            g = torch.Generator().manual_seed(rank)
+            grads = torch.randn(size * 1000 + size * 3, generator=g)  # FSDP2 pads to a multiple of the group
+            expected, got = torch.empty(grads.numel() // size), torch.full((grads.numel() // size,), float("nan"))
+            dist.reduce_scatter_tensor(expected, grads.clone(), op=op, group=group)
+            before = grads.clone()
+            assert comm(got, grads, group, op) is None
+            assert torch.equal(grads, before)  # the input is read, not reduced in place
+            results.append((f"{name} {op}", torch.equal(got, expected), (got - expected).abs().max().item()))
+    dist.destroy_process_group()
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_all_to_all_reduce_scatter_equals_gloos_own(world_size):
+    for rank, results in enumerate(run_ranks("tests.dist.test_gloo_comms:compare_with_gloos_own", world_size, timeout=90)):
+        assert len(results) == (4 if rank % 2 == 0 else 2), results
+        for case, equal, largest in results:
+            if world_size == 2 or case.startswith("evens"):  # two summands: a + b in either order
+                assert equal, (rank, case, largest)
+            else:  # four summands, added in another order
+                assert largest < 1e-5, (rank, case, largest)
