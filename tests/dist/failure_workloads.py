@@ -47,7 +47,11 @@ def misbehave_at_step_3(how: str, watchdog_timeout: float | None = None) -> None
 
 class StuckInRank1Worker(torch.utils.data.Dataset):
     """Rank 1's first DataLoader worker stops delivering at its 9th sample (in step 2 or 3): it
-    waits while its parent lives, and ends once the watchdog has stopped the rank."""
+    blocks reading a pipe whose other end the rank and its workers hold, so it sleeps in the kernel
+    the whole time, and ends once the watchdog has stopped the rank (and the other worker followed)."""
+
+    def __init__(self) -> None:
+        self.read_end, self.write_end = os.pipe()  # made before the workers fork: they inherit both
 
     def __len__(self) -> int:
         return 64
@@ -58,9 +62,8 @@ class StuckInRank1Worker(torch.utils.data.Dataset):
             self.loaded = getattr(self, "loaded", 0) + 1
             if self.loaded == 9:
                 print(f"rank 1: worker 0 (pid {os.getpid()}) stops delivering", flush=True)
-                parent = os.getppid()
-                while os.getppid() == parent:
-                    time.sleep(0.2)
+                os.close(self.write_end)
+                os.read(self.read_end, 1)  # end of file once every other holder has exited
                 os._exit(0)
         return torch.full((3,), float(i))
 
