@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import torch
 
+from phalanx.runtime.children import read_process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -122,11 +124,7 @@ def _holding(pipe_inode: int) -> list[int]:
 
 def _describe(pid: int) -> str:
     """`pid (parent, state, wait channel): command line` of a process, as far as /proc still shows it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        wchan = Path(f"/proc/{pid}/wchan").read_text()
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+    facts = read_process(pid)
+    if facts is None:
         return f"{pid}: ended"
-    return f"{pid} (parent {ppid}, state {state}, waiting in {wchan or '-'}): {args[:300]}"
+    return f"{pid} (parent {facts.ppid}, state {facts.state}, waiting in {facts.wchan or '-'}): {facts.command_text[:300]}"
