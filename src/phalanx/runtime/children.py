@@ -54,10 +54,9 @@ def describe_children(pid: int | None = None) -> list[str]:
     parent's)."""
     pid = os.getpid() if pid is None else pid
     parent = read_process(pid)
-    try:
-        names = [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return []
+    if parent is None:
+        return []  # no /proc here, or the process has ended
+    names = [int(n) for n in os.listdir("/proc") if n.isdigit()]
     lines = []
     for child in sorted(names):
         try:
@@ -66,7 +65,7 @@ def describe_children(pid: int | None = None) -> list[str]:
         except (OSError, IndexError, ValueError):
             continue  # ended meanwhile
         facts = read_process(child)
-        if facts is None or parent is None:
+        if facts is None:
             continue
         state = STATES.get(facts.state, facts.state)
         where = f" in {facts.wchan}" if facts.wchan else ""
