@@ -17,6 +17,7 @@ from phalanx.data.sampler import BatchShardSampler, ShardedSampler
 from phalanx.data.shard_choice import build, carried, is_stateful, shard_loader
 from phalanx.data.split_batches import per_rank_batch_size
 from phalanx.data.user_sampler import UserSampler, check_same_draw
+from phalanx.data.worker_start import start_workers
 from phalanx.runtime.collectives import move_to_device
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
@@ -243,11 +244,12 @@ class PreparedLoader:
             real_left -= skip * (self.loader.batch_size or 0)
         pad_flags = None
         source = _skipping(self.loader, skip) if not self.stateful else self.loader
+        read = start_workers(source, f"rank {self.ctx.rank}")  # a worker stuck in its fork is replaced
         if self.stateful:  # restored by its own load_state_dict: it starts at batch `skip` by itself
-            batches: Iterator[tuple[int, Any]] = enumerate(source, start=skip)
+            batches: Iterator[tuple[int, Any]] = enumerate(read, start=skip)
         else:
-            batches = (enumerate(source, start=skip) if source is not self.loader
-                       else itertools.islice(enumerate(source), skip, None))  # can only skip by reading
+            batches = (enumerate(read, start=skip) if source is not self.loader
+                       else itertools.islice(enumerate(read), skip, None))  # can only skip by reading
         for index, batch in batches:
             if pad_flags is None and isinstance(self.loader.batch_sampler, BatchShardSampler):
                 pad_flags = self.loader.batch_sampler.padding_flags
