@@ -43,7 +43,11 @@ def test_at_rest_each_stage_holds_less_than_the_one_before(measured):
     # it holds what zero3 does); measured (RssAnon) 0.79 / 0.54 / 0.54 with freed host memory given back
     assert rest["zero1"] < 0.92 * rest["ddp"], _whole(measured)
     assert rest["zero2"] < 0.85 * rest["zero1"], _whole(measured)
-    assert rest["zero3"] < 1.05 * rest["zero2"] and rest["zero3"] < 0.72 * rest["ddp"], _whole(measured)
+    # zero2 and zero3 hold the same bytes at rest: malloc's bytes in use agree (82.8 / 82.8 MiB); resident
+    # pages differ by where those bytes landed, a few MiB between runs (4.0 MiB over zero2 in a CI run)
+    used = _figure(measured, "in_use")
+    assert used["zero3"] < 1.02 * used["zero2"], _whole(measured)
+    assert rest["zero3"] < rest["zero2"] + 8 * 2**20 and rest["zero3"] < 0.72 * rest["ddp"], _whole(measured)
 
 
 def test_no_stage_peaks_above_ddp(measured):
