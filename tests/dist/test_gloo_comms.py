@@ -1,5 +1,7 @@
-"""zero2/zero3's gradient reduce-scatter on gloo (an all-to-all and a local sum) gives what gloo's
-own reduce_scatter_tensor gives, for SUM and AVG, on 2 and 4 ranks and on a subgroup."""
+"""zero2/zero3's collectives on gloo give what gloo's own give, on 2 and 4 ranks and on a subgroup: the
+gradient reduce-scatter (an all-to-all and a local sum) for SUM and AVG, and the parameter all-gather
+(a broadcast per rank into the output) bit for bit, its input a chunk of the output as FSDP2 hands it or
+a tensor apart."""
 from __future__ import annotations
 
 import pytest
@@ -45,3 +47,36 @@ def test_the_all_to_all_reduce_scatter_equals_gloos_own(world_size):
                 assert equal, (rank, case, largest)
             else:  # four summands, added in another order
                 assert largest < 1e-5, (rank, case, largest)
+
+
+def gather_like_gloos_own() -> list[tuple[str, bool]]:
+    """(case, bit-equal to all_gather_into_tensor) on the world and on the odd ranks (a group whose
+    ranks are not the global ones), with the input inside the output or apart from it."""
+    from phalanx.strategies.gloo_comms import BroadcastAllGather
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    odds = dist.new_group(list(range(1, world, 2)))
+    comm, results = BroadcastAllGather(), []
+    for group, name in ((None, "world"), (odds, "odds")):
+        if group is odds and rank % 2 == 0:
+            continue
+        size, me = dist.get_world_size(group), dist.get_rank(group)
+        shard = torch.randn(1003, generator=torch.Generator().manual_seed(rank))
+        expected = torch.empty(size * shard.numel())
+        dist.all_gather_into_tensor(expected, shard, group=group)
+        inside = torch.full_like(expected, float("nan"))
+        mine = inside.narrow(0, me * shard.numel(), shard.numel())
+        mine.copy_(shard)
+        apart = torch.full_like(expected, float("nan"))
+        assert comm(inside, mine, group) is None and comm(apart, shard.clone(), group) is None
+        results += [(f"{name} inside", torch.equal(inside, expected)), (f"{name} apart", torch.equal(apart, expected))]
+    dist.destroy_process_group()
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_broadcast_all_gather_equals_gloos_own(world_size):
+    for rank, results in enumerate(run_ranks("tests.dist.test_gloo_comms:gather_like_gloos_own", world_size, timeout=90)):
+        assert len(results) == (4 if rank % 2 else 2), results
+        assert all(equal for _, equal in results), (rank, results)

@@ -16,7 +16,7 @@ from torch import nn
 from phalanx.loop.precision import Precision
 from phalanx.model import meta_init
 from phalanx.strategies import sharded_embedding
-from phalanx.strategies.gloo_comms import use_all_to_all_for_gradients
+from phalanx.strategies.gloo_comms import use_gloo_collectives
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 
@@ -65,7 +65,7 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
     roots = [model] if roots is None else roots
     for root in roots:
         fully_shard(root, reshard_after_forward=False, **kwargs)
-    use_all_to_all_for_gradients([*units, *roots], backend)  # gloo: cheaper than its own reduce-scatter
+    use_gloo_collectives([*units, *roots], backend)  # gloo: cheaper than its own reduce-scatter and all-gather
     prefetch = options.forward_prefetch is not False  # default on (see StrategyOptions)
     if prefetch and not nested and len(units) > 1 and len(roots) == 1:  # one stage: the units run in order
         for i in range(len(units) - 1):
