@@ -2,8 +2,8 @@
 
 Per step, zero3 as phalanx applies it all-gathers every unit's parameters for the forward (the root
 unit's too), again for the backward (all but the last unit, which stays gathered, and the root,
-which stays from forward to backward), reduces every unit's gradients (on gloo an all-to-all, then
-the sum of this rank's chunks: strategies/gloo_comms.py), and exchanges the root embedding's
+which stays from forward to backward; on gloo a broadcast per rank into the output), reduces every
+unit's gradients (on gloo an all-to-all, then the sum of this rank's chunks: strategies/gloo_comms.py), and exchanges the root embedding's
 looked-up rows (token ids and outputs forward, output gradients backward); each gather is copied
 out into the parameters and each gradient into the reduce buffer. ddp instead all-reduces every
 gradient in 25 MiB buckets.
@@ -14,9 +14,16 @@ buckets persist), so the floor includes what memory costs under the process's ho
 fresh pages, zeroed by the kernel, where `host_mmap_threshold` gives freed buffers back to the
 system (phalanx's default, 1MiB), glibc's reused heap where it is 0.
 
-floor = phalanx ddp's CPU time per step + those collectives and copies - ddp's all-reduce, each
-timed alone on the same ranks (rank 0's CPU time, median of `reps`): the step zero3 would take if
-sharding cost nothing beyond moving its bytes, at this machine's per-collective latency.
+The optimizer: ddp's step updates every parameter, a sharded rank's only its 1/N. The floor takes
+ddp's optimizer step as timed inside its steps, scaled by what AdamW over this rank's shards costs
+against AdamW over the whole model, both timed alone (`optimizer_ms`); before this the floor kept
+ddp's whole step and stood that much (about 10 ms on the small-vocab encoder, 2 ranks) above what a
+sharded step needs.
+
+floor = phalanx ddp's CPU time per step + those collectives and copies - ddp's all-reduce - ddp's
+optimizer step + that step scaled to the shards, the collectives timed alone on the same ranks
+(rank 0's CPU time, median of `reps`): the step zero3 would take if sharding cost nothing beyond
+moving its bytes, at this machine's per-collective latency.
 """
 from __future__ import annotations
 
@@ -57,8 +64,11 @@ def _cpu_ms(fn: Callable[[], None], reps: int) -> float:
 
 def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[float, float]:
     """(zero3's collectives and copies, ddp's all-reduce) per step, CPU ms, timed alone."""
+    from phalanx.strategies.gloo_comms import BroadcastAllGather
+
     world, rank = dist.get_world_size(), dist.get_rank()
     units, root, embedding = _units(model)
+    gather_comm = BroadcastAllGather()  # as zero3 gathers on gloo
 
     shards = {n: torch.randn(math.ceil(n / world)) for n in set(units + [root])}  # this rank's parameters
     grads = {n: torch.randn(n) for n in set(units + [root])}  # autograd's unsharded gradients (ddp's too)
@@ -68,7 +78,7 @@ def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[floa
         per = shard.numel()
         gathered = torch.empty(per * world)
         gathered[rank * per:(rank + 1) * per].copy_(shard)
-        all_gather_single(gathered, gathered[rank * per:(rank + 1) * per])
+        gather_comm(gathered, gathered[rank * per:(rank + 1) * per], dist.group.WORLD)
         torch.empty(n).copy_(gathered[:n])
 
     def reduce(n: int) -> None:
@@ -104,3 +114,18 @@ def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[floa
             dist.all_reduce(bucket)
 
     return _cpu_ms(zero3, reps), _cpu_ms(ddp, reps)
+
+
+def optimizer_ms(model: nn.Module, reps: int = 5) -> tuple[float, float]:
+    """(AdamW's step over every parameter, over this rank's 1/N shard of each) CPU ms, timed alone."""
+    world = dist.get_world_size()
+
+    def timed(sizes: list[int]) -> float:
+        params = [nn.Parameter(torch.randn(n)) for n in sizes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer = torch.optim.AdamW(params, lr=1e-3)
+        return _cpu_ms(optimizer.step, reps)
+
+    sizes = [p.numel() for p in model.parameters()]
+    return timed(sizes), timed([math.ceil(n / world) for n in sizes])

@@ -220,11 +220,13 @@ def bubble(name: str) -> str:
     return f"{fraction:.2f}" if fraction is not None else "?"
 
 
-def run_variant(build: Callable, data, steps: int, warmup: int = 3) -> tuple[float, float, int]:
+def run_variant(build: Callable, data, steps: int, warmup: int = 3) -> tuple[float, float, int, float]:
+    """(steps/s, CPU ms per step, the largest rank's state bytes, CPU ms of the optimizer step alone)."""
     from phalanx.model import memory
 
     model, opt, step = build()
     start = None
+    optimizer_s = 0.0
     for i in range(warmup + steps):
         if i == warmup:
             dist.barrier()
@@ -232,14 +234,17 @@ def run_variant(build: Callable, data, steps: int, warmup: int = 3) -> tuple[flo
         x, y = data[i % len(data)]
         opt.zero_grad(set_to_none=True)
         step(x, y)
+        before = time.process_time()
         opt.step()
+        if i >= warmup:
+            optimizer_s += time.process_time() - before
     cpu_ms = (time.process_time() - cpu_start) / steps * 1000  # this process, all its threads
     dist.barrier()
     rate = steps / (time.perf_counter() - start)
     held = memory.measure(model, opt)
     most = torch.tensor([held.total], dtype=torch.int64)
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
-    return rate, cpu_ms, int(most.item())
+    return rate, cpu_ms, int(most.item()), optimizer_s / steps * 1000
 
 
 def worker(rounds: int, steps: int, only: list[str] | None) -> None:
@@ -249,18 +254,23 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
     data = {n: batches(8, REPLICA_OF[n]() if n in REPLICA_OF else 1) for n in names}
     rates: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
+    optimizer: dict[str, list[float]] = {n: [] for n in names}
     held: dict[str, int] = {}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else list(reversed(names))):
-            rate, cpu_ms, held[name] = run_variant(VARIANTS[name], data[name], steps)
+            rate, cpu_ms, held[name], optimizer_ms = run_variant(VARIANTS[name], data[name], steps)
             rates[name].append(rate)
             cpu[name].append(cpu_ms)
+            optimizer[name].append(optimizer_ms)
     floor = None
     if "phalanx ddp" in names and "phalanx zero3" in names:  # every rank takes part in the timing
         import _zero3_floor
 
         zero3_ms, ddp_ms = _zero3_floor.comm_ms(make_model(), BATCH, SEQ)
-        floor = sorted(cpu["phalanx ddp"])[rounds // 2] + zero3_ms - ddp_ms
+        whole_alone, sharded_alone = _zero3_floor.optimizer_ms(make_model())
+        whole_step = sorted(optimizer["phalanx ddp"])[rounds // 2]  # ddp's, inside its step
+        sharded_step = whole_step * sharded_alone / whole_alone  # the same step over this rank's shards
+        floor = sorted(cpu["phalanx ddp"])[rounds // 2] + zero3_ms - ddp_ms - whole_step + sharded_step
     if dist.get_rank() == 0:
         model = make_model()
         params = sum(p.numel() for p in model.parameters())
@@ -284,7 +294,10 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
         if floor is not None:
             zero3, ddp = sorted(cpu["phalanx zero3"])[rounds // 2], sorted(cpu["phalanx ddp"])[rounds // 2]
             print(f"  zero3's floor: {floor:.1f} CPU ms/step (phalanx ddp's, plus zero3's gathers, gradient reductions, "
-                  f"copies and per-use buffers, less ddp's all-reduce, each timed alone: bench/_zero3_floor.py);\n"
+                  f"copies and per-use buffers, less ddp's all-reduce, with ddp's optimizer step ({whole_step:.1f} ms) "
+                  f"scaled to this rank's shards ({sharded_step:.1f} ms: AdamW over the shards took "
+                  f"{sharded_alone / whole_alone:.2f} of its time over the whole model, timed alone), the collectives "
+                  f"timed alone: bench/_zero3_floor.py);\n"
                   f"  phalanx zero3 runs at {floor / zero3:.2f} of that floor's speed and {ddp / zero3:.2f}x phalanx ddp's")
         print(f"  (CPU ms/step: rank 0's own CPU time, all threads; 'vs' = {base_name}'s CPU time / this one's,\n"
               "   a throughput ratio that ignores time stolen by other processes on a shared machine;\n"
