@@ -26,8 +26,8 @@ import torch
 from torch.utils.data import DataLoader
 
 
-
-def fork_can_hang(version: tuple[int, ...] = tuple(sys.version_info[:3]), implementation: str = sys.implementation.name) -> bool:
+def fork_can_hang(version: tuple[int, ...] = tuple(sys.version_info[:3]),
+                  implementation: str = sys.implementation.name) -> bool:
     """Whether this Python's fork can leave a child waiting on a lock copied held (CPython < 3.11.10)."""
     return implementation == "cpython" and tuple(version[:3]) < (3, 11, 10)
 
@@ -127,7 +127,7 @@ _NOTHING = object()
 def _random_state(loader: DataLoader) -> tuple:
     """What `iter(loader)` draws from: torch's and Python's global generators, the loader's and its
     samplers' own generators, a StatefulDataLoader's state to resume from."""
-    generators = [g for g in _generators((loader.generator, loader.sampler, loader.batch_sampler))]
+    generators = _generators((loader.generator, loader.sampler, loader.batch_sampler))
     return (torch.get_rng_state(), random.getstate(), [(g, g.get_state()) for g in generators],
             getattr(loader, "next_iter_state", _NOTHING), loader)
 

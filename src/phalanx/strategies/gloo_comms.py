@@ -28,13 +28,17 @@ except ImportError:  # pragma: no cover - older torch: FSDP2's own collectives s
     AllGather = ReduceScatter = None  # type: ignore[assignment,misc]
 
 
+def _allocate(self: Any, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Both collectives' buffers: plain tensors (FSDP2's default allocation, which is private)."""
+    return torch.empty(*size, dtype=dtype, device=device)
+
+
 if ReduceScatter is not None:
     class AllToAllReduceScatter(ReduceScatter):  # type: ignore[misc,valid-type]
         """reduce_scatter(output, input) computed as all_to_all(input), then the sum of the copies
         of this rank's chunk (divided by the world for AVG)."""
 
-        def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-            return torch.empty(*size, dtype=dtype, device=device)
+        allocate = _allocate
 
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
                      async_op: bool = False) -> Any:
@@ -53,10 +57,11 @@ if ReduceScatter is not None:
 if AllGather is not None:
     class BroadcastAllGather(AllGather):  # type: ignore[misc,valid-type]
         """all_gather(output, input) as one broadcast per rank, each straight into its chunk of the
-        output (FSDP2's input is already this rank's chunk of it)."""
+        output (FSDP2's input is already this rank's chunk of it). It returns when the gather is done,
+        async_op or not: FSDP2 waits only on a c10d Work, and on CPU the ranks' compute and gloo's
+        threads share the cores, so a prefetch overlaps little (the step above is with it)."""
 
-        def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-            return torch.empty(*size, dtype=dtype, device=device)
+        allocate = _allocate
 
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
                      async_op: bool = False) -> Any:
