@@ -3,10 +3,10 @@
 Per step, zero3 as phalanx applies it all-gathers every unit's parameters for the forward (the root
 unit's too), again for the backward (all but the last unit, which stays gathered, and the root,
 which stays from forward to backward; on gloo a broadcast per rank into the output), reduces every
-unit's gradients (on gloo an all-to-all, then the sum of this rank's chunks: strategies/gloo_comms.py), and exchanges the root embedding's
-looked-up rows (token ids and outputs forward, output gradients backward); each gather is copied
-out into the parameters and each gradient into the reduce buffer. ddp instead all-reduces every
-gradient in 25 MiB buckets.
+unit's gradients (on gloo an all-to-all, then the sum of this rank's chunks: strategies/gloo_comms.py),
+and exchanges the root embedding's looked-up rows (token ids and outputs forward, output gradients
+backward); each gather is copied out into the parameters and each gradient into the reduce
+buffer. ddp instead all-reduces every gradient in 25 MiB buckets.
 
 Every buffer is allocated per use, as FSDP2 allocates it (the all-gather output and the unsharded
 parameters at each gather, the reduce buffer and the sharded gradient at each reduction; ddp's
