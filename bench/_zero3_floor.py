@@ -8,11 +8,13 @@ and exchanges the root embedding's looked-up rows (token ids and outputs forward
 backward); each gather is copied out into the parameters and each gradient into the reduce
 buffer. ddp instead all-reduces every gradient in 25 MiB buckets.
 
-Every buffer is allocated per use, as FSDP2 allocates it (the all-gather output and the unsharded
-parameters at each gather, the reduce buffer and the sharded gradient at each reduction; ddp's
-buckets persist), so the floor includes what memory costs under the process's host memory setting:
-fresh pages, zeroed by the kernel, where `host_mmap_threshold` gives freed buffers back to the
-system (phalanx's default, 1MiB), glibc's reused heap where it is 0.
+Every buffer is allocated as zero3 allocates it: the unsharded parameters at each gather and the
+sharded gradient at each reduction per use, as FSDP2 does; the all-gather output and the reduce
+buffers from the step's `StepBuffers`, as phalanx's gloo collectives take them (a freed one handed
+on to the next unit of its size, all dropped when the step ends); ddp's buckets persist. So the
+floor includes what memory costs under the process's host memory setting: fresh pages, zeroed by
+the kernel, where `host_mmap_threshold` gives freed buffers back to the system (phalanx's default,
+1MiB), glibc's reused heap where it is 0.
 
 The optimizer: ddp's step updates every parameter, a sharded rank's only its 1/N. The floor takes
 ddp's optimizer step as timed inside its steps, scaled by what AdamW over this rank's shards costs
@@ -64,11 +66,13 @@ def _cpu_ms(fn: Callable[[], None], reps: int) -> float:
 
 def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[float, float]:
     """(zero3's collectives and copies, ddp's all-reduce) per step, CPU ms, timed alone."""
-    from phalanx.strategies.gloo_comms import BroadcastAllGather
+    from phalanx.strategies.gloo_comms import AllToAllReduceScatter, BroadcastAllGather
+    from phalanx.strategies.step_buffers import StepBuffers
 
     world, rank = dist.get_world_size(), dist.get_rank()
     units, root, embedding = _units(model)
-    gather_comm = BroadcastAllGather()  # as zero3 gathers on gloo
+    buffers = StepBuffers()  # as zero3 gathers and reduces on gloo
+    gather_comm, reduce_comm = BroadcastAllGather(buffers), AllToAllReduceScatter(buffers)
 
     shards = {n: torch.randn(math.ceil(n / world)) for n in set(units + [root])}  # this rank's parameters
     grads = {n: torch.randn(n) for n in set(units + [root])}  # autograd's unsharded gradients (ddp's too)
@@ -76,17 +80,15 @@ def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[floa
     def gather(n: int) -> None:
         shard = shards[n]
         per = shard.numel()
-        gathered = torch.empty(per * world)
+        gathered = gather_comm.allocate((per * world,), dtype=torch.float32, device=torch.device("cpu"))
         gathered[rank * per:(rank + 1) * per].copy_(shard)
         gather_comm(gathered, gathered[rank * per:(rank + 1) * per], dist.group.WORLD)
         torch.empty(n).copy_(gathered[:n])
 
     def reduce(n: int) -> None:
-        laid_out = torch.empty(shards[n].numel() * world)
+        laid_out = reduce_comm.allocate((shards[n].numel() * world,), dtype=torch.float32, device=torch.device("cpu"))
         laid_out[:n].copy_(grads[n])
-        copies = torch.empty_like(laid_out)
-        dist.all_to_all_single(copies, laid_out)
-        torch.sum(copies.view(world, -1), 0, out=torch.empty(shards[n].numel()))
+        reduce_comm(torch.empty(shards[n].numel()), laid_out, dist.group.WORLD, dist.ReduceOp.SUM)
 
     tokens = torch.zeros(batch, seq, dtype=torch.int64)
     dim = embedding.embedding_dim if embedding is not None else 0
@@ -104,6 +106,7 @@ def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[floa
             reduce(n)
         if embedding is not None:
             all_gather_single(torch.empty(world * batch, seq, dim), output_grads)
+        buffers.release()  # as the end of a backward does
 
     total = sum(p.numel() for p in model.parameters())
     per_bucket = DDP_BUCKET_BYTES // 4

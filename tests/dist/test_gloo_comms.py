@@ -80,3 +80,54 @@ def test_the_broadcast_all_gather_equals_gloos_own(world_size):
     for rank, results in enumerate(run_ranks("tests.dist.test_gloo_comms:gather_like_gloos_own", world_size, timeout=90)):
         assert len(results) == (4 if rank % 2 else 2), results
         assert all(equal for _, equal in results), (rank, results)
+
+
+def train_with_step_buffers() -> dict[str, object]:
+    """zero3 through phalanx on a model of identical blocks, 3 AdamW steps, with the collectives'
+    buffers reused within a step and (the same seed) allocated per use: each run's parameters after
+    it, and the reuse counters and buffers kept after each step."""
+    from torch import nn
+
+    from phalanx import Phalanx
+    from phalanx.strategies import step_buffers
+
+    made: list[step_buffers.StepBuffers] = []
+    init = step_buffers.StepBuffers.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    step_buffers.StepBuffers.__init__ = record
+    out: dict[str, object] = {}
+    for name in ("reused", "per use"):
+        if name == "per use":
+            step_buffers._use_count = None  # what a torch without the count gets: plain allocations
+        px = Phalanx(strategy="zero3", seed=0, watchdog_timeout=0)
+        model = nn.Sequential(*(nn.Sequential(nn.Linear(96, 96), nn.ReLU()) for _ in range(4)), nn.Linear(96, 4))
+        model, optimizer = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        g = torch.Generator().manual_seed(px.rank)
+        kept = []
+        for _ in range(3):
+            optimizer.zero_grad()
+            px.backward(model(torch.randn(8, 96, generator=g)).pow(2).mean())
+            optimizer.step()
+            kept.append(len(made[-1]))
+        out[name] = {"params": [p.full_tensor() for p in model.parameters()], "kept": kept,
+                     "fresh": made[-1].fresh, "reused": made[-1].reused, "pools": len(made)}
+    dist.destroy_process_group()
+    return out
+
+
+def test_zero3_reuses_its_collectives_buffers_within_a_step_and_keeps_none_after_it():
+    for rank, out in enumerate(run_ranks("tests.dist.test_gloo_comms:train_with_step_buffers", 2, timeout=90)):
+        reused, per_use = out["reused"], out["per use"]
+        assert reused["pools"] == 1 and per_use["pools"] == 2  # one pool per prepared model
+        assert all(torch.equal(a, b) for a, b in zip(reused["params"], per_use["params"])), rank
+        assert reused["kept"] == [0, 0, 0], (rank, reused)  # dropped when each backward ended
+        # each step: 4 identical blocks (gathered for the forward and, but the last, the backward;
+        # each reduced through an input, the all-to-all's copies and the output, which becomes the
+        # sharded gradient) and a smaller last unit. Within a step the blocks hand their buffers on
+        # (at least 4 of the 23 takes a step)
+        assert reused["reused"] >= 3 * 4 and reused["fresh"] + reused["reused"] == 3 * 23, (rank, reused)
+        assert (per_use["fresh"], per_use["reused"]) == (0, 0), (rank, per_use)

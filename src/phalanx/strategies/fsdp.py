@@ -65,7 +65,7 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
     roots = [model] if roots is None else roots
     for root in roots:
         fully_shard(root, reshard_after_forward=False, **kwargs)
-    use_gloo_collectives([*units, *roots], backend)  # gloo: cheaper than its own reduce-scatter and all-gather
+    use_gloo_collectives(units, roots, backend)  # gloo: cheaper than its own reduce-scatter and all-gather
     prefetch = options.forward_prefetch is not False  # default on (see StrategyOptions)
     if prefetch and not nested and len(units) > 1 and len(roots) == 1:  # one stage: the units run in order
         for i in range(len(units) - 1):

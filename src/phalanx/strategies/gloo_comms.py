@@ -14,6 +14,9 @@ torch 2.13, CPU time per call):
   chunk of the output, moves the same bytes with no second buffer: 2.4 and 10.7 ms. A zero3 step
   of the small-vocab encoder: 202.2 -> 191.0 ms (median of 8 alternating rounds), the parameters
   after it bit-equal.
+
+Both draw their buffers from one `StepBuffers` per model, which hands a unit's freed buffer on to the
+next unit of its size within a step (strategies/step_buffers.py).
 """
 from __future__ import annotations
 
@@ -22,23 +25,28 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.distributed as dist
 
+from phalanx.strategies.step_buffers import StepBuffers
+
 try:  # FSDP2's pluggable collectives (torch >= 2.8)
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 except ImportError:  # pragma: no cover - older torch: FSDP2's own collectives stay
     AllGather = ReduceScatter = None  # type: ignore[assignment,misc]
 
 
-def _allocate(self: Any, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Both collectives' buffers: plain tensors (FSDP2's default allocation, which is private)."""
-    return torch.empty(*size, dtype=dtype, device=device)
+class _Buffered:
+    """FSDP2's `allocate` for a collective's buffers, from the step's shared pool."""
+
+    def __init__(self, buffers: StepBuffers | None = None) -> None:
+        self.buffers = StepBuffers() if buffers is None else buffers
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.buffers.take(size, dtype, device)
 
 
 if ReduceScatter is not None:
-    class AllToAllReduceScatter(ReduceScatter):  # type: ignore[misc,valid-type]
+    class AllToAllReduceScatter(_Buffered, ReduceScatter):  # type: ignore[misc,valid-type]
         """reduce_scatter(output, input) computed as all_to_all(input), then the sum of the copies
         of this rank's chunk (divided by the world for AVG)."""
-
-        allocate = _allocate
 
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
                      async_op: bool = False) -> Any:
@@ -46,7 +54,7 @@ if ReduceScatter is not None:
                 return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
                                                   async_op=async_op)
             world = dist.get_world_size(group)
-            copies = torch.empty_like(input_tensor)
+            copies = self.allocate(input_tensor.shape, dtype=input_tensor.dtype, device=input_tensor.device)
             dist.all_to_all_single(copies, input_tensor, group=group)
             torch.sum(copies.view(world, *output_tensor.shape), 0, out=output_tensor)
             if op == dist.ReduceOp.AVG:
@@ -55,13 +63,11 @@ if ReduceScatter is not None:
 
 
 if AllGather is not None:
-    class BroadcastAllGather(AllGather):  # type: ignore[misc,valid-type]
+    class BroadcastAllGather(_Buffered, AllGather):  # type: ignore[misc,valid-type]
         """all_gather(output, input) as one broadcast per rank, each straight into its chunk of the
         output (FSDP2's input is already this rank's chunk of it). It returns when the gather is done,
         async_op or not: FSDP2 waits only on a c10d Work, and on CPU the ranks' compute and gloo's
         threads share the cores, so a prefetch overlaps little (the step above is with it)."""
-
-        allocate = _allocate
 
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
                      async_op: bool = False) -> Any:
@@ -75,13 +81,18 @@ if AllGather is not None:
             return None
 
 
-def use_gloo_collectives(modules: Iterable[Any], backend: str) -> bool:
-    """On gloo, make each fully_shard-ed module reduce its gradients with AllToAllReduceScatter and
-    gather its parameters with BroadcastAllGather."""
+def use_gloo_collectives(units: Iterable[Any], roots: Iterable[Any], backend: str) -> bool:
+    """On gloo, make each fully_shard-ed module (units and roots) reduce its gradients with
+    AllToAllReduceScatter and gather its parameters with BroadcastAllGather, both reusing one
+    StepBuffers, emptied when a root's forward ends and when the backward ends."""
     if backend != "gloo" or ReduceScatter is None or AllGather is None:
         return False
-    reduce, gather = AllToAllReduceScatter(), BroadcastAllGather()
-    for module in modules:
+    buffers = StepBuffers()
+    reduce, gather = AllToAllReduceScatter(buffers), BroadcastAllGather(buffers)
+    roots = list(roots)
+    for module in [*units, *roots]:
         module.set_custom_reduce_scatter(reduce)
         module.set_custom_all_gather(gather)
+    for root in roots:
+        buffers.release_after_forward(root)
     return True
