@@ -186,7 +186,7 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "CPU runs on glibc: host allocations this large or larger are mapped on their own and returned to the "
             "system when freed (mallopt M_MMAP_THRESHOLD), so ZeRO's freed buffers and each step's activations do "
             "not stay resident in glibc's heap, at the cost of fresh pages when they are made again (zero3 on CPU: "
-            "0.71-0.77x ddp's speed, 0.76-0.82x with 0); at most 32MiB; 0 leaves glibc's default",
+            "0.80-0.87x ddp's speed, 0.85-0.86x with 0); at most 32MiB; 0 leaves glibc's default",
             value_name="SIZE"),
     Setting("memory_budget", kinds.BYTES, None,
             "per-device memory budget strategy auto compares the model with, e.g. 8GB "
