@@ -11,8 +11,8 @@ What is kept is bounded: besides the buffer handed out last, at most `keep` (def
 nothing uses, the least recently used dropped first, and all of them are dropped when the model's
 forward ends (a forward hook on the root) and when the backward pass ends (an autograd final
 callback, as FSDP2 queues its own): memory between steps and the optimizer's step hold none of them.
-During a backward the kept one raised a step's peak by 0-4 MiB on bench/memory.py's Llama (zero2 0.85-0.87
-of ddp's, zero3 0.79-0.80; with keep 2, zero2 reached 0.92).
+The kept one moved a step's peak by 0-4 MiB on bench/memory.py's Llama (zero2 0.83-0.87 of ddp's,
+zero3 0.77-0.80, where they read 0.82 and 0.77 before); keeping 2 took zero2's to 0.92.
 """
 from __future__ import annotations
 
