@@ -350,7 +350,9 @@ class Phalanx:
         `num_items`: `loss` is a sum over that many items (target tokens, samples; 0 is fine on some
         ranks); the optimizer step then uses Σ loss / Σ num_items over every rank and micro-step, as
         one process would on the whole global batch (`px.step_loss` is that mean, for logging).
+        After px.shard_sequence it is still the batch's count, as in px.forward_backward.
         """
+        num_items = self._cp.items_share(num_items)  # cp: this rank's part of a cut batch
         with self._step_progress.during(Phase.BACKWARD):
             scaled = self._accumulator.scale_loss(loss)  # first: it may start a new cycle
             if num_items is None:

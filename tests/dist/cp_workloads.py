@@ -285,3 +285,52 @@ def train_own_model(steps: int = 6) -> dict:
             result[attend] = str(error)
     px.wait_for_everyone()
     return result
+
+
+# ---- the docs' hand-written cp loop (docs/long-sequences.md), against plain torch in one process ----
+def hand_loop_reference(steps: int) -> dict:
+    """The same loop in one process, as torch/transformers docs write it."""
+    model = tiny_llama()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, norms = [], []
+    for (tokens,) in list(torch.utils.data.DataLoader(rows(), batch_size=4))[:steps]:
+        tokens = tokens[:, :-1]  # 15 inputs: not a multiple of 2 x cp
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        logits = model(input_ids=inputs, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item())
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "norms": norms, "weights": model.state_dict()}
+
+
+def train_hand_loop(steps: int = 3) -> dict:
+    """The docs' hand-written cp loop at cp 2: px.shard_sequence(pad=True), a summed loss, and
+    px.backward(loss, num_items=n) with n the batch's target count; rank 0 also returns one process's."""
+    from phalanx import Phalanx
+
+    px = Phalanx(strategy="ddp", cp=2)
+    model = tiny_llama()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = px.prepare(model, optimizer)
+    losses, norms = [], []
+    for (tokens,) in list(torch.utils.data.DataLoader(rows(), batch_size=4))[:steps]:
+        tokens = tokens[:, :-1]
+        targets = tokens[:, 1:]                       # shifted before the cut
+        num_items = (targets != -100).sum()           # the batch's count, before the cut
+        inputs, targets = px.shard_sequence({"input_ids": tokens[:, :-1]}, targets, pad=True)
+        logits = model(**inputs, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
+                                                 reduction="sum")
+        px.backward(loss, num_items=num_items)
+        norms.append(px.clip_grad_norm_(model.parameters(), 1e9).item())
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(px.step_loss)
+    result = {"losses": losses, "norms": norms, "weights": px.unwrap_model(model).state_dict()}
+    if px.rank == 0:
+        result["reference"] = hand_loop_reference(steps)
+    px.wait_for_everyone()
+    return result

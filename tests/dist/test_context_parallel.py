@@ -81,6 +81,19 @@ def test_attention_that_cannot_be_routed_is_refused(own_model: list[dict]) -> No
         assert "no attention of OwnAttentionLM went across the cut" in rank["manual"]
 
 
+def test_hand_written_loop_num_items_is_the_batch_count() -> None:
+    """docs/long-sequences.md's loop: px.shard_sequence(pad=True), then px.backward(loss, num_items=n)
+    with n the batch's target count, equals plain torch in one process (it was 1/cp of it)."""
+    import torch
+
+    ranks = run_ranks("tests.dist.cp_workloads:train_hand_loop", world_size=2, timeout=300)
+    reference = ranks[0]["reference"]
+    for rank in ranks:
+        torch.testing.assert_close(rank["losses"], reference["losses"], rtol=2e-4, atol=0)
+        torch.testing.assert_close(rank["norms"], reference["norms"], rtol=2e-4, atol=0)
+        torch.testing.assert_close(rank["weights"], reference["weights"], rtol=2e-4, atol=2e-5)  # AdamW: tiny grads
+
+
 @pytest.mark.slow
 def test_checkpoint_at_cp2_dp2_resumes_at_dp4_and_one_process(tmp_path) -> None:
     path = str(tmp_path / "ckpt")

@@ -25,6 +25,7 @@ class ContextParallel:
     rank: int = 0
     group: Any = None
     reported: bool = False
+    cut: bool = False  # a batch was cut since the last backward: its loss is this rank's part of the rows
 
     def shard(self, inputs: Any, targets: Any = None, *, pad: bool = False, seq_dim: int = 1,
               activate: bool = True) -> tuple[Any, Any, SequenceLayout]:
@@ -34,11 +35,21 @@ class ContextParallel:
         the sequence to a multiple of 2 x cp (masked, targets -100). The cut stays active until
         px.backward: transformers models and px.attention read it (F.scaled_dot_product_attention is
         routed inside px.forward_backward only)."""
+        self.cut = self.size > 1
         return shard_sequence(inputs, targets, cp_size=self.size, cp_rank=self.rank, group=self.group, pad=pad,
                               seq_dim=seq_dim, activate=activate)
 
+    def items_share(self, num_items: Any) -> Any:
+        """This rank's share of `num_items`, the batch's count (every verb takes the batch's): a cut
+        batch's loss is this rank's part of the rows, and the cp ranks' shares add up to the count
+        (ItemCount sums the counts over the ranks gradients are averaged over, cp ones included)."""
+        if num_items is None or not self.cut:
+            return num_items
+        return num_items / self.size
+
     def end_batch(self) -> None:
         """The batch cut by shard_sequence is done (its backward ran): later forwards see whole rows."""
+        self.cut = False
         set_active(None)
 
     def prepare(self, model: nn.Module) -> None:
@@ -84,13 +95,13 @@ class ContextParallel:
     def forward_backward(self, model: nn.Module, inputs: Any, targets: Any, loss_fn: Any, num_items: Any,
                          call: Any, backward: Any) -> torch.Tensor:
         """px.forward_backward over a cut batch: this rank's part through the model and the loss,
-        backward (with num_items / cp: the cp ranks' shares add up to the batch's count), and the
+        backward (num_items, the batch's count, shared by px.backward: `items_share`), and the
         whole rows' loss returned."""
         local_inputs, local_targets, layout = self.shard(inputs, targets, activate=False)  # active in the forward only
         with self.forward(model, layout):
             output = call(model, local_inputs)
         loss = loss_fn(output, local_targets)
-        backward(loss, num_items=None if num_items is None else num_items / self.size)
+        backward(loss, num_items=num_items)
         return self.whole_loss(loss, summed=num_items is not None)
 
 
