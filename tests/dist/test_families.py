@@ -4,7 +4,7 @@ loss and torch's own clip_grad_norm_ within 2e-4 relative over 6 steps) or refus
 the reason the table in docs/models.md quotes. One launch per layout runs every family in turn.
 
 The unmarked test runs a representative subset (tied embeddings under zero3, tp and pp; Gemma3's
-own tp plan style; a refusal) in one 2-process launch; the whole sweep is marked slow."""
+own tp plan style; refusals under tp and pp) in one 2-process launch; the whole sweep is marked slow."""
 from __future__ import annotations
 
 import pytest
@@ -36,7 +36,7 @@ def _check(ranks: list[dict], name: str, steps: int = 6) -> None:
                 assert abs(got - want) <= RTOL * abs(want), f"{name} {what} step {step}: {got} vs one process {want}"
 
 
-FAST = {**_cases("tp 2", ["llama-tied", "gemma3", "gpt2"]), **_cases("pp 2", ["llama-tied"]),
+FAST = {**_cases("tp 2", ["llama-tied", "gemma3", "gpt2"]), **_cases("pp 2", ["llama-tied", "gpt2"]),
         **_cases("zero3", ["qwen2"]),
         # torch's own utilities on the prepared model: clip_grad_value_, an optimizer built after prepare
         "llama / tp 2 / torch utilities": {"family": "llama", **LAYOUTS["tp 2"], "late_optimizer": True,

@@ -59,6 +59,29 @@ def test_a_lora_model_cut_in_two_equals_the_whole_one():
         torch.testing.assert_close(_stages_in_turn(whole, 2), whole(x).logits, rtol=0, atol=0)
 
 
-def test_a_transformers_model_without_a_plan_is_refused_naming_it():
-    with pytest.raises(ValueError, match=r"GPT2LMHeadModel declares no base_model_pp_plan .* and cannot cut"):
-        model_plan.model_chain(build("gpt2"))
+def _encoder(kind: str) -> torch.nn.Module:
+    """Tiny stock transformers models that declare no base_model_pp_plan (built locally, no download)."""
+    import transformers as tf
+
+    shape = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
+    if kind == "bert":
+        return tf.BertForMaskedLM(tf.BertConfig(**shape))
+    if kind == "modernbert":
+        ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+        return tf.ModernBertForMaskedLM(tf.ModernBertConfig(**shape, **ids, local_attention=8))
+    if kind == "t5":
+        return tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=64, d_model=16, d_ff=32, d_kv=8, num_layers=1,
+                                                         num_heads=2))
+    return build(kind)
+
+
+@pytest.mark.parametrize("kind, name", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"),
+                                        ("modernbert", "ModernBertForMaskedLM"),
+                                        ("t5", "T5ForConditionalGeneration")])
+def test_a_transformers_model_without_a_plan_is_refused_naming_it_and_the_way(kind: str, name: str):
+    with pytest.raises(ValueError) as refused:
+        model_plan.model_chain(_encoder(kind))
+    message = str(refused.value)
+    assert f"{name} declares no pipeline layout (transformers' `base_model_pp_plan`" in message
+    assert "pp_split setting" in message and f"HINT: train {name} without pp" in message
+    assert "co_varnames" not in message and "traced" not in message  # torch.fx's words: nothing a user can act on

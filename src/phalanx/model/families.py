@@ -32,7 +32,7 @@ _SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "n
           "num_key_value_heads": 2, "max_position_embeddings": 32}
 _GPT2_SIZES = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32}
 # what the refusal says (the sweep checks the message holds it; the docs table quotes it)
-_NO_PP_PLAN = "GPT2LMHeadModel declares no base_model_pp_plan"
+_NO_PP_PLAN = "GPT2LMHeadModel declares no pipeline layout"
 _NO_TP_PLAN = "GPT2LMHeadModel has no tensor-parallel plan"
 
 FAMILIES: tuple[Family, ...] = (

@@ -108,6 +108,18 @@ def model_chain(model: nn.Module) -> ModelChain:
         return find_chain(model)
     except ValueError as error:
         if isinstance(getattr(model, "base_model_prefix", None), str) and hasattr(model, "config"):
-            raise ValueError(f"{type(model).__name__} declares no base_model_pp_plan (transformers' pipeline layout, "
-                             f"which phalanx cuts stages from), and {error}") from None
+            # the trace's own words (torch.fx's "co_varnames is too small"...) stay in the chained error
+            raise ValueError(no_layout_message(model)) from error
         raise
+
+
+def no_layout_message(model: nn.Module) -> str:
+    """The refusal of a transformers model that declares no pipeline layout and is no plain chain."""
+    name = type(model).__name__
+    return (f"pp: {name} declares no pipeline layout (transformers' `base_model_pp_plan` in the model's config, "
+            f"which phalanx cuts a transformers model's stages from; Llama-style decoders declare one, "
+            f"{name} does not), and its forward is not a plain chain of its modules that phalanx could cut "
+            "instead (it computes masks and other values between them), so the pp_split setting, which names "
+            f"the modules to cut such a chain before, cannot cut it either. HINT: train {name} without pp "
+            "(pp 1: a data-parallel strategy, or tp, or cp for long rows), or cut a model that declares "
+            "base_model_pp_plan")
