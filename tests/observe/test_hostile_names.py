@@ -152,3 +152,14 @@ def test_the_exit_table_and_the_straggler_line_escape_names():
     text = exchange.phase_table()
     _no_control_characters(text)
     assert "\\x1b]0;retitled\\x07fwd" in text and "5.0" in text
+
+
+def test_the_launcher_s_failure_report_escapes_the_host_name():
+    from types import SimpleNamespace
+
+    from phalanx.launch.report import format_failures
+
+    failure = SimpleNamespace(local_rank=0, exitcode=3, error_file_data=None, signal_name=lambda: "", timestamp=0)
+    text = format_failures(SimpleNamespace(failures={0: failure}), 2, host=HOST)
+    _no_control_characters(text)
+    assert "on host <svg onload=\"window.pwned=2\">\\x1b[2J" in text
