@@ -89,3 +89,24 @@ def test_single_node_phalanx_run_store_is_loopback_only(flags, tmp_path):
     assert "REACHABLE_ELSEWHERE none" in proc.stdout.splitlines()
     if flags[:1] == ["--master-port"]:
         assert port == flags[1]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_etcd_v2_workers_store_listens_on_the_node_s_address_only(tmp_path):
+    """`--rdzv-backend etcd-v2` (etcd on loopback): the workers' store torch opens on rank 0's node
+    listened on `*:PORT`, open to every interface; it binds the node's address as static and c10d do."""
+    from tests.multinode.etcd_server import etcd_server
+
+    with bind_listener("127.0.0.1", 0) as a, bind_listener("127.0.0.1", 0) as b:
+        ports = a.getsockname()[1], b.getsockname()[1]
+    with etcd_server(tmp_path, "127.0.0.1", *ports) as endpoint:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+        proc = subprocess.run([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--rdzv-backend",
+                               "etcd-v2", "--rdzv-endpoint", endpoint, "--rdzv-id", f"bound-{os.getpid()}",
+                               str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [l for l in proc.stdout.splitlines() if l.startswith("LISTENERS")]
+    _, addr, port, listeners = line.split()
+    assert (addr, listeners) == ("127.0.0.1", "127.0.0.1"), line
+    assert "REACHABLE_ELSEWHERE none" in proc.stdout.splitlines()

@@ -63,6 +63,29 @@ def test_api_status_has_the_documented_shape(job):
     with pytest.raises(urllib.error.HTTPError) as refused:  # read-only
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 405
+    refused.value.close()
+
+
+def _listening_inode(port: int) -> str:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:
+                return fields[9]
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def test_only_the_launcher_holds_the_dashboard_s_listening_socket(job):
+    """The workers are forked from the launcher (fork on CPU): they must not keep the page's port."""
+    wanted = f"socket:[{_listening_inode(int(job['url'].rsplit(':', 1)[1].strip('/')))}]"
+    holders = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == wanted for fd in os.listdir(f"/proc/{pid}/fd")):
+                holders.add(int(pid))
+        except OSError:  # a process that ended meanwhile, or not ours to read
+            continue
+    assert holders == {job["proc"].pid}, holders
 
 
 def test_top_once_shows_the_running_job_from_another_process(job):
@@ -78,16 +101,16 @@ def test_top_once_shows_the_running_job_from_another_process(job):
 def test_the_page_shows_a_row_per_rank_and_updates(job, tmp_path):
     pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
     with browser_page(job["url"], tmp_path / "profile") as (page, errors):
-        page.wait_for_function("document.querySelectorAll('#ranks tr.rank').length === 2", timeout=30_000)
+        page.wait_for_function("() => document.querySelectorAll('#ranks tr.rank').length === 2", timeout=30_000)
         first = page.inner_text("#ranks tr.rank >> nth=0")
-        page.wait_for_function(f"document.querySelector('#ranks tr.rank').innerText !== {json.dumps(first)}",
+        page.wait_for_function(f"() => document.querySelector('#ranks tr.rank').innerText !== {json.dumps(first)}",
                                timeout=30_000)
-        page.wait_for_function("document.getElementById('straggler').innerText.includes('rank 1')",
+        page.wait_for_function("() => document.getElementById('straggler').innerText.includes('rank 1')",
                                timeout=60_000)
         line = page.inner_text("#straggler")
         assert "in data" in line, line
         assert page.get_attribute("#ranks tr.rank >> nth=1", "class") == "rank straggler"
-        page.wait_for_function("document.querySelectorAll('#steptime .scatterlayer .trace').length === 2",
+        page.wait_for_function("() => document.querySelectorAll('#steptime .scatterlayer .trace').length === 2",
                                timeout=30_000)  # a line per rank in the step-time plot
         page.screenshot(path=SCREENSHOT or str(tmp_path / "dashboard.png"), full_page=True)
         assert errors == []  # the page's script ran without an error

@@ -48,7 +48,7 @@ def test_a_stalled_rank_s_verdict_stays_on_the_page_across_a_restart(tmp_path):
         assert top.returncode == 0 and "attempt 1" in top.stdout, top.stdout
         if os.path.exists(CHROMIUM):  # the page shows both attempts' rows and the first one's verdict
             with browser_page(f"http://127.0.0.1:{port}/", tmp_path / "profile") as (page, errors):
-                page.wait_for_function("document.querySelectorAll('#ranks tr.earlier').length === 2 && "
+                page.wait_for_function("() => document.querySelectorAll('#ranks tr.earlier').length === 2 && "
                                        "document.querySelectorAll('#ranks tr.rank').length === 2", timeout=30_000)
                 assert "attempt 0: phalanx watchdog: rank 1 stalled at step 30" in page.inner_text("#verdict")
                 assert "attempt 0 ended" in page.inner_text("#ranks tr.earlier >> nth=1")

@@ -79,11 +79,12 @@ def client_for(tmp_path):
 def test_off_loopback_every_route_needs_the_token(client_for):
     board, client = client_for("0.0.0.0:8765")
     assert board.token and board.url.endswith(f"?token={board.token}")
-    for route in ("/", "/api/status", "/api/page", "/plotly.min.js"):
+    for route in ("/", "/api/status", "/api/page", "/plotly.min.js", "/dashboard.js"):
         assert client.get(route).status_code == 403
         assert client.get(route + "?token=wrong").status_code == 403
         assert client.get(f"{route}?token={board.token}").status_code == 200
     assert f"plotly.min.js?token={board.token}" in client.get(f"/?token={board.token}").text
+    assert f"dashboard.js?token={board.token}" in client.get(f"/?token={board.token}").text
 
 
 def test_on_loopback_no_token_and_nothing_but_reads(client_for):

@@ -23,6 +23,7 @@ from phalanx import config, refusal
 from phalanx.launch.node_setup import store_address
 from phalanx.launch.rendezvous import (
     BOUND_C10D_BACKEND,
+    BOUND_ETCD_V2_BACKEND,
     BOUND_STATIC_BACKEND,
     NodeSetup,
     describe_rendezvous_failure,
@@ -96,6 +97,8 @@ def _rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None) -> dict[str, 
     # Multi-node: timeouts, is_host and this node's address come from phalanx.cluster (`node`).
     configs = rendezvous_configs(spec.rdzv_backend, spec.rdzv_timeout, node) if not spec.single_node else {}
     local_addr = node.local_addr if node is not None else None
+    if local_addr is None and spec.single_node and spec.rdzv_backend == "etcd-v2":
+        local_addr = LOOPBACK  # the workers' store is this node's: loopback, as static and c10d have it
     if spec.rdzv_backend == "static":
         host = spec.master_addr or LOOPBACK
         endpoint = spec.rdzv_endpoint or f"{host}:{spec.master_port}"
@@ -107,8 +110,9 @@ def _rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None) -> dict[str, 
             "rdzv_configs": {"rank": spec.node_rank, **configs},
         }
     return {
-        # c10d's host binds its store to this node's address only, not every interface
-        "rdzv_backend": BOUND_C10D_BACKEND if spec.rdzv_backend == "c10d" else spec.rdzv_backend,
+        # c10d's and etcd-v2's stores bind this node's address only, not every interface
+        "rdzv_backend": {"c10d": BOUND_C10D_BACKEND, "etcd-v2": BOUND_ETCD_V2_BACKEND}.get(spec.rdzv_backend,
+                                                                                       spec.rdzv_backend),
         "rdzv_endpoint": spec.rdzv_endpoint,
         "local_addr": local_addr,
         "run_id": run_id,

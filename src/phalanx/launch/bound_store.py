@@ -1,4 +1,5 @@
-"""Rendezvous stores that listen on the address the user named, and nowhere else (static and c10d).
+"""Rendezvous stores that listen on the address the user named, and nowhere else (static, c10d,
+etcd-v2: the store etcd-v2's rank 0 opens for the workers).
 
 Why: torch's TCPStore server binds every interface (`*:port`) whatever host it is given, so a
 single-node job's store on "127.0.0.1" is reachable from the whole network, and a multi-node
@@ -22,7 +23,13 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
-from phalanx.launch.rendezvous import BOUND_C10D_BACKEND, BOUND_STATIC_BACKEND, DEFAULT_RDZV_TIMEOUT_S, split_endpoint
+from phalanx.launch.rendezvous import (
+    BOUND_C10D_BACKEND,
+    BOUND_ETCD_V2_BACKEND,
+    BOUND_STATIC_BACKEND,
+    DEFAULT_RDZV_TIMEOUT_S,
+    split_endpoint,
+)
 
 C10D_DEFAULT_PORT = 29400  # torchrun's default port for a c10d endpoint without one
 
@@ -127,11 +134,21 @@ def create_c10d_handler(params: RendezvousParameters) -> RendezvousHandler:
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     if params.get("store_type", "tcp").strip().lower() != "tcp" or not params.get_as_bool("is_host", False):
-        return _bind_workers_store(_create_c10d_handler(params))
+        return _bind_workers_store(_create_c10d_handler(params), BOUND_C10D_BACKEND)
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=C10D_DEFAULT_PORT)
     read_timeout = datetime.timedelta(seconds=params.get_as_int("read_timeout", 60) or 60)
     store = _bound_tcp_store(params.local_addr or host, port, read_timeout)
-    return _bind_workers_store(dynamic_handler(store, C10dRendezvousBackend(store, params.run_id), params))
+    return _bind_workers_store(dynamic_handler(store, C10dRendezvousBackend(store, params.run_id), params),
+                               BOUND_C10D_BACKEND)
+
+
+def create_etcd_v2_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """torch's etcd-v2 rendezvous (etcd holds the rendezvous), with the workers' store that rank 0's
+    node opens bound to that node's address (`local_addr`: loopback on one node), where torch's
+    would listen on every interface without authentication."""
+    from torch.distributed.elastic.rendezvous.registry import _create_etcd_v2_handler
+
+    return _bind_workers_store(_create_etcd_v2_handler(params), BOUND_ETCD_V2_BACKEND)
 
 
 def _bound_tcp_store(host: str, port: int, timeout: datetime.timedelta | None = None) -> TCPStore:
@@ -139,8 +156,8 @@ def _bound_tcp_store(host: str, port: int, timeout: datetime.timedelta | None = 
     return store_on(bind_listener(host, port), host, **extra)
 
 
-def _bind_workers_store(handler: RendezvousHandler) -> RendezvousHandler:
-    handler._backend_name = BOUND_C10D_BACKEND  # type: ignore[attr-defined]  # torch's registry checks the name
+def _bind_workers_store(handler: RendezvousHandler, backend: str) -> RendezvousHandler:
+    handler._backend_name = backend  # type: ignore[attr-defined]  # torch's registry checks the name
     if hasattr(handler, "_create_tcp_store_server"):  # absent in a torch without the shared workers' store
         handler._create_tcp_store_server = lambda addr, port: _bound_tcp_store(addr, port)  # type: ignore[attr-defined]
     if hasattr(handler, "_bootstrap_store_info"):
@@ -169,6 +186,7 @@ def _with_fresh_workers_store(handler: RendezvousHandler):  # type: ignore[no-un
 
 
 def register() -> None:
-    """Make `BOUND_STATIC_BACKEND` and `BOUND_C10D_BACKEND` known to torch's elastic agent (idempotent)."""
+    """Make the BOUND_* backends known to torch's elastic agent (idempotent)."""
     rendezvous_handler_registry.register(BOUND_STATIC_BACKEND, create_handler)
     rendezvous_handler_registry.register(BOUND_C10D_BACKEND, create_c10d_handler)
+    rendezvous_handler_registry.register(BOUND_ETCD_V2_BACKEND, create_etcd_v2_handler)

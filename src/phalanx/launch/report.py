@@ -19,6 +19,7 @@ import socket
 from typing import Any, Iterator
 
 from phalanx import store_keys
+from phalanx.logging.printable import printable
 from phalanx.launch.restarts import describe_exit, failure_order
 
 AGENT_LOG_NAME = "launcher.log"
@@ -67,7 +68,7 @@ def format_failures(error: Any, nproc_per_node: int, progress: dict[int, store_k
     """`phalanx: rank R (local rank L on node N) failed with exit code C`, then `  on host H, at step
     S` and its traceback, the first failure first; then where the full logs are."""
     progress = progress or {}
-    host = host or socket.gethostname()
+    host = printable(host or socket.gethostname())  # a name from the environment: no terminal escapes
     lines: list[str] = []
     for index, (rank, failure) in enumerate(ordered_failures(error.failures, progress)):
         node = (rank - failure.local_rank) // max(1, nproc_per_node)

@@ -6,6 +6,7 @@ import numbers
 from typing import Any, Callable, Mapping
 
 from phalanx.logging import sinks as sink_registry
+from phalanx.logging.printable import printable
 from phalanx.logging.throughput import MFU, SAMPLES, TOKENS, TOKENS_LOGGED, Throughput
 from phalanx.logging.trackers import RunInfo
 
@@ -32,14 +33,16 @@ def postfix(row: Mapping[str, Any]) -> dict[str, str]:
         if k == MFU:
             shown["MFU"] = f"{100 * v:.1f}%"
         else:
-            shown[_SHORT.get(k, k)] = f"{v:.4g}" if isinstance(v, float) else str(v)
+            shown[printable(_SHORT.get(k, k))] = f"{v:.4g}" if isinstance(v, float) else printable(v)
     return shown
 
 
 def format_line(step: int, metrics: Mapping[str, float]) -> str:
     parts = [f"step {step}"]
     for name, value in metrics.items():
-        parts.append(f"{name} {value:.4g}" if isinstance(value, float) and math.isfinite(value) else f"{name} {value}")
+        name = printable(name)
+        parts.append(f"{name} {value:.4g}" if isinstance(value, float) and math.isfinite(value)
+                     else f"{name} {printable(value)}")
     return " | ".join(parts)
 
 

@@ -5,6 +5,12 @@ rewrites once a second: training never waits for the page or a browser.
 
 Bound to 127.0.0.1 unless told otherwise; on any other address every request needs the token the
 launcher prints in the URL (`?token=...`). No torch here (the launcher imports it).
+
+Names on the page are the job's data, never markup: every reply carries a Content-Security-Policy
+that allows only the server's own script files (no inline script, no event-handler attributes), and
+is never framed. A connection that has not sent a whole request within REQUEST_TIMEOUT_S is closed
+(uvicorn's keep-alive timer stops at the first byte), and workers forked by the launcher close their
+copy of the listening socket (os.register_at_fork), so only the launcher holds the port.
 """
 from __future__ import annotations
 
@@ -14,12 +20,24 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from typing import Any
 
 from phalanx.observe import records
-from phalanx.observe.dashboard_page import PAGE
+from phalanx.observe.dashboard_page import PAGE, SCRIPT
 from phalanx.observe.history import History
 
+REQUEST_TIMEOUT_S = 10.0  # connected, no whole request answered by then: closed
+IDLE_TIMEOUT_S = 5  # uvicorn's keep-alive: an idle connection between requests
+MAX_CONNECTIONS = 64  # beyond this uvicorn answers 503 at once
+HEADERS = {
+    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
+                                "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; "
+                                "form-action 'none'"),  # plotly sets inline styles; no script but ours
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",  # the token is in the URL
+}
 EXTRA_HINT = "HINT: pip install 'phalanx[dashboard]' (starlette, uvicorn, plotly)."
 
 
@@ -45,6 +63,54 @@ def _plotly_js() -> str:
     return path
 
 
+def _protocol_class() -> Any:
+    """uvicorn's h11 protocol, with a deadline for each request: from the connection (or the last
+    reply) to a whole request answered. Our handlers answer from memory at once, so a connection
+    still unanswered then is idle or half-sent (slowloris): it is closed."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class DeadlineProtocol(H11Protocol):
+        _deadline: Any = None
+
+        def _arm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(REQUEST_TIMEOUT_S, self._expire)
+
+        def _expire(self) -> None:
+            if self.conn.our_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            super().connection_lost(exc)
+
+    return DeadlineProtocol
+
+
+def _close_in_forked_children(sock: socket.socket) -> None:
+    """A worker forked from the launcher closes its copy of the listening socket at once (exec'd
+    workers never get it: Python's sockets are not inheritable)."""
+    ref = weakref.ref(sock)
+
+    def close() -> None:
+        held = ref()
+        if held is not None:
+            held.close()
+
+    os.register_at_fork(after_in_child=close)
+
+
 class Dashboard:
     """The server and its sampler; `start()` binds (errors surface here), `stop()` ends both."""
 
@@ -64,7 +130,8 @@ class Dashboard:
     def app(self) -> Any:
         from starlette.applications import Starlette
         from starlette.requests import Request
-        from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse
+        from starlette.middleware import Middleware
+        from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
         from starlette.routing import Route
 
         plotly_js = _plotly_js()
@@ -83,16 +150,34 @@ class Dashboard:
                 return handler(request)
             return endpoint
 
+        class SafeJSON(JSONResponse):
+            def render(self, content: Any) -> bytes:
+                return super().render(records.json_safe(content))
+
         def status(request: Request) -> JSONResponse:
             latest = history.page()["status"]
-            return JSONResponse(records.api_status(latest or {}))
+            return SafeJSON(records.api_status(latest or {}))
 
-        return Starlette(routes=[
+        class Headers:  # a plain ASGI middleware: every reply, 403 and 404 included
+            def __init__(self, inner: Any):
+                self.inner = inner
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                async def send_with_headers(message: Any) -> None:
+                    if message["type"] == "http.response.start":
+                        message["headers"] = [*message.get("headers", []),
+                                              *((k.lower().encode(), v.encode()) for k, v in HEADERS.items())]
+                    await send(message)
+                await self.inner(scope, receive, send_with_headers)
+
+        return Starlette(middleware=[Middleware(Headers)], routes=[
             Route("/", guarded(lambda r: HTMLResponse(page)), methods=["GET"]),
+            Route("/dashboard.js", guarded(lambda r: Response(SCRIPT, media_type="text/javascript")),
+                  methods=["GET"]),
             Route("/plotly.min.js", guarded(lambda r: FileResponse(plotly_js, media_type="text/javascript")),
                   methods=["GET"]),
             Route("/api/status", guarded(status), methods=["GET"]),
-            Route("/api/page", guarded(lambda r: JSONResponse(history.page())), methods=["GET"]),
+            Route("/api/page", guarded(lambda r: SafeJSON(history.page())), methods=["GET"]),
         ])
 
     def start(self) -> "Dashboard":
@@ -114,7 +199,9 @@ class Dashboard:
             raise DashboardError(f"--dashboard {self.host}:{self.port}: cannot listen there: {error.strerror}. "
                                  "HINT: pick another port, e.g. --dashboard 8765.") from None
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        _close_in_forked_children(sock)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, http=_protocol_class(),
+                                timeout_keep_alive=IDLE_TIMEOUT_S, limit_concurrency=MAX_CONNECTIONS)
         self._server = uvicorn.Server(config)
         self.history.start()
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},

@@ -1,5 +1,9 @@
 """The dashboard's one page: a table of the ranks, the straggler line, and three plotly charts,
-refreshed from /api/page every second. `__QS__` becomes the token's query string."""
+refreshed from /api/page every second. `__QS__` becomes the token's query string.
+
+Every name on the page (phases, hosts, metrics, runs) comes from the job: the script builds the DOM
+from text only (`textContent`, never markup), and it is a file of its own (SCRIPT, served as
+dashboard.js) so that the page's Content-Security-Policy can forbid inline script altogether."""
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>phalanx: watching a job</title>
@@ -21,41 +25,53 @@ PAGE = """<!doctype html>
  .plot { width: 27em; height: 16em; }
 </style></head>
 <body>
-<h1>phalanx: watching a job</h1>
+<h1>phalanx: watching <span id="run">a job</span></h1>
 <div id="job">waiting for the job's first status...</div>
+<div id="metrics"></div>
 <table id="ranks"><thead></thead><tbody></tbody></table>
 <div id="straggler" class="none"></div>
 <div id="verdict"></div>
 <div class="plots"><div id="loss" class="plot"></div><div id="throughput" class="plot"></div>
 <div id="steptime" class="plot"></div></div>
-<script>
-const QS = "__QS__";
+<script src="dashboard.js__QS__"></script>
+</body></html>
+"""
+
+SCRIPT = """const TOKEN = new URLSearchParams(location.search).get("token");
+const QS = TOKEN ? "?token=" + encodeURIComponent(TOKEN) : "";
 function cell(row, text) { const td = document.createElement("td"); td.textContent = text; row.appendChild(td); }
 function state(r) {
   if (r.state === "silent") return "silent " + Math.round(r.silent_s) + " s (" + r.phase + ", step " + r.step + ")";
   if (r.state === "no progress") return "no progress " + Math.round(r.still_s) + " s (" + r.phase + ", step " + r.step + ")";
   return r.state || "running";
 }
+function num(v, digits) { return typeof v === "number" ? v.toFixed(digits) : String(v); }
 function mem(n) { return n == null ? "-" : (n / 1048576).toFixed(1) + " MiB"; }
 function render(page) {
   const s = page.status;
   if (!s) return;
-  const loss = s.metrics && typeof s.metrics.loss === "number" ? ", loss " + s.metrics.loss.toPrecision(4) : "";
+  const raw = s.metrics ? s.metrics.loss : null;
+  const loss = typeof raw === "number" ? ", loss " + raw.toPrecision(4) : (raw != null ? ", loss " + raw : "");
   document.getElementById("job").textContent = (page.running ? "running" : (s.ended ? "ended" : "not running (last status " + Math.round(s.age_s) + " s old)"))
     + ": attempt " + s.attempt + ", " + s.world_size + " ranks, step " + s.step + loss;
+  if (page.run) document.getElementById("run").textContent = page.run;
+  document.getElementById("metrics").textContent = Object.entries(s.metrics || {}).filter(([k]) => k !== "step")
+    .map(([k, v]) => k + " " + (typeof v === "number" ? v.toPrecision(4) : String(v))).join(", ");
   const phases = [];
   s.ranks.forEach(r => Object.keys(r.phases || {}).forEach(p => { if (!phases.includes(p)) phases.push(p); }));
   const head = ["rank", "host", "local rank", "state", "step", "steps/s", ...phases.map(p => p + " ms"), "memory"];
-  document.querySelector("#ranks thead").innerHTML = "<tr>" + head.map(h => "<th>" + h + "</th>").join("") + "</tr>";
+  const headRow = document.createElement("tr");
+  head.forEach(h => { const th = document.createElement("th"); th.textContent = h; headRow.appendChild(th); });
+  document.querySelector("#ranks thead").replaceChildren(headRow);
   const body = document.querySelector("#ranks tbody");
-  body.innerHTML = "";
+  body.replaceChildren();
   const slow = s.straggler ? s.straggler.rank : null;
   s.ranks.forEach(r => {
     const tr = document.createElement("tr");
     tr.className = "rank" + (r.rank === slow ? " straggler" : "") + (r.state && r.state !== "running" ? " bad" : "");
     tr.dataset.rank = r.rank;
-    [r.rank, r.host ?? "-", r.local_rank ?? "-", state(r), r.step ?? "-", r.steps_per_s ? r.steps_per_s.toFixed(2) : "-",
-     ...phases.map(p => r.phases && p in r.phases ? r.phases[p].toFixed(1) : "-"), mem(r.memory)].forEach(v => cell(tr, v));
+    [r.rank, r.host ?? "-", r.local_rank ?? "-", state(r), r.step ?? "-", r.steps_per_s ? num(r.steps_per_s, 2) : "-",
+     ...phases.map(p => r.phases && p in r.phases ? num(r.phases[p], 1) : "-"), mem(r.memory)].forEach(v => cell(tr, v));
     body.appendChild(tr);
   });
   let earlier = "";
@@ -74,14 +90,14 @@ function render(page) {
   document.getElementById("verdict").textContent = earlier + (s.verdict || "");
   const pts = page.points;
   const t = pts.map(p => new Date(p.time * 1000));
-  const lossPts = pts.filter(p => p.loss != null);
+  const lossPts = pts.filter(p => typeof p.loss === "number");
   const layout = (title, y) => ({ title: { text: title }, margin: { l: 50, r: 10, t: 35, b: 35 }, yaxis: { title: { text: y } } });
   Plotly.react("loss", [{ x: lossPts.map(p => p.loss_step), y: lossPts.map(p => p.loss), mode: "lines", name: "loss" }],
                { ...layout("loss", "loss"), xaxis: { title: { text: "step" } } }, { displayModeBar: false });
-  Plotly.react("throughput", [{ x: t, y: pts.map(p => p.steps_per_s), mode: "lines", name: "steps/s" }],
+  Plotly.react("throughput", [{ x: t, y: pts.map(p => typeof p.steps_per_s === "number" ? p.steps_per_s : null), mode: "lines", name: "steps/s" }],
                layout("throughput (slowest rank)", "steps/s"), { displayModeBar: false });
   const ranks = [...new Set(pts.flatMap(p => Object.keys(p.step_ms)))];
-  Plotly.react("steptime", ranks.map(r => ({ x: t, y: pts.map(p => p.step_ms[r] ?? null), mode: "lines", name: "rank " + r })),
+  Plotly.react("steptime", ranks.map(r => ({ x: t, y: pts.map(p => typeof p.step_ms[r] === "number" ? p.step_ms[r] : null), mode: "lines", name: "rank " + r })),
                layout("step time per rank", "ms/step"), { displayModeBar: false });
 }
 async function refresh() {
@@ -90,5 +106,4 @@ async function refresh() {
   setTimeout(refresh, 1000);
 }
 refresh();
-</script></body></html>
 """

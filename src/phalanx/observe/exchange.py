@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable
 
 from phalanx import store_keys
+from phalanx.logging.printable import printable
 from phalanx.observe import records
 from phalanx.observe.anatomy import SAMPLED, StepAnatomy, rank_order
 from phalanx.observe.straggler import WINDOW, Judge, StragglerWatch
@@ -194,8 +195,8 @@ class Exchange:
         if not rows:
             return ""
         names = rank_order({n for p in rows for n in p["totals"]})
-        head = ["rank", "host", "steps", *names]
-        body = [[str(p["rank"]), str(p["host"]), str(p["num_steps"]),
+        head = ["rank", "host", "steps", *map(printable, names)]
+        body = [[str(p["rank"]), printable(p["host"]), str(p["num_steps"]),
                  *(f"{1000 * p['totals'].get(n, 0.0) / p['num_steps']:.1f}" for n in names)] for p in rows]
         widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
         lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [head, *body]]

@@ -3,6 +3,7 @@ across restarts of an elastic job (no torch here)."""
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from typing import Any
@@ -70,5 +71,5 @@ class History:
             status = self.latest
             if status is not None:
                 status = {**status, "age_s": max(0.0, time.time() - float(status.get("time", 0)))}
-            return {"status": status, "running": status is not None and records.is_running(status),
+            return {"status": status, "run": os.path.basename(os.path.normpath(self.run_dir)), "running": status is not None and records.is_running(status),
                     "points": list(self.points), "earlier": dict(self.earlier)}

@@ -9,6 +9,7 @@ RUN_DIR/observe/verdict-ATTEMPT.txt  the watchdog's report, when it stopped that
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any
@@ -88,6 +89,18 @@ def newest_run(root: str = "runs") -> str | None:
         return os.path.getmtime(status if os.path.exists(status) else os.path.join(root, name))
 
     return os.path.abspath(os.path.join(root, max(names, key=last_touched)))
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float as the string "nan", "inf" or "-inf": a diverging job's
+    NaN loss is what the user must see, and strict JSON (the dashboard's replies) has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def api_status(status: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from phalanx.logging.printable import printable
 from phalanx.observe.anatomy import rank_order
 
 WINDOW = 100
@@ -140,9 +141,9 @@ class Straggler:
 
     @property
     def message(self) -> str:
-        return (f"straggler: rank {self.rank} (host {self.host}, local rank {self.local_rank}) slowest in "
+        return (f"straggler: rank {self.rank} (host {printable(self.host)}, local rank {self.local_rank}) slowest in "
                 f"{round(100 * self.share)} % of the last {self.num_steps} steps: "
-                f"+{round(self.ms_per_step)} ms/step in {self.phase}")
+                f"+{round(self.ms_per_step)} ms/step in {printable(self.phase)}")
 
     def as_status(self) -> dict[str, object]:
         """The dashboard's `straggler` field."""

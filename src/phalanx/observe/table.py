@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from phalanx.logging.printable import printable, printable_lines
 from phalanx.observe import records
 
 BOLD_RED, RESET = "\x1b[1;31m", "\x1b[0m"
@@ -54,7 +55,9 @@ def not_running_line(run_dir: str, status: dict[str, Any] | None) -> str | None:
 
 
 def render(run_dir: str, status: dict[str, Any] | None, color: bool = False) -> str:
-    """The whole screen: a header, one row per rank, the straggler line, the watchdog's verdict."""
+    """The whole screen: a header, one row per rank, the straggler line, the watchdog's verdict.
+    Names (run, hosts, phases) are the job's data: their control characters are escaped (printable)."""
+    run_dir = printable(run_dir)
     lines = [f"phalanx top: {run_dir}"]
     why = not_running_line(run_dir, status)
     if why:
@@ -67,11 +70,11 @@ def render(run_dir: str, status: dict[str, Any] | None, color: bool = False) -> 
                  + (f"  loss {loss:.4g} (step {metrics.get('step')})" if isinstance(loss, (int, float)) else ""))
     ranks = status.get("ranks", [])
     names = _phase_names(ranks)
-    head = ["rank", "host", "local", "state", "step", "steps/s", *(f"{n} ms" for n in names), "memory"]
+    head = ["rank", "host", "local", "state", "step", "steps/s", *(f"{printable(n)} ms" for n in names), "memory"]
     body = []
     for r in ranks:
         phases = r.get("phases") or {}
-        body.append([str(r.get("rank")), str(r.get("host") or "-"), str(r.get("local_rank", "-")), rank_state(r),
+        body.append([str(r.get("rank")), printable(r.get("host") or "-"), str(r.get("local_rank", "-")), printable(rank_state(r)),
                      str(r.get("step", "-")), f"{r['steps_per_s']:.2f}" if r.get("steps_per_s") else "-",
                      *(f"{phases[n]:.1f}" if n in phases else "-" for n in names), _bytes(r.get("memory"))])
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
@@ -81,7 +84,7 @@ def render(run_dir: str, status: dict[str, Any] | None, color: bool = False) -> 
         if color and row is not head and row[0] == str(straggler):
             text = f"{BOLD_RED}{text}{RESET}"
         lines.append(text)
-    lines.append(status.get("straggler_message") or "straggler: none")
+    lines.append(printable(status.get("straggler_message") or "straggler: none"))
     if status.get("verdict"):
-        lines.append(status["verdict"])
+        lines.append(printable_lines(status["verdict"]))
     return "\n".join(lines)

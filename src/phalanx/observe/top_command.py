@@ -6,6 +6,7 @@ import os
 import sys
 import time
 
+from phalanx.logging.printable import printable
 from phalanx.logging.run_dir import DEFAULT_ROOT
 from phalanx.observe import records, table
 
@@ -27,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     run_dir = os.path.abspath(run_dir)
     if not os.path.isdir(run_dir):
-        print(f"phalanx top: {run_dir} is not a directory. HINT: pass the job's RUN_DIR.", file=sys.stderr)
+        print(f"phalanx top: {printable(run_dir)} is not a directory. HINT: pass the job's RUN_DIR.", file=sys.stderr)
         return 1
     if args.once:
         status = records.read_status(run_dir)
