@@ -29,6 +29,25 @@ class PreparedDDP(DistributedDataParallel):
                 raise
             return getattr(inner, name)
 
+    def _match_all_reduce_for_bwd_pass(self) -> None:
+        """A rank out of data under torch's Join shadows its peers' gradient all-reduces with zeros;
+        torch drops the results, here they become its gradients: zero1's joined rank steps its
+        chunk of every parameter with them (else its chunk would stop being stepped)."""
+        buckets = self.reducer._get_zeros_like_grad_buckets()
+        works = [self.reducer._run_comm_hook(bucket) for bucket in buckets]
+        with torch.no_grad():
+            for bucket, work in zip(buckets, works):
+                reduced = work.wait()
+                flat = (reduced[0] if isinstance(reduced, (list, tuple)) else reduced).reshape(-1)
+                offset = 0
+                for param in bucket.parameters():  # laid out in the bucket in this order, dense
+                    part = flat[offset:offset + param.numel()].view_as(param)
+                    offset += param.numel()
+                    if param.grad is None:
+                        param.grad = part.clone()
+                    else:
+                        param.grad.copy_(part)
+
 
 def apply(model: nn.Module, options: StrategyOptions, device: torch.device, group: Any = None,
           find_unused_parameters: bool | None = None) -> nn.Module:
