@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import torch
 
 from phalanx.data.loader import PreparedLoader
+from phalanx.data.uneven import current_join
 from phalanx.runtime import collectives
 from phalanx.runtime.step_tracker import Phase
 
@@ -22,14 +23,22 @@ def print_main(px: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def reduce(px: Any, data: Any, reduction: str = "mean") -> Any:
-    """`data` (a tensor, a number, or a list/dict of them) reduced over the data-parallel ranks."""
+    """`data` (a tensor, a number, or a list/dict of them) reduced over the data-parallel ranks
+    (inside `px.uneven_inputs` under torch's Join: over the ranks still stepping)."""
     with px._step_progress.during(Phase.REDUCE):
+        joined = current_join()
+        if joined is not None:
+            return joined.reduce(data, reduction, px.device)
         return collectives.reduce(data, reduction, debug=px.debug, group=px._dp_group, device=px.device)
 
 
 def gather(px: Any, data: Any) -> Any:
-    """`data` (tensors, nested) concatenated over the data-parallel ranks, in rank order."""
+    """`data` (tensors, nested) concatenated over the data-parallel ranks, in rank order (inside
+    `px.uneven_inputs` under torch's Join: the ranks still stepping)."""
     with px._step_progress.during(Phase.GATHER):
+        joined = current_join()
+        if joined is not None:
+            return joined.gather(data, px.device)
         return collectives.gather(data, debug=px.debug, group=px._dp_group, device=px.device)
 
 

@@ -21,10 +21,18 @@ from torch.optim import Optimizer
 from torch.distributed.algorithms import Join, Joinable
 
 from phalanx.data.equalize import agree_step
+from phalanx.data.join_collectives import JoinCollectives
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
 
 METHODS = ("auto", "join", "agree")
+_ACTIVE: list["UnevenInputs"] = []  # the Join contexts this process is inside, innermost last
+
+
+def current_join() -> JoinCollectives | None:
+    """The verbs' collectives of the innermost Join context this process is in (None outside
+    one): `px.reduce` / `px.gather` there talk over the ranks still stepping."""
+    return _ACTIVE[-1].collectives if _ACTIVE else None
 
 
 class UnevenInputs:
@@ -34,19 +42,30 @@ class UnevenInputs:
         self.method = method  # "join", "agree" or "none" (a world of one)
         self._join = Join(list(joinables)) if method == "join" else None
         self._progress = progress
+        # px.reduce / px.gather inside: their own group, answered by ranks that finished
+        self.collectives = JoinCollectives(joinables[0].join_process_group) if self._join is not None else None
 
     def __enter__(self) -> "UnevenInputs":
         if self._join is not None:
             self._join.__enter__()
+            _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc_info: Any) -> bool | None:
         if self._join is None:
             return None
+        _ACTIVE.remove(self)
         if self._progress is not None:
             # A rank that finished early waits here, shadowing its peers' collectives.
             self._progress.enter(Phase.JOIN)
-        return self._join.__exit__(*exc_info)
+        if exc_info[0] is not None:
+            return self._join.__exit__(*exc_info)
+        assert self.collectives is not None
+        self.collectives.start_answering()  # the others' px.reduce calls, until every rank is here
+        try:
+            return self._join.__exit__(*exc_info)
+        finally:
+            self.collectives.wait_answered()
 
     def iter(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """Yield `iterable`'s items; under "agree", stop on every rank once any rank runs out."""

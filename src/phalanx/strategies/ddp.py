@@ -12,6 +12,43 @@ from phalanx.strategies.ddp_options import register_comm_hook
 from phalanx.strategies.options import StrategyOptions
 
 
+class PreparedDDP(DistributedDataParallel):
+    """torch's DDP that answers the wrapped module's own attributes: `model.generate(...)`,
+    `model.config`, `model.save_pretrained(...)` work on the prepared model as they do on the
+    user's module and as they do under every layout that lays the module out in place (zero2,
+    zero3, tp). DDP's own attributes win; only a name DDP lacks is looked up on `.module`.
+    A method found there runs the module directly: outside DDP's forward, so it syncs no
+    gradients (what `generate` under `torch.no_grad()` wants; train through `model(...)`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = self.__dict__.get("_modules", {}).get("module")
+            if inner is None or name.startswith("__"):
+                raise
+            return getattr(inner, name)
+
+    def _match_all_reduce_for_bwd_pass(self) -> None:
+        """A rank out of data under torch's Join shadows its peers' gradient all-reduces with zeros;
+        torch drops the results, here they become its gradients: zero1's joined rank steps its
+        chunk of every parameter with them (else its chunk would stop being stepped)."""
+        buckets = self.reducer._get_zeros_like_grad_buckets()
+        works = [self.reducer._run_comm_hook(bucket) for bucket in buckets]
+        with torch.no_grad():
+            for bucket, work in zip(buckets, works):
+                reduced = work.wait()
+                flat = (reduced[0] if isinstance(reduced, (list, tuple)) else reduced).reshape(-1)
+                offset = 0
+                for param in bucket.parameters():  # laid out in the bucket in this order, dense
+                    part = flat[offset:offset + param.numel()].view_as(param)
+                    offset += param.numel()
+                    if param.grad is None:
+                        param.grad = part.clone()
+                    else:
+                        param.grad.copy_(part)
+
+
 def apply(model: nn.Module, options: StrategyOptions, device: torch.device, group: Any = None,
           find_unused_parameters: bool | None = None) -> nn.Module:
     """`model` (on `device`) wrapped in DDP over `group` (None: every rank), with the comm hook
@@ -23,6 +60,6 @@ def apply(model: nn.Module, options: StrategyOptions, device: torch.device, grou
     kwargs = {**options.ddp.ddp_kwargs(), **options.extra.get("ddp_kwargs", {})}
     if find_unused_parameters is not None:
         kwargs["find_unused_parameters"] = find_unused_parameters
-    wrapped = DistributedDataParallel(model, device_ids=device_ids, process_group=group, **kwargs)
+    wrapped = PreparedDDP(model, device_ids=device_ids, process_group=group, **kwargs)
     wrapped.phalanx_comm_hook_state = register_comm_hook(wrapped, options.ddp)
     return wrapped

@@ -256,7 +256,14 @@ class _GatherJoinHook(JoinHook):
         self.optimizer = optimizer
 
     def main_hook(self) -> None:
-        self.optimizer.gather_params()
+        """Step this rank's chunks with the gradients DDP's join hook (strategies/ddp.py) left
+        from its peers' all-reduce, then gather: the rank out of data still owns its chunk of
+        every parameter, which no other rank steps."""
+        if any(slot.param.grad is not None for slot in self.optimizer._slots):
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        else:
+            self.optimizer.gather_params()
 
 
 def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

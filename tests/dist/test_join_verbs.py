@@ -1,0 +1,35 @@
+"""Inside `px.uneven_inputs(model)` under ddp and zero1 (torch's Join): px.reduce, px.gather and
+px.log work over the ranks still stepping, and every rank's chunk keeps being stepped; compared
+with the same loop in one process, no phalanx (issue 40)."""
+import pytest
+import torch
+
+from tests.dist import join_verbs_workloads as work
+from tests.dist.harness import run_ranks
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1"])
+def test_uneven_inputs_with_reduce_gather_log_equal_one_process(strategy):
+    ref = work.reference()
+    results = run_ranks("tests.dist.join_verbs_workloads:uneven_loop", 2, args=(strategy,), timeout=240)
+    for rank, r in enumerate(results):
+        steps = work.NUM_BATCHES[rank]
+        assert len(r["reduced"]) == len(r["gathered"]) == steps
+        for t in range(steps):
+            active = ref["losses"][t]
+            torch.testing.assert_close(r["reduced"][t], sum(active) / len(active), rtol=2e-4, atol=1e-6)
+            torch.testing.assert_close(r["gathered"][t], active, rtol=2e-4, atol=1e-6)
+        torch.testing.assert_close(r["norms"], ref["norms"][:steps], rtol=2e-4, atol=1e-6)
+        for got, want in zip(r["params"], ref["params"]):
+            torch.testing.assert_close(got, want, rtol=2e-4, atol=1e-6)
+
+
+def test_zero1_keeps_stepping_a_finished_ranks_chunk():
+    """zero1 alone inside px.uneven_inputs: the rank out of batches still steps its chunk of every
+    parameter with its peers' gradients, so the weights equal one process's (and ddp's)."""
+    ref = work.reference()
+    for r in run_ranks("tests.dist.join_verbs_workloads:uneven_loop", 2, args=("zero1", False), timeout=240):
+        for got, want in zip(r["params"], ref["params"]):
+            torch.testing.assert_close(got, want, rtol=2e-4, atol=1e-6)
