@@ -39,6 +39,7 @@ def test_gemma2_softcap_reaches_the_cut_attention(idioms: list[dict]) -> None:
     _assert_one_process(idioms, ("gemma2", "labels", "fb"))
 
 
+@pytest.mark.slow
 def test_attention_argument_the_cut_cannot_apply_is_refused_at_prepare() -> None:
     ranks = run_ranks("tests.dist.cp_idiom_workloads:refusals", world_size=2, timeout=300)
     for rank in ranks:
