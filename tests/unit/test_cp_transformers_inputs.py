@@ -35,3 +35,12 @@ def test_labels_are_shifted_over_the_whole_row_with_the_row_count_per_cp_rank() 
     assert fields["labels"] is fields["shift_labels"]
     assert float(fields["num_items_in_batch"]) == 6 / 2  # 6 targets in the row, 2 cp ranks share it
     assert labels.shift_before_cut({"input_ids": ids}, 2) == {"input_ids": ids}
+
+
+def test_a_sink_reaching_the_cut_attention_is_refused_not_dropped() -> None:
+    from phalanx.strategies.context import hf
+    from phalanx.strategies.context.layout import SequenceLayout, using_layout
+
+    q = torch.zeros(1, 4, 4, 8)
+    with using_layout(SequenceLayout(2, 0, None, 8)), pytest.raises(ValueError, match="s_aux.*HINT: run this model"):
+        hf._attention(torch.nn.Linear(1, 1), q, q, q, None, s_aux=torch.zeros(4))

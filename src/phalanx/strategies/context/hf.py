@@ -62,6 +62,10 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, sliding_window=sliding_window, **kwargs)
+    dropped = sorted(name for name in hf_arguments.KNOWN_UNAPPLIED if kwargs.get(name) is not None)
+    if dropped:  # prepare reads the families' source; this catches an attention that got them another way
+        raise ValueError(f"context parallel: {type(module).__name__} hands its attention {', '.join(dropped)}, which "
+                         "phalanx's attention across the cut does not apply. HINT: run this model with cp=1")
     if dropout:
         raise ValueError(f"context parallel: attention dropout {dropout} in {type(module).__name__} is not supported "
                          "across the cut. HINT: set the config's attention_dropout to 0 under cp")

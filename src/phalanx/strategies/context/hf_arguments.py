@@ -15,6 +15,9 @@ from torch import nn
 APPLIED = frozenset({"attention_mask", "dropout", "scaling", "is_causal", "sliding_window", "softcap", "position_ids"})
 # arguments that do not change the result: flash-attention's determinism flag (ModernBERT)
 NO_EFFECT = frozenset({"deterministic"})
+# arguments transformers families hand their attention that change its result and the cut does not
+# apply (sinks, relative position biases, sparse attention's indices)
+KNOWN_UNAPPLIED = ("s_aux", "sinks", "position_bias", "indices")
 
 
 def unapplied_arguments(model: nn.Module) -> dict[str, str]:
