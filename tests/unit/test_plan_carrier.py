@@ -38,6 +38,7 @@ ARITHMETIC = {
     "strategies/context/layout.py:local_indices": "the token positions cp rank i holds: chunks i and 2cp-1-i",
     "strategies/context/shard.py:shard_sequence": "a batch cut over its cp group: that group's size and this rank's index",
     "strategies/context/cut_attention.py:choose_algorithm": "Ulysses when the key/value heads divide over cp",
+    "strategies/context/labels.py:shift_before_cut": "labels=: each cp rank's loss is over its share of the row's targets",
     "plan/context.py:_longest": "`phalanx plan --cp` compares the longest row at --cp with cp 1's",
 }
 

@@ -3,10 +3,13 @@ attention function (and a mask function that builds nothing: the mask comes from
 in the layout) and points the model's config at it. The model's code is unchanged."""
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from torch import nn
+
+from phalanx.strategies.context import hf_arguments
 
 NAME = "phalanx_cp"
 
@@ -26,25 +29,66 @@ def route(model: nn.Module) -> None:
         raise ValueError(f"context parallel: {type(model).__name__} does not take transformers' attention interface, "
                          "so its attention cannot be sent across the cut. HINT: use a model whose attention goes "
                          "through ALL_ATTENTION_FUNCTIONS (Llama, Mistral, Qwen...), or run it with cp=1")
+    hf_arguments.check(model)  # an argument its attention takes that the cut would drop: refused here
     model.set_attn_implementation(NAME)
+    if "position_ids" in inspect.signature(model.forward).parameters:
+        model.register_forward_pre_hook(_global_positions, with_kwargs=True)
+
+
+def _global_positions(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """On a cut batch called without position_ids (a plain token tensor), the model's own
+    0..S_local-1 would restart every chunk: give it this rank's tokens' places in the whole row."""
+    from phalanx.strategies.context.layout import active_layout
+
+    layout = active_layout()
+    if layout is not None and kwargs.get("position_ids") is None:
+        device = next((t.device for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
+        kwargs = {**kwargs, "position_ids": layout.local[None].to(device)}
+    return args, kwargs
 
 
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: Any, dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
-               sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+               sliding_window: int | None = None, softcap: float | None = None,
+               **kwargs: Any) -> tuple[torch.Tensor, None]:
     from phalanx.strategies.context.cut_attention import attention
     from phalanx.strategies.context.layout import active_layout
 
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if active_layout() is None:  # no batch cut (an evaluation of whole rows): transformers' own sdpa
+        if softcap is not None:  # which cannot soft-cap (Gemma2): the same explicit attention as the cut's
+            return _whole_rows_softcapped(query, key, value, attention_mask, causal, sliding_window, scaling, softcap)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, sliding_window=sliding_window, **kwargs)
+    dropped = sorted(name for name in hf_arguments.KNOWN_UNAPPLIED if kwargs.get(name) is not None)
+    if dropped:  # prepare reads the families' source; this catches an attention that got them another way
+        raise ValueError(f"context parallel: {type(module).__name__} hands its attention {', '.join(dropped)}, which "
+                         "phalanx's attention across the cut does not apply. HINT: run this model with cp=1")
     if dropout:
         raise ValueError(f"context parallel: attention dropout {dropout} in {type(module).__name__} is not supported "
                          "across the cut. HINT: set the config's attention_dropout to 0 under cp")
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    out = attention(query, key, value, causal=causal, sliding_window=sliding_window, scale=scaling)
+    out = attention(query, key, value, causal=causal, sliding_window=sliding_window, scale=scaling, softcap=softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _whole_rows_softcapped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+                           causal: bool, sliding_window: int | None, scaling: float | None,
+                           softcap: float) -> tuple[torch.Tensor, None]:
+    """Soft-capped attention over whole rows with transformers' mask (None: plain causal, the queries
+    the last keys, as in generation with a cache)."""
+    from phalanx.strategies.context import masks
+    from phalanx.strategies.context.cut_attention import attend_masked
+
+    if attention_mask is None:
+        keys = torch.arange(key.shape[2], device=query.device)
+        attention_mask = masks.allowed(keys[key.shape[2] - query.shape[2]:], keys, causal=causal,
+                                       sliding_window=sliding_window)
+    elif attention_mask.dtype != torch.bool:  # an additive float mask: 0 where allowed
+        attention_mask = attention_mask == 0
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = attend_masked(query, key, value, attention_mask, scale, softcap)
     return out.transpose(1, 2).contiguous(), None
 
 

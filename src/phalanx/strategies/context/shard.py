@@ -2,9 +2,11 @@
 
 Inputs are a tensor [batch, seq] or a dict of them (input_ids, position_ids, attention_mask,
 labels...): every tensor whose sequence dim has the batch's length is cut, others pass whole.
-position_ids are added when missing (global positions 0..S-1), so positions stay global. Targets
+position_ids are added to a dict when missing (global positions 0..S-1), so positions stay global;
+a transformers model called with a plain token tensor gets them from the layout (hf.py). Targets
 must be shifted already (targets[t] is the token after t, as transformers' `shift_labels`): a
-shift after the cut would pair a token with one held by another rank.
+shift after the cut would pair a token with one held by another rank (a transformers causal LM's
+`labels=` in the inputs are shifted before the cut: labels.py).
 """
 from __future__ import annotations
 

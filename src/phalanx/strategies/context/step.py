@@ -12,7 +12,7 @@ from torch import nn
 
 from phalanx.logging.rank_log import get_logger
 from phalanx.strategies.context import cut_attention as attention_module
-from phalanx.strategies.context import hf, routing
+from phalanx.strategies.context import hf, labels, routing
 from phalanx.strategies.context.layout import SequenceLayout, set_active, using_layout
 from phalanx.strategies.context.shard import shard_sequence
 
@@ -26,6 +26,7 @@ class ContextParallel:
     group: Any = None
     reported: bool = False
     cut: bool = False  # a batch was cut since the last backward: its loss is this rank's part of the rows
+    shifts_labels: bool = False  # a transformers causal LM was prepared: its `labels=` are shifted before the cut
 
     def shard(self, inputs: Any, targets: Any = None, *, pad: bool = False, seq_dim: int = 1,
               activate: bool = True) -> tuple[Any, Any, SequenceLayout]:
@@ -34,8 +35,11 @@ class ContextParallel:
         with the load-balanced cut; positions stay global, the masks go to attention. pad=True pads
         the sequence to a multiple of 2 x cp (masked, targets -100). The cut stays active until
         px.backward: transformers models and px.attention read it (F.scaled_dot_product_attention is
-        routed inside px.forward_backward only)."""
+        routed inside px.forward_backward only). A transformers causal LM's `labels` in the inputs
+        are shifted over the whole row first (labels.py)."""
         self.cut = self.size > 1
+        if self.shifts_labels and self.size > 1:
+            inputs = labels.shift_before_cut(inputs, self.size)
         return shard_sequence(inputs, targets, cp_size=self.size, cp_rank=self.rank, group=self.group, pad=pad,
                               seq_dim=seq_dim, activate=activate)
 
@@ -64,6 +68,7 @@ class ContextParallel:
                     "px.attention(q, k, v) or F.scaled_dot_product_attention(q, k, v, is_causal=True), or run cp=1")
         if hf.is_transformers_model(model):
             hf.route(model)
+            self.shifts_labels = self.shifts_labels or labels.shifts_labels(model)
 
     @contextlib.contextmanager
     def forward(self, model: nn.Module, layout: SequenceLayout) -> Iterator[None]:
