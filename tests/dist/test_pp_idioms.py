@@ -28,3 +28,32 @@ def test_loss_fn_gets_the_models_output_object_and_the_losses_equal_one_process(
     for rank in ranks:
         torch.testing.assert_close(torch.tensor(rank["losses"]), torch.tensor(ref["losses"]), **TOL)
         torch.testing.assert_close(rank["eval"], ref["eval"], **TOL)  # px.forward(...).logits after the steps
+
+
+def test_torch_clip_grad_norm_gives_and_applies_the_global_norm(runs):
+    """Was stage 0's norm on rank 0 (0.785 against one process's 1.088 at step 1), rank 1 its own."""
+    ranks, ref, _ = runs
+    assert min(ref["norms"]) > w.MAX_NORM, "clipping must act on every step"
+    for rank in ranks:
+        torch.testing.assert_close(torch.tensor(rank["norms"]), torch.tensor(ref["norms"]), **TOL)
+
+
+def test_save_pretrained_on_every_rank_writes_one_process_model(runs):
+    """Was stage 0's 10 of 21 tensors, exit 0. The weights are also those of one process after the
+    same steps (torch's clip applied the global norm)."""
+    from transformers import LlamaForCausalLM
+
+    _, ref, root = runs
+    saved = LlamaForCausalLM.from_pretrained(f"{root}/every_rank").state_dict()
+    assert saved.keys() == ref["state"].keys()
+    for key, value in ref["state"].items():
+        torch.testing.assert_close(saved[key], value, **TOL, msg=key)
+
+
+def test_save_pretrained_on_one_rank_is_refused_naming_get_state_dict(runs):
+    ranks, _, _ = runs
+    message = ranks[0]["one_rank"]["refused"]
+    assert message.startswith("save_pretrained on rank 0: under ddp: pp 2 (2 process(es)) each rank holds its own "
+                              "pipeline stages only"), message
+    assert "rank(s) [1] did not call save_pretrained" in message and "px.get_state_dict(model)" in message
+    assert ranks[1]["one_rank"] == {}
