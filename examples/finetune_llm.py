@@ -170,7 +170,7 @@ def token_losses(px, model, batch):
     """`losses_of` the model's logits for the batch. Under pp the pipeline takes the token ids alone:
     with right padding and causal attention, the mask changes no target token's logits."""
     if px.plan.pp > 1:
-        return losses_of(px.forward(model, batch["input_ids"]), batch["labels"])
+        return losses_of(px.forward(model, batch["input_ids"]).logits, batch["labels"])
     return losses_of(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
                      batch["labels"])
 
@@ -183,8 +183,8 @@ def pipeline_step(px, model, batch):
     scale = px.config.pp_microbatches or 2 * px.plan.pp  # phalanx's default: 2 microbatches per stage
     scale *= px.dp_size / tokens
 
-    def loss_fn(logits, labels):
-        return losses_of(logits, labels)[0].sum() * scale
+    def loss_fn(output, labels):  # the model's output object, as in one process
+        return losses_of(output.logits, labels)[0].sum() * scale
 
     return px.forward_backward(model, batch["input_ids"], batch["labels"], loss_fn)
 

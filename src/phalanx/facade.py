@@ -219,6 +219,8 @@ class Phalanx:
         self._plan = plan
         mesh = build_mesh(plan, self.ctx.device.type)
         self._strategy = ParallelStrategy(plan, self.ctx, self.settings.options, mesh)
+        # torch's clip_grad_norm_ under pp prepares the gradients as px.clip_grad_norm_ (on its syncing step)
+        self._strategy.before_clip = lambda: self._accumulator.sync_gradients and self._before_step()
         self._dp_group = self._strategy.dp_group
         self._grad_group = grad_group(mesh, plan)
         self._cp = ContextParallel(plan.cp, plan.cp_rank(self.ctx.rank), cp_group(mesh, plan))

@@ -91,3 +91,9 @@ def parse(record: bytes | None, failed: bytes | None) -> RankProgress:
 def observe_key(restart: int | str, rank: int) -> str:
     """Rank `rank`'s step-anatomy summary (JSON) for one restart attempt (see observe/exchange.py)."""
     return f"phalanx/observe/{restart}/r{rank}"
+
+
+def arrival_key(what: str, call: int, rank: int) -> str:
+    """Rank `rank` reached its `call`-th call of `what` (e.g. save_pretrained), which every rank
+    must make: the ranks check they all did before a collective that would wait for the absent."""
+    return f"phalanx/arrival/{what}/{call}/r{rank}"

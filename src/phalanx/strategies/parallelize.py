@@ -134,6 +134,8 @@ def _done(model: nn.Module, stages: tuple[nn.Module, ...], wrapper: Wrapper, tp_
     runner = PipelineRunner(stages, cut.rank.stage_indices, cut.rank.num_stages, mesh["pp"], device, cut.schedule,
                             cut.num_microbatches)
     runner.refuse_direct_calls(model, hint=pipeline_layout.refuse_model_call_hint())
+    if cut.outputs is not None:
+        runner.model_output = cut.outputs.wrap
     if cut.tied:
         runner.tied = TiedGradients(model, cut.tied, mesh["pp"], mesh)
     returned = stages[0] if len(stages) == 1 else model

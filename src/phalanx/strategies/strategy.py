@@ -22,6 +22,7 @@ from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.parallelize import Wrapper, dp_group, grad_group, grad_mesh, parallelize
 from phalanx.strategies.pipeline import grads as pipeline_grads
+from phalanx.strategies.pipeline import save as pipeline_save
 from phalanx.strategies.pipeline import state as pipeline_state
 from phalanx.strategies.pipeline.runner import PipelineRunner
 from phalanx.strategies.sharded_optimizer import (ShardedStateOptimizer, constructor_defaults,
@@ -49,6 +50,9 @@ class ParallelStrategy:
         self._elsewhere: dict[int, weakref.ref] = {}
         self._pipelines: dict[int, PipelineRunner] = {}  # id(prepared model) -> its runner (pp > 1)
         self._other_units: tuple[str, ...] = ()  # pp > 1: the units other pipeline ranks hold
+        # pp > 1: what torch's own clip_grad_norm_ runs first, as px.clip_grad_norm_ does (the facade
+        # sets its own: tied gradients summed, num_items' rescale)
+        self.before_clip: Callable[[], None] = self.before_step
 
     @property
     def name(self) -> str:
@@ -73,6 +77,8 @@ class ParallelStrategy:
         if done.pipeline is not None:
             self._pipelines[id(done.model)] = done.pipeline
             self._other_units = done.other_units
+            pipeline_grads.route_torch_clip(self.unwrap(done.model), self._pipeline_norm)
+            pipeline_save.answer_save_pretrained(self.unwrap(done.model), self.mesh["pp"], self.plan.describe())
             get_logger().info("pipeline rank %d of %d runs stage(s) %s of %d (%s), %s, %d microbatches per step",
                               done.pipeline.pp_rank, done.pipeline.pp, list(done.stages.stage_indices),
                               done.stages.num_stages, ", ".join(done.stages.units), done.pipeline.schedule,
@@ -178,6 +184,14 @@ class ParallelStrategy:
             return pipeline_grads.clip_grad_norm_(parameters, max_norm, norm_type, pp_group=self.mesh["pp"],
                                                   uncounted=counted_elsewhere)
         return grad_norm.clip_(list(parameters), max_norm, norm_type)
+
+    def _pipeline_norm(self, grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+        """The norm of the whole pipeline's gradients, given this rank's `grads`: torch's
+        clip_grad_norm_ on a pipeline-prepared model's parameters (pipeline/grads.py routes it here)."""
+        self.before_clip()
+        uncounted = {id(p.grad) for runner in self._pipelines.values() for p in runner.counted_elsewhere()}
+        local = grad_norm.total_norm([g for g in grads if id(g) not in uncounted], norm_type)
+        return pipeline_grads.pipeline_norm(local, norm_type, self.mesh["pp"])
 
     # ---- the user's module and its weights ----------------------------------------------------
     def unwrap(self, model: nn.Module) -> nn.Module:

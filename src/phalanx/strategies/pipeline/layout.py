@@ -39,6 +39,8 @@ class PipelineCut:
     """tp > 1: this rank's modules the tensor-parallel plan (matched on the whole model) names."""
     tied: list[TiedParam]
     """parameters held by the stages of more than one pipeline rank (their gradients are summed)."""
+    outputs: model_plan.ModelOutputs | None = None
+    """a transformers model: puts the last stage's logits back into the model's output class."""
 
     def stage_modules(self) -> tuple[nn.Module, ...]:
         """The module of each stage this rank runs, as the units are now."""
@@ -61,14 +63,13 @@ def cut(model: nn.Module, plan: ParallelPlan, options: StrategyOptions, pp_rank:
         tp_layers = tp_peft.choose(model, options.tp_plan)  # a PEFT wrapper: the base model's plan inside it
         # tied across stages: both copies laid out alike, so their gradients sum element by element
         tp_layers = tp_tied.compatible_styles(model, tp_layers, tp_tied.tied_groups(model))
-    if model_plan.has_plan(model):
-        model_plan.adapt_forward(model)
+    outputs = model_plan.adapt_forward(model) if model_plan.has_plan(model) else None
     rank = cut_model(model, chain, stages, schedules.stage_indices(schedule, pp_rank, plan.pp, per_rank), views=False)
     if tp_layers is not None:
         present = dict(model.named_modules())
         tp_layers = {name: style for name, style in tp_layers.items()
                      if name in present and not isinstance(present[name], PassThrough)}
-    return PipelineCut(rank, stages, schedule, microbatches, order, tp_layers, tied)
+    return PipelineCut(rank, stages, schedule, microbatches, order, tp_layers, tied, outputs)
 
 
 def largest_rank_units(model: nn.Module, plan: ParallelPlan, options: StrategyOptions) -> tuple[str, ...]:

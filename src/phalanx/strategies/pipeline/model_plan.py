@@ -14,7 +14,7 @@ units are named from the wrapper, so the stages of a LoRA model are cut from its
 
 The forward returns a ModelOutput; the pipeline sends one tensor, so the stage returns its `logits`
 (on every stage but the last, the hidden state the pass-throughs carried there), and runs without
-a key/value cache.
+a key/value cache. The loss function and px.forward get the logits back in the model's output class.
 """
 from __future__ import annotations
 
@@ -82,8 +82,27 @@ def plan_chain(model: nn.Module) -> ModelChain:
     return ModelChain(units=tuple(units), blocks=blocks)
 
 
-def _logits(module: nn.Module, args: Any, output: Any) -> Any:
-    return output if not hasattr(output, "logits") else output.logits
+class ModelOutputs:
+    """The forward hook that hands the pipeline the output's `logits`, remembering the output's class
+    (e.g. CausalLMOutputWithPast), so the loss function and px.forward receive the object one
+    process's model returns (`out.logits` works in every layout). Stage views (deep copies of the
+    model's skeleton) share this one hook: it holds no per-stage state."""
+
+    def __init__(self) -> None:
+        self.output_type: type | None = None
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> Any:
+        if not hasattr(output, "logits"):
+            return output
+        self.output_type = type(output)
+        return output.logits
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "ModelOutputs":
+        return self
+
+    def wrap(self, logits: Any) -> Any:
+        """`logits` in the class the model returned (as it is once the forward ran on this rank)."""
+        return logits if self.output_type is None else self.output_type(logits=logits)
 
 
 def _no_cache(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -91,11 +110,14 @@ def _no_cache(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any
     return args, kwargs
 
 
-def adapt_forward(model: nn.Module) -> None:
+def adapt_forward(model: nn.Module) -> ModelOutputs:
     """Make `model`'s forward hand one tensor from stage to stage: its logits (the hidden state on
-    the stages before the last), computed without a key/value cache."""
+    the stages before the last), computed without a key/value cache; returns the hook that puts the
+    last stage's logits back into the model's output class."""
+    outputs = ModelOutputs()
     model.register_forward_pre_hook(_no_cache, with_kwargs=True)
-    model.register_forward_hook(_logits)
+    model.register_forward_hook(outputs)
+    return outputs
 
 
 def model_chain(model: nn.Module) -> ModelChain:

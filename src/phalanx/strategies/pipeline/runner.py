@@ -32,6 +32,10 @@ def _group(group_or_mesh: Any) -> dist.ProcessGroup:
     return group_or_mesh
 
 
+def _same(output: Any) -> Any:
+    return output
+
+
 def _one_tensor(inputs: Any) -> None:
     if not isinstance(inputs, torch.Tensor):
         raise TypeError(f"the pipeline's first stage takes one tensor, and the inputs are a {type(inputs).__name__}. "
@@ -44,8 +48,9 @@ class PipelineRunner:
 
     `stages` / `stage_index`: the module of each stage this rank runs (DDP- or FSDP-wrapped or plain)
     and its index, one of each for 1F1B/GPipe, as `schedules.stage_indices` places them otherwise.
-    `group`: the pipeline's process group, or its 1-D mesh (`mesh["pp"]`). `loss_fn(output, targets)`
-    must average over the samples it is given (the step's loss is the mean of the microbatches').
+    `group`: the pipeline's process group, or its 1-D mesh (`mesh["pp"]`). `loss_fn(output, targets)`,
+    given the output as `model_output` makes it (what one process's model returns), must average over
+    the samples it is given (the step's loss is the mean of the microbatches').
     """
 
     def __init__(self, stages: nn.Module | Sequence[nn.Module], stage_index: int | Sequence[int], num_stages: int,
@@ -79,6 +84,8 @@ class PipelineRunner:
         self._step_microbatches = self.num_microbatches  # this step's (a short batch may take fewer)
         self._summed = False  # this step's loss_fn sums over items: no mean over the microbatches
         self._running = False
+        # what one process's model returns, from the last stage's output (transformers: its ModelOutput)
+        self.model_output: Callable[[Any], Any] = _same
         self.tied: Any = None  # a pipeline/tied.py TiedGradients when parameters are tied across ranks
         self._tied_pending = False
 
@@ -116,7 +123,7 @@ class PipelineRunner:
     def _scaled_loss(self, output: Any, targets: Any) -> torch.Tensor:
         assert self.loss_fn is not None  # noqa: S101 - step() checks it
         per = 1 if self._summed else self._step_microbatches
-        return self.loss_fn(output, targets) * (self._loss_scale / per)
+        return self.loss_fn(self.model_output(output), targets) * (self._loss_scale / per)
 
     def _build(self, training: bool, microbatches: int) -> Any:
         from torch.distributed.pipelining import PipelineStage
@@ -187,8 +194,9 @@ class PipelineRunner:
         items.add_loss(loss)
         return loss
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """The last stage's output for `inputs` (no gradients), on every pipeline rank. Any batch size:
+    def forward(self, inputs: torch.Tensor) -> Any:
+        """The last stage's output for `inputs` (no gradients), on every pipeline rank, as `model_output`
+        gives it (a transformers model's ModelOutput with its logits). Any batch size:
         it is cut into as many equal microbatches as divide it, up to num_microbatches."""
         if self.schedule in names.V_SHAPED:
             raise ValueError(
@@ -203,7 +211,7 @@ class PipelineRunner:
         schedule = self._schedule_for(False, inputs, microbatches)
         with torch.no_grad():
             output = self._run(schedule, *((inputs,) if self.is_first else ()))
-        return self._broadcast_output(output if self.is_last else None)
+        return self.model_output(self._broadcast_output(output if self.is_last else None))
 
     def _broadcast_output(self, output: Any) -> torch.Tensor:
         meta: list[Any] = [None]

@@ -1,0 +1,59 @@
+"""A transformers loop as transformers' and torch's docs write it, under pp 2, equals the same loop in
+one process with no phalanx (tests/dist/pp_idiom_workloads.py): `loss_fn` reads `out.logits`, torch's
+own `clip_grad_norm_` gives and applies the global norm, and `save_pretrained` on every rank writes the
+whole model (on one rank only it is refused, naming px.get_state_dict)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist import pp_idiom_workloads as w
+from tests.dist.harness import run_ranks
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
+
+TOL = dict(rtol=2e-4, atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[list[dict], dict, str]:
+    root = tmp_path_factory.mktemp("pp_idioms")
+    ranks = run_ranks("tests.dist.pp_idiom_workloads:idioms", 2, args=(str(root),), timeout=500)
+    return ranks, w.reference(), str(root)
+
+
+def test_loss_fn_gets_the_models_output_object_and_the_losses_equal_one_process(runs):
+    """Was AttributeError: 'Tensor' object has no attribute 'logits' (loss_fn got the last stage's tensor)."""
+    ranks, ref, _ = runs
+    for rank in ranks:
+        torch.testing.assert_close(torch.tensor(rank["losses"]), torch.tensor(ref["losses"]), **TOL)
+        torch.testing.assert_close(rank["eval"], ref["eval"], **TOL)  # px.forward(...).logits after the steps
+
+
+def test_torch_clip_grad_norm_gives_and_applies_the_global_norm(runs):
+    """Was stage 0's norm on rank 0 (0.785 against one process's 1.088 at step 1), rank 1 its own."""
+    ranks, ref, _ = runs
+    assert min(ref["norms"]) > w.MAX_NORM, "clipping must act on every step"
+    for rank in ranks:
+        torch.testing.assert_close(torch.tensor(rank["norms"]), torch.tensor(ref["norms"]), **TOL)
+
+
+def test_save_pretrained_on_every_rank_writes_one_process_model(runs):
+    """Was stage 0's 10 of 21 tensors, exit 0. The weights are also those of one process after the
+    same steps (torch's clip applied the global norm)."""
+    from transformers import LlamaForCausalLM
+
+    _, ref, root = runs
+    saved = LlamaForCausalLM.from_pretrained(f"{root}/every_rank").state_dict()
+    assert saved.keys() == ref["state"].keys()
+    for key, value in ref["state"].items():
+        torch.testing.assert_close(saved[key], value, **TOL, msg=key)
+
+
+def test_save_pretrained_on_one_rank_is_refused_naming_get_state_dict(runs):
+    ranks, _, _ = runs
+    message = ranks[0]["one_rank"]["refused"]
+    assert message.startswith("save_pretrained on rank 0: under ddp: pp 2 (2 process(es)) each rank holds its own "
+                              "pipeline stages only"), message
+    assert "rank(s) [1] did not call save_pretrained" in message and "px.get_state_dict(model)" in message
+    assert ranks[1]["one_rank"] == {}
