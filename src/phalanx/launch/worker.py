@@ -127,7 +127,16 @@ def leave_note(seen: dict[str, int | None] | None) -> None:
     if size is None and dist is not None and dist.is_available() and dist.is_initialized():
         size = dist.get_world_size()  # joined through a path that bypassed the watched function
     worker_notes.write(worker_notes.WorkerNote(rank=int(os.environ.get(envvars.RANK, "0")), group_size=size,
-                                               accelerate="accelerate" in sys.modules))
+                                               accelerate=accelerator_made()))
+
+
+def accelerator_made() -> bool:
+    """Whether the script made an Accelerator (HF Trainer makes one): Accelerate's shared state is
+    filled then. Importing accelerate is not using it: transformers imports it on its own, and a
+    plain torch script that imports transformers is no Accelerate script."""
+    state = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(state, "AcceleratorState", None), "_shared_state", None)
+    return bool(shared)
 
 
 def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
