@@ -86,6 +86,12 @@ def watch_process_group() -> dict[str, int | None] | None:
 
     @functools.wraps(original)
     def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
+        from phalanx.launch.misplaced_flag import nccl_without_gpu_message
+
+        backend = kwargs.get("backend", args[0] if args else None)
+        message = nccl_without_gpu_message(backend, int(os.environ.get(envvars.RANK, "0")))
+        if message:  # torch would say "NCCL not built in" / "no GPUs found", without a word of gloo
+            raise refusal.Refused(message)
         result = original(*args, **kwargs)
         seen["group_size"] = dist.get_world_size()
         return result
@@ -127,7 +133,16 @@ def leave_note(seen: dict[str, int | None] | None) -> None:
     if size is None and dist is not None and dist.is_available() and dist.is_initialized():
         size = dist.get_world_size()  # joined through a path that bypassed the watched function
     worker_notes.write(worker_notes.WorkerNote(rank=int(os.environ.get(envvars.RANK, "0")), group_size=size,
-                                               accelerate="accelerate" in sys.modules))
+                                               accelerate=accelerator_made()))
+
+
+def accelerator_made() -> bool:
+    """Whether the script made an Accelerator (HF Trainer makes one): Accelerate's shared state is
+    filled then. Importing accelerate is not using it: transformers imports it on its own, and a
+    plain torch script that imports transformers is no Accelerate script."""
+    state = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(state, "AcceleratorState", None), "_shared_state", None)
+    return bool(shared)
 
 
 def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
@@ -151,6 +166,10 @@ def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str
 
             passed = any(arg.startswith(("--local-rank=", "--local_rank=")) for arg in args)
             hint = hint_for_argparse_error(seen[-1], passed)
+            if hint is None:
+                from phalanx.launch.misplaced_flag import hint_for_misplaced_flag
+
+                hint = hint_for_misplaced_flag(seen[-1], os.path.basename(target), args)
             if hint:
                 record_hint(hint)
         raise

@@ -25,7 +25,7 @@ _LAUNCHER_ACTS_ON = frozenset({"checkpoint_dir", "preemption_signals", "preempt_
 class WorkerNote:
     rank: int
     group_size: int | None = None  # world size of the default process group it joined; None: none
-    accelerate: bool = False  # it imported Accelerate (HF Trainer does)
+    accelerate: bool = False  # it made an Accelerator (HF Trainer does)
 
 
 def write(note: WorkerNote, environ: Any = os.environ) -> None:

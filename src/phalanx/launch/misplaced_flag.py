@@ -1,0 +1,64 @@
+"""Hints for two common mistakes that otherwise end in someone else's error, on every rank:
+
+- a `phalanx run` flag written after the script (`phalanx run train.py --nproc-per-node 2`): what
+  follows the script is the script's, so its argparse rejects the flag ("unrecognized arguments");
+- `init_process_group("nccl")` on a machine without a GPU: torch says "NCCL not built in" or "no
+  GPUs found", with no word of gloo.
+
+Used by the worker wrapper (launch/worker.py), only once the script has failed: a script that
+accepts a flag of the same name never sees a hint. No torch at import.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import Sequence
+
+
+@functools.lru_cache(maxsize=1)
+def launcher_flags() -> frozenset[str]:
+    """Every `--flag` of `phalanx run` (both spellings)."""
+    from phalanx.launch import run_command
+
+    parser = argparse.ArgumentParser()
+    run_command.configure(parser)
+    return frozenset(flag for flag in parser._option_string_actions if flag.startswith("--"))
+
+
+def hint_for_misplaced_flag(message: str, script: str, args: Sequence[str]) -> str | None:
+    """A hint when argparse's error `message` rejects `phalanx run` flags given after `script`."""
+    if "unrecognized arguments:" not in message:
+        return None
+    rejected = message.split("unrecognized arguments:", 1)[1].split()
+    ours = [word for word in rejected if word.split("=", 1)[0] in launcher_flags()]
+    if not ours:
+        return None
+    args = list(args)
+    taken: list[int] = []
+    for word in ours:
+        at = args.index(word) if word in args else -1
+        if at < 0:
+            continue
+        taken.append(at)
+        if "=" not in word and at < len(args) - 1 and not args[at + 1].startswith("-"):
+            taken.append(at + 1)  # the flag's value
+    moved = [args[i] for i in sorted(taken)] or ours
+    rest = [a for i, a in enumerate(args) if i not in taken]
+    name = ours[0].split("=", 1)[0]
+    return (f"{name} is a `phalanx run` flag, written after the script: what follows the script goes to the "
+            f"script, and {script}'s argparse rejected it. HINT: put launcher flags before the script: "
+            f"phalanx run {' '.join(moved)} {' '.join([script, *rest])}")
+
+
+def nccl_without_gpu_message(backend: object, rank: int) -> str | None:
+    """The phalanx message for init_process_group(backend) asking for NCCL where no GPU is, or None."""
+    if not isinstance(backend, str) or "nccl" not in backend.lower() or "gloo" in backend.lower():
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (f"init_process_group({backend!r}) on rank {rank}: NCCL needs GPUs, and this machine has none "
+            "(or none visible). HINT: on CPU use the 'gloo' backend (init_process_group('gloo')), or "
+            "pick by device: backend='cuda:nccl,cpu:gloo' or 'nccl' if torch.cuda.is_available() else 'gloo'; "
+            "Phalanx() chooses for you.")
