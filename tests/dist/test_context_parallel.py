@@ -94,6 +94,20 @@ def test_hand_written_loop_num_items_is_the_batch_count() -> None:
         torch.testing.assert_close(rank["weights"], reference["weights"], rtol=2e-4, atol=2e-5)  # AdamW: tiny grads
 
 
+@pytest.mark.parametrize("kind", ["modernbert", "bert"])
+def test_encoder_masks_equal_one_process(kind: str) -> None:
+    """ModernBERT's sliding window looks both ways (|q - k| <= local_attention / 2; it looked only
+    back), BERT's padding masks keys: at cp 2 both train as one process does (loss, grad norm, weights)."""
+    import torch
+
+    ranks = run_ranks("tests.dist.cp_workloads:train_encoder", world_size=2, args=(kind,), timeout=300)
+    reference = ranks[0]["reference"]
+    for rank in ranks:
+        torch.testing.assert_close(rank["losses"], reference["losses"], rtol=2e-4, atol=0)
+        torch.testing.assert_close(rank["norms"], reference["norms"], rtol=2e-4, atol=0)
+        torch.testing.assert_close(rank["weights"], reference["weights"], rtol=2e-4, atol=2e-5)  # AdamW: tiny grads
+
+
 @pytest.mark.slow
 def test_checkpoint_at_cp2_dp2_resumes_at_dp4_and_one_process(tmp_path) -> None:
     path = str(tmp_path / "ckpt")
