@@ -1,6 +1,8 @@
 """A tiny Llama (and Mistral, for the sliding window) trained through px.forward_backward at cp 2
 equals one process: per-step loss within 2e-4 relative over 6 steps, for each mask and both
-attention algorithms; every mask at cp 2 x dp 2 and at cp 2 x tp 2 on 4 processes (slow)."""
+attention algorithms; every mask at cp 2 x dp 2 and at cp 2 x tp 2 on 4 processes (slow). Encoders
+(ModernBERT's two-sided window, BERT with padding) and the docs' hand-written loop (px.shard_sequence,
+px.backward with num_items) against plain transformers in one process: loss, grad norm, weights."""
 from __future__ import annotations
 
 import pytest
