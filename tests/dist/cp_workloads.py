@@ -288,16 +288,13 @@ def train_own_model(steps: int = 6) -> dict:
 
 
 # ---- the docs' hand-written cp loop (docs/long-sequences.md), against plain torch in one process ----
-def hand_loop_reference(steps: int) -> dict:
-    """The same loop in one process, as torch/transformers docs write it."""
-    model = tiny_llama()
+def one_process(model: torch.nn.Module, batches: list, loss_of) -> dict:
+    """AdamW steps of `model` in one process, as torch/transformers docs write them: loss_of(model,
+    *batch) is the batch's mean loss; each step's loss, clip_grad_norm_'s norm, the final weights."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses, norms = [], []
-    for (tokens,) in list(torch.utils.data.DataLoader(rows(), batch_size=4))[:steps]:
-        tokens = tokens[:, :-1]  # 15 inputs: not a multiple of 2 x cp
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        logits = model(input_ids=inputs, use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    for batch in batches:
+        loss = loss_of(model, *batch)
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item())
         optimizer.step()
@@ -306,31 +303,101 @@ def hand_loop_reference(steps: int) -> dict:
     return {"losses": losses, "norms": norms, "weights": model.state_dict()}
 
 
-def train_hand_loop(steps: int = 3) -> dict:
-    """The docs' hand-written cp loop at cp 2: px.shard_sequence(pad=True), a summed loss, and
-    px.backward(loss, num_items=n) with n the batch's target count; rank 0 also returns one process's."""
+def at_cp2(build, batches: list, backward_of, loss_of) -> dict:
+    """The same steps at cp 2 (ddp): backward_of(px, model, *batch) runs the batch's backward with
+    num_items; px.step_loss and px.clip_grad_norm_'s norm per step, the final weights; rank 0 also
+    returns one_process's run of a fresh build()."""
     from phalanx import Phalanx
 
     px = Phalanx(strategy="ddp", cp=2)
-    model = tiny_llama()
+    model = build()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer = px.prepare(model, optimizer)
     losses, norms = [], []
-    for (tokens,) in list(torch.utils.data.DataLoader(rows(), batch_size=4))[:steps]:
-        tokens = tokens[:, :-1]
-        targets = tokens[:, 1:]                       # shifted before the cut
-        num_items = (targets != -100).sum()           # the batch's count, before the cut
-        inputs, targets = px.shard_sequence({"input_ids": tokens[:, :-1]}, targets, pad=True)
-        logits = model(**inputs, use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
-                                                 reduction="sum")
-        px.backward(loss, num_items=num_items)
+    for batch in batches:
+        backward_of(px, model, *batch)
         norms.append(px.clip_grad_norm_(model.parameters(), 1e9).item())
         optimizer.step()
         optimizer.zero_grad()
         losses.append(px.step_loss)
     result = {"losses": losses, "norms": norms, "weights": px.unwrap_model(model).state_dict()}
     if px.rank == 0:
-        result["reference"] = hand_loop_reference(steps)
+        result["reference"] = one_process(build(), batches, loss_of)
     px.wait_for_everyone()
     return result
+
+
+def _odd_rows(steps: int) -> list[tuple[torch.Tensor]]:
+    """Rows of 16 tokens: 15 inputs, not a multiple of 2 x cp."""
+    return [(tokens[:, :-1],) for (tokens,) in list(torch.utils.data.DataLoader(rows(), batch_size=4))[:steps]]
+
+
+def _lm_mean_loss(model, tokens):
+    logits = model(input_ids=tokens[:, :-1], use_cache=False).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), ignore_index=-100)
+
+
+def _hand_written_backward(px, model, tokens) -> None:
+    """docs/long-sequences.md's loop: px.shard_sequence(pad=True), a summed loss, px.backward with
+    num_items the batch's target count."""
+    targets = tokens[:, 1:]                       # shifted before the cut
+    num_items = (targets != -100).sum()           # the batch's count, before the cut
+    inputs, targets = px.shard_sequence({"input_ids": tokens[:, :-1]}, targets, pad=True)
+    logits = model(**inputs, use_cache=False).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
+                                             reduction="sum")
+    px.backward(loss, num_items=num_items)
+
+
+def train_hand_loop(steps: int = 3) -> dict:
+    """The docs' hand-written cp loop at cp 2 against one process."""
+    return at_cp2(tiny_llama, _odd_rows(steps), _hand_written_backward, _lm_mean_loss)
+
+
+# ---- encoders under cp: ModernBERT's two-sided sliding window, BERT with padding -----------------
+ENC_SEQ = 32
+
+
+def tiny_encoder(kind: str) -> torch.nn.Module:
+    """A masked-LM encoder from a tiny local config (fp32, no dropout)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 attn_implementation="sdpa")
+    if kind == "modernbert":  # layer 0 global, layer 1 a window of 8 (4 each way)
+        return tf.ModernBertForMaskedLM(tf.ModernBertConfig(
+            **shape, local_attention=8, global_attn_every_n_layers=2, max_position_embeddings=2 * ENC_SEQ,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2))
+    return tf.BertForMaskedLM(tf.BertConfig(**shape, max_position_embeddings=2 * ENC_SEQ, hidden_dropout_prob=0.0,
+                                            attention_probs_dropout_prob=0.0))
+
+
+def encoder_batches(kind: str, steps: int, batch: int = 2) -> list[tuple[dict, torch.Tensor]]:
+    """MLM batches: a quarter of the tokens are targets; BERT's rows end in 7 and 12 padding tokens."""
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for _ in range(steps):
+        ids = torch.randint(3, VOCAB, (batch, ENC_SEQ), generator=g)
+        labels = torch.where(torch.rand(batch, ENC_SEQ, generator=g) < 0.25, ids, torch.full_like(ids, -100))
+        inputs = {"input_ids": ids}
+        if kind == "bert":
+            mask = torch.ones(batch, ENC_SEQ, dtype=torch.long)
+            mask[0, -7:], mask[1, -12:] = 0, 0
+            inputs["attention_mask"] = mask
+            labels = labels.masked_fill(mask == 0, -100)
+        out.append((inputs, labels))
+    return out
+
+
+def _mlm_loss(model, inputs, labels):
+    return model(**inputs, labels=labels).loss  # transformers' own labels=
+
+
+def _encoder_backward(px, model, inputs, labels) -> None:
+    px.forward_backward(model, inputs, labels, summed_loss, num_items=(labels != -100).sum())
+
+
+def train_encoder(kind: str, steps: int = 3) -> dict:
+    """`steps` AdamW steps of the encoder at cp 2 through px.forward_backward against one process."""
+    return at_cp2(lambda: tiny_encoder(kind), encoder_batches(kind, steps), _encoder_backward, _mlm_loss)

@@ -1,6 +1,8 @@
 """A tiny Llama (and Mistral, for the sliding window) trained through px.forward_backward at cp 2
 equals one process: per-step loss within 2e-4 relative over 6 steps, for each mask and both
-attention algorithms; every mask at cp 2 x dp 2 and at cp 2 x tp 2 on 4 processes (slow)."""
+attention algorithms; every mask at cp 2 x dp 2 and at cp 2 x tp 2 on 4 processes (slow). Encoders
+(ModernBERT's two-sided window, BERT with padding) and the docs' hand-written loop (px.shard_sequence,
+px.backward with num_items) against plain transformers in one process: loss, grad norm, weights."""
 from __future__ import annotations
 
 import pytest
@@ -87,6 +89,20 @@ def test_hand_written_loop_num_items_is_the_batch_count() -> None:
     import torch
 
     ranks = run_ranks("tests.dist.cp_workloads:train_hand_loop", world_size=2, timeout=300)
+    reference = ranks[0]["reference"]
+    for rank in ranks:
+        torch.testing.assert_close(rank["losses"], reference["losses"], rtol=2e-4, atol=0)
+        torch.testing.assert_close(rank["norms"], reference["norms"], rtol=2e-4, atol=0)
+        torch.testing.assert_close(rank["weights"], reference["weights"], rtol=2e-4, atol=2e-5)  # AdamW: tiny grads
+
+
+@pytest.mark.parametrize("kind", ["modernbert", "bert"])
+def test_encoder_masks_equal_one_process(kind: str) -> None:
+    """ModernBERT's sliding window looks both ways (|q - k| <= local_attention / 2; it looked only
+    back), BERT's padding masks keys: at cp 2 both train as one process does (loss, grad norm, weights)."""
+    import torch
+
+    ranks = run_ranks("tests.dist.cp_workloads:train_encoder", world_size=2, args=(kind,), timeout=300)
     reference = ranks[0]["reference"]
     for rank in ranks:
         torch.testing.assert_close(rank["losses"], reference["losses"], rtol=2e-4, atol=0)

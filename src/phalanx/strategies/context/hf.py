@@ -1,8 +1,15 @@
 """transformers models under cp through their attention interface: phalanx registers its own
 attention function (and a mask function that builds nothing: the mask comes from global positions
-in the layout) and points the model's config at it. The model's code is unchanged."""
+in the layout) and points the model's config at it. The model's code is unchanged.
+
+The mask is rebuilt from what reaches the attention function: the layer's `is_causal` and
+`sliding_window` (back only when causal, both ways when not: masks.py), the layout's padding, and
+its documents where transformers reads them (a causal mask, no attention_mask given). Layer kinds
+whose mask or state this cannot rebuild (Llama4's chunked attention, linear/recurrent layers...)
+are refused at prepare."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -30,6 +37,7 @@ def route(model: nn.Module) -> None:
                          "so its attention cannot be sent across the cut. HINT: use a model whose attention goes "
                          "through ALL_ATTENTION_FUNCTIONS (Llama, Mistral, Qwen...), or run it with cp=1")
     hf_arguments.check(model)  # an argument its attention takes that the cut would drop: refused here
+    check_masks(model)
     model.set_attn_implementation(NAME)
     if "position_ids" in inspect.signature(model.forward).parameters:
         model.register_forward_pre_hook(_global_positions, with_kwargs=True)
@@ -45,6 +53,30 @@ def _global_positions(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tup
         device = next((t.device for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
         kwargs = {**kwargs, "position_ids": layout.local[None].to(device)}
     return args, kwargs
+
+
+_REBUILT = ("full_attention", "sliding_attention")  # the layer kinds whose mask masks.py rebuilds
+
+
+def check_masks(model: nn.Module) -> None:
+    """ValueError when `model` has layers whose mask (or state) the cut attention cannot rebuild."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    kinds = list(getattr(config, "layer_types", None) or [])
+    if not kinds and getattr(config, "attention_chunk_size", None):
+        kinds = ["chunked_attention"]
+    other = sorted({k for k in kinds if k not in _REBUILT})
+    why = {"chunked_attention": "attends within chunks of attention_chunk_size tokens (Llama4-style)"}
+    if other:
+        said = "; ".join(f"{k}: {why.get(k, 'a mask or state phalanx does not rebuild')}" for k in other)
+        raise ValueError(
+            f"context parallel: {type(model).__name__} has layers of kind {', '.join(other)} ({said}), and the "
+            "attention across the cut rebuilds only causal, bidirectional and sliding-window masks with packed "
+            f"documents and padding, so those layers would attend differently from one process. HINT: run "
+            f"{type(model).__name__} with cp=1, or use a model whose layer_types are {' / '.join(_REBUILT)}")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"context parallel: {type(model).__name__} is an encoder-decoder model, whose cross-attention reads "
+            "another sequence than the one cut. HINT: run it with cp=1")
 
 
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -69,7 +101,12 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     if dropout:
         raise ValueError(f"context parallel: attention dropout {dropout} in {type(module).__name__} is not supported "
                          "across the cut. HINT: set the config's attention_dropout to 0 under cp")
-    out = attention(query, key, value, causal=causal, sliding_window=sliding_window, scale=scaling, softcap=softcap)
+    layout = active_layout()
+    if layout.documents is not None and (not causal or layout.attention_mask_given):
+        # transformers reads packed documents from position_ids only for a causal mask with no attention_mask
+        layout = dataclasses.replace(layout, documents=None)
+    out = attention(query, key, value, causal=causal, sliding_window=sliding_window, scale=scaling, softcap=softcap,
+                    layout=layout)
     return out.transpose(1, 2).contiguous(), None
 
 

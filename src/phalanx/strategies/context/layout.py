@@ -41,6 +41,8 @@ class SequenceLayout:
     """[batch, seq_len] document id of every token of packed rows (position_ids restarting); None: one per row."""
     key_padding: torch.Tensor | None = None
     """[batch, seq_len] True for real tokens (attention_mask); None: no padding."""
+    attention_mask_given: bool = False
+    """the inputs carried an attention_mask (transformers then reads no documents from position_ids)."""
 
     @property
     def local(self) -> torch.Tensor:

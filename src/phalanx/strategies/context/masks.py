@@ -1,6 +1,7 @@
 """The (query, key) pairs a batch allows, from global positions: causal, packed documents
-(block-diagonal causal), Mistral-style sliding window, padding. The same function serves one
-process and every rank of a cp group, so a cut can never change the mask."""
+(block-diagonal), a sliding window (back only when causal, Mistral; both ways when not, ModernBERT),
+padding. The same function serves one process and every rank of a cp group, so a cut can never
+change the mask."""
 from __future__ import annotations
 
 import torch
@@ -15,7 +16,10 @@ def allowed(queries: torch.Tensor, keys: torch.Tensor, *, causal: bool = True, s
     if causal:
         mask &= k <= q
     if sliding_window is not None:
-        mask &= q - k < sliding_window  # transformers' overlay: kv_idx > q_idx - sliding_window
+        # transformers' overlays, given the sliding_window its attention layers pass: causal (Mistral)
+        # kv_idx > q_idx - sliding_window; bidirectional, both ways: ModernBERT passes local_attention
+        # // 2 + 1 for |q - k| <= local_attention // 2, Gemma3's bidirectional window |q - k| < sliding_window
+        mask &= (q - k < sliding_window) if causal else ((q - k).abs() < sliding_window)
     mask = mask[None]
     if documents is not None:
         mask = mask & (documents[:, queries, None] == documents[:, None, keys])

@@ -48,7 +48,8 @@ def shard_sequence(inputs: Any, targets: Any = None, *, cp_size: int, cp_rank: i
     index = local_indices(seq_len, cp_size, cp_rank).to(main.device)
     layout = SequenceLayout(
         cp_size, cp_rank, group, seq_len, documents=masks.documents_of(positions),
-        key_padding=None if padding is None or bool(padding.all()) else padding.bool())
+        key_padding=None if padding is None or bool(padding.all()) else padding.bool(),
+        attention_mask_given="attention_mask" in fields)
     if isinstance(inputs, Mapping):
         local: Any = {name: _cut(value, index, seq_len, seq_dim) for name, value in fields.items()
                       if name != "attention_mask"}  # the layout carries the mask: the model's own would be local
