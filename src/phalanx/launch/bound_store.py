@@ -134,12 +134,11 @@ def create_c10d_handler(params: RendezvousParameters) -> RendezvousHandler:
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     if params.get("store_type", "tcp").strip().lower() != "tcp" or not params.get_as_bool("is_host", False):
-        return _bind_workers_store(_create_c10d_handler(params), BOUND_C10D_BACKEND)
+        return _bind_workers_store(_create_c10d_handler(params))
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=C10D_DEFAULT_PORT)
     read_timeout = datetime.timedelta(seconds=params.get_as_int("read_timeout", 60) or 60)
     store = _bound_tcp_store(params.local_addr or host, port, read_timeout)
-    return _bind_workers_store(dynamic_handler(store, C10dRendezvousBackend(store, params.run_id), params),
-                               BOUND_C10D_BACKEND)
+    return _bind_workers_store(dynamic_handler(store, C10dRendezvousBackend(store, params.run_id), params))
 
 
 def create_etcd_v2_handler(params: RendezvousParameters) -> RendezvousHandler:
@@ -156,7 +155,7 @@ def _bound_tcp_store(host: str, port: int, timeout: datetime.timedelta | None = 
     return store_on(bind_listener(host, port), host, **extra)
 
 
-def _bind_workers_store(handler: RendezvousHandler, backend: str) -> RendezvousHandler:
+def _bind_workers_store(handler: RendezvousHandler, backend: str = BOUND_C10D_BACKEND) -> RendezvousHandler:
     handler._backend_name = backend  # type: ignore[attr-defined]  # torch's registry checks the name
     if hasattr(handler, "_create_tcp_store_server"):  # absent in a torch without the shared workers' store
         handler._create_tcp_store_server = lambda addr, port: _bound_tcp_store(addr, port)  # type: ignore[attr-defined]
