@@ -50,3 +50,38 @@ def generate(settings: dict) -> dict:
         got = model.generate(PROMPT, max_new_tokens=6, do_sample=False)
     return {"expected": expected, "got": got, "vocab": model.config.vocab_size,
             "has_save_pretrained": callable(getattr(model, "save_pretrained", None))}
+
+
+def save_pretrained(settings: dict, directory: str, every_rank: bool) -> dict:
+    """One step, then `px.unwrap_model(model).save_pretrained(directory)` on every rank
+    (transformers' convention) or on the main process only; the main process loads it back with
+    from_pretrained and compares it with the same step in one process."""
+    from transformers import LlamaForCausalLM
+
+    from phalanx.checkpoint import save_pretrained as saving
+
+    saving.AGREE_SECONDS = 3.0  # the one-rank call is refused after this wait
+    ids = torch.arange(2 * SEQ).reshape(2, SEQ) % VOCAB
+    reference = tiny_llama()
+    _one_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5), ids)
+
+    px = Phalanx(**settings)
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model, optimizer = px.prepare(model, optimizer)
+    _one_step(model, optimizer, ids)
+    if not every_rank:
+        if not px.is_main_process:
+            return {}
+        try:
+            px.unwrap_model(model).save_pretrained(directory)
+        except ValueError as e:
+            return {"refused": str(e)}
+        return {"refused": None}
+    px.unwrap_model(model).save_pretrained(directory)
+    if not px.is_main_process:
+        return {}
+    loaded = LlamaForCausalLM.from_pretrained(directory).state_dict()
+    expected = reference.state_dict()
+    return {"keys": sorted(loaded) == sorted(expected),
+            "max_rel": max(((loaded[k] - v).norm() / v.norm()).item() for k, v in expected.items())}

@@ -15,3 +15,17 @@ def test_generate_on_the_prepared_model_equals_one_process(strategy):
     for r in results:
         assert r["vocab"] == 64 and r["has_save_pretrained"]
         assert torch.equal(r["got"], r["expected"])
+
+
+@pytest.mark.parametrize("settings", [{"strategy": "zero3"}, {"strategy": "ddp", "tp": 2}], ids=["zero3", "tp2"])
+def test_save_pretrained_on_every_rank_writes_one_process_model(settings, tmp_path):
+    r0, _ = run_ranks("tests.dist.prepared_model_workloads:save_pretrained", 2,
+                      args=(settings, str(tmp_path / "saved"), True), timeout=240)
+    assert r0["keys"]
+    assert r0["max_rel"] < 2e-4
+
+
+def test_save_pretrained_on_one_rank_is_refused_naming_get_state_dict(tmp_path):
+    r0, _ = run_ranks("tests.dist.prepared_model_workloads:save_pretrained", 2,
+                      args=({"strategy": "zero3"}, str(tmp_path / "saved"), False), timeout=240)
+    assert r0["refused"] and "px.get_state_dict" in r0["refused"] and "every rank" in r0["refused"]

@@ -15,11 +15,17 @@ becomes a subclass of its own class (as FSDP2's `fully_shard` does) that answers
 from __future__ import annotations
 
 import copyreg
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 from torch import nn
 
+from phalanx.checkpoint.save_pretrained import save_full
+
 _SUBCLASSES: dict[type, type] = {}
+# model -> its full weights, gathered by every rank (a model holding part of them only): its
+# save_pretrained writes those. Kept outside the model, which torch.save and deepcopy must copy.
+_FULL_WEIGHTS: "weakref.WeakKeyDictionary[nn.Module, Callable[[], dict]]" = weakref.WeakKeyDictionary()
 
 
 def module_message(layout: str, holds_part: bool) -> str:
@@ -33,9 +39,13 @@ def module_message(layout: str, holds_part: bool) -> str:
             f"holds it); {what}, px.unwrap_model(model) gives the module itself")
 
 
-def answer_module_attribute(model: nn.Module, layout: str, holds_part: bool) -> nn.Module:
+def answer_module_attribute(model: nn.Module, layout: str, holds_part: bool,
+                            full_weights: Callable[[], dict] | None = None) -> nn.Module:
     """Make `model.module` raise `module_message` (nothing changes if `model` has a `.module`; a
-    model prepared again keeps its class and gets the new layout's message)."""
+    model prepared again keeps its class and gets the new layout's message). `full_weights`
+    (where `holds_part`): gathers the full weights; a `save_pretrained` of the model's writes them."""
+    if holds_part and full_weights is not None:
+        _FULL_WEIGHTS[model] = full_weights
     if hasattr(model, "module"):  # torch's DDP / DataParallel, or the user's own submodule of that name
         return model
     cls = type(model)
@@ -67,5 +77,17 @@ def _answering_subclass(base: type) -> type:
             reduced = (copyreg._reconstructor, (base, object, None), *reduced[2:])
         return reduced
 
-    return type(base.__name__, (base,), {"__getattr__": __getattr__, "__reduce_ex__": __reduce_ex__,
-                                         "__module__": base.__module__, "__qualname__": base.__qualname__})
+    members: dict[str, Any] = {"__getattr__": __getattr__, "__reduce_ex__": __reduce_ex__,
+                               "__module__": base.__module__, "__qualname__": base.__qualname__}
+    if callable(getattr(base, "save_pretrained", None)):
+        def save_pretrained(self: nn.Module, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
+            """transformers' save_pretrained; where this rank holds part of the weights, every rank
+            calls it and the main process writes the full model (checkpoint/save_pretrained.py)."""
+            full = _FULL_WEIGHTS.get(self)
+            if full is None:
+                return base.save_pretrained(self, save_directory, *args, **kwargs)
+            return save_full(lambda *a, **k: base.save_pretrained(self, *a, **k), full, save_directory,
+                             *args, **kwargs)
+
+        members["save_pretrained"] = save_pretrained
+    return type(base.__name__, (base,), members)

@@ -83,7 +83,9 @@ class ParallelStrategy:
                               done.pipeline.pp_rank, done.pipeline.pp, list(done.stages.stage_indices),
                               done.stages.num_stages, ", ".join(done.stages.units), done.pipeline.schedule,
                               done.pipeline.num_microbatches)
-        return answer_module_attribute(done.model, self.plan.describe(), self.plan.shards_parameters or self.plan.pp > 1)
+        prepared = weakref.ref(done.model)  # kept beside the model: no reference that keeps it alive
+        return answer_module_attribute(done.model, self.plan.describe(), self.plan.shards_parameters or self.plan.pp > 1,
+                                       full_weights=lambda: self.full_state_dict(prepared()))
 
     def held_elsewhere(self, key: str) -> bool:
         """Whether a state-dict key belongs to a unit another pipeline rank holds (pp > 1)."""
