@@ -31,7 +31,8 @@ def route(model: nn.Module) -> None:
                          "through ALL_ATTENTION_FUNCTIONS (Llama, Mistral, Qwen...), or run it with cp=1")
     hf_arguments.check(model)  # an argument its attention takes that the cut would drop: refused here
     model.set_attn_implementation(NAME)
-    if "position_ids" in inspect.signature(model.forward).parameters:
+    parameters = inspect.signature(model.forward).parameters.values()  # a PEFT wrapper passes **kwargs on
+    if any(p.name == "position_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         model.register_forward_pre_hook(_global_positions, with_kwargs=True)
 
 
