@@ -11,7 +11,8 @@ VOCAB, SEQ, STEPS, BATCH = 64, 16, 3, 4
 
 
 def tiny_lm(family: str) -> torch.nn.Module:
-    """A 2-layer causal LM built locally (same seed: same weights); Gemma2 with a small softcap so it bites."""
+    """A 2-layer causal LM built locally (same seed: same weights); Gemma2 with a small softcap so it
+    bites; LoRA adapters (random B, so they matter from step 1) on the Llama."""
     import transformers
 
     torch.manual_seed(0)
@@ -21,7 +22,14 @@ def tiny_lm(family: str) -> torch.nn.Module:
         config = transformers.Gemma2Config(**shape, head_dim=8, attn_logit_softcapping=1.0, sliding_window=6,
                                            initializer_range=0.1, query_pre_attn_scalar=8, attn_implementation="eager")
         return transformers.Gemma2ForCausalLM(config)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape, attn_implementation="sdpa"))
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape, attn_implementation="sdpa"))
+    if family == "llama-lora":  # a PEFT wrapper: its forward takes (*args, **kwargs)
+        import peft
+
+        torch.manual_seed(2)
+        config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        return peft.get_peft_model(model, config)
+    return model
 
 
 def token_rows() -> list[torch.Tensor]:

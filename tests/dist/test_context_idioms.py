@@ -7,7 +7,7 @@ import pytest
 from tests.dist.harness import run_ranks
 
 CASES = [("llama", "labels", "fb"), ("llama", "labels", "hand"), ("llama", "tensor", "fb"),
-         ("llama", "tensor", "hand"), ("gemma2", "labels", "fb")]
+         ("llama", "tensor", "hand"), ("llama-lora", "tensor", "fb"), ("gemma2", "labels", "fb")]
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +29,9 @@ def test_labels_under_cp_train_as_one_process(idioms: list[dict], path: str) -> 
     _assert_one_process(idioms, ("llama", "labels", path))
 
 
-@pytest.mark.parametrize("path", ["fb", "hand"])
-def test_token_tensor_under_cp_gets_global_positions(idioms: list[dict], path: str) -> None:
-    _assert_one_process(idioms, ("llama", "tensor", path))
+@pytest.mark.parametrize("family,path", [("llama", "fb"), ("llama", "hand"), ("llama-lora", "fb")])
+def test_token_tensor_under_cp_gets_global_positions(idioms: list[dict], family: str, path: str) -> None:
+    _assert_one_process(idioms, (family, "tensor", path))
 
 
 def test_gemma2_softcap_reaches_the_cut_attention(idioms: list[dict]) -> None:

@@ -39,7 +39,8 @@ def route(model: nn.Module) -> None:
     hf_arguments.check(model)  # an argument its attention takes that the cut would drop: refused here
     check_masks(model)
     model.set_attn_implementation(NAME)
-    if "position_ids" in inspect.signature(model.forward).parameters:
+    parameters = inspect.signature(model.forward).parameters.values()  # a PEFT wrapper passes **kwargs on
+    if any(p.name == "position_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         model.register_forward_pre_hook(_global_positions, with_kwargs=True)
 
 
