@@ -4,7 +4,7 @@ with a one-process reference computed in rank 0 on the same global batches.
 
 The loop clips with torch's own `torch.nn.utils.clip_grad_norm_` on the prepared model's parameters,
 as hand-written loops do: under tensor parallel every parameter is a DTensor, so it works and its
-norm is the one-process norm."""
+norm is the one-process norm; under pp phalanx routes torch's norm over the pipeline's stages."""
 from __future__ import annotations
 
 import copy
@@ -81,9 +81,7 @@ def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, 
     losses, norms = [], []
     for (batch,) in loader:
         loss = px.forward_backward(model, batch[:, :-1], batch[:, 1:], lm_loss)
-        params = px.unwrap_model(model).parameters()
-        norm = torch.nn.utils.clip_grad_norm_(params, MAX_NORM) if px.plan.pp == 1 \
-            else px.clip_grad_norm_(model.parameters(), MAX_NORM)
+        norm = torch.nn.utils.clip_grad_norm_(px.unwrap_model(model).parameters(), MAX_NORM)
         if clip_value:
             torch.nn.utils.clip_grad_value_(px.unwrap_model(model).parameters(), CLIP_VALUE)
         optimizer.step()

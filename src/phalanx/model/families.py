@@ -113,7 +113,7 @@ INTRO = f"""# Models: what works with what
 Models from transformers, as they come: each family below is built from a small config of its own
 class (the code paths of the pretrained checkpoints users load) and trained for 6 steps in each
 layout by `tests/dist/test_families.py`, through `px.forward_backward`, clipping with torch's own
-`torch.nn.utils.clip_grad_norm_` (`px.clip_grad_norm_` under pp). **equal**: every step's loss and
+`torch.nn.utils.clip_grad_norm_` (under pp too: its norm is the whole pipeline's). **equal**: every step's loss and
 gradient norm equal one process on the same global batches (within 2e-4 relative). **refused**: prepare
 stops before the first step with the reason quoted below.
 
