@@ -29,6 +29,7 @@ from phalanx.model import flops, meta_init
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
+from phalanx.strategies.closure_loss import closure_wrapper
 from phalanx.loop.num_items import ItemCount
 from phalanx.strategies import auto, ddp_options, job_plan, presets, settings_check
 from phalanx.strategies.base import Strategy
@@ -312,7 +313,8 @@ class Phalanx:
         inner.register_step_pre_hook(lambda *_: self._before_step())
         optimizer = self._checkpointer.track(
             wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping,
-                           before_step=self._before_step))
+                           before_step=self._before_step,
+                           wrap_closure=closure_wrapper(optimizer, self.strategy.plan, self.strategy.dp_group)))
         self._prepared.append(optimizer)
         watch_optimizer(self._step_progress, optimizer)
         if self._profiler is not None:  # after the step counter's hook: it reads global_step

@@ -148,3 +148,13 @@ def test_rank_that_exited_with_batches_unread_is_not_said_to_have_run_out_of_dat
             "sys.exit in the script?)") in verdict.headline
     assert "data ran out" not in verdict.headline
     assert verdict.lines[1].endswith("<-- left its training loop")
+
+
+def test_rank_that_left_after_as_many_batches_as_the_others_is_not_said_to_have_run_out_of_data():
+    """LBFGS whose line search read each rank's own loss: the ranks made different numbers of closure
+    calls (backwards) in one step, and the watchdog blamed the data of a loop whose loader was prepared."""
+    verdict = judge([view(2, "backward"), view(2, "exit")], NOW, 5.0, me=0)
+    assert verdict.culprits == [1]
+    assert "rank 1 left its training loop after step 2, the same batch count as the others" in verdict.headline
+    assert "rank 0 in phase 'backward'" in verdict.headline and "closure" in verdict.headline
+    assert "data ran out" not in verdict.headline

@@ -117,7 +117,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, accumulator: Accumulator, precision: Precision,
-                 clip: Callable[[], Any] | None = None, before_step: Callable[[], None] | None = None):
+                 clip: Callable[[], Any] | None = None, before_step: Callable[[], None] | None = None,
+                 wrap_closure: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None):
         # No super().__init__: this object owns no parameters; the wrapped optimizer does.
         self.optimizer = optimizer
         self.accumulator = accumulator
@@ -126,6 +127,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
         # The step's gradient rescale (num_items): before clipping, and before fp16's scaler may skip
         # the step (a skipped step's counts must not leak into the next one).
         self.before_step = before_step
+        # Replicas whose optimizer reads the closure's loss (LBFGS): the loss averaged over them
+        self.wrap_closure = wrap_closure
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -159,6 +162,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if self.clip is not None:
             self.precision.unscale_(self.optimizer)
             self.clip()
+        if closure is not None and self.wrap_closure is not None:
+            closure = self.wrap_closure(closure)
         result = self.precision.step(self.optimizer, closure)
         self.accumulator.holding_grads = False
         return result
@@ -203,15 +208,16 @@ def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer, accumulator: Accumulator, strategy: Any,
-                   clip_norm: float | None = None, before_step: Callable[[], None] | None = None) -> torch.optim.Optimizer:
-    """`optimizer` itself when nothing needs adding (no accumulation, scaler or auto-clipping),
-    else a PreparedOptimizer around it."""
+                   clip_norm: float | None = None, before_step: Callable[[], None] | None = None,
+                   wrap_closure: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None) -> torch.optim.Optimizer:
+    """`optimizer` itself when nothing needs adding (no accumulation, scaler, auto-clipping or
+    closure to wrap), else a PreparedOptimizer around it."""
     precision: Precision = strategy.precision
     def clip_all() -> torch.Tensor:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         return strategy.clip_grad_norm_(params, clip_norm)
 
     clip = clip_all if clip_norm is not None else None
-    if accumulator.num_steps == 1 and precision.scaler is None and clip is None:
+    if accumulator.num_steps == 1 and precision.scaler is None and clip is None and wrap_closure is None:
         return optimizer
-    return PreparedOptimizer(optimizer, accumulator, precision, clip, before_step)
+    return PreparedOptimizer(optimizer, accumulator, precision, clip, before_step, wrap_closure)

@@ -78,6 +78,9 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int,
         f" ({'; '.join(f'{r}: {labels[r]}' for r in culprits)})" if labels else "")
     if c in dead:
         what = f"{who} died (no heartbeat) at {at_step(step)}, phase {phase!r}"
+    elif phase == LEFT_LOOP and step >= 0 and all(v.record[2] == step for v in peers):  # type: ignore[index]
+        what = _parted_within_a_step(who, step, [(name(r), v.record[3]) for r, v in enumerate(peers)  # type: ignore[index]
+                                                 if v.record[3] not in LEFT])  # type: ignore[index]
     elif phase == LEFT_LOOP:
         what = (f"{who} left its training loop after {at_step(step)} while the others still wait: its data ran "
                 "out first. HINT: prepare the DataLoader with px.prepare (equal batch counts on every rank) "
@@ -93,6 +96,18 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int,
         what = f"{who} stalled at {at_step(step)}, phase {phase!r}, behind the others"
     headline = f"phalanx watchdog: {what}; no rank progressed for at least {waited:.1f} s (timeout {timeout:g} s)"
     return Verdict(culprits, dead, headline, lines)
+
+
+def _parted_within_a_step(who: str, step: int, waiting: list[tuple[str, str]]) -> str:
+    """A rank left after the same number of prepared batches as the others: not a data length, but
+    collectives made a different number of times within that step."""
+    doing = ", ".join(f"{r} in phase {phase!r}" for r, phase in waiting)
+    return (f"{who} left its training loop after {at_step(step)}, the same batch count as the others, while "
+            f"{doing} still wait(s) in that step: the ranks made different numbers of collective calls in it (an "
+            "optimizer whose step calls the closure a different number of times on each rank, a backward, "
+            "px.reduce or gather only some ranks made). HINT: make every rank run the same collectives each "
+            "step; an optimizer that reads the closure's loss (LBFGS) must read the same loss on every rank "
+            "(phalanx averages it under ddp when the optimizer is prepared: see docs/optimizers.md)")
 
 
 def _namer(labels: Sequence[str] | None) -> Callable[[int], str]:

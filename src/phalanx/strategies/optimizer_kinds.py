@@ -83,6 +83,12 @@ def classify(optimizer: torch.optim.Optimizer | type) -> Classified:
     return Classified(StepKind.WHOLE_TENSOR, False, f"{cls.__module__}.{cls.__qualname__} is not one phalanx knows")
 
 
+def reads_its_loss(kind: Classified) -> bool:
+    """Whether a step may read the closure's loss (LBFGS's line search and its tolerance on the loss,
+    or an optimizer phalanx does not know): replicas must then read the same loss."""
+    return kind.kind is StepKind.WHOLE_MODEL or not kind.declared
+
+
 def undeclared_warning(optimizer: torch.optim.Optimizer, layout: str) -> str:
     """The one warning at prepare for an optimizer phalanx cannot classify."""
     name = type(optimizer).__name__

@@ -15,7 +15,7 @@ import torch
 from phalanx.config import generated_page
 from phalanx.strategies import presets
 from phalanx.strategies.optimizer_kinds import (ATTRIBUTE, TORCH_ELEMENTWISE, TORCH_WHOLE_MODEL, TORCH_WHOLE_TENSOR,
-                                                Route, StepKind, route)
+                                                Classified, Route, StepKind, reads_its_loss, route)
 from phalanx.strategies.parallel_plan import ParallelPlan
 
 COMMAND = "python -m phalanx.strategies.optimizer_table docs/optimizers.md"
@@ -33,6 +33,7 @@ LAYOUTS: dict[str, tuple[str, int, int, dict[str, int], bool]] = {
     "pp 2": ("ddp", 2, 2, {"pp": 2}, False),
     "zero3, cpu_offload": ("zero3", 2, 2, {}, True),
 }
+LOSS_AVERAGED = "closure's loss averaged"
 CELLS = {Route.AS_GIVEN: "as given", Route.SLICES: "slices", Route.WHOLE_ON_OWNER: "**whole, on an owner**"}
 
 INTRO = f"""# Optimizers
@@ -55,6 +56,14 @@ Cells: *as given*: your optimizer steps the parameters each rank holds whole (ev
 steps everything; under pp alone each rank steps its own stages); *slices*: each rank steps its
 slices (the fast sharded paths); **whole, on an owner**: as above; *refused*: prepare raises a
 ValueError naming the optimizer, the layout and what to use, before any step.
+
+*{LOSS_AVERAGED}*: an optimizer whose step calls the closure and may read its loss (LBFGS: the
+strong-Wolfe line search and `tolerance_change` read it; one phalanx does not know might) would read
+each replica's own loss and the replicas would take different steps, then hang. phalanx averages the
+loss the closure returns over the data-parallel ranks (the gradients already are), so with each rank
+on its share of the batch every replica takes one process's step on the whole batch. Write the loop
+as torch's docs do: `def closure(): optimizer.zero_grad(); loss = loss_fn(model(x), y);
+loss.backward(); return loss`, then `optimizer.step(closure)`; the step returns the averaged loss.
 """
 
 DECLARE = f"""
@@ -113,9 +122,11 @@ def _plan(preset: str, world: int, local: int, asked: Mapping[str, int], offload
 
 def _cell(kind: StepKind, plan: ParallelPlan, declared: bool) -> str:
     try:
-        return CELLS[route(kind, plan, declared=declared)]
+        cell = CELLS[route(kind, plan, declared=declared)]
     except ValueError:
         return "refused"
+    averaged = plan.dp_size > 1 and reads_its_loss(Classified(kind, declared, ""))
+    return f"{cell}, {LOSS_AVERAGED}" if averaged and cell == CELLS[Route.AS_GIVEN] else cell
 
 
 def rows() -> list[tuple[str, StepKind, bool]]:
