@@ -141,3 +141,30 @@ def test_on_cuda_steps_are_read_from_events_once_the_device_has_passed_them():
     assert [s for s, _ in anatomy.steps] == [0, 1]
     for _, times in anatomy.steps:
         assert times == pytest.approx({"data": 0.010, "forward": 0.020, "backward": 0.030, "other": 0.0})
+
+
+def test_without_a_prepared_loader_each_optimizer_step_ends_a_step_and_backward_is_marked():
+    """A loop that makes its batches itself: the anatomy counts optimizer steps (from 0, as a loader
+    loop counts batches), the plain loss.backward() through a watched model is its own phase, and
+    the tracker's own step (the watchdog's, preemption's) still counts prepared batches only."""
+    import torch
+
+    from phalanx.runtime.step_tracker import watch_module, watch_optimizer
+
+    clock = Clock()
+    tracker = StepTracker()
+    tracker.anatomy = anatomy = StepAnatomy(clock)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch_module(tracker, model)
+    watch_optimizer(tracker, optimizer)
+    for _ in range(3):
+        clock.now += 0.005  # making the batch in the loop
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert [step for step, _ in anatomy.steps] == [0, 1, 2] and anatomy.step == 2 and tracker.step == -1
+    assert anatomy.counts == "optimizer steps"
+    assert all({"forward", "backward", "optimizer"} <= set(times) and "data" not in times for _, times in anatomy.steps)
+    assert [times["other"] for _, times in anatomy.steps] == pytest.approx([0.005] * 3)  # the batch making

@@ -4,7 +4,9 @@ collectives, the script's own code, and phases the script names with `px.busy(na
 The step tracker (runtime/step_tracker.py) already marks every phase change at each phalanx call;
 this observer turns the changes into durations: one `perf_counter()` and one dict update per change,
 no synchronisation of any device. A step runs from one prepared-loader request to the next, so a
-step's `data` is the wait for its own batch. The last `KEEP` steps are kept for the exchange thread
+step's `data` is the wait for its own batch. In a loop no prepared loader feeds (data made in the
+loop), a step ends when the optimizer's step returns: its phases are the model's forward and
+backward and the optimizer, and the data the loop makes is in `other` (NOT_MEASURED says so). The last `KEEP` steps are kept for the exchange thread
 to publish; totals since the start are kept for the exit summary.
 
 On CUDA (`DeviceTimedAnatomy`) the host returns from a phase long before its kernels have run, so
@@ -35,6 +37,11 @@ CATEGORY: dict[str, str] = {
 # (px.busy) sits with `other`: the script's own code between forward and backward.
 ORDER: tuple[str, ...] = (DATA, FORWARD, OTHER, BACKWARD, PIPELINE, COLLECTIVES, OPTIMIZER)
 
+BATCHES, OPTIMIZER_STEPS = "prepared batches", "optimizer steps"  # what a step is counted by
+# What a loop without a prepared loader cannot show apart (status.json's `not_measured`)
+NOT_MEASURED = {OPTIMIZER_STEPS: "data: no prepared loader, so loading or making a batch is in 'other' "
+                                 "(the script's own code between the model's phases)"}
+
 KEEP = 200  # recent steps kept, for the figures `phalanx top` shows
 SAMPLED = 100  # steps kept for the straggler judge (every `stride`-th: see observe/exchange.py)
 
@@ -64,6 +71,7 @@ class StepAnatomy:
         self.totals: dict[str, float] = {}  # seconds per column over every finished step
         self.num_steps = 0
         self.on_step: list[Callable[[int], None]] = []  # after each finished step, on the main thread
+        self.counts = BATCHES  # what ends a step: a prepared loader's request, or an optimizer step
 
     def switch(self, phase: str) -> None:
         """The rank enters `phase` (a tracker phase name) now."""
@@ -73,9 +81,9 @@ class StepAnatomy:
         self._since = now
         self._phase = CATEGORY.get(phase, phase)
 
-    def step_boundary(self) -> None:
-        """A prepared loader asks for the next batch: the step in progress ends here."""
-        self.switch(DATA)
+    def step_boundary(self, entering: str = DATA) -> None:
+        """A prepared loader asks for the next batch (`entering` data): the step in progress ends here."""
+        self.switch(entering)
         if self._open:
             self._open = False
             self._finish(self._step, self._current)
@@ -95,6 +103,13 @@ class StepAnatomy:
         """The batch of `step` arrived (its data wait is counted in it)."""
         self._step = step
         self._open = True
+
+    def optimizer_step(self) -> None:
+        """An optimizer step returned in a loop no prepared loader feeds: the step ends here, and is
+        numbered as a loader's would be (from 0: after N steps, step N - 1)."""
+        self.counts = OPTIMIZER_STEPS
+        self.next_step(self._step + 1)
+        self.step_boundary(OTHER)
 
     @property
     def step(self) -> int:
@@ -118,8 +133,8 @@ class DeviceTimedAnatomy(StepAnatomy):
     def switch(self, phase: str) -> None:
         self._marks.append((CATEGORY.get(phase, phase), self._record()))
 
-    def step_boundary(self) -> None:
-        self.switch(DATA)
+    def step_boundary(self, entering: str = DATA) -> None:
+        self.switch(entering)
         if self._open:
             self._open = False
             self._pending.append((self._step, self._marks))

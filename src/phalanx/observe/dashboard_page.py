@@ -53,7 +53,8 @@ function render(page) {
   const raw = s.metrics ? s.metrics.loss : null;
   const loss = typeof raw === "number" ? ", loss " + raw.toPrecision(4) : (raw != null ? ", loss " + raw : "");
   document.getElementById("job").textContent = (page.running ? "running" : (s.ended ? "ended" : "not running (last status " + Math.round(s.age_s) + " s old)"))
-    + ": attempt " + s.attempt + ", " + s.world_size + " ranks, step " + s.step + loss;
+    + ": attempt " + s.attempt + ", " + s.world_size + " ranks, step " + s.step + loss
+    + (s.not_measured ? " (steps count " + s.steps_count + "; not measured: " + s.not_measured + ")" : "");
   if (page.run) document.getElementById("run").textContent = page.run;
   document.getElementById("metrics").textContent = Object.entries(s.metrics || {}).filter(([k]) => k !== "step")
     .map(([k, v]) => k + " " + (typeof v === "number" ? v.toPrecision(4) : String(v))).join(", ");

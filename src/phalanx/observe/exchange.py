@@ -19,7 +19,7 @@ from typing import Any, Callable
 from phalanx import store_keys
 from phalanx.logging.printable import printable
 from phalanx.observe import records
-from phalanx.observe.anatomy import SAMPLED, StepAnatomy, rank_order
+from phalanx.observe.anatomy import NOT_MEASURED, SAMPLED, StepAnatomy, rank_order
 from phalanx.observe.straggler import WINDOW, Judge, StragglerWatch
 
 PUBLISHED_STEPS = SAMPLED  # steps in each summary: enough for rank 0 to miss a few heartbeats
@@ -172,6 +172,7 @@ class Exchange:
         metrics = self.last_metrics()
         return {"time": time.time(), "attempt": self.attempt, "world_size": self.world_size,
                 "step": self.anatomy.step, "ended": self.ended, "ranks": ranks,
+                "steps_count": self.anatomy.counts, "not_measured": NOT_MEASURED.get(self.anatomy.counts),
                 "straggler": None if straggler is None else straggler.as_status(),
                 "straggler_message": None if straggler is None else straggler.message,
                 "metrics": None if metrics is None else {"step": metrics[0], **metrics[1]}}

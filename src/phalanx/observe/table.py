@@ -68,6 +68,8 @@ def render(run_dir: str, status: dict[str, Any] | None, color: bool = False) -> 
     loss = metrics.get("loss")
     lines.append(f"attempt {status.get('attempt')}  world size {status.get('world_size')}  step {status.get('step')}"
                  + (f"  loss {loss:.4g} (step {metrics.get('step')})" if isinstance(loss, (int, float)) else ""))
+    if status.get("not_measured"):  # a loop without a prepared loader: steps are optimizer steps
+        lines.append(printable(f"steps count {status.get('steps_count')}; not measured: {status['not_measured']}"))
     ranks = status.get("ranks", [])
     names = _phase_names(ranks)
     head = ["rank", "host", "local", "state", "step", "steps/s", *(f"{printable(n)} ms" for n in names), "memory"]

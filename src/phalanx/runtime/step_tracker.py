@@ -49,7 +49,8 @@ STEP = Phase.STEP
 class StepTracker:
     """The current step (batches taken from prepared loaders, from 0) and phase of this rank."""
 
-    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request", "batch_request_hooks", "mid_pass", "anatomy")
+    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request", "batch_request_hooks", "mid_pass", "anatomy",
+                 "fed")
 
     def __init__(self) -> None:
         self.step = -1  # no batch yet
@@ -60,9 +61,11 @@ class StepTracker:
         self.anatomy: Any = None  # observe.anatomy.StepAnatomy: times the phases (None: off)
         self.batch_request_hooks: list[Callable[[], None]] = []  # other work due at a step boundary
         self.mid_pass = False  # a prepared loader's pass has begun and not run out (an exit now is early)
+        self.fed = False  # a prepared loader has been read: its requests, not optimizer steps, end steps
 
     def before_batch(self) -> None:
         """A prepared loader is about to read its next batch: the script finished the step before."""
+        self.fed = True
         for hook in self.batch_request_hooks:  # a deferred save first: a preemption stop may follow
             hook()
         hook = self.on_batch_request
@@ -78,6 +81,14 @@ class StepTracker:
         if self.anatomy is not None:
             self.anatomy.next_step(self.step)
             self.anatomy.switch(STEP)
+
+    def optimizer_stepped(self) -> None:
+        """optimizer.step() returned: back in the script; in a loop no prepared loader feeds, the
+        anatomy's step ends here (`step` itself keeps counting prepared batches: the watchdog and
+        preemption read it so)."""
+        self.enter(STEP)
+        if self.anatomy is not None and not self.fed:
+            self.anatomy.optimizer_step()
 
     def enter(self, phase: str) -> None:
         self.phase = phase
@@ -108,12 +119,50 @@ class StepTracker:
 
 
 def watch_module(progress: StepTracker, module: "torch.nn.Module") -> None:
-    """Mark the model's forward (where DDP may broadcast buffers, FSDP all-gathers) as a phase."""
+    """Mark the model's forward (where DDP may broadcast buffers, FSDP all-gathers) as a phase, and
+    the backward through it, also when the script calls `loss.backward()` itself."""
     module.register_forward_pre_hook(lambda *_: progress.enter(Phase.FORWARD))
-    module.register_forward_hook(lambda *_: progress.enter(STEP))
+
+    def after_forward(_module: Any, _args: Any, output: Any) -> None:
+        progress.enter(STEP)
+        for tensor in _grad_tensors(output):
+            tensor.register_hook(lambda _grad: _backward_begins(progress))
+
+    module.register_forward_hook(after_forward)
+
+
+def _grad_tensors(output: Any, limit: int = 4) -> list["torch.Tensor"]:
+    """The first few tensors of a forward's output (a tensor, tuple, dict, ModelOutput) that the
+    backward will pass through: a hook on them says the backward has reached the model."""
+    import torch
+
+    found: list[torch.Tensor] = []
+    todo = [output]
+    while todo and len(found) < limit:
+        item = todo.pop(0)
+        if isinstance(item, torch.Tensor):
+            if item.requires_grad and item.grad_fn is not None:
+                found.append(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+    return found
+
+
+def _backward_begins(progress: StepTracker) -> None:
+    """A gradient reached the model's output: the backward phase, until autograd's pass ends (its
+    engine's callback), unless phalanx's own backward already marks it."""
+    if progress.phase == Phase.BACKWARD:
+        return
+    from torch.autograd import Variable
+
+    previous = progress.phase
+    progress.enter(Phase.BACKWARD)
+    Variable._execution_engine.queue_callback(lambda: progress.enter(previous))
 
 
 def watch_optimizer(progress: StepTracker, optimizer: "torch.optim.Optimizer") -> None:
     """Mark optimizer.step (collectives under zero1..3) as a phase."""
     optimizer.register_step_pre_hook(lambda *_: progress.enter(Phase.OPTIMIZER))
-    optimizer.register_step_post_hook(lambda *_: progress.enter(STEP))
+    optimizer.register_step_post_hook(lambda *_: progress.optimizer_stepped())
