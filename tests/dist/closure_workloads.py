@@ -47,9 +47,9 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True).sin() + 0.1 * torch.randn(GLOBAL_BATCH, 1, generator=g)
 
 
-def _optimizer(which: str, model: nn.Module) -> torch.optim.Optimizer:
+def _optimizer(which: str, model: nn.Module, max_iter: int) -> torch.optim.Optimizer:
     if which == "lbfgs":
-        return torch.optim.LBFGS(model.parameters(), lr=1, max_iter=5, line_search_fn="strong_wolfe")
+        return torch.optim.LBFGS(model.parameters(), lr=1, max_iter=max_iter, line_search_fn="strong_wolfe")
     return LossReadingSGD(model.parameters())
 
 
@@ -68,18 +68,19 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, 
     return losses
 
 
-def train(which: str, steps: int = 3, **settings: Any) -> dict[str, Any]:
+def train(which: str, steps: int = 3, max_iter: int = 5, **settings: Any) -> dict[str, Any]:
+    """`max_iter`: LBFGS's closure evaluations per step at most (torch's default is 20)."""
     settings.setdefault("strategy", "ddp")
     px = Phalanx(**settings)
     x, y = _data()
     half = GLOBAL_BATCH // px.dp_size
     mine = slice(px.rank * half, (px.rank + 1) * half)
     model = _model()
-    model, optimizer = px.prepare(model, _optimizer(which, model))
+    model, optimizer = px.prepare(model, _optimizer(which, model, max_iter))
     losses = _train(model, optimizer, x[mine], y[mine], steps)
     out = {"losses": losses, "state": {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}}
     if px.rank == 0:
         reference = _model()
-        out["reference"] = {"losses": _train(reference, _optimizer(which, reference), x, y, steps),
+        out["reference"] = {"losses": _train(reference, _optimizer(which, reference, max_iter), x, y, steps),
                             "state": {k: v.detach().clone() for k, v in reference.state_dict().items()}}
     return out

@@ -12,9 +12,10 @@ from tests.dist.harness import run_ranks
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
 
-@pytest.mark.parametrize("which", ["lbfgs", "loss_reading"])
-def test_a_closure_optimizer_under_ddp_takes_one_process_step(which):
-    ranks = run_ranks("tests.dist.closure_workloads:train", 2, args=(which, 3), timeout=120)
+@pytest.mark.parametrize("which, max_iter", [("lbfgs", 5), ("lbfgs", 20), ("loss_reading", 1)])
+def test_a_closure_optimizer_under_ddp_takes_one_process_step(which, max_iter):
+    """max_iter 20 (torch's default): the ranks used to part and hang."""
+    ranks = run_ranks("tests.dist.closure_workloads:train", 2, args=(which, 3, max_iter), timeout=120)
     reference = ranks[0]["reference"]
     for r in ranks:
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(reference["losses"]), rtol=2e-4, atol=1e-6)

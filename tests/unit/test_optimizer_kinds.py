@@ -78,6 +78,9 @@ def test_what_cannot_be_made_equal_is_refused_with_the_optimizer_layout_and_fix(
     with pytest.raises(ValueError, match=r"pp 2"):
         route(StepKind.WHOLE_MODEL, _plan("ddp", pp=2), "LBFGS")
     assert route(StepKind.WHOLE_MODEL, _plan("ddp"), "LBFGS") is Route.AS_GIVEN
+    with pytest.raises(ValueError, match=r"LBFGS calls the closure.*cp 2.*HINT: use strategy ddp without cp"):
+        route(StepKind.WHOLE_MODEL, presets.build("ddp", presets.asking(cp=2), world_size=2, local_world_size=2),
+              "LBFGS")
     with pytest.raises(ValueError, match=r"Muon reads whole tensors.*cpu_offload.*HINT: turn cpu_offload off"):
         route(StepKind.WHOLE_TENSOR, _plan("zero3", cpu_offload=True), "Muon")
 

@@ -129,6 +129,13 @@ def route(kind: StepKind, plan: ParallelPlan, name: str = "this optimizer", decl
             f"{name} reads every parameter of the model at once (one flat vector, a closure over the whole "
             f"model), but {layout} gives no rank the whole model. HINT: use strategy ddp without tp or pp "
             "(every rank holds every parameter), or an optimizer that steps parameter by parameter")
+    if kind is StepKind.WHOLE_MODEL and plan.cp > 1:
+        raise ValueError(
+            f"{name} calls the closure and reads its loss in its line search, but under {layout} each "
+            "context-parallel rank computes the loss of its own part of every sequence: the ranks would read "
+            "different losses, take different steps and hang. HINT: use strategy ddp without cp (each rank "
+            "its share of the batch: phalanx averages the closure's loss over the replicas), or an optimizer "
+            "that steps from the gradients alone")
     if not splits_tensors(plan):
         replicas = plan.dp_size > 1
         return Route.WHOLE_ON_OWNER if kind is StepKind.WHOLE_TENSOR and declared and replicas else Route.AS_GIVEN

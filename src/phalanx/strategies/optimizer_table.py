@@ -64,6 +64,7 @@ loss the closure returns over the data-parallel ranks (the gradients already are
 on its share of the batch every replica takes one process's step on the whole batch. Write the loop
 as torch's docs do: `def closure(): optimizer.zero_grad(); loss = loss_fn(model(x), y);
 loss.backward(); return loss`, then `optimizer.step(closure)`; the step returns the averaged loss.
+Under context parallel (cp) LBFGS is refused: each cp rank's loss is that of its part of the sequence.
 """
 
 DECLARE = f"""
