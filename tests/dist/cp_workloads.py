@@ -77,7 +77,9 @@ def rows() -> torch.utils.data.TensorDataset:
 def llm_inputs(mask: str, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """The model's inputs for a batch of rows (targets: tokens[:, 1:], shifted before any cut)."""
     fields = {"input_ids": tokens[:, :-1], "use_cache": False}
-    if mask == "packed":  # three documents per row: 5, 7 and 4 tokens
+    if mask == "packed_with_cache":  # the config's default use_cache=True: one process then reads no documents
+        del fields["use_cache"]
+    if mask in ("packed", "packed_with_cache"):  # three documents per row: 5, 7 and 4 tokens
         fields["position_ids"] = torch.tensor([*range(5), *range(7), *range(4)]).expand(len(tokens), SEQ)
     if mask == "padding":  # the last 5 tokens of every row are padding, their targets ignored
         fields["attention_mask"] = torch.ones(len(tokens), SEQ, dtype=torch.long)

@@ -36,6 +36,11 @@ def test_packed_allgather_cp2_num_items() -> None:
     assert_equal_to_one_process(train("packed", num_items=True, model_args={"kv_heads": 1}), "allgather")
 
 
+def test_packed_with_the_default_cache_cp2() -> None:
+    # use_cache defaults to True: transformers then attends across the packed documents, and so must the cut
+    assert_equal_to_one_process(train("packed_with_cache"), "ulysses")
+
+
 @pytest.mark.slow
 def test_packed_ulysses_cp2() -> None:
     assert_equal_to_one_process(train("packed"), "ulysses")

@@ -55,6 +55,28 @@ def test_a_causal_model_reads_documents_only_without_an_attention_mask(with_mask
     _routed_equals_own(tiny_llama(), inputs)
 
 
+@pytest.mark.parametrize("cache", [{"use_cache": False}, {}, {"use_cache": True}], ids=["off", "default", "on"])
+def test_packed_documents_count_only_in_a_forward_without_a_cache(cache: dict) -> None:
+    # transformers' masking_utils reads packed documents only when no cache is given, and use_cache
+    # defaults to the config's True: with it one process attends across documents, so must the cut
+    positions = torch.tensor([*range(12), *range(20)]).expand(2, SEQ)
+    _routed_equals_own(tiny_llama(), {"input_ids": _ids(), "position_ids": positions, **cache})
+
+
+def test_gradient_checkpointing_in_training_reads_documents_as_one_process() -> None:
+    # merge_with_config_defaults turns use_cache off under gradient checkpointing in training
+    model = tiny_llama()
+    model.gradient_checkpointing_enable()
+    own = copy.deepcopy(model).train()
+    model.train()
+    hf.route(model)
+    inputs = {"input_ids": _ids(), "position_ids": torch.tensor([*range(12), *range(20)]).expand(2, SEQ)}
+    local, _, layout = shard_sequence(inputs, cp_size=1, cp_rank=0, activate=False)
+    with using_layout(layout):
+        got = model(**local).logits
+    torch.testing.assert_close(got, own(**inputs).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_chunked_attention_is_refused_naming_the_model() -> None:
     from transformers import Llama4ForCausalLM, Llama4TextConfig
 

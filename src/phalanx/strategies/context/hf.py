@@ -4,7 +4,8 @@ in the layout) and points the model's config at it. The model's code is unchange
 
 The mask is rebuilt from what reaches the attention function: the layer's `is_causal` and
 `sliding_window` (back only when causal, both ways when not: masks.py), the layout's padding, and
-its documents where transformers reads them (a causal mask, no attention_mask given). Layer kinds
+its documents where transformers reads them (a causal mask, no attention_mask given, a forward
+without a cache: masking_utils skips packed documents when a cache is given). Layer kinds
 whose mask or state this cannot rebuild (Llama4's chunked attention, linear/recurrent layers...)
 are refused at prepare."""
 from __future__ import annotations
@@ -46,14 +47,35 @@ def route(model: nn.Module) -> None:
 
 def _global_positions(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """On a cut batch called without position_ids (a plain token tensor), the model's own
-    0..S_local-1 would restart every chunk: give it this rank's tokens' places in the whole row."""
-    from phalanx.strategies.context.layout import active_layout
+    0..S_local-1 would restart every chunk: give it this rank's tokens' places in the whole row.
+    Also records whether this forward runs with a cache (the layout's `cached`)."""
+
+    from phalanx.strategies.context.layout import active_layout, set_active
 
     layout = active_layout()
-    if layout is not None and kwargs.get("position_ids") is None:
+    if layout is None:
+        return args, kwargs
+    cached = _runs_with_cache(module, kwargs)
+    if cached != layout.cached:  # attention drops the documents where transformers would
+        set_active(dataclasses.replace(layout, cached=cached))
+    if kwargs.get("position_ids") is None:
         device = next((t.device for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
         kwargs = {**kwargs, "position_ids": layout.local[None].to(device)}
     return args, kwargs
+
+
+def _runs_with_cache(module: nn.Module, kwargs: dict) -> bool:
+    """Whether this forward builds its mask with a cache, as transformers decides it: a cache passed, or
+    use_cache (the argument, else the config's) unless gradient checkpointing turns it off in training
+    (merge_with_config_defaults). With a cache, masking_utils reads no packed documents from position_ids."""
+    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+        return True
+    use_cache = kwargs.get("use_cache")
+    if use_cache is None:
+        use_cache = getattr(getattr(module, "config", None), "use_cache", None)
+    checkpointed = (module.training and torch.is_grad_enabled()
+                    and any(getattr(m, "gradient_checkpointing", False) is True for m in module.modules()))
+    return bool(use_cache) and not checkpointed
 
 
 _REBUILT = ("full_attention", "sliding_attention")  # the layer kinds whose mask masks.py rebuilds
@@ -103,8 +125,9 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
         raise ValueError(f"context parallel: attention dropout {dropout} in {type(module).__name__} is not supported "
                          "across the cut. HINT: set the config's attention_dropout to 0 under cp")
     layout = active_layout()
-    if layout.documents is not None and (not causal or layout.attention_mask_given):
+    if layout.documents is not None and (not causal or layout.attention_mask_given or layout.cached):
         # transformers reads packed documents from position_ids only for a causal mask with no attention_mask
+        # and no cache (use_cache defaults to the config's True: one process then attends across documents)
         layout = dataclasses.replace(layout, documents=None)
     out = attention(query, key, value, causal=causal, sliding_window=sliding_window, scale=scaling, softcap=softcap,
                     layout=layout)

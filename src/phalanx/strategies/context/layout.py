@@ -43,6 +43,8 @@ class SequenceLayout:
     """[batch, seq_len] True for real tokens (attention_mask); None: no padding."""
     attention_mask_given: bool = False
     """the inputs carried an attention_mask (transformers then reads no documents from position_ids)."""
+    cached: bool = False
+    """the forward runs with a cache (use_cache; transformers then reads no documents from position_ids either)."""
 
     @property
     def local(self) -> torch.Tensor:
