@@ -15,7 +15,7 @@ from torch import nn
 
 from phalanx.loop.precision import Precision
 from phalanx.model import meta_init
-from phalanx.strategies import sharded_embedding
+from phalanx.strategies import fsdp_copy, sharded_embedding
 from phalanx.strategies.gloo_comms import use_gloo_collectives
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
@@ -50,6 +50,10 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     meta = meta_init.is_meta(model)
+    # a plain copy sharded again is the model only where FSDP alone laid it out (no tp DTensors, no
+    # row-sharded tables, one root): there deepcopy(model) works (fsdp_copy), elsewhere it is refused
+    copyable = (roots is None or list(roots) == [model]) and not any(
+        hasattr(p, "device_mesh") for p in model.parameters())
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if plan.cpu_offload else OffloadPolicy()
     kwargs: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": precision.fsdp_policy(), "offload_policy": offload}
     looked_up = _shard_embeddings(model, units, plan, dp_mesh, options, device)
@@ -66,6 +70,9 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
     for root in roots:
         fully_shard(root, reshard_after_forward=False, **kwargs)
     use_gloo_collectives(units, roots, backend)  # gloo: cheaper than its own reduce-scatter and all-gather
+    if copyable and not looked_up:
+        fsdp_copy.remember(model, units, [reshard and i < len(units) - 1 for i in range(len(units))], kwargs,
+                           lambda us, rs: use_gloo_collectives(us, rs, backend))
     prefetch = options.forward_prefetch is not False  # default on (see StrategyOptions)
     if prefetch and not nested and len(units) > 1 and len(roots) == 1:  # one stage: the units run in order
         for i in range(len(units) - 1):

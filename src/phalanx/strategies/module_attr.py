@@ -21,6 +21,7 @@ from typing import Any, Callable
 from torch import nn
 
 from phalanx.checkpoint.save_pretrained import save_full
+from phalanx.strategies import fsdp_copy
 
 _SUBCLASSES: dict[type, type] = {}
 # model -> its full weights, gathered by every rank (a model holding part of them only): its
@@ -54,6 +55,7 @@ def answer_module_attribute(model: nn.Module, layout: str, holds_part: bool,
             _SUBCLASSES[cls] = _answering_subclass(cls)
         model.__class__ = _SUBCLASSES[cls]
     model._phalanx_module_message = module_message(layout, holds_part)  # type: ignore[assignment]
+    model._phalanx_layout = layout  # type: ignore[assignment]
     return model
 
 
@@ -79,6 +81,14 @@ def _answering_subclass(base: type) -> type:
 
     members: dict[str, Any] = {"__getattr__": __getattr__, "__reduce_ex__": __reduce_ex__,
                                "__module__": base.__module__, "__qualname__": base.__qualname__}
+    if callable(getattr(base, "__deepcopy__", None)):  # FSDP2's refuses; AveragedModel (EMA) deep-copies
+        def __deepcopy__(self: nn.Module, memo: dict[int, Any]) -> nn.Module:
+            """A working copy sharded as the model is (strategies/fsdp_copy.py)."""
+            if fsdp_copy.can_copy(self):
+                return fsdp_copy.deepcopy_sharded(self, memo)
+            raise ValueError(fsdp_copy.refusal(self.__dict__["_phalanx_layout"]))
+
+        members["__deepcopy__"] = __deepcopy__
     if callable(getattr(base, "save_pretrained", None)):
         def save_pretrained(self: nn.Module, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
             """transformers' save_pretrained; where this rank holds part of the weights, every rank
