@@ -54,8 +54,9 @@ def generate(settings: dict) -> dict:
 
 def save_pretrained(settings: dict, directory: str, every_rank: bool) -> dict:
     """One step, then `px.unwrap_model(model).save_pretrained(directory)` on every rank
-    (transformers' convention) or on the main process only; the main process loads it back with
-    from_pretrained and compares it with the same step in one process."""
+    (transformers' convention), or first on the main process only (refused) and then on every rank;
+    the main process loads it back with from_pretrained and compares it with the same step in one
+    process."""
     from transformers import LlamaForCausalLM
 
     from phalanx.checkpoint import save_pretrained as saving
@@ -70,18 +71,18 @@ def save_pretrained(settings: dict, directory: str, every_rank: bool) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     model, optimizer = px.prepare(model, optimizer)
     _one_step(model, optimizer, ids)
-    if not every_rank:
-        if not px.is_main_process:
-            return {}
-        try:
-            px.unwrap_model(model).save_pretrained(directory)
-        except ValueError as e:
-            return {"refused": str(e)}
-        return {"refused": None}
+    refused = None
+    if not every_rank:  # the main process alone first: refused; then every rank, which must still work
+        if px.is_main_process:
+            try:
+                px.unwrap_model(model).save_pretrained(directory)
+            except ValueError as e:
+                refused = str(e)
+        px.wait_for_everyone()
     px.unwrap_model(model).save_pretrained(directory)
     if not px.is_main_process:
         return {}
     loaded = LlamaForCausalLM.from_pretrained(directory).state_dict()
     expected = reference.state_dict()
-    return {"keys": sorted(loaded) == sorted(expected),
+    return {"refused": refused, "keys": sorted(loaded) == sorted(expected),
             "max_rel": max(((loaded[k] - v).norm() / v.norm()).item() for k, v in expected.items())}

@@ -103,11 +103,15 @@ def test_the_layout_the_plan_advises_for_a_budget_is_the_one_that_fits(measured)
 
 def test_a_fake_world_measures_what_two_processes_hold(measured, tmp_path):
     """bench/memory.py --fake-world (each rank alone, collectives doing no work: how one GPU sizes a
-    2-GPU layout, tests/gpu) reads within 10% of the real 2-process run at rest, layout by layout."""
+    2-GPU layout, tests/gpu) reads within 10% of the real 2-process run at rest, layout by layout, in
+    live bytes (malloc's in use), as the other figures here: resident memory at glibc's default keeps
+    freed blocks where they landed, and zero1's read 101.3 MiB alone against 113.6 beside a peer (CI,
+    11% apart) while its live bytes read 120.4 against 121.1 (ddp 148.5/149.1, zero3 86.1/87.0,
+    tp2 94.6/95.6)."""
     out = tmp_path / "fake.json"
     done = subprocess.run([sys.executable, "bench/memory.py", "--fake-world", "--layouts", "ddp", "zero1", "zero3", "tp2",
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    fake = {name: runs[0]["at_rest"] for name, runs in json.loads(out.read_text())["runs"].items()}
-    real = _figure(measured, "at_rest")
+    fake = {name: runs[0]["in_use"] for name, runs in json.loads(out.read_text())["runs"].items()}
+    real = _figure(measured, "in_use")
     assert all(abs(fake[name] - real[name]) <= 0.1 * real[name] for name in fake), f"fake world {fake}: " + _whole(measured)

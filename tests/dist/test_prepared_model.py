@@ -29,3 +29,5 @@ def test_save_pretrained_on_one_rank_is_refused_naming_get_state_dict(tmp_path):
     r0, _ = run_ranks("tests.dist.prepared_model_workloads:save_pretrained", 2,
                       args=({"strategy": "zero3"}, str(tmp_path / "saved"), False), timeout=240)
     assert r0["refused"] and "px.get_state_dict" in r0["refused"] and "every rank" in r0["refused"]
+    # the refused call is counted on no rank: the next call, on every rank, meets and writes the model
+    assert r0["keys"] and r0["max_rel"] < 2e-4, r0

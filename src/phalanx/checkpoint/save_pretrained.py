@@ -8,21 +8,18 @@ storage"), leaving the directory without weights. Here the full weights are gath
 rank taking part, and the main process writes them with transformers' own code, so
 `from_pretrained` loads what one process would have saved. Called on one rank only (`if
 is_main_process:`), the gather would wait forever for the others: the ranks first agree through the
-job's store, and a rank that waits alone is refused, naming `px.get_state_dict`.
+job's store (runtime/arrival.py), and a rank that waits alone is refused, naming `px.get_state_dict`.
 """
 from __future__ import annotations
 
-import datetime
-import itertools
 from typing import Any, Callable
 
 import torch.distributed as dist
 
 from phalanx.runtime import collectives
-from phalanx.runtime.process_group import store_client
+from phalanx.runtime.arrival import every_rank_called
 
 AGREE_SECONDS = 60.0  # how long a caller waits for the other ranks to call too
-_CALLS = itertools.count()  # this process's calls, to name each call's keys in the store
 
 
 def save_full(save: Callable[..., Any], full_state_dict: Callable[[], dict[str, Any]], save_directory: Any,
@@ -42,18 +39,9 @@ def save_full(save: Callable[..., Any], full_state_dict: Callable[[], dict[str, 
 
 
 def _agree_every_rank_called() -> None:
-    call, rank, world = next(_CALLS), dist.get_rank(), dist.get_world_size()
-    wait = datetime.timedelta(seconds=AGREE_SECONDS)
-    store = store_client(wait)
-    prefix = f"phalanx/save_pretrained/{call}"
-    store.set(f"{prefix}/{rank}", "1")
-    try:
-        store.wait([f"{prefix}/{r}" for r in range(world)], wait)  # a clone keeps the job's own timeout
-    except (RuntimeError, dist.DistStoreError) as e:
-        missing = [r for r in range(world) if not store.check([f"{prefix}/{r}"])]
-        raise ValueError(
-            f"phalanx: save_pretrained on rank {rank}: this model's weights are split over the ranks, and "
-            f"rank(s) {missing} did not call save_pretrained within {AGREE_SECONDS:.0f} s, so the full model "
-            "cannot be gathered. HINT: call model.save_pretrained(d) on every rank (transformers' convention; "
-            "the main process writes), or gather first on every rank, full = px.get_state_dict(model), and "
-            "save on the main process: model.save_pretrained(d, state_dict=full)") from e
+    every_rank_called("save_pretrained", AGREE_SECONDS, lambda rank, absent: (
+        f"phalanx: save_pretrained on rank {rank}: this model's weights are split over the ranks, and "
+        f"rank(s) {absent} did not call save_pretrained within {AGREE_SECONDS:g} s, so the full model "
+        "cannot be gathered. HINT: call model.save_pretrained(d) on every rank (transformers' convention; "
+        "the main process writes), or gather first on every rank, full = px.get_state_dict(model), and "
+        "save on the main process: model.save_pretrained(d, state_dict=full)"))

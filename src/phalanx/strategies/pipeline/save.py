@@ -8,23 +8,21 @@ data-parallel ranks) and hands them to transformers' own method as `state_dict`;
 on global rank 0 only (`should_save_on_this_rank`), the config and generation config with them, and
 every rank returns once the files are there. transformers' convention is to call it on every rank;
 called on some ranks only, the gather would wait forever for the others, so the ranks first check
-through the rendezvous store that all of them arrived, and refuse, naming px.get_state_dict, if not.
+through the rendezvous store that all of them arrived (runtime/arrival.py), and refuse, naming px.get_state_dict, if not.
 """
 from __future__ import annotations
 
-import datetime
 import sys
 from typing import Any
 
 import torch.distributed as dist
 from torch import nn
 
-from phalanx import store_keys
+from phalanx.runtime.arrival import every_rank_called
 from phalanx.strategies.pipeline.state import gather_full_state_dict
 
 ARRIVAL_WAIT_S = 30.0
 """How long a rank calling save_pretrained waits for the other ranks to call it too."""
-_calls = [0]  # this process's completed arrivals: the same count on every rank (a refused call counts on none)
 
 
 class FullSavePretrained:
@@ -46,24 +44,13 @@ class FullSavePretrained:
         return result
 
     def _check_every_rank_called(self) -> None:
-        store = dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the job's own store, no new server
-        rank, world = dist.get_rank(), dist.get_world_size()
-        keys = [store_keys.arrival_key("save_pretrained", _calls[0] + 1, r) for r in range(world)]
-        store.set(keys[rank], "1")
-        try:
-            store.wait(keys, datetime.timedelta(seconds=ARRIVAL_WAIT_S))
-            _calls[0] += 1
-        except (RuntimeError, dist.DistError) as error:  # the store's timeout: some rank never came
-            absent = [r for r, key in enumerate(keys) if not store.check([key])]
-            store.delete_key(keys[rank])  # not counted: a later call on every rank meets under this number
-            raise ValueError(
-                f"save_pretrained on rank {rank}: under {self.layout} each rank holds its own pipeline stages only, "
-                f"so writing the whole model gathers them from every rank, but rank(s) {absent} did not call "
-                f"save_pretrained within {ARRIVAL_WAIT_S:g} s. HINT: call model.save_pretrained(dir) on every rank "
-                "(transformers writes on rank 0 only), or gather the weights on every rank with "
-                "state = px.get_state_dict(model) and pass them on the main process: "
-                "model.save_pretrained(dir, state_dict=state)"
-            ) from error
+        every_rank_called("save_pretrained", ARRIVAL_WAIT_S, lambda rank, absent: (
+            f"save_pretrained on rank {rank}: under {self.layout} each rank holds its own pipeline stages only, "
+            f"so writing the whole model gathers them from every rank, but rank(s) {absent} did not call "
+            f"save_pretrained within {ARRIVAL_WAIT_S:g} s. HINT: call model.save_pretrained(dir) on every rank "
+            "(transformers writes on rank 0 only), or gather the weights on every rank with "
+            "state = px.get_state_dict(model) and pass them on the main process: "
+            "model.save_pretrained(dir, state_dict=state)"))
 
 
 def answer_save_pretrained(model: nn.Module, pp_group: Any, layout: str) -> None:
