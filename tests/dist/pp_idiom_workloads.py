@@ -87,10 +87,61 @@ def train_pp(save_dir: str) -> dict[str, Any]:
 
 
 def idioms(save_dir: str) -> dict[str, Any]:
-    """`train_pp`, then `save_on_one_rank` in the same process group (one spawn for both)."""
+    """`train_pp`, `save_on_one_rank`, then `lora_pp` in the same process group (one spawn for all)."""
     out = train_pp(f"{save_dir}/every_rank")
     out["one_rank"] = save_on_one_rank(f"{save_dir}/one_rank")
+    out["lora"] = lora_pp(f"{save_dir}/lora")
     return out
+
+
+def lora_model() -> nn.Module:
+    """The tiny Llama with peft's LoRA on q_proj and v_proj, B not zero (so every adapter tensor moves)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = make_model()
+    torch.manual_seed(2)
+    return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+
+
+def _lora_steps(model: nn.Module, optimizer: Any, loader: Any, forward_backward: Any) -> list[float]:
+    losses = []
+    for step, (batch,) in enumerate(loader):
+        losses.append(forward_backward(batch[:, :-1], batch[:, 1:]).item())
+        optimizer.step()
+        optimizer.zero_grad()
+        if step + 1 == STEPS:
+            break
+    return losses
+
+
+def lora_reference(save_dir: str) -> list[float]:
+    """One process, plain peft: STEPS steps of the LoRA model, then peft's own save_pretrained."""
+    model = lora_model()
+
+    def forward_backward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        return loss
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+    losses = _lora_steps(model, optimizer, DataLoader(make_data(), batch_size=GLOBAL_BATCH), forward_backward)
+    model.save_pretrained(save_dir)
+    return losses
+
+
+def lora_pp(save_dir: str) -> list[float]:
+    """pp 2: the LoRA loop, then `px.unwrap_model(model).save_pretrained(save_dir)` on every rank,
+    as peft's docs call it."""
+    from phalanx import Phalanx
+
+    px = Phalanx(strategy="ddp", pp=2)
+    model = lora_model()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+    loader = DataLoader(make_data(), batch_size=GLOBAL_BATCH)
+    model, optimizer, loader = px.prepare(model, optimizer, loader)
+    losses = _lora_steps(model, optimizer, loader, lambda x, y: px.forward_backward(model, x, y, loss_fn))
+    px.unwrap_model(model).save_pretrained(save_dir)
+    return losses
 
 
 def save_on_one_rank(save_dir: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """A transformers loop as transformers' and torch's docs write it, under pp 2, equals the same loop in
 one process with no phalanx (tests/dist/pp_idiom_workloads.py): `loss_fn` reads `out.logits`, torch's
 own `clip_grad_norm_` gives and applies the global norm, and `save_pretrained` on every rank writes the
-whole model (on one rank only it is refused, naming px.get_state_dict)."""
+whole model (on one rank only it is refused, naming px.get_state_dict); peft's `save_pretrained` of a
+LoRA model writes every stage's adapters, as one process does."""
 from __future__ import annotations
 
 import pytest
@@ -57,3 +58,21 @@ def test_save_pretrained_on_one_rank_is_refused_naming_get_state_dict(runs):
                               "pipeline stages only"), message
     assert "rank(s) [1] did not call save_pretrained" in message and "px.get_state_dict(model)" in message
     assert ranks[1]["one_rank"] == {}
+
+
+def test_peft_save_pretrained_writes_every_stage_s_adapters_as_one_process(runs, tmp_path):
+    """Was stage 0's 4 of 8 adapter tensors, written by both ranks into the same file, exit 0."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    ranks, _, root = runs
+    expected_losses = w.lora_reference(str(tmp_path / "one"))
+    for rank in ranks:
+        torch.testing.assert_close(torch.tensor(rank["lora"]), torch.tensor(expected_losses), **TOL)
+    saved = load_file(f"{root}/lora/adapter_model.safetensors")
+    expected = load_file(str(tmp_path / "one" / "adapter_model.safetensors"))
+    assert saved.keys() == expected.keys() and len(expected) == 8
+    for key, value in expected.items():
+        torch.testing.assert_close(saved[key], value, **TOL, msg=key)
+    loaded = PeftModel.from_pretrained(w.make_model(), f"{root}/lora")  # peft loads it as it loads its own
+    assert sum("lora_A" in name for name, _ in loaded.named_parameters()) == 4

@@ -44,17 +44,28 @@ class FullSavePretrained:
         return result
 
     def _check_every_rank_called(self) -> None:
-        every_rank_called("save_pretrained", ARRIVAL_WAIT_S, lambda rank, absent: (
-            f"save_pretrained on rank {rank}: under {self.layout} each rank holds its own pipeline stages only, "
-            f"so writing the whole model gathers them from every rank, but rank(s) {absent} did not call "
-            f"save_pretrained within {ARRIVAL_WAIT_S:g} s. HINT: call model.save_pretrained(dir) on every rank "
-            "(transformers writes on rank 0 only), or gather the weights on every rank with "
-            "state = px.get_state_dict(model) and pass them on the main process: "
-            "model.save_pretrained(dir, state_dict=state)"))
+        check_every_rank_called(self.layout)
+
+
+def check_every_rank_called(layout: str) -> None:
+    """Return once every rank called save_pretrained; ValueError naming the absent ranks if not."""
+    every_rank_called("save_pretrained", ARRIVAL_WAIT_S, lambda rank, absent: (
+        f"save_pretrained on rank {rank}: under {layout} each rank holds its own pipeline stages only, "
+        f"so writing the whole model gathers them from every rank, but rank(s) {absent} did not call "
+        f"save_pretrained within {ARRIVAL_WAIT_S:g} s. HINT: call model.save_pretrained(dir) on every rank "
+        "(transformers writes on rank 0 only), or gather the weights on every rank with "
+        "state = px.get_state_dict(model) and pass them on the main process: "
+        "model.save_pretrained(dir, state_dict=state)"))
 
 
 def answer_save_pretrained(model: nn.Module, pp_group: Any, layout: str) -> None:
-    """Give a pipeline rank's model, a transformers PreTrainedModel, the whole model's save_pretrained."""
+    """Give a pipeline rank's model, a transformers PreTrainedModel or a peft PeftModel
+    (peft_save.py), the whole model's save_pretrained."""
+    if "peft" in sys.modules:  # a PeftModel can only come from an imported peft
+        from phalanx.strategies.pipeline.peft_save import answer_peft_save_pretrained
+
+        if answer_peft_save_pretrained(model, pp_group, layout):
+            return
     if "transformers" not in sys.modules:  # then the model is no PreTrainedModel: nothing to import
         return
     from transformers import PreTrainedModel
