@@ -105,7 +105,7 @@ class Phalanx:
         self._optimizers: list[torch.optim.Optimizer] = []
         self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
-        self._prepared: list[Any] = []  # models and optimizers, for join()/uneven_inputs()
+        self._prepared: list[Any] = []  # models, optimizers and schedulers, for join()/uneven_inputs()
         running = services.start(self.ctx, cfg, self._plan, self._step_progress, strategy_name=self.strategy_name,
                                  seed=self.seed, cycle_idle=lambda: self._accumulator.cycle_pos == 0,
                                  save_now=self._save_now)
@@ -327,6 +327,7 @@ class Phalanx:
         lr_scheduler.rebind(scheduler, self._replaced_optimizers)
         prepared = lr_scheduler.PreparedScheduler(scheduler)
         self.register_for_checkpointing(prepared)
+        self._prepared.append(prepared)  # under Join it leaves with the last joiner's state (data/join_state.py)
         return prepared
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:

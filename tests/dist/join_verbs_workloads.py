@@ -16,10 +16,10 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(DIM, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
-def _batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(100 + rank)
+def _batches(rank: int, count: int | None = None, seed: int = 100) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed + rank)
     return [(torch.randn(BATCH, DIM, generator=g), torch.randint(0, 3, (BATCH,), generator=g))
-            for _ in range(NUM_BATCHES[rank])]
+            for _ in range(NUM_BATCHES[rank] if count is None else count)]
 
 
 def reference() -> dict:
@@ -62,3 +62,48 @@ def uneven_loop(strategy: str, verbs: bool = True) -> dict:
             px.log({"loss": mean.item()})
     params = [p.detach().clone() for p in px.unwrap_model(model).parameters()]
     return {"reduced": reduced, "gathered": gathered, "norms": norms, "params": params}
+
+
+EVEN_BATCHES = 2  # the second epoch: both ranks have as many
+
+
+def _schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 ** step)  # closed form: reads its own count
+
+
+def two_epochs_reference() -> dict:
+    """One process, no phalanx: the uneven epoch as `reference`, then an even one, AdamW with a
+    LambdaLR stepped after every optimizer step."""
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    scheduler = _schedule(optimizer)
+    data = [_batches(r) for r in range(len(NUM_BATCHES))]
+    even = [_batches(r, EVEN_BATCHES, seed=200) for r in range(len(NUM_BATCHES))]
+    for epoch in (data, even):
+        for t in range(max(len(d) for d in epoch)):
+            per_rank = [nn.functional.cross_entropy(model(x), y) for x, y in (d[t] for d in epoch if t < len(d))]
+            (sum(per_rank) / len(NUM_BATCHES)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+    return {"lr": scheduler.get_last_lr(), "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def two_epochs(strategy: str) -> dict:
+    """The same two epochs, each inside px.uneven_inputs, the scheduler prepared with the rest."""
+    px = Phalanx(strategy=strategy)
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    model, optimizer, scheduler = px.prepare(model, optimizer, _schedule(optimizer))
+    for batches in (_batches(px.rank), _batches(px.rank, EVEN_BATCHES, seed=200)):
+        try:
+            uneven_inputs = px.uneven_inputs(model)
+        except ValueError as refused:
+            return {"refused": str(refused)}
+        with uneven_inputs as uneven:
+            for x, y in uneven.iter(batches):
+                nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                scheduler.step()
+    return {"lr": scheduler.get_last_lr(), "params": [p.detach().clone() for p in px.unwrap_model(model).parameters()]}

@@ -33,3 +33,23 @@ def test_zero1_keeps_stepping_a_finished_ranks_chunk():
     for r in run_ranks("tests.dist.join_verbs_workloads:uneven_loop", 2, args=("zero1", False), timeout=240):
         for got, want in zip(r["params"], ref["params"]):
             torch.testing.assert_close(got, want, rtol=2e-4, atol=1e-6)
+
+
+def test_the_epoch_after_an_uneven_one_starts_from_one_optimizer_schedule_and_gradient():
+    """After Join every rank holds the last joiner's optimizer and scheduler state and gradients, as
+    DDP gives it the last joiner's weights: the next epoch equals one process (was: the early rank
+    kept AdamW's moments and its LambdaLR count from 3 steps, not 5, and the shadowed all-reduces'
+    results in its .grad: the next epoch's first grad norm read 0.781 against 0.638)."""
+    ref = work.two_epochs_reference()
+    for r in run_ranks("tests.dist.join_verbs_workloads:two_epochs", 2, args=("ddp",), timeout=240):
+        torch.testing.assert_close(r["lr"], ref["lr"], rtol=1e-6, atol=0)
+        for got, want in zip(r["params"], ref["params"]):
+            torch.testing.assert_close(got, want, rtol=2e-4, atol=1e-6)
+
+
+def test_a_scheduled_zero1_optimizer_inside_join_is_refused_naming_ddp():
+    """zero1's finished rank steps its chunk with a learning rate its scheduler no longer moves:
+    the weights parted from one process's by 0.01 before this refusal."""
+    for r in run_ranks("tests.dist.join_verbs_workloads:two_epochs", 2, args=("zero1",), timeout=240):
+        assert r["refused"].startswith("phalanx: px.uneven_inputs under zero1"), r
+        assert "no longer moves" in r["refused"] and "HINT: run the uneven loop under strategy ddp" in r["refused"]

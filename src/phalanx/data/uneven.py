@@ -22,6 +22,7 @@ from torch.distributed.algorithms import Join, Joinable
 
 from phalanx.data.equalize import agree_step
 from phalanx.data.join_collectives import JoinCollectives
+from phalanx.data.join_state import LastJoinerState
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
 
@@ -136,8 +137,36 @@ def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
         for o in map(_unwrap, [*objects, *optimizers]):
             if isinstance(o, Joinable) and not any(o is j for j in joinables):
                 joinables.append(o)
+        if joinables:  # every rank leaves with the last joiner's optimizer, schedule and gradients
+            plain = [o for o in map(_unwrap, optimizers) if not isinstance(o, Joinable)]  # zero1's keeps in step
+            bound = {id(s): _innermost(getattr(s, "scheduler", s)) for s in prepared}
+            _refuse_schedules_of_joinable_optimizers([bound[id(s)] for s in prepared], layout)
+            schedulers = [s for s in prepared if bound[id(s)] in plain]
+            models = [m for m in objects if isinstance(m, nn.Module)]
+            joinables.append(LastJoinerState(models, plain, schedulers, joinables[0].join_process_group,
+                                             joinables[0].join_device))
     return UnevenInputs(chosen, joinables, progress)
 
+
+
+def _refuse_schedules_of_joinable_optimizers(scheduled: Sequence[Any], layout: str | None) -> None:
+    """zero1's optimizer joins: a rank out of data keeps stepping its chunk with its own learning
+    rate, which its scheduler, stepped in the loop that rank left, no longer moves (measured: its
+    weights parted from one process's by 0.01 after 2 scheduled steps alone)."""
+    if any(isinstance(o, Joinable) for o in scheduled):
+        raise ValueError(
+            f"phalanx: px.uneven_inputs under {layout or 'this layout'}: a rank that runs out of data keeps stepping "
+            "its share of zero1's optimizer with its own learning rate, which the LR scheduler it steps in "
+            "the loop it left no longer moves, so the weights would part from one process's. HINT: run the "
+            "uneven loop under strategy ddp (every rank then leaves Join with the last rank's optimizer and "
+            "schedule), or give every rank as many batches (px.prepare(loader) splits a dataset evenly) and "
+            "drop px.uneven_inputs")
+
+
+def _innermost(scheduler: Any) -> Any:
+    """The optimizer a (prepared) LR scheduler steps, unwrapped; None for anything else."""
+    optimizer = getattr(scheduler, "optimizer", None)
+    return _unwrap(optimizer) if isinstance(optimizer, Optimizer) else None
 
 
 def _unwrap(obj: Any) -> Any:
