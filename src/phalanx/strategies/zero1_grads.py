@@ -121,7 +121,8 @@ class Zero1Grads:
         for piece in plan:
             self._reduce_scatter(flat, piece, send[:self.world * piece.numel].view(self.world, piece.numel),
                                  mine[:piece.numel])
-        done: torch.futures.Future = torch.futures.Future()
+        # on a GPU the future records the current stream, which the collectives and the writes ran on
+        done: torch.futures.Future = torch.futures.Future(devices=[flat.device] if flat.is_cuda else None)
         done.set_result(flat)
         return done
 
