@@ -8,6 +8,7 @@ import torch
 
 from phalanx.model import memory
 from tests.dist import strategy_workloads as w
+from tests.dist import zero1_workloads
 from tests.dist.harness import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
@@ -22,12 +23,16 @@ def runs(tmp_path_factory):
     ],))
 
 
-@pytest.mark.parametrize("case", ["tiny buckets", "persistent"])
-def test_both_gathers_equal_one_process(runs, case):
-    ref = w.train()
+@pytest.mark.parametrize("case", ["tiny buckets", "persistent", "direct", "scattered, clipped"])
+def test_every_gather_and_reduce_scatter_equals_one_process(runs, case):
+    clipped = case == "scattered, clipped"
+    ref = w.train(clip=zero1_workloads.CLIP) if clipped else w.train()
     for rank, (gathered, _) in enumerate(runs):
         torch.testing.assert_close(torch.tensor(gathered[case]["losses"]), torch.tensor(ref["losses"]),
                                    rtol=1e-5, atol=1e-6)
+        if clipped:  # the norm torch's clip_grad_norm_ gives: the owners' rows combined over the ranks
+            torch.testing.assert_close(torch.tensor(gathered[case]["norms"]), torch.tensor(ref["norms"]),
+                                       rtol=1e-5, atol=1e-6)
         for name, value in ref["state"].items():  # full weights on every rank
             torch.testing.assert_close(gathered[case]["state"][name], value, rtol=1e-5, atol=1e-5,
                                        msg=lambda m: f"rank {rank} {case} {name}: {m}")

@@ -9,8 +9,11 @@ from torch import nn
 
 from phalanx import Phalanx
 from phalanx.loop.accumulation import unwrap_optimizer
-from phalanx.strategies import zero1_buckets
+from phalanx.strategies import zero1_buckets, zero1_grads
 from tests.dist import strategy_workloads as w
+
+
+CLIP = 0.05  # binds on every step (test_strategies.py's)
 
 
 def _held(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -37,6 +40,17 @@ def gathers() -> dict[str, Any]:
         out["tiny buckets held"] = _held(optimizer)
     finally:
         zero1_buckets.GATHER_BUCKET_BYTES = default
+    direct, pays_on = zero1_buckets.DIRECT_NUMEL, zero1_grads.pays_on
+    try:  # gloo's default for large parameters, here for every one: broadcasts into their rows
+        zero1_buckets.DIRECT_NUMEL = 1
+        out["direct"] = w.train("zero1")
+    finally:
+        zero1_buckets.DIRECT_NUMEL = direct
+    try:  # NCCL's default, here on gloo: gradients reduce-scattered to their owners, clipping by them
+        zero1_grads.pays_on = lambda backend: True
+        out["scattered, clipped"] = w.train("zero1", clip=CLIP)
+    finally:
+        zero1_grads.pays_on = pays_on
     out["persistent"] = w.train("zero1", options={"zero1_gather": "persistent"})
     px = Phalanx(strategy="zero1", zero1_gather="persistent")
     model = w.make_model()

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.strategies.ddp_options import register_comm_hook
 from phalanx.strategies.options import StrategyOptions
+from phalanx.strategies import zero1_grads
 
 
 class PreparedDDP(DistributedDataParallel):
@@ -50,10 +52,12 @@ class PreparedDDP(DistributedDataParallel):
 
 
 def apply(model: nn.Module, options: StrategyOptions, device: torch.device, group: Any = None,
-          find_unused_parameters: bool | None = None) -> nn.Module:
+          find_unused_parameters: bool | None = None, scatter_grads: bool = False) -> nn.Module:
     """`model` (on `device`) wrapped in DDP over `group` (None: every rank), with the comm hook
     the settings ask for; its state is kept on the wrapper for checkpoints. `find_unused_parameters`:
-    what the layout requires whatever the settings say (a pipeline stage: True)."""
+    what the layout requires whatever the settings say (a pipeline stage: True). `scatter_grads`
+    (zero1): without a compression hook, gradients are reduce-scattered to their chunks' owners where
+    that pays (strategies/zero1_grads.py, kept on the wrapper as `phalanx_zero1_grads`)."""
     device_ids = [device.index] if device.type == "cuda" else None
     # find_unused_parameters, static_graph, bucket_cap_mb, gradient_as_bucket_view (default on:
     # gradients live in the communication buckets, one copy fewer per step); ddp_kwargs win.
@@ -61,5 +65,11 @@ def apply(model: nn.Module, options: StrategyOptions, device: torch.device, grou
     if find_unused_parameters is not None:
         kwargs["find_unused_parameters"] = find_unused_parameters
     wrapped = PreparedDDP(model, device_ids=device_ids, process_group=group, **kwargs)
+    if scatter_grads and options.ddp.comm_hook == "none" and zero1_grads.pays_on(dist.get_backend(group)):
+        grads = zero1_grads.Zero1Grads(group)
+        wrapped.register_comm_hook(None, grads.hook)
+        wrapped.phalanx_zero1_grads = grads
+        wrapped.phalanx_comm_hook_state = None
+        return wrapped
     wrapped.phalanx_comm_hook_state = register_comm_hook(wrapped, options.ddp)
     return wrapped

@@ -119,7 +119,10 @@ def parallelize(model: nn.Module, plan: ParallelPlan, mesh: Any, *, options: Str
         # Under pp, torch's stage runs its first (shape-finding) microbatch outside no_sync: DDP must
         # look for unused parameters, or the next new input shape fails in its reducer (docs/pipeline.md).
         group = grad_group(mesh, plan)
-        stages = tuple(ddp.apply(m, options, device, group, find_unused_parameters=cut is not None or None)
+        # zero1 outside pipelines: gradients reduce-scattered to their owners (strategies/zero1_grads.py)
+        scatter = plan.shards_optimizer_only and cut is None
+        stages = tuple(ddp.apply(m, options, device, group, find_unused_parameters=cut is not None or None,
+                                 scatter_grads=scatter)
                        if pipeline_layout.has_params(m) else m for m in stages)
         return _done(model, stages, Wrapper.DDP, tp_layers, cut, mesh, device)
     return _done(model, stages, Wrapper.NONE, tp_layers, cut, mesh, device)

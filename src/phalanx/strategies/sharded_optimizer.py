@@ -4,12 +4,15 @@ torch's ZeroRedundancyOptimizer gives each *whole* parameter to one rank, so a m
 embedding is most of its bytes leaves that rank holding nearly all the optimizer state. Here each
 rank owns the same dim-0 chunk of every parameter (torch.chunk's split, as FSDP2 shards), steps
 the user's optimizer class on those chunks only, then all-gathers the updated chunks so every rank
-holds the full parameters again. Gradients stay full on every rank (DDP all-reduces them).
+holds the full parameters again. Gradients: on NCCL reduce-scattered to their chunks' owners (the
+bytes of one all-reduce per step, with the gather; strategies/zero1_grads.py); on gloo DDP
+all-reduces them, which costs less CPU there than packing them for a reduce-scatter.
 
 Memory: a chunk is a view of its parameter's own rows, so zero1 keeps no copy of the parameters;
 what a rank holds at rest is the model, its gradients and 1/N of the optimizer state. The gather
 goes through transient buckets (`gather="bucketed"`: 1/16 of the parameters' bytes each, within
-1-64 MiB, cut by rows where a parameter is larger; strategies/zero1_buckets.py), or through one
+1-64 MiB, cut by rows where a parameter is larger; strategies/zero1_buckets.py; on gloo a parameter
+of 64Ki elements or more goes straight into its rows, one broadcast per rank), or through one
 persistent buffer of the whole model, gathered in one collective (`gather="persistent"`: a little
 faster, at the parameters' bytes (padded to N equal chunks) held for good).
 
@@ -108,6 +111,7 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         if gather not in GATHER_MODES:
             raise ValueError(f"zero1 gather {gather!r}: use one of {', '.join(GATHER_MODES)}")
         self.gather = gather
+        self._gloo = dist.get_backend(process_group) == "gloo"
         self._device = device
         self._dtype = params[0].dtype if params else torch.float32
         self._slots: list[_Slot] = [_Slot(p, self.world_size, self.rank) for p in params]
@@ -115,7 +119,10 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         padded = sum(s.padded for s in self._slots)
         bucket = padded if gather == "persistent" else max(1, zero1_buckets.bucket_bytes(
             padded * self.world_size * self._dtype.itemsize) // (self.world_size * self._dtype.itemsize))
-        self._buckets = zero1_buckets.plan_buckets(self._slots, bucket)
+        # gloo, bucketed: large parameters are gathered straight into their rows, the rest in buckets
+        self._direct = zero1_buckets.gathered_directly(self._slots, self.world_size, self._gloo and gather == "bucketed")
+        direct = {id(s) for s in self._direct}
+        self._buckets = zero1_buckets.plan_buckets([s for s in self._slots if id(s) not in direct], bucket)
         self._persistent: torch.Tensor | None = None
         if gather == "persistent":
             numel = self._buckets[0].numel if self._buckets else 0
@@ -161,8 +168,9 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
     def gather_params(self) -> None:
         """Every rank's updated chunks -> the full parameters on every rank (one all-gather per
         bucket, in place; one in all with the persistent buffer)."""
+        zero1_buckets.gather_directly(self._direct, self.world_size, self.process_group)
         zero1_buckets.gather(self._buckets, self.world_size, self.rank, self._dtype, self._device,
-                             self.process_group, self._persistent)
+                             self.process_group, self._persistent, gloo=self._gloo)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)

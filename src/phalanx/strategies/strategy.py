@@ -27,6 +27,7 @@ from phalanx.strategies.pipeline import state as pipeline_state
 from phalanx.strategies.pipeline.runner import PipelineRunner
 from phalanx.strategies.sharded_optimizer import (ShardedStateOptimizer, constructor_defaults,
                                                   refuse_optimizer_with_state)
+from phalanx.strategies.zero1_grads import Zero1Grads
 
 
 class ParallelStrategy:
@@ -53,6 +54,7 @@ class ParallelStrategy:
         # pp > 1: what torch's own clip_grad_norm_ runs first, as px.clip_grad_norm_ does (the facade
         # sets its own: tied gradients summed, num_items' rescale)
         self.before_clip: Callable[[], None] = self.before_step
+        self._zero1_grads: list[Zero1Grads] = []  # zero1: the prepared models' reduce-scatter hooks
 
     @property
     def name(self) -> str:
@@ -74,6 +76,10 @@ class ParallelStrategy:
             if after.get(name) is None and done.pipeline is not None and id(old) not in self._rebind \
                     and id(old) not in self._prepared_params:  # cut away: another rank's stage
                 self._elsewhere[id(old)] = weakref.ref(old)
+        scattered = getattr(done.model, "phalanx_zero1_grads", None)
+        if scattered is not None:  # zero1: clipping combines the owners' norms
+            self._zero1_grads.append(scattered)
+            pipeline_grads.route_torch_clip(self.unwrap(done.model), scattered.norm)
         if done.pipeline is not None:
             self._pipelines[id(done.model)] = done.pipeline
             self._other_units = done.other_units
@@ -136,6 +142,8 @@ class ParallelStrategy:
             fsdp.prefer_foreach(optimizer)
         if self.plan.shards_optimizer_only:
             groups = [dict(group) for group in optimizer.param_groups]
+            for grads in self._zero1_grads:  # stepped by chunks: their gradients may be reduce-scattered
+                grads.shard([p for group in groups for p in group["params"]])
             return ShardedStateOptimizer(groups, optimizer_class=type(optimizer),
                                          process_group=grad_group(self.mesh, self.plan),
                                          device_mesh=grad_mesh(self.mesh, self.plan) if self.mesh is not None else None,
