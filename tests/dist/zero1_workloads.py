@@ -9,7 +9,7 @@ from torch import nn
 
 from phalanx import Phalanx
 from phalanx.loop.accumulation import unwrap_optimizer
-from phalanx.strategies import zero1_buckets, zero1_grads
+from phalanx.strategies import zero1_buckets
 from tests.dist import strategy_workloads as w
 
 
@@ -40,17 +40,14 @@ def gathers() -> dict[str, Any]:
         out["tiny buckets held"] = _held(optimizer)
     finally:
         zero1_buckets.GATHER_BUCKET_BYTES = default
-    direct, pays_on = zero1_buckets.DIRECT_NUMEL, zero1_grads.pays_on
+    direct = zero1_buckets.DIRECT_NUMEL
     try:  # gloo's default for large parameters, here for every one: broadcasts into their rows
         zero1_buckets.DIRECT_NUMEL = 1
         out["direct"] = w.train("zero1")
     finally:
         zero1_buckets.DIRECT_NUMEL = direct
-    try:  # NCCL's default, here on gloo: gradients reduce-scattered to their owners, clipping by them
-        zero1_grads.pays_on = lambda backend: True
-        out["scattered, clipped"] = w.train("zero1", clip=CLIP)
-    finally:
-        zero1_grads.pays_on = pays_on
+    # zero1_grads reduce_scatter: gradients reduce-scattered to their owners, clipping by their norms
+    out["scattered, clipped"] = w.train("zero1", clip=CLIP, options={"zero1_grads": "reduce_scatter"})
     out["persistent"] = w.train("zero1", options={"zero1_gather": "persistent"})
     px = Phalanx(strategy="zero1", zero1_gather="persistent")
     model = w.make_model()

@@ -74,7 +74,7 @@ def test_layouts_that_cannot_be_built_are_refused_with_the_valid_values(kwargs, 
 # with a need must be added here, which is the point: its applicability is then walked below.
 ASKING = {"find_unused_parameters": True, "static_graph": True, "bucket_cap_mb": 10, "gradient_as_bucket_view": False,
           "comm_hook": "fp16", "powersgd_rank": 2, "powersgd_start_iter": 5, "memory_budget": "1GB",
-          "embedding_exchange": "params", "zero1_gather": "persistent", "sequence_parallel": True, "pp_schedule": "GPipe",
+          "embedding_exchange": "params", "zero1_gather": "persistent", "zero1_grads": "reduce_scatter", "sequence_parallel": True, "pp_schedule": "GPipe",
           "pp_microbatches": 4, "pp_split": ["layers.2"], "tp_plan": {"layers.*.q": "colwise"}}
 PRESET_NAMES = ["ddp", "zero1", "zero2", "zero3", "hsdp", "dp", "auto"]
 REFUSED_UNDER_PP = {"static_graph"}  # DDP per pipeline stage computes wrong gradients with it (settings_check)

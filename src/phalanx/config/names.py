@@ -43,6 +43,7 @@ AUTO_CHOOSES: tuple[str, ...] = (BY_STAGE[0], BY_STAGE[3])  # auto: the same deg
 
 # zero1's gather of the updated chunks: transient buckets (memory) or one persistent buffer (speed)
 ZERO1_GATHER_MODES: tuple[str, ...] = ("bucketed", "persistent")
+ZERO1_GRADS_MODES: tuple[str, ...] = ("all_reduce", "reduce_scatter")
 
 PRECISIONS: tuple[str, ...] = ("no", "bf16", "fp16")
 PRECISION_ALIASES: dict[str, str] = {"none": "no", "fp32": "no", "bfloat16": "bf16", "float16": "fp16"}

@@ -210,6 +210,13 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "within 1-64 MiB, nothing kept between steps) or persistent (one all-gather of the whole model into a "
             "buffer kept for good: a little faster, the parameters' bytes more per rank)",
             needs=Needs.SHARDED_OPTIMIZER),
+    Setting("zero1_grads", kinds.choice(names.ZERO1_GRADS_MODES), "all_reduce",
+            "zero1: how gradients reach their owners: all_reduce (DDP's; every rank's .grad holds the whole "
+            "gradient) or reduce_scatter (each rank receives the sums of its own rows only: with the gather, the "
+            "bytes of one all-reduce; .grad is the gradient in this rank's rows only, torch's clip_grad_norm_ "
+            "is routed to the owners' norms, code reading whole gradients is not; on gloo it costs more CPU than "
+            "the all-reduce, and it is not yet measured on GPUs)",
+            needs=Needs.SHARDED_OPTIMIZER),
     Setting("sync_batchnorm", kinds.BOOL, False,
             "convert BatchNorm layers to SyncBatchNorm at prepare: statistics over every rank's samples, as one "
             "process on the global batch (gloo and NCCL)", bool_flag=True),

@@ -46,6 +46,8 @@ def choose(resolved: Any, strategy_options: Mapping[str, Any] | StrategyOptions 
         options.embedding_exchange = cfg.embedding_exchange
     if resolved.is_set("zero1_gather"):
         options.zero1_gather = cfg.zero1_gather
+    if resolved.is_set("zero1_grads"):
+        options.zero1_grads = cfg.zero1_grads
     if resolved.is_set("compile"):
         options.compile = cfg.compile
     if cfg.tp_plan is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -56,8 +55,8 @@ def apply(model: nn.Module, options: StrategyOptions, device: torch.device, grou
     """`model` (on `device`) wrapped in DDP over `group` (None: every rank), with the comm hook
     the settings ask for; its state is kept on the wrapper for checkpoints. `find_unused_parameters`:
     what the layout requires whatever the settings say (a pipeline stage: True). `scatter_grads`
-    (zero1): without a compression hook, gradients are reduce-scattered to their chunks' owners where
-    that pays (strategies/zero1_grads.py, kept on the wrapper as `phalanx_zero1_grads`)."""
+    (zero1): without a compression hook, gradients are reduce-scattered to their chunks' owners, as
+    the zero1_grads setting asks (strategies/zero1_grads.py, kept on the wrapper as `phalanx_zero1_grads`)."""
     device_ids = [device.index] if device.type == "cuda" else None
     # find_unused_parameters, static_graph, bucket_cap_mb, gradient_as_bucket_view (default on:
     # gradients live in the communication buckets, one copy fewer per step); ddp_kwargs win.
@@ -65,7 +64,7 @@ def apply(model: nn.Module, options: StrategyOptions, device: torch.device, grou
     if find_unused_parameters is not None:
         kwargs["find_unused_parameters"] = find_unused_parameters
     wrapped = PreparedDDP(model, device_ids=device_ids, process_group=group, **kwargs)
-    if scatter_grads and options.ddp.comm_hook == "none" and zero1_grads.pays_on(dist.get_backend(group)):
+    if scatter_grads and options.ddp.comm_hook == "none":
         grads = zero1_grads.Zero1Grads(group)
         wrapped.register_comm_hook(None, grads.hook)
         wrapped.phalanx_zero1_grads = grads

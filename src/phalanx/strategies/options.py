@@ -33,6 +33,8 @@ class StrategyOptions:
     'params': FSDP2 gathers them whole like any parameter."""
     zero1_gather: str = "bucketed"
     """zero1: 'bucketed' (transient gather buffers) or 'persistent' (one buffer kept between steps)."""
+    zero1_grads: str = "all_reduce"
+    """zero1: 'all_reduce' (DDP's) or 'reduce_scatter' (each rank receives its own rows: zero1_grads.py)."""
     init_weights: Callable[[nn.Module], None] | None = None
     """A model built on the meta device: fn(module) initialising one module's own parameters and
     buffers, called per module at prepare (default: the module's reset_parameters())."""

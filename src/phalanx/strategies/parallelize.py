@@ -119,8 +119,8 @@ def parallelize(model: nn.Module, plan: ParallelPlan, mesh: Any, *, options: Str
         # Under pp, torch's stage runs its first (shape-finding) microbatch outside no_sync: DDP must
         # look for unused parameters, or the next new input shape fails in its reducer (docs/pipeline.md).
         group = grad_group(mesh, plan)
-        # zero1 outside pipelines: gradients reduce-scattered to their owners (strategies/zero1_grads.py)
-        scatter = plan.shards_optimizer_only and cut is None
+        # zero1 outside pipelines, where asked: gradients reduce-scattered to their owners (zero1_grads.py)
+        scatter = plan.shards_optimizer_only and cut is None and options.zero1_grads == "reduce_scatter"
         stages = tuple(ddp.apply(m, options, device, group, find_unused_parameters=cut is not None or None,
                                  scatter_grads=scatter)
                        if pipeline_layout.has_params(m) else m for m in stages)

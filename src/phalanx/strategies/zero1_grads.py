@@ -9,11 +9,12 @@ of the updated chunks after the step, a zero1 step moves the bytes of one all-re
 all-reduce plus the gather move half as much again. A bucket goes in pieces of the gather's bucket
 size (1/16 of the parameters' bytes, 1-64 MiB), through two buffers of that size per hook call.
 
-`pays_on`: not on gloo. There the reduce-scatter (an all-to-all and a local sum, gloo_comms) plus
-packing costs more CPU than DDP's in-place all-reduce: on bench/guard.py's encoder (4.2M fp32
-parameters, 2 CPU ranks, 5 alternated rounds, load ~4) a zero1 step took 216.8 ms of CPU with it,
-198.0 with DDP's all-reduce, phalanx ddp 201.7. gloo keeps the all-reduce and gathers large
-parameters straight into their rows (zero1_buckets.gather_directly).
+An opt-in (`zero1_grads: reduce_scatter`), not the default: on gloo the reduce-scatter (an
+all-to-all and a local sum, gloo_comms) plus packing costs more CPU than DDP's in-place all-reduce
+(bench/guard.py's encoder, 4.2M fp32 parameters, 2 CPU ranks, 5 alternated rounds, load ~4: a zero1
+step took 216.8 ms of CPU with it, 198.0 with DDP's all-reduce, phalanx ddp 201.7; gloo gathers large
+parameters straight into their rows instead, zero1_buckets.gather_directly), it is not yet measured
+on GPUs, and it changes what `.grad` holds (below), which code reading whole gradients would not see.
 
 The other ranks' rows of `param.grad` keep this rank's own unreduced contribution: only the owner's
 rows are the gradient. So gradient clipping combines the owners' norms over the ranks (`norm`,
@@ -33,11 +34,6 @@ import torch.distributed as dist
 
 from phalanx.strategies import zero1_buckets
 from phalanx.strategies.zero1_buckets import dim0_chunk
-
-
-def pays_on(backend: str) -> bool:
-    """Whether zero1 reduce-scatters its gradients on `backend` (see the module's note)."""
-    return backend != "gloo"
 
 
 @dataclass(frozen=True)
