@@ -34,12 +34,11 @@ from phalanx.loop.num_items import ItemCount
 from phalanx.strategies import auto, ddp_options, job_plan, presets, settings_check
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import choose
-from phalanx.strategies.mesh import build_mesh
+from phalanx.strategies.layout import Layout
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.context import attention as cp_attention
 from phalanx.strategies.context.step import ContextParallel
-from phalanx.strategies.parallelize import cp_group, grad_group
 from phalanx.strategies.strategy import ParallelStrategy
 
 
@@ -219,13 +218,13 @@ class Phalanx:
         if self.ctx.device.type == "cpu":  # tensors live in host memory: zero2/zero3's freed blocks go back
             host_memory.fix_mmap_threshold(host_memory.threshold_for(self.config.host_mmap_threshold,
                                                                      plan.frees_gathered_blocks))
-        mesh = build_mesh(plan, self.ctx.device.type)
-        self._strategy = ParallelStrategy(plan, self.ctx, self.settings.options, mesh)
+        layout = Layout.build(plan, self.ctx.device.type)  # the mesh and every group, asked by name
+        self._strategy = ParallelStrategy(layout, self.ctx, self.settings.options)
         # torch's clip_grad_norm_ under pp prepares the gradients as px.clip_grad_norm_ (on its syncing step)
         self._strategy.before_clip = lambda: self._accumulator.sync_gradients and self._before_step()
         self._dp_group = self._strategy.dp_group
-        self._grad_group = grad_group(mesh, plan)
-        self._cp = ContextParallel(plan.cp, plan.cp_rank(self.ctx.rank), cp_group(mesh, plan))
+        self._grad_group = layout.group("grad")
+        self._cp = ContextParallel(plan.cp, plan.cp_rank(self.ctx.rank), layout.group("cp"))
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
