@@ -46,6 +46,7 @@ class Layout:
         self.root = root  # the DeviceMesh with MESH_DIMS' names; None in a world of one
         self._flat: dict[tuple[str, ...], Any] = {}  # dims flattened -> their mesh (one per set of ranks)
         self._pipelines: dict[tuple[int, ...], Any] = {}  # pipeline ranks -> this rank's group of them
+        self._groups: dict[str, Any] = {}  # name -> its group: px.reduce asks on every call
 
     @classmethod
     def build(cls, plan: ParallelPlan, device_type: str) -> "Layout":
@@ -72,7 +73,9 @@ class Layout:
         e.g. "stage_holders" without pp), and in a world of one."""
         if self.root is None or self._size(name) == self.plan.world_size:
             return None
-        return self.mesh(name).get_group()
+        if name not in self._groups:
+            self._groups[name] = self.mesh(name).get_group()
+        return self._groups[name]
 
     def pipeline_group(self, pp_ranks: tuple[int, ...]) -> Any:
         """This rank's group of the pipeline ranks `pp_ranks` of its own pipeline (None when it is not

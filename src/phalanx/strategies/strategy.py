@@ -19,6 +19,7 @@ from phalanx.strategies import fsdp, grad_norm, optimizer_kinds, whole_tensor_st
 from phalanx.strategies.module_attr import answer_module_attribute
 from phalanx.strategies.optimizer_kinds import Route
 from phalanx.strategies.options import StrategyOptions
+from phalanx.strategies.context.step import ContextParallel
 from phalanx.strategies.layout import Layout
 from phalanx.strategies.parallelize import Wrapper, parallelize
 from phalanx.strategies.pipeline import grads as pipeline_grads
@@ -39,6 +40,9 @@ class ParallelStrategy:
         self.options = options or StrategyOptions()
         self.mesh = layout.root
         self.dp_group = layout.group("dp")  # the data-parallel ranks' group (None: every rank)
+        self.grad_group = layout.group("grad")  # the ranks gradients are averaged over: data-parallel x cp
+        # cp: this rank's part of each row (size 1: no cut), applied by setup_model as pp's cut is
+        self.context = ContextParallel(self.plan.cp, self.plan.cp_rank(ctx.rank), layout.group("cp"))
         self.precision = Precision(self.options.mixed_precision, ctx.device, sharded=self.plan.partial_gradients)
         self.wrapper = Wrapper.NONE
         # id(original parameter) -> (weak ref to it, its replacement): FSDP2 and tensor parallel swap
@@ -60,6 +64,7 @@ class ParallelStrategy:
 
     # ---- the model and its optimizer --------------------------------------------------------
     def setup_model(self, model: nn.Module) -> nn.Module:
+        self.context.prepare(model)  # cp: the model's attention sent across the cut, or refused
         # every name of a tied parameter: a pipeline stage may hold it under one of them only
         before = list(model.named_parameters(remove_duplicate=False))
         done = parallelize(model, self.layout, options=self.options, precision=self.precision,
