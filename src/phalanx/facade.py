@@ -29,6 +29,7 @@ from phalanx.model import flops, meta_init
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
+from phalanx.loop.callbacks import LoopCallbacks
 from phalanx.strategies.closure_loss import closure_wrapper
 from phalanx.loop.num_items import ItemCount
 from phalanx.strategies import auto, ddp_options, job_plan, presets, settings_check
@@ -94,7 +95,6 @@ class Phalanx:
         self._batch_records = BatchRecords()  # each prepared loader's own record of its last batch
         self._items = ItemCount(self._plan.grad_size, self.ctx.device, lambda: self.global_step + 1,
                                 lambda: self._group("grad"))
-        self._parity = parity_record.from_request(parity_request(), self.rank, self.world_size)  # `phalanx parity`
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
                                         batches_left=lambda: self._batch_records.current().left,
                                         on_cycle_start=self._items.discard)
@@ -111,6 +111,9 @@ class Phalanx:
         self._deferred_save, self._logging = running.deferred_save, running.logging
         self._observe, self._profiler = running.observe, running.profiler
         self._logging.metrics.params = self._run_params
+        # what hooks into the loop (parity's recorder, the throughput meter): one list, called at fixed points
+        self._callbacks = LoopCallbacks(parity_record.from_request(parity_request(), self.rank, self.world_size),
+                                        self._logging.throughput)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s%s", self.rank, self.world_size,
                           self.device, "auto (decided at prepare(model), when the model is known)"
                           if self.strategy_name == presets.AUTO else self.strategy_name, self.run_dir,
@@ -291,8 +294,7 @@ class Phalanx:
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
             self._checkpointer.register(hook_state, per_rank=True)
         self._checkpointer.strategy_name = self.strategy.name
-        if self._parity is not None:
-            self._parity.watch_model(self.unwrap_model(model))
+        self._callbacks.notify("on_model", self.unwrap_model(model))
         self._prepared.append(model)
         if self._pipeline(model) is None:  # a pipeline step marks its own phase
             watch_module(self._step_progress, model)
@@ -330,9 +332,7 @@ class Phalanx:
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
         per_rank = loader.batch_size  # as the script wrote it (split_batches: divided below)
-        if self._parity is not None and not self.config.split_batches:
-            # parity's one-process run takes the N processes' global batch (split_batches: it already is)
-            loader = scale_batch(loader, self._parity.batch_scale)
+        loader = scale_batch(loader, self._callbacks.loader_scale(self.config.split_batches))  # parity: the global batch
         prepared = PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_records=self._batch_records, shard=shard, progress=self._step_progress,
@@ -340,8 +340,7 @@ class Phalanx:
             on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
             split_batches=self.config.split_batches)
         rank_batch = prepared.batch_size if self.config.split_batches else per_rank
-        if self._parity is not None:  # the batch a step gives this rank in the recorded run
-            self._parity.watch_loader(prepared.batch_size if self.config.split_batches else loader.batch_size)
+        self._callbacks.notify("on_loader", prepared.batch_size if self.config.split_batches else loader.batch_size)
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
             self.settings.deepspeed.check_loader(rank_batch)
         return self._checkpointer.track(prepared)
@@ -363,9 +362,7 @@ class Phalanx:
                 self._items.add_plain()
             else:
                 scaled = self._items.add(loss, num_items, scaled)
-            if self._parity is not None:
-                self._parity.add_loss(loss, num_items)
-            self._logging.throughput.commit()
+            self._callbacks.notify("on_backward", loss, num_items)
             self.strategy.backward(scaled)
             context.end_batch()  # a batch cut by px.shard_sequence ends with its backward
 
@@ -381,8 +378,7 @@ class Phalanx:
         `phalanx parity`, the step's record)."""
         self.strategy.before_step()  # pp: gradients of weights tied across stages summed
         self._items.finish(self._optimized_params(), self._accumulator.cycle_len)
-        if self._parity is not None:
-            self._parity.record(self.global_step + 1, self._optimized_params())
+        self._callbacks.notify("before_step", self.global_step + 1, self._optimized_params())
 
     def _optimized_params(self) -> list[torch.Tensor]:
         seen: dict[int, torch.Tensor] = {}
