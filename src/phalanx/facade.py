@@ -164,7 +164,7 @@ class Phalanx:
 
     @property
     def mesh(self) -> Any:
-        """The DeviceMesh with named dims (pp, dp_replicate, dp_shard, tp); None in a world of one."""
+        """The DeviceMesh with named dims (pp, dp_replicate, dp_shard, cp, tp); None in a world of one."""
         return self.strategy.mesh
 
     @property
