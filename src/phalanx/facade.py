@@ -29,17 +29,16 @@ from phalanx.model import flops, meta_init
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
+from phalanx.loop.callbacks import LoopCallbacks
 from phalanx.strategies.closure_loss import closure_wrapper
 from phalanx.loop.num_items import ItemCount
 from phalanx.strategies import auto, ddp_options, job_plan, presets, settings_check
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import choose
-from phalanx.strategies.mesh import build_mesh
+from phalanx.strategies.layout import Layout
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.context import attention as cp_attention
-from phalanx.strategies.context.step import ContextParallel
-from phalanx.strategies.parallelize import cp_group, grad_group
 from phalanx.strategies.strategy import ParallelStrategy
 
 
@@ -88,23 +87,22 @@ class Phalanx:
         self.debug = cfg.debug  # check each collective's shapes across ranks first
         init_process_group(self.ctx, cfg.collective_timeout)
         self._strategy: Strategy | None = None
-        self._dp_group: Any = None  # the data-parallel ranks' group (None: every rank)
-        self._grad_group: Any = None  # the ranks gradients are averaged over: data-parallel x cp
-        self._cp = ContextParallel()
         self.ctx = self.ctx.with_data_parallel(self._plan)  # auto's replicas or shards: the same data shards
         if not self._undecided():
             self._adopt_plan(self._plan)
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_records = BatchRecords()  # each prepared loader's own record of its last batch
-        self._items = ItemCount(self._plan.grad_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._grad_group)
-        self._parity = parity_record.from_request(parity_request(), self.rank, self.world_size)  # `phalanx parity`
+        self._items = ItemCount(self._plan.grad_size, self.ctx.device, lambda: self.global_step + 1,
+                                lambda: self._group("grad"))
         self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
                                         batches_left=lambda: self._batch_records.current().left,
                                         on_cycle_start=self._items.discard)
         self._optimizers: list[torch.optim.Optimizer] = []
         self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
+        self._talk = across_ranks.RankTalk(self._step_progress, self._batch_records, self.ctx.device, self.is_main_process,
+                                           group=lambda: self._group("dp"), debug=lambda: self.debug)
         self._prepared: list[Any] = []  # models, optimizers and schedulers, for join()/uneven_inputs()
         running = services.start(self.ctx, cfg, self._plan, self._step_progress, strategy_name=self.strategy_name,
                                  seed=self.seed, cycle_idle=lambda: self._accumulator.cycle_pos == 0,
@@ -113,6 +111,9 @@ class Phalanx:
         self._deferred_save, self._logging = running.deferred_save, running.logging
         self._observe, self._profiler = running.observe, running.profiler
         self._logging.metrics.params = self._run_params
+        # what hooks into the loop (parity's recorder, the throughput meter): one list, called at fixed points
+        self._callbacks = LoopCallbacks(parity_record.from_request(parity_request(), self.rank, self.world_size),
+                                        self._logging.throughput)
         get_logger().info("rank %d of %d on %s, strategy %s, run dir %s%s", self.rank, self.world_size,
                           self.device, "auto (decided at prepare(model), when the model is known)"
                           if self.strategy_name == presets.AUTO else self.strategy_name, self.run_dir,
@@ -163,7 +164,7 @@ class Phalanx:
 
     @property
     def mesh(self) -> Any:
-        """The DeviceMesh with named dims (pp, dp_replicate, dp_shard, tp); None in a world of one."""
+        """The DeviceMesh with named dims (pp, dp_replicate, dp_shard, cp, tp); None in a world of one."""
         return self.strategy.mesh
 
     @property
@@ -178,18 +179,18 @@ class Phalanx:
 
     @property
     def cp_size(self) -> int:
-        """Context-parallel ranks each row's sequence is cut over (1: no cut)."""
-        return self._cp.size
+        """Context-parallel ranks each row's sequence is cut over (1: no cut, or auto still undecided)."""
+        return 1 if self._strategy is None else self._strategy.context.size
 
     @property
     def cp_rank(self) -> int:
         """This rank's index in its context-parallel group: it holds chunks cp_rank and 2cp-1-cp_rank."""
-        return self._cp.rank
+        return 0 if self._strategy is None else self._strategy.context.rank
 
     def shard_sequence(self, inputs: Any, targets: Any = None, *, pad: bool = False, seq_dim: int = 1) -> tuple[Any, Any]:
         """This rank's part of a batch under cp, for hand-written loops (px.forward_backward cuts its
         own): see strategies/context/step.py `ContextParallel.shard`; active until px.backward."""
-        return self._cp.shard(inputs, targets, pad=pad, seq_dim=seq_dim)[:2]
+        return self.strategy.context.shard(inputs, targets, pad=pad, seq_dim=seq_dim)[:2]
 
     attention = staticmethod(cp_attention)  # px.attention(q, k, v, ...): attention across the cp cut
 
@@ -203,6 +204,10 @@ class Phalanx:
     def _pipeline(self, model: nn.Module) -> Any:
         """The pipeline runner of a prepared model (pp > 1); None in other layouts."""
         return self.strategy.pipeline(model) if self._strategy is not None else None
+
+    def _group(self, name: str) -> Any:
+        """A group of the strategy's layout ("dp", "grad"); None (every rank) until auto decides."""
+        return None if self._strategy is None else self._strategy.layout.group(name)
 
     def _undecided(self) -> bool:
         """Strategy auto, still to decide from the model (a world of one has nothing to decide)."""
@@ -219,13 +224,10 @@ class Phalanx:
         if self.ctx.device.type == "cpu":  # tensors live in host memory: zero2/zero3's freed blocks go back
             host_memory.fix_mmap_threshold(host_memory.threshold_for(self.config.host_mmap_threshold,
                                                                      plan.frees_gathered_blocks))
-        mesh = build_mesh(plan, self.ctx.device.type)
-        self._strategy = ParallelStrategy(plan, self.ctx, self.settings.options, mesh)
+        layout = Layout.build(plan, self.ctx.device.type)  # the mesh and every group, asked by name
+        self._strategy = ParallelStrategy(layout, self.ctx, self.settings.options)
         # torch's clip_grad_norm_ under pp prepares the gradients as px.clip_grad_norm_ (on its syncing step)
         self._strategy.before_clip = lambda: self._accumulator.sync_gradients and self._before_step()
-        self._dp_group = self._strategy.dp_group
-        self._grad_group = grad_group(mesh, plan)
-        self._cp = ContextParallel(plan.cp, plan.cp_rank(self.ctx.rank), cp_group(mesh, plan))
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
@@ -286,15 +288,13 @@ class Phalanx:
         self._logging.throughput.set_model(shape and shape.flops_per_token,
                                            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
                                            share=self.ctx.dp_size / self.world_size)  # tensor parallel splits the FLOPs
-        self._cp.prepare(model)  # cp: the model's attention sent across the cut, or refused
         tied = tied_names(model)  # before a pipeline cut leaves this rank one of a tied parameter's names
         model = self._checkpointer.track(self.strategy.setup_model(model), tied=tied)
         hook_state = ddp_options.hook_state_of(model)
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
             self._checkpointer.register(hook_state, per_rank=True)
         self._checkpointer.strategy_name = self.strategy.name
-        if self._parity is not None:
-            self._parity.watch_model(self.unwrap_model(model))
+        self._callbacks.notify("on_model", self.unwrap_model(model))
         self._prepared.append(model)
         if self._pipeline(model) is None:  # a pipeline step marks its own phase
             watch_module(self._step_progress, model)
@@ -333,9 +333,7 @@ class Phalanx:
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
         per_rank = loader.batch_size  # as the script wrote it (split_batches: divided below)
-        if self._parity is not None and not self.config.split_batches:
-            # parity's one-process run takes the N processes' global batch (split_batches: it already is)
-            loader = scale_batch(loader, self._parity.batch_scale)
+        loader = scale_batch(loader, self._callbacks.loader_scale(self.config.split_batches))  # parity: the global batch
         prepared = PreparedLoader(
             loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
             batch_records=self._batch_records, shard=shard, progress=self._step_progress,
@@ -343,8 +341,7 @@ class Phalanx:
             on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
             split_batches=self.config.split_batches)
         rank_batch = prepared.batch_size if self.config.split_batches else per_rank
-        if self._parity is not None:  # the batch a step gives this rank in the recorded run
-            self._parity.watch_loader(prepared.batch_size if self.config.split_batches else loader.batch_size)
+        self._callbacks.notify("on_loader", prepared.batch_size if self.config.split_batches else loader.batch_size)
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
             self.settings.deepspeed.check_loader(rank_batch)
         return self._checkpointer.track(prepared)
@@ -358,18 +355,17 @@ class Phalanx:
         one process would on the whole global batch (`px.step_loss` is that mean, for logging).
         After px.shard_sequence it is still the batch's count, as in px.forward_backward.
         """
-        num_items = self._cp.items_share(num_items)  # cp: this rank's part of a cut batch
+        context = self.strategy.context
+        num_items = context.items_share(num_items)  # cp: this rank's part of a cut batch
         with self._step_progress.during(Phase.BACKWARD):
             scaled = self._accumulator.scale_loss(loss)  # first: it may start a new cycle
             if num_items is None:
                 self._items.add_plain()
             else:
                 scaled = self._items.add(loss, num_items, scaled)
-            if self._parity is not None:
-                self._parity.add_loss(loss, num_items)
-            self._logging.throughput.commit()
+            self._callbacks.notify("on_backward", loss, num_items)
             self.strategy.backward(scaled)
-            self._cp.end_batch()  # a batch cut by px.shard_sequence ends with its backward
+            context.end_batch()  # a batch cut by px.shard_sequence ends with its backward
 
     @property
     def step_loss(self) -> float | None:
@@ -383,8 +379,7 @@ class Phalanx:
         `phalanx parity`, the step's record)."""
         self.strategy.before_step()  # pp: gradients of weights tied across stages summed
         self._items.finish(self._optimized_params(), self._accumulator.cycle_len)
-        if self._parity is not None:
-            self._parity.record(self.global_step + 1, self._optimized_params())
+        self._callbacks.notify("before_step", self.global_step + 1, self._optimized_params())
 
     def _optimized_params(self) -> list[torch.Tensor]:
         seen: dict[int, torch.Tensor] = {}
@@ -416,11 +411,8 @@ class Phalanx:
                 scale = self.strategy.precision.loss_scale() / self._accumulator.loss_divisor()
                 return pipeline.train_step(inputs, targets, loss_fn, loss_scale=scale, items=self._items,
                                            num_items=num_items)
-        if self._cp.size > 1:  # each rank runs its part of every row
-            return self._cp.forward_backward(model, inputs, targets, loss_fn, num_items, _call, self.backward)
-        loss = loss_fn(_call(model, inputs), targets)
-        self.backward(loss, num_items=num_items)
-        return loss.detach()
+        # under cp each rank runs its part of every row; without it, the batch whole
+        return self.strategy.context.forward_backward(model, inputs, targets, loss_fn, num_items, _call, self.backward)
 
     def forward(self, model: nn.Module, inputs: Any) -> Any:
         """`model(inputs)` (a tuple unpacked, a dict passed as keywords) in every layout, for
@@ -522,12 +514,29 @@ class Phalanx:
         return self._checkpointer.global_step
 
     # ---- talking across ranks (across_ranks.py) ----------------------------------------------
-    print = across_ranks.print_main
-    reduce = across_ranks.reduce
-    gather = across_ranks.gather
-    gather_for_metrics = across_ranks.gather_for_metrics
-    wait_for_everyone = across_ranks.wait_for_everyone
-    main_process_first = across_ranks.main_process_first
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the main process only."""
+        across_ranks.print_main(self._talk, *args, **kwargs)
+
+    def reduce(self, data: Any, reduction: str = "mean") -> Any:
+        """`data` (tensors, numbers, nested) reduced over the data-parallel ranks: across_ranks.reduce."""
+        return across_ranks.reduce(self._talk, data, reduction)
+
+    def gather(self, data: Any) -> Any:
+        """`data` concatenated over the data-parallel ranks, in rank order: across_ranks.gather."""
+        return across_ranks.gather(self._talk, data)
+
+    def gather_for_metrics(self, data: Any, loader: PreparedLoader | None = None) -> Any:
+        """`gather` without the samplers' repeats (an eval over N items yields N): across_ranks.gather_for_metrics."""
+        return across_ranks.gather_for_metrics(self._talk, data, loader)
+
+    def wait_for_everyone(self) -> None:
+        """Barrier across all ranks (no-op in a world of one)."""
+        across_ranks.wait_for_everyone(self._talk)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Let the main process run the block first (e.g. to download or cache a dataset)."""
+        return across_ranks.main_process_first(self._talk)
 
     # ---- lockstep safety: uneven inputs, watchdog, debug -------------------------------------
     def uneven_inputs(self, *objects: Any, method: str = "auto") -> UnevenInputs:

@@ -63,6 +63,10 @@ class Throughput:
         """A prepared loader yields `batch`: counted once a backward uses it."""
         self._pending = (batch_counts(batch), self.clock())
 
+    def on_backward(self, loss: Any, num_items: Any) -> None:
+        """The loop's callback (loop/callbacks.py): px.backward trains on the latest batch."""
+        self.commit()
+
     def commit(self) -> None:
         """px.backward: the latest batch was trained on."""
         if self._pending is None:

@@ -50,18 +50,22 @@ class ParityRecorder:
         if rank == 0:
             atexit.register(self._write_end)
 
-    # ---- what the facade reports ------------------------------------------------------------------
-    def watch_model(self, model: nn.Module) -> None:
+    # ---- the loop's callbacks (loop/callbacks.py) -------------------------------------------------
+    def on_model(self, model: nn.Module) -> None:
         self.unsynced += unsynced_batchnorms(model)
         self.dropout_layers += sum(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
 
-    def watch_loader(self, batch_size: int | None = None) -> None:
+    def loader_scale(self, split_batches: bool) -> int:
+        """The one-process run takes the N processes' global batch (split_batches: it already is)."""
+        return 1 if split_batches else self.batch_scale
+
+    def on_loader(self, batch_size: int | None = None) -> None:
         """A prepared loader, with the batch each of its steps gives this rank (None: unknown)."""
         self.prepared_loaders += 1
         if self.batch_size is None:
             self.batch_size = batch_size
 
-    def add_loss(self, loss: torch.Tensor, num_items: Any) -> None:
+    def on_backward(self, loss: torch.Tensor, num_items: Any) -> None:
         if self.rng_digest is None:
             self.rng_digest = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()[:12]
         self.loss_sum += float(loss.detach().float())
@@ -70,7 +74,7 @@ class ParityRecorder:
         self.num_backward += 1
         self.total_backward += 1
 
-    def record(self, step: int, params: Iterable[torch.Tensor]) -> None:
+    def before_step(self, step: int, params: Iterable[torch.Tensor]) -> None:
         """Before optimizer step `step`: one line on rank 0; leave after the last step asked for."""
         if self.num_backward == 0:
             return

@@ -7,6 +7,8 @@ import torch
 from torch import nn
 
 from phalanx.loop.precision import Precision
+from phalanx.strategies.context.step import ContextParallel
+from phalanx.strategies.layout import Layout
 from phalanx.strategies.parallel_plan import ParallelPlan
 
 
@@ -21,6 +23,12 @@ class Strategy(Protocol):
     """The DeviceMesh with the plan's named dims; None in a world of one."""
     dp_group: Any
     """The process group of the ranks that read different data (None: every rank)."""
+    grad_group: Any
+    """The process group gradients are averaged over: data-parallel x cp (None: every rank)."""
+    layout: Layout
+    """The mesh and every named group of the plan (strategies/layout.py)."""
+    context: ContextParallel
+    """cp: this rank's cut of each row and the verbs over it (size 1: no cut, calls pass through)."""
 
     def setup_model(self, model: nn.Module) -> nn.Module:
         """Move `model` to the device and wrap it for this strategy."""

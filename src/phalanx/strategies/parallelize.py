@@ -1,4 +1,4 @@
-"""`parallelize(model, plan, mesh)`: apply a parallel plan to a model, in torchtitan's fixed order:
+"""`parallelize(model, layout)`: apply a parallel plan to a model, in torchtitan's fixed order:
 pipeline stages cut -> tensor parallel -> activation checkpointing -> compile -> FSDP2 or DDP (or
 DataParallel), then allocate a meta model's shards and initialise them.
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -20,7 +19,7 @@ from phalanx.model import meta_init
 from phalanx.model.units import default_units, shard_units, transform_units
 from phalanx.strategies import ddp, dp, fsdp, tensor_parallel, tp_fit, tp_peft
 from phalanx.strategies.options import StrategyOptions
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.layout import Layout
 from phalanx.strategies.pipeline import layout as pipeline_layout
 from phalanx.strategies.pipeline.cut import RankStages
 from phalanx.strategies.pipeline.runner import PipelineRunner
@@ -46,57 +45,17 @@ class Parallelized:
     other_units: tuple[str, ...] = ()  # pp > 1: the units of the other pipeline ranks' stages
 
 
-def dp_mesh(mesh: Any, plan: ParallelPlan) -> Any:
-    """The mesh FSDP2 works over: the shard dim alone, or replicate x shard (hsdp, and replicas
-    composed with tensor parallel). Under cp the shard dim is dp_shard x cp flattened (torchtitan's
-    dp_shard_cp): parameters are sharded over the context-parallel ranks too."""
-    shard = "dp_shard"
-    if plan.cp > 1:
-        shard = "dp_shard_cp"
-        mesh["dp_shard", "cp"]._flatten(shard)
-    return mesh["dp_replicate", shard] if plan.dp_replicate > 1 else mesh[shard]
-
-
-def dp_group(mesh: Any, plan: ParallelPlan) -> Any:
-    """The process group of the data-parallel ranks (None: every rank, no tensor parallel)."""
-    if mesh is None or plan.dp_size == plan.world_size:
-        return None
-    dims = [d for d in ("dp_replicate", "dp_shard") if getattr(plan, d) > 1] or ["dp_shard"]
-    return mesh[tuple(dims)]._flatten("dp").get_group() if len(dims) > 1 else mesh[dims[0]].get_group()
-
-
-def grad_group(mesh: Any, plan: ParallelPlan) -> Any:
-    """The process group gradients are averaged over: the data-parallel ranks, and under cp their
-    context-parallel ranks too (each holds part of every row, so each has part of the gradient)."""
-    if plan.cp == 1:
-        return dp_group(mesh, plan)
-    return None if plan.grad_size == plan.world_size else grad_mesh(mesh, plan).get_group()
-
-
-def grad_mesh(mesh: Any, plan: ParallelPlan) -> Any:
-    """The replicas' mesh (zero1 lays its optimizer-state chunks over it): dp_replicate, and under
-    cp dp_replicate x cp flattened."""
-    if plan.cp == 1:
-        return mesh["dp_replicate"]
-    dims = tuple(d for d in ("dp_replicate", "dp_shard", "cp") if getattr(plan, d) > 1)
-    return mesh[dims]._flatten("dp_cp") if len(dims) > 1 else mesh[dims[0]]
-
-
-def cp_group(mesh: Any, plan: ParallelPlan) -> Any:
-    """The context-parallel ranks' group (None: no cp)."""
-    return mesh["cp"].get_group() if plan.cp > 1 else None
-
-
-def parallelize(model: nn.Module, plan: ParallelPlan, mesh: Any, *, options: StrategyOptions, precision: Precision,
+def parallelize(model: nn.Module, layout: Layout, *, options: StrategyOptions, precision: Precision,
                 device: torch.device, backend: str) -> Parallelized:
-    """The model laid out as `plan` says, on `device`; in place except for the DDP/DataParallel
+    """The model laid out as `layout.plan` says, on `device`; in place except for the DDP/DataParallel
     wrapper it may come back in. Under pp > 1: this rank's stages, and the runner that drives them."""
-    cut = pipeline_layout.cut(model, plan, options, mesh["pp"].get_local_rank()) if plan.pp > 1 else None
+    plan = layout.plan
+    cut = pipeline_layout.cut(model, plan, options, layout.mesh("pp").get_local_rank()) if plan.pp > 1 else None
     tp_layers: dict[str, str] = {}
     if plan.tp > 1:
         chosen = cut.tp_layers if cut is not None else tp_peft.choose(model, options.tp_plan)
         tp_fit.check(model, plan, chosen)  # before anything is split: the sizes, not a crash in forward
-        tp_layers = tensor_parallel.apply(model, mesh["tp"], options.tp_plan, options.sequence_parallel,
+        tp_layers = tensor_parallel.apply(model, layout.mesh("tp"), options.tp_plan, options.sequence_parallel,
                                           chosen=chosen)
     init_order = cut.init_order if cut is not None else None
     if plan.uses_fsdp:
@@ -105,9 +64,9 @@ def parallelize(model: nn.Module, plan: ParallelPlan, mesh: Any, *, options: Str
         stages = cut.stage_modules() if cut is not None else (model,)
         # Not moved whole to the device first: fully_shard moves each unit's shards there, and a
         # meta model is allocated (shards only) and initialised after sharding.
-        fsdp.apply(model, units, plan, dp_mesh(mesh, plan), options, precision, device, backend,
+        fsdp.apply(model, units, plan, layout.mesh("fully_shard"), options, precision, device, backend,
                    roots=list(stages), init_order=init_order)
-        return _done(model, stages, Wrapper.FSDP, tp_layers, cut, mesh, device)
+        return _done(model, stages, Wrapper.FSDP, tp_layers, cut, layout, device)
     if meta_init.is_meta(model):  # replicated (or split by tensor parallel alone): allocate, initialise
         meta_init.materialize(model, device, options.init_weights, order=init_order)
     transform_units(model, default_units(model), options.activation_checkpointing, options.compile, device)
@@ -118,29 +77,29 @@ def parallelize(model: nn.Module, plan: ParallelPlan, mesh: Any, *, options: Str
     if plan.uses_ddp:
         # Under pp, torch's stage runs its first (shape-finding) microbatch outside no_sync: DDP must
         # look for unused parameters, or the next new input shape fails in its reducer (docs/pipeline.md).
-        group = grad_group(mesh, plan)
+        group = layout.group("grad")
         # zero1 outside pipelines, where asked: gradients reduce-scattered to their owners (zero1_grads.py)
         scatter = plan.shards_optimizer_only and cut is None and options.zero1_grads == "reduce_scatter"
         stages = tuple(ddp.apply(m, options, device, group, find_unused_parameters=cut is not None or None,
                                  scatter_grads=scatter)
                        if pipeline_layout.has_params(m) else m for m in stages)
-        return _done(model, stages, Wrapper.DDP, tp_layers, cut, mesh, device)
-    return _done(model, stages, Wrapper.NONE, tp_layers, cut, mesh, device)
+        return _done(model, stages, Wrapper.DDP, tp_layers, cut, layout, device)
+    return _done(model, stages, Wrapper.NONE, tp_layers, cut, layout, device)
 
 
 def _done(model: nn.Module, stages: tuple[nn.Module, ...], wrapper: Wrapper, tp_layers: dict[str, str],
-          cut: pipeline_layout.PipelineCut | None, mesh: Any, device: torch.device) -> Parallelized:
+          cut: pipeline_layout.PipelineCut | None, layout: Layout, device: torch.device) -> Parallelized:
     """What prepare returns: the (wrapped) model, or under pp the rank's model with a runner over its
     stage modules (the wrapped model itself when this rank runs one stage)."""
     if cut is None:
         return Parallelized(stages[0], wrapper, tp_layers)
-    runner = PipelineRunner(stages, cut.rank.stage_indices, cut.rank.num_stages, mesh["pp"], device, cut.schedule,
+    runner = PipelineRunner(stages, cut.rank.stage_indices, cut.rank.num_stages, layout.mesh("pp"), device, cut.schedule,
                             cut.num_microbatches)
     runner.refuse_direct_calls(model, hint=pipeline_layout.refuse_model_call_hint())
     if cut.outputs is not None:
         runner.model_output = cut.outputs.wrap
     if cut.tied:
-        runner.tied = TiedGradients(model, cut.tied, mesh["pp"], mesh)
+        runner.tied = TiedGradients(model, cut.tied, layout)
     returned = stages[0] if len(stages) == 1 else model
     others = tuple(unit for stage in cut.stages for unit in stage if unit not in cut.rank.units)
     return Parallelized(returned, wrapper, tp_layers, runner, cut.rank, others)

@@ -19,8 +19,9 @@ from phalanx.strategies import fsdp, grad_norm, optimizer_kinds, whole_tensor_st
 from phalanx.strategies.module_attr import answer_module_attribute
 from phalanx.strategies.optimizer_kinds import Route
 from phalanx.strategies.options import StrategyOptions
-from phalanx.strategies.parallel_plan import ParallelPlan
-from phalanx.strategies.parallelize import Wrapper, dp_group, grad_group, grad_mesh, parallelize
+from phalanx.strategies.context.step import ContextParallel
+from phalanx.strategies.layout import Layout
+from phalanx.strategies.parallelize import Wrapper, parallelize
 from phalanx.strategies.pipeline import grads as pipeline_grads
 from phalanx.strategies.pipeline import save as pipeline_save
 from phalanx.strategies.pipeline import state as pipeline_state
@@ -33,14 +34,17 @@ from phalanx.strategies.zero1_grads import Zero1Grads
 class ParallelStrategy:
     """The `Strategy` (strategies/base.py) of one plan, on this rank."""
 
-    def __init__(self, plan: ParallelPlan, ctx: DistContext, options: StrategyOptions | None = None,
-                 mesh: Any = None):
-        self.plan = plan
+    def __init__(self, layout: Layout, ctx: DistContext, options: StrategyOptions | None = None):
+        self.plan = layout.plan
+        self.layout = layout
         self.ctx = ctx
         self.options = options or StrategyOptions()
-        self.mesh = mesh
-        self.dp_group = dp_group(mesh, plan)  # the data-parallel ranks' group (None: every rank)
-        self.precision = Precision(self.options.mixed_precision, ctx.device, sharded=plan.partial_gradients)
+        self.mesh = layout.root
+        self.dp_group = layout.group("dp")  # the data-parallel ranks' group (None: every rank)
+        self.grad_group = layout.group("grad")  # the ranks gradients are averaged over: data-parallel x cp
+        # cp: this rank's part of each row (size 1: no cut), applied by setup_model as pp's cut is
+        self.context = ContextParallel(self.plan.cp, self.plan.cp_rank(ctx.rank), layout.group("cp"))
+        self.precision = Precision(self.options.mixed_precision, ctx.device, sharded=self.plan.partial_gradients)
         self.wrapper = Wrapper.NONE
         # id(original parameter) -> (weak ref to it, its replacement): FSDP2 and tensor parallel swap
         # parameters for DTensors, and an optimizer built before prepare must follow them.
@@ -62,9 +66,10 @@ class ParallelStrategy:
 
     # ---- the model and its optimizer --------------------------------------------------------
     def setup_model(self, model: nn.Module) -> nn.Module:
+        self.context.prepare(model)  # cp: the model's attention sent across the cut, or refused
         # every name of a tied parameter: a pipeline stage may hold it under one of them only
         before = list(model.named_parameters(remove_duplicate=False))
-        done = parallelize(model, self.plan, self.mesh, options=self.options, precision=self.precision,
+        done = parallelize(model, self.layout, options=self.options, precision=self.precision,
                            device=self.ctx.device, backend=self.ctx.backend)
         self.wrapper = done.wrapper
         after = dict(self.unwrap(done.model).named_parameters(remove_duplicate=False))
@@ -84,7 +89,7 @@ class ParallelStrategy:
             self._pipelines[id(done.model)] = done.pipeline
             self._other_units = done.other_units
             pipeline_grads.route_torch_clip(self.unwrap(done.model), self._pipeline_norm)
-            pipeline_save.answer_save_pretrained(self.unwrap(done.model), self.mesh["pp"], self.plan.describe())
+            pipeline_save.answer_save_pretrained(self.unwrap(done.model), self.layout.mesh("pp"), self.plan.describe())
             get_logger().info("pipeline rank %d of %d runs stage(s) %s of %d (%s), %s, %d microbatches per step",
                               done.pipeline.pp_rank, done.pipeline.pp, list(done.stages.stage_indices),
                               done.stages.num_stages, ", ".join(done.stages.units), done.pipeline.schedule,
@@ -133,7 +138,8 @@ class ParallelStrategy:
             refuse_optimizer_with_state(optimizer, self.name)
             if self._rebind or self._elsewhere:
                 self._point_at_replacements(optimizer)
-            return whole_tensor_step.build(optimizer, self.mesh, self.plan, constructor_defaults)
+            return whole_tensor_step.build(optimizer, self.layout.group("stage_holders"), self.plan,
+                                           constructor_defaults)
         if self._rebind or self._elsewhere or self.plan.shards_optimizer_only:
             refuse_optimizer_with_state(optimizer, self.name)
         if self._rebind or self._elsewhere:
@@ -145,8 +151,8 @@ class ParallelStrategy:
             for grads in self._zero1_grads:  # stepped by chunks: their gradients may be reduce-scattered
                 grads.shard([p for group in groups for p in group["params"]])
             return ShardedStateOptimizer(groups, optimizer_class=type(optimizer),
-                                         process_group=grad_group(self.mesh, self.plan),
-                                         device_mesh=grad_mesh(self.mesh, self.plan) if self.mesh is not None else None,
+                                         process_group=self.layout.group("grad"),
+                                         device_mesh=self.layout.mesh("grad") if self.mesh is not None else None,
                                          gather=self.options.zero1_gather, **constructor_defaults(optimizer))
         return optimizer
 
@@ -191,7 +197,7 @@ class ParallelStrategy:
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         if self.plan.pp > 1:  # this rank's stages' norm, combined with the other stages'
             counted_elsewhere = {id(p) for runner in self._pipelines.values() for p in runner.counted_elsewhere()}
-            return pipeline_grads.clip_grad_norm_(parameters, max_norm, norm_type, pp_group=self.mesh["pp"],
+            return pipeline_grads.clip_grad_norm_(parameters, max_norm, norm_type, pp_group=self.layout.mesh("pp"),
                                                   uncounted=counted_elsewhere)
         return grad_norm.clip_(list(parameters), max_norm, norm_type)
 
@@ -201,7 +207,7 @@ class ParallelStrategy:
         self.before_clip()
         uncounted = {id(p.grad) for runner in self._pipelines.values() for p in runner.counted_elsewhere()}
         local = grad_norm.total_norm([g for g in grads if id(g) not in uncounted], norm_type)
-        return pipeline_grads.pipeline_norm(local, norm_type, self.mesh["pp"])
+        return pipeline_grads.pipeline_norm(local, norm_type, self.layout.mesh("pp"))
 
     # ---- the user's module and its weights ----------------------------------------------------
     def unwrap(self, model: nn.Module) -> nn.Module:
@@ -215,7 +221,7 @@ class ParallelStrategy:
         stages' weights are gathered on the first pipeline rank of each replica (the main process
         among them), on CPU; the other ranks get {}."""
         if self.plan.pp > 1:  # every rank takes part: each stage's shards, then the stages
-            return pipeline_state.gather_full_state_dict(self.unwrap(model), self.mesh["pp"])
+            return pipeline_state.gather_full_state_dict(self.unwrap(model), self.layout.mesh("pp"))
         if not self.plan.shards_parameters:
             return {k: v.detach() for k, v in self.unwrap(model).state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

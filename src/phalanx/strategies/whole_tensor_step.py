@@ -27,7 +27,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from phalanx.strategies.parallel_plan import MESH_DIMS
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -283,21 +282,10 @@ class _BroadcastJoinHook(JoinHook):
         self.optimizer._scatter()
 
 
-def holder_group(mesh: Any, plan: Any) -> Any:
-    """The process group of the ranks that hold the same parameters (one pipeline stage's ranks):
-    every rank without pp (None: the world), else the stage's data-parallel and tensor-parallel
-    ranks. Built at prepare, by every rank together."""
-    if plan.pp == 1 or mesh is None:
-        return None
-    dims = tuple(d for d in MESH_DIMS if d != "pp" and getattr(plan, d) > 1)
-    if len(dims) == 1:
-        return mesh[dims[0]].get_group()
-    return mesh[dims]._flatten("stage_holders").get_group()
-
-
-def build(optimizer: torch.optim.Optimizer, mesh: Any, plan: Any,
+def build(optimizer: torch.optim.Optimizer, holders: Any, plan: Any,
           constructor_defaults: Callable[[torch.optim.Optimizer], dict[str, Any]]) -> WholeTensorOptimizer:
-    """A WholeTensorOptimizer with `optimizer`'s class, groups and hyperparameters."""
+    """A WholeTensorOptimizer with `optimizer`'s class, groups and hyperparameters, over `holders`:
+    the process group of the ranks that hold the same parameters (the layout's "stage_holders")."""
     groups = [dict(group) for group in optimizer.param_groups]
     defaults = constructor_defaults(optimizer)
     try:  # each owner rebuilds the class over its whole tensors: find out now, not at the first step
@@ -309,5 +297,5 @@ def build(optimizer: torch.optim.Optimizer, mesh: Any, plan: Any,
             f"each owner as {name}(param_groups, **defaults); that failed: {error}. HINT: keep {name}'s "
             "constructor arguments in its defaults (super().__init__(params, defaults)), or, if its step is "
             f"element-wise, declare it: phalanx.declare_optimizer({name}, elementwise=True)") from error
-    return WholeTensorOptimizer(groups, type(optimizer), process_group=holder_group(mesh, plan),
+    return WholeTensorOptimizer(groups, type(optimizer), process_group=holders,
                                 **defaults)

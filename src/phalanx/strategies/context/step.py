@@ -101,7 +101,11 @@ class ContextParallel:
                          call: Any, backward: Any) -> torch.Tensor:
         """px.forward_backward over a cut batch: this rank's part through the model and the loss,
         backward (num_items, the batch's count, shared by px.backward: `items_share`), and the
-        whole rows' loss returned."""
+        whole rows' loss returned. Without cp: the batch whole, through the model, the loss and backward."""
+        if self.size == 1:
+            loss = loss_fn(call(model, inputs), targets)
+            backward(loss, num_items=num_items)
+            return loss.detach()
         local_inputs, local_targets, layout = self.shard(inputs, targets, activate=False)  # active in the forward only
         with self.forward(model, layout):
             output = call(model, local_inputs)

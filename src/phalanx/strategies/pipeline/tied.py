@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from phalanx.strategies.layout import Layout
 from phalanx.strategies.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import schedules
 from phalanx.strategies.pipeline.chain import ModelChain, shared_parameters
@@ -52,21 +53,13 @@ def find_tied(model: nn.Module, chain: ModelChain, stages: Stages, schedule: str
 class TiedGradients:
     """Sums the gradients of the tied parameters over the pipeline ranks that hold them."""
 
-    def __init__(self, model: nn.Module, tied: list[TiedParam], pp_mesh: Any, full_mesh: Any):
+    def __init__(self, model: nn.Module, tied: list[TiedParam], layout: Layout):
         self.model = model
         self.tied = tied
-        self.groups: dict[tuple[int, ...], Any] = {}
-        pp_rank = pp_mesh.get_local_rank()
-        pp = pp_mesh.size()
-        for ranks in sorted({t.pp_ranks for t in tied}):
-            if len(ranks) == pp:
-                self.groups[ranks] = pp_mesh.get_group()
-            else:  # one group per pipeline (each data-parallel and tensor-parallel coordinate), made by all
-                layout = full_mesh.mesh.reshape(pp, -1)
-                lists = [[int(layout[r, c]) for r in ranks] for c in range(layout.shape[1])]
-                mine, _ = dist.new_subgroups_by_enumeration(lists)
-                self.groups[ranks] = mine if pp_rank in ranks else None
-        self.pp_rank = pp_rank
+        # one group per set of pipeline ranks (each pipeline's own, made by all): the layout's
+        self.groups: dict[tuple[int, ...], Any] = {ranks: layout.pipeline_group(ranks)
+                                                   for ranks in sorted({t.pp_ranks for t in tied})}
+        self.pp_rank = layout.mesh("pp").get_local_rank()
 
     def _param(self, t: TiedParam) -> torch.Tensor | None:
         for holder in t.holders:

@@ -1,0 +1,113 @@
+"""`Layout`: a plan laid over this job's ranks, built once per worker: the one DeviceMesh with the
+plan's named dims (`MESH_DIMS`, outermost first) and every group derived from it, asked by name.
+
+torchtitan's `ParallelDims` in phalanx's words: nothing else in phalanx makes a process group or
+flattens a sub-mesh (tests/unit/test_layout.py finds any other). A derived group is one entry of
+`SPANS` (the mesh dims it spans), so a new mesh dimension adds its name to `MESH_DIMS` and, where a
+derived group spans it, to that entry here. Derived meshes are flattened the first time one is
+asked for (every rank asks at the same point of the same program), then kept: one group per set of
+ranks, as torch's collectives need every rank to build each group together.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.strategies.parallel_plan import MESH_DIMS, ParallelPlan
+
+
+@dataclass(frozen=True)
+class Span:
+    """A derived group: the ranks along `dims` (those of degree > 1 flattened into one mesh dim);
+    `alone` stands for it when none of them is > 1 (a group of this rank only)."""
+
+    dims: tuple[str, ...]
+    alone: str
+    doc: str
+
+
+SPANS: dict[str, Span] = {
+    "dp": Span(("dp_replicate", "dp_shard"), "dp_shard",
+               "the ranks that read different data: loaders, px.reduce/gather, SyncBatchNorm"),
+    "grad": Span(("dp_replicate", "dp_shard", "cp"), "dp_replicate",
+                 "the ranks gradients are averaged over (data-parallel x cp): DDP, zero1, num_items"),
+    "dp_shard_cp": Span(("dp_shard", "cp"), "dp_shard",
+                        "FSDP2's shard dim: parameters are sharded over the cp ranks too (torchtitan's)"),
+    "stage_holders": Span(tuple(d for d in MESH_DIMS if d != "pp"), "tp",
+                          "the ranks that hold the same parameters: one pipeline stage's"),
+}
+
+
+class Layout:
+    """The mesh and its named groups for `plan` on this rank (a world of one: no mesh, no groups)."""
+
+    def __init__(self, plan: ParallelPlan, root: Any):
+        self.plan = plan
+        self.root = root  # the DeviceMesh with MESH_DIMS' names; None in a world of one
+        self._flat: dict[tuple[str, ...], Any] = {}  # dims flattened -> their mesh (one per set of ranks)
+        self._pipelines: dict[tuple[int, ...], Any] = {}  # pipeline ranks -> this rank's group of them
+        self._groups: dict[str, Any] = {}  # name -> its group: px.reduce asks on every call
+
+    @classmethod
+    def build(cls, plan: ParallelPlan, device_type: str) -> "Layout":
+        """Every rank together: `init_device_mesh` over the plan's degrees (one group per dim)."""
+        if not plan.is_distributed:
+            return cls(plan, None)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        degrees = plan.degrees()
+        return cls(plan, init_device_mesh(device_type, tuple(degrees.values()), mesh_dim_names=tuple(degrees)))
+
+    def mesh(self, name: str) -> Any:
+        """The 1-D mesh of a dim of `MESH_DIMS` or of a derived group of `SPANS`; "fully_shard": the mesh
+        FSDP2 works over (dp_shard_cp alone, or dp_replicate x dp_shard_cp for replicas)."""
+        if name in MESH_DIMS:
+            return self.root[name]
+        if name == "fully_shard":
+            shard = self._flatten(self._dims("dp_shard_cp", keep="dp_shard"))
+            return self.root["dp_replicate", shard] if self.plan.dp_replicate > 1 else self.root[shard]
+        return self.root[self._flatten(self._dims(name))]
+
+    def group(self, name: str) -> Any:
+        """The process group of `mesh(name)`; None when it holds every rank (torch's default group:
+        e.g. "stage_holders" without pp), and in a world of one."""
+        if self.root is None or self._size(name) == self.plan.world_size:
+            return None
+        if name not in self._groups:
+            self._groups[name] = self.mesh(name).get_group()
+        return self._groups[name]
+
+    def pipeline_group(self, pp_ranks: tuple[int, ...]) -> Any:
+        """This rank's group of the pipeline ranks `pp_ranks` of its own pipeline (None when it is not
+        one of them); every rank builds every pipeline's group together, once per `pp_ranks`."""
+        if len(pp_ranks) == self.plan.pp:
+            return self.root["pp"].get_group()
+        if pp_ranks not in self._pipelines:
+            import torch.distributed as dist
+
+            grid = self.root.mesh.reshape(self.plan.pp, -1)
+            lists = [[int(grid[r, c]) for r in pp_ranks] for c in range(grid.shape[1])]
+            mine, _ = dist.new_subgroups_by_enumeration(lists)
+            self._pipelines[pp_ranks] = mine if self.root["pp"].get_local_rank() in pp_ranks else None
+        return self._pipelines[pp_ranks]
+
+    def _dims(self, name: str, keep: str | None = None) -> tuple[str, ...]:
+        """The dims of `name`'s span that are > 1 (and `keep`, the first of the span, always)."""
+        span = SPANS[name]
+        dims = tuple(d for d in span.dims if d == keep or getattr(self.plan, d) > 1)
+        return dims or (span.alone,)
+
+    def _size(self, name: str) -> int:
+        dims = (name,) if name in MESH_DIMS else SPANS[name].dims
+        size = 1
+        for d in dims:
+            size *= getattr(self.plan, d)
+        return size
+
+    def _flatten(self, dims: tuple[str, ...]) -> str:
+        """The mesh dim name of `dims` flattened into one (a single dim: itself)."""
+        if len(dims) == 1:
+            return dims[0]
+        if dims not in self._flat:
+            self._flat[dims] = self.root[dims]._flatten("_".join(dims))
+        return "_".join(dims)
