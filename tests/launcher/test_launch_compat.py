@@ -33,3 +33,17 @@ def test_an_accelerate_script_is_still_told_apart(tmp_path):
     assert result.returncode == 0, result.stderr
     (line,) = [l for l in result.stderr.splitlines() if "had no effect" in l]
     assert "--strategy zero3 had no effect" in line and "it used Accelerate" in line, line
+
+
+def test_a_fabric_script_joins_one_world_with_what_fabric_run_gives(tmp_path):
+    """Lightning Fabric, as its docs write a script for `fabric run`: was 2 worlds of one (8 steps
+    each, each rank its own main process) and --mixed-precision said to have had no effect; now one
+    world of 2, bf16-mixed, and only the strategy named, with Fabric's reason."""
+    out = tmp_path / "result.json"
+    result = run_cli(["run", "--nproc-per-node", "2", "--mixed-precision", "bf16", "--strategy", "zero3",
+                      str(SCRIPTS / "fabric_script.py"), str(out)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text()) == {"world_size": 2, "steps": 4, "precision": "bf16-mixed", "ranks_agree": True}
+    (line,) = [l for l in result.stderr.splitlines() if "had no effect" in l]
+    assert line.startswith("phalanx run: warning: --strategy zero3 had no effect") and "Lightning Fabric" in line, line
+    assert "separate worlds" not in result.stderr

@@ -1,4 +1,5 @@
-"""What `accelerate launch` would set, for Accelerate and HF Trainer scripts under `phalanx run`.
+"""What `accelerate launch` and `fabric run` would set, for Accelerate, HF Trainer and Lightning
+Fabric scripts under `phalanx run`.
 
 Such a script never creates Phalanx(); it reads Accelerate's own variables. Without them, on a
 machine with no accelerator, each worker becomes a world of one: Accelerate joins the processes
@@ -8,6 +9,10 @@ only on an accelerator unless told `ACCELERATE_USE_CPU` (accelerate/utils/launch
 - ACCELERATE_MIXED_PRECISION from --mixed-precision;
 - ACCELERATE_USE_FSDP, FSDP_VERSION=2 and FSDP_RESHARD_AFTER_FORWARD for zero2 / zero3 on GPUs
   (Accelerate runs FSDP on accelerators only: on CPU it keeps DDP, and the launcher says so).
+A Fabric script reads `fabric run`'s variables (lightning/fabric/cli.py): without LT_CLI_USED and
+LT_DEVICES it runs each worker as a world of one even under torchrun's variables; phalanx hands over
+LT_CLI_USED=1, LT_ACCELERATOR (cpu or cuda), LT_DEVICES (processes per node), LT_NUM_NODES (a fixed
+node count) and LT_PRECISION from --mixed-precision. No other script reads LT_*.
 A variable already in the environment is the user's and is left alone. Pure: no torch.
 """
 from __future__ import annotations
@@ -38,6 +43,28 @@ def accelerate_env(settings: Any, num_gpus_in_use: int, environ: Mapping[str, st
         wanted.update({ACCELERATE_USE_FSDP: "true", FSDP_VERSION: "2",
                        FSDP_RESHARD_AFTER_FORWARD: _FSDP_RESHARD[settings.config.strategy]})
     return {key: value for key, value in wanted.items() if key not in environ}
+
+
+FABRIC_PRECISION = {"no": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}  # phalanx's -> Fabric's
+
+
+def fabric_env(settings: Any, nproc_per_node: int, fixed_nnodes: int | None, num_gpus_in_use: int,
+               environ: Mapping[str, str]) -> dict[str, str]:
+    """The LT_* variables `fabric run` would set (`fixed_nnodes`: None for an elastic node range,
+    which Fabric cannot be told)."""
+    wanted = {"LT_CLI_USED": "1", "LT_ACCELERATOR": "cuda" if num_gpus_in_use else "cpu",
+              "LT_DEVICES": str(nproc_per_node)}
+    if fixed_nnodes is not None:
+        wanted["LT_NUM_NODES"] = str(fixed_nnodes)
+    if settings is not None and settings.is_set("mixed_precision"):
+        wanted["LT_PRECISION"] = FABRIC_PRECISION[str(settings.config.mixed_precision)]
+    return {key: value for key, value in wanted.items() if key not in environ}
+
+
+def reaches_fabric(name: str, value: Any) -> bool:
+    """Whether the setting `name` = `value` reaches a Fabric script through `fabric_env` (Fabric's
+    own default strategy over several processes is DDP)."""
+    return name == "mixed_precision" or (name == "strategy" and value in _DDP)
 
 
 def reaches_accelerate(name: str, value: Any, num_gpus_in_use: int) -> bool:

@@ -188,6 +188,8 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
         print(warning, file=sys.stderr, flush=True)
     env.update(spec.worker_env)
     env.update(framework_env.accelerate_env(spec.settings, num_gpus_in_use, os.environ))  # as `accelerate launch`
+    env.update(framework_env.fabric_env(spec.settings, nproc, spec.nnodes if spec.min_nnodes is None else None,
+                                        num_gpus_in_use, os.environ))  # as `fabric run`
     if handed is not None:
         env[envvars.PHALANX_PLAN] = handed  # the job's plan, built once: workers asking the same adopt it
     return nproc, num_gpus_in_use, env

@@ -81,7 +81,7 @@ def watch_process_group() -> dict[str, int | None] | None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
-    seen: dict[str, int | None] = {"group_size": None}
+    seen: dict[str, int | None] = {"group_size": None, "fabric": 0}
     original = distributed_c10d.init_process_group
 
     @functools.wraps(original)
@@ -94,6 +94,8 @@ def watch_process_group() -> dict[str, int | None] | None:
             raise refusal.Refused(message)
         result = original(*args, **kwargs)
         seen["group_size"] = dist.get_world_size()
+        caller = str(sys._getframe(1).f_globals.get("__name__", ""))  # noqa: SLF001 - who joined: its use
+        seen["fabric"] = int(caller.split(".")[0] in ("lightning", "lightning_fabric"))
         return result
 
     distributed_c10d.init_process_group = dist.init_process_group = init_process_group  # type: ignore[assignment]
@@ -125,7 +127,8 @@ def children_rendezvous_themselves() -> None:
 
 
 def leave_note(seen: dict[str, int | None] | None) -> None:
-    """The worker's note for the launcher (launch/worker_notes.py): the group it joined, Accelerate."""
+    """The worker's note for the launcher (launch/worker_notes.py): the group it joined, Accelerate,
+    Fabric (which joined the group itself: its use, not its import)."""
     if seen is None:
         return
     dist = sys.modules.get("torch.distributed")
@@ -133,7 +136,7 @@ def leave_note(seen: dict[str, int | None] | None) -> None:
     if size is None and dist is not None and dist.is_available() and dist.is_initialized():
         size = dist.get_world_size()  # joined through a path that bypassed the watched function
     worker_notes.write(worker_notes.WorkerNote(rank=int(os.environ.get(envvars.RANK, "0")), group_size=size,
-                                               accelerate=accelerator_made()))
+                                               accelerate=accelerator_made(), fabric=bool(seen.get("fabric"))))
 
 
 def accelerator_made() -> bool:

@@ -26,6 +26,7 @@ class WorkerNote:
     rank: int
     group_size: int | None = None  # world size of the default process group it joined; None: none
     accelerate: bool = False  # it made an Accelerator (HF Trainer does)
+    fabric: bool = False  # Lightning Fabric joined the process group
 
 
 def write(note: WorkerNote, environ: Any = os.environ) -> None:
@@ -78,8 +79,8 @@ def separate_worlds_line(notes: list[WorkerNote], world_size: int) -> str | None
         return None
     return (f"phalanx run: warning: {_ranks(alone)} never joined a process group of {world_size}: they ran as "
             f"{len(alone)} separate world{'s' if len(alone) > 1 else ''} of one (each read all the data and acted as the main process). HINT: "
-            "create Phalanx() in the script (or call torch.distributed.init_process_group); Accelerate and HF "
-            "Trainer scripts join by themselves under phalanx run")
+            "create Phalanx() in the script (or call torch.distributed.init_process_group); Accelerate, HF "
+            "Trainer and Lightning Fabric scripts join by themselves under phalanx run")
 
 
 def no_effect_line(notes: list[WorkerNote], created: bool, settings: Any, target: str,
@@ -87,17 +88,20 @@ def no_effect_line(notes: list[WorkerNote], created: bool, settings: Any, target
     """The warning for settings given to `phalanx run` that no worker could apply (`created`: was a
     Phalanx() created)."""
     from phalanx import config
-    from phalanx.launch.framework_env import reaches_accelerate
+    from phalanx.launch.framework_env import reaches_accelerate, reaches_fabric
 
     if settings is None or not notes or created:
         return None
     accelerate = any(note.accelerate for note in notes)
+    fabric = any(note.fabric for note in notes)
     ignored = []
     for setting in config.RUNTIME:
         if not settings.is_set(setting.name) or setting.name in _LAUNCHER_ACTS_ON:
             continue
         value = getattr(settings.config, setting.name)
         if accelerate and reaches_accelerate(setting.name, value, num_gpus_in_use):
+            continue
+        if fabric and reaches_fabric(setting.name, value):
             continue
         ignored.append(f"{setting.flag} {config.to_env_value(value)}")
     if not ignored:
@@ -108,6 +112,10 @@ def no_effect_line(notes: list[WorkerNote], created: bool, settings: Any, target
             ", mixed precision" if settings.is_set("mixed_precision") else "")
         why = (f"{name} never created Phalanx(); it used Accelerate, which got what `accelerate launch` would give it "
                f"({given})" + ("" if num_gpus_in_use else ", and Accelerate runs FSDP on accelerators only"))
+    elif fabric:
+        why = (f"{name} never created Phalanx(); it used Lightning Fabric, which got what `fabric run` would give it "
+               "(the device, the processes" + (", mixed precision" if settings.is_set("mixed_precision") else "")
+               + "; Fabric's strategy is its own)")
     else:
         why = (f"{name} never created Phalanx(), which is how phalanx's runtime settings reach a script (a plain "
                "torch script keeps the layout it builds itself)")
