@@ -27,6 +27,7 @@ class PreemptionOutcome:
     saved: bool = False
     why_not: str | None = None  # why nothing was saved (no checkpoint_dir, the save failed...)
     reason: str | None = None  # what sent the signal, when phalanx knows (the SLURM time limit)
+    finished: bool = False  # the script had returned on every rank: the signal found them exiting
 
     @property
     def exit_code(self) -> int:
@@ -37,6 +38,9 @@ class PreemptionOutcome:
         """`phalanx: preempted by SIGTERM at step 17: checkpoint ckpt/step-00000017 saved; run the same
         command to resume`; `after` replaces the advice (e.g. the job was requeued)."""
         by = self.signal + (f" ({self.reason})" if self.reason else "")
+        if self.finished:  # a timeout after the last step: no preemption, nothing lost
+            return (f"phalanx: stopped by {by} after the script had finished on every rank (the signal found its "
+                    "processes exiting, not training): nothing to save, nothing lost")
         at = f" at step {self.step}" if self.step is not None else ""
         if self.saved:
             return f"phalanx: preempted by {by}{at}: checkpoint {self.checkpoint} saved; {after or RERUN}"

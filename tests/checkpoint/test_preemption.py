@@ -207,3 +207,45 @@ def test_without_checkpoint_dir_phalanx_run_stops_the_workers_and_says_nothing_w
     for rank in (0, 1):  # the workers are gone, each ended by the forwarded SIGTERM
         with pytest.raises(ProcessLookupError):
             os.kill(int((tmp_path / f"pid-{rank}").read_text()), 0)
+
+
+FINISHED_THEN_HANGS = """\
+import atexit, sys, time
+from pathlib import Path
+from phalanx import Phalanx
+px = Phalanx()
+px.wait_for_everyone()
+out = Path(sys.argv[1])
+
+def hang():  # the script has returned; its process hangs in the interpreter's exit, as gloo's teardown can
+    (out / f"exiting-{px.rank}").write_text("1")
+    while True:
+        time.sleep(0.1)
+
+atexit.register(hang)
+"""
+
+
+def test_a_signal_after_the_script_finished_says_so_not_preempted(tmp_path):
+    """A timeout's SIGTERM to a job whose script had returned on every rank (hung in its exit) was
+    reported as 'preempted by SIGTERM: nothing was saved'; it now says the script had finished."""
+    script = tmp_path / "finished.py"
+    script.write_text(FINISHED_THEN_HANGS)
+    command = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"),
+               str(script), str(tmp_path)]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"exiting-{rank}").exists() for rank in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    lines = [line for line in stderr.splitlines() if line.startswith("phalanx:")]
+    assert lines == ["phalanx: stopped by SIGTERM after the script had finished on every rank (the signal found its "
+                     "processes exiting, not training): nothing to save, nothing lost"], stderr[-4000:]
+    assert proc.returncode == 143

@@ -22,7 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from phalanx import envvars
 from phalanx import preemption_report as report
+from phalanx.launch import worker_notes
 
 NO_CHECKPOINT_DIR = ("no checkpoint_dir is set. HINT: with --checkpoint-dir DIR (or checkpoint_dir: in the config) "
                      "the workers save the step they stop at, and the same command resumes from it")
@@ -60,6 +62,7 @@ class Stopper:
     killed_after_grace: bool = False
     killed_by_third: bool = False
     before_workers: bool = False
+    workers: int = 0  # the workers alive when the first signal came
     outcome: report.PreemptionOutcome | None = None  # what the workers recorded
     _previous: dict[signal.Signals, Any] = field(default_factory=dict)
 
@@ -87,6 +90,7 @@ class Stopper:
             if not pids:  # no workers (yet): nothing to save, stop as torch would
                 self.before_workers = True
                 raise SignalException(f"phalanx run got {sig.name} before its workers started", sig)
+            self.workers = len(pids)
             for pid in pids:
                 _send(pid, sig)
         elif self.count == 2:
@@ -142,6 +146,8 @@ class Stopper:
 
     def _launcher_outcome(self) -> report.PreemptionOutcome:
         assert self.signal is not None
+        if self._script_finished():
+            return report.PreemptionOutcome(self.signal.name, finished=True)
         if self.before_workers:
             why = "it came before the workers had started"
         elif not self.checkpoint_dir:
@@ -154,6 +160,13 @@ class Stopper:
         else:
             why = f"the workers ended without saving (see above); {_latest(self.checkpoint_dir)}"
         return report.PreemptionOutcome(self.signal.name, why_not=why)
+
+
+    def _script_finished(self) -> bool:
+        """Whether every worker alive at the signal had returned from the script: each leaves its
+        note for the launcher then (launch/worker_notes.py), before the interpreter's exit."""
+        notes_dir = os.environ.get(envvars.PHALANX_WORKER_NOTES)
+        return bool(self.workers and notes_dir and len(worker_notes.read(notes_dir)) >= self.workers)
 
 
 _installed: list[Stopper] = []
