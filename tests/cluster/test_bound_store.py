@@ -1,6 +1,7 @@
 """The rendezvous store listens only on the named address (loopback on one node), not on `*`."""
 import datetime
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -91,11 +92,9 @@ def test_single_node_phalanx_run_store_is_loopback_only(flags, tmp_path):
         assert port == flags[1]
 
 
-@pytest.mark.dist
-@pytest.mark.timeout(240)
-def test_etcd_v2_workers_store_listens_on_the_node_s_address_only(tmp_path):
-    """`--rdzv-backend etcd-v2` (etcd on loopback): the workers' store torch opens on rank 0's node
-    listened on `*:PORT`, open to every interface; it binds the node's address as static and c10d do."""
+def _run_under_etcd(tmp_path, backend: str, *script_args: str) -> str:
+    """The listeners script under `phalanx run --rdzv-backend BACKEND` with a real etcd on loopback: its
+    LISTENERS line, once nothing else was reachable."""
     from tests.multinode.etcd_server import etcd_server
 
     with bind_listener("127.0.0.1", 0) as a, bind_listener("127.0.0.1", 0) as b:
@@ -103,10 +102,30 @@ def test_etcd_v2_workers_store_listens_on_the_node_s_address_only(tmp_path):
     with etcd_server(tmp_path, "127.0.0.1", *ports) as endpoint:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
         proc = subprocess.run([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--rdzv-backend",
-                               "etcd-v2", "--rdzv-endpoint", endpoint, "--rdzv-id", f"bound-{os.getpid()}",
-                               str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+                               backend, "--rdzv-endpoint", endpoint, "--rdzv-id", f"bound-{backend}-{os.getpid()}",
+                               str(SCRIPT), *script_args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REACHABLE_ELSEWHERE none" in proc.stdout.splitlines()
     (line,) = [l for l in proc.stdout.splitlines() if l.startswith("LISTENERS")]
+    return line
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_etcd_v2_workers_store_listens_on_the_node_s_address_only(tmp_path):
+    """`--rdzv-backend etcd-v2` (etcd on loopback): the workers' store torch opens on rank 0's node
+    listened on `*:PORT`, open to every interface; it binds the node's address as static and c10d do."""
+    line = _run_under_etcd(tmp_path, "etcd-v2")
     _, addr, port, listeners = line.split()
     assert (addr, listeners) == ("127.0.0.1", "127.0.0.1"), line
-    assert "REACHABLE_ELSEWHERE none" in proc.stdout.splitlines()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_etcd_workers_store_listens_on_the_master_address_only(tmp_path):
+    """torch's older `--rdzv-backend etcd`: the workers open the process group's store themselves,
+    and rank 0's listened on every interface (`::`); under phalanx run it binds MASTER_ADDR."""
+    line = _run_under_etcd(tmp_path, "etcd", "--init")
+    _, addr, port, listeners = line.split()
+    assert listeners.split(",") == [socket.gethostbyname(addr)], line

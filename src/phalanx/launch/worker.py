@@ -92,6 +92,7 @@ def watch_process_group() -> dict[str, int | None] | None:
         message = nccl_without_gpu_message(backend, int(os.environ.get(envvars.RANK, "0")))
         if message:  # torch would say "NCCL not built in" / "no GPUs found", without a word of gloo
             raise refusal.Refused(message)
+        kwargs.update(workers_own_store(args, kwargs))
         result = original(*args, **kwargs)
         seen["group_size"] = dist.get_world_size()
         caller = str(sys._getframe(1).f_globals.get("__name__", ""))  # noqa: SLF001 - who joined: its use
@@ -101,6 +102,31 @@ def watch_process_group() -> dict[str, int | None] | None:
     distributed_c10d.init_process_group = dist.init_process_group = init_process_group  # type: ignore[assignment]
     children_rendezvous_themselves()
     return seen
+
+
+def workers_own_store(args: tuple, kwargs: dict) -> dict:
+    """Where the workers open the process group's store themselves (torch's `etcd` rendezvous: no
+    agent store), rank 0's store listening on MASTER_ADDR only, as phalanx's launcher stores do
+    (launch/bound_store.py), where torch's env:// store would listen on every interface: the
+    `store`, `rank` and `world_size` arguments for init_process_group; {} elsewhere."""
+    if os.environ.get(envvars.TORCHELASTIC_USE_AGENT_STORE, "").lower() != "false":
+        return {}
+    if len(args) > 1 or kwargs.get("store") is not None or kwargs.get("init_method") not in (None, "env://"):
+        return {}  # the script chose its own rendezvous
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    from phalanx.launch.bound_store import bind_listener, store_on
+
+    rank, world = int(os.environ[envvars.RANK]), int(os.environ[envvars.WORLD_SIZE])
+    host, port = os.environ[envvars.MASTER_ADDR], int(os.environ[envvars.MASTER_PORT])
+    timeout = kwargs.get("timeout") or datetime.timedelta(minutes=30)  # torch's default for gloo
+    if rank == 0:
+        store = store_on(bind_listener(host, port), host, timeout=timeout)
+    else:
+        store = TCPStore(host, port, is_master=False, timeout=timeout)
+    return {"store": store, "rank": rank, "world_size": world}
 
 
 def children_rendezvous_themselves() -> None:

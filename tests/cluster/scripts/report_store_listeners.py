@@ -1,5 +1,6 @@
 """Worker script: rank 0 prints the addresses listening on the store's port (MASTER_PORT), and
-whether a TCP connection to that port on each of the machine's non-loopback addresses is refused."""
+whether a TCP connection to that port on each of the machine's non-loopback addresses is refused.
+With --init, after joining the process group (whose store the workers may open themselves)."""
 import os
 import socket
 import sys
@@ -25,7 +26,14 @@ def reachable_on(port):
     return found
 
 
+if "--init" in sys.argv:  # the workers open the group's store themselves (torch's etcd rendezvous)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
 if os.environ["RANK"] == "0":
     port = int(os.environ["MASTER_PORT"])
     print("LISTENERS", os.environ["MASTER_ADDR"], port, ",".join(listening_addresses(port)))
     print("REACHABLE_ELSEWHERE", ",".join(reachable_on(port)) or "none")
+if "--init" in sys.argv:
+    dist.barrier()  # rank 0's store serves the others until every rank has read its address
+    dist.destroy_process_group()
