@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset,
+from torch.utils.data import (DataLoader, RandomSampler, Sampler, TensorDataset,
                               WeightedRandomSampler)
 
 from phalanx.data.batch_records import BatchRecords
