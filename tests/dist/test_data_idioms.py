@@ -13,6 +13,7 @@ from tests.dist import data_idiom_workloads as work
 from tests.dist.harness import run_ranks
 
 N_STREAM = 22
+pytestmark = pytest.mark.slow  # one launch of 2 ranks that import datasets: ~40 s here
 
 
 @pytest.fixture(scope="module")
