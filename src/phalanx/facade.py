@@ -356,6 +356,8 @@ class Phalanx:
         After px.shard_sequence it is still the batch's count, as in px.forward_backward.
         """
         context = self.strategy.context
+        # the short last step: each rank weighs by its real items, padding by none (data/batch_records.py)
+        loss, num_items = self._batch_records.current().weigh(loss, num_items)
         num_items = context.items_share(num_items)  # cp: this rank's part of a cut batch
         with self._step_progress.during(Phase.BACKWARD):
             scaled = self._accumulator.scale_loss(loss)  # first: it may start a new cycle

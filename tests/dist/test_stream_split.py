@@ -180,3 +180,15 @@ def test_hugging_face_parquet_files_map_style_and_streaming(tmp_path):
     stream = datasets.load_dataset("parquet", data_files=paths, split="train", streaming=True,
                                    cache_dir=str(tmp_path / "cache"))
     assert counts(job_items(stream, 2, 2), N) == exact(N)
+
+
+def test_a_datasets_stream_split_for_other_ranks_is_refused_with_the_fix(tmp_path):
+    """split_dataset_by_node for rank 1 of 4, read by data-parallel rank 0 of 2: it would read another rank's part."""
+    datasets = pytest.importorskip("datasets", reason="the `datasets` extra: pip install phalanx[datasets]")
+    from datasets.distributed import split_dataset_by_node
+
+    stream = datasets.load_dataset("json", data_files=write_jsonl_shards(tmp_path, 8, 4), split="train",
+                                   streaming=True, cache_dir=str(tmp_path / "cache"))
+    assert stream_for_rank(split_dataset_by_node(stream, 0, 2), DistContext(rank=0, world_size=2), 0, 0) is None
+    with pytest.raises(ValueError, match=r"rank 1 of 4.*rank 0 of 2.*HINT: split it with split_dataset_by_node"):
+        stream_for_rank(split_dataset_by_node(stream, 1, 4), DistContext(rank=0, world_size=2), 0, 0)

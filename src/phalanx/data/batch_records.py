@@ -21,9 +21,31 @@ class BatchInfo:
     num_real: int | None = None  # of those, how many are not padding repeats
     left: int | None = None  # batches left in the pass, this one included (None: unknown); ends
     # gradient accumulation cycles with the epoch
+    step_reals: tuple[int, ...] | None = None  # every rank's real samples this step, when gathered
 
     def clear(self) -> None:
         self.size = self.num_real = self.left = None
+        self.step_reals = None
+
+    def loss_weight(self) -> float | None:
+        """What this rank's mean loss is multiplied by so that the ranks' average is the mean over the
+        step's real samples, as one process takes it: ranks x real / Σ real (0 for a padding batch);
+        None when every rank's batch is whole and alike (nothing to weigh)."""
+        reals, real = self.step_reals, self.num_real
+        if not reals or real is None or len(set(reals)) == 1 and real == self.size:
+            return None
+        total = sum(reals)
+        return len(reals) * real / total if total else 0.0
+
+    def weigh(self, loss: Any, num_items: Any) -> tuple[Any, Any]:
+        """(loss, num_items) of a backward on this batch: a mean loss weighed by `loss_weight`; a
+        summed one (`num_items`) already counts real items only, but a padding batch counts none."""
+        weight = self.loss_weight()
+        if weight is None:
+            return loss, num_items
+        if num_items is None:
+            return loss * weight, None
+        return (loss * 0, 0) if weight == 0 else (loss, num_items)
 
     def without_padding(self, data: Any) -> Any:
         """`data` computed from this batch, less this rank's padding repeats: tensors (nested in
@@ -35,6 +57,15 @@ class BatchInfo:
         if isinstance(data, list) and len(data) == size and not any(hasattr(x, "shape") for x in data):
             return data[:real]
         return map_tensors(lambda t: t[:real] if t.dim() > 0 and t.shape[0] == size else t, data)
+
+
+def real_rows(batch: Any, size: int | None, real: int | None) -> tuple[Any, int | None]:
+    """(`batch` less its padding repeats, its size): a batch partly padded (the short last one of a
+    map-style epoch: the repeats follow the real samples) is cut to its real rows, so no repeat is
+    trained on; a batch all padding is kept whole (a rank must take its step) and weighs 0."""
+    if size is None or real is None or not 0 < real < size:
+        return batch, size
+    return BatchInfo(size=size, num_real=real).without_padding(batch), real
 
 
 class BatchRecords:

@@ -55,18 +55,20 @@ class StepDecision:
     proceed: bool
     num_with_data: int  # ranks that hold a real batch this step
     donor: int | None = None  # a rank with data that lends a batch to ranks with nothing to repeat
+    reals: tuple[int, ...] = ()  # every rank's real (not padding) samples this step, in rank order
 
 
-def agree_step(has_data: bool, can_pad: bool, drop: bool) -> StepDecision:
+def agree_step(has_data: bool, can_pad: bool, drop: bool, real: int = 0) -> StepDecision:
     """One small all-gather per step: go on while anyone has data (pad) or while everyone does (drop).
 
     A rank that ran out pads by repeating a batch it already yielded; a rank that never had one
-    borrows one from `donor` (see `lend_batch`), so no data is ever skipped in pad mode.
+    borrows one from `donor` (see `lend_batch`), so no data is ever skipped in pad mode. `real`: this
+    rank's real samples in its batch, gathered so the step can be weighted by them (data/step_items.py).
     """
     world = world_size()
     if world == 1:
-        return StepDecision(has_data, int(has_data))
-    mine = torch.tensor([int(has_data), int(can_pad)], dtype=torch.int64)
+        return StepDecision(has_data, int(has_data), reals=(real,))
+    mine = torch.tensor([int(has_data), int(can_pad), real], dtype=torch.int64)
     parts = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(parts, mine)
     have = [bool(p[0]) for p in parts]
@@ -74,7 +76,8 @@ def agree_step(has_data: bool, can_pad: bool, drop: bool) -> StepDecision:
     if num_with_data == 0 or (drop and num_with_data < world):
         return StepDecision(False, num_with_data)
     needy = any(not p[0] and not p[1] for p in parts)
-    return StepDecision(True, num_with_data, donor=have.index(True) if needy else None)
+    return StepDecision(True, num_with_data, donor=have.index(True) if needy else None,
+                        reals=tuple(int(p[2]) for p in parts))
 
 
 def lend_batch(batch: Any, donor: int) -> Any:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from phalanx.data.batch_records import BatchInfo, BatchRecords
+from phalanx.data.batch_records import BatchInfo, BatchRecords, real_rows
 from phalanx.data.equalize import agree_num_batches, agree_step, gather_ints, lend_batch
 from phalanx.data.rank_sampler import TakenOverSampler
 from phalanx.data.sample_seeds import SampleSeeded
@@ -91,6 +91,7 @@ class PreparedLoader:
         # Checkpointing: (epoch, batches yielded) of the pass in progress; batches to skip on resume.
         self._position: tuple[int, int] | None = None
         self._resume: tuple[int, int] | None = None
+        self._step_reals: tuple[int, ...] | None = None  # every rank's real items of the next step, if agreed
 
     @property
     def sampler(self):
@@ -207,8 +208,13 @@ class PreparedLoader:
                 if progress is not None:
                     progress.mid_pass = True
                 batch, real = item
-                self.batch_info.size, self.batch_info.num_real = _batch_len(batch), real
+                batch, size = real_rows(batch, _batch_len(batch), real)
+                self.batch_info.size, self.batch_info.num_real = size, real
                 self.batch_info.left = None if total is None else total - index
+                self.batch_info.step_reals, self._step_reals = self._step_reals, None
+                if self.batch_info.left == 1 and self.mode is Equalising.FIXED and self.ctx.is_distributed:
+                    # the pass's last step, the one a short remainder pads: weigh it by every rank's real items
+                    self.batch_info.step_reals = tuple(gather_ints(size if real is None else real))
                 self.batch_records.yielded(self.batch_info)
                 index += 1
                 self._position = (epoch, index)
@@ -284,7 +290,9 @@ class PreparedLoader:
         last = None
         while True:
             item = next(it, None)
-            decision = agree_step(item is not None, last is not None, self.drop)
+            decision = agree_step(item is not None, last is not None, self.drop,
+                                  real=(item[1] or 0) if item is not None else 0)
+            self._step_reals = decision.reals
             if not decision.proceed:
                 return
             if decision.donor is not None:  # some rank has nothing to repeat yet: borrow a batch

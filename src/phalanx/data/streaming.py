@@ -104,6 +104,23 @@ def is_hf_iterable(dataset: Any) -> bool:
     return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "n_shards")
 
 
+def split_by_script(dataset: Any, rank: int, world_size: int) -> bool:
+    """Whether the script already split this `datasets` stream with `split_dataset_by_node` (datasets keeps
+    the split in `_distributed`): it is then this rank's part, used as it is (splitting it again keeps
+    1/world_size of it, or raises datasets' own error). A split for other ranks than the data-parallel
+    ones is refused: it would read another rank's part, or lose data."""
+    split = getattr(dataset, "_distributed", None)
+    if split is None:
+        return False
+    if (split.rank, split.world_size) != (rank, world_size):
+        raise ValueError(
+            f"phalanx: this datasets IterableDataset was split by split_dataset_by_node for rank {split.rank} of "
+            f"{split.world_size}, but it is read by data-parallel rank {rank} of {world_size}. HINT: split it with "
+            "split_dataset_by_node(ds, rank=px.dp_rank, world_size=px.dp_size), or give phalanx the unsplit "
+            "stream and it splits it by shard")
+    return True
+
+
 def split_hf_iterable(dataset: Any, rank: int, world_size: int) -> Any:
     """`dataset` for data-parallel `rank`: whole shards when it has at least one per rank, else every
     world_size-th example (each rank then reads every shard; said once)."""

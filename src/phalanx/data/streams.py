@@ -5,20 +5,23 @@ from __future__ import annotations
 from torch.utils.data import IterableDataset
 
 from phalanx.data.iterable import ShardedIterable, say_item_split, shards_itself
-from phalanx.data.streaming import ShardedStream, is_hf_iterable, split_hf_iterable
+from phalanx.data.streaming import ShardedStream, is_hf_iterable, split_by_script, split_hf_iterable
 from phalanx.runtime.context import DistContext
 
 
 def stream_for_rank(dataset: IterableDataset, ctx: DistContext, seed: int,
                     num_workers: int) -> IterableDataset | None:
     """`dataset` as data-parallel rank `ctx.dp_rank` reads it, each item once in the whole job; None for a
-    dataset that shards itself (its `__iter__` reads the rank or the worker info): used as it is.
+    dataset that shards itself (its `__iter__` reads the rank or the worker info, or the script split it
+    with datasets' `split_dataset_by_node`): used as it is.
 
     Workers are split too, even in a world of one: a DataLoader's workers each replay an unsplit stream.
     """
     if isinstance(dataset, ShardedStream):
         return dataset.for_ranks(ctx.dp_rank, ctx.dp_size, seed)
     if is_hf_iterable(dataset):
+        if split_by_script(dataset, ctx.dp_rank, ctx.dp_size):  # split_dataset_by_node in the script
+            return None
         return split_hf_iterable(dataset, ctx.dp_rank, ctx.dp_size)
     if shards_itself(dataset):
         return None
