@@ -84,7 +84,7 @@ def bench(rounds: int, steps: int, run_dir: str) -> None:
     # Directly, free of the machine's noise: the anatomy's work per step (~7 phase changes), and one
     # heartbeat's exchange (rank 0: publish, read every rank, judge, write the status).
     start = time.perf_counter()
-    for i in range(20000):
+    for _ in range(20000):
         tracker.before_batch()
         tracker.next_step()
         tracker.enter("forward")

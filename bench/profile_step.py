@@ -21,7 +21,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from _spawn import spawn
 

@@ -13,7 +13,7 @@ def test_a_launcher_flag_after_the_script_is_named_with_the_command_that_works(t
     result = run_cli(["run", str(script), "--lr", "0.5", "--nproc-per-node", "2"], cwd=tmp_path)
     assert result.returncode != 0
     assert "--nproc-per-node is a `phalanx run` flag, written after the script" in result.stderr, result.stderr
-    assert f"HINT: put launcher flags before the script: phalanx run --nproc-per-node 2 uses_argparse.py --lr 0.5" \
+    assert "HINT: put launcher flags before the script: phalanx run --nproc-per-node 2 uses_argparse.py --lr 0.5" \
         in result.stderr, result.stderr
 
 

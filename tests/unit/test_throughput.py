@@ -1,6 +1,5 @@
 """Throughput: what a batch counts, rates over a faked clock, the FLOPs of a transformer stack, the
 peak table by (faked) GPU name, and samples/s, tokens/s and MFU reaching the metrics rows and the bar."""
-import io
 import json
 import re
 

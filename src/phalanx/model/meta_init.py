@@ -129,7 +129,7 @@ def _init_one(module: nn.Module, init_fn: InitFn | None, device: torch.device) -
     finally:
         for name, p in params.items():
             module._parameters[name] = p
-        for name, b in temp_buffers.items():
+        for name in temp_buffers:
             module._buffers[name] = buffers[name]
     untouched = [n for n, t in drawn.items() if _has_nan(t)]  # the full tensors: every rank agrees
     if untouched:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import atexit
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 from phalanx.logging.rank_log import get_logger
 from phalanx.observe import records

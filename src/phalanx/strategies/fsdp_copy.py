@@ -13,7 +13,6 @@ import copy
 import weakref
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
 # model -> how to shard a plain copy of it again (recorded by fsdp.apply)

@@ -20,7 +20,7 @@ def total_norm(grads: list[torch.Tensor], norm_type: float = 2.0) -> torch.Tenso
         key = g.device_mesh if isinstance(g, DTensor) else None
         groups.setdefault(key, []).append(g)
     parts = []
-    for mesh, members in groups.items():
+    for members in groups.values():
         norm = torch.nn.utils.get_total_norm(members, norm_type)
         parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     if not parts:

@@ -151,7 +151,7 @@ def _refusal(need: Needs, resolved: Resolved, plan: ParallelPlan | None) -> str:
         return (f"only zero1 over more than one data-parallel rank gathers sharded optimizer updates, and {layout} "
                 "is not that layout (auto picks ddp or zero3). HINT: use strategy zero1, or drop the setting")
     if need is Needs.TENSOR_PARALLEL:
-        return f"a tensor-parallel setting, but tp is 1. HINT: set tp > 1 (e.g. --tp 2), or drop it"
+        return "a tensor-parallel setting, but tp is 1. HINT: set tp > 1 (e.g. --tp 2), or drop it"
     if need is Needs.PIPELINE:
         return "a pipeline setting, but pp is 1. HINT: set pp > 1 (e.g. --pp 2), or drop it"
     return f"needs {need.value}, which {layout} does not use. HINT: drop the setting"
