@@ -10,23 +10,13 @@ from typing import Any, Callable, TypeVar
 import torch
 import torch.distributed as dist
 
+from phalanx.runtime.debug import check_collective
+from phalanx.runtime.nested import map_tensors
+
 REDUCTIONS = ("mean", "sum", "max", "min")
 # all_gather_into_tensor's new name (torch >= 2.13 warns on the old one; older torch lacks the new).
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 T = TypeVar("T")
-
-
-def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
-    """Apply `fn` to every tensor in a nested structure, keeping the structure."""
-    if isinstance(data, torch.Tensor):
-        return fn(data)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(map_tensors(fn, v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(map_tensors(fn, v) for v in data)
-    if isinstance(data, dict):
-        return type(data)({k: map_tensors(fn, v) for k, v in data.items()})
-    return data
 
 
 def move_to_device(data: Any, device: torch.device) -> Any:
@@ -51,8 +41,6 @@ def rank() -> int:
 
 def _check(op: str, data: Any, ragged_dim0: bool = False) -> None:
     """Debug mode: every rank must be about to run the same collective on matching tensors."""
-    from phalanx.runtime.debug import check_collective  # lazy: debug builds on this module
-
     check_collective(op, data, ragged_dim0)
 
 
