@@ -205,5 +205,5 @@ def test_nested_and_zipped_loaders_keep_their_own_padding_records():
                 assert records.current() is evals.batch_info
             real.append(records.current().num_real)
     assert real == [18, 18]  # 37 = 19 + 18 on each epoch: 74 items over 2 epochs, not 76
-    for a, b in zip(train, evals):
+    for a, _ in zip(train, evals):
         assert (a is not None, train.batch_info.num_real, evals.batch_info.num_real) == (True, 18, 5)

@@ -72,7 +72,7 @@ def test_a_world_of_one_stops_at_a_step_boundary_not_in_an_eval_loop(tmp_path, m
                 px.backward(model(x).sum())
                 opt.step()
                 opt.zero_grad()
-            for i, (x,) in enumerate(evaluation):  # after step 4: the signal arrives in its 2nd batch
+            for i, (_x,) in enumerate(evaluation):  # after step 4: the signal arrives in its 2nd batch
                 if i == 1 and px.global_step == 4:
                     os.kill(os.getpid(), signal.SIGUSR1)
                     time.sleep(1.0)

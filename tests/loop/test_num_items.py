@@ -36,7 +36,7 @@ def runs() -> dict:
 def _close_state(actual: dict, expected: dict, rtol: float, atol: float) -> None:
     assert actual.keys() == expected.keys()
     for key, value in expected.items():
-        torch.testing.assert_close(actual[key], value, rtol=rtol, atol=atol, msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(actual[key], value, rtol=rtol, atol=atol, msg=lambda m, key=key: f"{key}: {m}")
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != "ddp_mean" and "fp16" not in c])

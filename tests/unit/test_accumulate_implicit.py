@@ -14,7 +14,7 @@ def _train(explicit: bool) -> list[torch.Tensor]:
     data = torch.randn(12, 4)
     steps = 0
     for i in range(0, 12, 2):
-        def micro_step():
+        def micro_step(i=i):
             loss = model(data[i:i + 2]).pow(2).mean()
             px.backward(loss)
             optimizer.step()

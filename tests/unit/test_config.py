@@ -105,9 +105,10 @@ def test_every_choice_is_accepted_by_every_source_and_the_same_list_is_offered()
                         values(config.from_kwargs({s.name: choice}))[s.name]}
             assert len(got) == 1, (s.name, choice, got)
         listed = f"choose one of {', '.join(choices)}"
-        sources = [lambda: config.from_flags({s.name: "bogus"}), lambda: config.from_mapping({s.name: "bogus"}, "f.yaml")]
+        sources = [lambda s=s: config.from_flags({s.name: "bogus"}),
+                   lambda s=s: config.from_mapping({s.name: "bogus"}, "f.yaml")]
         if s.env:
-            sources += [lambda: config.from_env({s.env: "bogus"}), lambda: config.from_kwargs({s.name: "bogus"})]
+            sources += [lambda s=s: config.from_env({s.env: "bogus"}), lambda s=s: config.from_kwargs({s.name: "bogus"})]
         for source in sources:
             with pytest.raises(config.ConfigError, match=listed):
                 source()

@@ -105,3 +105,89 @@ def test_no_cycles():
 
     for room in sorted(graph):
         visit(room, ())
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The phalanx modules `path` imports, anywhere in the file (inside functions and TYPE_CHECKING
+    blocks too, relative imports resolved, module names in strings included): `from a import b`
+    is an edge to the module a.b when b is one, else to a."""
+    this = _module(path)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            for alias in node.names:
+                whole = f"{module}.{alias.name}"
+                found.add(whole if whole in modules else module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and re.fullmatch(r"phalanx(\.\w+)+", node.value):  # importlib.import_module("phalanx.x.y")
+            found.add(node.value)
+    return (found & modules) - {this}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for other in edges:
+                if other not in index:
+                    index[other] = low[other] = len(index)
+                    stack.append(other)
+                    on_stack.add(other)
+                    work.append((other, iter(sorted(graph[other]))))
+                    break
+                if other in on_stack:
+                    low[node] = min(low[node], index[other])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_between_modules():
+    """Inside a room too: no module imports, even lazily in a function, a module that imports it back.
+    (A package's __init__ counts as the module named by the package.) Break a cycle by moving the shared
+    piece into one of them or into a small module of its own, or by passing it in."""
+    paths = sorted(SRC.rglob("*.py"))
+    modules = {_module(path) for path in paths}
+    graph = {_module(path): _module_imports(path, modules) for path in paths}
+    cycles = [" | ".join(f"{a} -> {b}" for a in component for b in sorted(graph[a]) if b in component)
+              for component in _cycles(graph)]
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_cycle_finder_sees_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

@@ -10,6 +10,7 @@ from phalanx import config
 from phalanx.config.names import Needs
 from phalanx.launch import run_command
 from phalanx.strategies import presets, settings_check, tensor_parallel
+from tests.plan_reference import intended_plan
 from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
 
 
@@ -93,7 +94,7 @@ def test_every_setting_x_preset_is_applied_refused_or_warned_never_ignored(name,
         return  # dp with tp or pp is no layout at all (refused above)
     resolved = config.resolve(config.from_kwargs({"strategy": preset, "tp": tp, "pp": pp, name: ASKING[name]}))
     world = 1 if preset == "dp" else 4
-    plan = settings_check.intended_plan(resolved, world, 2 if preset == "hsdp" else world)
+    plan = intended_plan(resolved, world, 2 if preset == "hsdp" else world)
     need = config.BY_NAME[name].needs
     if plan is None:  # auto: undecided; what it may choose is checked once it has chosen
         met = (need is not Needs.TENSOR_PARALLEL or tp > 1) and (need is not Needs.PIPELINE or pp > 1) \
@@ -118,7 +119,7 @@ def test_ddp_options_under_hsdp_are_refused_not_silently_ignored():
     resolved = config.resolve(config.from_kwargs({"strategy": "hsdp", "find_unused_parameters": True}))
     with pytest.raises(config.ConfigError, match=r"find_unused_parameters=True \(from Phalanx\(\)\): DistributedDataParallel "
                                                  r"options, but strategy 'hsdp' uses FSDP2, which has no DDP"):
-        settings_check.check(resolved, settings_check.intended_plan(resolved, 4, 2))
+        settings_check.check(resolved, intended_plan(resolved, 4, 2))
     with pytest.raises(ValueError, match="strategy 'hsdp' uses FSDP2"):
         from phalanx import Phalanx
 
@@ -129,7 +130,7 @@ def test_ddp_options_with_tensor_parallel_name_why():
     resolved = config.resolve(config.from_kwargs({"strategy": "ddp", "tp": 2, "comm_hook": "fp16"}))
     with pytest.raises(config.ConfigError, match=r"strategy 'ddp' with tp=2 uses FSDP2 \(tensor parallel composes with "
                                                  r"FSDP2\), which has no DDP\. HINT: use strategy ddp or zero1 with tp=1"):
-        settings_check.check(resolved, settings_check.intended_plan(resolved, 4, 4))
+        settings_check.check(resolved, intended_plan(resolved, 4, 4))
 
 
 def test_tp_plan_reads_from_every_source():
@@ -149,7 +150,7 @@ def test_tp_plan_with_tp_1_is_refused_not_ignored():
     resolved = config.resolve(config.from_kwargs({"strategy": "ddp", "tp_plan": {"layers.*.q": "colwise"}}))
     with pytest.raises(config.ConfigError, match=r"tp_plan=\{'layers.\*.q': 'colwise'\} \(from Phalanx\(\)\): a "
                                                  r"tensor-parallel setting, but tp is 1\. HINT: set tp > 1"):
-        settings_check.check(resolved, settings_check.intended_plan(resolved, 1, 1))
+        settings_check.check(resolved, intended_plan(resolved, 1, 1))
 
 
 class Net(nn.Module):

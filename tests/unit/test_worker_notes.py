@@ -73,9 +73,9 @@ def test_model_module_in_a_world_of_one_names_what_to_use(monkeypatch):
     assert not hasattr(model, "module")  # `getattr(model, "module", model)` and transformers' unwrap still work
     with pytest.raises(AttributeError, match=r"model.module: under .* its state_dict\(\) is the whole model.*"
                                              r"px.get_state_dict\(model\).*px.unwrap_model\(model\)"):
-        model.module
+        model.module  # noqa: B018 (the attribute access is what raises)
     with pytest.raises(AttributeError, match="no attribute 'other'"):
-        model.other
+        model.other  # noqa: B018 (the attribute access is what raises)
     assert px.unwrap_model(model) is model and isinstance(model, torch.nn.Linear)
     assert list(px.get_state_dict(model)) == ["weight", "bias"]
     copied = copy.deepcopy(model)  # copied (and pickled) as the class it had

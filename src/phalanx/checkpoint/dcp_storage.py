@@ -3,16 +3,13 @@ for a URL. torch keeps its fsspec classes in a private module (`_fsspec_filesyst
 one place that imports it."""
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
-import posixpath
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from torch.distributed.checkpoint import FileSystemWriter
 
 from phalanx.checkpoint import writer_process
+from phalanx.checkpoint.hashing_fs import hashing
 from phalanx.checkpoint.manifest import FileEntry
 from phalanx.checkpoint.object_path import ObjectPath
 from phalanx.checkpoint.safe_io import SafeFileSystemReader, SafeMetadataMixin
@@ -51,40 +48,3 @@ def reader(path: Path | ObjectPath) -> Any:
 
         return SafeFsspecReader(str(path))
     return SafeFileSystemReader(path)
-
-
-class _HashingStream:
-    """A write stream that hashes what passes through it (DCP writes its files front to back)."""
-
-    def __init__(self, raw: Any):
-        self._raw, self._digest, self.size = raw, hashlib.sha256(), 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self._digest.update(view)
-        self.size += view.nbytes
-        return self._raw.write(data)
-
-    def entry(self) -> FileEntry:
-        return FileEntry(size=self.size, sha256=self._digest.hexdigest())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)
-
-
-def hashing(fs: Any, written: dict[str, FileEntry]) -> Any:
-    """DCP's fsspec FileSystem `fs`, recording each written file's FileEntry in `written` by name."""
-    plain_create_stream = fs.create_stream
-
-    @contextlib.contextmanager
-    def create_stream(path: str | os.PathLike, mode: str) -> Iterator[Any]:
-        with plain_create_stream(path, mode) as stream:
-            if "w" not in mode:
-                yield stream
-                return
-            hashing = _HashingStream(stream)
-            yield hashing
-        written[posixpath.basename(os.fspath(path))] = hashing.entry()
-
-    fs.create_stream = create_stream
-    return fs

@@ -35,10 +35,6 @@ def location(where: str | Any) -> "Path | ObjectPath":
     return Path(text[len("file://"):] if text.startswith("file://") else text)
 
 
-def is_object_path(path: Any) -> bool:
-    return isinstance(path, ObjectPath)
-
-
 def _filesystem(protocol: str) -> Any:
     """The fsspec filesystem for `protocol`, one per process: s3fs's is not fork-safe, and a launcher
     that probed the store forks its workers."""

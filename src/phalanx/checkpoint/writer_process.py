@@ -303,7 +303,7 @@ class _Resolved:
 
 
 def _write(request: dict, fds: list[int], watch: polite_writes.LoopWatch) -> tuple[list, dict]:
-    from phalanx.checkpoint.dcp_storage import hashing
+    from phalanx.checkpoint.hashing_fs import hashing
 
     storage = _map(fds[0], request["arena_size"])
     items = {}

@@ -18,10 +18,10 @@ from typing import Sequence
 @functools.lru_cache(maxsize=1)
 def launcher_flags() -> frozenset[str]:
     """Every `--flag` of `phalanx run` (both spellings)."""
-    from phalanx.launch import run_command
+    from phalanx.launch import run_flags
 
     parser = argparse.ArgumentParser()
-    run_command.configure(parser)
+    run_flags.configure(parser)
     return frozenset(flag for flag in parser._option_string_actions if flag.startswith("--"))
 
 

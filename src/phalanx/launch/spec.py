@@ -14,12 +14,10 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from phalanx.launch.launch_error import LaunchError  # noqa: F401 (its public home: phalanx.launch.spec.LaunchError)
+
 if TYPE_CHECKING:
     from phalanx.launch.torchrun_flags import AgentOptions
-
-
-class LaunchError(ValueError):
-    """A user error in the `phalanx run` command line; the message says how to fix it."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ import shutil
 import signal
 from typing import Any, Callable, Mapping
 
-from phalanx.launch.spec import LaunchError
+from phalanx.launch.launch_error import LaunchError
 
 PET_PREFIX = "PET_"
 _STD_VALUE = re.compile(r"^[0123]$")  # torch's elastic Std: 0 none, 1 stdout, 2 stderr, 3 both

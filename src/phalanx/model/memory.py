@@ -143,18 +143,6 @@ def zero1_gather_buffer_bytes(sizes: list[ParamSize], world_size: int) -> int:
     return sum(padded_numel(s) * s.element_size for s in sizes) * world_size
 
 
-def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
-    """Which rank holds each whole parameter's optimizer state under torch's
-    ZeroRedundancyOptimizer (greedy, largest first; zero1 itself splits every parameter)."""
-    load = [0] * world_size
-    owner = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: sizes[i].numel, reverse=True):
-        rank = load.index(min(load))
-        owner[i] = rank
-        load[rank] += sizes[i].numel
-    return owner
-
-
 def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
          hsdp_shard_size: int | None = None, runtime: int = 0) -> dict[str, list[RankBytes]]:
     """Per strategy, per rank: the model-state bytes that rank will hold. With `hsdp_shard_size`

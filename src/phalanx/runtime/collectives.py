@@ -5,28 +5,17 @@ Every function is a no-op identity in a world of one, so scripts run unchanged w
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from phalanx.runtime.debug import check_collective
+from phalanx.runtime.nested import map_tensors
+
 REDUCTIONS = ("mean", "sum", "max", "min")
 # all_gather_into_tensor's new name (torch >= 2.13 warns on the old one; older torch lacks the new).
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-T = TypeVar("T")
-
-
-def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
-    """Apply `fn` to every tensor in a nested structure, keeping the structure."""
-    if isinstance(data, torch.Tensor):
-        return fn(data)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(map_tensors(fn, v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(map_tensors(fn, v) for v in data)
-    if isinstance(data, dict):
-        return type(data)({k: map_tensors(fn, v) for k, v in data.items()})
-    return data
 
 
 def move_to_device(data: Any, device: torch.device) -> Any:
@@ -51,8 +40,6 @@ def rank() -> int:
 
 def _check(op: str, data: Any, ragged_dim0: bool = False) -> None:
     """Debug mode: every rank must be about to run the same collective on matching tensors."""
-    from phalanx.runtime.debug import check_collective  # lazy: debug builds on this module
-
     check_collective(op, data, ragged_dim0)
 
 
@@ -195,19 +182,3 @@ def barrier(debug: bool = False, group: Any = None) -> None:
     if debug:
         _check("barrier", None)
     dist.barrier(group=group)
-
-
-def on_main(fn: Callable[[], T], group: Any = None) -> T:
-    """Run `fn` on rank 0 and share its result; if it raises, every rank raises (no rank hangs)."""
-    result, error = None, None
-    if rank() == 0:
-        try:
-            result = fn()
-        except Exception as exc:  # re-raised below on rank 0, reported to the other ranks
-            error = exc
-    shared_error = broadcast_object(None if error is None else f"{type(error).__name__}: {error}", group=group)
-    if error is not None:
-        raise error
-    if shared_error is not None:
-        raise RuntimeError(f"rank 0 failed while handling the checkpoint: {shared_error}")
-    return broadcast_object(result, group=group)

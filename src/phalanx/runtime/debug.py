@@ -11,8 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from phalanx.runtime.collectives import map_tensors
-
+from phalanx.runtime.nested import map_tensors
 
 
 def describe(data: Any) -> list[tuple[tuple[int, ...], str]]:

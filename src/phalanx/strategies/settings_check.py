@@ -60,13 +60,6 @@ def checked_plan(resolved: Resolved, plan: ParallelPlan, *, decided: bool = Fals
     return _build(name, resolved, 2 * cfg.tp * cfg.pp * cfg.cp, 2 * cfg.tp * cfg.pp * cfg.cp)
 
 
-def intended_plan(resolved: Resolved, world_size: int, local_world_size: int,
-                  strategy: str | None = None, **hybrid: Any) -> ParallelPlan | None:
-    """`checked_plan` of the plan the settings describe on `world_size` processes."""
-    name = presets.canonical(strategy or resolved.config.strategy)
-    return checked_plan(resolved, _build(name, resolved, world_size, local_world_size, **hybrid))
-
-
 def _build(name: str, resolved: Resolved, world_size: int, local_world_size: int, **hybrid: Any) -> ParallelPlan:
     try:  # auto decides between presets of the same degrees, so either one checks them
         return presets.build(presets.AUTO_CHOOSES[0] if name == presets.AUTO else name, resolved.config,

@@ -70,10 +70,6 @@ class _Slot:
             self.full = current
             self.chunk.data = self._rows()
 
-    @property
-    def own_numel(self) -> int:
-        return self.chunk.numel()
-
     def grad_chunk(self) -> torch.Tensor | None:
         g = self.param.grad
         if g is None:

@@ -23,7 +23,7 @@ def main(out_dir):
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model, optimizer, trainloader, validloader = accelerator.prepare(model, optimizer, trainloader, validloader)
     seen = []
-    for ep in range(2):
+    for _ep in range(2):
         model.train()
         mine = []
         for x, y, ids in trainloader:
@@ -37,7 +37,7 @@ def main(out_dir):
     model.eval()
     gathered = []
     with torch.inference_mode():
-        for x, y, ids in validloader:
+        for _x, _y, ids in validloader:
             gathered += accelerator.gather_for_metrics(ids).tolist()
     accelerator.print(f"num_processes {accelerator.num_processes}")
     report(out_dir, "accelerate_seed", int(os.environ["RANK"]), seen=seen, gathered=gathered,

@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from phalanx.strategies.context import comm, masks, routing
+from phalanx.strategies.context import comm, masks, sdpa_pause
 from phalanx.strategies.context.layout import SequenceLayout, active_layout
 
 
@@ -81,7 +81,7 @@ def _attend_whole(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_of: di
                   softcap: float | None) -> torch.Tensor:
     """Attention over whole sequences in natural order: SDPA's is_causal when the mask is only causal."""
     if softcap is None and all(mask_of[name] is None for name in ("sliding_window", "documents", "key_padding")):
-        with routing.paused():
+        with sdpa_pause.paused():
             return F.scaled_dot_product_attention(q, k, v, is_causal=mask_of["causal"], scale=scale,
                                                   enable_gqa=k.shape[1] != q.shape[1])
     positions = torch.arange(q.shape[2], device=q.device)
@@ -96,7 +96,7 @@ def attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
         k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     anything = mask.any(-1, keepdim=True)  # a row that may see nothing would be NaN: give it zeros
     if softcap is None:
-        with routing.paused():
+        with sdpa_pause.paused():
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~anything, scale=scale)
     else:
         scores = torch.tanh(q @ k.transpose(-2, -1) * (scale / softcap)) * softcap

@@ -3,22 +3,12 @@ call runs unchanged under cp, its calls sent to phalanx's attention while the mo
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-_paused: list[bool] = []  # phalanx's own attention calls SDPA: those pass through
-
-
-@contextlib.contextmanager
-def paused() -> Iterator[None]:
-    """SDPA calls inside go to torch as written (attention's own computation)."""
-    _paused.append(True)
-    try:
-        yield
-    finally:
-        _paused.pop()
+from phalanx.strategies.context import cut_attention, sdpa_pause
 
 
 class RouteAttention(TorchFunctionMode):
@@ -26,10 +16,8 @@ class RouteAttention(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention or _paused:
+        if func is not F.scaled_dot_product_attention or sdpa_pause.is_paused():
             return func(*args, **kwargs)
-        from phalanx.strategies.context.cut_attention import attention
-
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
         call = {**dict(zip(names, args)), **kwargs}
         if call.get("attn_mask") is not None:
@@ -40,8 +28,8 @@ class RouteAttention(TorchFunctionMode):
         if call.get("dropout_p", 0.0):
             raise ValueError("context parallel: attention dropout is not supported across the cut. HINT: set "
                              "dropout_p=0 (the attention dropout of the model's config) under cp")
-        return attention(call["query"], call["key"], call["value"], causal=bool(call.get("is_causal", False)),
-                         scale=call.get("scale"))
+        return cut_attention.attention(call["query"], call["key"], call["value"],
+                                       causal=bool(call.get("is_causal", False)), scale=call.get("scale"))
 
 
 def routed() -> contextlib.AbstractContextManager[Any]:

@@ -10,38 +10,42 @@ adapters, safetensors) with peft's state-dict function answering the gathered wh
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 from unittest import mock
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from phalanx.strategies.pipeline.save import check_every_rank_called
 
-
-def answer_peft_save_pretrained(model: nn.Module, pp_group: Any, layout: str) -> bool:
-    """Give a pipeline rank's PeftModel the whole model's save_pretrained; False for any other model."""
+def answer_peft_save_pretrained(model: nn.Module, pp_group: Any, layout: str,
+                                check_every_rank_called: Callable[[str], None]) -> bool:
+    """Give a pipeline rank's PeftModel the whole model's save_pretrained; False for any other model.
+    `check_every_rank_called(layout)` (save.py's, passed in: save.py imports this module) refuses a call
+    that not every rank made."""
     from peft import PeftModel
 
     if not isinstance(model, PeftModel):
         return False
-    model.save_pretrained = PeftSavePretrained(model, pp_group, layout)  # an instance attribute: the class stays
+    # an instance attribute: the class stays
+    model.save_pretrained = PeftSavePretrained(model, pp_group, layout, check_every_rank_called)
     return True
 
 
 class PeftSavePretrained:
     """`save_pretrained` of a pipeline rank's PeftModel: peft's own, answered every stage's adapters."""
 
-    def __init__(self, model: nn.Module, pp_group: Any, layout: str):
+    def __init__(self, model: nn.Module, pp_group: Any, layout: str,
+                 check_every_rank_called: Callable[[str], None]):
         self.model = model
+        self.check_every_rank_called = check_every_rank_called
         self.group = pp_group.get_group() if hasattr(pp_group, "get_group") else pp_group
         self.layout = layout
 
     def __call__(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
         from peft import PeftModel, peft_model
 
-        check_every_rank_called(self.layout)
+        self.check_every_rank_called(self.layout)
         names = kwargs.get("selected_adapters") or list(self.model.peft_config)
         embeddings = kwargs.get("save_embedding_layers", "auto")
         whole = self._gathered({name: self._stage_adapter(name, embeddings) for name in names})

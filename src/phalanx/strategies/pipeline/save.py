@@ -64,7 +64,7 @@ def answer_save_pretrained(model: nn.Module, pp_group: Any, layout: str) -> None
     if "peft" in sys.modules:  # a PeftModel can only come from an imported peft
         from phalanx.strategies.pipeline.peft_save import answer_peft_save_pretrained
 
-        if answer_peft_save_pretrained(model, pp_group, layout):
+        if answer_peft_save_pretrained(model, pp_group, layout, check_every_rank_called):
             return
     if "transformers" not in sys.modules:  # then the model is no PreTrainedModel: nothing to import
         return
