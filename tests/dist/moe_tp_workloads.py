@@ -35,7 +35,7 @@ def _norm(value: Any) -> float:
     return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
 
 
-def _loop(model: nn.Module, optimizer: Any, batches: Any, backward: Any) -> dict[str, list[float]]:
+def _loop(model: nn.Module, optimizer: Any, batches: Any, backward: Any, mean: Any) -> dict[str, list[float]]:
     losses, norms = [], []
     for (batch,) in batches:
         loss = model(input_ids=batch, labels=batch).loss
@@ -43,7 +43,7 @@ def _loop(model: nn.Module, optimizer: Any, batches: Any, backward: Any) -> dict
         norms.append(_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss))
+        losses.append(float(mean(loss.detach())))
         if len(losses) == STEPS:
             break
     return {"losses": losses, "norms": norms}
@@ -56,16 +56,18 @@ def train(family: str, **settings: Any) -> dict[str, Any]:
     start = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     try:
-        model, optimizer, loader = px.prepare(model, optimizer, DataLoader(make_data(), batch_size=BATCH))
+        loader = DataLoader(make_data(), batch_size=BATCH // px.dp_size)
+        model, optimizer, loader = px.prepare(model, optimizer, loader)
     except ValueError as error:
         return {"refused": str(error)}
-    out: dict[str, Any] = _loop(model, optimizer, loader, px.backward)
+    out: dict[str, Any] = _loop(model, optimizer, loader, px.backward, lambda loss: px.reduce(loss, "mean"))
     out["placements"] = {n: [repr(pl) for pl in p.placements] for n, p in
                          px.unwrap_model(model).named_parameters() if hasattr(p, "placements")}
     out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
     if px.rank == 0:
         ref_opt = torch.optim.AdamW(start.parameters(), lr=LR)
-        out["reference"] = _loop(start, ref_opt, DataLoader(make_data(), batch_size=BATCH), lambda loss: loss.backward())
+        whole = DataLoader(make_data(), batch_size=BATCH)
+        out["reference"] = _loop(start, ref_opt, whole, lambda loss: loss.backward(), lambda loss: loss)
         out["reference"]["state"] = {k: v.detach().clone().float() for k, v in start.state_dict().items()}
     return out
 

@@ -40,7 +40,8 @@ def test_moe_under_tp2_equals_one_process(ranks, name):
     state = ranks[0][name]["state"]
     assert state.keys() == ref["state"].keys()
     for key, value in ref["state"].items():
-        torch.testing.assert_close(state[key], value, rtol=2e-4, atol=1e-4, msg=key)  # AdamW amplifies rounding on tiny gradients
+        # AdamW's normalised steps amplify rounding on tiny gradients
+        torch.testing.assert_close(state[key], value, rtol=2e-4, atol=1e-4, msg=key)
 
 
 def test_what_tp_cannot_split_in_an_moe_is_refused_at_prepare(ranks):
