@@ -16,6 +16,8 @@ CASES = {
     "mixtral ddp tp2": {"family": "mixtral", "strategy": "ddp", "tp": 2},
     "packed_colwise on a module": {"family": "mixtral", "strategy": "ddp", "tp": 2,
                                    "tp_plan": {"model.layers.*.mlp.experts": "packed_colwise"}},
+    "moe_tp_experts with whole weights": {"family": "qwen3_moe", "strategy": "ddp", "tp": 2,
+                                          "tp_plan": {"model.layers.*.mlp.experts": "moe_tp_experts"}},
     "experts with sequence parallel": {"family": "qwen3_moe", "strategy": "ddp", "tp": 2, "sequence_parallel": True},
 }
 TRAINED = [name for name in CASES if "tp2" in name]
@@ -49,5 +51,7 @@ def test_what_tp_cannot_split_in_an_moe_is_refused_at_prepare(ranks):
         packed = rank["packed_colwise on a module"]["refused"]
         assert "'packed_colwise'" in packed and "MixtralForCausalLM" in packed and "zero3" in packed
         assert "HINT" in packed
+        whole = rank["moe_tp_experts with whole weights"]["refused"]
+        assert "'moe_tp_experts' on Qwen3MoeExperts" in whole and "gate_up_proj" in whole and "zero3" in whole
         sp = rank["experts with sequence parallel"]["refused"]
         assert "sequence_parallel" in sp and "Qwen3MoeForCausalLM" in sp and "HINT" in sp

@@ -79,6 +79,13 @@ def _local_parameters(module: nn.Module) -> Iterator[None]:
 
 def install_experts(module: nn.Module, mesh: Any) -> None:
     """`moe_tp_experts`: forward on the local parts, partial outputs summed over the tp ranks."""
+    from torch.distributed.tensor import DTensor
+
+    whole = [n for n, p in module.named_parameters(recurse=False) if not isinstance(p, DTensor)]
+    if whole:  # its output would be every rank's whole result summed: tp times too large
+        raise ValueError(f"tp_plan: 'moe_tp_experts' on {type(module).__name__}, but its parameters {whole} are not "
+                         "split by the plan. HINT: give them 'packed_colwise' / 'rowwise' entries (as transformers' "
+                         "own plan does), or use strategy='zero3' instead of tp for this model")
     group = mesh.get_group()
     whole_in, partial_out = _sum_over(group, forward=False), _sum_over(group, forward=True)
     inner = module.forward
