@@ -68,7 +68,7 @@ METRICS_DESTINATIONS: tuple[str, ...] = ("csv", "jsonl", "tensorboard", "wandb",
 # is); strategies/tensor_parallel.py maps each onto torch's ParallelStyle.
 TP_STYLES: tuple[str, ...] = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input",
                               "embedding_rowwise", "sequence_parallel", "replicate", "replicated_with_grad_allreduce",
-                              "local")
+                              "local", "packed_colwise", "moe_tp_experts")
 TP_STYLE_ALIASES: dict[str, str] = {"colwise_rep": "colwise_gather_output", "rowwise_rep": "rowwise_split_input",
                                     "local_colwise": "colwise", "local_rowwise": "rowwise"}
 

@@ -127,9 +127,14 @@ stops before the first step with the reason quoted below.
   stage, decoder layers split, norm and head on the last), also inside a peft (LoRA) wrapper; a model
   without one is cut by tracing its forward, or refused with the reason.
 - **Tensor parallel** follows the model's own plan and its styles (`colwise`, `rowwise`,
-  `colwise_gather_output`, `embedding_rowwise`, `replicate`, `replicated_with_grad_allreduce`, ...);
+  `colwise_gather_output`, `embedding_rowwise`, `replicate`, `replicated_with_grad_allreduce`,
+  `packed_colwise`, `moe_tp_experts`, ...);
   every parameter is then a DTensor on the tp mesh (`Replicate()` where the plan splits nothing), so
   torch's `clip_grad_norm_`, `clip_grad_value_` and foreach optimizers work on the prepared model.
+- **Mixture of experts under tp 2**: Qwen3-MoE (`Qwen3MoeForCausalLM`) and Mixtral
+  (`MixtralForCausalLM`), 4 experts, top 2, the router's load-balancing loss in the loss: **equal**
+  under `tp 2` (transformers' `packed_colwise`, `rowwise` and `moe_tp_experts` styles on the fused
+  3-D expert weights; tests/dist/test_moe_tp.py, transformers' own loop with `labels=`).
 
 Layouts: {", ".join(f"`{name}`" for name in LAYOUTS)} (the ones with "x" on 4 processes, the others on 2).
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from phalanx.config import names
 from phalanx.model import memory
-from phalanx.strategies import tied, tp_replicate
+from phalanx.strategies import tied, tp_experts, tp_replicate
 from phalanx.strategies.parallel_plan import ParallelPlan
 
 _NORMS = ("LayerNorm", "RMSNorm")  # class-name endings of the modules sequence parallel splits
@@ -46,7 +46,15 @@ def _transformers_plan(model: nn.Module) -> dict[str, str]:
     for pattern, style in base.items():
         plan[f"{prefix}.{pattern}" if has_base else pattern] = style
     plan.update(getattr(model, "_tp_plan", None) or {})
-    return {k: names.TP_STYLE_ALIASES.get(v, v) for k, v in plan.items()}
+    # a plan covers every variant of its family (Qwen3-MoE's dense-MLP layers): keep what this model has
+    targets = _targets(model)
+    return {k: names.TP_STYLE_ALIASES.get(v, v) for k, v in plan.items()
+            if any(_pattern(k).match(name) for name in targets)}
+
+
+def _targets(model: nn.Module) -> list[str]:
+    """What a plan may name: modules, and parameters (transformers' 3-D expert weights)."""
+    return [name for name, _ in model.named_modules() if name] + [name for name, _ in model.named_parameters()]
 
 
 def _pattern(text: str) -> re.Pattern[str]:
@@ -57,7 +65,7 @@ def _pattern(text: str) -> re.Pattern[str]:
 def match(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
     """Module name -> style for every module the plan names; ValueError for a pattern that matches
     none (a typo, or a plan for another model) or a style phalanx does not know."""
-    modules = [name for name, _ in model.named_modules() if name]
+    modules = _targets(model)
     chosen: dict[str, str] = {}
     for pattern, style in plan.items():
         if style not in names.TP_STYLES:
@@ -92,6 +100,8 @@ def _style(style: str, sequence_parallel: bool) -> Any:
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate())
     if style == "sequence_parallel":
         return SequenceParallel()
+    if style == "moe_tp_experts":
+        return "experts"  # installed by tp_experts once its parameters are split
     return tp_replicate.replicate_style(style)  # None for local: left as it is
 
 
@@ -109,7 +119,13 @@ def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequen
     chosen = dict(chosen) if chosen is not None else match(model, model_plan(model, plan))
     ties = tied.tied_groups(model)
     chosen = tied.compatible_styles(model, chosen, ties)
-    styles = {name: _style(style, sequence_parallel) for name, style in chosen.items()}
+    on_modules, on_params = tp_experts.split_entries(model, chosen)
+    if on_params and sequence_parallel:
+        raise ValueError(f"sequence_parallel with {type(model).__name__}'s expert parameters split by tp "
+                         f"({', '.join(sorted(set(on_params.values())))}): the experts take whole tokens. "
+                         "HINT: leave sequence_parallel off for this model")
+    tp_experts.apply_parameters(model, on_params, tp_mesh)
+    styles = {name: _style(style, sequence_parallel) for name, style in on_modules.items()}
     if sequence_parallel:
         split = tuple(chosen)
         for name, module in model.named_modules():
@@ -120,7 +136,9 @@ def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequen
             if isinstance(module, nn.Embedding) and name not in chosen:
                 styles[name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
     for name, style in styles.items():  # one module at a time: names are not patterns here
-        if style is not None:
+        if style == "experts":
+            tp_experts.install_experts(model.get_submodule(name), tp_mesh)
+        elif style is not None:
             parallelize_module(model.get_submodule(name), tp_mesh, style)
     tp_replicate.replicate_rest(model, tp_mesh, skip={n for n, s in chosen.items() if s == "local"})
     tied.retie(model, ties)
@@ -136,6 +154,11 @@ def shrink_to_one_rank(model: nn.Module, tp_plan: Mapping[str, str] | None, plan
     chosen = match(model, model_plan(model, tp_plan))
     modules = dict(model.named_modules())
     for name, style in chosen.items():
+        if name not in modules:  # a parameter the plan names (an MoE's 3-D expert weights)
+            owner, _, pname = name.rpartition(".")
+            param = getattr(modules[owner], pname)
+            _narrow(modules[owner], pname, param.dim() - (1 if style == "rowwise" else 2), tp)
+            continue
         module = modules[name]
         weight = getattr(module, "weight", None)
         if style in ("replicate", "replicated_with_grad_allreduce", "local", "sequence_parallel") or weight is None:

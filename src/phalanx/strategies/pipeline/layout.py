@@ -66,9 +66,9 @@ def cut(model: nn.Module, plan: ParallelPlan, options: StrategyOptions, pp_rank:
     outputs = model_plan.adapt_forward(model) if model_plan.has_plan(model) else None
     rank = cut_model(model, chain, stages, schedules.stage_indices(schedule, pp_rank, plan.pp, per_rank), views=False)
     if tp_layers is not None:
-        present = dict(model.named_modules())
-        tp_layers = {name: style for name, style in tp_layers.items()
-                     if name in present and not isinstance(present[name], PassThrough)}
+        present, params = dict(model.named_modules()), dict(model.named_parameters())
+        tp_layers = {name: style for name, style in tp_layers.items()  # params: an MoE's 3-D expert weights
+                     if (name in present and not isinstance(present[name], PassThrough)) or name in params}
     return PipelineCut(rank, stages, schedule, microbatches, order, tp_layers, tied, outputs)
 
 
