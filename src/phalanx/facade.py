@@ -330,6 +330,11 @@ class Phalanx:
         self._prepared.append(prepared)  # under Join it leaves with the last joiner's state (data/join_state.py)
         return prepared
 
+    def _training(self) -> bool:
+        """Whether the prepared models train (any in train mode; none prepared yet: assumed so)."""
+        models = [m for m in self._prepared if isinstance(m, nn.Module)]
+        return not models or any(m.training for m in models)
+
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
         per_rank = loader.batch_size  # as the script wrote it (split_batches: divided below)
@@ -339,7 +344,7 @@ class Phalanx:
             batch_records=self._batch_records, shard=shard, progress=self._step_progress,
             rank_aware_workers=self.config.worker_seeds == "per_rank",
             on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
-            split_batches=self.config.split_batches)
+            split_batches=self.config.split_batches, training=self._training)
         rank_batch = prepared.batch_size if self.config.split_batches else per_rank
         self._callbacks.notify("on_loader", prepared.batch_size if self.config.split_batches else loader.batch_size)
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets

@@ -84,7 +84,13 @@ def _train(px: Phalanx, kind: str, summed: bool) -> dict:
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)) if not summed else None)
             optimizer.step()
             losses.append(px.step_loss if summed else None)
-    return {"norms": norms, "losses": losses, "weights": [p.detach().clone() for p in px.unwrap_model(model).parameters()]}
+    model.eval()  # an eval pass: every rank's batches keep one shape (a script's own all_gather), repeats dropped by
+    shapes, gathered = [], 0  # gather_for_metrics
+    for x, _ in loader:
+        shapes.append(int(x.shape[0]))
+        gathered += int(px.gather_for_metrics(x).shape[0])
+    return {"norms": norms, "losses": losses, "eval_shapes": shapes, "eval_gathered": gathered,
+            "weights": [p.detach().clone() for p in px.unwrap_model(model).parameters()]}
 
 
 def _presplit(px: Phalanx, shards: list[str], strategy: str, cache: str) -> dict:

@@ -43,6 +43,9 @@ def test_the_short_last_batch_trains_as_one_process(ranks, kind, loss):
                                    atol=1e-6)
         for mine, theirs in zip(got["weights"], reference["weights"]):
             torch.testing.assert_close(mine, theirs, rtol=2e-4, atol=1e-6)
+    if kind == "map":  # evaluation (model.eval()) keeps the padding: equal shapes on every rank, each item once
+        assert ranks[0][f"{kind}-{loss}"]["eval_shapes"] == ranks[1][f"{kind}-{loss}"]["eval_shapes"]
+        assert [rank[f"{kind}-{loss}"]["eval_gathered"] for rank in ranks] == [19, 19]  # the map dataset's items
 
 
 @pytest.mark.timeout(360)
