@@ -75,6 +75,15 @@ def replace_module(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
         parent.register_module(name, new)
 
 
+WRAPPED = "_checkpoint_wrapped_module."  # torch's checkpoint_wrapper holds the module under this name
+
+
+def plain_name(name: str) -> str:
+    """A parameter's name as the model had it before its blocks were wrapped for checkpointing
+    (the wrapper's state_dict hooks drop the same segment)."""
+    return name.replace(WRAPPED, "")
+
+
 def apply(model: nn.Module, spec: CheckpointSpec, units: list[nn.Module]) -> list[nn.Module]:
     """Wrap the chosen modules in non-reentrant checkpoint wrappers; return `units` with each
     wrapped unit replaced by its wrapper (the wrapper is what gets compiled and sharded)."""

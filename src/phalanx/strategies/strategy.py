@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from phalanx.loop.precision import Precision
-from phalanx.model import sync_batchnorm
+from phalanx.model import activation_ckpt, sync_batchnorm
 from phalanx.runtime.context import DistContext
 from phalanx.logging.rank_log import get_logger
 from phalanx.strategies import fsdp, grad_norm, optimizer_kinds, whole_tensor_step
@@ -72,7 +72,9 @@ class ParallelStrategy:
         done = parallelize(model, self.layout, options=self.options, precision=self.precision,
                            device=self.ctx.device, backend=self.ctx.backend)
         self.wrapper = done.wrapper
-        after = dict(self.unwrap(done.model).named_parameters(remove_duplicate=False))
+        # by the names the model had: checkpointed blocks sit inside wrappers after it
+        after = {activation_ckpt.plain_name(name): p
+                 for name, p in self.unwrap(done.model).named_parameters(remove_duplicate=False)}
         self._prepared_params.update(id(p) for p in after.values())
         for name, old in before:
             if after.get(name) is not None and after[name] is not old:
