@@ -331,9 +331,9 @@ class Phalanx:
         return prepared
 
     def _training(self) -> bool:
-        """Whether the prepared models train (any in train mode; none prepared yet: assumed so)."""
-        models = [m for m in self._prepared if isinstance(m, nn.Module)]
-        return not models or any(m.training for m in models)
+        """Whether a prepared model trains (one in train mode). No prepared model (a loader read on its
+        own, an evaluation with a model of the script's): not, so batches keep DistributedSampler's shapes."""
+        return any(m.training for m in self._prepared if isinstance(m, nn.Module))
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
