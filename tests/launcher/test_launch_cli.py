@@ -84,11 +84,13 @@ def test_same_env_keys_as_torchrun(default_run, out_dir):
     assert result.returncode == 0, result.stderr
     torchrun = read_records(out_dir)
     def without_phalanx_settings(keys):  # the phalanx run above exported its own PHALANX_* flags, and
-        # what `accelerate launch` would set for an Accelerate script (launch/framework_env.py)
-        return {k for k in keys if not k.startswith(("PHALANX_", "ACCELERATE_"))}
+        # what `accelerate launch` and `fabric run` would set for their scripts (launch/framework_env.py)
+        return {k for k in keys if not k.startswith(("PHALANX_", "ACCELERATE_", "LT_"))}
 
     assert {k: v for k, v in records[1]["env"].items() if k.startswith("ACCELERATE_")} == {  # as accelerate launch
         "ACCELERATE_USE_CPU": "true", "ACCELERATE_MIXED_PRECISION": "bf16"}
+    assert {k for k in records[1]["env_keys"] if k.startswith("LT_")} == {  # as fabric run
+        "LT_CLI_USED", "LT_ACCELERATOR", "LT_DEVICES", "LT_NUM_NODES", "LT_PRECISION"}
 
     assert without_phalanx_settings(records[1]["env_keys"]) == without_phalanx_settings(torchrun[1]["env_keys"])
     for rank in (0, 1):

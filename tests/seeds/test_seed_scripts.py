@@ -130,7 +130,8 @@ def test_a_script_that_joins_no_process_group_is_reported_as_separate_worlds_of_
     assert warnings_of(output) == [
         "phalanx run: warning: ranks 0, 1 never joined a process group of 2: they ran as 2 separate worlds of one "
         "(each read all the data and acted as the main process). HINT: create Phalanx() in the script (or call "
-        "torch.distributed.init_process_group); Accelerate and HF Trainer scripts join by themselves under phalanx run"]
+        "torch.distributed.init_process_group); Accelerate, HF Trainer and Lightning Fabric scripts join by themselves "
+        "under phalanx run"]
 
 
 def test_an_accelerate_script_without_cpu_true_joins_one_world_with_the_precision_asked(tmp_path):
