@@ -139,7 +139,7 @@ def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
                 joinables.append(o)
         if joinables:  # every rank leaves with the last joiner's optimizer, schedule and gradients
             plain = [o for o in map(_unwrap, optimizers) if not isinstance(o, Joinable)]  # zero1's keeps in step
-            bound = {id(s): _innermost(getattr(s, "scheduler", s)) for s in prepared}
+            bound = {id(s): _stepped_optimizer(getattr(s, "scheduler", s)) for s in prepared}
             _refuse_schedules_of_joinable_optimizers([bound[id(s)] for s in prepared], layout)
             schedulers = [s for s in prepared if bound[id(s)] in plain]
             models = [m for m in objects if isinstance(m, nn.Module)]
@@ -163,7 +163,7 @@ def _refuse_schedules_of_joinable_optimizers(scheduled: Sequence[Any], layout: s
             "drop px.uneven_inputs")
 
 
-def _innermost(scheduler: Any) -> Any:
+def _stepped_optimizer(scheduler: Any) -> Any:
     """The optimizer a (prepared) LR scheduler steps, unwrapped; None for anything else."""
     optimizer = getattr(scheduler, "optimizer", None)
     return _unwrap(optimizer) if isinstance(optimizer, Optimizer) else None
