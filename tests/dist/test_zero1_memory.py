@@ -10,6 +10,7 @@ from phalanx.model import memory
 from tests.dist import strategy_workloads as w
 from tests.dist import zero1_workloads
 from tests.dist.harness import run_ranks
+from tests.plan_reference import by_preset
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -49,7 +50,7 @@ def test_chunks_are_views_of_the_parameters_and_buckets_hold_nothing_between_ste
 
 def test_the_persistent_buffer_is_counted_by_memory_report_and_the_plan(runs):
     model = w.make_model()
-    planned = memory.plan(memory.model_sizes(model), 2)
+    planned = by_preset(memory.model_sizes(model), 2)
     for rank, (gathered, _) in enumerate(runs):
         held = gathered["persistent held"]
         assert held["chunks_share_params"]

@@ -14,6 +14,8 @@ import pytest
 from phalanx.plan import activations
 from phalanx.plan import command as plan_command
 from phalanx.model import memory
+from phalanx.strategies import presets
+from tests.plan_reference import by_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,11 +49,11 @@ def test_estimate_with_checkpointing_is_within_10_percent_of_resident_memory():
 
 def test_hsdp_shards_within_a_node_and_replicates_across():
     sizes = [memory.ParamSize("w", (8, 4), 4)]
-    table = memory.plan(sizes, world_size=4, hsdp_shard_size=2)
+    table = by_preset(sizes, world_size=4, local_world_size=2)
     assert [r.params for r in table["hsdp"]] == [16 * 4] * 4  # half of 32 elements on each rank
     assert [r.params for r in table["zero3"]] == [8 * 4] * 4  # a quarter
-    with pytest.raises(ValueError, match="hsdp shard size 3 does not divide world size 4"):
-        memory.plan(sizes, world_size=4, hsdp_shard_size=3)
+    with pytest.raises(ValueError, match="does not cover the 4 data-parallel ranks"):  # the plan refuses it
+        presets.build("hsdp", presets.asking(), world_size=4, local_world_size=4, shard_size=3)
 
 
 def test_plan_command_prints_hsdp_and_activations_with_checkpointing(capsys):

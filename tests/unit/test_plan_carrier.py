@@ -16,9 +16,6 @@ ARITHMETIC = {
     "data/rank_sampler.py:describe": "the sampler's own data-parallel size, in its message",
     "data/split_batches.py:per_rank_batch_size": "global batch / the data-parallel ranks",
     "data/split_batches.py:not_dividing_message": "the message of the same division",
-    "model/memory.py:recommend": "bytes / tp for auto's budget test (auto.decide passes plan.tp)",
-    "model/memory.py:zero3_peak": "a gathered unit / tp (auto.decide passes plan.tp)",
-    "model/memory.py:tp_that_fits": "tries larger tp degrees than the plan's, to suggest one",
     # pipeline arithmetic in one variable, the number of pipeline ranks: used before any plan exists
     # (the pp settings' checks, `phalanx plan`, the bench) and by the runner, which passes plan.pp
     "strategies/pipeline/arithmetic.py:bubble_fraction": "a schedule's bubble over pp ranks",

@@ -1,13 +1,12 @@
-"""`phalanx plan`'s rows are ParallelPlans the presets build, and each row's bytes per rank follow
-from its plan's sharding: the same figures as the per-strategy memory table (model/memory.py)."""
+"""`phalanx plan`'s rows are ParallelPlans the presets build over the degrees asked; each row's bytes
+per rank come from the one memory model keyed by plan (strategies/memory_plan.py)."""
 from __future__ import annotations
 
 import pytest
 
-from phalanx.model import memory
 from phalanx.model.memory import ParamSize
 from phalanx.plan import sharding
-from phalanx.strategies import presets
+from phalanx.strategies import memory_plan, presets
 from phalanx.strategies.parallel_plan import ParallelPlan
 
 SIZES = [ParamSize("embed", (10, 3), 4), ParamSize("bias", (7,), 4), ParamSize("scale", (), 4),
@@ -16,11 +15,20 @@ SIZES = [ParamSize("embed", (10, 3), 4), ParamSize("bias", (7,), 4), ParamSize("
 
 @pytest.mark.parametrize("world, local, tp, pp", [(4, 4, 1, 1), (8, 4, 1, 1), (8, 4, 2, 1), (8, 8, 1, 2),
                                                   (2, 2, 2, 1)])
-@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
-def test_rows_are_plans_whose_bytes_equal_the_memory_table(world, local, tp, pp, optimizer):
+def test_rows_are_plans_of_the_asked_degrees(world, local, tp, pp):
     rows = sharding.layouts(presets.asking(tp=tp, pp=pp), world_size=world, local_world_size=local)
-    assert all(isinstance(plan, ParallelPlan) and plan.degrees()["tp"] == tp and plan.pp == pp for plan in rows.values())
-    dp = world // (tp * pp)
-    table = memory.plan(SIZES, dp, optimizer, hsdp_shard_size=rows["hsdp"].dp_shard)
-    assert sharding.table(SIZES, rows, optimizer) == table
+    assert all(isinstance(plan, ParallelPlan) and plan.tp == tp and plan.pp == pp for plan in rows.values())
     assert rows["zero3-offload"].cpu_offload and rows["zero1-persistent"] is rows["zero1"]
+    table = sharding.table(SIZES, rows)
+    assert table["zero1-persistent"][0].buffers > 0 == table["zero1"][0].buffers
+    assert table["hsdp"] == memory_plan.rank_bytes(SIZES, rows["hsdp"])
+
+
+def test_cp_ranks_shard_model_state_as_data_parallel_ranks_do():
+    # FSDP2 shards over dp_shard x cp, zero1 over the gradient group (data-parallel x cp)
+    cp2 = presets.build("zero3", presets.asking(cp=2), world_size=4, local_world_size=4)
+    dp4 = presets.build("zero3", presets.asking(), world_size=4, local_world_size=4)
+    assert memory_plan.rank_bytes(SIZES, cp2) == memory_plan.rank_bytes(SIZES, dp4)
+    z1cp = presets.build("zero1", presets.asking(cp=2), world_size=4, local_world_size=4)
+    z1 = presets.build("zero1", presets.asking(), world_size=4, local_world_size=4)
+    assert memory_plan.rank_bytes(SIZES, z1cp) == memory_plan.rank_bytes(SIZES, z1)

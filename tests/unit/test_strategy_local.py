@@ -14,12 +14,13 @@ from phalanx.plan import command as plan_command
 from phalanx.model import memory
 from phalanx.loop.accumulation import Accumulator, PreparedOptimizer
 from phalanx.loop.precision import Precision
-from tests.plan_reference import zero1_owners
+from phalanx.strategies import memory_plan, presets
+from tests.plan_reference import by_preset, zero1_owners
 
 
 def test_zero3_chunks_follow_torch_chunk_and_zero1_splits_every_parameter():
     sizes = [memory.ParamSize("emb", (10, 4), 4), memory.ParamSize("w", (3, 4), 4), memory.ParamSize("b", (3,), 4)]
-    table = memory.plan(sizes, world_size=2, optimizer="adamw")
+    table = by_preset(sizes, world_size=2, optimizer="adamw")
     assert [r.params for r in table["zero3"]] == [(5 * 4 + 2 * 4 + 2) * 4, (5 * 4 + 1 * 4 + 1) * 4]
     assert [r.optimizer for r in table["zero3"]] == [2 * 30 * 4 + 12, 2 * 25 * 4 + 12]
     # zero1: every parameter's state split by dim-0 chunks like zero3's, a `step` per parameter on each rank
@@ -33,9 +34,10 @@ def test_zero3_chunks_follow_torch_chunk_and_zero1_splits_every_parameter():
 
 def test_recommend_and_parse_bytes():
     sizes = [memory.ParamSize("w", (1000, 1000), 4)]  # ddp state: 4 x 4 MB + steps
-    assert memory.recommend(sizes, 2, memory.parse_bytes("1GB"))[0] == "ddp"
-    assert memory.recommend(sizes, 2, memory.parse_bytes("8MiB"))[0] == "zero3"
-    assert memory.recommend(sizes, 1, 0)[0] == "single"
+    two, one = (presets.build("ddp", presets.asking(), world_size=n, local_world_size=n) for n in (2, 1))
+    assert memory_plan.recommend(sizes, two, memory.parse_bytes("1GB"))[0] == "ddp"
+    assert memory_plan.recommend(sizes, two, memory.parse_bytes("8MiB"))[0] == "zero3"
+    assert memory_plan.recommend(sizes, one, 0)[0] == "single"
     assert memory.parse_bytes("1.5 KiB") == 1536
     with pytest.raises(ValueError, match="HINT: write e.g. 8GB"):
         memory.parse_bytes("lots")

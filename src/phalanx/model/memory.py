@@ -1,12 +1,13 @@
-"""Model-state memory per rank: what each strategy will hold (the plan) and what a rank holds
-(the measurement), in bytes of parameters, gradients and optimizer state.
+"""Model-state memory: the bytes of one parameter as a rank holds it (whole, its dim-0 chunk, its
+optimizer state, zero1's gather buffer) and what a real rank holds (the measurement, px.memory_report),
+in bytes of parameters, gradients and optimizer state.
 
-The plan follows each strategy's placement rules: ddp replicates everything; zero1 keeps full
-parameters and gradients and splits every parameter's optimizer state along dim 0 over the ranks
-(strategies/sharded_optimizer.py), with `zero1_gather persistent` also a gather buffer of the whole
-model kept between steps (`buffers`); zero2/zero3 split every parameter along dim 0 into
-`world_size` chunks (as FSDP2 does). Activations and transient communication buffers are not
-counted here.
+The per-rank model laid over a layout, keyed by the parallel plan, is strategies/memory_plan.py:
+ddp replicates everything; zero1 keeps full parameters and gradients and splits every parameter's
+optimizer state along dim 0 over the ranks (strategies/sharded_optimizer.py), with `zero1_gather
+persistent` also a gather buffer of the whole model kept between steps (`buffers`); zero2/zero3 split
+every parameter along dim 0 into chunks (as FSDP2 does). Activations and transient communication
+buffers are not counted here.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from phalanx.config import kinds, names
+from phalanx.config import kinds
 
 # Optimizer state tensors per parameter, each the parameter's size, plus a scalar `step` tensor.
 OPTIMIZER_STATES: dict[str, tuple[int, bool]] = {
@@ -26,10 +27,6 @@ OPTIMIZER_STATES: dict[str, tuple[int, bool]] = {
     "adagrad": (1, True), "rmsprop": (1, True),
 }
 STEP_BYTES = 4  # AdamW's `step` is a float32 scalar tensor per parameter on CPU
-# the table's rows: the presets of each ZeRO stage (config/names.py), zero1's persistent gather, zero3 offloaded
-_DDP, _ZERO1, _ZERO2, _ZERO3 = (names.BY_STAGE[stage] for stage in range(4))
-_HYBRID = next(name for name, preset in names.PRESETS.items() if preset.hybrid)
-STRATEGIES = (_DDP, _ZERO1, f"{_ZERO1}-persistent", _ZERO2, _ZERO3, f"{_ZERO3}-offload")
 DEFAULT_BUDGET_FRACTION = 0.6  # of device memory; the rest is left for activations and buffers
 CPU_RUNTIME_BYTES = 2 * 2**20
 """The anonymous memory (heap) a CPU process holds after its first training steps beyond its model
@@ -143,86 +140,11 @@ def zero1_gather_buffer_bytes(sizes: list[ParamSize], world_size: int) -> int:
     return sum(padded_numel(s) * s.element_size for s in sizes) * world_size
 
 
-def plan(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
-         hsdp_shard_size: int | None = None, runtime: int = 0) -> dict[str, list[RankBytes]]:
-    """Per strategy, per rank: the model-state bytes that rank will hold. With `hsdp_shard_size`
-    (ranks per shard group, by default the processes of a node) hsdp too: zero3 within a group.
-    `runtime`: the process's own bytes (runtime_bytes), counted in every row's total."""
-    full = RankBytes(params=sum(s.nbytes for s in sizes), grads=sum(s.grad_nbytes for s in sizes),
-                     optimizer=sum(_optimizer_bytes(s, s.numel, optimizer) for s in sizes))
-    out: dict[str, list[RankBytes]] = {_DDP: [RankBytes(full.params, full.grads, full.optimizer)
-                                             for _ in range(world_size)]}
-    out[_ZERO1] = [RankBytes(full.params, full.grads,
-                              sum(zero1_optimizer_bytes(s, world_size, r, optimizer) for s in sizes))
-                    for r in range(world_size)]
-    gather = zero1_gather_buffer_bytes(sizes, world_size)
-    out[f"{_ZERO1}-persistent"] = [RankBytes(b.params, b.grads, b.optimizer, buffers=gather) for b in out[_ZERO1]]
-    sharded = [sharded_bytes(sizes, world_size, r, optimizer) for r in range(world_size)]
-    out[_ZERO2] = sharded
-    out[_ZERO3] = [RankBytes(b.params, b.grads, b.optimizer) for b in sharded]
-    out[f"{_ZERO3}-offload"] = [RankBytes(host=b.total) for b in sharded]
-    if hsdp_shard_size is not None:
-        if hsdp_shard_size < 1 or world_size % hsdp_shard_size:
-            raise ValueError(f"hsdp shard size {hsdp_shard_size} does not divide world size {world_size}")
-        out[_HYBRID] = [sharded_bytes(sizes, hsdp_shard_size, r % hsdp_shard_size, optimizer)
-                       for r in range(world_size)]
-    for rows in out.values():
-        for b in rows:
-            b.runtime = runtime
-    return out
-
-
 def sharded_bytes(sizes: list[ParamSize], group_size: int, rank: int, optimizer: str = "adamw") -> RankBytes:
     """Rank `rank`'s dim-0 shards over `group_size` ranks: parameters, gradients and optimizer state."""
     numels = [(s, _dim0_chunk(s.shape, group_size, rank)) for s in sizes]
     shard = sum(n * s.element_size for s, n in numels)
     return RankBytes(shard, shard, sum(_optimizer_bytes(s, n, optimizer) for s, n in numels))
-
-
-def recommend(sizes: list[ParamSize], world_size: int, budget_bytes: int, mixed_precision: str = "no",
-              optimizer: str = "adamw", tp: int = 1) -> tuple[str, str]:
-    """What `auto` picks over `world_size` data-parallel ranks, and why: ddp when its per-rank state
-    fits the budget, else zero3. With tensor parallel (`tp` > 1) the state is taken as split evenly
-    over the tp ranks (an estimate: layers the tp plan leaves whole are not split)."""
-    if world_size * tp <= 1:
-        return names.SINGLE, "world_size is 1: nothing to distribute"
-    replicas, shards = names.AUTO_CHOOSES
-    need = plan(sizes, max(world_size, 1), optimizer)[replicas][0].total // tp
-    with_tp = f" (state split over tp={tp})" if tp > 1 else ""
-    if need <= budget_bytes:
-        return replicas, (f"{replicas} needs {format_bytes(need)} per rank{with_tp}, within the "
-                          f"{format_bytes(budget_bytes)} budget")
-    return shards, (f"{replicas} would need {format_bytes(need)} per rank{with_tp}, over the {format_bytes(budget_bytes)} "
-                    f"budget: sharding with {shards}")
-
-
-def zero3_peak(sizes: list[ParamSize], world_size: int, largest_unit_bytes: int, optimizer: str = "adamw",
-               tp: int = 1) -> tuple[int, int]:
-    """(model state at rest, + the largest unit's gathered parameters) per rank under zero3 over
-    `world_size` ranks in all, `tp` of them splitting each gathered unit."""
-    at_rest = max(b.total for b in plan(sizes, world_size, optimizer)[_ZERO3])
-    return at_rest, at_rest + largest_unit_bytes // tp
-
-
-def tp_that_fits(sizes: list[ParamSize], world_size: int, local_world_size: int, budget_bytes: int,
-                 largest_unit_bytes: int, optimizer: str = "adamw", tp: int = 1) -> str:
-    """When zero3 over every rank does not fit the budget: which tensor-parallel degree (within a
-    node) would, or why none can; "" when zero3 fits as it is."""
-    at_rest, peak = zero3_peak(sizes, world_size, largest_unit_bytes, optimizer, tp)
-    if peak <= budget_bytes:
-        return ""
-    if at_rest > budget_bytes:
-        return (f"even zero3 over all {world_size} ranks holds {format_bytes(at_rest)} of model state per rank, "
-                f"over the {format_bytes(budget_bytes)} budget: use more ranks or strategy_options cpu_offload")
-    for candidate in range(tp + 1, local_world_size + 1):
-        if local_world_size % candidate or world_size % candidate:
-            continue
-        if zero3_peak(sizes, world_size, largest_unit_bytes, optimizer, candidate)[1] <= budget_bytes:
-            return (f"zero3 peaks at {format_bytes(peak)} per rank with a block gathered, over the "
-                    f"{format_bytes(budget_bytes)} budget; tp={candidate} would fit (each gathered block split "
-                    f"{candidate} ways within a node): set tp={candidate} (phalanx run --tp {candidate})")
-    return (f"zero3 peaks at {format_bytes(peak)} per rank with a block gathered, over the "
-            f"{format_bytes(budget_bytes)} budget, and no tensor-parallel degree within a node brings it under")
 
 
 def device_budget_bytes(device: torch.device, local_world_size: int = 1) -> int:

@@ -151,6 +151,7 @@ def render(sizes: list, rows: dict[str, Any], optimizer: str, budget: int,
     in every total."""
     from phalanx.model import memory
     from phalanx.plan import sharding
+    from phalanx.strategies import memory_plan
 
     fb = memory.format_bytes
     degrees = next(iter(rows.values()))  # the rows differ in what they shard, not in their degrees
@@ -194,11 +195,11 @@ def render(sizes: list, rows: dict[str, Any], optimizer: str, budget: int,
                  "   root-level embedding tables are never gathered whole while a forward's tokens x ranks are fewer than their rows)")
     if activations is not None:
         lines.append(activation_lines(activations, activation_checkpointing, fb))
-    if tp * pp > 1 and dp_size == 1:  # as auto decides: the data-parallel preset over no ranks at all
+    if degrees.is_distributed and degrees.dp_size == 1:  # as auto decides: the data-parallel preset over no ranks
         layout = " x ".join(f"{name}={size}" for name, size in (("pp", pp), ("tp", tp)) if size > 1)
         choice, why = presets.AUTO_CHOOSES[0], f"{layout} takes every rank: no data-parallel ranks"
     else:
-        choice, why = memory.recommend(sizes, dp_size, budget, optimizer=optimizer)
+        choice, why = memory_plan.recommend(sizes, degrees, budget, optimizer, one_tp_rank=True)
     lines.append(f"auto would pick: {choice} ({why})")
     if suggestion:
         lines.append(suggestion)
@@ -335,8 +336,7 @@ def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, 
     """The layout with the least communication whose model state (+ activations with --input) fits
     the budget: the data-parallel presets at --tp, then larger tp within a node."""
     from phalanx.model import memory
-
-    from phalanx.plan import sharding
+    from phalanx.strategies import memory_plan
 
     nproc = args.nproc_per_node or args.world_size
     candidates = [args.tp] + [t for t in range(args.tp + 1, nproc + 1) if nproc % t == 0 and args.world_size % t == 0]
@@ -355,8 +355,8 @@ def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, 
         for name in order:
             layout = presets.build(name, presets.asking(tp=plan.tp, pp=plan.pp), world_size=plan.world_size,
                                    local_world_size=nproc)
-            need = max(b.total for b in sharding.rank_bytes(sizes, layout, optimizer,
-                                                             runtime=getattr(args, "runtime", 0))) + extra
+            need = max(b.total for b in memory_plan.rank_bytes(sizes, layout, optimizer,
+                                                               runtime=getattr(args, "runtime", 0))) + extra
             if need <= budget:
                 layout = name + (f" x tp{tp}" if tp > 1 else "")
                 what = "model state" + (" + runtime" if getattr(args, "runtime", 0) else "") + \

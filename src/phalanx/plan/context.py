@@ -57,14 +57,15 @@ def longest_sequence(model: Any, args: argparse.Namespace, sizes: list, optimize
 
 
 def _longest(model: Any, args: argparse.Namespace, sizes: list, optimizer: str, budget: int, cp: int) -> int:
-    from phalanx.config import names
-    from phalanx.model import memory
     from phalanx.model.units import default_units
     from phalanx.plan import activations
+    from phalanx.strategies import memory_plan, presets
 
     shape, dtype = activations.parse_input(args.input)
-    shards = names.AUTO_CHOOSES[1]  # zero3: the most sharded
-    state = memory.plan(sizes, args.world_size // (args.tp * args.pp), optimizer)[shards][0].total
+    # zero3, the most sharded, over the data-parallel and cp ranks (which shard model state alike)
+    shards = presets.build(presets.AUTO_CHOOSES[-1], presets.asking(tp=args.tp, pp=args.pp),
+                           world_size=args.world_size, local_world_size=args.nproc_per_node or args.world_size)
+    state = max(b.total for b in memory_plan.rank_bytes(sizes, shards, optimizer))
     units = default_units(model)
 
     def fits(seq: int) -> bool:

@@ -7,7 +7,7 @@ from torch import nn
 from phalanx.model import memory
 from phalanx.model.units import default_units
 from phalanx.runtime.context import DistContext
-from phalanx.strategies import presets
+from phalanx.strategies import memory_plan, presets
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 
@@ -26,24 +26,22 @@ def decide(model: nn.Module, ctx: DistContext, options: StrategyOptions, plan: P
 
     auto stays data-parallel: when even zero3 across the ranks does not fit, it still picks zero3
     and says which tp would fit instead, rather than choosing tensor parallel silently."""
-    tp, pp = plan.tp, plan.pp
     sizes = memory.model_sizes(model)
-    if pp > 1:
+    if plan.pp > 1:
         from phalanx.strategies.pipeline import layout as pipeline_layout
 
         mine = pipeline_layout.largest_rank_units(model, plan, options)
         sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in mine)]
-    ranks = plan.world_size // pp  # the ranks one stage's state is spread over (tp x data-parallel)
-    if pp > 1 and ranks == tp:
-        return presets.AUTO_CHOOSES[0], (f"pp={pp}{f' x tp={tp}' if tp > 1 else ''} takes every process: no "
-                                         "data-parallel ranks to replicate or shard over")
+    if plan.pp > 1 and plan.grad_size == 1:
+        return presets.AUTO_CHOOSES[0], (f"pp={plan.pp}{f' x tp={plan.tp}' if plan.tp > 1 else ''} takes every "
+                                         "process: no data-parallel ranks to replicate or shard over")
     budget = budget_bytes(ctx, options)
-    name, reason = memory.recommend(sizes, ranks // tp, budget, options.mixed_precision, tp=tp)
-    if pp > 1:
-        reason += f" (the largest of the pp={pp} pipeline ranks' stages)"
+    name, reason = memory_plan.recommend(sizes, plan, budget)
+    if plan.pp > 1:
+        reason += f" (the largest of the pp={plan.pp} pipeline ranks' stages)"
     if name == presets.AUTO_CHOOSES[-1]:  # sharded, and still over the budget: say what would fit
         largest = max((memory.unit_bytes(unit) for unit in default_units(model)), default=0)
-        hint = memory.tp_that_fits(sizes, ranks, ctx.local_world_size, budget, largest, tp=tp)
+        hint = memory_plan.tp_that_fits(sizes, plan, ctx.local_world_size, budget, largest)
         if hint:
             reason += f"; {hint}"
     return name, reason

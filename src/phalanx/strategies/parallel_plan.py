@@ -84,6 +84,27 @@ class ParallelPlan:
         """Ranks whose gradients are averaged into one step: the data-parallel ranks x cp."""
         return self.dp_size * self.cp
 
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks one parameter's shards spread over: FSDP2's shard dim (dp_shard x cp, torchtitan's)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def stage_ranks(self) -> int:
+        """Ranks one pipeline stage's state is spread over: every dim but pp."""
+        return self.world_size // self.pp
+
+    @property
+    def flops_share(self) -> float:
+        """The part of a step's model FLOPs one rank computes: tensor parallel, cp and pipeline stages
+        split them, data-parallel ranks repeat them."""
+        return self.dp_size / self.world_size
+
+    def tp_part(self, nbytes: int) -> int:
+        """`nbytes` split evenly over the tensor-parallel ranks (an estimate: layers the tp plan leaves
+        whole are not split)."""
+        return nbytes // self.tp
+
     def cp_rank(self, rank: int) -> int:
         """Which part of each row's sequence `rank` holds."""
         return self.coordinates(rank)["cp"]

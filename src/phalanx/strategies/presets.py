@@ -8,8 +8,8 @@ turns a canonical name into a plan. Pure Python, no torch.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+import types
+from typing import Any, Mapping
 
 from phalanx import config
 from phalanx.config import names
@@ -112,8 +112,47 @@ def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> Para
         return plan
     stage = sharding(name)
     replicate, shard = (1, plan.dp_size) if stage >= Sharding.GRADIENTS else (plan.dp_size, 1)
-    return dataclasses.replace(plan, preset=name, sharding=stage, dp_replicate=replicate, dp_shard=shard,
-                               cpu_offload=cpu_offload and stage >= Sharding.GRADIENTS)
+    return ParallelPlan(preset=name, dp_replicate=replicate, dp_shard=shard, tp=plan.tp, pp=plan.pp, cp=plan.cp,
+                        sharding=stage, cpu_offload=cpu_offload and stage >= Sharding.GRADIENTS)
+
+
+def at_scale(name: str, settings: config.PhalanxConfig) -> ParallelPlan:
+    """The plan of `name` at the smallest scale its settings' layout runs in: two data-parallel ranks
+    at the settings' tp, pp and cp (a one-process run's settings are checked there: one script, every
+    scale). Auto decides between presets of the same degrees, so its first choice checks them."""
+    world = 2 * settings.tp * settings.pp * settings.cp
+    return build(AUTO_CHOOSES[0] if canonical(name) == AUTO else name, settings, world_size=world,
+                 local_world_size=world)
+
+
+def spread_over_stage(plan: ParallelPlan) -> ParallelPlan:
+    """The parameter-sharding preset with one stage's state sharded over every rank of the stage
+    (tp's too): the state auto's budget test takes zero3 at rest to hold (strategies/memory_plan.py)."""
+    return ParallelPlan(preset=AUTO_CHOOSES[-1], dp_shard=plan.stage_ranks, pp=plan.pp,
+                        sharding=sharding(AUTO_CHOOSES[-1]))
+
+
+def larger_tp(plan: ParallelPlan, local_world_size: int) -> list[ParallelPlan]:
+    """`plan`'s preset over the same processes with each larger tensor-parallel degree that stays
+    within a node (`local_world_size` processes) and divides the stage's ranks: the layouts auto's
+    hint tries when even zero3 does not fit."""
+    found = []
+    for candidate in range(plan.tp + 1, local_world_size + 1):
+        if local_world_size % candidate or plan.stage_ranks % candidate:
+            continue
+        degrees = types.SimpleNamespace(tp=candidate, pp=plan.pp, cp=plan.cp)
+        try:
+            found.append(build(plan.preset, degrees, world_size=plan.world_size, local_world_size=local_world_size))
+        except ValueError:  # the data-parallel dims left do not fit (hsdp's nodes): no such layout
+            continue
+    return found
+
+
+def restored(fields: Mapping[str, Any]) -> ParallelPlan:
+    """The plan whose fields `phalanx run` handed over (strategies/job_plan.py), unchanged."""
+    fields = dict(fields)
+    fields["sharding"] = Sharding(fields["sharding"])
+    return ParallelPlan(**fields)
 
 
 def check_cp(key: str, cp: int, *, world_size: int, tp: int, pp: int) -> None:

@@ -56,14 +56,8 @@ def checked_plan(resolved: Resolved, plan: ParallelPlan, *, decided: bool = Fals
         return None
     if plan.is_distributed or plan.threads_over_gpus:
         return plan
-    cfg = resolved.config
-    return _build(name, resolved, 2 * cfg.tp * cfg.pp * cfg.cp, 2 * cfg.tp * cfg.pp * cfg.cp)
-
-
-def _build(name: str, resolved: Resolved, world_size: int, local_world_size: int, **hybrid: Any) -> ParallelPlan:
-    try:  # auto decides between presets of the same degrees, so either one checks them
-        return presets.build(presets.AUTO_CHOOSES[0] if name == presets.AUTO else name, resolved.config,
-                             world_size=world_size, local_world_size=local_world_size, **hybrid)
+    try:
+        return presets.at_scale(name, resolved.config)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
