@@ -287,7 +287,7 @@ class Phalanx:
         shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
         self._logging.throughput.set_model(shape and shape.flops_per_token,
                                            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
-                                           share=self.ctx.dp_size / self.world_size)  # tensor parallel splits the FLOPs
+                                           share=self._plan.flops_share)  # tp, cp and pp split the FLOPs
         tied = tied_names(model)  # before a pipeline cut leaves this rank one of a tied parameter's names
         model = self._checkpointer.track(self.strategy.setup_model(model), tied=tied)
         hook_state = ddp_options.hook_state_of(model)

@@ -9,7 +9,7 @@ from torch import nn
 from phalanx import config
 from phalanx.config.names import Needs
 from phalanx.launch import run_command
-from phalanx.strategies import presets, settings_check, tensor_parallel
+from phalanx.strategies import job_plan, presets, settings_check, tensor_parallel
 from tests.plan_reference import intended_plan
 from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
 
@@ -252,3 +252,17 @@ def test_one_tensor_parallel_rank_holds_its_part_of_each_fused_expert_weight():
     assert chosen["model.layers.0.mlp.experts"] == "moe_tp_experts"
     assert experts.gate_up_proj.shape == (4, 32, 32) and experts.down_proj.shape == (4, 32, 16)
     assert not any(name.endswith("mlp.gate_proj") for name in chosen)  # the plan's dense-MLP rows: no such layer
+
+
+def test_the_launcher_hands_each_membership_of_an_elastic_job_its_plan(tmp_path):
+    # before: one plan, of the largest size; a membership of 1 or 2 nodes rebuilt its own, silently
+    script = tmp_path / "never.py"
+    script.write_text("raise SystemExit('a worker started')\n")
+    spec = run_command.spec_from_args(run_command_parser().parse_args(
+        ["--nproc-per-node", "2", "--nnodes", "1:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29555",
+         "--strategy", "zero3",
+         str(script)]))
+    handed = run_command.check_layout(spec, 2)
+    for world in (2, 4, 6):
+        given = job_plan.inputs("zero3", spec.settings.config, world_size=world, local_world_size=2)
+        assert job_plan.received(given, handed).dp_shard == world

@@ -134,34 +134,39 @@ def check_layout(spec: LaunchSpec, nproc: int) -> str | None:
     """The parallel layout the settings describe, on every node count the job may have: tp (x pp)
     must divide the processes, hsdp's replicas must fit the nodes, settings the layout would ignore are
     refused. Also DeepSpeed's batch identity, which counts data-parallel ranks. Returns the plan of
-    the job's full size as the workers' PHALANX_PLAN (strategies/job_plan.py), built once here."""
+    each membership the job may have (every node count of an elastic job) as the workers'
+    PHALANX_PLAN (strategies/job_plan.py), each built once here."""
     if spec.settings is None:
         return None
     from phalanx.strategies import job_plan, settings_check
 
     cfg = spec.settings.config
     deepspeed = spec.settings.deepspeed
-    handed = None
-    for nnodes in sorted({spec.min_nnodes or spec.nnodes, spec.nnodes}):
+    handed, warnings = [], {}
+    fewest = spec.min_nnodes or spec.nnodes
+    for nnodes in range(fewest, spec.nnodes + 1):  # each membership an elastic job may have gets its plan
         where = {"world_size": nproc * nnodes, "local_world_size": nproc,
                  "cpu_offload": bool(deepspeed is not None and deepspeed.cpu_offload)}
         try:
             plan = job_plan.build(cfg.strategy, cfg, **where)
-            for warning in settings_check.check(spec.settings, settings_check.checked_plan(spec.settings, plan)):
-                print(f"phalanx run: warning: {warning}", file=sys.stderr, flush=True)
+            warnings.update(dict.fromkeys(settings_check.check(spec.settings,
+                                                               settings_check.checked_plan(spec.settings, plan))))
             if spec.deepspeed is not None and spec.min_nnodes is None:
                 spec.deepspeed.check_world(plan.dp_size)
         except ValueError as error:
-            raise LaunchError(str(error)) from None
-        if nnodes == spec.nnodes:
-            handed = job_plan.hand_off(plan, job_plan.inputs(cfg.strategy, cfg, **where))
-    if nproc % cfg.tp:
+            if nnodes in (fewest, spec.nnodes):  # the ends are refused; a size between may never form
+                raise LaunchError(str(error)) from None
+            continue  # a membership of this size would refuse itself in its workers, with the same error
+        handed.append((plan, job_plan.inputs(cfg.strategy, cfg, **where)))
+    for warning in warnings:
+        print(f"phalanx run: warning: {warning}", file=sys.stderr, flush=True)
+    if not plan.tp_within(nproc):
         what = "is larger than" if cfg.tp > nproc else "does not divide"
         print(f"phalanx run: warning: tp={cfg.tp} {what} the {nproc} processes of a node: tensor-parallel groups then "
               "span nodes, and their all-reduces cross the slower links on every layer. HINT: keep tp within a "
               "node (a divisor of --nproc-per-node) and let the data-parallel dims span the nodes",
               file=sys.stderr, flush=True)
-    return handed
+    return job_plan.hand_off(handed)
 
 
 def main(args: argparse.Namespace) -> int:

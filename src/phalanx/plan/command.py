@@ -233,13 +233,7 @@ def main(args: argparse.Namespace) -> int:
             args.world_size = devices.count_visible_gpus() or devices.CPU_DEFAULT_NPROC
         if args.world_size < 1:
             raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
-        if args.tp < 1 or args.world_size % args.tp:
-            raise ValueError(f"--tp {args.tp} does not divide --world-size {args.world_size}. HINT: choose tp "
-                             f"among {', '.join(str(d) for d in range(1, args.world_size + 1) if args.world_size % d == 0)}")
-        if args.pp < 1 or args.world_size % (args.tp * args.pp):
-            fits = [d for d in range(1, args.world_size + 1) if args.world_size % (d * args.tp) == 0]
-            raise ValueError(f"--pp {args.pp} x --tp {args.tp} does not divide --world-size {args.world_size}. HINT: "
-                             f"choose pp among {', '.join(map(str, fits))}")
+        presets.check_flags(args.world_size, args.tp, args.pp, args.cp)
         tp_plan = config.BY_NAME["tp_plan"].kind.from_text(args.tp_plan) if args.tp_plan else None
         factory = load_factory(args.model)
         model = _build(factory, args.model)
@@ -258,7 +252,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         cp_line = context.cut_input(args)  # before the activations: --input becomes one cp rank's part
-        acts = _activations_of(args, model)
+        acts = _activations_of(args, model, plan)
         # cp's ranks hold model state as data-parallel ranks do (sharded over dp x cp): rows of tp and pp
         rows = sharding.layouts(presets.asking(tp=args.tp, pp=args.pp), world_size=args.world_size,
                                 local_world_size=args.nproc_per_node or args.world_size)
@@ -379,12 +373,12 @@ def _activations(args: argparse.Namespace, model: Any) -> Any:
                          f"rank: {error}. HINT: tp must divide the model's attention (and key/value) heads") from None
 
 
-def _activations_of(args: argparse.Namespace, model: Any) -> Any:
+def _activations_of(args: argparse.Namespace, model: Any, plan: Any) -> Any:
     """The activation estimate when --input is given (None otherwise), once the nodes' processes are checked."""
     nproc = args.nproc_per_node or args.world_size
     if args.world_size % nproc:
         raise ValueError(f"--nproc-per-node {nproc} does not divide --world-size {args.world_size}")
-    if nproc % args.tp:
+    if not plan.tp_within(nproc):
         raise ValueError(f"--tp {args.tp} does not divide the {nproc} processes of a node: tensor parallel "
                          "belongs inside a node")
     if args.input is None:

@@ -18,28 +18,29 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
 def cut_input(args: argparse.Namespace) -> str:
     """Check --cp against the layout and turn --input into one cp rank's part; the line to print
     under the table ('' without cp). ValueError with the fix."""
+    from phalanx.strategies import presets
+
     cp = args.cp
     if cp == 1:
         return ""
-    if cp < 1 or args.world_size % (cp * args.tp * args.pp):
-        raise ValueError(f"--cp {cp} x --tp {args.tp} x --pp {args.pp} does not divide --world-size "
-                         f"{args.world_size}. HINT: choose cp among "
-                         f"{', '.join(str(d) for d in range(1, args.world_size + 1) if args.world_size % (d * args.tp * args.pp) == 0)}")
+    presets.check_flags(args.world_size, args.tp, args.pp, cp)
     if args.pp > 1:
         raise ValueError(f"--cp {cp} with --pp {args.pp}: context parallel is not composed with pipeline stages. "
                          "HINT: use --pp 1")
+    plan = presets.build(presets.AUTO_CHOOSES[0], presets.asking(tp=args.tp, cp=cp), world_size=args.world_size,
+                         local_world_size=args.nproc_per_node or args.world_size)
     if args.input is None:
         return f"context parallel: cp {cp}, each rank holds 1/{cp} of every row (give --input BxS for its activations)"
     shape_text, sep, dtype = args.input.partition(":")
     dims = shape_text.lower().split("x")
-    if len(dims) < 2 or not dims[1].isdigit() or int(dims[1]) % (2 * cp):
+    if len(dims) < 2 or not dims[1].isdigit() or int(dims[1]) % plan.cp_chunks:
         raise ValueError(f"--input {args.input!r} with --cp {cp}: the sequence (the second dim) must cut into 2 x cp = "
-                         f"{2 * cp} equal chunks. HINT: a sequence length that is a multiple of {2 * cp}")
+                         f"{plan.cp_chunks} equal chunks. HINT: a sequence length that is a multiple of {plan.cp_chunks}")
     seq = int(dims[1])
     dims[1] = str(seq // cp)
     args.input = "x".join(dims) + sep + dtype
     return (f"context parallel: cp {cp}, each rank holds {seq // cp} of every row's {seq} tokens: the activations "
-            f"above are one rank's ({args.input}); data-parallel ranks {args.world_size // (cp * args.tp * args.pp)}")
+            f"above are one rank's ({args.input}); data-parallel ranks {plan.dp_size}")
 
 
 def longest_sequence(model: Any, args: argparse.Namespace, sizes: list, optimizer: str, budget: int) -> str:

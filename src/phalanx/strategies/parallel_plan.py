@@ -100,6 +100,16 @@ class ParallelPlan:
         split them, data-parallel ranks repeat them."""
         return self.dp_size / self.world_size
 
+    @property
+    def cp_chunks(self) -> int:
+        """The chunks each row's sequence is cut into: cp rank i holds chunks i and 2cp-1-i (load balance)."""
+        return 2 * self.cp
+
+    def tp_within(self, local_world_size: int) -> bool:
+        """Whether each tensor-parallel group lies inside one node of `local_world_size` processes (tp is
+        the innermost dim, so it does when tp divides the node's processes)."""
+        return local_world_size % self.tp == 0
+
     def tp_part(self, nbytes: int) -> int:
         """`nbytes` split evenly over the tensor-parallel ranks (an estimate: layers the tp plan leaves
         whole are not split)."""

@@ -148,6 +148,22 @@ def larger_tp(plan: ParallelPlan, local_world_size: int) -> list[ParallelPlan]:
     return found
 
 
+def check_flags(world_size: int, tp: int, pp: int, cp: int = 1) -> None:
+    """`phalanx plan`'s --tp, --pp and --cp against --world-size, before any plan is built: ValueError
+    naming the flags and the degrees that divide."""
+    if tp < 1 or world_size % tp:
+        raise ValueError(f"--tp {tp} does not divide --world-size {world_size}. HINT: choose tp among "
+                         f"{', '.join(map(str, divisors(world_size)))}")
+    if pp < 1 or world_size % (tp * pp):
+        fits = [d for d in divisors(world_size) if world_size % (d * tp) == 0]
+        raise ValueError(f"--pp {pp} x --tp {tp} does not divide --world-size {world_size}. HINT: "
+                         f"choose pp among {', '.join(map(str, fits))}")
+    if cp != 1 and (cp < 1 or world_size % (cp * tp * pp)):
+        fits = [d for d in divisors(world_size) if world_size % (d * tp * pp) == 0]
+        raise ValueError(f"--cp {cp} x --tp {tp} x --pp {pp} does not divide --world-size {world_size}. HINT: "
+                         f"choose cp among {', '.join(map(str, fits))}")
+
+
 def restored(fields: Mapping[str, Any]) -> ParallelPlan:
     """The plan whose fields `phalanx run` handed over (strategies/job_plan.py), unchanged."""
     fields = dict(fields)
