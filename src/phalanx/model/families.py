@@ -135,6 +135,12 @@ stops before the first step with the reason quoted below.
   (`MixtralForCausalLM`), 4 experts, top 2, the router's load-balancing loss in the loss: **equal**
   under `tp 2` (transformers' `packed_colwise`, `rowwise` and `moe_tp_experts` styles on the fused
   3-D expert weights; tests/dist/test_moe_tp.py, transformers' own loop with `labels=`).
+- **The router's load-balancing loss** (`output_router_logits=True`, `router_aux_loss_coef`) is a
+  product of two means over the whole batch, so each rank's own would not average to one process's:
+  while a prepared model trains, phalanx sums its statistics over the data-parallel and cp ranks
+  (padding left out, as transformers does; under cp the cut's padding too), so every rank's
+  `out.aux_loss` and the gradients are one process's under ddp, zero3, cp 2, zero3 x tp 2 and
+  zero3 x cp 2 (tests/dist/test_moe_aux_loss.py; model/router_balance.py).
 
 Layouts: {", ".join(f"`{name}`" for name in LAYOUTS)} (the ones with "x" on 4 processes, the others on 2).
 

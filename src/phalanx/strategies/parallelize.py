@@ -15,10 +15,11 @@ import torch
 from torch import nn
 
 from phalanx.loop.precision import Precision
-from phalanx.model import meta_init
+from phalanx.model import meta_init, router_balance
 from phalanx.model.units import default_units, shard_units, transform_units
 from phalanx.strategies import ddp, dp, fsdp, tensor_parallel, tp_fit, tp_peft
 from phalanx.strategies.options import StrategyOptions
+from phalanx.strategies.context.layout import local_padding
 from phalanx.strategies.layout import Layout
 from phalanx.strategies.pipeline import layout as pipeline_layout
 from phalanx.strategies.pipeline.cut import RankStages
@@ -51,6 +52,8 @@ def parallelize(model: nn.Module, layout: Layout, *, options: StrategyOptions, p
     wrapper it may come back in. Under pp > 1: this rank's stages, and the runner that drives them."""
     plan = layout.plan
     cut = pipeline_layout.cut(model, plan, options, layout.mesh("pp").get_local_rank()) if plan.pp > 1 else None
+    if cut is None and plan.grad_size > 1:  # an MoE router's load-balancing loss over the whole global batch
+        router_balance.globalise(model, layout.group("grad"), cut_padding=local_padding if plan.cp > 1 else None)
     tp_layers: dict[str, str] = {}
     if plan.tp > 1:
         chosen = cut.tp_layers if cut is not None else tp_peft.choose(model, options.tp_plan)

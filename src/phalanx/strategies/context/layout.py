@@ -65,6 +65,15 @@ def active_layout() -> SequenceLayout | None:
     return _active[-1] if _active else None
 
 
+def local_padding() -> torch.Tensor | None:
+    """[batch, this rank's tokens] True for real ones, in local order, of the batch in flight; None
+    when it has no padding (or no batch is cut). The model sees no attention_mask under the cut."""
+    layout = active_layout()
+    if layout is None or layout.key_padding is None:
+        return None
+    return layout.key_padding[:, layout.local.to(layout.key_padding.device)]
+
+
 def set_active(layout: SequenceLayout | None) -> None:
     """Make `layout` the one attention reads until the next batch is cut."""
     _active.clear()
