@@ -78,6 +78,7 @@ class Checkpointer:
         self._damaged: set[Path] = set()  # skipped on load: a later save of that step moves it aside
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._async_group: Any = None
+        self.last_good: tuple[int, Path] | None = None  # (step, path) this job last published or loaded
 
     # ---- what is covered ----------------------------------------------------------------------
     def track(self, obj: Any, tied: Mapping[str, str] | None = None) -> Any:
@@ -146,7 +147,8 @@ class Checkpointer:
         self._wait_for_previous()
         final, managed = self._save_target(path)
         step = self.global_step
-        attempt = SaveAttempt(final, atomic.staging_path(final), step, needed_bytes=self._needed_bytes)
+        attempt = SaveAttempt(final, atomic.staging_path(final), step, needed_bytes=self._needed_bytes,
+                              last_good=self.last_good)
         staging = attempt.staging
         attempt.run(lambda: _prepare(final, final in self._damaged) if collectives.rank() == 0 else None)
         entries = group_by_model(self.models, self.optimizers, self._tied)
@@ -242,6 +244,7 @@ class Checkpointer:
                 atomic.write_latest(final.parent, final.name)
 
         attempt.run(publish)
+        self.last_good = (attempt.step, final)
         if managed and rank == 0:
             try:
                 atomic.prune(final.parent, self.keep, protect=final)
@@ -322,6 +325,7 @@ class Checkpointer:
         for loader, state in zip(self.loaders, common["loaders"]):
             loader.load_state_dict(state)
         self.global_step = int(common["global_step"])
+        self.last_good = (self.global_step, chosen)
         if rng is not None:
             for obj, state in zip(self.rank_objects, rng.get("objects", [])):
                 obj.load_state_dict(state)
@@ -401,8 +405,7 @@ def _save_durably(obj: Any, path: Path | ObjectPath, written: dict[str, FileEntr
         buffer = io.BytesIO()
         torch.save(obj, buffer)
         data = buffer.getvalue()
-        with path.open("wb") as f:
-            f.write(data)
+        path.write_bytes(data)
         written[path.name] = FileEntry(size=len(data), sha256=hashlib.sha256(data).hexdigest())
         return
     with open(path, "wb") as f:

@@ -147,8 +147,12 @@ class ObjectPath:
             return f.read()
 
     def write_text(self, text: str) -> None:
-        with self.open("w") as f:
-            f.write(text)
+        self.write_bytes(text.encode())
+
+    def write_bytes(self, data: bytes) -> None:
+        """One upload, no file object: a buffered file whose upload failed retries it when collected,
+        minutes later, and prints the client library's traceback from its `__del__`."""
+        self.fs.pipe_file(self.key, data)
 
     def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
         if not self.is_object_store:  # on S3 makedirs would create a missing bucket: never do that
@@ -178,7 +182,7 @@ def rmtree(path: "Path | ObjectPath", ignore_errors: bool = False) -> None:
     if isinstance(path, ObjectPath):
         try:
             path.rmtree()
-        except OSError:
+        except Exception:  # noqa: BLE001 - a store client's errors (botocore's) are not OSErrors
             if not ignore_errors:
                 raise
         return

@@ -28,8 +28,35 @@ def _error_code(error: BaseException) -> str | None:
     return None
 
 
+_UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError")
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """`error`, its causes and contexts, and the per-rank errors a DCP CheckpointException holds."""
+    found: list[BaseException] = []
+    todo = [error]
+    while todo:
+        seen = todo.pop()
+        if seen is None or any(seen is known for known in found):
+            continue
+        found.append(seen)
+        todo += [seen.__cause__, seen.__context__]  # type: ignore[list-item]
+        failures = getattr(seen, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict):
+            todo += [value for value in failures.values() if isinstance(value, BaseException)]
+    return found
+
+
+def unreachable(error: BaseException) -> BaseException | None:
+    """The error in `error`'s chain that says the store's endpoint did not answer, or None."""
+    for seen in _chain(error):
+        if type(seen).__name__ in _UNREACHABLE or isinstance(seen, (ConnectionError, socket.timeout, TimeoutError)):
+            return seen
+    return None
+
+
 def diagnose(root: ObjectPath, error: BaseException) -> tuple[str, str]:
-    """(cause, fix) for a failed probe of `root`."""
+    """(cause, fix) for a failed probe (or save) of `root`."""
     code, name = _error_code(error), type(error).__name__
     if code == "NoSuchBucket" or (isinstance(error, FileNotFoundError) and "bucket" in str(error).lower()):
         return (f"the bucket {root.bucket!r} does not exist",
@@ -44,9 +71,9 @@ def diagnose(root: ObjectPath, error: BaseException) -> tuple[str, str]:
         return (f"writing under {root} is not allowed ({code or name}: {error}): a read-only prefix or bucket",
                 "grant write access to this prefix (s3:PutObject, s3:GetObject, s3:ListBucket, s3:DeleteObject) "
                 "or choose a prefix you may write")
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError") \
-            or isinstance(error, (ConnectionError, socket.timeout, TimeoutError)):
-        return (f"the storage endpoint cannot be reached ({name}: {error})",
+    if unreachable(error) is not None:
+        error = unreachable(error)  # type: ignore[assignment]
+        return (f"the storage endpoint cannot be reached ({type(error).__name__}: {error})",
                 "check AWS_ENDPOINT_URL (for S3-compatible stores) and the network, or that the store is running")
     return (f"{name}: {error}", "check the URL, the credentials and the endpoint")
 

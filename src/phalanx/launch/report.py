@@ -26,6 +26,7 @@ AGENT_LOG_NAME = "launcher.log"
 _TORCH_LOGGERS = ("torch", "torch.distributed")  # the two torch gives a stderr handler of its own
 _WRAPPER_FRAMES = ("<frozen runpy>", "phalanx/launch/worker.py", "phalanx/launch/spawn.py",
                    "elastic/multiprocessing/errors")
+_PACKAGE_FRAME = f'  File "{os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}{os.sep}'
 
 
 def exit_code(exitcode: int) -> int:
@@ -40,13 +41,22 @@ def ordered_failures(failures: dict[int, Any], progress: dict[int, store_keys.Ra
     return sorted(failures.items(), key=lambda item: failure_order(item[0], item[1], progress))
 
 
+def _is_phalanx_message(text: str) -> bool:
+    """The traceback ends in one of phalanx's own errors with its HINT (a dependency gone, a refusal)."""
+    last = text.rstrip().splitlines()[-1] if text.strip() else ""
+    return last.startswith("phalanx.") and "HINT:" in last
+
+
 def trim_traceback(text: str) -> str:
-    """Drop the frames of phalanx's worker wrapper, runpy and torch's `record`: users see their own."""
+    """Drop the frames of phalanx's worker wrapper, runpy and torch's `record`: users see their own.
+    Under a phalanx message (one with a HINT) phalanx's own frames go too: the message says it all,
+    and the full traceback stays in the rank's log."""
     kept: list[str] = []
     skipping = False
+    markers = _WRAPPER_FRAMES + ((_PACKAGE_FRAME,) if _is_phalanx_message(text) else ())
     for line in text.splitlines():
         if line.startswith("  File "):
-            skipping = any(marker in line for marker in _WRAPPER_FRAMES)
+            skipping = any(marker in line for marker in markers)
         elif not line.startswith("    "):
             skipping = False
         if not skipping:
