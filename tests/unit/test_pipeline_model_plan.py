@@ -24,7 +24,7 @@ def _stages_in_turn(whole: torch.nn.Module, num_stages: int) -> torch.Tensor:
     for index in range(num_stages):
         model = copy.deepcopy(whole)
         chain = model_plan.model_chain(model)
-        model_plan.adapt_forward(model)
+        model_plan.adapt_forward(model, chain)
         (stage,) = pipe.cut_model(model, chain, pipe.split_stages(chain, num_stages), [index]).stages
         h = stage(h)
     return h
@@ -85,3 +85,18 @@ def test_a_transformers_model_without_a_plan_is_refused_naming_it_and_the_way(ki
     assert f"{name} declares no pipeline layout (transformers' `base_model_pp_plan`" in message
     assert "pp_split setting" in message and f"HINT: train {name} without pp" in message
     assert "co_varnames" not in message and "traced" not in message  # torch.fx's words: nothing a user can act on
+
+
+def test_what_the_head_does_after_its_layer_stays_on_the_last_stage():
+    # Gemma2 soft-caps its logits after lm_head (final_logit_softcapping): on a stage before the last,
+    # whose lm_head is a pass-through, that must not touch the hidden state handed on
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                       final_logit_softcapping=0.5, attn_implementation="eager")
+    whole = transformers.Gemma2ForCausalLM(config)
+    x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(_stages_in_turn(whole, 2), whole(x).logits, rtol=0, atol=0)

@@ -26,13 +26,17 @@ from phalanx.strategies.pipeline.split import Stages
 
 
 class PassThrough(nn.Module):
-    """Stands in for a unit another pipeline stage owns: returns its input unchanged."""
+    """Stands in for a unit another pipeline stage owns: returns its input unchanged (and keeps it
+    as `handed` until the next call: what a later stage must receive, whatever the model's forward
+    does to it after this unit)."""
 
     def __init__(self, owner: int | None = None):
         super().__init__()
         self.owner = owner
+        self.handed: Any = None
 
     def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        self.handed = x
         return x
 
     def extra_repr(self) -> str:

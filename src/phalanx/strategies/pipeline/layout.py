@@ -63,7 +63,7 @@ def cut(model: nn.Module, plan: ParallelPlan, options: StrategyOptions, pp_rank:
         tp_layers = tp_peft.choose(model, options.tp_plan)  # a PEFT wrapper: the base model's plan inside it
         # tied across stages: both copies laid out alike, so their gradients sum element by element
         tp_layers = tp_tied.compatible_styles(model, tp_layers, tp_tied.tied_groups(model))
-    outputs = model_plan.adapt_forward(model) if model_plan.has_plan(model) else None
+    outputs = model_plan.adapt_forward(model, chain) if model_plan.has_plan(model) else None
     rank = cut_model(model, chain, stages, schedules.stage_indices(schedule, pp_rank, plan.pp, per_rank), views=False)
     if tp_layers is not None:
         present, params = dict(model.named_modules()), dict(model.named_parameters())

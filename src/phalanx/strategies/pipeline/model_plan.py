@@ -13,8 +13,9 @@ The model may sit inside a wrapper (peft's `PeftModelForCausalLM` -> `LoraModel`
 units are named from the wrapper, so the stages of a LoRA model are cut from its base model's layers.
 
 The forward returns a ModelOutput; the pipeline sends one tensor, so the stage returns its `logits`
-(on every stage but the last, the hidden state the pass-throughs carried there), and runs without
-a key/value cache. The loss function and px.forward get the logits back in the model's output class.
+(on every stage but the last, the hidden state the head's pass-through was handed: what the head's
+forward does after the head layer, such as Gemma2's final logit softcapping, belongs to the last
+stage), and runs without a key/value cache. The loss function and px.forward get the logits back in the model's output class.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Any
 from torch import nn
 
 from phalanx.strategies.pipeline.chain import ModelChain, Unit, find_chain
+from phalanx.strategies.pipeline.cut import PassThrough
 
 _LISTS = (nn.ModuleList, nn.Sequential)
 
@@ -86,15 +88,20 @@ class ModelOutputs:
     """The forward hook that hands the pipeline the output's `logits`, remembering the output's class
     (e.g. CausalLMOutputWithPast), so the loss function and px.forward receive the object one
     process's model returns (`out.logits` works in every layout). Stage views (deep copies of the
-    model's skeleton) share this one hook: it holds no per-stage state."""
+    model's skeleton) share this one hook: it holds no per-stage state. `head`: the name of the
+    chain's last unit (the head layer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, head: str) -> None:
         self.output_type: type | None = None
+        self.head = head
 
     def __call__(self, module: nn.Module, args: Any, output: Any) -> Any:
         if not hasattr(output, "logits"):
             return output
         self.output_type = type(output)
+        head = module.get_submodule(self.head)
+        if isinstance(head, PassThrough):  # a stage before the last: the hidden state as the head got it
+            return head.handed
         return output.logits
 
     def __deepcopy__(self, memo: dict[int, Any]) -> "ModelOutputs":
@@ -110,11 +117,11 @@ def _no_cache(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any
     return args, kwargs
 
 
-def adapt_forward(model: nn.Module) -> ModelOutputs:
+def adapt_forward(model: nn.Module, chain: ModelChain) -> ModelOutputs:
     """Make `model`'s forward hand one tensor from stage to stage: its logits (the hidden state on
     the stages before the last), computed without a key/value cache; returns the hook that puts the
-    last stage's logits back into the model's output class."""
-    outputs = ModelOutputs()
+    last stage's logits back into the model's output class. `chain`: its units (`plan_chain`)."""
+    outputs = ModelOutputs(chain.units[-1].name)
     model.register_forward_pre_hook(_no_cache, with_kwargs=True)
     model.register_forward_hook(outputs)
     return outputs
