@@ -57,7 +57,8 @@ def checked_plan(resolved: Resolved, plan: ParallelPlan, *, decided: bool = Fals
     if plan.is_distributed or plan.threads_over_gpus:
         return plan
     cfg = resolved.config
-    return _build(name, resolved, 2 * cfg.tp * cfg.pp * cfg.cp, 2 * cfg.tp * cfg.pp * cfg.cp)
+    smallest = 2 * cfg.tp * cfg.pp * cfg.cp * cfg.ep  # ep takes its ranks from the data-parallel x cp ones
+    return _build(name, resolved, smallest, smallest)
 
 
 def _build(name: str, resolved: Resolved, world_size: int, local_world_size: int, **hybrid: Any) -> ParallelPlan:

@@ -15,7 +15,7 @@ from phalanx.loop.precision import Precision
 from phalanx.model import activation_ckpt, sync_batchnorm
 from phalanx.runtime.context import DistContext
 from phalanx.logging.rank_log import get_logger
-from phalanx.strategies import fsdp, grad_norm, optimizer_kinds, whole_tensor_step
+from phalanx.strategies import expert_parallel, fsdp, grad_norm, optimizer_kinds, whole_tensor_step
 from phalanx.strategies.module_attr import answer_module_attribute
 from phalanx.strategies.optimizer_kinds import Route
 from phalanx.strategies.options import StrategyOptions
@@ -59,6 +59,7 @@ class ParallelStrategy:
         # sets its own: tied gradients summed, num_items' rescale)
         self.before_clip: Callable[[], None] = self.before_step
         self._zero1_grads: list[Zero1Grads] = []  # zero1: the prepared models' reduce-scatter hooks
+        self._experts: dict[int, expert_parallel.ExpertParallel] = {}  # id(prepared model) -> its split experts
 
     @property
     def name(self) -> str:
@@ -69,6 +70,8 @@ class ParallelStrategy:
         self.context.prepare(model)  # cp: the model's attention sent across the cut, or refused
         # every name of a tied parameter: a pipeline stage may hold it under one of them only
         before = list(model.named_parameters(remove_duplicate=False))
+        # ep: each MoE layer keeps this rank's experts and sends tokens to theirs (before DDP wraps it)
+        experts = expert_parallel.apply(model, self.layout, self.options.ep_plan)
         done = parallelize(model, self.layout, options=self.options, precision=self.precision,
                            device=self.ctx.device, backend=self.ctx.backend)
         self.wrapper = done.wrapper
@@ -83,6 +86,9 @@ class ParallelStrategy:
             if after.get(name) is None and done.pipeline is not None and id(old) not in self._rebind \
                     and id(old) not in self._prepared_params:  # cut away: another rank's stage
                 self._elsewhere[id(old)] = weakref.ref(old)
+        if experts is not None:  # clipping counts every rank's experts; full weights gather them
+            self._experts[id(self.unwrap(done.model))] = experts
+            pipeline_grads.route_torch_clip(self.unwrap(done.model), experts.norm)
         scattered = getattr(done.model, "phalanx_zero1_grads", None)
         if scattered is not None:  # zero1: clipping combines the owners' norms
             self._zero1_grads.append(scattered)
@@ -225,7 +231,9 @@ class ParallelStrategy:
         if self.plan.pp > 1:  # every rank takes part: each stage's shards, then the stages
             return pipeline_state.gather_full_state_dict(self.unwrap(model), self.layout.mesh("pp"))
         if not self.plan.shards_parameters:
-            return {k: v.detach() for k, v in self.unwrap(model).state_dict().items()}
+            state = {k: v.detach() for k, v in self.unwrap(model).state_dict().items()}
+            experts = self._experts.get(id(self.unwrap(model)))
+            return experts.full(state) if experts is not None else state
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
