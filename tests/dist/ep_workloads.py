@@ -70,7 +70,9 @@ def train(px: Phalanx, family: str, experts: int = 4) -> dict[str, Any]:
         return {"refused": str(error)}
     out: dict[str, Any] = _loop(model, optimizer, loader)
     out["losses"] = [float(px.reduce(torch.tensor(x), "mean")) for x in out["losses"]]
-    out["local_experts"] = [tuple(p.shape) for n, p in px.unwrap_model(model).named_parameters() if "experts" in n][:1]
+    named = list(px.unwrap_model(model).named_parameters())
+    out["local_experts"] = [tuple(p.shape) for n, p in named if "experts" in n][:1]
+    out["sharded"] = sorted(n for n, p in named if hasattr(p, "device_mesh"))  # FSDP2's DTensors under zero2/3
     out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
     if px.rank == 0:
         out["reference"] = _loop(start, torch.optim.AdamW(start.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH))

@@ -33,13 +33,13 @@ from phalanx.strategies.expert_parallel import ep_plan
 from phalanx.strategies.expert_parallel.dispatch import Dispatch
 from phalanx.strategies.grad_norm import total_norm
 from phalanx.strategies.layout import Layout
-from phalanx.strategies.parallel_plan import Sharding
 
 
 class ExpertParallel:
     """The experts of one prepared model, split over this rank's ep group."""
 
-    def __init__(self, model: nn.Module, layout: Layout, user_plan: Mapping[str, str] | None = None):
+    def __init__(self, model: nn.Module, layout: Layout, device: torch.device,
+                 user_plan: Mapping[str, str] | None = None):
         plan = layout.plan
         _refuse_compositions(model, layout)
         found = ep_plan.find(model, ep_plan.model_plan(model, user_plan), plan)
@@ -54,7 +54,8 @@ class ExpertParallel:
             for name in experts.params:
                 param = experts.module.get_parameter(name)
                 # the same Parameter keeps its place in an optimizer built before prepare
-                param.data = param.data[rank * local:(rank + 1) * local].clone()
+                # (and on the device: FSDP2 leaves the parameters it ignores where they are)
+                param.data = param.data[rank * local:(rank + 1) * local].to(device, copy=True)
                 param.register_hook(self._reduce)
                 self.names.append(f"{experts.name}.{name}")
                 self._grads.add(id(param))
@@ -89,15 +90,15 @@ class ExpertParallel:
         return (part + rest ** norm_type) ** (1.0 / norm_type)
 
     def full(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """`state` (this rank's state dict) with each split weight gathered whole (every rank joins)."""
+        """`state` with each split weight gathered whole where it holds one (every rank joins: under
+        zero2/zero3 only the main process's `state` holds weights)."""
         state = dict(state)
-        for name in self.names:
-            if name not in state:
-                continue
-            local = state[name].detach().contiguous()
+        for name, param in zip(self.names, self.params):
+            local = param.detach().contiguous()
             parts = [torch.empty_like(local) for _ in range(self.ranks)]
             dist.all_gather(parts, local, group=self.group)
-            state[name] = torch.cat(parts)
+            if name in state:
+                state[name] = torch.cat(parts).to(state[name].device)
         return state
 
 
@@ -109,17 +110,19 @@ def _refuse_compositions(model: nn.Module, layout: Layout) -> None:
         raise ValueError(f"ep={plan.ep} ({where}) with {'tp' if plan.tp > 1 else 'pp'}: expert parallel is not composed "
                          f"with tensor or pipeline parallel yet, so {kind}'s experts cannot be laid out. HINT: use ep with "
                          "ddp alone (tp=1, pp=1), or tp/pp without ep")
-    if plan.sharding is Sharding.OPTIMIZER or plan.uses_fsdp:
-        raise ValueError(f"ep={plan.ep} ({where}): expert parallel is composed with ddp only so far; under "
-                         f"{plan.preset} the data-parallel ranks would shard {kind}'s experts as if every rank held the same "
-                         "ones. HINT: use strategy ddp with ep, or zero2/zero3 without ep")
+    if plan.shards_optimizer_only:
+        raise ValueError(f"ep={plan.ep} ({where}): zero1 splits every parameter's optimizer state over the data-parallel "
+                         f"ranks as if each held the same ones, and under ep each holds other experts of {kind}. HINT: "
+                         "use strategy ddp, zero2 or zero3 with ep, or zero1 without ep")
 
 
-def apply(model: nn.Module, layout: Layout, user_plan: Mapping[str, str] | None = None) -> ExpertParallel | None:
-    """Split `model`'s experts over the layout's ep ranks (before data parallel wraps it); None when ep is 1."""
+def apply(model: nn.Module, layout: Layout, device: torch.device,
+          user_plan: Mapping[str, str] | None = None) -> ExpertParallel | None:
+    """Split `model`'s experts over the layout's ep ranks, on `device` (before data parallel wraps the
+    rest: DDP, or FSDP2 under zero2/zero3, both leaving the experts to this package); None when ep is 1."""
     if layout.plan.ep == 1:
         return None
-    return ExpertParallel(model, layout, user_plan)
+    return ExpertParallel(model, layout, device, user_plan)
 
 
 __all__ = ["ExpertParallel", "apply"]
