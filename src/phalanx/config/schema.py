@@ -171,6 +171,11 @@ SETTINGS: tuple[Setting, ...] = grouped(
             "context-parallel degree: ranks that split each row's sequence (long sequences; attention across the "
             "cut by Ulysses or an all-gather of keys and values, any mask); they read the same rows, and the "
             "data-parallel dims get the processes / (tp x pp x cp)"),
+    Setting("ep", kinds.integer(1), 1,
+            "expert-parallel degree: ranks that split each mixture-of-experts layer's experts (the model's "
+            "base_model_ep_plan), each token sent to its experts' rank and back by all-to-all; taken from the "
+            "data-parallel x cp ranks (it must divide them and the model's number of experts), whose non-expert "
+            "parameters stay data parallel (ddp, zero2, zero3)"),
     Setting("pp_schedule", kinds.choice(names.PP_SCHEDULES, names.canonical_pp_schedule), "1F1B",
             "pipeline schedule, torch's names in any case: 1F1B, GPipe (one stage per rank); Interleaved1F1B, "
             "LoopedBFS, InterleavedZeroBubble (2 stages per rank, looped); ZBVZeroBubble, DualPipeV (2 per rank, "

@@ -57,8 +57,11 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if plan.cpu_offload else OffloadPolicy()
     kwargs: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": precision.fsdp_policy(), "offload_policy": offload}
     looked_up = _shard_embeddings(model, units, plan, dp_mesh, options, device)
-    if looked_up:
-        kwargs["ignored_params"] = {e.weight for e in looked_up}
+    # what the model asks data parallel to leave alone (torch's DDP attribute; expert parallel's
+    # experts, reduced over their own ranks) stays whole here too
+    kept = {model.get_parameter(n) for n in getattr(model, "_ddp_params_and_buffers_to_ignore", ())}
+    if looked_up or kept:
+        kwargs["ignored_params"] = {e.weight for e in looked_up} | kept
     nested = any(a is not b and any(m is b for m in a.modules()) for a in units for b in units)
     reshard = plan.reshard_after_forward
     for i, unit in reversed(list(enumerate(units))):  # inner units first when nested
@@ -70,7 +73,7 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
     for root in roots:
         fully_shard(root, reshard_after_forward=False, **kwargs)
     use_gloo_collectives(units, roots, backend)  # gloo: cheaper than its own reduce-scatter and all-gather
-    if copyable and not looked_up:
+    if copyable and not looked_up and not kept:
         fsdp_copy.remember(model, units, [reshard and i < len(units) - 1 for i in range(len(units))], kwargs,
                            lambda us, rs: use_gloo_collectives(us, rs, backend))
     prefetch = options.forward_prefetch is not False  # default on (see StrategyOptions)

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from phalanx.logging.rank_log import get_logger
 from phalanx.strategies import presets
-from phalanx.strategies.parallel_plan import MESH_DIMS, ParallelPlan
+from phalanx.strategies.parallel_plan import DEGREES, ParallelPlan
 
 
 def inputs(strategy: str, settings: Any, *, world_size: int, local_world_size: int,
@@ -29,7 +29,7 @@ def inputs(strategy: str, settings: Any, *, world_size: int, local_world_size: i
     `settings`: the resolved PhalanxConfig (its mesh-dimension settings: tp, pp)."""
     name = presets.canonical(strategy)
     return {"strategy": presets.AUTO_CHOOSES[0] if name == presets.AUTO else name,
-            **{dim: getattr(settings, dim) for dim in MESH_DIMS if hasattr(settings, dim)},
+            **{dim: getattr(settings, dim) for dim in DEGREES if hasattr(settings, dim)},
             "world_size": world_size, "local_world_size": local_world_size, "cpu_offload": bool(cpu_offload),
             "replicate_size": replicate_size, "shard_size": shard_size}
 

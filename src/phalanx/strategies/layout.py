@@ -37,6 +37,15 @@ SPANS: dict[str, Span] = {
                           "the ranks that hold the same parameters: one pipeline stage's"),
 }
 
+# Groups cut out of a derived group instead of flattened from dims, each sized by the plan's field of
+# its name: expert parallel's ranks are the innermost `plan.ep` of the gradient ranks (neighbours in
+# the mesh, as torchtitan borrows ep from dp_shard x cp), and the ranks holding the same experts are
+# the rest of them (`plan.ep_replicate`). Both are one mesh, "grad" unflattened (ep_replicate, ep).
+PARTS: dict[str, str] = {
+    "ep": "the ranks one MoE layer's experts are split over: tokens go to their expert's rank (all-to-all)",
+    "ep_replicate": "the ranks that hold the same experts: their gradients are averaged over them",
+}
+
 
 class Layout:
     """The mesh and its named groups for `plan` on this rank (a world of one: no mesh, no groups)."""
@@ -47,6 +56,7 @@ class Layout:
         self._flat: dict[tuple[str, ...], Any] = {}  # dims flattened -> their mesh (one per set of ranks)
         self._pipelines: dict[tuple[int, ...], Any] = {}  # pipeline ranks -> this rank's group of them
         self._groups: dict[str, Any] = {}  # name -> its group: px.reduce asks on every call
+        self._parts: dict[str, Any] = {}  # "experts" -> "grad" unflattened into PARTS' dims
 
     @classmethod
     def build(cls, plan: ParallelPlan, device_type: str) -> "Layout":
@@ -59,10 +69,15 @@ class Layout:
         return cls(plan, init_device_mesh(device_type, tuple(degrees.values()), mesh_dim_names=tuple(degrees)))
 
     def mesh(self, name: str) -> Any:
-        """The 1-D mesh of a dim of `MESH_DIMS` or of a derived group of `SPANS`; "fully_shard": the mesh
+        """The 1-D mesh of a dim of `MESH_DIMS`, of a derived group of `SPANS` or of `PARTS`; "fully_shard": the mesh
         FSDP2 works over (dp_shard_cp alone, or dp_replicate x dp_shard_cp for replicas)."""
         if name in MESH_DIMS:
             return self.root[name]
+        if name in PARTS:
+            if "experts" not in self._parts:
+                sizes = tuple(getattr(self.plan, part) for part in PARTS)
+                self._parts["experts"] = self.mesh("grad")._unflatten(0, sizes, tuple(PARTS))
+            return self._parts["experts"][name]
         if name == "fully_shard":
             shard = self._flatten(self._dims("dp_shard_cp", keep="dp_shard"))
             return self.root["dp_replicate", shard] if self.plan.dp_replicate > 1 else self.root[shard]
@@ -98,6 +113,8 @@ class Layout:
         return dims or (span.alone,)
 
     def _size(self, name: str) -> int:
+        if name in PARTS:
+            return getattr(self.plan, name)
         dims = (name,) if name in MESH_DIMS else SPANS[name].dims
         size = 1
         for d in dims:

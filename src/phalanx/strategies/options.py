@@ -44,6 +44,9 @@ class StrategyOptions:
     """True or a dict of torch.compile options: compile each sharding unit's forward."""
     tp_plan: dict[str, str] | None = None
     """tp > 1: {module name pattern: style}; None: the model's own transformers plan."""
+    ep_plan: dict[str, str] | None = None
+    """ep > 1: {module or parameter name pattern: ep_dispatch_experts | grouped_gemm}; None: the model's
+    own transformers `base_model_ep_plan`."""
     sequence_parallel: bool = False
     """tp > 1: activations between the split layers stay split along the sequence."""
     pp_schedule: str = "1F1B"

@@ -23,6 +23,10 @@ from phalanx.config.names import Needs
 # Context parallel (cp) sits between the data-parallel dims and tp, as in torchtitan: its ranks
 # exchange keys and values on every layer, less often than tensor parallel's all-reduces.
 MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+# Every degree a setting of the same name gives: the mesh's dims, and expert parallel (ep), which
+# takes its ranks from the gradient ranks (data-parallel x cp, torchtitan's "ep borrows from
+# dp_shard x cp") instead of multiplying the world, so it is no dim of the mesh.
+DEGREES: tuple[str, ...] = (*MESH_DIMS, "ep")
 
 
 class Sharding(enum.IntEnum):
@@ -53,6 +57,11 @@ class ParallelPlan:
     cp: int = 1
     """Context-parallel ranks: each row's sequence cut over them; they read the same rows, and
     gradients are averaged (or parameters sharded) over the data-parallel and cp ranks together."""
+    ep: int = 1
+    """Expert-parallel ranks: each MoE layer's experts split over them, each token sent to its
+    experts' rank and back (all-to-all). Taken from the gradient ranks (data-parallel x cp): the
+    non-expert parameters stay data parallel over them; the experts are replicated over the
+    `ep_replicate` groups of ep ranks."""
     cpu_offload: bool = False
     """zero3: sharded parameters, gradients and optimizer state live in CPU memory."""
     threads_over_gpus: bool = False
@@ -63,6 +72,9 @@ class ParallelPlan:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"parallel plan: {name}={value!r} must be a positive whole number")
+        if not isinstance(self.ep, int) or self.ep < 1 or self.grad_size % self.ep:
+            raise ValueError(f"parallel plan: ep={self.ep!r} must be a positive whole number dividing the "
+                             f"{self.grad_size} data-parallel x cp ranks it takes its ranks from")
         if self.sharding < Sharding.GRADIENTS and self.dp_shard > 1:
             # parameters and gradients stay whole: every data-parallel rank is a replica (zero1
             # splits only its optimizer state, over all of them)
@@ -114,6 +126,11 @@ class ParallelPlan:
         """`nbytes` split evenly over the tensor-parallel ranks (an estimate: layers the tp plan leaves
         whole are not split)."""
         return nbytes // self.tp
+
+    @property
+    def ep_replicate(self) -> int:
+        """Copies of each expert: the groups of `ep` ranks the gradient ranks hold."""
+        return self.grad_size // self.ep
 
     def cp_rank(self, rank: int) -> int:
         """Which part of each row's sequence `rank` holds."""
@@ -216,5 +233,5 @@ class ParallelPlan:
     def describe(self) -> str:
         """One line for logs and errors: `zero3: dp_shard 2 x tp 2 (4 processes)`."""
         dims = [f"{name} {size}" for name, size in self.degrees().items() if size > 1]
-        extra = ", CPU offload" if self.cpu_offload else ""
+        extra = (f", experts over ep {self.ep}" if self.ep > 1 else "") + (", CPU offload" if self.cpu_offload else "")
         return f"{self.preset}: {' x '.join(dims) or 'one process'}{extra} ({self.world_size} process(es))"

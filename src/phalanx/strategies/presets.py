@@ -59,6 +59,8 @@ def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_w
     preset = PRESETS[key]
     if preset.threads_over_gpus and tp > 1:
         raise _one_process(f"tp={tp} needs {tp} processes per tensor-parallel group", "ddp, zero1, zero2, zero3 or hsdp with tp")
+    if preset.threads_over_gpus and settings.ep > 1:
+        raise _one_process(f"ep={settings.ep} splits the experts over {settings.ep} processes", "ddp, zero2 or zero3 with ep")
     if preset.threads_over_gpus and pp > 1:
         raise _one_process(f"pp={pp} needs a process per pipeline stage", "ddp, zero1, zero2, zero3 or hsdp with pp")
     if pp > 1 and world_size % (tp * pp):
@@ -99,8 +101,10 @@ def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_w
         replicate, shard = 1, dp
     else:
         replicate, shard = dp, 1
-    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, cp=cp, sharding=Sharding(preset.stage),
-                        cpu_offload=cpu_offload and Sharding(preset.stage) >= Sharding.GRADIENTS)
+    if world_size % (tp * pp * settings.ep):
+        raise _no_room_for_ep(settings, world_size)
+    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, cp=cp, ep=settings.ep,
+                        sharding=Sharding(preset.stage), cpu_offload=cpu_offload and Sharding(preset.stage) >= Sharding.GRADIENTS)
 
 
 def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> ParallelPlan:
@@ -118,9 +122,9 @@ def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> Para
 
 def at_scale(name: str, settings: config.PhalanxConfig) -> ParallelPlan:
     """The plan of `name` at the smallest scale its settings' layout runs in: two data-parallel ranks
-    at the settings' tp, pp and cp (a one-process run's settings are checked there: one script, every
+    (times ep) at the settings' tp, pp and cp (a one-process run's settings are checked there: one script, every
     scale). Auto decides between presets of the same degrees, so its first choice checks them."""
-    world = 2 * settings.tp * settings.pp * settings.cp
+    world = 2 * settings.tp * settings.pp * settings.cp * settings.ep  # ep takes its ranks from dp x cp
     return build(AUTO_CHOOSES[0] if canonical(name) == AUTO else name, settings, world_size=world,
                  local_world_size=world)
 
@@ -180,6 +184,18 @@ def check_cp(key: str, cp: int, *, world_size: int, tp: int, pp: int) -> None:
                          "microbatches would need their own cut). HINT: use cp with ddp, zero1, zero2, zero3 or tp, and pp=1")
     if world_size > 1 and world_size % (cp * tp):
         raise _indivisible("cp", cp, world_size, tp)
+
+
+def _no_room_for_ep(settings: config.PhalanxConfig, world_size: int) -> ValueError:
+    """ep takes its ranks from the data-parallel x cp ranks (the processes / (tp x pp)), never more."""
+    others = settings.tp * settings.pp
+    ranks = world_size // others
+    fits = ", ".join(str(d) for d in divisors(ranks) if d > 1) or "none (one data-parallel rank)"
+    with_others = f" (the {world_size} processes / tp x pp = {others})" if others > 1 else ""
+    return ValueError(f"ep={settings.ep} does not divide the {ranks} data-parallel x cp ranks{with_others} it takes its "
+                      f"expert-parallel ranks from (ep does not add processes: the experts are split over ranks that "
+                      f"also hold the non-expert parameters data parallel). HINT: choose ep among {fits}, or run a "
+                      f"multiple of {settings.ep * others} processes")
 
 
 def _one_process(what: str, instead: str) -> ValueError:

@@ -15,11 +15,12 @@ from phalanx.loop.precision import Precision
 from phalanx.model import activation_ckpt, sync_batchnorm
 from phalanx.runtime.context import DistContext
 from phalanx.logging.rank_log import get_logger
-from phalanx.strategies import fsdp, grad_norm, optimizer_kinds, whole_tensor_step
+from phalanx.strategies import expert_parallel, fsdp, grad_norm, optimizer_kinds, whole_tensor_step
 from phalanx.strategies.module_attr import answer_module_attribute
 from phalanx.strategies.optimizer_kinds import Route
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.context.step import ContextParallel
+from phalanx.strategies.expert_parallel import clip as expert_clip
 from phalanx.strategies.layout import Layout
 from phalanx.strategies.parallelize import Wrapper, parallelize
 from phalanx.strategies.pipeline import grads as pipeline_grads
@@ -59,6 +60,7 @@ class ParallelStrategy:
         # sets its own: tied gradients summed, num_items' rescale)
         self.before_clip: Callable[[], None] = self.before_step
         self._zero1_grads: list[Zero1Grads] = []  # zero1: the prepared models' reduce-scatter hooks
+        self._experts: dict[int, expert_parallel.ExpertParallel] = {}  # id(prepared model) -> its split experts
 
     @property
     def name(self) -> str:
@@ -69,6 +71,8 @@ class ParallelStrategy:
         self.context.prepare(model)  # cp: the model's attention sent across the cut, or refused
         # every name of a tied parameter: a pipeline stage may hold it under one of them only
         before = list(model.named_parameters(remove_duplicate=False))
+        # ep: each MoE layer keeps this rank's experts and sends tokens to theirs (before DDP wraps it)
+        experts = expert_parallel.apply(model, self.layout, self.ctx.device, self.options.ep_plan)
         done = parallelize(model, self.layout, options=self.options, precision=self.precision,
                            device=self.ctx.device, backend=self.ctx.backend)
         self.wrapper = done.wrapper
@@ -83,6 +87,10 @@ class ParallelStrategy:
             if after.get(name) is None and done.pipeline is not None and id(old) not in self._rebind \
                     and id(old) not in self._prepared_params:  # cut away: another rank's stage
                 self._elsewhere[id(old)] = weakref.ref(old)
+        if experts is not None:  # clipping counts every rank's experts; full weights gather them
+            self._experts[id(self.unwrap(done.model))] = experts
+            pipeline_grads.route_torch_clip(self.unwrap(done.model), experts.norm)
+            expert_clip.scale_each_kind()
         scattered = getattr(done.model, "phalanx_zero1_grads", None)
         if scattered is not None:  # zero1: clipping combines the owners' norms
             self._zero1_grads.append(scattered)
@@ -201,6 +209,8 @@ class ParallelStrategy:
             counted_elsewhere = {id(p) for runner in self._pipelines.values() for p in runner.counted_elsewhere()}
             return pipeline_grads.clip_grad_norm_(parameters, max_norm, norm_type, pp_group=self.layout.mesh("pp"),
                                                   uncounted=counted_elsewhere)
+        if self._experts:  # torch's clip, routed: the norm counts every rank's experts once
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type)
         return grad_norm.clip_(list(parameters), max_norm, norm_type)
 
     def _pipeline_norm(self, grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
@@ -224,11 +234,14 @@ class ParallelStrategy:
         among them), on CPU; the other ranks get {}."""
         if self.plan.pp > 1:  # every rank takes part: each stage's shards, then the stages
             return pipeline_state.gather_full_state_dict(self.unwrap(model), self.layout.mesh("pp"))
+        experts = self._experts.get(id(self.unwrap(model)))
         if not self.plan.shards_parameters:
-            return {k: v.detach() for k, v in self.unwrap(model).state_dict().items()}
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            state = {k: v.detach() for k, v in self.unwrap(model).state_dict().items()}
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return experts.full(state) if experts is not None else state
 
 
 @contextlib.contextmanager

@@ -1,0 +1,128 @@
+"""Expert parallel (`ep`): each MoE layer's experts split over `plan.ep` ranks, tokens sent to them.
+
+The ep ranks are taken from the gradient ranks (data-parallel x cp, the innermost `ep` of them:
+`layout.mesh("ep")`), as torchtitan takes them from dp_shard x cp: ep adds no process. The
+non-expert parameters stay data parallel over all of those ranks (DDP); the experts modules the
+model's `base_model_ep_plan` (or `strategy_options={"ep_plan": ...}`) names keep only this rank's
+slice of their 3-D weights (experts [r * E/ep, (r+1) * E/ep)), are left out of DDP, and run their
+tokens through `Dispatch` (dispatch.py).
+
+Gradients, so that a step equals one process. Each of the N gradient ranks computes its loss L_r as
+the mean over its own tokens, and data parallel averages: the one-process gradient is
+(1/N) sum_r dL_r/dW. An expert's weights on rank e receive, through the all-to-all's backward, the
+gradient of the losses of every rank of its ep group: sum over those ep ranks of dL_r/dW. The
+groups of ep ranks are N/ep copies of each expert (`ep_replicate`), each summing its own group's
+ranks; so the one-process gradient is (1/N) x the sum over the copies = (1/ep) x their mean. Each
+expert gradient is divided by ep as it arrives and averaged over its copies (when there are any).
+
+Gradient clipping: torch's `clip_grad_norm_` on the prepared model (and `px.clip_grad_norm_`) gets
+the norm over every expert: this rank's expert gradients' p-th powers summed over the ep ranks, with
+the data-parallel gradients' norm (the same on every rank). Full weights (`px.get_state_dict`) gather
+each expert weight back to its one-process shape.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from phalanx.strategies.expert_parallel import ep_plan
+from phalanx.strategies.expert_parallel.dispatch import Dispatch
+from phalanx.strategies.grad_norm import total_norm
+from phalanx.strategies.layout import Layout
+
+
+class ExpertParallel:
+    """The experts of one prepared model, split over this rank's ep group."""
+
+    def __init__(self, model: nn.Module, layout: Layout, device: torch.device,
+                 user_plan: Mapping[str, str] | None = None):
+        plan = layout.plan
+        _refuse_compositions(model, layout)
+        found = ep_plan.find(model, ep_plan.model_plan(model, user_plan), plan)
+        self.ranks = plan.ep
+        self.group = layout.group("ep")
+        self.copies = layout.group("ep_replicate") if plan.ep_replicate > 1 else None
+        rank = layout.mesh("ep").get_local_rank()
+        self.names: list[str] = []  # full names (in `model`) of the split weights
+        self._grads: set[int] = set()  # ids of the split weights, whose gradients are partial norms
+        for experts in found:
+            local = experts.num_experts // self.ranks
+            for name in experts.params:
+                param = experts.module.get_parameter(name)
+                # the same Parameter keeps its place in an optimizer built before prepare
+                # (and on the device: FSDP2 leaves the parameters it ignores where they are)
+                param.data = param.data[rank * local:(rank + 1) * local].to(device, copy=True)
+                param.register_hook(self._reduce)
+                self.names.append(f"{experts.name}.{name}")
+                self._grads.add(id(param))
+            if hasattr(experts.module, "num_experts"):
+                experts.module.num_experts = local  # the model's forward counts its local experts
+            experts.module.forward = Dispatch(experts.module.forward, self.group, self.ranks, local)
+        self.params = [model.get_parameter(name) for name in self.names]
+        # DDP leaves them alone: their gradients are reduced here, over the ranks holding the same experts
+        ignored = list(getattr(model, "_ddp_params_and_buffers_to_ignore", ())) + self.names
+        model._ddp_params_and_buffers_to_ignore = ignored
+
+    def _reduce(self, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad / self.ranks
+        if self.copies is not None:
+            dist.all_reduce(grad, op=dist.ReduceOp.AVG, group=self.copies)
+        return grad
+
+    def norm(self, grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+        """The norm of `grads` (torch's clip_grad_norm_ routes here) with every rank's experts counted once."""
+        owned = {id(p.grad) for p in self.params if p.grad is not None}
+        experts = [g for g in grads if id(g) in owned]
+        part = total_norm(experts, norm_type).float() if experts else torch.tensor(0.0)
+        part = part.to(grads[0].device) if grads else part
+        if math.isinf(norm_type):
+            dist.all_reduce(part, op=dist.ReduceOp.MAX, group=self.group)
+        else:
+            part = part ** norm_type
+            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=self.group)
+        rest = total_norm([g for g in grads if id(g) not in owned], norm_type).float().to(part.device)
+        if math.isinf(norm_type):
+            return torch.maximum(part, rest)
+        return (part + rest ** norm_type) ** (1.0 / norm_type)
+
+    def full(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`state` with each split weight gathered whole where it holds one (every rank joins: under
+        zero2/zero3 only the main process's `state` holds weights)."""
+        state = dict(state)
+        for name, param in zip(self.names, self.params):
+            local = param.detach().contiguous()
+            parts = [torch.empty_like(local) for _ in range(self.ranks)]
+            dist.all_gather(parts, local, group=self.group)
+            if name in state:
+                state[name] = torch.cat(parts).to(state[name].device)
+        return state
+
+
+def _refuse_compositions(model: nn.Module, layout: Layout) -> None:
+    """ValueError for the layouts ep is not composed with yet (each with what runs instead)."""
+    plan = layout.plan
+    kind, where = type(model).__name__, plan.describe()
+    if plan.tp > 1 or plan.pp > 1:
+        raise ValueError(f"ep={plan.ep} ({where}) with {'tp' if plan.tp > 1 else 'pp'}: expert parallel is not composed "
+                         f"with tensor or pipeline parallel yet, so {kind}'s experts cannot be laid out. HINT: use ep with "
+                         "ddp alone (tp=1, pp=1), or tp/pp without ep")
+    if plan.shards_optimizer_only:
+        raise ValueError(f"ep={plan.ep} ({where}): zero1 splits every parameter's optimizer state over the data-parallel "
+                         f"ranks as if each held the same ones, and under ep each holds other experts of {kind}. HINT: "
+                         "use strategy ddp, zero2 or zero3 with ep, or zero1 without ep")
+
+
+def apply(model: nn.Module, layout: Layout, device: torch.device,
+          user_plan: Mapping[str, str] | None = None) -> ExpertParallel | None:
+    """Split `model`'s experts over the layout's ep ranks, on `device` (before data parallel wraps the
+    rest: DDP, or FSDP2 under zero2/zero3, both leaving the experts to this package); None when ep is 1."""
+    if layout.plan.ep == 1:
+        return None
+    return ExpertParallel(model, layout, device, user_plan)
+
+
+__all__ = ["ExpertParallel", "apply"]

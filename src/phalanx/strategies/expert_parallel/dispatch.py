@@ -1,0 +1,61 @@
+"""An experts module's forward over the expert-parallel ranks: each (token, choice) pair goes by
+all-to-all to the rank holding its expert, runs through the model's own experts forward there (on
+this rank's experts, renumbered from 0), comes back by the reverse all-to-all and is weighted by its
+router weight where it came from, as one process weights it.
+
+transformers 5's experts modules (Qwen3-MoE, Mixtral, OLMoE, GPT-OSS, DeepSeek-V3) take
+`forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])`; the model's math is kept
+by calling that forward with each received row as one top-1 choice of weight 1. No pair is dropped:
+the split sizes differ by rank and step (exchanged first, one small all-to-all), and gloo and NCCL
+take uneven splits (measured on gloo: uneven and empty splits, with autograd).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+# torch's differentiable all-to-all (torch.distributed.nn.functional's is deprecated for it); its
+# backward is the reverse exchange. A private module path: used here only.
+from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
+
+
+class Dispatch:
+    """The forward of one experts module holding experts [first, first + local) of `ranks` x `local`."""
+
+    def __init__(self, forward: Callable[..., torch.Tensor], group: Any, ranks: int, local: int):
+        self.forward = forward  # the module's own forward, over its local experts
+        self.group = group  # the ep ranks' group (None: every rank)
+        self.ranks = ranks
+        self.local = local
+
+    def __call__(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                 *args: Any, **kwargs: Any) -> torch.Tensor:
+        tokens, k = top_k_index.shape
+        experts = top_k_index.reshape(-1)
+        order = torch.argsort(experts, stable=True)  # pairs by expert, so by the rank holding it
+        sent = hidden_states[order // k]
+        counts = torch.bincount(experts, minlength=self.ranks * self.local).view(self.ranks, self.local)
+        received_counts = torch.empty_like(counts)
+        dist.all_to_all_single(received_counts, counts, group=self.group)  # how many rows each expert gets
+        send_sizes, receive_sizes = counts.sum(1).tolist(), received_counts.sum(1).tolist()
+        received = _exchange(sent, receive_sizes, send_sizes, self.group)
+        ids = torch.arange(self.local, device=experts.device).repeat(self.ranks)
+        ids = ids.repeat_interleave(received_counts.reshape(-1)).unsqueeze(-1)
+        if received.shape[0] == 0:
+            # nothing for this rank's experts: one zero row keeps them (and the exchange) in backward, so
+            # every rank takes part in the same collectives; its zero gradient changes nothing
+            out = self.forward(received.sum(0, keepdim=True), ids.new_zeros(1, 1),
+                               received.new_ones(1, 1), *args, **kwargs)[:0]
+        else:
+            out = self.forward(received, ids, torch.ones_like(ids, dtype=received.dtype), *args, **kwargs)
+        back = _exchange(out, send_sizes, receive_sizes, self.group)
+        per_pair = back[torch.argsort(order)].view(tokens, k, -1)  # each pair in its token's place again
+        weighted = per_pair * top_k_weights.unsqueeze(-1).to(per_pair.dtype)
+        return weighted.sum(1).to(hidden_states.dtype)
+
+
+def _exchange(rows: torch.Tensor, receive: list[int], send: list[int], group: Any) -> torch.Tensor:
+    """`rows` split by `send` to each rank, `receive` from each; differentiable (backward: the reverse)."""
+    return wait_tensor(all_to_all_single_autograd(rows.contiguous(), receive, send,
+                                                  group if group is not None else dist.group.WORLD))

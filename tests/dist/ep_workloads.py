@@ -1,0 +1,89 @@
+"""Training runs for the expert-parallel tests: tiny transformers MoE models (4 experts, top 2) trained
+as transformers' docs write the loop (`labels=`, `loss.backward()`, torch's `clip_grad_norm_`, AdamW)
+under `Phalanx(ep=2, ...)`, and the same loop in one process with no phalanx, computed in rank 0 on
+the same global batches. The router's load-balancing loss is off (`output_router_logits=False`):
+its global form over the data-parallel ranks is another change's."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from phalanx import Phalanx
+
+VOCAB, SEQ, SAMPLES, STEPS, BATCH, LR, MAX_NORM = 64, 8, 48, 5, 8, 1e-3, 1.0
+
+
+def make_model(family: str, experts: int = 4) -> nn.Module:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  num_experts_per_tok=2, output_router_logits=False, max_position_embeddings=2 * SEQ,
+                  attn_implementation="eager")
+    if family == "qwen3_moe":
+        config = tf.Qwen3MoeConfig(num_experts=4, moe_intermediate_size=16, intermediate_size=64, head_dim=8,
+                                   decoder_sparse_step=1, **common)
+        return tf.Qwen3MoeForCausalLM(config)
+    if family == "olmoe":
+        return tf.OlmoeForCausalLM(tf.OlmoeConfig(num_experts=4, intermediate_size=16, **common))
+    if family == "gpt_oss":
+        config = tf.GptOssConfig(num_local_experts=4, intermediate_size=16, head_dim=8, sliding_window=SEQ,
+                                 layer_types=["sliding_attention", "full_attention"], **common)
+        return tf.GptOssForCausalLM(config)
+    if family == "dense":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**{k: v for k, v in common.items() if "exp" not in k
+                                                      and k != "output_router_logits"}, intermediate_size=32))
+    return tf.MixtralForCausalLM(tf.MixtralConfig(num_local_experts=experts, intermediate_size=16, **common))
+
+
+def _data() -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g))
+
+
+def _loop(model: nn.Module, optimizer: Any, batches: Any) -> dict[str, list[float]]:
+    losses, norms = [], []
+    for (batch,) in batches:
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        if len(losses) == STEPS:
+            break
+    return {"losses": losses, "norms": norms}
+
+
+def train(px: Phalanx, family: str, experts: int = 4) -> dict[str, Any]:
+    """STEPS AdamW steps of `family` prepared by `px`, or what prepare refused; rank 0 adds one process's."""
+    start = make_model(family, experts)
+    model = copy.deepcopy(start)
+    try:
+        model, optimizer, loader = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
+                                              DataLoader(_data(), batch_size=BATCH // px.dp_size))
+    except ValueError as error:
+        return {"refused": str(error)}
+    out: dict[str, Any] = _loop(model, optimizer, loader)
+    out["losses"] = [float(px.reduce(torch.tensor(x), "mean")) for x in out["losses"]]
+    named = list(px.unwrap_model(model).named_parameters())
+    out["local_experts"] = [tuple(p.shape) for n, p in named if "experts" in n][:1]
+    out["sharded"] = sorted(n for n, p in named if hasattr(p, "device_mesh"))  # FSDP2's DTensors under zero2/3
+    out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
+    if px.rank == 0:
+        out["reference"] = _loop(start, torch.optim.AdamW(start.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH))
+        out["reference"]["state"] = {k: v.detach().clone().float() for k, v in start.state_dict().items()}
+    return out
+
+
+def matrix(cases: dict[str, dict]) -> dict[str, dict]:
+    """Every case in order in this rank (`settings` for Phalanx, `family`): one process group serves them all."""
+    out = {}
+    for name, case in cases.items():
+        px = Phalanx(**case["settings"])
+        out[name] = train(px, case["family"], case.get("experts", 4))
+    return out

@@ -1,0 +1,85 @@
+"""Expert parallel (`Phalanx(ep=2)`, `--ep 2`): transformers MoE models as they come, their experts
+split over 2 gloo ranks (2 of 4 each) and tokens sent to them by all-to-all, train equal to one
+process with no phalanx: per-step loss and grad norm (torch's clip_grad_norm_) within 2e-4, final
+weights gathered to their one-process names and shapes; the non-expert parameters data parallel
+(ddp) or sharded (zero3) over the same ranks; on 4 ranks, 2 copies of each expert. What ep cannot
+lay out is refused at prepare."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist.harness import run_ranks
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
+
+EP2 = {"strategy": "ddp", "ep": 2}
+CASES = {
+    "qwen3_moe": {"family": "qwen3_moe", "settings": EP2},
+    "mixtral": {"family": "mixtral", "settings": EP2},
+    "qwen3_moe zero3": {"family": "qwen3_moe", "settings": {"strategy": "zero3", "ep": 2}},
+    "zero1": {"family": "qwen3_moe", "settings": {"strategy": "zero1", "ep": 2}},
+    "dense model": {"family": "dense", "settings": EP2},
+    "3 experts": {"family": "mixtral", "experts": 3, "settings": EP2},
+}
+MORE = {"olmoe": {"family": "olmoe", "settings": EP2}, "gpt_oss": {"family": "gpt_oss", "settings": EP2}}
+COPIES = {"mixtral ddp": {"family": "mixtral", "settings": EP2},  # on 4 ranks: 2 copies of each expert
+          "mixtral zero3": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 2}}}
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict]:
+    return run_ranks("tests.dist.ep_workloads:matrix", 2, args=(CASES,), timeout=400)
+
+
+def _equal_to_one_process(ranks: list[dict], name: str) -> None:
+    ref = ranks[0][name]["reference"]
+    for rank in ranks:
+        run = rank[name]
+        assert "refused" not in run, run.get("refused")
+        assert run["local_experts"] == [(2, *run["local_experts"][0][1:])]  # 2 of the 4 experts on each rank
+        assert not any("experts" in n for n in run["sharded"])  # the experts are ep's, not FSDP2's
+        assert bool(run["sharded"]) == ("zero3" in name)  # the rest sharded under zero3
+        torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
+        torch.testing.assert_close(torch.tensor(run["norms"]), torch.tensor(ref["norms"]), rtol=2e-4, atol=0)
+    state = ranks[0][name]["state"]  # the main process's (zero3 gives the others {})
+    assert state.keys() == ref["state"].keys()
+    for key, value in ref["state"].items():  # every expert back in its one-process place
+        torch.testing.assert_close(state[key], value, rtol=2e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "qwen3_moe zero3"])
+def test_ep2_equals_one_process(ranks, name):
+    _equal_to_one_process(ranks, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MORE))
+def test_ep2_equals_one_process_olmoe_gpt_oss(name):
+    _equal_to_one_process(_spawned(MORE), name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(COPIES))
+def test_ep2_on_4_ranks_equals_one_process(name):
+    _equal_to_one_process(_spawned(COPIES, 4), name)
+
+
+_spawns: dict[int, list[dict]] = {}
+
+
+def _spawned(cases: dict, world: int = 2) -> list[dict]:
+    """One spawn of ranks per case table, shared by its tests."""
+    if id(cases) not in _spawns:
+        _spawns[id(cases)] = run_ranks("tests.dist.ep_workloads:matrix", world, args=(cases,), timeout=500)
+    return _spawns[id(cases)]
+
+
+def test_what_ep_cannot_lay_out_is_refused_at_prepare(ranks):
+    for rank in ranks:
+        dense = rank["dense model"]["refused"]
+        assert "ep=2" in dense and "LlamaForCausalLM has no mixture-of-experts layer" in dense and "HINT" in dense
+        odd = rank["3 experts"]["refused"]
+        assert "hold 3 experts each" in odd and "model.layers.0.mlp.experts" in odd and "HINT: choose ep among" in odd
+        zero1 = rank["zero1"]["refused"]
+        assert "ep=2" in zero1 and "zero1 splits" in zero1 and "HINT: use strategy ddp, zero2 or zero3 with ep" in zero1

@@ -1,0 +1,80 @@
+"""`ep` as a setting and a degree of the plan: one schema row (flag, variable, YAML, Phalanx()), taken
+from the data-parallel x cp ranks (no process added), refused up front where it does not divide them,
+and at prepare (in one process, no group) for a model ep cannot lay out: each message with the
+numbers, the degrees that fit and a HINT."""
+from __future__ import annotations
+
+import pytest
+
+from phalanx import config
+from phalanx.strategies import job_plan, presets, settings_check
+from phalanx.strategies.expert_parallel import ep_plan
+from tests.dist.ep_workloads import make_model
+
+
+def build(name: str, world: int, ep: int, **degrees: int):
+    return presets.build(name, presets.asking(ep=ep, **degrees), world_size=world, local_world_size=world)
+
+
+def test_ep_is_one_row_read_from_every_source(tmp_path):
+    row = config.BY_NAME["ep"]
+    assert (row.flag, row.env, row.default) == ("--ep", "PHALANX_EP", 1)
+    assert presets.asking(ep=2).ep == 2  # Phalanx(ep=2)
+    assert config.resolve(config.from_env({"PHALANX_EP": "4"}), warn=False).config.ep == 4
+    (tmp_path / "run.yaml").write_text("ep: 2\n")
+    assert config.resolve(config.from_yaml(tmp_path / "run.yaml"), warn=False).config.ep == 2
+
+
+def test_ep_takes_its_ranks_from_the_data_parallel_ranks():
+    plan = build("ddp", 4, 2)
+    assert plan.world_size == 4 and plan.degrees()["dp_replicate"] == 4  # no process added
+    assert (plan.ep, plan.ep_replicate) == (2, 2) and "experts over ep 2" in plan.describe()
+    assert build("zero3", 4, 4).ep_replicate == 1
+    assert build("ddp", 4, 2, cp=2).ep == 2  # the cp ranks count: gradient ranks = dp x cp
+    assert build("ddp", 1, 4).ep == 1  # a world of one runs the model as it is
+    given = job_plan.inputs("ddp", presets.asking(ep=2), world_size=4, local_world_size=4)
+    assert given["ep"] == 2  # a worker asking another ep never adopts the launcher's plan
+
+
+def test_ep_that_does_not_divide_the_data_parallel_ranks_is_refused_up_front():
+    with pytest.raises(ValueError) as error:
+        build("ddp", 4, 3)
+    assert "ep=3 does not divide the 4 data-parallel x cp ranks" in str(error.value)
+    assert "HINT: choose ep among 2, 4" in str(error.value)
+    with pytest.raises(ValueError) as error:
+        build("ddp", 4, 4, tp=2)
+    assert "the 2 data-parallel x cp ranks" in str(error.value) and "choose ep among 2" in str(error.value)
+    # the settings check of a world of one checks the smallest layout ep fits in: nothing refused
+    resolved = config.resolve(config.from_kwargs({"ep": 4, "strategy": "ddp"}), warn=False)
+    plan = presets.build("ddp", resolved.config, world_size=1, local_world_size=1)
+    assert settings_check.checked_plan(resolved, plan).ep == 4
+
+
+def test_a_model_ep_cannot_lay_out_is_refused_with_the_numbers():
+    plan = build("ddp", 4, 4)
+    with pytest.raises(ValueError) as error:
+        ep_plan.find(make_model("dense"), ep_plan.model_plan(make_model("dense"), None), plan)
+    text = str(error.value)
+    assert "LlamaForCausalLM has no mixture-of-experts layer" in text and "declares no base_model_ep_plan" in text
+    assert "HINT: use ep=1" in text
+    six = make_model("mixtral", experts=6)
+    with pytest.raises(ValueError) as error:
+        ep_plan.find(six, ep_plan.model_plan(six, None), plan)
+    text = str(error.value)
+    assert "hold 6 experts each (model.layers.0.mlp.experts), which 4 expert-parallel ranks" in text
+    assert "HINT: choose ep among 2 (dividing both the 6 experts and the 4 data-parallel x cp ranks)" in text
+
+
+def test_the_models_own_plan_or_the_users_names_the_experts():
+    model = make_model("qwen3_moe")
+    found = ep_plan.find(model, ep_plan.model_plan(model, None), build("ddp", 2, 2))
+    assert [(e.name, e.params, e.num_experts) for e in found] == [
+        (f"model.layers.{i}.mlp.experts", ("gate_up_proj", "down_proj"), 4) for i in range(2)]
+    gpt = make_model("gpt_oss")
+    found = ep_plan.find(gpt, ep_plan.model_plan(gpt, None), build("ddp", 2, 2))
+    assert found[0].params == ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+    user = {"model.layers.0.mlp.experts": "ep_dispatch_experts", "model.layers.0.mlp.experts.down_proj": "grouped_gemm"}
+    found = ep_plan.find(model, ep_plan.model_plan(model, user), build("ddp", 2, 2))
+    assert [(e.name, e.params) for e in found] == [("model.layers.0.mlp.experts", ("down_proj",))]
+    with pytest.raises(ValueError, match="style\\(s\\) \\['colwise'\\]"):
+        ep_plan.find(model, {"model.layers.0.mlp.experts": "colwise"}, build("ddp", 2, 2))
