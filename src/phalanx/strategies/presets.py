@@ -144,7 +144,7 @@ def larger_tp(plan: ParallelPlan, local_world_size: int) -> list[ParallelPlan]:
     for candidate in range(plan.tp + 1, local_world_size + 1):
         if local_world_size % candidate or plan.stage_ranks % candidate:
             continue
-        degrees = types.SimpleNamespace(tp=candidate, pp=plan.pp, cp=plan.cp)
+        degrees = types.SimpleNamespace(tp=candidate, pp=plan.pp, cp=plan.cp, ep=plan.ep)
         try:
             found.append(build(plan.preset, degrees, world_size=plan.world_size, local_world_size=local_world_size))
         except ValueError:  # the data-parallel dims left do not fit (hsdp's nodes): no such layout
