@@ -2,7 +2,8 @@
 split over 2 gloo ranks (2 of 4 each) and tokens sent to them by all-to-all, train equal to one
 process with no phalanx: per-step loss and grad norm (torch's clip_grad_norm_) within 2e-4, final
 weights gathered to their one-process names and shapes; the non-expert parameters data parallel
-(ddp) or sharded (zero3) over the same ranks; on 4 ranks, 2 copies of each expert. What ep cannot
+(ddp) or sharded (zero3) over the same ranks; on 4 ranks, 2 copies of each expert. A checkpoint
+saved under ep 2 reads in one process with one-process names and resumes under ep 2. What ep cannot
 lay out is refused at prepare."""
 from __future__ import annotations
 
@@ -28,8 +29,11 @@ COPIES = {"mixtral ddp": {"family": "mixtral", "settings": EP2},  # on 4 ranks: 
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[dict]:
-    return run_ranks("tests.dist.ep_workloads:matrix", 2, args=(CASES,), timeout=400)
+def ranks(tmp_path_factory) -> list[dict]:
+    saved = str(tmp_path_factory.mktemp("ep") / "checkpoint")
+    cases = {**CASES, "qwen3_moe": {**CASES["qwen3_moe"], "checkpoint": saved},
+             "resumed": {"family": "qwen3_moe", "settings": EP2, "resume": saved}}
+    return run_ranks("tests.dist.ep_workloads:matrix", 2, args=(cases,), timeout=400)
 
 
 def _equal_to_one_process(ranks: list[dict], name: str) -> None:
@@ -73,6 +77,23 @@ def _spawned(cases: dict, world: int = 2) -> list[dict]:
     if id(cases) not in _spawns:
         _spawns[id(cases)] = run_ranks("tests.dist.ep_workloads:matrix", world, args=(cases,), timeout=500)
     return _spawns[id(cases)]
+
+
+def test_a_checkpoint_saved_under_ep2_loads_in_one_process_and_resumes(ranks):
+    trained = ranks[0]["qwen3_moe"]["state"]
+    for rank in ranks:
+        saved = rank["qwen3_moe"]["checkpoint"]
+        one = saved["one_process"]  # read with no process group: every expert whole, its one-process name
+        assert one.keys() == trained.keys()
+        assert one["model.layers.0.mlp.experts.gate_up_proj"].shape == (4, 32, 32)
+        for key, value in trained.items():
+            assert torch.equal(one[key], value), key
+        resumed = rank["resumed"]
+        assert len(resumed["exp_avg"]) == len(saved["exp_avg"]) == 4  # each rank's part of the 4 expert weights
+        for before, after in zip(saved["exp_avg"], resumed["exp_avg"]):
+            assert torch.equal(before, after)
+    for key, value in trained.items():
+        assert torch.equal(ranks[0]["resumed"]["state"][key], value), key
 
 
 def test_what_ep_cannot_lay_out_is_refused_at_prepare(ranks):
