@@ -34,6 +34,12 @@ def make_model(family: str, experts: int = 4) -> nn.Module:
         config = tf.GptOssConfig(num_local_experts=4, intermediate_size=16, head_dim=8, sliding_window=SEQ,
                                  layer_types=["sliding_attention", "full_attention"], **common)
         return tf.GptOssForCausalLM(config)
+    if family == "deepseek_v3":  # shared experts beside the routed ones
+        config = tf.DeepseekV3Config(n_routed_experts=4, n_shared_experts=1, moe_intermediate_size=16,
+                                     intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=0,
+                                     kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=4,
+                                     v_head_dim=8, num_mtp_layers=0, **{**common, "num_key_value_heads": 4})
+        return tf.DeepseekV3ForCausalLM(config)
     if family == "dense":
         return tf.LlamaForCausalLM(tf.LlamaConfig(**{k: v for k, v in common.items() if "exp" not in k
                                                       and k != "output_router_logits"}, intermediate_size=32))
@@ -96,9 +102,9 @@ def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "") -> d
     out: dict[str, Any] = _loop(model, optimizer, loader)
     out["losses"] = [float(px.reduce(torch.tensor(x), "mean")) for x in out["losses"]]
     named = list(px.unwrap_model(model).named_parameters())
-    out["local_experts"] = [tuple(p.to_local().shape) for n, p in named if "experts" in n][:1]
+    out["local_experts"] = [tuple(p.to_local().shape) for n, p in named if ".experts." in n][:1]
     # FSDP2's DTensors under zero2/3 (the experts' are ep's: Shard(0) of the one-process shape)
-    out["sharded"] = sorted(n for n, p in named if hasattr(p, "device_mesh") and "experts" not in n)
+    out["sharded"] = sorted(n for n, p in named if hasattr(p, "device_mesh") and ".experts." not in n)
     out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
     if checkpoint:
         out["checkpoint"] = _saved(px, optimizer, checkpoint)

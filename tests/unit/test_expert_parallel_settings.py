@@ -99,3 +99,17 @@ def test_phalanx_plan_ep_shows_expert_and_other_bytes_per_rank():
     assert experts.report(argparse.Namespace(ep=1), model, sizes, "adamw", memory.format_bytes) == ""
     with pytest.raises(ValueError, match="ep=3 does not divide the 4 data-parallel"):
         experts.report(argparse.Namespace(**{**vars(args), "ep": 3}), model, sizes, "adamw", memory.format_bytes)
+
+
+def test_layouts_ep_is_not_composed_with_are_refused_before_anything_is_split():
+    import torch
+
+    from phalanx.strategies.expert_parallel import ExpertParallel
+    from phalanx.strategies.layout import Layout
+
+    with torch.device("meta"):
+        meta = make_model("qwen3_moe")
+    with pytest.raises(ValueError, match="on the meta device .* HINT: under ep, build the model outside px.init_module"):
+        ExpertParallel(meta, Layout(build("zero3", 2, 2), None), torch.device("cpu"))
+    with pytest.raises(ValueError, match="ep=2 .* with tp: expert parallel is not composed with tensor or pipeline"):
+        ExpertParallel(make_model("qwen3_moe"), Layout(build("ddp", 4, 2, tp=2), None), torch.device("cpu"))

@@ -101,6 +101,10 @@ def _refuse_compositions(model: nn.Module, layout: Layout) -> None:
         raise ValueError(f"ep={plan.ep} ({where}) with {'tp' if plan.tp > 1 else 'pp'}: expert parallel is not composed "
                          f"with tensor or pipeline parallel yet, so {kind}'s experts cannot be laid out. HINT: use ep with "
                          "ddp alone (tp=1, pp=1), or tp/pp without ep")
+    if any(p.is_meta for p in model.parameters()):
+        raise ValueError(f"ep={plan.ep} ({where}): {kind} is on the meta device (built under px.init_module()), and "
+                         "expert parallel takes each rank's experts from the materialized weights. HINT: under ep, "
+                         "build the model outside px.init_module() (prepare keeps this rank's experts and frees the rest)")
     if plan.shards_optimizer_only:
         raise ValueError(f"ep={plan.ep} ({where}): zero1 splits every parameter's optimizer state over the data-parallel "
                          f"ranks as if each held the same ones, and under ep each holds other experts of {kind}. HINT: "
