@@ -102,7 +102,7 @@ def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "") -> d
     out: dict[str, Any] = _loop(model, optimizer, loader)
     out["losses"] = [float(px.reduce(torch.tensor(x), "mean")) for x in out["losses"]]
     named = list(px.unwrap_model(model).named_parameters())
-    out["local_experts"] = [tuple(p.to_local().shape) for n, p in named if ".experts." in n][:1]
+    out["local_experts"] = [tuple(getattr(p, "to_local", p.detach)().shape) for n, p in named if ".experts." in n][:1]
     # FSDP2's DTensors under zero2/3 (the experts' are ep's: Shard(0) of the one-process shape)
     out["sharded"] = sorted(n for n, p in named if hasattr(p, "device_mesh") and ".experts." not in n)
     out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
