@@ -25,7 +25,9 @@ CASES = {
 MORE = {"mixtral": {"family": "mixtral", "settings": EP2}, "olmoe": {"family": "olmoe", "settings": EP2},
         "gpt_oss": {"family": "gpt_oss", "settings": EP2},
         "deepseek_v3": {"family": "deepseek_v3", "settings": EP2},  # shared experts beside the routed ones
-        "qwen3_moe cp2": {"family": "qwen3_moe", "settings": {**EP2, "cp": 2}}}  # ep's ranks are the cp ranks
+        "qwen3_moe cp2": {"family": "qwen3_moe", "settings": {**EP2, "cp": 2}},  # ep's ranks are the cp ranks
+        "user ep_plan": {"family": "qwen3_moe", "settings": {**EP2, "strategy_options": {"ep_plan": {  # layer 0 only
+            "model.layers.0.mlp.experts": "ep_dispatch_experts", "model.layers.0.mlp.experts.*": "grouped_gemm"}}}}}
 COPIES = {"mixtral ddp": {"family": "mixtral", "settings": EP2},  # on 4 ranks: 2 copies of each expert
           "mixtral zero3": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 2}}}
 
