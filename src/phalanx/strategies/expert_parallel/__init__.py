@@ -2,10 +2,10 @@
 
 The ep ranks are taken from the gradient ranks (data-parallel x cp, the innermost `ep` of them:
 `layout.mesh("ep")`), as torchtitan takes them from dp_shard x cp: ep adds no process. The
-non-expert parameters stay data parallel over all of those ranks (DDP); the experts modules the
-model's `base_model_ep_plan` (or `strategy_options={"ep_plan": ...}`) names keep only this rank's
-slice of their 3-D weights (experts [r * E/ep, (r+1) * E/ep)), are left out of DDP, and run their
-tokens through `Dispatch` (dispatch.py).
+non-expert parameters stay data parallel over all of those ranks (DDP, or FSDP2 under zero2/zero3);
+the experts modules the model's `base_model_ep_plan` (or `strategy_options={"ep_plan": ...}`) names
+keep only this rank's slice of their 3-D weights (experts [r * E/ep, (r+1) * E/ep)), are left out
+of DDP/FSDP2, and run their tokens through `Dispatch` (dispatch.py).
 
 Gradients, so that a step equals one process. Each of the N gradient ranks computes its loss L_r as
 the mean over its own tokens, and data parallel averages: the one-process gradient is
@@ -17,7 +17,8 @@ expert gradient is divided by ep as it arrives and averaged over its copies (whe
 
 The split weights are DTensors of the one-process shape, sharded on dim 0 over the ep ranks (the
 experts forward runs on their local parts): a DCP checkpoint stores every expert under its
-one-process name, loads in one process or another layout, and optimizer states follow. torch's
+one-process name (read in one process with no group, resumed under the same layout: tested), and
+optimizer states follow. torch's
 `clip_grad_norm_` on the prepared model (and `px.clip_grad_norm_`) gets the norm of every kind
 together (pipeline/grads.py's route, grad_norm.total_norm); full weights (`px.get_state_dict`)
 gather each expert weight whole.
