@@ -34,6 +34,12 @@ def make_model(family: str, experts: int = 4) -> nn.Module:
         config = tf.GptOssConfig(num_local_experts=4, intermediate_size=16, head_dim=8, sliding_window=SEQ,
                                  layer_types=["sliding_attention", "full_attention"], **common)
         return tf.GptOssForCausalLM(config)
+    if family == "deepseek_v3":  # shared experts beside the routed ones
+        config = tf.DeepseekV3Config(n_routed_experts=4, n_shared_experts=1, moe_intermediate_size=16,
+                                     intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=0,
+                                     kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=4,
+                                     v_head_dim=8, num_mtp_layers=0, **{**common, "num_key_value_heads": 4})
+        return tf.DeepseekV3ForCausalLM(config)
     if family == "dense":
         return tf.LlamaForCausalLM(tf.LlamaConfig(**{k: v for k, v in common.items() if "exp" not in k
                                                       and k != "output_router_logits"}, intermediate_size=32))
@@ -59,7 +65,32 @@ def _loop(model: nn.Module, optimizer: Any, batches: Any) -> dict[str, list[floa
     return {"losses": losses, "norms": norms}
 
 
-def train(px: Phalanx, family: str, experts: int = 4) -> dict[str, Any]:
+def _exp_avg(optimizer: Any) -> list[torch.Tensor]:
+    """This rank's part of each expert weight's AdamW exp_avg."""
+    return [optimizer.state[p]["exp_avg"].to_local().clone() for group in optimizer.param_groups
+            for p in group["params"] if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state]
+
+
+def _saved(px: Phalanx, optimizer: Any, path: str) -> dict[str, Any]:
+    """Save under this layout and read it back in one process (no group: `phalanx export`'s reader)."""
+    from phalanx.checkpoint import export
+
+    saved = px.save_state(path)
+    px.wait_for_everyone()
+    return {"one_process": {k: v.float() for k, v in export.full_state_dict(saved).items()}, "exp_avg": _exp_avg(optimizer)}
+
+
+def resume(px: Phalanx, family: str, path: str) -> dict[str, Any]:
+    """A fresh model under this layout resumed from the checkpoint at `path`: its weights and optimizer state."""
+    model = make_model(family)
+    model, optimizer, _ = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
+                                     DataLoader(_data(), batch_size=BATCH // px.dp_size))
+    px.load_state(path)
+    return {"state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+            "exp_avg": _exp_avg(optimizer)}
+
+
+def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "") -> dict[str, Any]:
     """STEPS AdamW steps of `family` prepared by `px`, or what prepare refused; rank 0 adds one process's."""
     start = make_model(family, experts)
     model = copy.deepcopy(start)
@@ -71,9 +102,12 @@ def train(px: Phalanx, family: str, experts: int = 4) -> dict[str, Any]:
     out: dict[str, Any] = _loop(model, optimizer, loader)
     out["losses"] = [float(px.reduce(torch.tensor(x), "mean")) for x in out["losses"]]
     named = list(px.unwrap_model(model).named_parameters())
-    out["local_experts"] = [tuple(p.shape) for n, p in named if "experts" in n][:1]
-    out["sharded"] = sorted(n for n, p in named if hasattr(p, "device_mesh"))  # FSDP2's DTensors under zero2/3
+    out["local_experts"] = [tuple(getattr(p, "to_local", p.detach)().shape) for n, p in named if ".experts." in n][:1]
+    # FSDP2's DTensors under zero2/3 (the experts' are ep's: Shard(0) of the one-process shape)
+    out["sharded"] = sorted(n for n, p in named if hasattr(p, "device_mesh") and ".experts." not in n)
     out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
+    if checkpoint:
+        out["checkpoint"] = _saved(px, optimizer, checkpoint)
     if px.rank == 0:
         out["reference"] = _loop(start, torch.optim.AdamW(start.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH))
         out["reference"]["state"] = {k: v.detach().clone().float() for k, v in start.state_dict().items()}
@@ -85,5 +119,8 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
     out = {}
     for name, case in cases.items():
         px = Phalanx(**case["settings"])
-        out[name] = train(px, case["family"], case.get("experts", 4))
+        if "resume" in case:
+            out[name] = resume(px, case["family"], case["resume"])
+            continue
+        out[name] = train(px, case["family"], case.get("experts", 4), case.get("checkpoint", ""))
     return out

@@ -2,7 +2,8 @@
 split over 2 gloo ranks (2 of 4 each) and tokens sent to them by all-to-all, train equal to one
 process with no phalanx: per-step loss and grad norm (torch's clip_grad_norm_) within 2e-4, final
 weights gathered to their one-process names and shapes; the non-expert parameters data parallel
-(ddp) or sharded (zero3) over the same ranks; on 4 ranks, 2 copies of each expert. What ep cannot
+(ddp) or sharded (zero3) over the same ranks; on 4 ranks, 2 copies of each expert. A checkpoint
+saved under ep 2 reads in one process with one-process names and resumes under ep 2. What ep cannot
 lay out is refused at prepare."""
 from __future__ import annotations
 
@@ -16,20 +17,27 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 EP2 = {"strategy": "ddp", "ep": 2}
 CASES = {
     "qwen3_moe": {"family": "qwen3_moe", "settings": EP2},
-    "mixtral": {"family": "mixtral", "settings": EP2},
     "qwen3_moe zero3": {"family": "qwen3_moe", "settings": {"strategy": "zero3", "ep": 2}},
     "zero1": {"family": "qwen3_moe", "settings": {"strategy": "zero1", "ep": 2}},
     "dense model": {"family": "dense", "settings": EP2},
     "3 experts": {"family": "mixtral", "experts": 3, "settings": EP2},
 }
-MORE = {"olmoe": {"family": "olmoe", "settings": EP2}, "gpt_oss": {"family": "gpt_oss", "settings": EP2}}
+MORE = {"mixtral": {"family": "mixtral", "settings": EP2}, "olmoe": {"family": "olmoe", "settings": EP2},
+        "gpt_oss": {"family": "gpt_oss", "settings": EP2},
+        "deepseek_v3": {"family": "deepseek_v3", "settings": EP2},  # shared experts beside the routed ones
+        "qwen3_moe cp2": {"family": "qwen3_moe", "settings": {**EP2, "cp": 2}},  # ep's ranks are the cp ranks
+        "user ep_plan": {"family": "qwen3_moe", "settings": {**EP2, "strategy_options": {"ep_plan": {  # layer 0 only
+            "model.layers.0.mlp.experts": "ep_dispatch_experts", "model.layers.0.mlp.experts.*": "grouped_gemm"}}}}}
 COPIES = {"mixtral ddp": {"family": "mixtral", "settings": EP2},  # on 4 ranks: 2 copies of each expert
           "mixtral zero3": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 2}}}
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[dict]:
-    return run_ranks("tests.dist.ep_workloads:matrix", 2, args=(CASES,), timeout=400)
+def ranks(tmp_path_factory) -> list[dict]:
+    saved = str(tmp_path_factory.mktemp("ep") / "checkpoint")
+    cases = {**CASES, "qwen3_moe": {**CASES["qwen3_moe"], "checkpoint": saved},
+             "resumed": {"family": "qwen3_moe", "settings": EP2, "resume": saved}}
+    return run_ranks("tests.dist.ep_workloads:matrix", 2, args=(cases,), timeout=400)
 
 
 def _equal_to_one_process(ranks: list[dict], name: str) -> None:
@@ -38,7 +46,7 @@ def _equal_to_one_process(ranks: list[dict], name: str) -> None:
         run = rank[name]
         assert "refused" not in run, run.get("refused")
         assert run["local_experts"] == [(2, *run["local_experts"][0][1:])]  # 2 of the 4 experts on each rank
-        assert not any("experts" in n for n in run["sharded"])  # the experts are ep's, not FSDP2's
+        assert not any(".experts." in n for n in run["sharded"])  # the experts are ep's, not FSDP2's
         assert bool(run["sharded"]) == ("zero3" in name)  # the rest sharded under zero3
         torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
         torch.testing.assert_close(torch.tensor(run["norms"]), torch.tensor(ref["norms"]), rtol=2e-4, atol=0)
@@ -48,14 +56,14 @@ def _equal_to_one_process(ranks: list[dict], name: str) -> None:
         torch.testing.assert_close(state[key], value, rtol=2e-4, atol=1e-5, msg=key)
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "qwen3_moe zero3"])
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe zero3"])
 def test_ep2_equals_one_process(ranks, name):
     _equal_to_one_process(ranks, name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MORE))
-def test_ep2_equals_one_process_olmoe_gpt_oss(name):
+def test_ep2_equals_one_process_more_families(name):
     _equal_to_one_process(_spawned(MORE), name)
 
 
@@ -73,6 +81,23 @@ def _spawned(cases: dict, world: int = 2) -> list[dict]:
     if id(cases) not in _spawns:
         _spawns[id(cases)] = run_ranks("tests.dist.ep_workloads:matrix", world, args=(cases,), timeout=500)
     return _spawns[id(cases)]
+
+
+def test_a_checkpoint_saved_under_ep2_loads_in_one_process_and_resumes(ranks):
+    trained = ranks[0]["qwen3_moe"]["state"]
+    for rank in ranks:
+        saved = rank["qwen3_moe"]["checkpoint"]
+        one = saved["one_process"]  # read with no process group: every expert whole, its one-process name
+        assert one.keys() == trained.keys()
+        assert one["model.layers.0.mlp.experts.gate_up_proj"].shape == (4, 32, 32)
+        for key, value in trained.items():
+            assert torch.equal(one[key], value), key
+        resumed = rank["resumed"]
+        assert len(resumed["exp_avg"]) == len(saved["exp_avg"]) == 4  # each rank's part of the 4 expert weights
+        for before, after in zip(saved["exp_avg"], resumed["exp_avg"]):
+            assert torch.equal(before, after)
+    for key, value in trained.items():
+        assert torch.equal(ranks[0]["resumed"]["state"][key], value), key
 
 
 def test_what_ep_cannot_lay_out_is_refused_at_prepare(ranks):

@@ -78,3 +78,38 @@ def test_the_models_own_plan_or_the_users_names_the_experts():
     assert [(e.name, e.params) for e in found] == [("model.layers.0.mlp.experts", ("down_proj",))]
     with pytest.raises(ValueError, match="style\\(s\\) \\['colwise'\\]"):
         ep_plan.find(model, {"model.layers.0.mlp.experts": "colwise"}, build("ddp", 2, 2))
+
+
+def test_phalanx_plan_ep_shows_expert_and_other_bytes_per_rank():
+    import argparse
+
+    import torch
+
+    from phalanx.model import memory
+    from phalanx.plan import experts
+
+    with torch.device("meta"):
+        model = make_model("qwen3_moe")
+    sizes = memory.model_sizes(model)
+    args = argparse.Namespace(ep=2, tp=1, pp=1, cp=1, world_size=4, nproc_per_node=None)
+    text = experts.report(args, model, sizes, "adamw", memory.format_bytes)
+    # 2 layers x (gate_up [4, 32, 32] + down [4, 32, 16]) fp32 = 49152 parameter bytes; x4 with grads and AdamW
+    assert "ep 2 of the 4 data-parallel ranks (2 MoE layer(s) x 4 experts)" in text
+    assert "experts: 96.0 KiB under ep 2 (192.0 KiB under ddp, 48.0 KiB under zero3)" in text
+    assert experts.report(argparse.Namespace(ep=1), model, sizes, "adamw", memory.format_bytes) == ""
+    with pytest.raises(ValueError, match="ep=3 does not divide the 4 data-parallel"):
+        experts.report(argparse.Namespace(**{**vars(args), "ep": 3}), model, sizes, "adamw", memory.format_bytes)
+
+
+def test_layouts_ep_is_not_composed_with_are_refused_before_anything_is_split():
+    import torch
+
+    from phalanx.strategies.expert_parallel import ExpertParallel
+    from phalanx.strategies.layout import Layout
+
+    with torch.device("meta"):
+        meta = make_model("qwen3_moe")
+    with pytest.raises(ValueError, match="on the meta device .* HINT: under ep, build the model outside px.init_module"):
+        ExpertParallel(meta, Layout(build("zero3", 2, 2), None), torch.device("cpu"))
+    with pytest.raises(ValueError, match="ep=2 .* with tp: expert parallel is not composed with tensor or pipeline"):
+        ExpertParallel(make_model("qwen3_moe"), Layout(build("ddp", 4, 2, tp=2), None), torch.device("cpu"))

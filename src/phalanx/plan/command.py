@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phalanx import config
-from phalanx.plan import context
+from phalanx.plan import context, experts
 from phalanx.plan import optimizer as optimizer_choice
 from phalanx.strategies import presets
 
@@ -54,6 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="pipeline-parallel degree: per pipeline rank its stages' bytes (and with --input the "
                              "activations in flight); the strategies span world size / (tp x pp) ranks (default 1)")
     context.add_argument(parser)
+    experts.add_argument(parser)
     parser.add_argument("--pp-schedule", "--pp_schedule", default="1F1B", metavar="SCHEDULE",
                         help="pipeline schedule, as the pp_schedule setting takes it (default 1F1B)")
     parser.add_argument("--pp-microbatches", "--pp_microbatches", type=int, default=None, metavar="N",
@@ -262,6 +263,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
     choice = optimizer_choice.choose(args.optimizer, args.model)
     sizes = memory.model_sizes(model)
+    try:
+        ep_lines = experts.report(args, model, sizes, choice.name, memory.format_bytes)
+    except ValueError as error:
+        print(f"phalanx plan: error: {error}", file=sys.stderr)
+        return 2
     args.runtime = memory.runtime_bytes("cuda" if torch.cuda.is_available() else "cpu")
     if pipeline is not None:  # the largest pipeline rank's stages; activations per rank come with them
         sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in pipeline.units)]
@@ -270,6 +276,8 @@ def main(args: argparse.Namespace) -> int:
     print(render(sizes, rows, choice.name, budget, acts, args.activation_checkpointing, choice.why,
                  full_sizes=full_sizes, suggestion=suggestion, pipeline=pipeline.report if pipeline is not None else "",
                  runtime=args.runtime))
+    if ep_lines:
+        print(ep_lines)
     if cp_line:
         print(cp_line)
         longest = context.longest_sequence(model, args, sizes, choice.name, budget) if pipeline is None else ""

@@ -154,7 +154,7 @@ class ParallelStrategy:
             refuse_optimizer_with_state(optimizer, self.name)
         if self._rebind or self._elsewhere:
             self._point_at_replacements(optimizer)
-        if self.plan.shards_parameters:
+        if self.plan.shards_parameters or self._experts:  # (ep: DTensor experts beside plain parameters)
             fsdp.prefer_foreach(optimizer)
         if self.plan.shards_optimizer_only:
             groups = [dict(group) for group in optimizer.param_groups]
@@ -241,7 +241,7 @@ class ParallelStrategy:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return experts.full(state) if experts is not None else state
+        return experts.full(state, self.unwrap(model)) if experts is not None else state
 
 
 @contextlib.contextmanager

@@ -2,10 +2,10 @@
 
 The ep ranks are taken from the gradient ranks (data-parallel x cp, the innermost `ep` of them:
 `layout.mesh("ep")`), as torchtitan takes them from dp_shard x cp: ep adds no process. The
-non-expert parameters stay data parallel over all of those ranks (DDP); the experts modules the
-model's `base_model_ep_plan` (or `strategy_options={"ep_plan": ...}`) names keep only this rank's
-slice of their 3-D weights (experts [r * E/ep, (r+1) * E/ep)), are left out of DDP, and run their
-tokens through `Dispatch` (dispatch.py).
+non-expert parameters stay data parallel over all of those ranks (DDP, or FSDP2 under zero2/zero3);
+the experts modules the model's `base_model_ep_plan` (or `strategy_options={"ep_plan": ...}`) names
+keep only this rank's slice of their 3-D weights (experts [r * E/ep, (r+1) * E/ep)), are left out
+of DDP/FSDP2, and run their tokens through `Dispatch` (dispatch.py).
 
 Gradients, so that a step equals one process. Each of the N gradient ranks computes its loss L_r as
 the mean over its own tokens, and data parallel averages: the one-process gradient is
@@ -15,19 +15,22 @@ groups of ep ranks are N/ep copies of each expert (`ep_replicate`), each summing
 ranks; so the one-process gradient is (1/N) x the sum over the copies = (1/ep) x their mean. Each
 expert gradient is divided by ep as it arrives and averaged over its copies (when there are any).
 
-Gradient clipping: torch's `clip_grad_norm_` on the prepared model (and `px.clip_grad_norm_`) gets
-the norm over every expert: this rank's expert gradients' p-th powers summed over the ep ranks, with
-the data-parallel gradients' norm (the same on every rank). Full weights (`px.get_state_dict`) gather
-each expert weight back to its one-process shape.
+The split weights are DTensors of the one-process shape, sharded on dim 0 over the ep ranks (the
+experts forward runs on their local parts): a DCP checkpoint stores every expert under its
+one-process name (read in one process with no group, resumed under the same layout: tested), and
+optimizer states follow. torch's
+`clip_grad_norm_` on the prepared model (and `px.clip_grad_norm_`) gets the norm of every kind
+together (pipeline/grads.py's route, grad_norm.total_norm); full weights (`px.get_state_dict`)
+gather each expert weight whole.
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, Shard
 
 from phalanx.strategies.expert_parallel import ep_plan
 from phalanx.strategies.expert_parallel.dispatch import Dispatch
@@ -46,59 +49,48 @@ class ExpertParallel:
         self.ranks = plan.ep
         self.group = layout.group("ep")
         self.copies = layout.group("ep_replicate") if plan.ep_replicate > 1 else None
-        rank = layout.mesh("ep").get_local_rank()
+        mesh = layout.mesh("ep")
+        rank = mesh.get_local_rank()
         self.names: list[str] = []  # full names (in `model`) of the split weights
-        self._grads: set[int] = set()  # ids of the split weights, whose gradients are partial norms
         for experts in found:
             local = experts.num_experts // self.ranks
             for name in experts.params:
                 param = experts.module.get_parameter(name)
-                # the same Parameter keeps its place in an optimizer built before prepare
-                # (and on the device: FSDP2 leaves the parameters it ignores where they are)
-                param.data = param.data[rank * local:(rank + 1) * local].to(device, copy=True)
-                param.register_hook(self._reduce)
+                # this rank's experts, on the device (FSDP2 leaves the parameters it ignores where they
+                # are), as a DTensor of the one-process shape: checkpoints store every expert under its
+                # one-process name, and optimizer states follow the same layout
+                part = param.detach()[rank * local:(rank + 1) * local].to(device, copy=True)
+                split = nn.Parameter(DTensor.from_local(part, mesh, [Shard(0)], run_check=False),
+                                     requires_grad=param.requires_grad)
+                experts.module.register_parameter(name, split)
                 self.names.append(f"{experts.name}.{name}")
-                self._grads.add(id(param))
             if hasattr(experts.module, "num_experts"):
                 experts.module.num_experts = local  # the model's forward counts its local experts
-            experts.module.forward = Dispatch(experts.module.forward, self.group, self.ranks, local)
-        self.params = [model.get_parameter(name) for name in self.names]
+            experts.module.forward = Dispatch(experts.module, experts.params, self.group, self.ranks, local, self._reduce)
         # DDP leaves them alone: their gradients are reduced here, over the ranks holding the same experts
         ignored = list(getattr(model, "_ddp_params_and_buffers_to_ignore", ())) + self.names
         model._ddp_params_and_buffers_to_ignore = ignored
 
     def _reduce(self, grad: torch.Tensor) -> torch.Tensor:
+        """The gradient of one use of this rank's part of a split weight, as one process's (above)."""
         grad = grad / self.ranks
         if self.copies is not None:
             dist.all_reduce(grad, op=dist.ReduceOp.AVG, group=self.copies)
         return grad
 
     def norm(self, grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
-        """The norm of `grads` (torch's clip_grad_norm_ routes here) with every rank's experts counted once."""
-        owned = {id(p.grad) for p in self.params if p.grad is not None}
-        experts = [g for g in grads if id(g) in owned]
-        part = total_norm(experts, norm_type).float() if experts else torch.tensor(0.0)
-        part = part.to(grads[0].device) if grads else part
-        if math.isinf(norm_type):
-            dist.all_reduce(part, op=dist.ReduceOp.MAX, group=self.group)
-        else:
-            part = part ** norm_type
-            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=self.group)
-        rest = total_norm([g for g in grads if id(g) not in owned], norm_type).float().to(part.device)
-        if math.isinf(norm_type):
-            return torch.maximum(part, rest)
-        return (part + rest ** norm_type) ** (1.0 / norm_type)
+        """The norm of `grads` (torch's clip_grad_norm_ routes here): plain, FSDP2's and the experts'
+        DTensor gradients, each mesh's reduced over its own ranks (every expert counted once)."""
+        return total_norm(grads, norm_type)
 
-    def full(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """`state` with each split weight gathered whole where it holds one (every rank joins: under
-        zero2/zero3 only the main process's `state` holds weights)."""
+    def full(self, state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+        """`state` with each split weight of `model` gathered whole where it holds one (every rank joins:
+        under zero2/zero3 only the main process's `state` holds weights)."""
         state = dict(state)
-        for name, param in zip(self.names, self.params):
-            local = param.detach().contiguous()
-            parts = [torch.empty_like(local) for _ in range(self.ranks)]
-            dist.all_gather(parts, local, group=self.group)
+        for name in self.names:
+            whole = model.get_parameter(name).detach().full_tensor()
             if name in state:
-                state[name] = torch.cat(parts).to(state[name].device)
+                state[name] = whole.to(state[name].device)
         return state
 
 
@@ -110,6 +102,10 @@ def _refuse_compositions(model: nn.Module, layout: Layout) -> None:
         raise ValueError(f"ep={plan.ep} ({where}) with {'tp' if plan.tp > 1 else 'pp'}: expert parallel is not composed "
                          f"with tensor or pipeline parallel yet, so {kind}'s experts cannot be laid out. HINT: use ep with "
                          "ddp alone (tp=1, pp=1), or tp/pp without ep")
+    if any(p.is_meta for p in model.parameters()):
+        raise ValueError(f"ep={plan.ep} ({where}): {kind} is on the meta device (built under px.init_module()), and "
+                         "expert parallel takes each rank's experts from the materialized weights. HINT: under ep, "
+                         "build the model outside px.init_module() (prepare keeps this rank's experts and frees the rest)")
     if plan.shards_optimizer_only:
         raise ValueError(f"ep={plan.ep} ({where}): zero1 splits every parameter's optimizer state over the data-parallel "
                          f"ranks as if each held the same ones, and under ep each holds other experts of {kind}. HINT: "

@@ -11,9 +11,11 @@ take uneven splits (measured on gloo: uneven and empty splits, with autograd).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
+from torch import nn
 import torch.distributed as dist
 # torch's differentiable all-to-all (torch.distributed.nn.functional's is deprecated for it); its
 # backward is the reverse exchange. A private module path: used here only.
@@ -21,13 +23,17 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 
 class Dispatch:
-    """The forward of one experts module holding experts [first, first + local) of `ranks` x `local`."""
+    """The forward of one experts module holding `local` of the `ranks` x `local` experts."""
 
-    def __init__(self, forward: Callable[..., torch.Tensor], group: Any, ranks: int, local: int):
-        self.forward = forward  # the module's own forward, over its local experts
+    def __init__(self, module: nn.Module, params: tuple[str, ...], group: Any, ranks: int, local: int,
+                 reduce: Callable[[torch.Tensor], torch.Tensor]):
+        self.module = module
+        self.forward = module.forward  # the module's own forward, over its local experts
+        self.params = params  # its split weights: DTensors, handed to its forward as their local parts
         self.group = group  # the ep ranks' group (None: every rank)
         self.ranks = ranks
         self.local = local
+        self.reduce = reduce  # what each use's gradient of a local part goes through
 
     def __call__(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                  *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -42,17 +48,37 @@ class Dispatch:
         received = _exchange(sent, receive_sizes, send_sizes, self.group)
         ids = torch.arange(self.local, device=experts.device).repeat(self.ranks)
         ids = ids.repeat_interleave(received_counts.reshape(-1)).unsqueeze(-1)
-        if received.shape[0] == 0:
-            # nothing for this rank's experts: one zero row keeps them (and the exchange) in backward, so
-            # every rank takes part in the same collectives; its zero gradient changes nothing
-            out = self.forward(received.sum(0, keepdim=True), ids.new_zeros(1, 1),
-                               received.new_ones(1, 1), *args, **kwargs)[:0]
-        else:
-            out = self.forward(received, ids, torch.ones_like(ids, dtype=received.dtype), *args, **kwargs)
+        with _local_parts(self.module, self.params, self.reduce):
+            if received.shape[0] == 0:
+                # nothing for this rank's experts: one zero row keeps them (and the exchange) in backward,
+                # so every rank takes part in the same collectives; its zero gradient changes nothing
+                out = self.forward(received.sum(0, keepdim=True), ids.new_zeros(1, 1),
+                                   received.new_ones(1, 1), *args, **kwargs)[:0]
+            else:
+                out = self.forward(received, ids, torch.ones_like(ids, dtype=received.dtype), *args, **kwargs)
         back = _exchange(out, send_sizes, receive_sizes, self.group)
         per_pair = back[torch.argsort(order)].view(tokens, k, -1)  # each pair in its token's place again
         weighted = per_pair * top_k_weights.unsqueeze(-1).to(per_pair.dtype)
         return weighted.sum(1).to(hidden_states.dtype)
+
+
+@contextlib.contextmanager
+def _local_parts(module: nn.Module, names: tuple[str, ...],
+                 reduce: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """`module`'s DTensor weights `names` replaced by their local parts (differentiable: the gradient
+    reaches the DTensor, through `reduce`) while its own forward runs, which indexes experts by local
+    number. The hook sits on the part, not the parameter: a module moved with `.to()` may get new
+    Parameter objects, and the part is made anew at each forward."""
+    kept = {name: module._parameters[name] for name in names}
+    try:
+        for name, param in kept.items():
+            part = param.to_local()
+            if part.requires_grad:
+                part.register_hook(reduce)
+            module._parameters[name] = part  # type: ignore[assignment]
+        yield
+    finally:
+        module._parameters.update(kept)
 
 
 def _exchange(rows: torch.Tensor, receive: list[int], send: list[int], group: Any) -> torch.Tensor:
