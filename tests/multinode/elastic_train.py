@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--every", type=int, default=4)
     parser.add_argument("--park", default="", help="WORLD:STEP,... (see the module docstring)")
+    parser.add_argument("--step-s", type=float, default=0.0, help="sleep this long in each step (a slow job)")
     args = parser.parse_args()
     out = Path(args.out)
     parks = {tuple(int(v) for v in item.split(":")) for item in args.park.split(",") if item}
@@ -77,6 +78,7 @@ def main() -> None:
             optimizer.zero_grad()
             px.backward(nn.functional.cross_entropy(model(x), y))
             optimizer.step()
+            time.sleep(args.step_s)
             if checkpoints and px.global_step % args.every == 0:
                 px.save_state()
             if (px.world_size, px.global_step) in parks and start < px.global_step:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
 
 import pytest
 
@@ -35,6 +35,19 @@ def etcd_server(data_dir: Path, host: str, client_port: int, peer_port: int,
     reason = why_no_etcd()
     if reason:
         pytest.skip(reason)
+    log = open(data_dir / "etcd.log", "ab")
+    proc = start_etcd(data_dir, host, client_port, peer_port, log, netns)
+    try:
+        yield f"{host}:{client_port}"
+    finally:
+        stop(proc)
+        log.close()
+        shutil.rmtree(data_dir / "etcd", ignore_errors=True)
+
+
+def start_etcd(data_dir: Path, host: str, client_port: int, peer_port: int, log: IO[bytes],
+               netns: str | None = None) -> subprocess.Popen:
+    """etcd on host:client_port with its data in DATA_DIR/etcd (kept: a restart finds its keys), once it answers."""
     client, peer = f"http://{host}:{client_port}", f"http://{host}:{peer_port}"
     command = ["etcd", "--enable-v2", "--name", "phalanx-test", "--data-dir", str(data_dir / "etcd"),
                "--listen-client-urls", client, "--advertise-client-urls", client,
@@ -42,18 +55,14 @@ def etcd_server(data_dir: Path, host: str, client_port: int, peer_port: int,
                "--initial-cluster", f"phalanx-test={peer}"]
     if netns:
         command = ["ip", "netns", "exec", netns, *command]
-    log = open(data_dir / "etcd.log", "wb")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while not _answers(host, client_port, netns):
-            assert proc.poll() is None and time.monotonic() < deadline, (data_dir / "etcd.log").read_text()[-3000:]
-            time.sleep(0.3)
-        yield f"{host}:{client_port}"
-    finally:
-        stop(proc)
-        log.close()
-        shutil.rmtree(data_dir / "etcd", ignore_errors=True)
+    deadline = time.monotonic() + 60
+    while not _answers(host, client_port, netns):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            raise AssertionError((data_dir / "etcd.log").read_text()[-3000:])
+        time.sleep(0.3)
+    return proc
 
 
 def _answers(host: str, port: int, netns: str | None) -> bool:

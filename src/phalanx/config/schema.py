@@ -142,7 +142,8 @@ SETTINGS: tuple[Setting, ...] = grouped(
     Setting("rdzv_endpoint", kinds.TEXT, "", "rendezvous endpoint HOST:PORT", L),
     Setting("rdzv_id", kinds.TEXT, "", "job id shared by all nodes", L),
     Setting("rdzv_timeout", kinds.seconds(False), 600.0,
-            "seconds for all nodes to meet before failing with a report of what is missing", L),
+            "seconds for all nodes to meet before failing with a report of what is missing; with etcd, also "
+            "how long etcd may stop answering mid-job before the workers stop with a checkpoint", L),
     Setting("max_restarts", kinds.integer(0), 0, "restarts of the worker group after a failure", L),
     Setting("start_method", kinds.choice(("auto", "fork", "spawn", "forkserver")), "auto",
             "fork: workers inherit the launcher's torch import (fast); spawn, forkserver: fresh interpreters like "

@@ -23,6 +23,7 @@ from phalanx import config, refusal
 from phalanx.launch.node_setup import store_address
 from phalanx.launch.rendezvous import (
     BOUND_C10D_BACKEND,
+    BOUND_ETCD_BACKEND,
     BOUND_ETCD_V2_BACKEND,
     BOUND_STATIC_BACKEND,
     NodeSetup,
@@ -32,7 +33,7 @@ from phalanx.launch.rendezvous import (
 )
 from phalanx.cluster import slurm_job
 from phalanx.config import kinds
-from phalanx.launch import local_rank, preemption, report, restarts, torchrun_flags
+from phalanx.launch import etcd_store, local_rank, preemption, report, restarts, torchrun_flags
 from phalanx.launch.private_tmp import private_tempdir
 from phalanx.launch.spec import LaunchSpec
 
@@ -99,6 +100,8 @@ def _rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None) -> dict[str, 
     local_addr = node.local_addr if node is not None else None
     if local_addr is None and spec.single_node and spec.rdzv_backend == "etcd-v2":
         local_addr = LOOPBACK  # the workers' store is this node's: loopback, as static and c10d have it
+    if spec.rdzv_backend in etcd_store.ETCD_BACKENDS:  # how long etcd may be away mid-job (etcd_store.py)
+        configs = {**configs, etcd_store.OUTAGE_CONFIG_KEY: spec.rdzv_timeout}
     if spec.rdzv_backend == "static":
         host = spec.master_addr or LOOPBACK
         endpoint = spec.rdzv_endpoint or f"{host}:{spec.master_port}"
@@ -111,8 +114,8 @@ def _rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None) -> dict[str, 
         }
     return {
         # c10d's and etcd-v2's stores bind this node's address only, not every interface
-        "rdzv_backend": {"c10d": BOUND_C10D_BACKEND, "etcd-v2": BOUND_ETCD_V2_BACKEND}.get(spec.rdzv_backend,
-                                                                                       spec.rdzv_backend),
+        "rdzv_backend": {"c10d": BOUND_C10D_BACKEND, "etcd-v2": BOUND_ETCD_V2_BACKEND,
+                         "etcd": BOUND_ETCD_BACKEND}.get(spec.rdzv_backend, spec.rdzv_backend),
         "rdzv_endpoint": spec.rdzv_endpoint,
         "local_addr": local_addr,
         "run_id": run_id,
@@ -253,6 +256,10 @@ def _launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: N
             node_rank=spec.node_rank if spec.rdzv_backend == "static" else None,
             timeout_s=spec.rdzv_timeout, setup=node,
         ), file=sys.stderr, flush=True)
+        return 1
+    except etcd_store.RendezvousStoreLost as error:  # no preemption signals: no checkpoint to stop with
+        print(f"{error} (no --preemption-signals are set: the workers were stopped without one)", file=sys.stderr,
+              flush=True)
         return 1
     except SignalException as error:
         if stopper is not None and stopper.active:

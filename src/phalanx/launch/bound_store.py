@@ -23,8 +23,10 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
+from phalanx.launch import etcd_store
 from phalanx.launch.rendezvous import (
     BOUND_C10D_BACKEND,
+    BOUND_ETCD_BACKEND,
     BOUND_ETCD_V2_BACKEND,
     BOUND_STATIC_BACKEND,
     DEFAULT_RDZV_TIMEOUT_S,
@@ -144,10 +146,26 @@ def create_c10d_handler(params: RendezvousParameters) -> RendezvousHandler:
 def create_etcd_v2_handler(params: RendezvousParameters) -> RendezvousHandler:
     """torch's etcd-v2 rendezvous (etcd holds the rendezvous), with the workers' store that rank 0's
     node opens bound to that node's address (`local_addr`: loopback on one node), where torch's
-    would listen on every interface without authentication."""
+    would listen on every interface without authentication. It outlives an etcd outage of up to
+    --rdzv-timeout while the workers run (etcd_store.py)."""
     from torch.distributed.elastic.rendezvous.registry import _create_etcd_v2_handler
 
-    return _bind_workers_store(_create_etcd_v2_handler(params), BOUND_ETCD_V2_BACKEND)
+    handler = _bind_workers_store(_create_etcd_v2_handler(params), BOUND_ETCD_V2_BACKEND)
+    return _outliving_outages(handler, params)
+
+
+def create_etcd_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """torch's older etcd rendezvous, outliving an etcd outage as etcd-v2 does (etcd_store.py)."""
+    from torch.distributed.elastic.rendezvous.registry import _create_etcd_handler
+
+    handler = _create_etcd_handler(params)
+    handler.get_backend = lambda: BOUND_ETCD_BACKEND  # type: ignore[method-assign]  # the registry checks it
+    return _outliving_outages(handler, params)
+
+
+def _outliving_outages(handler: RendezvousHandler, params: RendezvousParameters) -> RendezvousHandler:
+    wait_s = float(params.config.get(etcd_store.OUTAGE_CONFIG_KEY, DEFAULT_RDZV_TIMEOUT_S))
+    return etcd_store.tolerate_outage(handler, params.endpoint, wait_s)
 
 
 def _bound_tcp_store(host: str, port: int, timeout: datetime.timedelta | None = None) -> TCPStore:
@@ -189,3 +207,4 @@ def register() -> None:
     rendezvous_handler_registry.register(BOUND_STATIC_BACKEND, create_handler)
     rendezvous_handler_registry.register(BOUND_C10D_BACKEND, create_c10d_handler)
     rendezvous_handler_registry.register(BOUND_ETCD_V2_BACKEND, create_etcd_v2_handler)
+    rendezvous_handler_registry.register(BOUND_ETCD_BACKEND, create_etcd_handler)

@@ -14,6 +14,7 @@ handles them instead:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -64,6 +65,7 @@ class Stopper:
     before_workers: bool = False
     workers: int = 0  # the workers alive when the first signal came
     outcome: report.PreemptionOutcome | None = None  # what the workers recorded
+    reason: str | None = None  # why the launcher itself stopped the workers (stop_for)
     _previous: dict[signal.Signals, Any] = field(default_factory=dict)
 
     # ---- signals ---------------------------------------------------------------------------------
@@ -85,14 +87,8 @@ class Stopper:
         sig = signal.Signals(signum)
         self.count += 1
         if self.count == 1:
-            self.signal, self.deadline = sig, time.monotonic() + self.grace
-            pids = self._live_pids()
-            if not pids:  # no workers (yet): nothing to save, stop as torch would
-                self.before_workers = True
+            if not self._stop(sig):  # no workers (yet): nothing to save, stop as torch would
                 raise SignalException(f"phalanx run got {sig.name} before its workers started", sig)
-            self.workers = len(pids)
-            for pid in pids:
-                _send(pid, sig)
         elif self.count == 2:
             self.say(f"phalanx: {sig.name} again: the workers are still finishing their step and checkpoint; "
                      "a third signal stops them at once")
@@ -100,6 +96,25 @@ class Stopper:
             self.killed_by_third = True
             self.kill_workers()
             raise SignalException(f"phalanx run got a third {sig.name}", sig)
+
+    def _stop(self, sig: signal.Signals) -> bool:
+        """The first signal: pass it to every worker, which saves its agreed step; False without workers."""
+        self.signal, self.deadline = sig, time.monotonic() + self.grace
+        pids = self._live_pids()
+        if not pids:
+            self.before_workers = True
+            return False
+        self.workers = len(pids)
+        for pid in pids:
+            _send(pid, sig)
+        return True
+
+    def stop_for(self, reason: str) -> None:
+        """The launcher's own stop (the rendezvous store gone for good, etcd_store.py): as a first
+        preemption signal, the workers save their agreed step and exit; the final line names `reason`."""
+        if self.count == 0:
+            self.count, self.reason = 1, reason
+            self._stop(self.signals[0])
 
     def _live_pids(self) -> list[int]:
         return [pid for pid, code in worker_states(getattr(self.agent, "_pcontext", None)) if code is None]
@@ -142,7 +157,10 @@ class Stopper:
     # ---- the end ----------------------------------------------------------------------------------
     def final(self) -> report.PreemptionOutcome:
         """How the preemption ended: what the workers recorded, else what the launcher saw."""
-        return self.outcome or self._launcher_outcome()
+        outcome = self.outcome or self._launcher_outcome()
+        if self.reason and not outcome.reason:
+            outcome = dataclasses.replace(outcome, reason=self.reason)
+        return outcome
 
     def _launcher_outcome(self) -> report.PreemptionOutcome:
         assert self.signal is not None

@@ -21,6 +21,8 @@ BOUND_C10D_BACKEND = "phalanx-c10d"
 """torch's c10d rendezvous, but the hosting node's store listens only on its own address (launch.bound_store)."""
 BOUND_ETCD_V2_BACKEND = "phalanx-etcd-v2"
 """torch's etcd-v2 rendezvous, but rank 0's workers' store listens only on its node's address."""
+BOUND_ETCD_BACKEND = "phalanx-etcd"
+"""torch's older etcd rendezvous, outliving an etcd outage mid-job (launch.etcd_store)."""
 DEFAULT_RDZV_TIMEOUT_S = 600
 """torch's own c10d join timeout; `phalanx run --rdzv-timeout` lowers it."""
 MAX_READ_TIMEOUT_S = 60

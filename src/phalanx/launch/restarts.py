@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from phalanx import envvars, refusal, store_keys
-from phalanx.launch import membership
+from phalanx.launch import etcd_store, membership
 
 
 @dataclass
@@ -134,6 +134,21 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
             super().__init__(*args, **kwargs)
             if stopper is not None:
                 stopper.agent = self
+            outage = etcd_store.outage_of(self._worker_group.spec.rdzv_handler)
+            if outage is not None:
+                outage.say = say
+                if stopper is not None:  # the store gone for good: stop with a checkpoint, as a preemption
+                    def stop(line: str) -> None:
+                        say(line)
+                        stopper.stop_for(outage.stop_reason())
+
+                    outage.on_lost = stop
+
+        def _exit_barrier(self):  # type: ignore[no-untyped-def]
+            outage = etcd_store.outage_of(self._worker_group.spec.rdzv_handler)
+            if outage is not None and outage.since is not None:
+                return  # the barrier lives in the store that is away: waiting on it would only time out
+            super()._exit_barrier()
 
         _phalanx_attempt: str | None = None  # the name of the running attempt, agreed by the nodes
         _phalanx_members: membership.Membership | None = None

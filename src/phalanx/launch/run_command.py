@@ -16,7 +16,7 @@ from phalanx import config
 from phalanx.launch.node_setup import CLUSTER_ERRORS, apply_slurm, node_setup_for
 from phalanx import envvars
 from phalanx.launch.rendezvous import parse_nnodes
-from phalanx.launch import devices, framework_env, local_rank, ports, torchrun_flags, worker_notes
+from phalanx.launch import devices, etcd_store, framework_env, local_rank, ports, torchrun_flags, worker_notes
 from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, validate
 from phalanx.launch.run_flags import configure  # noqa: F401 (its home for cli, parity and tests: run_command.configure)
 from phalanx.logging import sinks
@@ -104,6 +104,10 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
             atomic.check_writable(location(spec.checkpoint_dir))
         except atomic.CheckpointDirNotWritable as error:
             raise LaunchError(str(error)) from None
+    if spec.rdzv_backend in etcd_store.ETCD_BACKENDS:  # else a 116-line torch traceback from the agent
+        problem = etcd_store.check_reachable(spec.rdzv_backend, spec.rdzv_endpoint)
+        if problem:
+            raise LaunchError(problem)
     if spec.gpus is not None:
         devices.cuda_visible_devices_for(spec.gpus, os.environ)  # conflict check, before torch
     if spec.master_port is not None and spec.node_rank == 0 and spec.rdzv_backend == "static":
