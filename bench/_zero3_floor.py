@@ -3,7 +3,7 @@
 Per step, zero3 as phalanx applies it all-gathers every unit's parameters for the forward (the root
 unit's too), again for the backward (all but the last unit, which stays gathered, and the root,
 which stays from forward to backward; on gloo a broadcast per rank into the output), reduces every
-unit's gradients (on gloo an all-to-all, then the sum of this rank's chunks: strategies/gloo_comms.py),
+unit's gradients (on gloo an all-to-all, then the sum of this rank's chunks: host_only/gloo_comms.py),
 and exchanges the root embedding's looked-up rows (token ids and outputs forward, output gradients
 backward); each gather is copied out into the parameters and each gradient into the reduce
 buffer. ddp instead all-reduces every gradient in 25 MiB buckets.
@@ -66,8 +66,8 @@ def _cpu_ms(fn: Callable[[], None], reps: int) -> float:
 
 def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[float, float]:
     """(zero3's collectives and copies, ddp's all-reduce) per step, CPU ms, timed alone."""
-    from phalanx.strategies.gloo_comms import AllToAllReduceScatter, BroadcastAllGather
-    from phalanx.strategies.step_buffers import StepBuffers
+    from phalanx.host_only.gloo_comms import AllToAllReduceScatter, BroadcastAllGather
+    from phalanx.host_only.step_buffers import StepBuffers
 
     world, rank = dist.get_world_size(), dist.get_rank()
     units, root, embedding = _units(model)

@@ -53,7 +53,7 @@ def rss_bytes() -> int:
 
 
 def run(seq: int, steps: int, out: str, device: str = "cpu") -> None:
-    from phalanx.runtime.host_memory import fix_mmap_threshold
+    from phalanx.host_only.host_memory import fix_mmap_threshold
     from phalanx.strategies.context.step import ContextParallel
 
     fix_mmap_threshold(2**20)  # as Phalanx() on CPU: freed activations go back, the high-water mark is the step's

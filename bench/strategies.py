@@ -157,7 +157,7 @@ def with_phalanx(strategy: str, tp: int = 1, pp: int = 1, schedule: str = "1F1B"
                  settings: dict | None = None, **options) -> Callable:
     def build():
         from phalanx import Phalanx
-        from phalanx.runtime import host_memory
+        from phalanx.host_only import host_memory
 
         chosen = dict(settings or {}, **({"tp": tp, "tp_plan": TP_PLANS[MODEL]} if tp > 1 else {}))
         if pp > 1:

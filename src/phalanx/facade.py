@@ -16,7 +16,8 @@ from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.logging.rank_log import get_logger
 from phalanx import services
 from phalanx.config.names import Needs
-from phalanx.runtime import device_peaks, host_memory, parity_record, seeding
+from phalanx.host_only import host_memory
+from phalanx.runtime import device_peaks, parity_record, seeding
 from phalanx.runtime.context import DistContext, handed_plan, launcher_settings, mark_phalanx_created, parity_request
 from phalanx.checkpoint.state import base_optimizer
 from phalanx.checkpoint.tied_names import tied_names
@@ -221,9 +222,8 @@ class Phalanx:
         """Build the mesh (every rank, together) and the strategy for `plan`; loaders read the
         data-parallel shard it gives this rank."""
         self._plan = plan
-        if self.ctx.device.type == "cpu":  # tensors live in host memory: zero2/zero3's freed blocks go back
-            host_memory.fix_mmap_threshold(host_memory.threshold_for(self.config.host_mmap_threshold,
-                                                                     plan.frees_gathered_blocks))
+        # tensors in host memory (gloo): zero2/zero3's freed blocks go back to the system
+        host_memory.fix_for(self.ctx.backend, self.config.host_mmap_threshold, plan.frees_gathered_blocks)
         layout = Layout.build(plan, self.ctx.device.type)  # the mesh and every group, asked by name
         self._strategy = ParallelStrategy(layout, self.ctx, self.settings.options)
         # torch's clip_grad_norm_ under pp prepares the gradients as px.clip_grad_norm_ (on its syncing step)

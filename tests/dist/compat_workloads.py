@@ -1,4 +1,4 @@
-"""Training runs for the composition matrix (phalanx.strategies.compatibility): one cell = a layout,
+"""Training runs for the composition matrix (tests.layouts.compatibility): one cell = a layout,
 a model and a set of features, 6 optimizer steps of a global batch of 8; the reference is the same
 function in a world of one (no layout settings) on the same global batches."""
 from __future__ import annotations
@@ -14,7 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from phalanx import Phalanx
-from phalanx.strategies.compatibility import cell as find_cell, layout as find_layout
+from tests.layouts import layout as find_layout
+from tests.layouts.compatibility import cell as find_cell
 from tests.dist.tp_workloads import VOCAB, make_data as lm_data
 
 STEPS, GLOBAL, STOP, MAX_NORM, LR = 6, 8, 3, 1.0, 1e-2
@@ -26,7 +27,7 @@ def make_model(model: str) -> nn.Module:
         torch.manual_seed(0)
         return nn.Sequential(nn.Conv2d(2, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
                              nn.Linear(4 * 4 * 4, 8, bias=False), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
-    from phalanx.model.families import build
+    from tests.layouts.families import build
 
     torch.manual_seed(0)
     built = build("llama", vocab_size=VOCAB)
@@ -135,7 +136,7 @@ def _slug(name: str) -> str:
 
 
 def run_cell(name: str, tmp: str) -> dict[str, Any]:
-    """The cell `name` of phalanx.strategies.compatibility.CELLS in this world."""
+    """The cell `name` of tests.layouts.compatibility.CELLS in this world."""
     c = find_cell(name)
     settings = find_layout(c.layout).settings
     features = tuple(f for f in c.features if f not in ("resume", "preempt"))

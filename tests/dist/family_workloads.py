@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from phalanx import Phalanx
-from phalanx.model.families import build
+from tests.layouts.families import build
 from tests.dist.tp_workloads import VOCAB, lm_loss, make_data
 
 MAX_NORM = 1.0

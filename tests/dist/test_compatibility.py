@@ -1,4 +1,4 @@
-"""The composition matrix: every cell of phalanx.strategies.compatibility.CELLS (layout x model x
+"""The composition matrix: every cell of tests.layouts.compatibility.CELLS (layout x model x
 features) equals one process with the same settings on the same global batches (per-step loss and
 clipped norm within 2e-4 relative over 6 steps, final weights allclose; looser with bf16: see
 BF16_TOLERANCE) or is refused at prepare with the reason the cell names; docs/compatibility.md is generated from the same list.
@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phalanx.strategies.compatibility import CELLS, Cell, cell, layout
+from tests.layouts import layout
+from tests.layouts.compatibility import CELLS, Cell, cell
 from tests.dist.harness import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]

@@ -1,5 +1,5 @@
 """The family sweep: transformers models from small configs (Llama tied and untied, Qwen2, Mistral,
-Gemma3, GPT-2) in every layout of phalanx.model.families.LAYOUTS, each equal to one process (per-step
+Gemma3, GPT-2) in every layout of tests.layouts.families.LAYOUTS, each equal to one process (per-step
 loss and torch's own clip_grad_norm_ within 2e-4 relative over 6 steps) or refused at prepare with
 the reason the table in docs/models.md quotes. One launch per layout runs every family in turn.
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.model.families import FAMILIES, LAYOUTS, processes
+from tests.layouts.families import FAMILIES, LAYOUTS, processes
 from tests.dist.harness import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
@@ -17,7 +17,7 @@ RTOL = 2e-4
 
 
 def _cases(layout: str, families: list[str]) -> dict[str, dict]:
-    return {f"{name} / {layout}": {"family": name, **LAYOUTS[layout]} for name in families}
+    return {f"{name} / {layout}": {"family": name, **LAYOUTS[layout].settings} for name in families}
 
 
 def _check(ranks: list[dict], name: str, steps: int = 6) -> None:
@@ -39,7 +39,7 @@ def _check(ranks: list[dict], name: str, steps: int = 6) -> None:
 FAST = {**_cases("tp 2", ["llama-tied", "gemma3", "gpt2"]), **_cases("pp 2", ["llama-tied", "gpt2"]),
         **_cases("zero3", ["qwen2"]),
         # torch's own utilities on the prepared model: clip_grad_value_, an optimizer built after prepare
-        "llama / tp 2 / torch utilities": {"family": "llama", **LAYOUTS["tp 2"], "late_optimizer": True,
+        "llama / tp 2 / torch utilities": {"family": "llama", **LAYOUTS["tp 2"].settings, "late_optimizer": True,
                                            "clip_value": True}}
 
 
@@ -54,7 +54,7 @@ def test_representative_families_equal_one_process_or_are_refused(fast, name):
 
 
 def test_under_tp_the_state_dict_keeps_the_models_own_names(fast):
-    from phalanx.model.families import build
+    from tests.layouts.families import build
 
     assert fast[0]["llama / tp 2 / torch utilities"]["state_dict"] == sorted(build("llama").state_dict())
 

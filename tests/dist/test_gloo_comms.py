@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 
 def compare_with_gloos_own() -> list[tuple[str, bool, float]]:
     """(case, bit-equal, largest difference) for each op, on the world and on a group of the even ranks."""
-    from phalanx.strategies.gloo_comms import AllToAllReduceScatter
+    from phalanx.host_only.gloo_comms import AllToAllReduceScatter
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -52,7 +52,7 @@ def test_the_all_to_all_reduce_scatter_equals_gloos_own(world_size):
 def gather_like_gloos_own() -> list[tuple[str, bool]]:
     """(case, bit-equal to all_gather_into_tensor) on the world and on the odd ranks (a group whose
     ranks are not the global ones), with the input inside the output or apart from it."""
-    from phalanx.strategies.gloo_comms import BroadcastAllGather
+    from phalanx.host_only.gloo_comms import BroadcastAllGather
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -89,7 +89,7 @@ def train_with_step_buffers() -> dict[str, object]:
     from torch import nn
 
     from phalanx import Phalanx
-    from phalanx.strategies import step_buffers
+    from phalanx.host_only import step_buffers
 
     made: list[step_buffers.StepBuffers] = []
     init = step_buffers.StepBuffers.__init__

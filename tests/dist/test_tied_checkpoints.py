@@ -64,7 +64,7 @@ def test_export_writes_both_names_of_the_tied_weight(saved, tmp_path):
     from safetensors.torch import load_file
 
     from phalanx.checkpoint.export import export
-    from phalanx.model.families import build
+    from tests.layouts.families import build
     from tests.dist.tp_workloads import VOCAB
 
     state = load_file(str(export(saved["pp 2"], tmp_path / "out.safetensors")))

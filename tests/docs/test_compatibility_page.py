@@ -1,18 +1,18 @@
-"""docs/compatibility.md is what src/phalanx/strategies/compatibility.py generates, the list the
+"""docs/compatibility.md is what tests/layouts/compatibility.py generates, the list the
 composition matrix test (tests/dist/test_compatibility.py) reads: the page cannot claim a cell the
 tests do not check."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from phalanx.strategies import compatibility
+from tests.layouts import compatibility, layout
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 
 
 def test_the_committed_compatibility_page_is_what_the_module_generates():
     assert PAGE.read_text() == compatibility.page_text(), (
-        f"docs/compatibility.md is out of date with src/phalanx/strategies/compatibility.py. "
+        f"docs/compatibility.md is out of date with tests/layouts/compatibility.py. "
         f"HINT: run {compatibility.COMMAND}")
 
 
@@ -33,7 +33,7 @@ def test_a_resume_comes_from_another_layout_of_the_same_size():
     for c in compatibility.CELLS:
         if "resume" in c.features:
             assert c.resume_from != c.layout
-            assert compatibility.layout(c.resume_from).processes == compatibility.layout(c.layout).processes
+            assert layout(c.resume_from).processes == layout(c.layout).processes
 
 
 def test_main_writes_the_page(tmp_path):

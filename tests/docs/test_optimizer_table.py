@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phalanx.strategies import optimizer_table
+from tests.layouts import optimizers as optimizer_table
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "optimizers.md"
 

@@ -95,7 +95,7 @@ def test_each_family_with_padding(name: str) -> None:
     use_bidirectional_attention), each with a left-padded row."""
     import transformers
 
-    from phalanx.model.families import build
+    from tests.layouts.families import build
 
     torch.manual_seed(0)
     if name == "gemma3-bidirectional":

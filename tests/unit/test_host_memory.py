@@ -8,7 +8,7 @@ import pytest
 
 from phalanx import Phalanx
 from phalanx.config import kinds
-from phalanx.runtime import host_memory
+from phalanx.host_only import host_memory
 from phalanx.strategies import presets
 
 

@@ -22,6 +22,7 @@ ORDER = [
     "loop",  # accumulation, LR schedulers, precision
     "model",  # meta init, weight loading, units, memory estimates
     "runtime",  # inside a worker: context, process group, collectives, watchdog
+    "host_only",  # gloo/host-memory workarounds that never engage on NCCL/CUDA
     "data",  # samplers, streams, the prepared loader, uneven inputs
     "checkpoint",  # save / load / resume, export
     "observe",  # step anatomy, stragglers; `phalanx top`, the dashboard

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from phalanx.model.families import build
+from tests.layouts.families import build
 from phalanx.strategies import pipeline as pipe
 from phalanx.strategies.pipeline import model_plan
 

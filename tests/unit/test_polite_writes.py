@@ -1,4 +1,4 @@
-"""The async writer helper's polite writes (checkpoint/polite_writes.py): every byte reaches the
+"""The async writer helper's polite writes (host_only/polite_writes.py): every byte reaches the
 file unchanged, the helper sleeps between MiBs only while the training process is short of CPU,
 and never more than MAX_WAIT_S a MiB; the CPU-shortage signal read from a real oversubscribed
 process."""
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from phalanx.checkpoint import polite_writes
-from phalanx.checkpoint.polite_writes import CHUNK_BYTES, MAX_WAIT_S, PAUSE_S, LoopWatch, PoliteStream
+from phalanx.host_only import polite_writes
+from phalanx.host_only.polite_writes import CHUNK_BYTES, MAX_WAIT_S, PAUSE_S, LoopWatch, PoliteStream
 
 
 class Answers:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from phalanx.strategies.step_buffers import StepBuffers
+from phalanx.host_only.step_buffers import StepBuffers
 
 
 def test_a_freed_buffer_is_handed_on_to_the_next_of_its_size_and_dtype():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from phalanx.model.families import build
+from tests.layouts.families import build
 from phalanx.model.units import default_units, shard_units
 from phalanx.strategies import tied
 

@@ -10,7 +10,7 @@ on the async group), and hands the plan with arena offsets to one helper process
 process (Linux's idle scheduling class, else nice 19). The helper runs the same DCP
 storage writer over views of the arena, hashing each file as it writes it, and answers with DCP's
 write results and the files' sizes and sha256; DCP's thread only waits on a socket meanwhile. Its
-writes step aside while the training process waits for a CPU (polite_writes.py).
+writes step aside while the training process waits for a CPU (host_only/polite_writes.py: on CPU runs).
 
 Where memfd or fd passing is missing (not Linux), or a state holds a tensor type the arena does not
 stage (e.g. ShardedTensor), the writer stages and writes in-process as DCP does.
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from phalanx.checkpoint import polite_writes
+from phalanx.host_only import polite_writes
 
 NICENESS = 19  # a separate process: the loop's cores are served first, the helper takes what is left
 ALIGN = 64
@@ -145,7 +145,8 @@ def out_of_process(base: type) -> type:
             try:
                 items = [(item.index, _describe(planner.resolve_data(item), arena)) for item in plan.items]
                 request = {"writer": type(self).__mro__[1], "path": str(self.path),
-                           "sync_files": self.sync_files, "plan": plan, "items": items, "arena_size": arena.size}
+                           "sync_files": self.sync_files, "plan": plan, "items": items, "arena_size": arena.size,
+                           "polite": polite_writes.engages_here()}  # host-only: a loop on the host's cores
                 results, written = helper().write(request, arena.fd)
             finally:
                 arena.close()
@@ -317,7 +318,9 @@ def _write(request: dict, fds: list[int], watch: polite_writes.LoopWatch) -> tup
     writer = request["writer"](request["path"], sync_files=request["sync_files"])
     writer.per_thread_copy_ahead = 0  # the data is in memory already
     written: dict = {}
-    writer.fs = polite_writes.polite(hashing(writer.fs, written), watch)
+    writer.fs = hashing(writer.fs, written)
+    if request["polite"]:
+        writer.fs = polite_writes.polite(writer.fs, watch)
     future = writer.write_data(request["plan"], _Resolved(items))
     return future.wait(), written
 

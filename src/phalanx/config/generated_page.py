@@ -1,5 +1,6 @@
-"""The `python -m phalanx.X docs/PAGE.md` entry of a docs page generated from code (docs/models.md,
-docs/compatibility.md): write the page there, or print it without an argument."""
+"""The `python -m MODULE docs/PAGE.md` entry of a docs page generated from code (docs/settings.md;
+tests/layouts/' docs/models.md, docs/compatibility.md, docs/optimizers.md): write the page there, or
+print it without an argument."""
 from __future__ import annotations
 
 import sys

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from phalanx import config
+from phalanx import config, host_only
 
 
 COMM_HOOKS: tuple[str, ...] = config.BY_NAME["comm_hook"].kind.choices()
@@ -195,7 +195,7 @@ def register_comm_hook(model: nn.parallel.DistributedDataParallel, options: DDPO
     state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=options.powersgd_rank,
                                         start_powerSGD_iter=options.powersgd_start_iter)
     params = {id(p): (name, p.shape) for name, p in model.module.named_parameters()}
-    hook_state = HookState(state, params, one_bucket_at_a_time=dist.get_backend(group) == "gloo")
+    hook_state = HookState(state, params, one_bucket_at_a_time=host_only.engages(dist.get_backend(group)))
 
     def powersgd_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
         return hook_state.powersgd_hook(state, bucket)

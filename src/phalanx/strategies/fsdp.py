@@ -16,7 +16,7 @@ from torch import nn
 from phalanx.loop.precision import Precision
 from phalanx.model import meta_init
 from phalanx.strategies import fsdp_copy, sharded_embedding
-from phalanx.strategies.gloo_comms import use_gloo_collectives
+from phalanx.host_only.gloo_comms import use_gloo_collectives
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
 

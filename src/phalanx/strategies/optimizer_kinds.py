@@ -14,7 +14,7 @@ The kind of an optimizer, first match wins:
 3. anything else: whole-tensor, *undeclared* (a warning at prepare names the class and
    `phalanx parity` as the check).
 
-docs/optimizers.md's table is generated from this module (`python -m phalanx.strategies.optimizer_table`).
+docs/optimizers.md's table is generated from this module (`python -m tests.layouts.optimizers`).
 """
 from __future__ import annotations
 

@@ -8,12 +8,15 @@ turns a canonical name into a plan. Pure Python, no torch.
 """
 from __future__ import annotations
 
+import math
 import types
 from typing import Any, Mapping
 
 from phalanx import config
 from phalanx.config import names
-from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
+from phalanx.strategies.parallel_plan import MESH_DIMS, ParallelPlan, Sharding
+
+DATA_PARALLEL_DIMS = ("dp_replicate", "dp_shard")  # what a preset gives the processes the other dims leave
 
 # The names come from config/names.py's one table; this module turns each into a plan.
 AUTO, SINGLE, AUTO_CHOOSES, PRESETS = names.AUTO, names.SINGLE, names.AUTO_CHOOSES, names.PRESETS
@@ -122,9 +125,10 @@ def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> Para
 
 def at_scale(name: str, settings: config.PhalanxConfig) -> ParallelPlan:
     """The plan of `name` at the smallest scale its settings' layout runs in: two data-parallel ranks
-    (times ep) at the settings' tp, pp and cp (a one-process run's settings are checked there: one script, every
-    scale). Auto decides between presets of the same degrees, so its first choice checks them."""
-    world = 2 * settings.tp * settings.pp * settings.cp * settings.ep  # ep takes its ranks from dp x cp
+    (times ep, which takes its ranks from them) at the settings' model-parallel degrees (every mesh dim
+    but the data-parallel ones: tp, pp, cp): a one-process run's settings are checked there (one script,
+    every scale). Auto decides between presets of the same degrees, so its first choice checks them."""
+    world = 2 * settings.ep * math.prod(getattr(settings, dim, 1) for dim in MESH_DIMS if dim not in DATA_PARALLEL_DIMS)
     return build(AUTO_CHOOSES[0] if canonical(name) == AUTO else name, settings, world_size=world,
                  local_world_size=world)
 

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
+from phalanx import host_only
 from phalanx.config.names import ZERO1_GATHER_MODES as GATHER_MODES
 from phalanx.runtime.collectives import all_gather_single
 from phalanx.strategies import zero1_buckets
@@ -107,7 +108,7 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         if gather not in GATHER_MODES:
             raise ValueError(f"zero1 gather {gather!r}: use one of {', '.join(GATHER_MODES)}")
         self.gather = gather
-        self._gloo = dist.get_backend(process_group) == "gloo"
+        self._gloo = host_only.engages(dist.get_backend(process_group))  # host-only: gloo's direct gathers
         self._device = device
         self._dtype = params[0].dtype if params else torch.float32
         self._slots: list[_Slot] = [_Slot(p, self.world_size, self.rank) for p in params]

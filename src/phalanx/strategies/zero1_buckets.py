@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from phalanx.runtime.collectives import all_gather_single
-from phalanx.strategies import gloo_comms
+from phalanx.host_only import gloo_comms
 
 GATHER_BUCKET_BYTES = 64 * 2**20
 """bucketed: the most bytes one all-gather receives (large models)."""

@@ -14,11 +14,16 @@ That price is paid by every large tensor a step makes, activations included: fix
 encoder on 2 processes). So the setting's default, `auto`, fixes the threshold only where a layout
 frees whole gathered blocks each step (zero2, zero3, hsdp: parameters sharded), and leaves glibc's
 own behaviour to ddp, zero1, dp, single and tensor parallel; an explicit size wins either way.
+
+Host-only (phalanx/host_only/): `fix_for` engages on gloo only (tensors in host memory); a CUDA job's
+tensors live in the caching allocator, and glibc is left alone.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+
+from phalanx.host_only import engages
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 GATHERED_BLOCKS_THRESHOLD = 2**20  # auto's threshold where a step gathers and frees blocks
@@ -46,3 +51,11 @@ def fix_mmap_threshold(threshold: int) -> bool:
     except (OSError, AttributeError, TypeError):
         return False
     return mallopt(M_MMAP_THRESHOLD, ctypes.c_int(threshold)) == 1
+
+
+def fix_for(backend: str, setting: int | str, frees_gathered_blocks: bool) -> bool:
+    """The threshold `host_mmap_threshold` asks of a layout, fixed when the job's tensors live in host
+    memory (`backend` gloo); False, touching nothing, on any other backend."""
+    if not engages(backend):
+        return False
+    return fix_mmap_threshold(threshold_for(setting, frees_gathered_blocks))

@@ -1,6 +1,7 @@
 """The transformers model families phalanx is tested with, and what each layout does with them: the
 one source of the family sweep (tests/dist/test_families.py) and of the models table in the docs
-(docs/models.md: `python -m phalanx.model.families docs/models.md` writes it).
+(docs/models.md: `python -m tests.layouts.families docs/models.md` writes it). The layouts are
+tests/layouts/__init__.py's, the one list.
 
 Each family is built from a small config of its own class (the code paths of the pretrained
 checkpoints users load, nothing downloaded): `build("llama-tied")`.
@@ -13,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from phalanx.config import generated_page
+from tests.layouts import Layout, layout, layouts
 
 
 @dataclass(frozen=True)
@@ -48,15 +50,9 @@ FAMILIES: tuple[Family, ...] = (
                     "pp 2 x ddp 2": _NO_PP_PLAN}),
 )
 
-LAYOUTS: dict[str, dict[str, Any]] = {
-    "ddp": {"strategy": "ddp"},
-    "zero3": {"strategy": "zero3"},
-    "tp 2": {"strategy": "ddp", "tp": 2},
-    "zero3 x tp 2": {"strategy": "zero3", "tp": 2},
-    "pp 2": {"strategy": "ddp", "pp": 2},
-    "pp 2 x ddp 2": {"strategy": "ddp", "pp": 2},
-}
-"""layout name -> Phalanx settings; the ones named "x" run on 4 processes, the others on 2."""
+LAYOUTS: dict[str, Layout] = {item.name: item for item in layouts("ddp", "zero3", "tp 2", "zero3 x tp 2", "pp 2",
+                                                                   "pp 2 x ddp 2")}
+"""the sweep's columns: layout name -> the layout (its settings and processes)."""
 
 
 def family(name: str) -> Family:
@@ -77,9 +73,9 @@ def build(name: str, vocab_size: int = 64) -> nn.Module:
     return getattr(transformers, fam.model_class)(config)
 
 
-def processes(layout: str) -> int:
-    """How many processes the sweep runs `layout` on."""
-    return 4 if " x " in layout else 2
+def processes(name: str) -> int:
+    """How many processes the sweep runs layout `name` on."""
+    return layout(name).processes
 
 
 def table() -> str:
@@ -104,11 +100,11 @@ def table() -> str:
     return "\n".join(rows) + "\n"
 
 
-COMMAND = "python -m phalanx.model.families docs/models.md"
+COMMAND = "python -m tests.layouts.families docs/models.md"
 
 INTRO = f"""# Models: what works with what
 
-<!-- generated from src/phalanx/model/families.py by `{COMMAND}`: edit that, not this page -->
+<!-- generated from tests/layouts/families.py by `{COMMAND}`: edit that, not this page -->
 
 Models from transformers, as they come: each family below is built from a small config of its own
 class (the code paths of the pretrained checkpoints users load) and trained for 6 steps in each
@@ -142,7 +138,8 @@ stops before the first step with the reason quoted below.
   `out.aux_loss` and the gradients are one process's under ddp, zero3, cp 2, zero3 x tp 2 and
   zero3 x cp 2 (tests/dist/test_moe_aux_loss.py; model/router_balance.py).
 
-Layouts: {", ".join(f"`{name}`" for name in LAYOUTS)} (the ones with "x" on 4 processes, the others on 2).
+Layouts: {", ".join(f"`{name}`" for name in LAYOUTS)} (the ones with "x" on 4 processes, the others on 2;
+pp with 2 microbatches).
 
 """
 

@@ -13,6 +13,9 @@ forward ends (a forward hook on the root) and when the backward pass ends (an au
 callback, as FSDP2 queues its own): memory between steps and the optimizer's step hold none of them.
 The kept one moved a step's peak by 0-4 MiB on bench/memory.py's Llama (zero2 0.83-0.87 of ddp's,
 zero3 0.77-0.80, where they read 0.82 and 0.77 before); keeping 2 took zero2's to 0.92.
+
+Host-only (phalanx/host_only/): made only by gloo_comms' collectives, which engage on gloo only; on
+NCCL no StepBuffers exists (CUDA's caching allocator already reuses freed blocks).
 """
 from __future__ import annotations
 

@@ -16,7 +16,10 @@ torch 2.13, CPU time per call):
   after it bit-equal. zero1's gather of its updated chunks does the same (zero1_buckets.py).
 
 Both draw their buffers from one `StepBuffers` per model, which hands a unit's freed buffer on to the
-next unit of its size within a step (strategies/step_buffers.py).
+next unit of its size within a step (host_only/step_buffers.py).
+
+Host-only (phalanx/host_only/): `use_gloo_collectives` engages on gloo only; on NCCL, FSDP2 and zero1
+use torch's own reduce-scatter and all-gather.
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-from phalanx.strategies.step_buffers import StepBuffers
+from phalanx.host_only import engages
+from phalanx.host_only.step_buffers import StepBuffers
 
 try:  # FSDP2's pluggable collectives (torch >= 2.8)
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
@@ -95,8 +99,9 @@ def broadcasts(parts: Iterable[tuple[torch.Tensor, int]], group: Any) -> None:
 def use_gloo_collectives(units: Iterable[Any], roots: Iterable[Any], backend: str) -> bool:
     """On gloo, make each fully_shard-ed module (units and roots) reduce its gradients with
     AllToAllReduceScatter and gather its parameters with BroadcastAllGather, both reusing one
-    StepBuffers, emptied when a root's forward ends and when the backward ends."""
-    if backend != "gloo" or ReduceScatter is None or AllGather is None:
+    StepBuffers, emptied when a root's forward ends and when the backward ends. Nothing on any other
+    backend (host_only.engages): NCCL's own collectives are used there."""
+    if not engages(backend) or ReduceScatter is None or AllGather is None:
         return False
     buffers = StepBuffers()
     reduce, gather = AllToAllReduceScatter(buffers), BroadcastAllGather(buffers)

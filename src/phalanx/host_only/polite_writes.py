@@ -16,6 +16,10 @@ a millisecond at a time, which leaves its core idle: the kernel then moves a wai
 It never waits more than 50 ms a MiB, so a save always progresses (at least 20 MiB/s). Without
 schedstat (a kernel without schedstats) only the count of runnable tasks is checked; without /proc
 (not Linux) it writes straight on.
+
+Host-only (phalanx/host_only/): the helper is polite only when the training process runs on the
+host's cores (`engages`: its backend is gloo); a CUDA job's loop runs on its GPU and the helper
+writes straight on (writer_process.py decides per save, in the training process).
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ import contextlib
 import os
 import time
 from typing import Any, Callable, Iterator
+
+from phalanx.host_only import engages
 
 CHUNK_BYTES = 2**20  # checked once per MiB written: ~2 ms of the helper's work (hash, copy)
 PAUSE_S = 0.001  # one sleep: short, so a core that frees up is used again at once
@@ -127,3 +133,14 @@ def polite(fs: Any, watch: LoopWatch) -> Any:
 
     fs.create_stream = create_stream
     return fs
+
+
+def engages_here() -> bool:
+    """Whether the training process (this one, saving) runs its loop on the host's cores: its default
+    process group's backend engages host-only code (gloo), or, without a group, CUDA is not in use."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return engages(str(dist.get_backend()))
+    return not torch.cuda.is_initialized()

@@ -1,38 +1,27 @@
 """docs/optimizers.md, generated from the classification the code uses (strategies/optimizer_kinds.py):
-each optimizer's kind, and `route(kind, plan)` over the layouts the presets build.
+each optimizer's kind, and `route(kind, plan)` over the plans the presets build for the layouts of
+tests/layouts/__init__.py, the one list.
 
-    python -m phalanx.strategies.optimizer_table docs/optimizers.md    # regenerate (no path: print it)
+    python -m tests.layouts.optimizers docs/optimizers.md    # regenerate (no path: print it)
 
 tests/docs/test_optimizer_table.py fails when the committed page differs from what this writes.
 """
 from __future__ import annotations
 
 import sys
-from typing import Mapping
-
 import torch
 
 from phalanx.config import generated_page
-from phalanx.strategies import presets
 from phalanx.strategies.optimizer_kinds import (ATTRIBUTE, TORCH_ELEMENTWISE, TORCH_WHOLE_MODEL, TORCH_WHOLE_TENSOR,
                                                 Classified, Route, StepKind, reads_its_loss, route)
 from phalanx.strategies.parallel_plan import ParallelPlan
+from tests.layouts import Layout, layouts
 
-COMMAND = "python -m phalanx.strategies.optimizer_table docs/optimizers.md"
+COMMAND = "python -m tests.layouts.optimizers docs/optimizers.md"
 
-# column title -> (preset, world_size, local_world_size, tp, pp, cpu_offload)
-# title: (preset, world size, local world size, the degrees the settings ask for, cpu_offload)
-LAYOUTS: dict[str, tuple[str, int, int, dict[str, int], bool]] = {
-    "ddp, one process": ("ddp", 2, 2, {}, False),
-    "zero1": ("zero1", 2, 2, {}, False),
-    "zero2": ("zero2", 2, 2, {}, False),
-    "zero3": ("zero3", 2, 2, {}, False),
-    "hsdp": ("hsdp", 4, 2, {}, False),
-    "tp 2": ("ddp", 2, 2, {"tp": 2}, False),
-    "zero3 x tp 2": ("zero3", 4, 4, {"tp": 2}, False),
-    "pp 2": ("ddp", 2, 2, {"pp": 2}, False),
-    "zero3, cpu_offload": ("zero3", 2, 2, {}, True),
-}
+LAYOUTS: tuple[Layout, ...] = layouts("ddp", "zero1", "zero2", "zero3", "hsdp 2 x 2", "tp 2", "zero3 x tp 2", "pp 2",
+                                      "zero3, cpu_offload")
+TITLES = {"ddp": "ddp, one process"}  # the column's cells hold for one process too
 LOSS_AVERAGED = "closure's loss averaged"
 CELLS = {Route.AS_GIVEN: "as given", Route.SLICES: "slices", Route.WHOLE_ON_OWNER: "**whole, on an owner**"}
 
@@ -117,10 +106,6 @@ the gradients are whole already) and one broadcast per owner of its updated para
 """
 
 
-def _plan(preset: str, world: int, local: int, asked: Mapping[str, int], offload: bool) -> ParallelPlan:
-    return presets.build(preset, presets.asking(**asked), world_size=world, local_world_size=local, cpu_offload=offload)
-
-
 def _cell(kind: StepKind, plan: ParallelPlan, declared: bool) -> str:
     try:
         cell = CELLS[route(kind, plan, declared=declared)]
@@ -142,7 +127,7 @@ def rows() -> list[tuple[str, StepKind, bool]]:
 
 def table_text() -> str:
     """docs/optimizers.md as the classification says it should read."""
-    plans = {title: _plan(*spec) for title, spec in LAYOUTS.items()}
+    plans = {TITLES.get(item.name, item.name): item.plan() for item in LAYOUTS}
     lines = [INTRO, "| optimizer | kind | " + " | ".join(plans) + " |",
              "|---|---|" + "---|" * len(plans)]
     for title, kind, declared in rows():

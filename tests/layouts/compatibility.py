@@ -1,6 +1,7 @@
 """What works with what: every layout x model x feature cell phalanx is tested with and its outcome,
 the one source of the composition matrix test (tests/dist/test_compatibility.py) and of the docs page
-docs/compatibility.md (`python -m phalanx.strategies.compatibility docs/compatibility.md` writes it).
+docs/compatibility.md (`python -m tests.layouts.compatibility docs/compatibility.md` writes it). The
+layouts are tests/layouts/__init__.py's, the one list.
 
 A cell is "equal" (per-step loss within {RTOL:g} relative of one process with the same settings on the
 same global batches over 6 steps, final weights allclose) or refused at prepare with the reason given
@@ -8,31 +9,12 @@ here (the test checks the message holds it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from phalanx.config import generated_page
+from tests.layouts import Layout, layouts
 
-
-@dataclass(frozen=True)
-class Layout:
-    name: str
-    settings: dict[str, Any]
-    """Phalanx settings (the test adds nothing else)."""
-    processes: int
-
-
-LAYOUTS: tuple[Layout, ...] = (
-    Layout("ddp", {"strategy": "ddp"}, 2),
-    Layout("zero1", {"strategy": "zero1"}, 2),
-    Layout("zero2", {"strategy": "zero2"}, 2),
-    Layout("zero3", {"strategy": "zero3"}, 2),
-    Layout("hsdp 2 x 2", {"strategy": "hsdp"}, 4),
-    Layout("tp 2", {"strategy": "ddp", "tp": 2}, 2),
-    Layout("zero3 x tp 2", {"strategy": "zero3", "tp": 2}, 4),
-    Layout("pp 2", {"strategy": "ddp", "pp": 2, "pp_microbatches": 2}, 2),
-    Layout("pp 2 x ddp 2", {"strategy": "ddp", "pp": 2, "pp_microbatches": 2}, 4),
-    Layout("pp 2 x tp 2", {"strategy": "ddp", "pp": 2, "tp": 2, "pp_microbatches": 2}, 4),
-)
+LAYOUTS: tuple[Layout, ...] = layouts("ddp", "zero1", "zero2", "zero3", "hsdp 2 x 2", "tp 2", "zero3 x tp 2", "pp 2",
+                                      "pp 2 x ddp 2", "pp 2 x tp 2")
 
 MODELS: dict[str, str] = {
     "llama": "transformers `LlamaForCausalLM` from a small config (2 layers, 4 heads, 2 key/value heads)",
@@ -125,13 +107,6 @@ CELLS, PENDING = _cells()
 them is being fixed; the page says so in their cell."""
 
 
-def layout(name: str) -> Layout:
-    for item in LAYOUTS:
-        if item.name == name:
-            return item
-    raise ValueError(f"unknown layout {name!r}; choose one of {', '.join(item.name for item in LAYOUTS)}")
-
-
 def cell(name: str) -> Cell:
     for item in CELLS:
         if item.name == name:
@@ -173,7 +148,7 @@ def table() -> str:
     return "\n".join(rows) + "\n"
 
 
-COMMAND = "python -m phalanx.strategies.compatibility docs/compatibility.md"
+COMMAND = "python -m tests.layouts.compatibility docs/compatibility.md"
 
 
 def page_text() -> str:
@@ -182,7 +157,7 @@ def page_text() -> str:
     features = "\n".join(f"- `{name}`: {what}" for name, what in FEATURES.items())
     return f"""# What works with what
 
-<!-- generated from src/phalanx/strategies/compatibility.py by `{COMMAND}`: edit that, not this page -->
+<!-- generated from tests/layouts/compatibility.py by `{COMMAND}`: edit that, not this page -->
 
 Each layout below was run with each model and feature set listed in its row by
 `tests/dist/test_compatibility.py` (one launch per process count). **equal**: every step's loss within
