@@ -19,14 +19,14 @@ def test_the_committed_compatibility_page_is_what_the_module_generates():
 def test_every_layout_tests_every_feature_in_some_cell():
     """Each feature in some cell of every layout, each model in every layout: the only gaps are the
     known bugs PENDING names (and the page shows)."""
-    pending = {(what, layout) for layout, what, _ in compatibility.PENDING}
-    for layout in compatibility.LAYOUTS:
-        tested = {f for c in compatibility.CELLS if c.layout == layout.name for f in c.features}
+    pending = {(what, where) for where, what, _ in compatibility.PENDING}
+    for each in compatibility.LAYOUTS:
+        tested = {f for c in compatibility.CELLS if c.layout == each.name for f in c.features}
         for feature in compatibility.FEATURES:
-            assert feature in tested or (feature, layout.name) in pending, (feature, layout.name)
-        models = {c.model for c in compatibility.CELLS if c.layout == layout.name}
+            assert feature in tested or (feature, each.name) in pending, (feature, each.name)
+        models = {c.model for c in compatibility.CELLS if c.layout == each.name}
         for model in compatibility.MODELS:
-            assert model in models or (model, layout.name) in pending, (model, layout.name)
+            assert model in models or (model, each.name) in pending, (model, each.name)
 
 
 def test_a_resume_comes_from_another_layout_of_the_same_size():

@@ -85,8 +85,8 @@ def table() -> str:
     notes: list[str] = []
     for fam in FAMILIES:
         cells = []
-        for layout in LAYOUTS:
-            why = fam.refused.get(layout)
+        for name in LAYOUTS:
+            why = fam.refused.get(name)
             if why is None:
                 cells.append("equal")
             else:
