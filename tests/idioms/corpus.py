@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
 from tests.idioms import models
 from tests.idioms.models import BATCH, SEQ
@@ -130,6 +130,28 @@ def own_sampler(px: Any, scratch: str) -> dict[str, Any]:
     losses, norms, items = [], [], 0
     for epoch in range(2):
         sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            norms.append(_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(float(px.reduce(loss.detach(), "mean")))
+            items += len(x)
+    return _result(px, model, losses, norms, items)
+
+
+def batch_sampler(px: Any, scratch: str) -> dict[str, Any]:
+    """The script's own batch sampler: `DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data,
+    generator=...), BATCH // px.dp_size, drop_last=False))`, two epochs, torch's `loss.backward()`."""
+    model = models.mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    data = models.pairs(16)
+    sampler = RandomSampler(data, generator=torch.Generator().manual_seed(4))
+    loader = DataLoader(data, batch_sampler=BatchSampler(sampler, BATCH // px.dp_size, drop_last=False))
+    model, optimizer, loader = px.prepare(model, optimizer, loader)
+    losses, norms, items = [], [], 0
+    for _ in range(2):
         for x, y in loader:
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
@@ -275,6 +297,6 @@ def uneven_reference(dp_size: int) -> dict[str, Any]:
 SCRIPTS: dict[str, Callable[[Any, str], dict[str, Any]]] = {
     "labels": labels, "token-tensor": token_tensor, "grad-accumulation": grad_accumulation,
     "peft-lora": peft_lora, "tied-embeddings": tied_embeddings, "moe": moe, "softcap": softcap,
-    "own-sampler": own_sampler, "short-last-batch": short_last_batch, "split-by-node": split_by_node,
+    "own-sampler": own_sampler, "batch-sampler": batch_sampler, "short-last-batch": short_last_batch, "split-by-node": split_by_node,
     "ema": ema, "generate": generate, "save-pretrained": save_pretrained, "uneven-reduce": uneven_reduce,
 }

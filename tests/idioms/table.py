@@ -44,6 +44,8 @@ IDIOMS: dict[str, str] = {
     "softcap": "the token-tensor loop on Gemma2 (attention softcap 1.0, sliding window 6)",
     "own-sampler": "an MLP with the script's own `DistributedSampler` (`set_epoch` each epoch) and torch's "
                    "`loss.backward()`",
+    "batch-sampler": "the MLP loop with the script's own `BatchSampler(RandomSampler(data, generator=...), 8 // "
+                     "dp_size)` as `batch_sampler=`, two epochs",
     "short-last-batch": "19 items, global batch 8, `drop_last=False`: the last step trains on 3",
     "split-by-node": "a `datasets` stream split by the script with `split_dataset_by_node`: item ids read over "
                      "2 epochs",
@@ -79,7 +81,7 @@ _NO_TP_PLAN = Refused("has no tensor-parallel plan",
                       "an `nn.Sequential` MLP has no tensor-parallel plan (the HINT: give `tp_plan`)")
 _TP = ("tp 2", "zero3 x tp 2")
 _PP = ("pp 2", "pp 2 x ddp 2")
-_MODEL_CALL = ("own-sampler", "short-last-batch", "uneven-reduce")
+_MODEL_CALL = ("own-sampler", "batch-sampler", "short-last-batch", "uneven-reduce")
 """the scripts that call the MLP themselves (`model(x)`), as torch's docs write them."""
 _CP_NO_SEQUENCE = Refused("no attention of Sequential went across the cut",
                           "cp cuts dim 1 of what `px.forward_backward` is given as the sequence: an MLP has none (the "
