@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, TensorDataset
 
 from tests.idioms import models
 from tests.idioms.models import BATCH, SEQ
@@ -119,17 +119,17 @@ moe = _tensor_script(models.qwen3_moe, "A mixture of experts (Qwen3-MoE, no rout
 softcap = _tensor_script(models.gemma2, "Gemma2 (attention logits soft-capped, a sliding window).")
 
 
-def own_sampler(px: Any, scratch: str) -> dict[str, Any]:
-    """The script's own DistributedSampler (set_epoch each epoch) and torch's `loss.backward()`."""
+def _mlp_epochs(px: Any, make_loader: Callable[[TensorDataset], DataLoader],
+                new_epoch: Callable[[DataLoader, int], None] = lambda loader, epoch: None) -> dict[str, Any]:
+    """The MLP, AdamW, two epochs of the loader `make_loader` builds on 16 pairs (`new_epoch(loader,
+    epoch)` first), torch's `loss.backward()` and clip_grad_norm_."""
     model = models.mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    data = models.pairs(16)
-    sampler = DistributedSampler(data, num_replicas=px.dp_size, rank=px.dp_rank, shuffle=True, seed=0)
-    loader = DataLoader(data, batch_size=BATCH // px.dp_size, sampler=sampler)
-    model, optimizer, loader = px.prepare(model, optimizer, loader)
+    user_loader = make_loader(models.pairs(16))
+    model, optimizer, loader = px.prepare(model, optimizer, user_loader)
     losses, norms, items = [], [], 0
     for epoch in range(2):
-        sampler.set_epoch(epoch)
+        new_epoch(user_loader, epoch)
         for x, y in loader:
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
@@ -139,28 +139,25 @@ def own_sampler(px: Any, scratch: str) -> dict[str, Any]:
             losses.append(float(px.reduce(loss.detach(), "mean")))
             items += len(x)
     return _result(px, model, losses, norms, items)
+
+
+def own_sampler(px: Any, scratch: str) -> dict[str, Any]:
+    """The script's own DistributedSampler (set_epoch each epoch) and torch's `loss.backward()`."""
+    def loader(data: TensorDataset) -> DataLoader:
+        sampler = DistributedSampler(data, num_replicas=px.dp_size, rank=px.dp_rank, shuffle=True, seed=0)
+        return DataLoader(data, batch_size=BATCH // px.dp_size, sampler=sampler)
+
+    return _mlp_epochs(px, loader, lambda user_loader, epoch: user_loader.sampler.set_epoch(epoch))
 
 
 def batch_sampler(px: Any, scratch: str) -> dict[str, Any]:
     """The script's own batch sampler: `DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data,
     generator=...), BATCH // px.dp_size, drop_last=False))`, two epochs, torch's `loss.backward()`."""
-    model = models.mlp()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    data = models.pairs(16)
-    sampler = RandomSampler(data, generator=torch.Generator().manual_seed(4))
-    loader = DataLoader(data, batch_sampler=BatchSampler(sampler, BATCH // px.dp_size, drop_last=False))
-    model, optimizer, loader = px.prepare(model, optimizer, loader)
-    losses, norms, items = [], [], 0
-    for _ in range(2):
-        for x, y in loader:
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            norms.append(_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(float(px.reduce(loss.detach(), "mean")))
-            items += len(x)
-    return _result(px, model, losses, norms, items)
+    def loader(data: TensorDataset) -> DataLoader:
+        sampler = RandomSampler(data, generator=torch.Generator().manual_seed(4))
+        return DataLoader(data, batch_sampler=BatchSampler(sampler, BATCH // px.dp_size, drop_last=False))
+
+    return _mlp_epochs(px, loader)
 
 
 def short_last_batch(px: Any, scratch: str) -> dict[str, Any]:
