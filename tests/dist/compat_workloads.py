@@ -1,8 +1,11 @@
 """Training runs for the composition matrix (tests.layouts.compatibility): one cell = a layout,
-a model and a set of features, 6 optimizer steps of a global batch of 8; the reference is the same
-function in a world of one (no layout settings) on the same global batches."""
+a model and a set of features, 6 optimizer steps of a global batch of 8; the reference (`plain`) is
+the same loop in plain torch/transformers in one process with no phalanx, on the same global batches.
+`world_of_one` is the phalanx loop with no layout settings (`python train.py`), which must equal
+`plain` bitwise."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -165,8 +168,52 @@ def run_cell(name: str, tmp: str) -> dict[str, Any]:
 
 
 def reference(model: str, features: tuple[str, ...]) -> dict[str, Any]:
-    """One process with the same settings: no layout."""
+    """phalanx's world of one with the same settings: no layout."""
     return _run({}, model, features, 1, STEPS)
+
+
+def plain(model_name: str, features: tuple[str, ...]) -> dict[str, Any]:
+    """`_run`'s 6 steps as plain torch/transformers write them, one process, no phalanx: `(loss /
+    accum).backward()` per micro-batch (num_items: the summed loss over the step's target count),
+    torch's own clip_grad_norm_, bf16 as autocast around the forward."""
+    accum = 2 if "accum2" in features else 1
+    model = make_model(model_name)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=LR)
+    batches = iter(DataLoader(make_data(model_name), batch_size=GLOBAL // accum))
+    bf16 = "bf16" in features
+    losses: list[float] = []
+    norms: list[float] = []
+    for _ in range(STEPS):
+        micro = [_split(model_name, next(batches), "num_items" in features) for _ in range(accum)]
+        count = sum(int((targets != IGNORE).sum()) for _, targets in micro)
+        summed = []
+        for inputs, targets in micro:
+            with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+                output = model(inputs)
+            if "num_items" in features:
+                loss = _summed_loss(output, targets)
+                (loss / count).backward()
+            else:
+                loss = _loss(output, targets)
+                (loss / accum).backward()
+            summed.append(loss.item())
+        losses.append(sum(summed) / (count if "num_items" in features else accum))
+        if "clip" in features:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, MAX_NORM)))
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"losses": losses, "norms": norms, "state": {k: v.detach().float().clone() for k, v in model.state_dict().items()}}
+
+
+def plain_references(keys: list[tuple[str, tuple[str, ...]]]) -> dict[tuple, dict]:
+    return {key: plain(*key) for key in keys}
+
+
+def world_of_one(keys: list[tuple[str, tuple[str, ...]]]) -> dict[tuple, dict]:
+    """Each key's loop with phalanx and no layout settings (a world of one, as `python train.py`
+    runs it) beside the same loop in plain torch."""
+    return {key: {"phalanx": reference(*key), "plain": plain(*key)} for key in keys}
 
 
 def cells(names: list[str], tmp: str) -> dict[str, dict]:
@@ -177,6 +224,3 @@ def cells(names: list[str], tmp: str) -> dict[str, dict]:
         print(f"cell done: {name}: {({k: v for k, v in out[name].items() if k != 'state'})}", flush=True)
     return out
 
-
-def references(keys: list[tuple[str, tuple[str, ...]]]) -> dict[tuple, dict]:
-    return {key: reference(*key) for key in keys}

@@ -285,6 +285,11 @@ def train_own_model(steps: int = 6) -> dict:
             px.forward_backward(model, {"input_ids": tokens[:, :-1]}, tokens[:, 1:], logits_loss)
         except ValueError as error:
             result[attend] = str(error)
+    try:  # no sequence at all: an MLP's features cut as one fail in its first layer, refused with cp's reason
+        mlp = px.prepare(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)))
+        px.forward_backward(mlp, torch.randn(4, 8), torch.randn(4, 4), torch.nn.functional.mse_loss)
+    except (ValueError, RuntimeError) as error:
+        result["mlp"] = f"{type(error).__name__}: {error}"
     px.wait_for_everyone()
     return result
 

@@ -1,9 +1,11 @@
 """The composition matrix: every cell of tests.layouts.compatibility.CELLS (layout x model x
-features) equals one process with the same settings on the same global batches (per-step loss and
-clipped norm within 2e-4 relative over 6 steps, final weights allclose; looser with bf16: see
-BF16_TOLERANCE) or is refused at prepare with the reason the cell names; docs/compatibility.md is generated from the same list.
+features) equals the same loop in plain torch/transformers in one process with no phalanx, on the
+same global batches (per-step loss and clipped norm within 2e-4 relative over 6 steps, final weights
+allclose; looser with bf16: see BF16_TOLERANCE) or is refused at prepare with the reason the cell
+names; docs/compatibility.md is generated from the same list. phalanx's own world of one (no layout:
+`python train.py`) equals that plain loop bitwise (test_world_of_one_is_plain_torch_bitwise).
 
-The references run in one launch of a world of one; the cells in one launch per process count (a
+The references run in one launch of one process; the cells in one launch per process count (a
 preemption stops a run with SystemExit in the middle of the launch; the next cell's Phalanx() starts
 afresh, and its preemption agrees under store keys of its own: preemption/worker.py). The unmarked
 test runs a representative subset; the whole matrix is marked slow."""
@@ -27,7 +29,7 @@ def _reference_key(c: Cell) -> tuple[str, tuple[str, ...]]:
 def run_matrix(cells: list[Cell], tmp: str) -> tuple[dict, dict[str, list[dict]]]:
     """(references by key, each cell's per-rank results)."""
     keys = sorted({_reference_key(c) for c in cells if c.refused is None})
-    refs = run_ranks(f"{WORKLOADS}:references", 1, args=(keys,), timeout=600)[0]
+    refs = run_ranks(f"{WORKLOADS}:plain_references", 1, args=(keys,), timeout=600)[0]
     results: dict[str, list[dict]] = {}
     for processes in (2, 4):
         group = [c for c in cells if layout(c.layout).processes == processes]
@@ -69,6 +71,24 @@ FAST = [cell(name) for name in ("zero3 / llama / num_items+clip+accum2", "tp 2 /
                                 "pp 2 / llama-lora / clip", "ddp / cnn-bn / clip", "pp 2 / cnn-bn / clip",
                                 "zero1 / llama / clip+resume from ddp", "pp 2 / llama / clip+preempt",
                                 "tp 2 / llama / clip+preempt")]
+
+
+BITWISE = [("llama", ("clip",)), ("llama-lora", ("clip",)), ("cnn-bn", ("clip",)), ("llama", ("bf16", "clip"))]
+"""loops whose phalanx world of one computes what the plain loop computes, operation for operation.
+With num_items phalanx rescales the summed gradients at the step (Σ ∇loss · 1/Σn) where the plain loop
+divides each loss before its backward: equal within 2e-4 (the matrix), not in the last bits."""
+
+
+def test_world_of_one_is_plain_torch_bitwise():
+    """Phalanx() with no layout (`python train.py`), px.forward_backward, px.clip_grad_norm_, px.get_state_dict:
+    the same losses, norms and final weights, bit for bit, as the loop in plain torch/transformers."""
+    result = run_ranks(f"{WORKLOADS}:world_of_one", 1, args=(BITWISE,), timeout=600)[0]
+    for key, both in result.items():
+        got, want = both["phalanx"], both["plain"]
+        assert got["losses"] == want["losses"] and got["norms"] == want["norms"], (key, got, want)
+        assert sorted(got["state"]) == sorted(want["state"]), key
+        for name, value in want["state"].items():
+            assert torch.equal(got["state"][name], value), (key, name)
 
 
 @pytest.fixture(scope="module")

@@ -86,6 +86,11 @@ def test_attention_that_cannot_be_routed_is_refused(own_model: list[dict]) -> No
     for rank in own_model:
         assert "mha is an nn.MultiheadAttention" in rank["mha"] and "px.attention(q, k, v)" in rank["mha"]
         assert "no attention of OwnAttentionLM went across the cut" in rank["manual"]
+        # an MLP through px.forward_backward: its features cut as a sequence broke its first matmul ("mat1 and
+        # mat2 shapes cannot be multiplied (4x4 and 8x16)"), now the same refusal, naming the cut and the way
+        assert rank["mlp"].startswith("ValueError: context parallel: no attention of Sequential went across the cut "
+                                      "before its forward failed on the cut batch"), rank["mlp"]
+        assert "cp=1" in rank["mlp"]
 
 
 def test_hand_written_loop_num_items_is_the_batch_count() -> None:

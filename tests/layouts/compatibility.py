@@ -1,7 +1,7 @@
 """What works with what: every layout x model x feature cell phalanx is tested with and its outcome,
-the one source of the composition matrix test (tests/dist/test_compatibility.py) and of the docs page
-docs/compatibility.md (`python -m tests.layouts.compatibility docs/compatibility.md` writes it). The
-layouts are tests/layouts/__init__.py's, the one list.
+the one source of the composition matrix test (tests/dist/test_compatibility.py) and of the first part
+of the docs page docs/compatibility.md (`python -m tests.idioms.page docs/compatibility.md` writes it,
+with the idiom corpus's table from tests/idioms/table.py after it).
 
 A cell is "equal" (per-step loss within {RTOL:g} relative of one process with the same settings on the
 same global batches over 6 steps, final weights allclose) or refused at prepare with the reason given
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phalanx.config import generated_page
 from tests.layouts import Layout, layouts
 
 LAYOUTS: tuple[Layout, ...] = layouts("ddp", "zero1", "zero2", "zero3", "hsdp 2 x 2", "tp 2", "zero3 x tp 2", "pp 2",
@@ -148,21 +147,25 @@ def table() -> str:
     return "\n".join(rows) + "\n"
 
 
-COMMAND = "python -m tests.layouts.compatibility docs/compatibility.md"
+COMMAND = "python -m tests.idioms.page docs/compatibility.md"
+"""writes the page: this module's part, then the idiom corpus's (tests/idioms/table.py: kept with its
+test, out of the runtime package)."""
 
 
-def page_text() -> str:
-    """docs/compatibility.md as this module says it should read."""
+def page_text(idioms: str = "") -> str:
+    """docs/compatibility.md as this module says it should read, with `idioms` (the idiom corpus's
+    section) at its end."""
     models = "\n".join(f"- `{name}`: {what}" for name, what in MODELS.items())
     features = "\n".join(f"- `{name}`: {what}" for name, what in FEATURES.items())
     return f"""# What works with what
 
-<!-- generated from tests/layouts/compatibility.py by `{COMMAND}`: edit that, not this page -->
+<!-- generated from tests/layouts/compatibility.py and tests/idioms/table.py by `{COMMAND}`: edit those, not this page -->
 
 Each layout below was run with each model and feature set listed in its row by
 `tests/dist/test_compatibility.py` (one launch per process count). **equal**: every step's loss within
-{RTOL:g} relative of one process with the same settings (a world of one, `python train.py`) on the same
-global batches over 6 steps, and the final weights allclose (rtol {RTOL:g}, atol {WEIGHTS_ATOL:g}). **refused**: prepare stops before the
+{RTOL:g} relative of the same loop in plain torch/transformers in one process, with no phalanx, on the same
+global batches over 6 steps (phalanx's own world of one, `python train.py`, equals that loop bitwise; with
+`num_items` to the last bits, as it rescales the summed gradients at the step), and the final weights allclose (rtol {RTOL:g}, atol {WEIGHTS_ATOL:g}). **refused**: prepare stops before the
 first step with the reason quoted below the table. With bf16 a layout that splits or reorders a sum
 rounds it differently from one process (bf16's step is 2^-8 = 3.9e-3), so those cells are held to
 losses within {BF16_TOLERANCE["losses"]:g} and gradient norms within {BF16_TOLERANCE["norms"]:g} relative, each
@@ -180,12 +183,4 @@ Features:
 {table()}
 Per-family results of transformers models (Qwen2, Mistral, Gemma3, GPT-2, tied embeddings) are on
 [Models](models.md).
-"""
-
-
-def main(argv: list[str] | None = None) -> int:
-    return generated_page.main(argv, page_text, COMMAND)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+{idioms}"""

@@ -2,6 +2,7 @@
 zero1 under its sharded-state optimizer)."""
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -29,6 +30,12 @@ class PreparedDDP(DistributedDataParallel):
             if inner is None or name.startswith("__"):
                 raise
             return getattr(inner, name)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> nn.Module:
+        """`copy.deepcopy(model)` (torch's AveragedModel for EMA/SWA) copies the wrapped module: a copy
+        syncs no gradients, and torch's DDP pickles only over the default process group, which a
+        data-parallel group beside pp, tp or cp is not ("DDP Pickling/Unpickling are only supported...")."""
+        return copy.deepcopy(self.module, memo)
 
     def _match_all_reduce_for_bwd_pass(self) -> None:
         """A rank out of data under torch's Join shadows its peers' gradient all-reduces with zeros;

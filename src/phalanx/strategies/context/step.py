@@ -75,14 +75,17 @@ class ContextParallel:
         """The model's forward over a cut batch: attention reads `layout`; SDPA calls are routed;
         a forward in which no attention crossed the cut is refused (each rank would see only its part)."""
         before = attention_module.last_used.get("calls", 0)
-        with using_layout(layout), routing.routed():
-            yield
+        try:
+            with using_layout(layout), routing.routed():
+                yield
+        except RuntimeError as error:  # a model with no sequence to cut (an MLP's features) fails on the cut
+            if attention_module.last_used.get("calls", 0) == before:
+                self.end_batch()
+                raise ValueError(_no_attention(model, " before its forward failed on the cut batch (px.forward_backward "
+                                                      "cuts dim 1 of the inputs as the sequence)")) from error
+            raise
         if attention_module.last_used.get("calls", 0) == before:
-            raise ValueError(
-                f"context parallel: no attention of {_model_name(model)} went across the cut, so each rank "
-                "attended only to its own part of the sequence. HINT: compute attention with px.attention(q, k, v) "
-                "or F.scaled_dot_product_attention(q, k, v, is_causal=True) (no attn_mask), use a transformers "
-                "model, or run cp=1")
+            raise ValueError(_no_attention(model, ""))
         if not self.reported:
             self.reported = True
             get_logger().info("context parallel: cp=%d, attention by %s (%s)", self.size,
@@ -112,6 +115,13 @@ class ContextParallel:
         loss = loss_fn(output, local_targets)
         backward(loss, num_items=num_items)
         return self.whole_loss(loss, summed=num_items is not None)
+
+
+def _no_attention(model: nn.Module, when: str) -> str:
+    return (f"context parallel: no attention of {_model_name(model)} went across the cut{when}, so each rank "
+            "attended only to its own part of the sequence. HINT: compute attention with px.attention(q, k, v) or "
+            "F.scaled_dot_product_attention(q, k, v, is_causal=True) (no attn_mask), use a transformers model, or run "
+            "cp=1")
 
 
 def _model_name(model: nn.Module) -> str:
