@@ -80,8 +80,7 @@ def _train(px: Phalanx, kind: str, summed: bool) -> dict:
             optimizer.zero_grad()
             loss = loss_of(model, x, y, summed)
             px.backward(loss, num_items=y.numel() if summed else None)
-            # torch's clip measures the gradients before num_items' rescale (at the step): mean losses only
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)) if not summed else None)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)))  # after num_items' rescale
             optimizer.step()
             losses.append(px.step_loss if summed else None)
     model.eval()  # an eval pass: every rank's batches keep one shape (a script's own all_gather), repeats dropped by

@@ -18,6 +18,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from phalanx.model import init_replay
+from phalanx.model.init_replay import Fill
+
 InitFn = Callable[[nn.Module], None]
 
 
@@ -35,7 +38,12 @@ def _tensors(model: nn.Module) -> Iterator[torch.Tensor]:
 def init_module(sharded: bool, device: torch.device) -> Iterator[None]:
     """Build modules on the meta device (`sharded`: zero2/zero3; prepare allocates only the shards)
     or directly on `device` (replicated strategies: no copy from host memory afterwards)."""
-    with torch.device("meta" if sharded else device):
+    if not sharded:
+        with torch.device(device):
+            yield
+        return
+    # the generator consumed and each tensor's last overwrite noted, as one process draws (init_replay.py)
+    with init_replay.recording(), torch.device("meta"):
         yield
 
 
@@ -111,7 +119,8 @@ def _local_slice(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _init_one(module: nn.Module, init_fn: InitFn | None, device: torch.device) -> None:
+def _init_one(module: nn.Module, init_fn: InitFn | None, device: torch.device,
+              fills: dict[tuple[int, str], Fill]) -> None:
     params = dict(module.named_parameters(recurse=False))
     buffers = dict(module.named_buffers(recurse=False))
     temps = {name: nn.Parameter(_full_like(p, device), requires_grad=p.requires_grad) for name, p in params.items()}
@@ -120,11 +129,14 @@ def _init_one(module: nn.Module, init_fn: InitFn | None, device: torch.device) -
         module._parameters[name] = t
     for name, t in temp_buffers.items():
         module._buffers[name] = t
+    pinned = {id(t): fills[(id(module), name)] for name, t in {**temps, **temp_buffers}.items()
+              if (id(module), name) in fills}
     try:
-        if init_fn is not None:
-            init_fn(module)
-        else:
-            module.reset_parameters()
+        with init_replay.Pinning(pinned) if pinned else contextlib.nullcontext():
+            if init_fn is not None:
+                init_fn(module)
+            else:
+                module.reset_parameters()
         drawn = {**{n: module._parameters[n] for n in temps}, **{n: module._buffers[n] for n in temp_buffers}}
     finally:
         for name, p in params.items():
@@ -176,7 +188,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None = None,
                 param_device: torch.device | None = None, order: Sequence[nn.Module] | None = None,
-                roots: Sequence[nn.Module] | None = None) -> None:
+                roots: Sequence[nn.Module] | None = None,
+                fills: dict[tuple[int, str], Fill] | None = None) -> None:
     """Allocate `model`'s meta tensors on `device` (only the local shards of sharded parameters)
     and initialise them per module, in registration order, as a normal construction would.
     `param_device`: where parameters live when not on `device` (CPU offload); buffers stay on `device`.
@@ -186,7 +199,10 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
     `roots`: the modules to allocate through, which together hold all of `model`'s tensors (default:
     `model`): FSDP2 re-points its shards when its root is allocated, so a pipeline rank running
     several stages allocates each stage's root (strategies/pipeline/cut.py's views).
-    Without `init_fn`, a transformers model initialises its modules as `from_config` would."""
+    Without `init_fn`, a transformers model initialises its modules as `from_config` would.
+    `fills`: what `init_replay.recorded_fills` noted while the model was built under init_module:
+    each tensor then gets the numbers one process drew for it, and the generator is left where the
+    construction left it (as in one process, whose initialisation is over by then)."""
     if init_fn is None:
         present = {id(m) for m in model.modules()}
         init_fn = transformers_init(model, cut_away=[m for m in order or () if id(m) not in present])
@@ -201,10 +217,14 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
                         (id(m) not in present and _owns_state(m) and any(t.is_meta for t in _own_tensors(m)))]
         check_initialisable(nn.ModuleList(m for m in meta_modules if id(m) not in present), init_fn)
     sync_rng_from_rank0(device)
+    fills = init_replay.same_on_every_rank(fills or {})
+    constructed = torch.get_rng_state()
     for root in roots if roots is not None else (model,):
         _allocate(root, device, param_device)
     for module in meta_modules:
-        _init_one(module, init_fn, device)
+        _init_one(module, init_fn, device, fills)
+    if fills:
+        torch.set_rng_state(constructed)
 
 
 def _allocate(model: nn.Module, device: torch.device, param_device: torch.device | None) -> None:

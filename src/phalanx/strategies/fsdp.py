@@ -40,13 +40,13 @@ def prefer_foreach(optimizer: torch.optim.Optimizer) -> None:
 
 def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh: Any, options: StrategyOptions,
           precision: Precision, device: torch.device, backend: str, roots: list[nn.Module] | None = None,
-          init_order: list[nn.Module] | None = None) -> None:
+          init_order: list[nn.Module] | None = None, fills: dict[tuple[int, str], Any] | None = None) -> None:
     """`fully_shard` each unit, then the root, over `dp_mesh`; a meta model is allocated (this rank's
     shards only) and initialised afterwards. In place: the user's module is the model.
 
     `roots`: the modules that run, when not `model` itself (a pipeline rank's stages: the views of
     the model each stage runs); `init_order`: a pipeline stage's meta model, cut from the whole one
-    (meta_init.materialize)."""
+    (meta_init.materialize); `fills`: what init_replay recorded while it was built on meta."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     meta = meta_init.is_meta(model)
@@ -86,7 +86,7 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
     if meta:
         meta_init.materialize(model, device, options.init_weights,
                               param_device=torch.device("cpu") if plan.cpu_offload else None,
-                              order=init_order, roots=roots)
+                              order=init_order, roots=roots, fills=fills)
 
 
 def _shard_embeddings(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, mesh: Any,

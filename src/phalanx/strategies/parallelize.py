@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from phalanx.loop.precision import Precision
-from phalanx.model import meta_init, router_balance
+from phalanx.model import init_replay, meta_init, router_balance
 from phalanx.model.units import default_units, shard_units, transform_units
 from phalanx.strategies import ddp, dp, fsdp, tensor_parallel, tp_fit, tp_peft
 from phalanx.strategies.options import StrategyOptions
@@ -51,6 +51,7 @@ def parallelize(model: nn.Module, layout: Layout, *, options: StrategyOptions, p
     """The model laid out as `layout.plan` says, on `device`; in place except for the DDP/DataParallel
     wrapper it may come back in. Under pp > 1: this rank's stages, and the runner that drives them."""
     plan = layout.plan
+    fills = init_replay.recorded_fills(model) if meta_init.is_meta(model) else {}  # before shards replace them
     cut = pipeline_layout.cut(model, plan, options, layout.mesh("pp").get_local_rank()) if plan.pp > 1 else None
     if cut is None and plan.grad_size > 1:  # an MoE router's load-balancing loss over the whole global batch
         router_balance.globalise(model, layout.group("grad"), cut_padding=local_padding if plan.cp > 1 else None)
@@ -68,10 +69,10 @@ def parallelize(model: nn.Module, layout: Layout, *, options: StrategyOptions, p
         # Not moved whole to the device first: fully_shard moves each unit's shards there, and a
         # meta model is allocated (shards only) and initialised after sharding.
         fsdp.apply(model, units, plan, layout.mesh("fully_shard"), options, precision, device, backend,
-                   roots=list(stages), init_order=init_order)
+                   roots=list(stages), init_order=init_order, fills=fills)
         return _done(model, stages, Wrapper.FSDP, tp_layers, cut, layout, device)
     if meta_init.is_meta(model):  # replicated (or split by tensor parallel alone): allocate, initialise
-        meta_init.materialize(model, device, options.init_weights, order=init_order)
+        meta_init.materialize(model, device, options.init_weights, order=init_order, fills=fills)
     transform_units(model, default_units(model), options.activation_checkpointing, options.compile, device)
     model = model.to(device)
     if plan.threads_over_gpus:

@@ -95,6 +95,8 @@ class ParallelStrategy:
         if scattered is not None:  # zero1: clipping combines the owners' norms
             self._zero1_grads.append(scattered)
             pipeline_grads.route_torch_clip(self.unwrap(done.model), scattered.norm)
+        elif done.pipeline is None:  # num_items' rescale before torch's clip_grad_norm_ measures, as px's
+            pipeline_grads.route_torch_clip(self.unwrap(done.model), self._step_norm)
         if done.pipeline is not None:
             self._pipelines[id(done.model)] = done.pipeline
             self._other_units = done.other_units
@@ -220,6 +222,12 @@ class ParallelStrategy:
         uncounted = {id(p.grad) for runner in self._pipelines.values() for p in runner.counted_elsewhere()}
         local = grad_norm.total_norm([g for g in grads if id(g) not in uncounted], norm_type)
         return pipeline_grads.pipeline_norm(local, norm_type, self.layout.mesh("pp"))
+
+    def _step_norm(self, grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+        """torch's clip_grad_norm_ on a prepared model's parameters (outside pp and zero1's scatter):
+        the norm of the step's gradients, after what px.clip_grad_norm_ runs first (num_items' rescale)."""
+        self.before_clip()
+        return grad_norm.total_norm(grads, norm_type)
 
     # ---- the user's module and its weights ----------------------------------------------------
     def unwrap(self, model: nn.Module) -> nn.Module:
