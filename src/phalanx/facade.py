@@ -226,8 +226,8 @@ class Phalanx:
         host_memory.fix_for(self.ctx.backend, self.config.host_mmap_threshold, plan.frees_gathered_blocks)
         layout = Layout.build(plan, self.ctx.device.type)  # the mesh and every group, asked by name
         self._strategy = ParallelStrategy(layout, self.ctx, self.settings.options)
-        # torch's clip_grad_norm_ under pp prepares the gradients as px.clip_grad_norm_ (on its syncing step)
-        self._strategy.before_clip = lambda: self._accumulator.sync_gradients and self._before_step()
+        # torch's clip_grad_norm_ on a prepared model prepares the gradients as px.clip_grad_norm_ (on its syncing step)
+        self._strategy.before_clip = lambda: self._accumulator.sync_gradients and self._ready_to_clip()
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
@@ -443,10 +443,13 @@ class Phalanx:
         return self._accumulator.when_syncing(self._clip, list(parameters), max_norm, norm_type)
 
     def _clip(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
+        self._ready_to_clip()
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def _ready_to_clip(self) -> None:
         for opt in self._optimizers:  # fp16: clip the true gradients, not the scaled ones
             self.strategy.precision.unscale_(opt)
         self._before_step()  # num_items: clip the gradients of the global mean
-        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)

@@ -61,6 +61,7 @@ def ema_in_layouts(layouts: list[dict]) -> dict:
             continue
         got = {k.removeprefix("module."): v for k, v in got.items()}  # ddp: the EMA copies the DDP wrapper
         results[name] = {
+            "plan": px.plan.describe(),
             "keys": sorted(got) == sorted(expected),
             "weights": max(((got[k] - v).norm() / v.norm()).item() for k, v in expected.items()),
             "output": ((out - expected_out).norm() / expected_out.norm()).item()}

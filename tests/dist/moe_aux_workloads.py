@@ -76,8 +76,24 @@ def _world_mean(loss: torch.Tensor) -> torch.Tensor:
     return loss / dist.get_world_size()
 
 
-def train(family: str, padded: bool = False, **settings: Any) -> dict[str, Any]:
+def in_join(family: str, **settings: Any) -> dict[str, Any]:
+    """A training forward inside torch's Join (px.uneven_inputs under ddp): what it raises."""
+    px = Phalanx(**settings)
+    model = px.prepare(_model(family))
+    batches = [Rows(False)[i] for i in range(2 + px.rank)]  # rank-dependent: the case Join is for
+    try:
+        with px.uneven_inputs(model) as uneven:
+            for row in uneven.iter(batches):
+                model(**{k: v.unsqueeze(0) for k, v in row.items()}).loss.backward()
+    except ValueError as error:
+        return {"refused": str(error)}
+    return {}
+
+
+def train(family: str, padded: bool = False, join: bool = False, **settings: Any) -> dict[str, Any]:
     """STEPS AdamW steps under `settings`; rank 0 adds the one-process run with no phalanx."""
+    if join:
+        return in_join(family, **settings)
     px = Phalanx(**settings)
     model = _model(family)
     start = copy.deepcopy(model)

@@ -86,11 +86,36 @@ def train_pp(save_dir: str) -> dict[str, Any]:
     return out
 
 
+def fp16_norms() -> dict[str, dict[str, list[float]]]:
+    """Under mixed_precision="fp16" (phalanx's loss scale): the norms torch's own clip gives on the
+    prepared model's parameters, and px.clip_grad_norm_'s in the same layout, pp 2 and ddp."""
+    from phalanx import Phalanx
+
+    out: dict[str, dict[str, list[float]]] = {}
+    for layout, settings in (("pp 2", {"pp": 2}), ("ddp", {})):
+        for clip in ("torch", "px"):
+            px = Phalanx(strategy="ddp", mixed_precision="fp16", **settings)
+            model = make_model()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+            loader = DataLoader(make_data(), batch_size=GLOBAL_BATCH // px.dp_size)
+            model, optimizer, loader = px.prepare(model, optimizer, loader)
+            clip_fn = torch.nn.utils.clip_grad_norm_ if clip == "torch" else px.clip_grad_norm_
+            norms = []
+            for _, (batch,) in zip(range(3), loader):
+                px.forward_backward(model, batch[:, :-1], batch[:, 1:], loss_fn)
+                norms.append(float(clip_fn(model.parameters(), MAX_NORM)))
+                optimizer.step()
+                optimizer.zero_grad()
+            out.setdefault(layout, {})[clip] = norms
+    return out
+
+
 def idioms(save_dir: str) -> dict[str, Any]:
-    """`train_pp`, `save_on_one_rank`, then `lora_pp` in the same process group (one spawn for all)."""
+    """`train_pp`, `save_on_one_rank`, `lora_pp`, then `fp16_norms` in the same process group (one spawn for all)."""
     out = train_pp(f"{save_dir}/every_rank")
     out["one_rank"] = save_on_one_rank(f"{save_dir}/one_rank")
     out["lora"] = lora_pp(f"{save_dir}/lora")
+    out["fp16"] = fp16_norms()
     return out
 
 

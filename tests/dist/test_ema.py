@@ -27,3 +27,16 @@ def test_averaged_model_under_zero2_with_tp_is_refused_naming_the_way():
     settings = {"strategy": "zero2", "tp": 2, "tp_plan": {"0": "colwise", "2": "rowwise"}}
     message = run_ranks("tests.dist.ema_workloads:refused_under", 4, args=(settings,), timeout=240)[0]
     assert "AveragedModel" in message and "HINT" in message and "tensor parallel" in message
+
+
+def test_torch_averaged_model_equals_one_process_under_hsdp_2x2():
+    """4 ranks as 2 "nodes" of 2: hsdp's 2 replicas x 2 shards (FSDP2 over a 2-D mesh), the EMA copied
+    from the prepared model."""
+    results = run_ranks("tests.dist.ema_workloads:ema_in_layouts", 4, args=([{"strategy": "hsdp"}],), timeout=240,
+                        local_world_size=2)
+    for rank in results:
+        (layout, r), = rank.items()
+        assert "error" not in r, (layout, r)
+        assert "dp_replicate 2 x dp_shard 2" in r["plan"], r["plan"]
+        assert r["keys"], layout
+        assert r["weights"] < 2e-4 and r["output"] < 2e-4, (layout, r)

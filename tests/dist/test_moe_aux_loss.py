@@ -18,6 +18,7 @@ TWO = {
     "mixtral zero3": {"family": "mixtral", "strategy": "zero3"},
     "qwen3_moe cp2 padded": {"family": "qwen3_moe", "strategy": "ddp", "cp": 2, "padded": True},
 }
+JOIN = {"qwen3_moe ddp in Join": {"family": "qwen3_moe", "strategy": "ddp", "join": True}}
 FOUR = {"qwen3_moe zero3 x tp2": {"family": "qwen3_moe", "strategy": "zero3", "tp": 2},
         "mixtral zero3 x cp2 padded": {"family": "mixtral", "strategy": "zero3", "cp": 2, "padded": True}}
 
@@ -33,12 +34,19 @@ def _equal(ranks: list[dict], name: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks() -> list[dict]:
-    return run_ranks("tests.dist.moe_aux_workloads:matrix", 2, args=(TWO,), timeout=500)
+    return run_ranks("tests.dist.moe_aux_workloads:matrix", 2, args=({**TWO, **JOIN},), timeout=500)
 
 
 @pytest.mark.parametrize("name", list(TWO))
 def test_router_loss_is_the_global_batchs_on_two_ranks(two_ranks, name):
     _equal(two_ranks, name)
+
+
+def test_router_loss_inside_torch_join_is_refused_naming_the_way(two_ranks):
+    """Join's finished ranks shadow DDP's all-reduces only: the router loss's own would hang."""
+    for rank in two_ranks:
+        message = rank["qwen3_moe ddp in Join"].get("refused", "")
+        assert "router load-balancing loss" in message and "method='agree'" in message and "HINT" in message
 
 
 @pytest.mark.slow

@@ -76,3 +76,16 @@ def test_peft_save_pretrained_writes_every_stage_s_adapters_as_one_process(runs,
         torch.testing.assert_close(saved[key], value, **TOL, msg=key)
     loaded = PeftModel.from_pretrained(w.make_model(), f"{root}/lora")  # peft loads it as it loads its own
     assert sum("lora_A" in name for name, _ in loaded.named_parameters()) == 4
+
+
+def test_torch_clip_grad_norm_measures_the_unscaled_gradients_under_fp16(runs):
+    """phalanx holds fp16's loss scale, so a script cannot unscale before torch's clip: the prepared
+    model's clip unscales first, as px.clip_grad_norm_ does (pp 2 and ddp)."""
+    ranks, _, _ = runs
+    for rank in ranks:
+        for layout, norms in rank["fp16"].items():
+            # a step whose scaled gradients overflow is nan for both (the scaler skips it)
+            assert any(n == n for n in norms["torch"]), f"{layout}: no step's gradients were finite {norms}"
+            assert all(n < 1e3 for n in norms["torch"] if n == n), f"{layout}: torch's clip measured the scaled gradients {norms}"
+            torch.testing.assert_close(torch.tensor(norms["torch"]), torch.tensor(norms["px"]), rtol=2e-4, atol=0,
+                                       equal_nan=True, msg=lambda m, layout=layout: f"{layout}: {m}")

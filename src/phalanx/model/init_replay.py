@@ -55,12 +55,16 @@ class Fill:
         if self.state is None:
             self.func(tensor, *self.args, **self.kwargs)
             return
+        # drawn on the CPU from the CPU generator, as recorded (an accelerator's tensor gets a copy)
+        drawn = tensor if tensor.device.type == "cpu" else torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu")
         saved = torch.get_rng_state()
         torch.set_rng_state(self.state)
         try:
-            self.func(tensor, *self.args, **self.kwargs)
+            self.func(drawn, *self.args, **self.kwargs)
         finally:
             torch.set_rng_state(saved)
+        if drawn is not tensor:
+            tensor.copy_(drawn)
 
 
 def _target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

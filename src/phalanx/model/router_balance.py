@@ -51,10 +51,12 @@ def family_modules(model: nn.Module) -> list[Any]:
     return list(found.values())
 
 
-def globalise(model: nn.Module, group: Any, cut_padding: Callable[[], torch.Tensor | None] | None = None) -> bool:
+def globalise(model: nn.Module, group: Any, cut_padding: Callable[[], torch.Tensor | None] | None = None,
+              refusal: Callable[[], str | None] = lambda: None) -> bool:
     """Make `model`'s load-balancing loss the global batch's over `group` (None: every rank) while
     `model` runs forward with gradients on; False when its family has none. `cut_padding` (cp):
-    the padding of this rank's part of the rows, which the model gets no attention_mask for."""
+    the padding of this rank's part of the rows, which the model gets no attention_mask for.
+    `refusal()`: why the collectives cannot run now (raised as a ValueError), or None."""
     python_modules = family_modules(model)
     if not python_modules:
         return False
@@ -62,7 +64,7 @@ def globalise(model: nn.Module, group: Any, cut_padding: Callable[[], torch.Tens
         _install(python_module)
 
     def enter(module: nn.Module, args: Any) -> None:
-        module._phalanx_router_token = _GROUP.set((group, cut_padding))
+        module._phalanx_router_token = _GROUP.set((group, cut_padding, refusal))
 
     def leave(module: nn.Module, args: Any, output: Any) -> None:
         token = module.__dict__.pop("_phalanx_router_token", None)
@@ -96,7 +98,10 @@ def _install(python_module: Any) -> None:
         gate_logits, num_experts, top_k, attention_mask = (bound.arguments[p] for p in _PARAMETERS)
         if gate_logits is None or not isinstance(gate_logits, tuple):
             return fn(*args, **kwargs)
-        group, cut_padding = running
+        group, cut_padding, refusal = running
+        why = refusal()
+        if why is not None:
+            raise ValueError(why)
         if attention_mask is None and cut_padding is not None:  # cp: the padding the cut took from the model
             attention_mask = _matching(cut_padding(), gate_logits[0])
         if not checked:

@@ -54,7 +54,8 @@ def parallelize(model: nn.Module, layout: Layout, *, options: StrategyOptions, p
     fills = init_replay.recorded_fills(model) if meta_init.is_meta(model) else {}  # before shards replace them
     cut = pipeline_layout.cut(model, plan, options, layout.mesh("pp").get_local_rank()) if plan.pp > 1 else None
     if cut is None and plan.grad_size > 1:  # an MoE router's load-balancing loss over the whole global batch
-        router_balance.globalise(model, layout.group("grad"), cut_padding=local_padding if plan.cp > 1 else None)
+        router_balance.globalise(model, layout.group("grad"), cut_padding=local_padding if plan.cp > 1 else None,
+                                 refusal=_router_refusal)
     tp_layers: dict[str, str] = {}
     if plan.tp > 1:
         chosen = cut.tp_layers if cut is not None else tp_peft.choose(model, options.tp_plan)
@@ -89,6 +90,20 @@ def parallelize(model: nn.Module, layout: Layout, *, options: StrategyOptions, p
                        if pipeline_layout.has_params(m) else m for m in stages)
         return _done(model, stages, Wrapper.DDP, tp_layers, cut, layout, device)
     return _done(model, stages, Wrapper.NONE, tp_layers, cut, layout, device)
+
+
+def _router_refusal() -> str | None:
+    """Why an MoE router's global load-balancing loss cannot run now: inside torch's Join, whose
+    finished ranks shadow DDP's all-reduces only, a forward's own collectives would meet none."""
+    from phalanx.data.uneven import current_join
+
+    if current_join() is None:
+        return None
+    return ("an MoE model's router load-balancing loss (output_router_logits=True) sums its statistics over "
+            "the data-parallel ranks in every training forward, which torch's Join (px.uneven_inputs under "
+            "ddp or zero1) cannot shadow for a rank that ran out of batches. HINT: use "
+            "px.uneven_inputs(model, method='agree') (every rank stops at the shortest), or give every rank "
+            "as many batches (drop_last=True), or train without the router loss (output_router_logits=False).")
 
 
 def _done(model: nn.Module, stages: tuple[nn.Module, ...], wrapper: Wrapper, tp_layers: dict[str, str],
