@@ -50,7 +50,8 @@ def start(ctx: DistContext, cfg: PhalanxConfig, plan: ParallelPlan, progress: St
                              log_session.LoggingSettings.from_config(cfg), ctx.dp_size)
     watcher = None if not cfg.step_anatomy else observe.start(  # phase times, stragglers, status
         progress, dog, rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank,
-        attempt=AgentEnv.from_env().attempt, run_dir=logs.run_dir, device=ctx.device, metrics=logs.metrics)
+        attempt=AgentEnv.from_env().attempt, run_dir=logs.run_dir, device=ctx.device, metrics=logs.metrics,
+        job_step=lambda: checkpointer.global_step if checkpointer.counts_steps else None)
     profiler = None if cfg.profile is None else StepProfiler(
         cfg.profile, ctx.rank, logs.run_dir, lambda: checkpointer.global_step)
     return Services(dog, checkpointer, preempt, deferred, logs, watcher, profiler)

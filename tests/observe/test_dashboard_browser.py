@@ -53,10 +53,10 @@ def job(tmp_path_factory):
 
 def test_api_status_has_the_documented_shape(job):
     status = _get(job["url"] + "api/status")
-    assert set(status) == {"step", "ranks", "straggler"}
+    assert set(status) == {"step", "attempt", "running", "ended", "ranks", "straggler", "verdict", "earlier"}
     assert [r["rank"] for r in status["ranks"]] == [0, 1]
     for r in status["ranks"]:
-        assert set(r) == {"rank", "host", "local_rank", "step", "phases"}
+        assert set(r) == {"rank", "host", "local_rank", "step", "state", "phases"}
         assert r["host"] == socket.gethostname() and r["local_rank"] == r["rank"]
         assert {"data", "forward", "backward", "optimizer", "sleep"} <= set(r["phases"])
     request = urllib.request.Request(job["url"] + "api/status", method="POST")

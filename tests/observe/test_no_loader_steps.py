@@ -26,10 +26,10 @@ def test_a_loop_without_a_prepared_loader_shows_its_optimizer_steps(tmp_path):
                           env={**os.environ, "PHALANX_RUN_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     status = json.loads((tmp_path / "observe" / "status.json").read_text())
-    assert status["step"] == STEPS - 1, status
+    assert status["step"] == STEPS, status  # the job's step: optimizer steps taken, as px.global_step says
     assert status["steps_count"] == "optimizer steps" and "no prepared loader" in status["not_measured"]
     for rank in status["ranks"]:
-        assert rank["step"] == STEPS - 1 and rank["num_steps"] == STEPS, rank
+        assert rank["step"] == STEPS and rank["num_steps"] == STEPS, rank
         assert {"forward", "backward", "optimizer"} <= set(rank["phases"]) and "data" not in rank["phases"], rank
     screen = render(str(tmp_path), status)
-    assert f"step {STEPS - 1}" in screen and "not measured: data: no prepared loader" in screen
+    assert f"step {STEPS}" in screen and "not measured: data: no prepared loader" in screen

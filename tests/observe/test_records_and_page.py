@@ -30,9 +30,12 @@ def test_top_shows_a_row_per_rank_and_what_is_wrong_with_one(tmp_path):
     assert "silent 12 s (backward, step 7)" in screen and "rank 1 stalled" in screen
     assert table.BOLD_RED in screen.splitlines()[4] and "loss 0.5" in screen
     assert records.api_status(status) == {
-        "step": 10, "straggler": {"rank": 1, "phase": "data", "ms_per_step": 30.0},
+        "step": 10, "attempt": "0", "running": True, "ended": False,
+        "straggler": {"rank": 1, "phase": "data", "ms_per_step": 30.0},
         "ranks": [{"rank": r, "host": "vm", "local_rank": r, "step": 10 if r == 0 else 7,
-                   "phases": {"data": 1.0 + 30 * r, "backward": 5.0}} for r in range(2)]}
+                   "state": "running" if r == 0 else "silent",
+                   "phases": {"data": 1.0 + 30 * r, "backward": 5.0}} for r in range(2)],
+        "verdict": "phalanx watchdog: rank 1 stalled at step 7", "earlier": {}}
 
 
 def test_top_says_when_the_job_ended_or_stopped_writing(tmp_path):

@@ -110,6 +110,11 @@ class Checkpointer:
             )
         (self.rank_objects if per_rank else self.objects).append(obj)
 
+    @property
+    def counts_steps(self) -> bool:
+        """Whether global_step counts anything: an optimizer was prepared (tracked)."""
+        return self._counted is not None
+
     def _count_step(self, *_: Any) -> None:
         if self._not_counting:
             return

@@ -199,24 +199,39 @@ def main(args: argparse.Namespace) -> int:
     from phalanx.launch.report import agent_log_level_is_debug
 
     verbose = spec.verbose or agent_log_level_is_debug(os.environ)
+    end_watch, said = None, None
+    if spec.single_node:  # settings no script took: said while the job runs, not only at its end
+        end_watch = worker_notes.say_while_running(
+            notes_dir, nproc, lambda notes: _no_effect(notes_dir, notes, spec, num_gpus_in_use), _say)
     try:
         code = launch(spec, nproc, num_gpus_in_use, node, verbose=verbose, log_dir=log_dir)
     finally:
+        if end_watch is not None:
+            said = end_watch()
         if page is not None:
             page.stop()
     if code == 0 and spec.single_node:  # what the workers did that would otherwise go unsaid
-        say_what_workers_did(notes_dir, spec, nproc, num_gpus_in_use)
+        say_what_workers_did(notes_dir, spec, nproc, num_gpus_in_use, said=said)
     return code
 
 
-def say_what_workers_did(notes_dir: str, spec: LaunchSpec, nproc: int, num_gpus_in_use: int) -> None:
-    """Separate worlds of one, and settings that never reached the script: one line each."""
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _no_effect(notes_dir: str, notes: list, spec: LaunchSpec, num_gpus_in_use: int) -> str | None:
+    return worker_notes.no_effect_line(notes, worker_notes.phalanx_created(notes_dir), spec.settings, spec.target,
+                                       num_gpus_in_use)
+
+
+def say_what_workers_did(notes_dir: str, spec: LaunchSpec, nproc: int, num_gpus_in_use: int,
+                         said: str | None = None) -> None:
+    """Separate worlds of one, and settings that never reached the script: one line each (the
+    second unless the same line was said while the job ran)."""
     notes = worker_notes.read(notes_dir)
-    for line in (worker_notes.separate_worlds_line(notes, nproc),
-                 worker_notes.no_effect_line(notes, worker_notes.phalanx_created(notes_dir), spec.settings,
-                                             spec.target, num_gpus_in_use)):
-        if line:
-            print(line, file=sys.stderr, flush=True)
+    for line in (worker_notes.separate_worlds_line(notes, nproc), _no_effect(notes_dir, notes, spec, num_gpus_in_use)):
+        if line and line != said:
+            _say(line)
 
 
 def start_dashboard(spec: LaunchSpec, run_dir: str):  # -> Dashboard | None

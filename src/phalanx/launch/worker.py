@@ -17,6 +17,7 @@ import sys
 
 from phalanx import envvars, refusal
 from phalanx.launch import worker_notes
+from phalanx.launch.worker_exit import exit_now
 
 
 def run_target(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
@@ -97,6 +98,7 @@ def watch_process_group() -> dict[str, int | None] | None:
         seen["group_size"] = dist.get_world_size()
         caller = str(sys._getframe(1).f_globals.get("__name__", ""))  # noqa: SLF001 - who joined: its use
         seen["fabric"] = int(caller.split(".")[0] in ("lightning", "lightning_fabric"))
+        _note_while_running(seen)
         return result
 
     distributed_c10d.init_process_group = dist.init_process_group = init_process_group  # type: ignore[assignment]
@@ -150,6 +152,19 @@ def children_rendezvous_themselves() -> None:
                 os.environ[envvars.TORCHELASTIC_USE_AGENT_STORE] = saved
 
     mp_spawn.start_processes = start_processes  # type: ignore[assignment]
+
+
+NOTE_AFTER_JOIN_S = 3.0  # the note while running: after Accelerate's or Fabric's set-up around the join
+
+
+def _note_while_running(seen: dict[str, int | None]) -> None:
+    """Leave the note a few seconds after the group is joined too, not only at the end: the launcher
+    then says which settings no script took while the job runs (the note at the end replaces it)."""
+    import threading
+
+    timer = threading.Timer(NOTE_AFTER_JOIN_S, leave_note, args=(seen,))
+    timer.daemon = True
+    timer.start()
 
 
 def leave_note(seen: dict[str, int | None] | None) -> None:
@@ -228,9 +243,12 @@ def main(argv: list[str] | None = None) -> None:
     _quiet_keyboard_interrupt()
     try:
         run_explained(argv[0], is_module, argv[1:])
+    except SystemExit as exit_:
+        exit_now(exit_.code)
     except Exception as error:
         record_failure(error)
         raise  # the interpreter prints the traceback and exits 1, as for a plain script
+    exit_now(0)
 
 
 def _quiet_keyboard_interrupt() -> None:

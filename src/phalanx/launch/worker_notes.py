@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 from phalanx import envvars
 
@@ -66,6 +67,37 @@ def read(directory: str) -> list[WorkerNote]:
             with open(os.path.join(directory, name), encoding="utf-8") as fp:
                 notes.append(WorkerNote(**json.load(fp)))
     return sorted(notes, key=lambda note: note.rank)
+
+
+def say_while_running(directory: str, workers: int, line: Callable[[list[WorkerNote]], str | None],
+                      say: Callable[[str], None], interval_s: float = 1.0) -> Callable[[], str | None]:
+    """Read the notes once a second while the job runs; once every worker has left one (a few seconds
+    after joining its group, launch/worker.py) say `line(notes)` once, if anything. Returns the call
+    that ends the watch and gives back what was said."""
+    done, said = threading.Event(), []
+
+    def watch() -> None:
+        while not done.wait(interval_s):
+            try:
+                notes = read(directory)
+            except (OSError, ValueError):  # a note being replaced: read again next time
+                continue
+            if len(notes) < workers:
+                continue
+            text = line(notes)
+            if text:
+                said.append(text)
+                say(text)
+            return
+
+    thread = threading.Thread(target=watch, name="phalanx-worker-notes", daemon=True)
+    thread.start()
+
+    def end() -> str | None:
+        done.set()
+        thread.join(timeout=5)
+        return said[0] if said else None
+    return end
 
 
 def _ranks(ranks: list[int]) -> str:

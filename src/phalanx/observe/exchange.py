@@ -64,7 +64,8 @@ class Exchange:
 
     def __init__(self, anatomy: StepAnatomy, *, rank: int, world_size: int, local_rank: int, attempt: str,
                  run_dir: str, phase: Callable[[], str], device: Any = None,
-                 warn: Callable[[str], None] = print, last_metrics: Callable[[], Any] = lambda: None):
+                 warn: Callable[[str], None] = print, last_metrics: Callable[[], Any] = lambda: None,
+                 job_step: Callable[[], int | None] = lambda: None):
         self.anatomy = anatomy
         self.rank, self.world_size, self.local_rank, self.attempt = rank, world_size, local_rank, attempt
         self.run_dir = run_dir
@@ -73,6 +74,7 @@ class Exchange:
         self.device = device
         self.warn = warn
         self.last_metrics = last_metrics
+        self.job_step = job_step  # the job's optimizer steps, restored on resume (None: none counted)
         self.watch = StragglerWatch()
         self._beat = 0
         self._peers: list[dict[str, Any] | None] = [None] * world_size
@@ -91,10 +93,16 @@ class Exchange:
         phases, rate = summarise(steps)
         self.anatomy.stride = stride(rate)
         return {"rank": self.rank, "host": self.host, "local_rank": self.local_rank, "pid": os.getpid(),
-                "beat": self._beat, "step": self.anatomy.step, "phase": str(self.phase()), "phases": phases,
+                "beat": self._beat, "step": self.step(), "batch": self.anatomy.step, "phase": str(self.phase()), "phases": phases,
                 "steps_per_s": rate, "memory": memory_bytes(self.device), "num_steps": self.anatomy.num_steps,
                 "totals": {p: round(s, 4) for p, s in self.anatomy.totals.items()},
                 "steps": [[s, {p: round(v, 6) for p, v in t.items()}] for s, t in list(self.anatomy.sampled)]}
+
+    def step(self) -> int:
+        """The job's step: its optimizer steps as the checkpoints and logged metrics count them (a
+        resumed job goes on from its checkpoint's), else this process's prepared batches."""
+        step = self.job_step()
+        return self.anatomy.step if step is None else step
 
     def tick(self, store: Any) -> None:
         """The watchdog's heartbeat: publish this rank's summary; rank 0 also collects and judges."""
@@ -131,8 +139,9 @@ class Exchange:
         now = time.monotonic()
         if summary["beat"] != self._seen[r][0]:
             self._seen[r] = (summary["beat"], now)
-        if summary["step"] != self._moved[r][0]:
-            self._moved[r] = (summary["step"], now)
+        moved = summary.get("batch", summary["step"])  # batches: a long accumulation cycle still moves
+        if moved != self._moved[r][0]:
+            self._moved[r] = (moved, now)
         self._peers[r] = summary
         merged = self._steps[r]
         for step, times in summary.pop("steps"):
@@ -162,16 +171,18 @@ class Exchange:
                 continue
             silent_s, still_s = now - self._seen[r][1], now - self._moved[r][1]
             state = {"failed": "failed", "exit": "left"}.get(peer["phase"], "running")
-            if state == "running" and silent_s > SILENT_AFTER_S:
+            if state == "running" and self.ended:
+                state = "ended"  # the job ended: no rank of it is running any more
+            elif state == "running" and silent_s > SILENT_AFTER_S:
                 state = "silent"  # no summary: the process died or hangs whole
             elif state == "running" and still_s > SILENT_AFTER_S and self.anatomy.num_steps:
                 state = "no progress"  # alive, its step unchanged (stalled, or waiting for a rank that is)
-            ranks.append({**{k: v for k, v in peer.items() if k not in ("beat", "pid", "final")},
+            ranks.append({**{k: v for k, v in peer.items() if k not in ("beat", "pid", "final", "batch")},
                           "state": state, "silent_s": round(silent_s, 1), "still_s": round(still_s, 1)})
         straggler = self.watch.current
         metrics = self.last_metrics()
         return {"time": time.time(), "attempt": self.attempt, "world_size": self.world_size,
-                "step": self.anatomy.step, "ended": self.ended, "ranks": ranks,
+                "step": self.step(), "ended": self.ended, "ranks": ranks,
                 "steps_count": self.anatomy.counts, "not_measured": NOT_MEASURED.get(self.anatomy.counts),
                 "straggler": None if straggler is None else straggler.as_status(),
                 "straggler_message": None if straggler is None else straggler.message,

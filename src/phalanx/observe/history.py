@@ -51,8 +51,10 @@ class History:
         with self._lock:
             previous = self.latest
             if previous is not None and previous.get("attempt") != status.get("attempt"):
-                self.earlier[str(previous.get("attempt"))] = {"ranks": previous.get("ranks", []),
-                                                              "verdict": previous.get("verdict")}
+                # a rank still "running" in the last status of a replaced attempt was stopped with it
+                rows = [{**r, "state": "stopped" if r.get("state", "running") == "running" else r["state"]}
+                        for r in previous.get("ranks", [])]
+                self.earlier[str(previous.get("attempt"))] = {"ranks": rows, "verdict": previous.get("verdict")}
             self.latest = status
             if previous is not None and previous.get("time") == status.get("time"):
                 return
@@ -71,5 +73,13 @@ class History:
             status = self.latest
             if status is not None:
                 status = {**status, "age_s": max(0.0, time.time() - float(status.get("time", 0)))}
-            return {"status": status, "run": os.path.basename(os.path.normpath(self.run_dir)), "running": status is not None and records.is_running(status),
-                    "points": list(self.points), "earlier": dict(self.earlier)}
+            earlier = {attempt: dict(past) for attempt, past in self.earlier.items()}
+            # the watchdog's report may be written after the next attempt started (or by a surviving rank)
+            for attempt, verdict in (status or {}).get("earlier", {}).items():
+                earlier.setdefault(attempt, {"ranks": []})["verdict"] = verdict
+            if status is not None:
+                status = {**status, "ranks": [{**r, "state": records.shown_state(status, r)}
+                                              for r in status.get("ranks", [])]}
+            return {"status": status, "run": os.path.basename(os.path.normpath(self.run_dir)),
+                    "running": status is not None and records.is_running(status),
+                    "points": list(self.points), "earlier": earlier}

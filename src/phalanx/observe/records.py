@@ -63,12 +63,47 @@ def read_status(run_dir: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     status["age_s"] = max(0.0, time.time() - float(status.get("time", 0)))
-    try:
-        with open(path(run_dir, verdict_name(str(status.get("attempt"))))) as f:
-            status["verdict"] = f.read().strip() or None
-    except FileNotFoundError:
-        status["verdict"] = None
+    status["verdict"] = read_verdict(run_dir, str(status.get("attempt")))
+    status["earlier"] = {attempt: text for attempt, text in verdicts(run_dir).items()
+                         if attempt != str(status.get("attempt"))}
     return status
+
+
+def read_verdict(run_dir: str, attempt: str) -> str | None:
+    try:
+        with open(path(run_dir, verdict_name(attempt))) as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def verdicts(run_dir: str) -> dict[str, str]:
+    """attempt -> the watchdog's report, for every attempt that has one, oldest file first."""
+    try:
+        names = sorted(os.listdir(os.path.join(run_dir, SUBDIR)),
+                       key=lambda name: os.path.getmtime(path(run_dir, name)))
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for name in names:
+        if name.startswith("verdict-") and name.endswith(".txt"):
+            text = read_verdict(run_dir, name[len("verdict-"):-len(".txt")])
+            if text:
+                found[name[len("verdict-"):-len(".txt")]] = text
+    return found
+
+
+def shown_state(status: dict[str, Any], rank: dict[str, Any]) -> str:
+    """A rank's state as the views show it: never "running" once the job ended, or when its status
+    stopped coming (the job died or was stopped: its rank 0 writes no more)."""
+    state = rank.get("state", "running")
+    if state != "running":
+        return state
+    if status.get("ended"):
+        return "ended"
+    if "age_s" in status and not is_running(status):
+        return "stopped (last seen running)"
+    return state
 
 
 def is_running(status: dict[str, Any]) -> bool:
@@ -104,9 +139,14 @@ def json_safe(value: Any) -> Any:
 
 
 def api_status(status: dict[str, Any]) -> dict[str, Any]:
-    """The `GET /api/status` shape: {"step", "ranks": [{"rank", "host", "local_rank", "step",
-    "phases"}], "straggler": null or {"rank", "phase", "ms_per_step"}}."""
-    return {"step": status.get("step"),
-            "ranks": [{k: r.get(k) for k in ("rank", "host", "local_rank", "step", "phases")}
+    """The `GET /api/status` shape: {"step", "attempt", "running", "ended", "ranks": [{"rank", "host",
+    "local_rank", "step", "state", "phases"}], "straggler": null or {"rank", "phase", "ms_per_step"},
+    "verdict": the watchdog's report of this attempt or null, "earlier": {attempt: its report}}."""
+    return {"step": status.get("step"), "attempt": status.get("attempt"),
+            "running": bool(status) and "age_s" in status and is_running(status),
+            "ended": bool(status.get("ended")),
+            "ranks": [{**{k: r.get(k) for k in ("rank", "host", "local_rank", "step")},
+                       "state": shown_state(status, r), "phases": r.get("phases")}
                       for r in status.get("ranks", [])],
-            "straggler": status.get("straggler")}
+            "straggler": status.get("straggler"), "verdict": status.get("verdict"),
+            "earlier": status.get("earlier") or {}}

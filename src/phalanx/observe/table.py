@@ -29,10 +29,12 @@ def _phase_names(ranks: list[dict[str, Any]]) -> list[str]:
     return names
 
 
-def rank_state(rank: dict[str, Any]) -> str:
+def rank_state(rank: dict[str, Any], status: dict[str, Any] | None = None) -> str:
     """`running`, or what is wrong: `silent 12 s (backward, step 40)`, `no progress 8 s (...)`,
     `failed`, `left`."""
     state = rank.get("state", "running")
+    if status is not None:
+        state = records.shown_state(status, rank)
     if state == "silent":
         return f"silent {rank.get('silent_s', 0):.0f} s ({rank.get('phase')}, step {rank.get('step')})"
     if state == "no progress":
@@ -76,7 +78,7 @@ def render(run_dir: str, status: dict[str, Any] | None, color: bool = False) -> 
     body = []
     for r in ranks:
         phases = r.get("phases") or {}
-        body.append([str(r.get("rank")), printable(r.get("host") or "-"), str(r.get("local_rank", "-")), printable(rank_state(r)),
+        body.append([str(r.get("rank")), printable(r.get("host") or "-"), str(r.get("local_rank", "-")), printable(rank_state(r, status)),
                      str(r.get("step", "-")), f"{r['steps_per_s']:.2f}" if r.get("steps_per_s") else "-",
                      *(f"{phases[n]:.1f}" if n in phases else "-" for n in names), _bytes(r.get("memory"))])
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
@@ -87,6 +89,8 @@ def render(run_dir: str, status: dict[str, Any] | None, color: bool = False) -> 
             text = f"{BOLD_RED}{text}{RESET}"
         lines.append(text)
     lines.append(printable(status.get("straggler_message") or "straggler: none"))
+    for attempt, verdict in (status.get("earlier") or {}).items():  # restarts: why each earlier attempt ended
+        lines.append(printable_lines(f"attempt {attempt} (earlier): {verdict}"))
     if status.get("verdict"):
         lines.append(printable_lines(status["verdict"]))
     return "\n".join(lines)
