@@ -44,8 +44,14 @@ cut over N processes (docs/long-sequences.md); with --pack the loop uses `px.for
 cuts inputs and targets, and stays equal to one process:
 
     phalanx run --nproc-per-node 2 examples/finetune_llm.py --tiny --cp 2 --seq-len 256 --pack
+
+`--moe` (with --tiny): a tiny Qwen3-MoE (4 experts, top 2) instead of the Llama, for expert parallel
+(phalanx's `--ep N`, docs/moe.md): each of the 2 processes holds half of every layer's experts:
+
+    phalanx run --nproc-per-node 2 --ep 2 examples/finetune_llm.py --tiny --moe
 """
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -75,11 +81,12 @@ def load_paragraphs(path=None, limit=None):
     return paragraphs[:limit] if limit else paragraphs
 
 
-def make_tiny_model(paragraphs, directory, seed=0, tie_embeddings=False):
+def make_tiny_model(paragraphs, directory, seed=0, tie_embeddings=False, moe=False):
     """A 2-layer Llama and a 512-token byte-level BPE tokenizer trained on the corpus, saved to `directory`;
-    `tie_embeddings`: the output projection shares the input embedding's weight (as in Llama-3.2-1B, Qwen2.5)."""
+    `tie_embeddings`: the output projection shares the input embedding's weight (as in Llama-3.2-1B, Qwen2.5);
+    `moe`: a 2-layer Qwen3-MoE instead, 4 experts per layer, each token through its router's top 2."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -89,10 +96,14 @@ def make_tiny_model(paragraphs, directory, seed=0, tie_embeddings=False):
         show_progress=False))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tie_embeddings, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2))
+    shape = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tie_embeddings, pad_token_id=0,
+                 bos_token_id=1, eos_token_id=2)
+    if moe:
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**shape, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                                   moe_intermediate_size=64, intermediate_size=128))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape, intermediate_size=128))
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
@@ -242,6 +253,8 @@ def main():
                                                         "(default: Python's reference documentation)")
     parser.add_argument("--limit", type=int, help="use only the first N paragraphs (quick runs)")
     parser.add_argument("--lora", type=int, metavar="R", help="train rank-R LoRA adapters instead of every weight")
+    parser.add_argument("--moe", action="store_true", help="--tiny: a mixture-of-experts model (Qwen3-MoE, 4 experts, "
+                                                           "top 2), for expert parallel (phalanx's --ep)")
     parser.add_argument("--tie-embeddings", action="store_true", help="--tiny: the output projection shares the "
                                                                      "input embedding's weight")
     parser.add_argument("--keep-adapters", action="store_true", help="--save writes the adapters, not merged weights")
@@ -261,15 +274,15 @@ def main():
 
     paragraphs = load_paragraphs(args.data, args.limit)
     base_dir = args.model
-    blocks = block_classes(base_dir) if base_dir else {"LlamaDecoderLayer"}
+    blocks = block_classes(base_dir) if base_dir else {"Qwen3MoeDecoderLayer" if args.moe else "LlamaDecoderLayer"}
     # zero2/zero3/hsdp: each decoder layer is a sharding unit (frozen weights and adapters together)
     px = Phalanx(strategy_options={"shard_modules": lambda name, module: type(module).__name__ in blocks},
                  cp=args.cp)
     if args.tiny:
-        base_dir = os.path.join(px.run_dir, "tiny-llama")
+        base_dir = os.path.join(px.run_dir, "tiny-moe" if args.moe else "tiny-llama")
         with px.main_process_first():
             if px.is_main_process:
-                make_tiny_model(paragraphs, base_dir, tie_embeddings=args.tie_embeddings)
+                make_tiny_model(paragraphs, base_dir, tie_embeddings=args.tie_embeddings, moe=args.moe)
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -279,8 +292,14 @@ def main():
     train, held_out = [s for i, s in enumerate(samples) if i % 10], samples[::10]
 
     config = AutoConfig.from_pretrained(base_dir)
-    with px.init_module():  # meta device under zero2/zero3/hsdp: nothing allocated until prepare
-        model = AutoModelForCausalLM.from_config(config)
+    # A mixture of experts is read by from_pretrained, whole on every rank (expert parallel takes each
+    # rank's experts from the materialized weights, and transformers turns the per-expert tensors of its
+    # files into the fused experts its model holds); any other model is built on the meta device under
+    # zero2/zero3/hsdp (nothing allocated until prepare) and read by px.load_model after prepare.
+    moe = any(getattr(config, key, None) for key in ("num_experts", "num_local_experts", "n_routed_experts"))
+    with contextlib.nullcontext() if moe else px.init_module():
+        model = (AutoModelForCausalLM.from_pretrained if moe else AutoModelForCausalLM.from_config)(
+            base_dir if moe else config)
         if args.lora:
             model = add_lora(model, args.lora)
     lr = args.lr or (1e-3 if args.tiny else 2e-4)
@@ -290,7 +309,8 @@ def main():
                               shuffle=True, collate_fn=packed_batch if args.pack else collate(pad_id))
     eval_loader = DataLoader(held_out, batch_size=args.batch_size, collate_fn=collate(pad_id))
     model, *optimizers, train_loader, eval_loader = px.prepare(model, *optimizers, train_loader, eval_loader)
-    px.load_model(model, base_dir)  # each rank reads its own slices of the safetensors files
+    if not moe:
+        px.load_model(model, base_dir)  # each rank reads its own slices of the safetensors files
     with torch.no_grad():  # LoRA's B starts at zero: the adapted model starts as the pretrained one
         for name, param in model.named_parameters():
             if ".lora_B." in name:
@@ -298,7 +318,7 @@ def main():
     resumed = px.config.checkpoint_dir is not None and px.load_state()  # resume from --checkpoint-dir
     trainable = sum(p.numel() for p in px.unwrap_model(model).parameters() if p.requires_grad)
     px.print(f"{len(train)} training and {len(held_out)} held-out paragraphs; strategy {px.strategy_name}, "
-             f"{px.world_size} process(es){f', cp {px.cp_size}' if px.cp_size > 1 else ''}; training {'LoRA adapters' if args.lora else 'every weight'} "
+             f"{px.world_size} process(es){f', cp {px.cp_size}' if px.cp_size > 1 else ''}{f', ep {px.plan.ep}' if px.plan.ep > 1 else ''}; training {'LoRA adapters' if args.lora else 'every weight'} "
              f"({trainable:,} parameters) with {optimizer_names}"
              + (f"; resumed at step {px.global_step}" if resumed else ""))
 

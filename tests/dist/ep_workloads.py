@@ -1,8 +1,8 @@
 """Training runs for the expert-parallel tests: tiny transformers MoE models (4 experts, top 2) trained
 as transformers' docs write the loop (`labels=`, `loss.backward()`, torch's `clip_grad_norm_`, AdamW)
 under `Phalanx(ep=2, ...)`, and the same loop in one process with no phalanx, computed in rank 0 on
-the same global batches. The router's load-balancing loss is off (`output_router_logits=False`):
-its global form over the data-parallel ranks is another change's."""
+the same global batches. The router's load-balancing loss is off (`output_router_logits=False`)
+unless a case asks for it (`aux`: its coefficient; model/router_balance.py makes it the global batch's)."""
 from __future__ import annotations
 
 import copy
@@ -17,13 +17,14 @@ from phalanx import Phalanx
 VOCAB, SEQ, SAMPLES, STEPS, BATCH, LR, MAX_NORM = 64, 8, 48, 5, 8, 1e-3, 1.0
 
 
-def make_model(family: str, experts: int = 4) -> nn.Module:
+def make_model(family: str, experts: int = 4, aux: float = 0.0) -> nn.Module:
+    """A tiny `family` model; `aux` > 0: its router's load-balancing loss added with that coefficient."""
     import transformers as tf
 
     torch.manual_seed(0)
     common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  num_experts_per_tok=2, output_router_logits=False, max_position_embeddings=2 * SEQ,
-                  attn_implementation="eager")
+                  num_experts_per_tok=2, output_router_logits=aux > 0, max_position_embeddings=2 * SEQ,
+                  attn_implementation="eager", **({"router_aux_loss_coef": aux} if aux else {}))
     if family == "qwen3_moe":
         config = tf.Qwen3MoeConfig(num_experts=4, moe_intermediate_size=16, intermediate_size=64, head_dim=8,
                                    decoder_sparse_step=1, **common)
@@ -90,9 +91,9 @@ def resume(px: Phalanx, family: str, path: str) -> dict[str, Any]:
             "exp_avg": _exp_avg(optimizer)}
 
 
-def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "") -> dict[str, Any]:
+def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux: float = 0.0) -> dict[str, Any]:
     """STEPS AdamW steps of `family` prepared by `px`, or what prepare refused; rank 0 adds one process's."""
-    start = make_model(family, experts)
+    start = make_model(family, experts, aux)
     model = copy.deepcopy(start)
     try:
         model, optimizer, loader = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
@@ -122,5 +123,5 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
         if "resume" in case:
             out[name] = resume(px, case["family"], case["resume"])
             continue
-        out[name] = train(px, case["family"], case.get("experts", 4), case.get("checkpoint", ""))
+        out[name] = train(px, case["family"], case.get("experts", 4), case.get("checkpoint", ""), case.get("aux", 0.0))
     return out

@@ -18,6 +18,7 @@ EP2 = {"strategy": "ddp", "ep": 2}
 CASES = {
     "qwen3_moe": {"family": "qwen3_moe", "settings": EP2},
     "qwen3_moe zero3": {"family": "qwen3_moe", "settings": {"strategy": "zero3", "ep": 2}},
+    "qwen3_moe aux": {"family": "qwen3_moe", "settings": EP2, "aux": 0.05},  # the router's load-balancing loss
     "zero1": {"family": "qwen3_moe", "settings": {"strategy": "zero1", "ep": 2}},
     "dense model": {"family": "dense", "settings": EP2},
     "3 experts": {"family": "mixtral", "experts": 3, "settings": EP2},
@@ -56,7 +57,7 @@ def _equal_to_one_process(ranks: list[dict], name: str) -> None:
         torch.testing.assert_close(state[key], value, rtol=2e-4, atol=1e-5, msg=key)
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe zero3"])
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe zero3", "qwen3_moe aux"])
 def test_ep2_equals_one_process(ranks, name):
     _equal_to_one_process(ranks, name)
 

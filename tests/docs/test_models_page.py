@@ -21,3 +21,16 @@ def test_every_family_and_layout_has_a_cell_and_every_refusal_its_note():
         assert row.count("|") == len(families.LAYOUTS) + 3
         for why in fam.refused.values():
             assert f'"{why}"' in text
+
+
+def test_every_equal_moe_cell_names_a_case_the_expert_parallel_test_runs():
+    from tests.dist import test_expert_parallel as ep
+
+    cases = {**ep.CASES, **ep.MORE, **ep.COPIES}
+    for fam in families.MOE_FAMILIES:
+        for layout, case in fam.cases.items():
+            assert case in cases and cases[case]["family"] == fam.name, (fam.name, layout, case)
+            settings = cases[case]["settings"]
+            assert settings["ep"] == 2 and settings["strategy"] == layout.split()[0], (layout, settings)
+            assert ("cp" in layout) == ("cp" in settings) and ("aux" in layout) == ("aux" in cases[case])
+            assert ("copies" in layout) == (case in ep.COPIES)

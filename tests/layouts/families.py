@@ -55,6 +55,37 @@ LAYOUTS: dict[str, Layout] = {item.name: item for item in layouts("ddp", "zero3"
 """the sweep's columns: layout name -> the layout (its settings and processes)."""
 
 
+@dataclass(frozen=True)
+class MoeFamily:
+    """A transformers mixture-of-experts family under expert parallel: each layout it equals one process
+    in names the case of tests/dist/test_expert_parallel.py that checks it (tests/docs checks they exist)."""
+
+    name: str
+    model_class: str
+    cases: dict[str, str]
+    """MOE_LAYOUTS column -> the case name in test_expert_parallel's CASES, MORE or COPIES."""
+
+
+MOE_LAYOUTS: dict[str, str] = {
+    "ddp ep 2": "2 processes", "zero3 ep 2": "2 processes", "ddp ep 2, aux loss": "2 processes, coefficient 0.05",
+    "ddp cp 2 x ep 2": "2 processes", "ddp ep 2, 2 copies": "4 processes", "zero3 ep 2, 2 copies": "4 processes",
+    "ep 2 x tp 2": "", "ep 2 x pp 2": ""}
+"""the expert-parallel table's columns: name -> its processes."""
+MOE_REFUSED = {"ep 2 x tp 2": "expert parallel is not composed with tensor or pipeline parallel yet",
+               "ep 2 x pp 2": "expert parallel is not composed with tensor or pipeline parallel yet"}
+"""columns every MoE family is refused in at prepare: what the refusal says."""
+MOE_FAMILIES: tuple[MoeFamily, ...] = (
+    MoeFamily("qwen3_moe", "Qwen3MoeForCausalLM", {"ddp ep 2": "qwen3_moe", "zero3 ep 2": "qwen3_moe zero3",
+                                                   "ddp ep 2, aux loss": "qwen3_moe aux",
+                                                   "ddp cp 2 x ep 2": "qwen3_moe cp2"}),
+    MoeFamily("mixtral", "MixtralForCausalLM", {"ddp ep 2": "mixtral", "ddp ep 2, 2 copies": "mixtral ddp",
+                                                "zero3 ep 2, 2 copies": "mixtral zero3"}),
+    MoeFamily("olmoe", "OlmoeForCausalLM", {"ddp ep 2": "olmoe"}),
+    MoeFamily("gpt_oss", "GptOssForCausalLM", {"ddp ep 2": "gpt_oss"}),
+    MoeFamily("deepseek_v3", "DeepseekV3ForCausalLM", {"ddp ep 2": "deepseek_v3"}),
+)
+
+
 def family(name: str) -> Family:
     for fam in FAMILIES:
         if fam.name == name:
@@ -99,6 +130,32 @@ def table() -> str:
     rows += [f"({i}) refused at prepare: \"{why}\"." for i, why in enumerate(notes, 1)]
     return "\n".join(rows) + "\n"
 
+
+def moe_table() -> str:
+    """The expert-parallel table of docs/models.md: each MoE family x ep layout, equal, refused or untested."""
+    rows = ["| model | " + " | ".join(f"{name} ({procs})" if procs else name for name, procs in MOE_LAYOUTS.items())
+            + " |", "|" + "---|" * (len(MOE_LAYOUTS) + 1)]
+    notes = list(dict.fromkeys(MOE_REFUSED.values()))
+    for fam in MOE_FAMILIES:
+        cells = ["equal" if name in fam.cases else f"refused ({notes.index(MOE_REFUSED[name]) + 1})"
+                 if name in MOE_REFUSED else "not tested" for name in MOE_LAYOUTS]
+        rows.append(f"| {fam.name} (`{fam.model_class}`) | " + " | ".join(cells) + " |")
+    rows.append("")
+    rows += [f"({i}) refused at prepare: \"{why}\"." for i, why in enumerate(notes, 1)]
+    return "\n".join(rows) + "\n"
+
+
+MOE_INTRO = """
+## Mixture of experts under expert parallel
+
+Each MoE family from a small config of its own class (4 experts, top 2, 2 layers, hidden 32), trained 5
+AdamW steps with transformers' loop (`labels=`, torch's `clip_grad_norm_`) under `Phalanx(ep=2, ...)` by
+`tests/dist/test_expert_parallel.py` against the same loop in one process ([mixture of experts](moe.md)).
+**equal**: every step's loss and grad norm within 2e-4 relative, every final weight too. "2 copies":
+4 processes, each expert on 2 of them. "aux loss": the router's load-balancing loss on
+(`output_router_logits=True`, `router_aux_loss_coef=0.05`). **not tested**: no test runs it yet.
+
+"""
 
 COMMAND = "python -m tests.layouts.families docs/models.md"
 
@@ -146,7 +203,7 @@ pp with 2 microbatches).
 
 def page_text() -> str:
     """docs/models.md as this module says it should read."""
-    return INTRO + table()
+    return INTRO + table() + MOE_INTRO + moe_table()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,12 @@ def test_ep_takes_its_ranks_from_the_data_parallel_ranks():
     assert given["ep"] == 2  # a worker asking another ep never adopts the launcher's plan
 
 
+def test_strategy_auto_keeps_ep_when_it_decides():
+    # auto's replicas-or-shards decision dropped ep: `phalanx run --ep 2` ran plain ddp, every expert on every rank
+    for name in presets.AUTO_CHOOSES:
+        assert presets.decided(build("ddp", 4, 2), name).ep == 2, name
+
+
 def test_ep_that_does_not_divide_the_data_parallel_ranks_is_refused_up_front():
     with pytest.raises(ValueError) as error:
         build("ddp", 4, 3)

@@ -120,7 +120,7 @@ def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> Para
     stage = sharding(name)
     replicate, shard = (1, plan.dp_size) if stage >= Sharding.GRADIENTS else (plan.dp_size, 1)
     return ParallelPlan(preset=name, dp_replicate=replicate, dp_shard=shard, tp=plan.tp, pp=plan.pp, cp=plan.cp,
-                        sharding=stage, cpu_offload=cpu_offload and stage >= Sharding.GRADIENTS)
+                        ep=plan.ep, sharding=stage, cpu_offload=cpu_offload and stage >= Sharding.GRADIENTS)
 
 
 def at_scale(name: str, settings: config.PhalanxConfig) -> ParallelPlan:
