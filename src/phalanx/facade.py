@@ -547,11 +547,13 @@ class Phalanx:
 
     # ---- lockstep safety: uneven inputs, watchdog, debug -------------------------------------
     def uneven_inputs(self, *objects: Any, method: str = "auto") -> UnevenInputs:
-        """Context for data whose length differs per rank: torch's Join where it applies, else a
-        step-level agreement. No objects: every model and optimizer this Phalanx prepared."""
+        """Context for data whose length differs per rank: torch's Join where it applies (ddp, zero1),
+        batches of no rows for a rank out of data under FSDP2, else (pp) a step-level agreement. No
+        objects: every model and optimizer this Phalanx prepared."""
         return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress,
                                     pipeline=self._plan.has(Needs.PIPELINE), prepared=self._prepared,
-                                    layout=None if self._strategy is None else self.plan.describe())
+                                    layout=None if self._strategy is None else self.plan.describe(),
+                                    group=self._group("dp"))
 
     def join(self, *objects: Any) -> UnevenInputs:
         """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
