@@ -344,7 +344,8 @@ class Phalanx:
             batch_records=self._batch_records, shard=shard, progress=self._step_progress,
             rank_aware_workers=self.config.worker_seeds == "per_rank",
             on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
-            split_batches=self.config.split_batches, training=self._training)
+            split_batches=self.config.split_batches, training=self._training,
+            empty_padding=lambda: not self._plan.has(Needs.PIPELINE))
         rank_batch = prepared.batch_size if self.config.split_batches else per_rank
         self._callbacks.notify("on_loader", prepared.batch_size if self.config.split_batches else loader.batch_size)
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
