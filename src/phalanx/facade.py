@@ -344,7 +344,8 @@ class Phalanx:
             batch_records=self._batch_records, shard=shard, progress=self._step_progress,
             rank_aware_workers=self.config.worker_seeds == "per_rank",
             on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
-            split_batches=self.config.split_batches, training=self._training)
+            split_batches=self.config.split_batches, training=self._training,
+            empty_padding=lambda: not self._plan.has(Needs.PIPELINE))
         rank_batch = prepared.batch_size if self.config.split_batches else per_rank
         self._callbacks.notify("on_loader", prepared.batch_size if self.config.split_batches else loader.batch_size)
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
@@ -550,11 +551,13 @@ class Phalanx:
 
     # ---- lockstep safety: uneven inputs, watchdog, debug -------------------------------------
     def uneven_inputs(self, *objects: Any, method: str = "auto") -> UnevenInputs:
-        """Context for data whose length differs per rank: torch's Join where it applies, else a
-        step-level agreement. No objects: every model and optimizer this Phalanx prepared."""
+        """Context for data whose length differs per rank: torch's Join where it applies (ddp, zero1),
+        batches of no rows for a rank out of data under FSDP2, else (pp) a step-level agreement. No
+        objects: every model and optimizer this Phalanx prepared."""
         return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress,
                                     pipeline=self._plan.has(Needs.PIPELINE), prepared=self._prepared,
-                                    layout=None if self._strategy is None else self.plan.describe())
+                                    layout=None if self._strategy is None else self.plan.describe(),
+                                    group=self._group("dp"))
 
     def join(self, *objects: Any) -> UnevenInputs:
         """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""

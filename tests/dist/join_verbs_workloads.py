@@ -60,7 +60,8 @@ def uneven_loop(strategy: str, verbs: bool = True) -> dict:
             reduced.append(mean.item())
             gathered.append(px.gather(loss.detach()).tolist())
             px.log({"loss": mean.item()})
-    params = [p.detach().clone() for p in px.unwrap_model(model).parameters()]
+    params = [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+              for p in px.unwrap_model(model).parameters()]
     return {"reduced": reduced, "gathered": gathered, "norms": norms, "params": params}
 
 

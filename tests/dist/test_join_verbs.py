@@ -26,6 +26,24 @@ def test_uneven_inputs_with_reduce_gather_log_equal_one_process(strategy):
             torch.testing.assert_close(got, want, rtol=2e-4, atol=1e-6)
 
 
+def test_zero3_rank_out_of_data_steps_on_no_rows_and_reduces_over_the_others():
+    """zero3 (FSDP2, not Joinable) inside px.uneven_inputs: the rank out of batches runs the loop on
+    batches of no rows, so its shard keeps being stepped; px.reduce / px.gather there are over the
+    ranks with a batch, and every rank's clip norm and final weights are one process's (was: both
+    ranks stopped at the shortest, rank 0's last batches untrained)."""
+    ref = work.reference()
+    steps = max(work.NUM_BATCHES)
+    for r in run_ranks("tests.dist.join_verbs_workloads:uneven_loop", 2, args=("zero3",), timeout=240):
+        assert len(r["reduced"]) == len(r["gathered"]) == steps
+        for t in range(steps):
+            active = ref["losses"][t]
+            torch.testing.assert_close(r["reduced"][t], sum(active) / len(active), rtol=2e-4, atol=1e-6)
+            torch.testing.assert_close(r["gathered"][t], active, rtol=2e-4, atol=1e-6)
+        torch.testing.assert_close(r["norms"], ref["norms"], rtol=2e-4, atol=1e-6)
+        for got, want in zip(r["params"], ref["params"]):
+            torch.testing.assert_close(got, want, rtol=2e-4, atol=1e-6)
+
+
 def test_zero1_keeps_stepping_a_finished_ranks_chunk():
     """zero1 alone inside px.uneven_inputs: the rank out of batches still steps its chunk of every
     parameter with its peers' gradients, so the weights equal one process's (and ddp's)."""

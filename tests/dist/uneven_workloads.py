@@ -147,17 +147,17 @@ def user_loop_uneven(px: Phalanx, method: str, model_only: bool = False) -> dict
     model, optimizer = px.prepare(model, optimizer)
     g = torch.Generator().manual_seed(px.rank)
     batches = [torch.randn(4, 3, generator=g) for _ in range(5 - px.rank)]
-    steps = 0
+    steps = rows = 0
     with px.uneven_inputs(*((model,) if model_only else (model, optimizer)), method=method) as uneven:
         for x in uneven.iter(batches):
             optimizer.zero_grad()
             px.backward(model(x).pow(2).mean())
             optimizer.step()
-            steps += 1
+            steps, rows = steps + 1, rows + len(x)
     px.wait_for_everyone()
     params = [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
               for p in model.parameters()]
-    return {"steps": steps, "method": uneven.method, "params": params}
+    return {"steps": steps, "rows": rows, "method": uneven.method, "params": params}
 
 
 def env_flag(name: str) -> str | None:

@@ -43,9 +43,9 @@ class BatchInfo:
         weight = self.loss_weight()
         if weight is None:
             return loss, num_items
-        if num_items is None:
-            return loss * weight, None
-        return (loss * 0, 0) if weight == 0 else (loss, num_items)
+        if weight == 0:  # a mean over no rows (a batch all padding, cut) is NaN: it weighs 0 all the same
+            return loss.nan_to_num(0.0) * 0, None if num_items is None else 0
+        return (loss * weight, None) if num_items is None else (loss, num_items)
 
     def without_padding(self, data: Any) -> Any:
         """`data` computed from this batch, less this rank's padding repeats: tensors (nested in
@@ -59,11 +59,13 @@ class BatchInfo:
         return map_tensors(lambda t: t[:real] if t.dim() > 0 and t.shape[0] == size else t, data)
 
 
-def real_rows(batch: Any, size: int | None, real: int | None) -> tuple[Any, int | None]:
+def real_rows(batch: Any, size: int | None, real: int | None, empty: bool = False) -> tuple[Any, int | None]:
     """(`batch` less its padding repeats, its size): a batch partly padded (the short last one of a
     map-style epoch: the repeats follow the real samples) is cut to its real rows, so no repeat is
-    trained on; a batch all padding is kept whole (a rank must take its step) and weighs 0."""
-    if size is None or real is None or not 0 < real < size:
+    trained on. A batch all padding is cut to no rows when `empty` (the rank still takes its step:
+    zero gradients, its collectives met; the loop counts no item, as one process has none there),
+    else (pipeline stages cannot run empty microbatches) kept whole; it weighs 0 either way."""
+    if size is None or real is None or real >= size or real == 0 and not empty:
         return batch, size
     return BatchInfo(size=size, num_real=real).without_padding(batch), real
 

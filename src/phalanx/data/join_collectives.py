@@ -1,5 +1,5 @@
-"""`px.reduce` and `px.gather` inside torch's Join (`px.uneven_inputs` under ddp and zero1): over
-the ranks still stepping.
+"""`px.reduce` and `px.gather` inside torch's Join (`px.uneven_inputs` under ddp and zero1), or
+among FSDP2's batches of no rows (data/shadow_batches.py): over the ranks still stepping.
 
 A rank that ran out of data waits in Join's loop, shadowing DDP's gradient all-reduces on the
 join group; a `px.reduce` on its peers would meet a gradient bucket there, and gloo aborts ("size
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,13 @@ _GROUPS: dict[tuple[int, ...], Any] = {}  # join group's ranks -> the verbs' own
 class JoinCollectives:
     """Reduce and gather over the ranks of `join_group` that have not finished."""
 
-    def __init__(self, join_group: Any):
+    def __init__(self, join_group: Any, idle: Callable[[], bool] | None = None):
+        """`idle`: given when every rank stays in the loop (FSDP2's batches of no rows): the calls
+        then go over `join_group` itself, and a rank contributes nothing while `idle()` holds."""
+        self._idle = idle
+        if idle is not None:
+            self.group, self.world = join_group, dist.get_world_size(join_group)
+            return
         ranks = tuple(dist.get_process_group_ranks(join_group))
         if ranks not in _GROUPS:  # every rank builds it together, at px.uneven_inputs
             _GROUPS[ranks] = dist.new_group(list(ranks), backend=dist.get_backend(join_group))
@@ -68,6 +74,8 @@ class JoinCollectives:
             raise ValueError(f"px.reduce/px.gather inside px.uneven_inputs take tensors of at most {_MAX_DIMS} "
                              f"dims and dtype in {[str(d) for d in _DTYPES]}; got {tuple(t.shape)} {t.dtype}. "
                              "HINT: reshape or cast it first")
+        if self._idle is not None and self._idle():
+            return _answer(self.group, self.world, None, None, t.device)  # the peers' device (NCCL: theirs)
         header = torch.zeros(_HEADER, dtype=torch.int64, device=t.device)
         header[:3] = torch.tensor([1, _DTYPES.index(t.dtype), t.dim()])
         header[3:3 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
@@ -90,10 +98,11 @@ class JoinCollectives:
             pass
 
 
-def _answer(group: Any, world: int, header: torch.Tensor | None, flat: torch.Tensor | None) -> list[torch.Tensor]:
+def _answer(group: Any, world: int, header: torch.Tensor | None, flat: torch.Tensor | None,
+            device: torch.device | str = "cpu") -> list[torch.Tensor]:
     """One call: the header all-gathered, then the data; a finished rank passes None for both and
     gets [] once no rank is active."""
-    mine = header if header is not None else torch.zeros(_HEADER, dtype=torch.int64)
+    mine = header if header is not None else torch.zeros(_HEADER, dtype=torch.int64, device=device)
     headers = torch.empty(world * _HEADER, dtype=torch.int64, device=mine.device)
     collectives.all_gather_single(headers, mine, group=group)
     rows = headers.reshape(world, _HEADER).tolist()

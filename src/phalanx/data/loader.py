@@ -57,12 +57,14 @@ class PreparedLoader:
                  device_placement: bool = True, batch_records: BatchRecords | None = None,
                  shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True,
                  on_batch: Callable[[Any], None] | None = None, split_batches: bool = False,
-                 training: Callable[[], bool] | None = None):
+                 training: Callable[[], bool] | None = None, empty_padding: Callable[[], bool] | None = None):
         self.original = loader
         # whether a batch is read for training (a prepared model in train mode): only then is a short
         # last batch cut to its real rows and weighed; an eval pass keeps every rank's shapes equal,
         # as torch's DistributedSampler does, for a script's own all_gather of its outputs
         self._training = training or (lambda: True)
+        # whether a training batch all padding is cut to no rows (not under pp: no empty microbatches)
+        self._empty_padding = empty_padding or (lambda: True)
         self.ctx = ctx
         self.device_placement = device_placement
         self.batch_info = BatchInfo()  # this loader's own: loaders used together stay independent
@@ -214,14 +216,17 @@ class PreparedLoader:
                     progress.mid_pass = True
                 batch, real = item
                 training = self._training()
-                batch, size = real_rows(batch, _batch_len(batch), real) if training else (batch, _batch_len(batch))
-                self.batch_info.size, self.batch_info.num_real = size, real
                 self.batch_info.left = None if total is None else total - index
                 self.batch_info.step_reals, self._step_reals = (self._step_reals if training else None), None
                 if (training and self.batch_info.left == 1 and self.mode is Equalising.FIXED
                         and self.ctx.is_distributed):
                     # the pass's last step, the one a short remainder pads: weigh it by every rank's real items
-                    self.batch_info.step_reals = tuple(gather_ints(size if real is None else real))
+                    self.batch_info.step_reals = tuple(gather_ints(_batch_len(batch) if real is None else real))
+                # a batch all padding is cut to no rows where the step is weighed (it weighs 0 there)
+                empty = self.batch_info.step_reals is not None and self._empty_padding()
+                batch, size = (real_rows(batch, _batch_len(batch), real, empty) if training
+                               else (batch, _batch_len(batch)))
+                self.batch_info.size, self.batch_info.num_real = size, real
                 self.batch_records.yielded(self.batch_info)
                 index += 1
                 self._position = (epoch, index)

@@ -4,9 +4,13 @@ Two mechanisms behind one context manager, chosen by what the prepared objects s
 - "join": torch's `Join` (ddp, and ZeroRedundancyOptimizer for zero1): a rank that runs out early
   shadows its peers' gradient all-reduces until every rank is done, then DDP syncs the final model.
   Every batch of every rank is trained on.
-- "agree": a step-level agreement for everything Join does not cover (FSDP2 zero2/zero3, or any
-  script with its own collectives in the loop): before each step all ranks say whether they have a
-  batch, and all stop together as soon as one has none. The longer ranks' extra batches are skipped.
+- "shadow": FSDP2 models (zero2, zero3, hsdp, data-parallel with tp), which are not Joinable: a
+  rank out of data is handed batches of no rows until every rank is out (data/shadow_batches.py),
+  so its forward, backward and step meet its peers' collectives with zero gradients. Every batch
+  of every rank is trained on, as under Join.
+- "agree": a step-level agreement for what neither covers (pipeline stages, no model named, or
+  `method="agree"`): before each step all ranks say whether they have a batch, and all stop
+  together as soon as one has none. The longer ranks' extra batches are skipped.
 
     with px.uneven_inputs(model) as uneven:
         for batch in uneven.iter(my_rank_dependent_batches):
@@ -23,6 +27,7 @@ from torch.distributed.algorithms import Join, Joinable
 from phalanx.data.equalize import agree_step
 from phalanx.data.join_collectives import JoinCollectives
 from phalanx.data.join_state import LastJoinerState
+from phalanx.data.shadow_batches import Shadowing
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.step_tracker import Phase, StepTracker
 
@@ -39,23 +44,29 @@ def current_join() -> JoinCollectives | None:
 class UnevenInputs:
     """The context manager returned by `px.uneven_inputs` / `px.join`; `.iter()` wraps user iterables."""
 
-    def __init__(self, method: str, joinables: Sequence[Joinable] = (), progress: StepTracker | None = None):
-        self.method = method  # "join", "agree" or "none" (a world of one)
+    def __init__(self, method: str, joinables: Sequence[Joinable] = (), progress: StepTracker | None = None,
+                 group: Any = None):
+        self.method = method  # "join", "shadow", "agree" or "none" (a world of one)
         self._join = Join(list(joinables)) if method == "join" else None
         self._progress = progress
-        # px.reduce / px.gather inside: their own group, answered by ranks that finished
-        self.collectives = JoinCollectives(joinables[0].join_process_group) if self._join is not None else None
+        self._shadow = Shadowing() if method == "shadow" else None
+        # px.reduce / px.gather inside: over the ranks still stepping (under Join their own group,
+        # answered by ranks that finished; among batches of no rows the data-parallel `group`)
+        self.collectives = (JoinCollectives(joinables[0].join_process_group) if self._join is not None
+                            else JoinCollectives(group, idle=lambda: self._shadow.idle) if self._shadow else None)
 
     def __enter__(self) -> "UnevenInputs":
         if self._join is not None:
             self._join.__enter__()
+        if self.collectives is not None:
             _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc_info: Any) -> bool | None:
+        if self.collectives is not None:
+            _ACTIVE.remove(self)
         if self._join is None:
             return None
-        _ACTIVE.remove(self)
         if self._progress is not None:
             # A rank that finished early waits here, shadowing its peers' collectives.
             self._progress.enter(Phase.JOIN)
@@ -69,7 +80,11 @@ class UnevenInputs:
             self.collectives.wait_answered()
 
     def iter(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        """Yield `iterable`'s items; under "agree", stop on every rank once any rank runs out."""
+        """Yield `iterable`'s items; under "agree", stop on every rank once any rank runs out; under
+        "shadow", batches of no rows for a rank out of data until every rank is."""
+        if self._shadow is not None:
+            yield from self._shadow.iter(iterable, self._progress)
+            return
         if self.method != "agree":
             yield from iterable
             return
@@ -88,7 +103,8 @@ _END = object()
 
 def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto", pipeline: bool = False,
                   layout: str | None = None) -> str:
-    """'join' when every model among `objects` is Joinable (ddp), else 'agree'; 'none' alone.
+    """'join' when every model among `objects` is Joinable (ddp), 'shadow' when one is not (FSDP2),
+    'agree' when asked or no model is named; 'none' alone.
     Under pipeline parallel always 'agree': a rank out of data cannot shadow its neighbour stages'
     point-to-point exchanges, which Join knows nothing of."""
     if method not in METHODS:
@@ -118,16 +134,17 @@ def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
         return "join"
     if method == "agree":
         return "agree"
-    return "join" if models and not not_joinable else "agree"
+    return "join" if models and not not_joinable else "shadow" if not_joinable else "agree"
 
 
 def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto",
                   progress: StepTracker | None = None, pipeline: bool = False,
-                  prepared: Sequence[Any] = (), layout: str | None = None) -> UnevenInputs:
+                  prepared: Sequence[Any] = (), layout: str | None = None, group: Any = None) -> UnevenInputs:
     """Build the context for `objects` (prepared models and optimizers); `pipeline`: the layout
     has pipeline stages (pp > 1). `prepared`: everything px.prepare returned; under Join its
     Joinable optimizers (zero1's, whose step all-gathers) join too, also when the script named
-    only the model (`px.uneven_inputs(model)`), else a rank out of data misses their collectives."""
+    only the model (`px.uneven_inputs(model)`), else a rank out of data misses their collectives.
+    `group`: the data-parallel ranks, over which px.reduce talks among batches of no rows."""
     chosen = choose_method(objects, ctx, method, pipeline, layout)
     joinables: list[Any] = []
     if chosen == "join":
@@ -145,7 +162,7 @@ def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
             models = [m for m in objects if isinstance(m, nn.Module)]
             joinables.append(LastJoinerState(models, plain, schedulers, joinables[0].join_process_group,
                                              joinables[0].join_device))
-    return UnevenInputs(chosen, joinables, progress)
+    return UnevenInputs(chosen, joinables, progress, group)
 
 
 
