@@ -155,7 +155,7 @@ def run(layout: str, args: argparse.Namespace) -> dict:
         times.append(time.perf_counter() - start)
     report = px.memory_report(model, optimizer)
     unwrapped = px.unwrap_model(model)
-    expert_bytes = sum(_nbytes(getattr(p, "to_local", lambda: p)()) for n, p in unwrapped.named_parameters()
+    expert_bytes = sum(_nbytes(p.to_local() if hasattr(p, "to_local") else p) for n, p in unwrapped.named_parameters()
                        if ".experts." in n)
     # DDP all-reduces every gradient but ep's experts (which it is told to leave alone)
     grads = sum(_nbytes(p) for n, p in unwrapped.named_parameters() if "ep" not in layout or ".experts." not in n)
