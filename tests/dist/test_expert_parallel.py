@@ -30,7 +30,9 @@ MORE = {"mixtral": {"family": "mixtral", "settings": EP2}, "olmoe": {"family": "
         "user ep_plan": {"family": "qwen3_moe", "settings": {**EP2, "strategy_options": {"ep_plan": {  # layer 0 only
             "model.layers.0.mlp.experts": "ep_dispatch_experts", "model.layers.0.mlp.experts.*": "grouped_gemm"}}}}}
 COPIES = {"mixtral ddp": {"family": "mixtral", "settings": EP2},  # on 4 ranks: 2 copies of each expert
-          "mixtral zero3": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 2}}}
+          "mixtral zero3": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 2}},
+          "mixtral ep4": {"family": "mixtral", "settings": {"strategy": "ddp", "ep": 4}},  # one expert per rank
+          "mixtral zero3 ep4": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 4}}}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,8 @@ def _equal_to_one_process(ranks: list[dict], name: str) -> None:
     for rank in ranks:
         run = rank[name]
         assert "refused" not in run, run.get("refused")
-        assert run["local_experts"] == [(2, *run["local_experts"][0][1:])]  # 2 of the 4 experts on each rank
+        held = 4 // {**CASES, **MORE, **COPIES}[name]["settings"]["ep"]  # of 4 experts: 2 a rank at ep 2, 1 at ep 4
+        assert run["local_experts"] == [(held, *run["local_experts"][0][1:])]
         assert not any(".experts." in n for n in run["sharded"])  # the experts are ep's, not FSDP2's
         assert bool(run["sharded"]) == ("zero3" in name)  # the rest sharded under zero3
         torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
@@ -70,7 +73,8 @@ def test_ep2_equals_one_process_more_families(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(COPIES))
-def test_ep2_on_4_ranks_equals_one_process(name):
+def test_ep_on_4_ranks_equals_one_process(name):
+    """ep 2 (2 copies of each expert, averaged) and ep 4 (one expert per rank) on 4 ranks."""
     _equal_to_one_process(_spawned(COPIES, 4), name)
 
 
