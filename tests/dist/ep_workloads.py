@@ -51,7 +51,7 @@ def _data() -> TensorDataset:
     return TensorDataset(torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g))
 
 
-def _loop(model: nn.Module, optimizer: Any, batches: Any) -> dict[str, list[float]]:
+def _loop(model: nn.Module, optimizer: Any, batches: Any, steps: int = STEPS) -> dict[str, list[float]]:
     losses, norms = [], []
     for (batch,) in batches:
         loss = model(input_ids=batch, labels=batch).loss
@@ -60,7 +60,7 @@ def _loop(model: nn.Module, optimizer: Any, batches: Any) -> dict[str, list[floa
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-        if len(losses) == STEPS:
+        if len(losses) == steps:
             break
     return {"losses": losses, "norms": norms}
 
@@ -71,23 +71,40 @@ def _exp_avg(optimizer: Any) -> list[torch.Tensor]:
             for p in group["params"] if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state]
 
 
+def _moments(optimizer: Any) -> list[torch.Tensor]:
+    """This rank's part of each expert weight's AdamW exp_avg_sq (the second moment)."""
+    return [optimizer.state[p]["exp_avg_sq"].to_local().clone() for group in optimizer.param_groups
+            for p in group["params"] if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state]
+
+
 def _saved(px: Phalanx, optimizer: Any, path: str) -> dict[str, Any]:
     """Save under this layout and read it back in one process (no group: `phalanx export`'s reader)."""
     from phalanx.checkpoint import export
 
     saved = px.save_state(path)
     px.wait_for_everyone()
-    return {"one_process": {k: v.float() for k, v in export.full_state_dict(saved).items()}, "exp_avg": _exp_avg(optimizer)}
+    return {"one_process": {k: v.float() for k, v in export.full_state_dict(saved).items()}, "exp_avg": _exp_avg(optimizer),
+            "exp_avg_sq": _moments(optimizer)}
 
 
 def resume(px: Phalanx, family: str, path: str) -> dict[str, Any]:
     """A fresh model under this layout resumed from the checkpoint at `path`: its weights and optimizer state."""
     model = make_model(family)
-    model, optimizer, _ = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
-                                     DataLoader(_data(), batch_size=BATCH // px.dp_size))
+    model, optimizer, loader = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
+                                          DataLoader(_data(), batch_size=BATCH // px.dp_size))
     px.load_state(path)
-    return {"state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
-            "exp_avg": _exp_avg(optimizer)}
+    out: dict[str, Any] = {"state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+                           "exp_avg": _exp_avg(optimizer), "exp_avg_sq": _moments(optimizer)}
+    # one more step: the saving loop left its pass (`break`), so the loader resumes at the next
+    # pass's first batch; one process does the same after its STEPS steps
+    out["next"] = _loop(model, optimizer, loader, steps=1)
+    out["next"]["losses"] = [float(px.reduce(torch.tensor(x), "mean")) for x in out["next"]["losses"]]
+    if px.rank == 0:
+        start = make_model(family)
+        one = torch.optim.AdamW(start.parameters(), lr=LR)
+        _loop(start, one, DataLoader(_data(), batch_size=BATCH))
+        out["reference"] = _loop(start, one, DataLoader(_data(), batch_size=BATCH), steps=1)
+    return out
 
 
 def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "") -> dict[str, Any]:
