@@ -141,3 +141,44 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
             continue
         out[name] = train(px, case["family"], case.get("experts", 4), case.get("checkpoint", ""))
     return out
+
+
+def _ce(out: Any, targets: torch.Tensor) -> torch.Tensor:
+    """The causal LM loss as `labels=` computes it (next token, mean), for px.forward_backward under pp."""
+    return nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten())
+
+
+def ep_pp(steps: int = 4) -> dict[str, Any]:
+    """pp 2 x ep 2 on 4 ranks (px.forward_backward, the pipeline's loop): losses, torch's clip norms and
+    this rank's part of an expert weight; rank 0 adds one process's."""
+    px = Phalanx(strategy="ddp", pp=2, ep=2)
+    start = make_model("qwen3_moe")
+    model = copy.deepcopy(start)
+    model, optimizer, loader = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
+                                          DataLoader(_data(), batch_size=BATCH // px.dp_size))
+    losses, norms = [], []
+    for (batch,) in loader:
+        loss = px.forward_backward(model, batch[:, :-1], batch[:, 1:], _ce)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(px.reduce(loss.detach(), "mean")))
+        if len(losses) == steps:
+            break
+    named = list(px.unwrap_model(model).named_parameters())
+    out: dict[str, Any] = {"losses": losses, "norms": norms, "local_experts": [
+        tuple(p.to_local().shape) for n, p in named if ".experts.gate_up" in n and hasattr(p, "to_local")][:1]}
+    if px.rank == 0:
+        one = torch.optim.AdamW(start.parameters(), lr=LR)
+        ref = {"losses": [], "norms": []}
+        for (batch,) in DataLoader(_data(), batch_size=BATCH):
+            loss = _ce(start(batch[:, :-1]), batch[:, 1:])
+            loss.backward()
+            ref["norms"].append(float(torch.nn.utils.clip_grad_norm_(start.parameters(), MAX_NORM)))
+            one.step()
+            one.zero_grad()
+            ref["losses"].append(loss.item())
+            if len(ref["losses"]) == steps:
+                break
+        out["reference"] = ref
+    return out

@@ -4,7 +4,8 @@ process with no phalanx: per-step loss and grad norm (torch's clip_grad_norm_) w
 weights gathered to their one-process names and shapes; the non-expert parameters data parallel
 (ddp) or sharded (zero3) over the same ranks; on 4 ranks, 2 copies of each expert. A checkpoint
 saved under ep 2 reads in one process with one-process names and resumes under ep 2 or zero3 (and
-zero3's under ep 2), the next step equal to one process. What ep cannot
+zero3's under ep 2), the next step equal to one process. Under pp 2 x ep 2 (4 ranks) each stage's
+data-parallel ranks split its experts, equal to one process. What ep cannot
 lay out is refused at prepare."""
 from __future__ import annotations
 
@@ -129,6 +130,17 @@ def test_a_checkpoint_moves_between_ep2_and_zero3(tmp_path):
     ranks = run_ranks("tests.dist.ep_workloads:matrix", 2, args=(cases,), timeout=500)
     _resumed_as_saved(ranks, "ep2 saved", "zero3 from ep2")
     _resumed_as_saved(ranks, "zero3 saved", "ep2 from zero3")
+
+
+@pytest.mark.slow
+def test_ep2_under_pp2_equals_one_process():
+    """pp 2 x ep 2 on 4 ranks: each stage's 2 data-parallel ranks split its layers' experts."""
+    ranks = run_ranks("tests.dist.ep_workloads:ep_pp", 4, timeout=400)
+    ref = ranks[0]["reference"]
+    for rank in ranks:
+        assert rank["local_experts"] == [(2, 32, 32)], rank["local_experts"]  # 2 of the 4 experts, on each stage
+        torch.testing.assert_close(torch.tensor(rank["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
+        torch.testing.assert_close(torch.tensor(rank["norms"]), torch.tensor(ref["norms"]), rtol=2e-4, atol=0)
 
 
 def test_what_ep_cannot_lay_out_is_refused_at_prepare(ranks):
