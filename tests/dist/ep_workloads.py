@@ -148,10 +148,10 @@ def _ce(out: Any, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten())
 
 
-def ep_pp(steps: int = 4) -> dict[str, Any]:
+def ep_pp(steps: int = 4, strategy: str = "ddp") -> dict[str, Any]:
     """pp 2 x ep 2 on 4 ranks (px.forward_backward, the pipeline's loop): losses, torch's clip norms and
     this rank's part of an expert weight; rank 0 adds one process's."""
-    px = Phalanx(strategy="ddp", pp=2, ep=2)
+    px = Phalanx(strategy=strategy, pp=2, ep=2)
     start = make_model("qwen3_moe")
     model = copy.deepcopy(start)
     model, optimizer, loader = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
@@ -182,3 +182,8 @@ def ep_pp(steps: int = 4) -> dict[str, Any]:
                 break
         out["reference"] = ref
     return out
+
+
+def ep_pp_layouts() -> dict[str, dict[str, Any]]:
+    """`ep_pp` under ddp and zero3, one process group for both."""
+    return {strategy: ep_pp(strategy=strategy) for strategy in ("ddp", "zero3")}

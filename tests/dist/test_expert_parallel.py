@@ -134,8 +134,13 @@ def test_a_checkpoint_moves_between_ep2_and_zero3(tmp_path):
 
 @pytest.mark.slow
 def test_ep2_under_pp2_equals_one_process():
-    """pp 2 x ep 2 on 4 ranks: each stage's 2 data-parallel ranks split its layers' experts."""
-    ranks = run_ranks("tests.dist.ep_workloads:ep_pp", 4, timeout=400)
+    """pp 2 x ep 2 on 4 ranks, ddp and zero3: each stage's 2 data-parallel ranks split its layers' experts."""
+    spawned = run_ranks("tests.dist.ep_workloads:ep_pp_layouts", 4, timeout=400)
+    for ranks in ([rank["ddp"] for rank in spawned], [rank["zero3"] for rank in spawned]):
+        _pp_equals_one_process(ranks)
+
+
+def _pp_equals_one_process(ranks: list[dict]) -> None:
     ref = ranks[0]["reference"]
     for rank in ranks:
         assert rank["local_experts"] == [(2, 32, 32)], rank["local_experts"]  # 2 of the 4 experts, on each stage
