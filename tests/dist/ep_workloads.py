@@ -52,7 +52,7 @@ def _data() -> TensorDataset:
     return TensorDataset(torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g))
 
 
-def _loop(model: nn.Module, optimizer: Any, batches: Any) -> dict[str, list[float]]:
+def _loop(model: nn.Module, optimizer: Any, batches: Any, steps: int = STEPS) -> dict[str, list[float]]:
     losses, norms = [], []
     for (batch,) in batches:
         loss = model(input_ids=batch, labels=batch).loss
@@ -61,7 +61,7 @@ def _loop(model: nn.Module, optimizer: Any, batches: Any) -> dict[str, list[floa
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-        if len(losses) == STEPS:
+        if len(losses) == steps:
             break
     return {"losses": losses, "norms": norms}
 
@@ -72,23 +72,40 @@ def _exp_avg(optimizer: Any) -> list[torch.Tensor]:
             for p in group["params"] if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state]
 
 
+def _moments(optimizer: Any) -> list[torch.Tensor]:
+    """This rank's part of each expert weight's AdamW exp_avg_sq (the second moment)."""
+    return [optimizer.state[p]["exp_avg_sq"].to_local().clone() for group in optimizer.param_groups
+            for p in group["params"] if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state]
+
+
 def _saved(px: Phalanx, optimizer: Any, path: str) -> dict[str, Any]:
     """Save under this layout and read it back in one process (no group: `phalanx export`'s reader)."""
     from phalanx.checkpoint import export
 
     saved = px.save_state(path)
     px.wait_for_everyone()
-    return {"one_process": {k: v.float() for k, v in export.full_state_dict(saved).items()}, "exp_avg": _exp_avg(optimizer)}
+    return {"one_process": {k: v.float() for k, v in export.full_state_dict(saved).items()}, "exp_avg": _exp_avg(optimizer),
+            "exp_avg_sq": _moments(optimizer)}
 
 
 def resume(px: Phalanx, family: str, path: str) -> dict[str, Any]:
     """A fresh model under this layout resumed from the checkpoint at `path`: its weights and optimizer state."""
     model = make_model(family)
-    model, optimizer, _ = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
-                                     DataLoader(_data(), batch_size=BATCH // px.dp_size))
+    model, optimizer, loader = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
+                                          DataLoader(_data(), batch_size=BATCH // px.dp_size))
     px.load_state(path)
-    return {"state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
-            "exp_avg": _exp_avg(optimizer)}
+    out: dict[str, Any] = {"state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+                           "exp_avg": _exp_avg(optimizer), "exp_avg_sq": _moments(optimizer)}
+    # one more step: the saving loop left its pass (`break`), so the loader resumes at the next
+    # pass's first batch; one process does the same after its STEPS steps
+    out["next"] = _loop(model, optimizer, loader, steps=1)
+    out["next"]["losses"] = [float(px.reduce(torch.tensor(x), "mean")) for x in out["next"]["losses"]]
+    if px.rank == 0:
+        start = make_model(family)
+        one = torch.optim.AdamW(start.parameters(), lr=LR)
+        _loop(start, one, DataLoader(_data(), batch_size=BATCH))
+        out["reference"] = _loop(start, one, DataLoader(_data(), batch_size=BATCH), steps=1)
+    return out
 
 
 def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux: float = 0.0) -> dict[str, Any]:
@@ -125,3 +142,49 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
             continue
         out[name] = train(px, case["family"], case.get("experts", 4), case.get("checkpoint", ""), case.get("aux", 0.0))
     return out
+
+
+def _ce(out: Any, targets: torch.Tensor) -> torch.Tensor:
+    """The causal LM loss as `labels=` computes it (next token, mean), for px.forward_backward under pp."""
+    return nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten())
+
+
+def ep_pp(steps: int = 4, strategy: str = "ddp") -> dict[str, Any]:
+    """pp 2 x ep 2 on 4 ranks (px.forward_backward, the pipeline's loop): losses, torch's clip norms and
+    this rank's part of an expert weight; rank 0 adds one process's."""
+    px = Phalanx(strategy=strategy, pp=2, ep=2)
+    start = make_model("qwen3_moe")
+    model = copy.deepcopy(start)
+    model, optimizer, loader = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
+                                          DataLoader(_data(), batch_size=BATCH // px.dp_size))
+    losses, norms = [], []
+    for (batch,) in loader:
+        loss = px.forward_backward(model, batch[:, :-1], batch[:, 1:], _ce)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(px.reduce(loss.detach(), "mean")))
+        if len(losses) == steps:
+            break
+    named = list(px.unwrap_model(model).named_parameters())
+    out: dict[str, Any] = {"losses": losses, "norms": norms, "local_experts": [
+        tuple(p.to_local().shape) for n, p in named if ".experts.gate_up" in n and hasattr(p, "to_local")][:1]}
+    if px.rank == 0:
+        one = torch.optim.AdamW(start.parameters(), lr=LR)
+        ref = {"losses": [], "norms": []}
+        for (batch,) in DataLoader(_data(), batch_size=BATCH):
+            loss = _ce(start(batch[:, :-1]), batch[:, 1:])
+            loss.backward()
+            ref["norms"].append(float(torch.nn.utils.clip_grad_norm_(start.parameters(), MAX_NORM)))
+            one.step()
+            one.zero_grad()
+            ref["losses"].append(loss.item())
+            if len(ref["losses"]) == steps:
+                break
+        out["reference"] = ref
+    return out
+
+
+def ep_pp_layouts() -> dict[str, dict[str, Any]]:
+    """`ep_pp` under ddp and zero3, one process group for both."""
+    return {strategy: ep_pp(strategy=strategy) for strategy in ("ddp", "zero3")}

@@ -3,7 +3,9 @@ split over 2 gloo ranks (2 of 4 each) and tokens sent to them by all-to-all, tra
 process with no phalanx: per-step loss and grad norm (torch's clip_grad_norm_) within 2e-4, final
 weights gathered to their one-process names and shapes; the non-expert parameters data parallel
 (ddp) or sharded (zero3) over the same ranks; on 4 ranks, 2 copies of each expert. A checkpoint
-saved under ep 2 reads in one process with one-process names and resumes under ep 2. What ep cannot
+saved under ep 2 reads in one process with one-process names and resumes under ep 2 or zero3 (and
+zero3's under ep 2), the next step equal to one process. Under pp 2 x ep 2 (4 ranks) each stage's
+data-parallel ranks split its experts, equal to one process. What ep cannot
 lay out is refused at prepare."""
 from __future__ import annotations
 
@@ -103,6 +105,52 @@ def test_a_checkpoint_saved_under_ep2_loads_in_one_process_and_resumes(ranks):
             assert torch.equal(before, after)
     for key, value in trained.items():
         assert torch.equal(ranks[0]["resumed"]["state"][key], value), key
+    _resumed_as_saved(ranks, "qwen3_moe", "resumed")
+
+
+def _resumed_as_saved(ranks: list[dict], saved: str, resumed: str) -> None:
+    """`resumed` holds `saved`'s weights and AdamW moments (bitwise, or 1e-6) and its next step is one process's."""
+    for key, value in ranks[0][saved]["state"].items():
+        torch.testing.assert_close(ranks[0][resumed]["state"][key], value, rtol=1e-6, atol=1e-6, msg=key)
+    ref = ranks[0][resumed]["reference"]  # one process's step after its STEPS
+    for rank in ranks:
+        for moment in ("exp_avg", "exp_avg_sq"):  # each rank's 2 of the 4 experts, under both layouts
+            before, after = rank[saved]["checkpoint"][moment], rank[resumed][moment]
+            assert len(before) == len(after) == 4, (moment, len(before), len(after))
+            for b, a in zip(before, after):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        nxt = rank[resumed]["next"]
+        torch.testing.assert_close(torch.tensor(nxt["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
+        torch.testing.assert_close(torch.tensor(nxt["norms"]), torch.tensor(ref["norms"]), rtol=2e-4, atol=0)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_moves_between_ep2_and_zero3(tmp_path):
+    """Saved under ddp ep 2, resumed under zero3 without ep; saved under zero3, resumed under ep 2."""
+    zero3 = {"strategy": "zero3"}
+    cases = {"ep2 saved": {"family": "qwen3_moe", "settings": EP2, "checkpoint": str(tmp_path / "ep2")},
+             "zero3 saved": {"family": "qwen3_moe", "settings": zero3, "checkpoint": str(tmp_path / "zero3")},
+             "zero3 from ep2": {"family": "qwen3_moe", "settings": zero3, "resume": str(tmp_path / "ep2")},
+             "ep2 from zero3": {"family": "qwen3_moe", "settings": EP2, "resume": str(tmp_path / "zero3")}}
+    ranks = run_ranks("tests.dist.ep_workloads:matrix", 2, args=(cases,), timeout=500)
+    _resumed_as_saved(ranks, "ep2 saved", "zero3 from ep2")
+    _resumed_as_saved(ranks, "zero3 saved", "ep2 from zero3")
+
+
+@pytest.mark.slow
+def test_ep2_under_pp2_equals_one_process():
+    """pp 2 x ep 2 on 4 ranks, ddp and zero3: each stage's 2 data-parallel ranks split its layers' experts."""
+    spawned = run_ranks("tests.dist.ep_workloads:ep_pp_layouts", 4, timeout=400)
+    for ranks in ([rank["ddp"] for rank in spawned], [rank["zero3"] for rank in spawned]):
+        _pp_equals_one_process(ranks)
+
+
+def _pp_equals_one_process(ranks: list[dict]) -> None:
+    ref = ranks[0]["reference"]
+    for rank in ranks:
+        assert rank["local_experts"] == [(2, 32, 32)], rank["local_experts"]  # 2 of the 4 experts, on each stage
+        torch.testing.assert_close(torch.tensor(rank["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
+        torch.testing.assert_close(torch.tensor(rank["norms"]), torch.tensor(ref["norms"]), rtol=2e-4, atol=0)
 
 
 def test_what_ep_cannot_lay_out_is_refused_at_prepare(ranks):

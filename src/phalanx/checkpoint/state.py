@@ -88,8 +88,22 @@ class ModelAndOptimizers(Stateful):
                 for part, values in state_dict.items()}
         set_model_state_dict(self.model, live["model"], options=StateDictOptions(strict=True))
         if self.optimizers:
-            with _without_empty_groups(self.optimizers):
+            with _without_empty_groups(self.optimizers), _keeping_step_kind(self.optimizers):
                 set_optimizer_state_dict(self.model, self.optimizers, live["optim"], options=self._options())
+
+
+@contextlib.contextmanager
+def _keeping_step_kind(optimizers: list[torch.optim.Optimizer]) -> Iterator[None]:
+    """Keep each group's `foreach`/`fused` as this layout set it: how a step runs is not training
+    state. A zero3 checkpoint's groups say foreach=True (every parameter a DTensor); loaded under ep
+    with ddp, where experts are DTensors beside plain tensors, torch's multi-tensor step would fail."""
+    kept = [[{k: g[k] for k in ("foreach", "fused") if k in g} for g in opt.param_groups] for opt in optimizers]
+    try:
+        yield
+    finally:
+        for opt, groups in zip(optimizers, kept):
+            for group, kind in zip(opt.param_groups, groups):
+                group.update(kind)
 
 
 @contextlib.contextmanager

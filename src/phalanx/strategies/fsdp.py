@@ -59,7 +59,9 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
     looked_up = _shard_embeddings(model, units, plan, dp_mesh, options, device)
     # what the model asks data parallel to leave alone (torch's DDP attribute; expert parallel's
     # experts, reduced over their own ranks) stays whole here too
-    kept = {model.get_parameter(n) for n in getattr(model, "_ddp_params_and_buffers_to_ignore", ())}
+    # (under pp, only this stage's: the layers of other stages were cut away here)
+    here = dict(model.named_parameters())
+    kept = {here[n] for n in getattr(model, "_ddp_params_and_buffers_to_ignore", ()) if n in here}
     if looked_up or kept:
         kwargs["ignored_params"] = {e.weight for e in looked_up} | kept
     nested = any(a is not b and any(m is b for m in a.modules()) for a in units for b in units)

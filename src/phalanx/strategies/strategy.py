@@ -89,7 +89,8 @@ class ParallelStrategy:
                 self._elsewhere[id(old)] = weakref.ref(old)
         if experts is not None:  # clipping counts every rank's experts; full weights gather them
             self._experts[id(self.unwrap(done.model))] = experts
-            pipeline_grads.route_torch_clip(self.unwrap(done.model), experts.norm)
+            if done.pipeline is None:  # under pp, the pipeline's norm counts them (each stage's, summed over stages)
+                pipeline_grads.route_torch_clip(self.unwrap(done.model), experts.norm)
             expert_clip.scale_each_kind()
         scattered = getattr(done.model, "phalanx_zero1_grads", None)
         if scattered is not None:  # zero1: clipping combines the owners' norms

@@ -15,6 +15,11 @@ groups of ep ranks are N/ep copies of each expert (`ep_replicate`), each summing
 ranks; so the one-process gradient is (1/N) x the sum over the copies = (1/ep) x their mean. Each
 expert gradient is divided by ep as it arrives and averaged over its copies (when there are any).
 
+Under pp (outermost), the ep ranks are each stage's data-parallel ranks (`layout.mesh("ep")`): every
+expert is split before the model is cut into stages, each stage's ranks run the same microbatches,
+so their all-to-alls pair up; torch's clip_grad_norm_ takes the pipeline's norm (each stage's, DTensor
+experts included, summed over the stages).
+
 The split weights are DTensors of the one-process shape, sharded on dim 0 over the ep ranks (the
 experts forward runs on their local parts): a DCP checkpoint stores every expert under its
 one-process name (read in one process with no group, resumed under the same layout: tested), and
@@ -98,10 +103,10 @@ def _refuse_compositions(model: nn.Module, layout: Layout) -> None:
     """ValueError for the layouts ep is not composed with yet (each with what runs instead)."""
     plan = layout.plan
     kind, where = type(model).__name__, plan.describe()
-    if plan.tp > 1 or plan.pp > 1:
-        raise ValueError(f"ep={plan.ep} ({where}) with {'tp' if plan.tp > 1 else 'pp'}: expert parallel is not composed "
-                         f"with tensor or pipeline parallel yet, so {kind}'s experts cannot be laid out. HINT: use ep with "
-                         "ddp alone (tp=1, pp=1), or tp/pp without ep")
+    if plan.tp > 1:
+        raise ValueError(f"ep={plan.ep} ({where}) with tp: expert parallel is not composed with tensor parallel yet, "
+                         f"so {kind}'s experts cannot be laid out. HINT: use ep with ddp, zero2/zero3 or pp (tp=1), "
+                         "or tp without ep")
     if any(p.is_meta for p in model.parameters()):
         raise ValueError(f"ep={plan.ep} ({where}): {kind} is on the meta device (built under px.init_module()), and "
                          "expert parallel takes each rank's experts from the materialized weights. HINT: under ep, "
