@@ -29,8 +29,12 @@ def test_every_equal_moe_cell_names_a_case_the_expert_parallel_test_runs():
     cases = {**ep.CASES, **ep.MORE, **ep.COPIES}
     for fam in families.MOE_FAMILIES:
         for layout, case in fam.cases.items():
+            if case.startswith("pp "):  # test_ep2_under_pp2_equals_one_process: Qwen3-MoE, pp 2 x ep 2, 4 ranks
+                assert fam.name == "qwen3_moe" and layout == f"{case.split()[1]} pp 2 x ep 2", (layout, case)
+                assert case.split()[1] in ("ddp", "zero3")
+                continue
             assert case in cases and cases[case]["family"] == fam.name, (fam.name, layout, case)
             settings = cases[case]["settings"]
-            assert settings["ep"] == 2 and settings["strategy"] == layout.split()[0], (layout, settings)
+            assert f"ep {settings['ep']}" in layout and settings["strategy"] == layout.split()[0], (layout, settings)
             assert ("cp" in layout) == ("cp" in settings) and ("aux" in layout) == ("aux" in cases[case])
-            assert ("copies" in layout) == (case in ep.COPIES)
+            assert ("copies" in layout or "ep 4" in layout) == (case in ep.COPIES)

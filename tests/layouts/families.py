@@ -63,23 +63,26 @@ class MoeFamily:
     name: str
     model_class: str
     cases: dict[str, str]
-    """MOE_LAYOUTS column -> the case name in test_expert_parallel's CASES, MORE or COPIES."""
+    """MOE_LAYOUTS column -> the case name in test_expert_parallel's CASES, MORE or COPIES ("pp ddp",
+    "pp zero3": the strategies of its pp 2 x ep 2 test, ep_workloads.ep_pp_layouts)."""
 
 
 MOE_LAYOUTS: dict[str, str] = {
     "ddp ep 2": "2 processes", "zero3 ep 2": "2 processes", "ddp ep 2, aux loss": "2 processes, coefficient 0.05",
     "ddp cp 2 x ep 2": "2 processes", "ddp ep 2, 2 copies": "4 processes", "zero3 ep 2, 2 copies": "4 processes",
-    "ep 2 x tp 2": "", "ep 2 x pp 2": ""}
+    "ddp ep 4": "4 processes", "zero3 ep 4": "4 processes", "ddp pp 2 x ep 2": "4 processes",
+    "zero3 pp 2 x ep 2": "4 processes", "ep 2 x tp 2": ""}
 """the expert-parallel table's columns: name -> its processes."""
-MOE_REFUSED = {"ep 2 x tp 2": "expert parallel is not composed with tensor or pipeline parallel yet",
-               "ep 2 x pp 2": "expert parallel is not composed with tensor or pipeline parallel yet"}
+MOE_REFUSED = {"ep 2 x tp 2": "expert parallel is not composed with tensor parallel yet"}
 """columns every MoE family is refused in at prepare: what the refusal says."""
 MOE_FAMILIES: tuple[MoeFamily, ...] = (
     MoeFamily("qwen3_moe", "Qwen3MoeForCausalLM", {"ddp ep 2": "qwen3_moe", "zero3 ep 2": "qwen3_moe zero3",
                                                    "ddp ep 2, aux loss": "qwen3_moe aux",
-                                                   "ddp cp 2 x ep 2": "qwen3_moe cp2"}),
+                                                   "ddp cp 2 x ep 2": "qwen3_moe cp2",
+                                                   "ddp pp 2 x ep 2": "pp ddp", "zero3 pp 2 x ep 2": "pp zero3"}),
     MoeFamily("mixtral", "MixtralForCausalLM", {"ddp ep 2": "mixtral", "ddp ep 2, 2 copies": "mixtral ddp",
-                                                "zero3 ep 2, 2 copies": "mixtral zero3"}),
+                                                "zero3 ep 2, 2 copies": "mixtral zero3", "ddp ep 4": "mixtral ep4",
+                                                "zero3 ep 4": "mixtral zero3 ep4"}),
     MoeFamily("olmoe", "OlmoeForCausalLM", {"ddp ep 2": "olmoe"}),
     MoeFamily("gpt_oss", "GptOssForCausalLM", {"ddp ep 2": "gpt_oss"}),
     MoeFamily("deepseek_v3", "DeepseekV3ForCausalLM", {"ddp ep 2": "deepseek_v3"}),
