@@ -1,4 +1,5 @@
 """Start a benchmark function on N local CPU ranks (gloo over loopback) for side-by-side timing."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,14 @@ def _free_port() -> int:
 
 
 def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     fn(*args)
 
 

@@ -1,5 +1,6 @@
 """The MLP workload the loop benchmarks share (width from BENCH_HIDDEN, to vary bucket counts),
 and a timed round of its steps."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,7 @@ def make_model() -> nn.Module:
 
 def dataset(num_samples: int) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(num_samples, 64, generator=g),
-                         torch.randint(0, 10, (num_samples,), generator=g))
+    return TensorDataset(torch.randn(num_samples, 64, generator=g), torch.randint(0, 10, (num_samples,), generator=g))
 
 
 def endless(loader):

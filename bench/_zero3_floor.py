@@ -27,6 +27,7 @@ optimizer step + that step scaled to the shards, the collectives timed alone on 
 (rank 0's CPU time, median of `reps`): the step zero3 would take if sharding cost nothing beyond
 moving its bytes, at this machine's per-collective latency.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,8 @@ def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[floa
         shard = shards[n]
         per = shard.numel()
         gathered = gather_comm.allocate((per * world,), dtype=torch.float32, device=torch.device("cpu"))
-        gathered[rank * per:(rank + 1) * per].copy_(shard)
-        gather_comm(gathered, gathered[rank * per:(rank + 1) * per], dist.group.WORLD)
+        gathered[rank * per : (rank + 1) * per].copy_(shard)
+        gather_comm(gathered, gathered[rank * per : (rank + 1) * per], dist.group.WORLD)
         torch.empty(n).copy_(gathered[:n])
 
     def reduce(n: int) -> None:

@@ -11,6 +11,7 @@
 Usage: python bench/checkpoint.py [--world-size 1] [--hidden 2048] [--layers 8] [--rounds 3] [--no-s3]
 (world size 1 runs in this process; more ranks are spawned on CPU/gloo, each writing its shard).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,9 @@ def fsync_file(path: Path) -> None:
 
 
 def throughput(px, model, optimizer, work: Path, rounds: int) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {k: [] for k in ("torch.save", "torch.save+fsync", "phalanx save",
-                                                     "torch.load", "phalanx load")}
+    times: dict[str, list[float]] = {
+        k: [] for k in ("torch.save", "torch.save+fsync", "phalanx save", "torch.load", "phalanx load")
+    }
     for r in range(rounds):
         # alternate which goes first, so caches and background writeback favour neither
         order = ["torch", "phalanx"] if r % 2 == 0 else ["phalanx", "torch"]
@@ -99,7 +101,7 @@ def stall(px, model, optimizer, work: Path, rounds: int, steps: int, every: int,
     batch = torch.randn(32, hidden)
     out: dict[str, list[float]] = {}
     for r in range(rounds):
-        for mode in (["blocking", "async"] if r % 2 == 0 else ["async", "blocking"]):
+        for mode in ["blocking", "async"] if r % 2 == 0 else ["async", "blocking"]:
             stalls, root = [], work / f"loop-{mode}-{r}"
             t_loop = time.perf_counter()
             for step in range(1, steps + 1):
@@ -142,7 +144,7 @@ def in_flight(px, model, optimizer, root, rounds: int, hidden: int, writers: lis
     steps_per_save = max(3, round(save_s / statistics.median(quiet)))
     seen = {w: {"quiet": list(quiet), "during": [], "stalls": [], "waits": [], "ratios": []} for w in writers}
     for r in range(rounds):  # paired: the steps just before a save against the steps during it
-        for writer in (writers if r % 2 == 0 else writers[::-1]):
+        for writer in writers if r % 2 == 0 else writers[::-1]:
             writer_process.supported = supported if writer == "process" else (lambda: False)
             mine = seen[writer]
             before = [timed_step() for _ in range(steps_per_save)]
@@ -157,10 +159,18 @@ def in_flight(px, model, optimizer, root, rounds: int, hidden: int, writers: lis
             mine["during"] += during
             mine["ratios"].append(statistics.median(during) / statistics.median(before))
     writer_process.supported = supported
-    return {w: {"step s": statistics.median(m["quiet"]), "step s, save in flight": statistics.median(m["during"]),
-                "ratio (median of pairs)": statistics.median(m["ratios"]), "blocking save s": save_s,
-                "async start s": statistics.median(m["stalls"]), "left to wait s": statistics.median(m["waits"]),
-                "steps per save": steps_per_save} for w, m in seen.items()}
+    return {
+        w: {
+            "step s": statistics.median(m["quiet"]),
+            "step s, save in flight": statistics.median(m["during"]),
+            "ratio (median of pairs)": statistics.median(m["ratios"]),
+            "blocking save s": save_s,
+            "async start s": statistics.median(m["stalls"]),
+            "left to wait s": statistics.median(m["waits"]),
+            "steps per save": steps_per_save,
+        }
+        for w, m in seen.items()
+    }
 
 
 def in_flight_report(px, model, optimizer, work: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -184,15 +194,20 @@ def bench(args: argparse.Namespace, work: str) -> None:
     mb = state_mb(model, optimizer)
     work_dir = Path(work)
     times = {} if args.only_in_flight else throughput(px, model, optimizer, work_dir, args.rounds)
-    loop = {} if args.only_in_flight else stall(px, model, optimizer, work_dir, args.rounds, args.steps, args.every,
-                                                  args.hidden)
+    loop = (
+        {}
+        if args.only_in_flight
+        else stall(px, model, optimizer, work_dir, args.rounds, args.steps, args.every, args.hidden)
+    )
     flights = in_flight_report(px, model, optimizer, work_dir, args)
     if not px.is_main_process:
         return
-    print(f"state: {mb:.0f} MB (model + AdamW), world_size={px.world_size}, rounds={args.rounds}, "
-          f"torch {torch.__version__}, {os.cpu_count()} CPUs, the loop on {torch.get_num_threads()} thread(s) "
-          f"(OMP_NUM_THREADS), load average {os.getloadavg()[0]:.1f}, "
-          f"async shards written by the {args.writer} writer")
+    print(
+        f"state: {mb:.0f} MB (model + AdamW), world_size={px.world_size}, rounds={args.rounds}, "
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, the loop on {torch.get_num_threads()} thread(s) "
+        f"(OMP_NUM_THREADS), load average {os.getloadavg()[0]:.1f}, "
+        f"async shards written by the {args.writer} writer"
+    )
     if times:
         print_throughput_and_stall(times, loop, mb, args)
     print("\nstep time while an async save is in flight / without one (the steps of about one save's length)")
@@ -209,13 +224,17 @@ def print_throughput_and_stall(times: dict, loop: dict, mb: float, args: argpars
         med = statistics.median(values)
         print(f"{name:22}{med:10.3f}{mb / med:10.0f}")
     ratio = lambda a, b: statistics.median(times[a]) / statistics.median(times[b])  # noqa: E731
-    print(f"phalanx save / torch.save+fsync time: {ratio('phalanx save', 'torch.save+fsync'):.2f}x; "
-          f"phalanx load / torch.load time: {ratio('phalanx load', 'torch.load'):.2f}x")
+    print(
+        f"phalanx save / torch.save+fsync time: {ratio('phalanx save', 'torch.save+fsync'):.2f}x; "
+        f"phalanx load / torch.load time: {ratio('phalanx load', 'torch.load'):.2f}x"
+    )
     print(f"\ntraining loop: {args.steps} steps, a save every {args.every}")
     for name, values in loop.items():
         print(f"{name:24}{statistics.median(values):10.3f} s")
-    print(f"async stall / blocking stall: "
-          f"{statistics.median(loop['async stall per save']) / statistics.median(loop['blocking stall per save']):.3f}x")
+    print(
+        f"async stall / blocking stall: "
+        f"{statistics.median(loop['async stall per save']) / statistics.median(loop['blocking stall per save']):.3f}x"
+    )
 
 
 def _rank_main(args: argparse.Namespace, work: str) -> None:
@@ -232,9 +251,13 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--no-s3", action="store_true", help="leave out the S3 column (moto's server)")
     parser.add_argument("--only-in-flight", action="store_true", help="only part 3 (the step time during a save)")
-    parser.add_argument("--writer", choices=["process", "thread", "both"], default="both",
-                        help="who writes an async save's shards: the helper process (phalanx's way), DCP's "
-                             "thread in the training process (before; for comparison), or both, round by round")
+    parser.add_argument(
+        "--writer",
+        choices=["process", "thread", "both"],
+        default="both",
+        help="who writes an async save's shards: the helper process (phalanx's way), DCP's "
+        "thread in the training process (before; for comparison), or both, round by round",
+    )
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="phalanx-bench-ckpt-", dir=os.environ.get("BENCH_DIR"))
     try:

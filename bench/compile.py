@@ -6,6 +6,7 @@ The workload of bench/strategies.py (embedding + residual MLP blocks + head, Ada
 group, alternating rounds; compilation happens in the warm-up steps and is not timed (inductor's
 cache makes later rounds' compilations quick). Prints median steps/s and compiled / eager.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ def build(strategy: str, compiled: bool) -> Callable:
         model = make_model()
         model, opt = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
         return model, opt, px.backward
+
     return make
 
 
@@ -39,12 +41,14 @@ def worker(rounds: int, steps: int, strategies: list[str]) -> None:
     data = batches(8)
     rates: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
-        for name in (list(names) if r % 2 == 0 else list(reversed(names))):
+        for name in list(names) if r % 2 == 0 else list(reversed(names)):
             rates[name].append(run_variant(names[name], data, steps, warmup=3)[0])
     if dist.get_rank() == 0:
         med = {n: sorted(v)[rounds // 2] for n, v in rates.items()}
-        print(f"{dist.get_world_size()} ranks (gloo, CPU), batch {BATCH}x{SEQ} per rank; "
-              f"{rounds} alternating rounds of {steps} steps, median steps/s")
+        print(
+            f"{dist.get_world_size()} ranks (gloo, CPU), batch {BATCH}x{SEQ} per rank; "
+            f"{rounds} alternating rounds of {steps} steps, median steps/s"
+        )
         for s in strategies:
             eager, compiled = med[f"{s} eager"], med[f"{s} compiled"]
             print(f"  {s:6s} eager {eager:7.2f}  compiled {compiled:7.2f}  compiled/eager {compiled / eager:5.3f}")

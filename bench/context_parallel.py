@@ -15,6 +15,7 @@ runs one rank of each cp world alone (torch's fake backend: collectives do no wo
 asked: a cp N rank's compute and memory (the CUDA allocator's peak) from one device, without the
 all-to-all's time, which only N devices can measure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,18 @@ def llama(seq: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                                        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=seq,
-                                        attn_implementation="sdpa"))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=1024,
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            max_position_embeddings=seq,
+            attn_implementation="sdpa",
+        )
+    )
 
 
 def rss_bytes() -> int:
@@ -64,7 +74,7 @@ def run(seq: int, steps: int, out: str, device: str = "cpu") -> None:
     cp.prepare(model)
     tokens = torch.randint(0, 1024, (1, seq + 1), generator=torch.Generator().manual_seed(1)).to(device)
     cuda = device == "cuda"
-    step(model, cp, tokens[:, :2 * cp_size * 8 + 1])  # first-use costs (threads, buffers) before measuring
+    step(model, cp, tokens[:, : 2 * cp_size * 8 + 1])  # first-use costs (threads, buffers) before measuring
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -76,7 +86,9 @@ def run(seq: int, steps: int, out: str, device: str = "cpu") -> None:
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    peak = (torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - before
+    peak = (
+        torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ) - before
     rank = dist.get_rank() if cp_size > 1 else 0
     with open(f"{out}.{rank}", "w") as f:
         json.dump({"tokens_per_s": seq / statistics.median(times), "peak_bytes": peak}, f)
@@ -122,8 +134,11 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, nargs="+", default=[2048, 4096, 8192])
     parser.add_argument("--cps", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--fake-world", action="store_true",
-                        help="one rank of each cp world alone, collectives doing no work (compute and memory only)")
+    parser.add_argument(
+        "--fake-world",
+        action="store_true",
+        help="one rank of each cp world alone, collectives doing no work (compute and memory only)",
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: with --fake-world, on one GPU")
     args = parser.parse_args()
     if args.device == "cuda" and not args.fake_world:
@@ -134,9 +149,11 @@ def main() -> None:
         for cp in args.cps:
             got = measure(seq, cp, args.steps, args.fake_world, args.device)
             base = base or got
-            print(f"{seq:>6} {cp:>3} {got['tokens_per_s']:>10.0f} {got['peak_bytes'] / 2**20:>14.1f} "
-                  f"{got['tokens_per_s'] / base['tokens_per_s']:>15.2f}x {got['peak_bytes'] / base['peak_bytes']:>13.2f}x",
-                  flush=True)
+            print(
+                f"{seq:>6} {cp:>3} {got['tokens_per_s']:>10.0f} {got['peak_bytes'] / 2**20:>14.1f} "
+                f"{got['tokens_per_s'] / base['tokens_per_s']:>15.2f}x {got['peak_bytes'] / base['peak_bytes']:>13.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ A corpus of JSON-lines files is read by 2 and 4 ranks x 2 DataLoader workers, ea
 Bytes are what each reader process read (/proc/self/io rchar) while it iterated. Ideal: 1/ranks per rank,
 1.0 for the whole job.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,9 @@ def sources(paths: list[str], folder: str) -> dict:
     except ImportError:
         print("datasets is not installed (pip install phalanx[datasets]): its row is left out")
         return found
-    found["datasets"] = lambda: datasets.load_dataset("json", data_files=paths, split="train", streaming=True,
-                                                      cache_dir=os.path.join(folder, "hf"))
+    found["datasets"] = lambda: datasets.load_dataset(
+        "json", data_files=paths, split="train", streaming=True, cache_dir=os.path.join(folder, "hf")
+    )
     return found
 
 

@@ -18,6 +18,7 @@ batches: 8 rows of 64 tokens per rank) under `Phalanx(strategy="ddp")`, `"zero3"
   and the busiest expert's share against the even share (1/experts of the routed tokens).
 Ratios are printed, never asserted: CPU/gloo figures, the ranks sharing the same cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,21 @@ _libc = ctypes.CDLL("libc.so.6")
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 _libc.mallinfo2.restype = _MallInfo2
@@ -78,10 +92,12 @@ def wrap_collectives() -> None:
     dispatch.all_to_all_single_autograd = all_to_all
     # FSDP2's (torch 2.13 calls the *_single names; older torch the *_tensor ones): an all-gather sends this
     # rank's shard to the n - 1 others, a reduce-scatter (n - 1)/n of its input
-    for name, kind, share in (("all_gather_single", "all-gather", lambda n: n - 1),
-                              ("all_gather_into_tensor", "all-gather", lambda n: n - 1),
-                              ("reduce_scatter_single", "reduce-scatter", lambda n: (n - 1) / n),
-                              ("reduce_scatter_tensor", "reduce-scatter", lambda n: (n - 1) / n)):
+    for name, kind, share in (
+        ("all_gather_single", "all-gather", lambda n: n - 1),
+        ("all_gather_into_tensor", "all-gather", lambda n: n - 1),
+        ("reduce_scatter_single", "reduce-scatter", lambda n: (n - 1) / n),
+        ("reduce_scatter_tensor", "reduce-scatter", lambda n: (n - 1) / n),
+    ):
         original = getattr(dist, name, None)
         if original is None:
             continue
@@ -96,8 +112,10 @@ def wrap_collectives() -> None:
     # on gloo phalanx hands FSDP2 its own all-gather (broadcasts) and reduce-scatter (an all-to-all)
     from phalanx.host_only import gloo_comms
 
-    for cls, kind, share in ((getattr(gloo_comms, "BroadcastAllGather", None), "all-gather", lambda n: n - 1),
-                             (getattr(gloo_comms, "AllToAllReduceScatter", None), "reduce-scatter", lambda n: (n - 1) / n)):
+    for cls, kind, share in (
+        (getattr(gloo_comms, "BroadcastAllGather", None), "all-gather", lambda n: n - 1),
+        (getattr(gloo_comms, "AllToAllReduceScatter", None), "reduce-scatter", lambda n: (n - 1) / n),
+    ):
         if cls is None:
             continue
 
@@ -114,14 +132,26 @@ def make_model(args: argparse.Namespace):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    return Qwen3MoeForCausalLM(Qwen3MoeConfig(
-        vocab_size=1024, hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=args.hidden // 4, num_experts=args.experts, num_experts_per_tok=2,
-        moe_intermediate_size=args.hidden, intermediate_size=2 * args.hidden, max_position_embeddings=args.seq))
+    return Qwen3MoeForCausalLM(
+        Qwen3MoeConfig(
+            vocab_size=1024,
+            hidden_size=args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=args.hidden // 4,
+            num_experts=args.experts,
+            num_experts_per_tok=2,
+            moe_intermediate_size=args.hidden,
+            intermediate_size=2 * args.hidden,
+            max_position_embeddings=args.seq,
+        )
+    )
 
 
 def count_routes(model, experts: int, routed: Counter) -> None:
     """Tokens per expert, from the router's choices each experts module receives (before any dispatch)."""
+
     def hook(module, args, kwargs):
         chosen = kwargs["top_k_index"] if "top_k_index" in kwargs else args[1]
         routed.update(dict(enumerate(torch.bincount(chosen.flatten(), minlength=experts).tolist())))
@@ -155,18 +185,26 @@ def run(layout: str, args: argparse.Namespace) -> dict:
         times.append(time.perf_counter() - start)
     report = px.memory_report(model, optimizer)
     unwrapped = px.unwrap_model(model)
-    expert_bytes = sum(_nbytes(p.to_local() if hasattr(p, "to_local") else p) for n, p in unwrapped.named_parameters()
-                       if ".experts." in n)
+    expert_bytes = sum(
+        _nbytes(p.to_local() if hasattr(p, "to_local") else p)
+        for n, p in unwrapped.named_parameters()
+        if ".experts." in n
+    )
     # DDP all-reduces every gradient but ep's experts (which it is told to leave alone)
     grads = sum(_nbytes(p) for n, p in unwrapped.named_parameters() if "ep" not in layout or ".experts." not in n)
     sent = {k: v / args.steps for k, v in SENT.items()}
     if layout.startswith("ddp") or layout.startswith("ep"):  # DDP's C++ all-reduce of the non-ep gradients
         sent["all-reduce (ddp)"] = 2 * grads * (px.world_size - 1) / px.world_size
     live = live_bytes() - before
-    out = {"tensors": report.total, "experts": 4 * expert_bytes,  # weights, grads, AdamW's two moments
-           "live": live, "tokens_per_s": args.batch * args.seq * px.world_size / statistics.median(times[1:]),
-           "sent": sent, "routed": [routed[e] / args.steps for e in range(args.experts)],
-           "experts_numel": experts_numel}
+    out = {
+        "tensors": report.total,
+        "experts": 4 * expert_bytes,  # weights, grads, AdamW's two moments
+        "live": live,
+        "tokens_per_s": args.batch * args.seq * px.world_size / statistics.median(times[1:]),
+        "sent": sent,
+        "routed": [routed[e] / args.steps for e in range(args.experts)],
+        "experts_numel": experts_numel,
+    }
     del model, optimizer
     return out
 
@@ -179,22 +217,28 @@ def bench(args: argparse.Namespace) -> None:
     dist.all_gather_object(gathered, results)
     if dist.get_rank():
         return
-    mib = 2 ** 20
-    print(f"Qwen3-MoE {args.experts} experts (top 2), hidden {args.hidden}, {args.layers} layers, "
-          f"{args.batch} x {args.seq} tokens per rank, {dist.get_world_size()} ranks, AdamW, {args.steps} steps")
+    mib = 2**20
+    print(
+        f"Qwen3-MoE {args.experts} experts (top 2), hidden {args.hidden}, {args.layers} layers, "
+        f"{args.batch} x {args.seq} tokens per rank, {dist.get_world_size()} ranks, AdamW, {args.steps} steps"
+    )
     ddp = max(r["ddp"]["tensors"] for r in gathered)
     for layout in LAYOUTS:
         top = max(gathered, key=lambda r: r[layout]["tensors"])[layout]
         sent = ", ".join(f"{k} {v / mib:.2f} MiB" for k, v in sorted(top["sent"].items())) or "none"
-        print(f"{layout:>6}: at rest {top['tensors'] / mib:.2f} MiB of tensors ({top['tensors'] / ddp:.2f}x ddp's; "
-              f"experts {top['experts'] / mib:.2f} MiB), live {top['live'] / mib:.2f} MiB; "
-              f"{top['tokens_per_s']:.0f} tokens/s; sent per step: {sent}")
+        print(
+            f"{layout:>6}: at rest {top['tensors'] / mib:.2f} MiB of tensors ({top['tensors'] / ddp:.2f}x ddp's; "
+            f"experts {top['experts'] / mib:.2f} MiB), live {top['live'] / mib:.2f} MiB; "
+            f"{top['tokens_per_s']:.0f} tokens/s; sent per step: {sent}"
+        )
     routed = [sum(r["ep 2"]["routed"][e] for r in gathered) for e in range(args.experts)]
     half = args.experts // 2
     total = sum(routed)
-    print(f"load balance under ep 2, per step: tokens per expert {', '.join(f'{x:.0f}' for x in routed)}; "
-          f"rank 0 (experts 0-{half - 1}) {sum(routed[:half]):.0f}, rank 1 (experts {half}-{args.experts - 1}) "
-          f"{sum(routed[half:]):.0f} of {total:.0f} routed; busiest expert {max(routed) / (total / args.experts):.2f}x the even share")
+    print(
+        f"load balance under ep 2, per step: tokens per expert {', '.join(f'{x:.0f}' for x in routed)}; "
+        f"rank 0 (experts 0-{half - 1}) {sum(routed[:half]):.0f}, rank 1 (experts {half}-{args.experts - 1}) "
+        f"{sum(routed[half:]):.0f} of {total:.0f} routed; busiest expert {max(routed) / (total / args.experts):.2f}x the even share"
+    )
 
 
 def main() -> None:

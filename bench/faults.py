@@ -27,6 +27,7 @@ rerun, started as soon as the job exited); "stopped in" = the fault -> the job's
 Node faults need root and iproute2 (namespaces px-f-a/px-f-b, 10.252.0.1/2); tmpfs needs root;
 the S3 rows moto[server] and s3fs; the etcd row etcd (scripts/ci-etcd-deps) and python-etcd.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -144,9 +145,27 @@ def events(out: Path) -> list[dict]:
 
 
 def phalanx_run(out: Path, *flags: str, fault: str = "", prefix: tuple[str, ...] = ()) -> list[str]:
-    return [*prefix, sys.executable, "-m", "phalanx", "run", "--checkpoint-dir", str(out / "ckpt"),
-            "--run-dir", str(out / "run"), *flags, str(out.parent / "workload.py"), "--out", str(out),
-            "--fault", fault, "--at", str(AT), "--steps", str(STEPS)]
+    return [
+        *prefix,
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--run-dir",
+        str(out / "run"),
+        *flags,
+        str(out.parent / "workload.py"),
+        "--out",
+        str(out),
+        "--fault",
+        fault,
+        "--at",
+        str(AT),
+        "--steps",
+        str(STEPS),
+    ]
 
 
 EXTRA_ENV: dict[str, str] = {}  # AWS_* of the S3 server, once started
@@ -209,12 +228,23 @@ def inject_signal(tmp: Path, sig: signal.Signals) -> Row:
 def inject_in_script(tmp: Path, name: str, fault: str, *flags: str) -> Row:
     out = tmp / fault
     out.mkdir()
-    proc = subprocess.run(phalanx_run(out, "--nproc-per-node", "2", "--max-restarts", "1", *flags, fault=fault),
-                          env=env(), capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        phalanx_run(out, "--nproc-per-node", "2", "--max-restarts", "1", *flags, fault=fault),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     exited = time.time()
     faulted = json.loads((out / "faulted").read_text())
-    row = summarize(name, out, faulted["t"], exited if proc.returncode else None, proc.returncode,
-                    "restarted" if proc.returncode == 0 else "")
+    row = summarize(
+        name,
+        out,
+        faulted["t"],
+        exited if proc.returncode else None,
+        proc.returncode,
+        "restarted" if proc.returncode == 0 else "",
+    )
     restart = next((x for x in proc.stderr.splitlines() if x.startswith("phalanx: restart")), "")
     row.note = restart.replace(str(out) + "/", "")[:160]
     return row
@@ -226,8 +256,13 @@ def inject_disk_full(tmp: Path) -> Row:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(out / "ckpt")], check=True)
     try:
         started = time.time()
-        proc = subprocess.run(phalanx_run(out, "--nproc-per-node", "2", "--max-restarts", "1", fault="disk"),
-                              env=env(), capture_output=True, text=True, timeout=400)
+        proc = subprocess.run(
+            phalanx_run(out, "--nproc-per-node", "2", "--max-restarts", "1", fault="disk"),
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         exited = time.time()
     finally:
         subprocess.run(["umount", str(out / "ckpt")], check=True)
@@ -244,14 +279,22 @@ def inject_disk_full(tmp: Path) -> Row:
 def inject_node(tmp: Path, name: str, victim: str, etcd: str | None = None) -> Row:
     out = tmp / name.replace(" ", "-").replace("'", "").replace(",", "")
     out.mkdir()
-    rendezvous = ["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", etcd, "--rdzv-id", "faults"] if etcd else \
-        ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{NODES['a'][1]}:29711"]
+    rendezvous = (
+        ["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", etcd, "--rdzv-id", "faults"]
+        if etcd
+        else ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{NODES['a'][1]}:29711"]
+    )
     flags = ["--nnodes", "1:2", "--nproc-per-node", "1", *rendezvous, "--max-restarts", "1", "--rdzv-timeout", "60"]
     procs = {}
     for node, (ns, _) in NODES.items():
-        procs[node] = subprocess.Popen(phalanx_run(out, *flags, prefix=("ip", "netns", "exec", ns)), env=env(),
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       start_new_session=True)
+        procs[node] = subprocess.Popen(
+            phalanx_run(out, *flags, prefix=("ip", "netns", "exec", ns)),
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
     wait_for(out / "at", procs["a"])
     os.killpg(procs[victim].pid, signal.SIGKILL)  # the node's launcher and its worker at once
     t0 = time.time()
@@ -260,8 +303,10 @@ def inject_node(tmp: Path, name: str, victim: str, etcd: str | None = None) -> R
     exited = time.time()
     procs[victim].communicate()
     row = summarize(name, out, t0, exited if survivor.returncode else None, survivor.returncode)
-    said = next((x for x in err.splitlines() if x.startswith(("phalanx: restart", "phalanx watchdog", "phalanx: rank"))),
-                err.strip().splitlines()[-1] if err.strip() else "")
+    said = next(
+        (x for x in err.splitlines() if x.startswith(("phalanx: restart", "phalanx watchdog", "phalanx: rank"))),
+        err.strip().splitlines()[-1] if err.strip() else "",
+    )
     row.note = said.replace(str(out) + "/", "")[:200]
     return row
 
@@ -277,12 +322,22 @@ def inject_bad_credentials(tmp: Path, url: str) -> Row:
     out = tmp / "credentials"
     out.mkdir()
     t0 = time.time()
-    proc = subprocess.run(phalanx_run(out, "--nproc-per-node", "2", "--checkpoint-dir", url),
-                          env={**env(), "AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG1", "AWS_SECRET_ACCESS_KEY": "wrong"},
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        phalanx_run(out, "--nproc-per-node", "2", "--checkpoint-dir", url),
+        env={**env(), "AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG1", "AWS_SECRET_ACCESS_KEY": "wrong"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     said = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
-    return Row("bad S3 credentials", f"refused before launch (exit {proc.returncode})", "0 (nothing started)", "-",
-               f"{time.time() - t0:.1f}", said[:220])
+    return Row(
+        "bad S3 credentials",
+        f"refused before launch (exit {proc.returncode})",
+        "0 (nothing started)",
+        "-",
+        f"{time.time() - t0:.1f}",
+        said[:220],
+    )
 
 
 def why_not_root(what: str) -> str | None:
@@ -305,15 +360,20 @@ def main() -> None:
         "disk full": inject_disk_full,
         "corrupt latest checkpoint": lambda tmp: inject_in_script(tmp, "corrupt latest checkpoint", "corrupt"),
         "a stalled rank": lambda tmp: inject_in_script(tmp, "a stalled rank", "stall", "--watchdog-timeout", "10"),
-        "kill -9 of a rank, checkpoints in S3": lambda tmp: inject_in_s3(tmp, "kill -9 of a rank, checkpoints in S3",
-                                                                         "kill", S3["url"] + "/kill"),
-        "an interrupted upload (S3)": lambda tmp: inject_in_s3(tmp, "an interrupted upload (S3)", "upload",
-                                                               S3["url"] + "/upload"),
+        "kill -9 of a rank, checkpoints in S3": lambda tmp: inject_in_s3(
+            tmp, "kill -9 of a rank, checkpoints in S3", "kill", S3["url"] + "/kill"
+        ),
+        "an interrupted upload (S3)": lambda tmp: inject_in_s3(
+            tmp, "an interrupted upload (S3)", "upload", S3["url"] + "/upload"
+        ),
         "bad S3 credentials": lambda tmp: inject_bad_credentials(tmp, S3["url"] + "/credentials"),
         "the first node lost, etcd": lambda tmp: inject_node(tmp, "the first node lost, etcd", "a", S3["etcd"]),
     }
-    needs = {"kill -9 of a node": "network namespaces", "kill -9 of the store's host": "network namespaces",
-             "disk full": "mounting a tmpfs"}
+    needs = {
+        "kill -9 of a node": "network namespaces",
+        "kill -9 of the store's host": "network namespaces",
+        "disk full": "mounting a tmpfs",
+    }
     needs.update({"the first node lost, etcd": "network namespaces"})
     chosen = [name for name in faults if args.only is None or name in args.only]
     rows: list[Row] = []
@@ -332,8 +392,9 @@ def main() -> None:
                         reason = "iproute2 is not installed (scripts/ci-netns-deps)"
                     else:
                         subprocess.run([str(NETNS), "down", NODES["a"][0], NODES["b"][0]])
-                        subprocess.run([str(NETNS), "up", NODES["a"][0], NODES["b"][0], NODES["a"][1], NODES["b"][1]],
-                                       check=True)
+                        subprocess.run(
+                            [str(NETNS), "up", NODES["a"][0], NODES["b"][0], NODES["a"][1], NODES["b"][1]], check=True
+                        )
                         netns_up = True
                 if reason is None and ("S3" in fault and "url" not in S3 or "etcd" in fault and "etcd" not in S3):
                     reason = S3.get("why", "its service did not start")

@@ -17,6 +17,7 @@ zero3 runs with `host_mmap_threshold: 0`: its default (`auto`) fixes glibc's mma
 1 MiB, and mallopt's threshold, once fixed, holds for the whole process, so every variant after it
 would run under it. With 0 every variant runs at glibc's default, as ddp's and zero1's `auto` does.
 """
+
 from __future__ import annotations
 
 import time
@@ -40,10 +41,12 @@ from _spawn import in_process_group, spawn  # noqa: E402
 
 HAND = "hand-written DDP"
 MIN_ROUNDS = 3  # the fewest rounds a median is read from, whatever the time budget
-VARIANTS = {HAND: lambda: strategies.raw_ddp(gradient_as_bucket_view=False),  # DDP(model), torch's tutorial
-            "phalanx ddp": strategies.with_phalanx("ddp"),
-            "phalanx zero1": strategies.with_phalanx("zero1"),
-            "phalanx zero3": strategies.with_phalanx("zero3", settings={"host_mmap_threshold": 0})}
+VARIANTS = {
+    HAND: lambda: strategies.raw_ddp(gradient_as_bucket_view=False),  # DDP(model), torch's tutorial
+    "phalanx ddp": strategies.with_phalanx("ddp"),
+    "phalanx zero1": strategies.with_phalanx("zero1"),
+    "phalanx zero3": strategies.with_phalanx("zero3", settings={"host_mmap_threshold": 0}),
+}
 # (variant, the variant it is compared with, the floor the docs promise)
 FLOORS = (("phalanx ddp", HAND, 1.10), ("phalanx zero1", "phalanx ddp", 0.95), ("phalanx zero3", "phalanx ddp", 0.80))
 
@@ -70,7 +73,7 @@ def worker(rounds: int, steps: int, warmup: int, budget: float) -> None:
     cpu: dict[str, list[float]] = {n: [] for n in names}
     done = 0
     while done < rounds and (done < MIN_ROUNDS or _in_budget(started, done, budget)):
-        for name in (names if done % 2 == 0 else names[::-1]):
+        for name in names if done % 2 == 0 else names[::-1]:
             rate, cpu_ms, _, _ = strategies.run_variant(VARIANTS[name], data, steps, warmup)
             rates[name].append(rate)
             cpu[name].append(cpu_ms)
@@ -80,10 +83,12 @@ def worker(rounds: int, steps: int, warmup: int, budget: float) -> None:
     model = strategies.make_model()
     params = sum(p.numel() for p in model.parameters())
     world = dist.get_world_size()
-    print(f"speed guard (a report, not a test): {strategies.MODEL} {params / 1e6:.1f}M parameters, batch "
-          f"{strategies.BATCH}x{strategies.SEQ} per process, AdamW, {world} CPU ranks (1 thread each), "
-          f"{done} alternating rounds of {steps} steps ({time.perf_counter() - started:.0f} s); each ratio: the median "
-          f"over rounds of the ratio within a round")
+    print(
+        f"speed guard (a report, not a test): {strategies.MODEL} {params / 1e6:.1f}M parameters, batch "
+        f"{strategies.BATCH}x{strategies.SEQ} per process, AdamW, {world} CPU ranks (1 thread each), "
+        f"{done} alternating rounds of {steps} steps ({time.perf_counter() - started:.0f} s); each ratio: the median "
+        f"over rounds of the ratio within a round"
+    )
     for name in names:
         samples = statistics.median(rates[name]) * strategies.BATCH * world
         print(f"  {name:18s} {samples:7.1f} samples/s  {statistics.median(cpu[name]):6.1f} CPU ms/step (rank 0)")
@@ -91,15 +96,21 @@ def worker(rounds: int, steps: int, warmup: int, budget: float) -> None:
         cpu_speed = _median_ratio(cpu, name, base, inverse=True)
         speed = _median_ratio(rates, name, base)
         verdict = "ok" if cpu_speed >= floor else "BELOW"
-        print(f"  {name:14s} vs {base:16s} {cpu_speed:5.2f}x (CPU time per step; steps/s {speed:4.2f}x)   "
-              f"floor {floor:.2f}x  {verdict}")
+        print(
+            f"  {name:14s} vs {base:16s} {cpu_speed:5.2f}x (CPU time per step; steps/s {speed:4.2f}x)   "
+            f"floor {floor:.2f}x  {verdict}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="the most rounds (at least 3 run)")
-    parser.add_argument("--budget", type=float, default=60.0,
-                        help="seconds the rounds may take: no round starts that would end later (the ranks' start adds ~10-20 s)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=60.0,
+        help="seconds the rounds may take: no round starts that would end later (the ranks' start adds ~10-20 s)",
+    )
     parser.add_argument("--steps", type=int, default=4, help="timed steps per variant and round")
     parser.add_argument("--warmup", type=int, default=2, help="steps per variant and round before the timing")
     args = parser.parse_args()
@@ -107,8 +118,10 @@ def main() -> None:
         # the ranks inherit these: each variant's run files in a directory removed after, warnings only
         os.environ.update(PHALANX_RUN_DIR=run_dir, PHALANX_LOG_LEVEL="WARNING")
         spawn(in_process_group, 2, worker, args.rounds, args.steps, args.warmup, args.budget)
-    print(f"  ({time.perf_counter() - STARTED:.0f} s in all; on a shared machine ratios move by several %: rerun before "
-          f"reading one below its floor as a regression)")
+    print(
+        f"  ({time.perf_counter() - STARTED:.0f} s in all; on a shared machine ratios move by several %: rerun before "
+        f"reading one below its floor as a regression)"
+    )
 
 
 if __name__ == "__main__":

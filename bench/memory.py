@@ -24,6 +24,7 @@ Usage: python bench/memory.py [--layouts ddp zero1 zero1-persistent zero2 zero3 
                               [--hidden 256] [--layers 5] [--vocab 8192] [--batch 2] [--seq 64] [--markdown]
                               [--json FILE] [--fake-world]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,15 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUTS = {"ddp": {"strategy": "ddp"}, "zero1": {"strategy": "zero1"},
-           "zero1-persistent": {"strategy": "zero1", "zero1_gather": "persistent"},
-           "zero2": {"strategy": "zero2"}, "zero3": {"strategy": "zero3"},
-           "hsdp": {"strategy": "hsdp"}, "tp2": {"strategy": "ddp", "tp": 2}}
+LAYOUTS = {
+    "ddp": {"strategy": "ddp"},
+    "zero1": {"strategy": "zero1"},
+    "zero1-persistent": {"strategy": "zero1", "zero1_gather": "persistent"},
+    "zero2": {"strategy": "zero2"},
+    "zero3": {"strategy": "zero3"},
+    "hsdp": {"strategy": "hsdp"},
+    "tp2": {"strategy": "ddp", "tp": 2},
+}
 
 WORKER = """\
 import ctypes, gc, json, sys
@@ -136,12 +142,27 @@ def measure(layout: str, args: argparse.Namespace, tmp: Path) -> dict:
     script = tmp / "worker.py"
     script.write_text(WORKER)
     env = dict(os.environ, OMP_NUM_THREADS="1", PHALANX_PROGRESS="off", PHALANX_RUN_DIR=str(tmp / "runs"))
-    cmd = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", str(script), str(out),
-           str(args.hidden), str(args.layers), str(args.vocab), str(args.batch), str(args.seq),
-           json.dumps(LAYOUTS[layout])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        str(out),
+        str(args.hidden),
+        str(args.layers),
+        str(args.vocab),
+        str(args.batch),
+        str(args.seq),
+        json.dumps(LAYOUTS[layout]),
+    ]
     if args.fake_world:  # each rank alone in its own process, in turn: a world of 2 on one device
-        env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        commands = [[sys.executable, *cmd[cmd.index(str(script)):], str(rank)] for rank in range(2)]
+        env = {
+            k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        }
+        commands = [[sys.executable, *cmd[cmd.index(str(script)) :], str(rank)] for rank in range(2)]
     else:
         commands = [cmd]
     for command in commands:
@@ -164,9 +185,16 @@ def planned(args: argparse.Namespace) -> dict[str, int]:
     from phalanx.strategies import memory_plan, presets, tensor_parallel
 
     def build():
-        config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
-                             num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
-                             max_position_embeddings=256, tie_word_embeddings=False)
+        config = LlamaConfig(
+            vocab_size=args.vocab,
+            hidden_size=args.hidden,
+            intermediate_size=int(args.hidden * 2.75),
+            num_hidden_layers=args.layers,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        )
         with torch.device("meta"):
             return LlamaForCausalLM(config)
 
@@ -190,10 +218,13 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
     parser.add_argument("--seq", type=int, default=64, help="tokens per sequence")
-    parser.add_argument("--fake-world", action="store_true",
-                        help="run each rank of the 2 alone, in turn, in a world whose collectives do no work "
-                             "(torch's fake backend): per-rank memory of a 2-GPU layout on one GPU (its allocator's "
-                             "figures), on the CPU a check against the real 2-process figures")
+    parser.add_argument(
+        "--fake-world",
+        action="store_true",
+        help="run each rank of the 2 alone, in turn, in a world whose collectives do no work "
+        "(torch's fake backend): per-rank memory of a 2-GPU layout on one GPU (its allocator's "
+        "figures), on the CPU a check against the real 2-process figures",
+    )
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--json", metavar="FILE", help="also write each layout's figures (bytes) and the plan's there")
     args = parser.parse_args()
@@ -207,27 +238,56 @@ def main() -> None:
             for name in layouts:
                 runs[name].append(measure(name, args, Path(tmp) / f"r{round_}"))
     plan = planned(args)
-    mib = 2 ** 20
+    mib = 2**20
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "plan": plan}))
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name]) / mib
 
-    world = (f"2 ranks of a fake world, one process at a time on {args.device} ("
-             + ("the CUDA allocator's allocated bytes; 'malloc in use' is its reserved bytes)" if args.device == "cuda"
-                else "RssAnon)") if args.fake_world else "2 CPU processes")
-    print(f"Llama {runs['ddp'][0]['params'] / 1e6:.1f}M parameters, AdamW, {world}, "
-          f"per-rank MiB above the baseline (the larger rank), median of {args.rounds} round(s)")
-    header = ["layout", "at rest", "vs ddp", "malloc in use", "peak", "vs ddp", "memory_report", "plan",
-              "plan vs ddp", "measured / plan"]
+    world = (
+        f"2 ranks of a fake world, one process at a time on {args.device} ("
+        + (
+            "the CUDA allocator's allocated bytes; 'malloc in use' is its reserved bytes)"
+            if args.device == "cuda"
+            else "RssAnon)"
+        )
+        if args.fake_world
+        else "2 CPU processes"
+    )
+    print(
+        f"Llama {runs['ddp'][0]['params'] / 1e6:.1f}M parameters, AdamW, {world}, "
+        f"per-rank MiB above the baseline (the larger rank), median of {args.rounds} round(s)"
+    )
+    header = [
+        "layout",
+        "at rest",
+        "vs ddp",
+        "malloc in use",
+        "peak",
+        "vs ddp",
+        "memory_report",
+        "plan",
+        "plan vs ddp",
+        "measured / plan",
+    ]
     rows = []
     for name in layouts:
         rest, peak, report = med(name, "at_rest"), med(name, "peak"), med(name, "report")
-        rows.append([name, f"{rest:.1f}", f"{rest / med('ddp', 'at_rest'):.2f}", f"{med(name, 'in_use'):.1f}",
-                     f"{peak:.1f}",
-                     f"{peak / med('ddp', 'peak'):.2f}", f"{report:.1f}", f"{plan[name] / mib:.1f}",
-                     f"{plan[name] / plan['ddp']:.2f}", f"{rest / (plan[name] / mib):.2f}"])
+        rows.append(
+            [
+                name,
+                f"{rest:.1f}",
+                f"{rest / med('ddp', 'at_rest'):.2f}",
+                f"{med(name, 'in_use'):.1f}",
+                f"{peak:.1f}",
+                f"{peak / med('ddp', 'peak'):.2f}",
+                f"{report:.1f}",
+                f"{plan[name] / mib:.1f}",
+                f"{plan[name] / plan['ddp']:.2f}",
+                f"{rest / (plan[name] / mib):.2f}",
+            ]
+        )
     if args.markdown:
         print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
         for row in rows:

@@ -12,6 +12,7 @@ Variants (the same prepared model, optimizer and loader; the watchdog thread run
                it) with a client fetching /api/page every second, as an open browser tab does.
 Prints rank 0's median steps/s per variant and each ratio to off, then the costs measured directly.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,6 @@ sys.stdin.read()  # until the bench closes our stdin
 """
 
 
-
 def bench(rounds: int, steps: int, run_dir: str) -> None:
     from phalanx import Phalanx
 
@@ -55,8 +55,12 @@ def bench(rounds: int, steps: int, run_dir: str) -> None:
     anatomy = tracker.anatomy
     model = px.prepare_model(make_model())
     opt = px.prepare_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3), model)
-    loop = (endless(px.prepare_data_loader(DataLoader(dataset(SAMPLES), batch_size=BATCH, shuffle=True))),
-            model, opt, px.backward)
+    loop = (
+        endless(px.prepare_data_loader(DataLoader(dataset(SAMPLES), batch_size=BATCH, shuffle=True))),
+        model,
+        opt,
+        px.backward,
+    )
 
     def configure(name: str) -> subprocess.Popen | None:
         tracker.anatomy = None if name == "off" else anatomy
@@ -65,8 +69,9 @@ def bench(rounds: int, steps: int, run_dir: str) -> None:
         if name in ("attribution", "dashboard"):
             watchdog.add_listener(exchange.tick)
         if name == "dashboard" and px.is_main_process:
-            server = subprocess.Popen([sys.executable, "-c", SERVE, run_dir], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True)
+            server = subprocess.Popen(
+                [sys.executable, "-c", SERVE, run_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
             server.stdout.readline()  # serving: the round starts now
             return server
         return None
@@ -75,7 +80,7 @@ def bench(rounds: int, steps: int, run_dir: str) -> None:
     run_round(steps // 4, *loop)  # warm-up
     order = list(results)
     for index in range(rounds):
-        for name in order[index % 4:] + order[:index % 4]:  # rotate: no variant always runs first
+        for name in order[index % 4 :] + order[: index % 4]:  # rotate: no variant always runs first
             server = configure(name)
             results[name].append(run_round(steps, *loop))
             if server is not None:
@@ -103,14 +108,20 @@ def bench(rounds: int, steps: int, run_dir: str) -> None:
     if px.is_main_process:
         base = statistics.median(results["off"])
         step_us = 1e6 / base
-        print(f"hidden={HIDDEN} world={px.world_size} rounds={rounds} steps/round={steps} step={step_us / 1e3:.2f} ms (off)")
+        print(
+            f"hidden={HIDDEN} world={px.world_size} rounds={rounds} steps/round={steps} step={step_us / 1e3:.2f} ms (off)"
+        )
         for name, values in results.items():
             med = statistics.median(values)
-            print(f"  {name:12s} {med:8.1f} steps/s  ratio to off {med / base:.4f}   "
-                  f"rounds: {' '.join(f'{v:.0f}' for v in values)}")
-        print(f"  direct: anatomy {anatomy_us:.2f} us per step = {100 * anatomy_us / step_us:.3f}% of a "
-              f"{step_us / 1e3:.2f} ms step; exchange {tick_ms:.2f} ms per heartbeat (1/s, watchdog thread) "
-              f"on rank 0 = {tick_ms / 10:.3f}% of wall time")
+            print(
+                f"  {name:12s} {med:8.1f} steps/s  ratio to off {med / base:.4f}   "
+                f"rounds: {' '.join(f'{v:.0f}' for v in values)}"
+            )
+        print(
+            f"  direct: anatomy {anatomy_us:.2f} us per step = {100 * anatomy_us / step_us:.3f}% of a "
+            f"{step_us / 1e3:.2f} ms step; exchange {tick_ms:.2f} ms per heartbeat (1/s, watchdog thread) "
+            f"on rank 0 = {tick_ms / 10:.3f}% of wall time"
+        )
 
 
 def main() -> None:

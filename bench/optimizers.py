@@ -13,6 +13,7 @@ as torch's own Muon under DDP does).
 Bytes: what each process writes to its sockets (`wchar` of /proc/self/io, which gloo's TCP sends go
 through; a few log lines are noise), so CPU/gloo only: on GPUs NCCL's traffic is not counted there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,12 @@ from strategies import DIM, Block  # the residual MLP block of bench/strategies.
 
 BLOCKS, SEQ, BATCH = int(os.environ.get("BENCH_BLOCKS", 4)), 32, 16
 TP_PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
-LAYOUTS = {"ddp": {"strategy": "ddp"}, "zero1": {"strategy": "zero1"}, "zero3": {"strategy": "zero3"},
-           "tp": {"strategy": "ddp", "tp_plan": TP_PLAN}}  # tp: over all ranks
+LAYOUTS = {
+    "ddp": {"strategy": "ddp"},
+    "zero1": {"strategy": "zero1"},
+    "zero3": {"strategy": "zero3"},
+    "tp": {"strategy": "ddp", "tp_plan": TP_PLAN},
+}  # tp: over all ranks
 NS_CALLS = [0]
 _newton_schulz = torch_muon._zeropower_via_newtonschulz
 
@@ -66,8 +71,10 @@ def _optimizers(model: nn.Module, which: str) -> list[torch.optim.Optimizer]:
         return [torch.optim.AdamW(model.parameters(), lr=1e-3)]
     matrices = [p for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2]
     chosen = {id(p) for p in matrices}
-    return [torch.optim.Muon(matrices, lr=0.02), torch.optim.AdamW([p for p in model.parameters()
-                                                                   if id(p) not in chosen], lr=1e-3)]
+    return [
+        torch.optim.Muon(matrices, lr=0.02),
+        torch.optim.AdamW([p for p in model.parameters() if id(p) not in chosen], lr=1e-3),
+    ]
 
 
 def _sent() -> int:
@@ -127,16 +134,22 @@ def bench(layouts: list[str], rounds: int, steps: int) -> None:
     if rank:
         return
     matrices = 2 * BLOCKS
-    print(f"\n{dist.get_world_size()} CPU processes (gloo), {BLOCKS} blocks of {DIM}x{4 * DIM} matrices "
-          f"({matrices} for Muon), batch {BATCH}x{SEQ}; medians of {rounds} rounds x {steps} steps")
-    print(f"{'layout':8s} {'AdamW ms':>9s} {'Muon ms':>9s} {'time x':>7s} {'AdamW MiB':>10s} {'Muon MiB':>9s} "
-          f"{'bytes x':>8s}  Newton-Schulz per step on each rank")
+    print(
+        f"\n{dist.get_world_size()} CPU processes (gloo), {BLOCKS} blocks of {DIM}x{4 * DIM} matrices "
+        f"({matrices} for Muon), batch {BATCH}x{SEQ}; medians of {rounds} rounds x {steps} steps"
+    )
+    print(
+        f"{'layout':8s} {'AdamW ms':>9s} {'Muon ms':>9s} {'time x':>7s} {'AdamW MiB':>10s} {'Muon MiB':>9s} "
+        f"{'bytes x':>8s}  Newton-Schulz per step on each rank"
+    )
     for layout in layouts:
         ta, tm = (statistics.median(seconds[layout, w]) for w in ("adamw", "muon"))
         ba, bm = (statistics.median(sent[layout, w]) for w in ("adamw", "muon"))
         per_rank = " ".join(f"{c:g}" for c in ns[layout])
-        print(f"{layout:8s} {ta * 1e3:9.1f} {tm * 1e3:9.1f} {tm / ta:7.2f} {ba / 2**20:10.2f} {bm / 2**20:9.2f} "
-              f"{bm / max(ba, 1):8.2f}  {per_rank} (of {matrices})")
+        print(
+            f"{layout:8s} {ta * 1e3:9.1f} {tm * 1e3:9.1f} {tm / ta:7.2f} {ba / 2**20:10.2f} {bm / 2**20:9.2f} "
+            f"{bm / max(ba, 1):8.2f}  {per_rank} (of {matrices})"
+        )
 
 
 def main() -> None:

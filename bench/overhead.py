@@ -5,6 +5,7 @@
 Prints steps/s of: hand-written default DDP, hand-written DDP with tuned settings, and phalanx;
 each ratio to default DDP. One process group serves all variants, so they share its costs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,7 +69,9 @@ def _time_loop(steps, loader_for_epoch, model, opt, backward) -> float:
 VARIANTS = {
     "ddp (default)": lambda steps: hand_written(steps),
     "ddp (bucket view)": lambda steps: hand_written(steps, gradient_as_bucket_view=True),
-    "ddp (bucket view, 100MB buckets)": lambda steps: hand_written(steps, gradient_as_bucket_view=True, bucket_cap_mb=100),
+    "ddp (bucket view, 100MB buckets)": lambda steps: hand_written(
+        steps, gradient_as_bucket_view=True, bucket_cap_mb=100
+    ),
     "phalanx": with_phalanx,
     "phalanx (100MB buckets)": lambda steps: with_phalanx(steps, extra={"ddp_kwargs": {"bucket_cap_mb": 100}}),
 }

@@ -9,6 +9,7 @@ and the largest rank's parameter bytes. CPU/gloo figures: on 2 shared cores both
 the same CPUs, so a pipeline's idle ranks free CPU for the busy one and the bubble costs less than
 it would on separate devices; the point is the trend with microbatches and schedules.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,9 +78,10 @@ def make_ddp(blocks: int):
 
     def step(x, y):
         r = dist.get_rank()
-        loss_fn(model(x[r * half:(r + 1) * half]), y[r * half:(r + 1) * half]).backward()
+        loss_fn(model(x[r * half : (r + 1) * half]), y[r * half : (r + 1) * half]).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
     return step, model.module
 
 
@@ -94,15 +96,19 @@ def make_pp(blocks: int, schedule: str, microbatches: int):
     chain = pipe.find_chain(model)
     per_rank = pipe.stages_per_rank(schedule)
     stages = pipe.split_stages(chain, mesh.size() * per_rank)
-    rank = pipe.cut_model(model, chain, stages, pipe.stage_indices(schedule, mesh.get_local_rank(), mesh.size(), per_rank))
-    runner = pipe.PipelineRunner(rank.stages, rank.stage_indices, rank.num_stages, mesh["pp"], "cpu", schedule,
-                                 microbatches, loss_fn)
+    rank = pipe.cut_model(
+        model, chain, stages, pipe.stage_indices(schedule, mesh.get_local_rank(), mesh.size(), per_rank)
+    )
+    runner = pipe.PipelineRunner(
+        rank.stages, rank.stage_indices, rank.num_stages, mesh["pp"], "cpu", schedule, microbatches, loss_fn
+    )
     opt = torch.optim.AdamW(rank.model.parameters(), lr=1e-3)
 
     def step(x, y):
         runner.step(x, y)
         opt.step()
         opt.zero_grad(set_to_none=True)
+
     return step, rank.model
 
 
@@ -132,27 +138,38 @@ def worker(rounds: int, steps: int, blocks: int) -> None:
     from phalanx.strategies import pipeline as pipe
 
     g = torch.Generator().manual_seed(0)
-    data = [(torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=g),
-             torch.randint(0, CLASSES, (GLOBAL_BATCH,), generator=g)) for _ in range(4)]
+    data = [
+        (
+            torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=g),
+            torch.randint(0, CLASSES, (GLOBAL_BATCH,), generator=g),
+        )
+        for _ in range(4)
+    ]
     pp = dist.get_world_size()
     table = variants(pp)
     rates: dict[str, list[float]] = {n: [] for n in table}
     held: dict[str, int] = {}
     for r in range(rounds):
-        for name in (list(table) if r % 2 == 0 else list(reversed(table))):
+        for name in list(table) if r % 2 == 0 else list(reversed(table)):
             rate, held[name] = run(table[name], blocks, data, steps)
             rates[name].append(rate)
     if dist.get_rank() == 0:
         base_name = next(iter(table))
         base = sorted(rates[base_name])[rounds // 2]
-        print(f"{pp} ranks (gloo, CPU, 1 thread each), {blocks} blocks of {DIM}, embedding {VOCAB}x{DIM}, global batch "
-              f"{GLOBAL_BATCH}x{SEQ}; {rounds} alternating rounds of {steps} steps, median")
+        print(
+            f"{pp} ranks (gloo, CPU, 1 thread each), {blocks} blocks of {DIM}, embedding {VOCAB}x{DIM}, global batch "
+            f"{GLOBAL_BATCH}x{SEQ}; {rounds} alternating rounds of {steps} steps, median"
+        )
         print(f"  {'variant':48s} {'steps/s':>8s} {'vs ddp':>7s} {'bubble':>7s} {'params/rank':>12s}")
         for name, spec in table.items():
             med = sorted(rates[name])[rounds // 2]
-            bubble = pipe.bubble_fraction(spec[1], pp, spec[2], pipe.stages_per_rank(spec[1])) if spec[0] == "pp" else None
-            print(f"  {name:48s} {med:8.2f} {med / base:7.3f} {'' if bubble is None else f'{bubble:.2f}':>7s} "
-                  f"{held[name] / 2**20:8.1f} MiB")
+            bubble = (
+                pipe.bubble_fraction(spec[1], pp, spec[2], pipe.stages_per_rank(spec[1])) if spec[0] == "pp" else None
+            )
+            print(
+                f"  {name:48s} {med:8.2f} {med / base:7.3f} {'' if bubble is None else f'{bubble:.2f}':>7s} "
+                f"{held[name] / 2**20:8.1f} MiB"
+            )
 
 
 def main() -> None:

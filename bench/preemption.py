@@ -9,6 +9,7 @@ the watchdog's thread) and with them taken out. Also measured directly, free of 
 noise: the hook's cost per batch, the store check's cost per second, and, for comparison, what an
 all-reduce of a stop flag at every step (the design not taken) would cost.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,7 +73,7 @@ def bench(rounds: int, steps: int, checkpoint_dir: str) -> None:
     run_round(steps // 4, batches, model, opt, px)  # warm-up
     names = list(results)
     for index in range(rounds):
-        for name in names[index % 3:] + names[:index % 3]:  # rotate: no variant always runs first
+        for name in names[index % 3 :] + names[: index % 3]:  # rotate: no variant always runs first
             hooks(name != "off")
             results[name].append(run_round(steps, batches, model, opt, px, flag_all_reduce="all-reduce" in name))
     hooks(True)
@@ -113,16 +114,22 @@ def report(px, results, rounds: int, steps: int) -> None:
     if px.is_main_process:
         base = statistics.median(results["off"])
         step_us = 1e6 / base
-        print(f"hidden={HIDDEN} world={px.world_size} rounds={rounds} steps/round={steps} step={step_us / 1e3:.2f} ms "
-              f"(preemption off), load {os.getloadavg()[0]:.1f}")
+        print(
+            f"hidden={HIDDEN} world={px.world_size} rounds={rounds} steps/round={steps} step={step_us / 1e3:.2f} ms "
+            f"(preemption off), load {os.getloadavg()[0]:.1f}"
+        )
         for name, values in results.items():
             med = statistics.median(values)
-            print(f"  {name:26s} {med:8.1f} steps/s  ratio to off {med / base:.4f}   "
-                  f"rounds: {' '.join(f'{v:.0f}' for v in values)}")
-        print(f"  direct: hook {hook_ns:.0f} ns per batch (+ the same after each step) = "
-              f"{100 * 2 * hook_ns / 1e3 / step_us:.4f}% of a step; store check {poll_us:.0f} us once a "
-              f"second = {poll_us / 1e4:.4f}% of wall time; a flag all-reduce per step would be {all_reduce_us:.0f} us "
-              f"= {100 * all_reduce_us / step_us:.2f}% of a step")
+            print(
+                f"  {name:26s} {med:8.1f} steps/s  ratio to off {med / base:.4f}   "
+                f"rounds: {' '.join(f'{v:.0f}' for v in values)}"
+            )
+        print(
+            f"  direct: hook {hook_ns:.0f} ns per batch (+ the same after each step) = "
+            f"{100 * 2 * hook_ns / 1e3 / step_us:.4f}% of a step; store check {poll_us:.0f} us once a "
+            f"second = {poll_us / 1e4:.4f}% of wall time; a flag all-reduce per step would be {all_reduce_us:.0f} us "
+            f"= {100 * all_reduce_us / step_us:.2f}% of a step"
+        )
 
 
 def main() -> None:

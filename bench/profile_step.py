@@ -9,6 +9,7 @@ bookkeeping (dispatch, copies into and out of the communication buffers), the op
 the rest. CPU time, not wall time: on a shared machine the split stays meaningful while wall-clock
 rates swing with the other processes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,15 +27,71 @@ from _spawn import spawn
 
 # Self-CPU time of each profiler event goes to the first group whose words appear in its name.
 GROUPS = (
-    ("communication", ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "gloo", "c10d",
-                       "broadcast", "wait", "barrier")),
-    ("FSDP2 / DTensor bookkeeping", ("fsdp", "FSDP", "DTensor", "dtensor", "redistribute", "foreach_copy",
-                                     "split_with_sizes_copy", "chunk_cat", "_to_copy", "copy_", "cat",
-                                     "as_strided", "view", "empty", "resize", "narrow", "slice", "detach")),
+    (
+        "communication",
+        (
+            "all_reduce",
+            "allreduce",
+            "all_gather",
+            "allgather",
+            "reduce_scatter",
+            "gloo",
+            "c10d",
+            "broadcast",
+            "wait",
+            "barrier",
+        ),
+    ),
+    (
+        "FSDP2 / DTensor bookkeeping",
+        (
+            "fsdp",
+            "FSDP",
+            "DTensor",
+            "dtensor",
+            "redistribute",
+            "foreach_copy",
+            "split_with_sizes_copy",
+            "chunk_cat",
+            "_to_copy",
+            "copy_",
+            "cat",
+            "as_strided",
+            "view",
+            "empty",
+            "resize",
+            "narrow",
+            "slice",
+            "detach",
+        ),
+    ),
     ("optimizer", ("Optimizer", "adam", "_foreach", "addcdiv", "lerp", "sqrt")),
-    ("compute", ("mm", "addmm", "bmm", "linear", "matmul", "gelu", "layer_norm", "softmax", "embedding",
-                 "attention", "dropout", "relu", "cross_entropy", "nll", "sum", "mean", "mul", "add", "div",
-                 "threshold", "native_")),
+    (
+        "compute",
+        (
+            "mm",
+            "addmm",
+            "bmm",
+            "linear",
+            "matmul",
+            "gelu",
+            "layer_norm",
+            "softmax",
+            "embedding",
+            "attention",
+            "dropout",
+            "relu",
+            "cross_entropy",
+            "nll",
+            "sum",
+            "mean",
+            "mul",
+            "add",
+            "div",
+            "threshold",
+            "native_",
+        ),
+    ),
 )
 
 

@@ -16,6 +16,7 @@ PYTHONPATH), alternating rounds so the machine's load hits both alike.
 The command measured, once per round:
   phalanx run --nproc-per-node 2 --max-restarts 1 --checkpoint-dir CKPT WORKLOAD --out OUT
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,9 +81,25 @@ def one_round(tmp: Path, start_method: str, src: str | None = None) -> dict[str,
     out = tmp / f"out-{time.monotonic_ns()}"
     out.mkdir()
     script = tmp / "workload.py"
-    command = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--max-restarts", "1",
-               "--start-method", start_method, "--checkpoint-dir", str(out / "ckpt"), "--run-dir", str(out / "run"),
-               str(script), "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--start-method",
+        start_method,
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--run-dir",
+        str(out / "run"),
+        str(script),
+        "--out",
+        str(out),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     started = time.time()
     if src:
@@ -101,8 +118,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--start-method", default="fork", choices=("fork", "spawn"))
-    parser.add_argument("--src", action="append", default=[], metavar="LABEL=DIR",
-                        help="a phalanx source tree to measure (repeat to compare; default: the installed one)")
+    parser.add_argument(
+        "--src",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="a phalanx source tree to measure (repeat to compare; default: the installed one)",
+    )
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.src) or {"installed": ""}
     with tempfile.TemporaryDirectory(prefix="phalanx-recovery-") as name:
@@ -115,8 +137,10 @@ def main() -> None:
             labels = list(trees) if index % 2 == 0 else list(reversed(trees))
             for label in labels:
                 rounds[label].append(one_round(tmp, args.start_method, trees[label]))
-    print(f"kill -9 of rank 1 -> milestone of the restarted attempt, seconds (median of {args.rounds}; "
-          f"min-max), start method {args.start_method}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"kill -9 of rank 1 -> milestone of the restarted attempt, seconds (median of {args.rounds}; "
+        f"min-max), start method {args.start_method}, load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"  {'milestone':<14}" + "".join(f"{label:>24}" for label in trees))
     for milestone in (*MILESTONES, FIRST_START):
         cells = []

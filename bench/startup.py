@@ -8,6 +8,7 @@ and, as the yardstick, one bare `python -c "import torch"`.
 
 Usage: python bench/startup.py [--rounds 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,7 @@ def time_command(command: list[str]) -> float:
     """Wall seconds for `command`, which must succeed."""
     env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
     start = time.perf_counter()
-    subprocess.run(command, check=True, env=env, timeout=300,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(command, check=True, env=env, timeout=300, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
@@ -48,7 +48,17 @@ def main() -> None:
             "import torch": [python, "-c", "import torch"],
             "torchrun": [python, "-m", "torch.distributed.run", "--nproc-per-node", "2", script],
             "phalanx fork": [python, "-m", "phalanx", "run", "--nproc-per-node", "2", script],
-            "phalanx spawn": [python, "-m", "phalanx", "run", "--start-method", "spawn", "--nproc-per-node", "2", script],
+            "phalanx spawn": [
+                python,
+                "-m",
+                "phalanx",
+                "run",
+                "--start-method",
+                "spawn",
+                "--nproc-per-node",
+                "2",
+                script,
+            ],
         }
         for command in commands.values():  # warm the file cache; not counted
             time_command(command)

@@ -14,6 +14,7 @@ state, and for pipelines the bubble their schedule implies. CPU/gloo figures: te
 all-reduces activations twice per block, which gloo on CPU does slowly; pipeline stages share the
 same cores, so a stage's idle time in the bubble is not lost as it is on GPUs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,14 @@ from torch import nn
 
 from _spawn import spawn
 
-VOCAB, DIM, BLOCKS, SEQ, BATCH, CLASSES = (int(os.environ.get("BENCH_VOCAB", 16384)), int(os.environ.get("BENCH_DIM", 256)),
-                                           int(os.environ.get("BENCH_BLOCKS", 4)), 32, 16, 16)
+VOCAB, DIM, BLOCKS, SEQ, BATCH, CLASSES = (
+    int(os.environ.get("BENCH_VOCAB", 16384)),
+    int(os.environ.get("BENCH_DIM", 256)),
+    int(os.environ.get("BENCH_BLOCKS", 4)),
+    32,
+    16,
+    16,
+)
 
 
 class Block(nn.Module):
@@ -81,7 +88,8 @@ class Encoder(Net):
         super().__init__()
         self.blocks = nn.ModuleList(
             nn.TransformerEncoderLayer(DIM, nhead=4, dim_feedforward=4 * DIM, dropout=0.0, batch_first=True)
-            for _ in range(BLOCKS))
+            for _ in range(BLOCKS)
+        )
 
 
 class SmallVocabEncoder(Encoder):
@@ -106,8 +114,10 @@ def batches(n: int, replica: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]
     g = torch.Generator().manual_seed(dist.get_rank() // replica)
     size = BATCH * replica
     vocab = MODELS[MODEL].vocab
-    return [(torch.randint(0, vocab, (size, SEQ), generator=g), torch.randint(0, CLASSES, (size,), generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randint(0, vocab, (size, SEQ), generator=g), torch.randint(0, CLASSES, (size,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def loss_fn(output, y):
@@ -153,8 +163,15 @@ def _raw_fsdp(reshard: bool):
 HOST_MMAP_THRESHOLD = [0]  # what the phalanx variants ran under; printed with the figures
 
 
-def with_phalanx(strategy: str, tp: int = 1, pp: int = 1, schedule: str = "1F1B", microbatches: int | None = None,
-                 settings: dict | None = None, **options) -> Callable:
+def with_phalanx(
+    strategy: str,
+    tp: int = 1,
+    pp: int = 1,
+    schedule: str = "1F1B",
+    microbatches: int | None = None,
+    settings: dict | None = None,
+    **options,
+) -> Callable:
     def build():
         from phalanx import Phalanx
         from phalanx.host_only import host_memory
@@ -169,21 +186,26 @@ def with_phalanx(strategy: str, tp: int = 1, pp: int = 1, schedule: str = "1F1B"
         model = make_model()
         model, opt = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
         return model, opt, lambda x, y: px.forward_backward(model, x, y, loss_fn)
+
     return build
 
 
 def with_pipeline(strategy: str, pp: Callable[[], int], schedule: str = "1F1B", per_rank: int = 2):
     """A pipeline variant: `pp()` ranks per replica (known once the ranks run), `per_rank` x pp microbatches."""
+
     def build():
         return with_phalanx(strategy, pp=pp(), schedule=schedule, microbatches=per_rank * pp())()
+
     build.pipeline = (pp, schedule, per_rank)
     return build
 
 
 # Tensor parallel splits each block's feed-forward pair (column-wise, then row-wise); the encoder's
 # nn.MultiheadAttention keeps its fused in_proj weight, which no Linear-based style can split, whole.
-TP_PLANS = {"mlp": {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"},
-            "encoder": {"blocks.*.linear1": "colwise", "blocks.*.linear2": "rowwise"}}
+TP_PLANS = {
+    "mlp": {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"},
+    "encoder": {"blocks.*.linear1": "colwise", "blocks.*.linear2": "rowwise"},
+}
 
 
 VARIANTS: dict[str, Callable] = {
@@ -198,7 +220,9 @@ VARIANTS: dict[str, Callable] = {
     "phalanx zero3, table gathered (embedding_exchange=params)": with_phalanx("zero3", embedding_exchange="params"),
     "phalanx zero3, no prefetch": with_phalanx("zero3", forward_prefetch=False),
     "phalanx zero3, embedding+head own units": with_phalanx(
-        "zero3", shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, (Block, nn.TransformerEncoderLayer))),
+        "zero3",
+        shard_modules=lambda name, m: name in ("embed", "head") or isinstance(m, (Block, nn.TransformerEncoderLayer)),
+    ),
     "phalanx tp (all ranks, same global batch)": lambda: with_phalanx("ddp", tp=dist.get_world_size())(),
     "phalanx zero3 x tp2 (4+ ranks)": lambda: with_phalanx("zero3", tp=2)(),
     "phalanx pp 1F1B, 2 x pp microbatches (all ranks)": with_pipeline("ddp", dist.get_world_size),
@@ -207,9 +231,11 @@ VARIANTS: dict[str, Callable] = {
     "phalanx pp2 x ddp2 (4+ ranks)": with_pipeline("ddp", lambda: 2),
     "phalanx pp2 x zero3 (4+ ranks)": with_pipeline("zero3", lambda: 2),
 }
-REPLICA_OF = {"phalanx tp (all ranks, same global batch)": lambda: dist.get_world_size(),
-              "phalanx zero3 x tp2 (4+ ranks)": lambda: 2,
-              **{name: build.pipeline[0] for name, build in VARIANTS.items() if hasattr(build, "pipeline")}}
+REPLICA_OF = {
+    "phalanx tp (all ranks, same global batch)": lambda: dist.get_world_size(),
+    "phalanx zero3 x tp2 (4+ ranks)": lambda: 2,
+    **{name: build.pipeline[0] for name, build in VARIANTS.items() if hasattr(build, "pipeline")},
+}
 
 
 def bubble(name: str) -> str:
@@ -261,7 +287,7 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
     optimizer: dict[str, list[float]] = {n: [] for n in names}
     held: dict[str, int] = {}
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else list(reversed(names))):
+        for name in names if r % 2 == 0 else list(reversed(names)):
             rate, cpu_ms, held[name], optimizer_ms = run_variant(VARIANTS[name], data[name], steps)
             rates[name].append(rate)
             cpu[name].append(cpu_ms)
@@ -279,35 +305,45 @@ def worker(rounds: int, steps: int, only: list[str] | None) -> None:
         model = make_model()
         params = sum(p.numel() for p in model.parameters())
         embedding = model.embed.weight.numel() / params
-        print(f"CPU/gloo figures: {dist.get_world_size()} ranks (1 thread each), {MODEL} model {params / 1e6:.1f}M "
-              f"params (embedding {model.vocab}x{DIM}, {embedding:.0%} of them, {BLOCKS} blocks), global batch {BATCH * dist.get_world_size()}x{SEQ}; "
-              f"{rounds} alternating rounds of {steps} steps, median; host_mmap_threshold {HOST_MMAP_THRESHOLD[0]} bytes "
-              f"(0: glibc's own; auto fixes 1MiB for zero2/zero3/hsdp, and every variant after the first of them "
-              f"runs under it: PHALANX_HOST_MMAP_THRESHOLD sets one for all)")
+        print(
+            f"CPU/gloo figures: {dist.get_world_size()} ranks (1 thread each), {MODEL} model {params / 1e6:.1f}M "
+            f"params (embedding {model.vocab}x{DIM}, {embedding:.0%} of them, {BLOCKS} blocks), global batch {BATCH * dist.get_world_size()}x{SEQ}; "
+            f"{rounds} alternating rounds of {steps} steps, median; host_mmap_threshold {HOST_MMAP_THRESHOLD[0]} bytes "
+            f"(0: glibc's own; auto fixes 1MiB for zero2/zero3/hsdp, and every variant after the first of them "
+            f"runs under it: PHALANX_HOST_MMAP_THRESHOLD sets one for all)"
+        )
         base_name = "raw ddp" if "raw ddp" in names else names[0]
         base = sorted(rates[base_name])[rounds // 2]
         base_bytes = held[base_name]
         base_cpu = sorted(cpu[base_name])[rounds // 2]
-        print(f"  {'variant':56s} {'steps/s':>8s} {'vs ' + base_name:>11s} {'CPU ms/step':>12s} {'vs':>6s} "
-              f"{'vs, per round: min-max':>22s} {'state/rank':>11s} {'vs':>5s} {'bubble':>6s}")
+        print(
+            f"  {'variant':56s} {'steps/s':>8s} {'vs ' + base_name:>11s} {'CPU ms/step':>12s} {'vs':>6s} "
+            f"{'vs, per round: min-max':>22s} {'state/rank':>11s} {'vs':>5s} {'bubble':>6s}"
+        )
         for name in names:
             med, c = sorted(rates[name])[rounds // 2], sorted(cpu[name])[rounds // 2]
             per_round = [b / x for b, x in zip(cpu[base_name], cpu[name])]  # same round, side by side
-            print(f"  {name:56s} {med:8.2f} {med / base:11.3f} {c:12.1f} {base_cpu / c:6.3f} "
-                  f"{min(per_round):10.3f}-{max(per_round):.3f}      "
-                  f"{held[name] / 2**20:7.1f} MiB {held[name] / base_bytes:5.2f} {bubble(name):>6s}")
+            print(
+                f"  {name:56s} {med:8.2f} {med / base:11.3f} {c:12.1f} {base_cpu / c:6.3f} "
+                f"{min(per_round):10.3f}-{max(per_round):.3f}      "
+                f"{held[name] / 2**20:7.1f} MiB {held[name] / base_bytes:5.2f} {bubble(name):>6s}"
+            )
         if floor is not None:
             zero3, ddp = sorted(cpu["phalanx zero3"])[rounds // 2], sorted(cpu["phalanx ddp"])[rounds // 2]
-            print(f"  zero3's floor: {floor:.1f} CPU ms/step (phalanx ddp's, plus zero3's gathers, gradient reductions, "
-                  f"copies and per-use buffers, less ddp's all-reduce, with ddp's optimizer step ({whole_step:.1f} ms) "
-                  f"scaled to this rank's shards ({sharded_step:.1f} ms: AdamW over the shards took "
-                  f"{sharded_alone / whole_alone:.2f} of its time over the whole model, timed alone), the collectives "
-                  f"timed alone: bench/_zero3_floor.py);\n"
-                  f"  phalanx zero3 runs at {floor / zero3:.2f} of that floor's speed and {ddp / zero3:.2f}x phalanx ddp's")
-        print(f"  (CPU ms/step: rank 0's own CPU time, all threads; 'vs' = {base_name}'s CPU time / this one's,\n"
-              "   a throughput ratio that ignores time stolen by other processes on a shared machine;\n"
-              "   state/rank: the largest rank's parameters + gradients + optimizer state after a step;\n"
-              "   bubble: the idle fraction of a step the pipeline schedule implies, (pp - 1) / (microbatches + pp - 1))")
+            print(
+                f"  zero3's floor: {floor:.1f} CPU ms/step (phalanx ddp's, plus zero3's gathers, gradient reductions, "
+                f"copies and per-use buffers, less ddp's all-reduce, with ddp's optimizer step ({whole_step:.1f} ms) "
+                f"scaled to this rank's shards ({sharded_step:.1f} ms: AdamW over the shards took "
+                f"{sharded_alone / whole_alone:.2f} of its time over the whole model, timed alone), the collectives "
+                f"timed alone: bench/_zero3_floor.py);\n"
+                f"  phalanx zero3 runs at {floor / zero3:.2f} of that floor's speed and {ddp / zero3:.2f}x phalanx ddp's"
+            )
+        print(
+            f"  (CPU ms/step: rank 0's own CPU time, all threads; 'vs' = {base_name}'s CPU time / this one's,\n"
+            "   a throughput ratio that ignores time stolen by other processes on a shared machine;\n"
+            "   state/rank: the largest rank's parameters + gradients + optimizer state after a step;\n"
+            "   bubble: the idle fraction of a step the pipeline schedule implies, (pp - 1) / (microbatches + pp - 1))"
+        )
 
 
 def _run(rounds: int, steps: int, only: list[str] | None) -> None:
@@ -325,10 +361,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--only", nargs="*", default=None, help="substrings of variant names to run")
-    parser.add_argument("--model", nargs="+", choices=sorted(MODELS), default=["mlp"],
-                        help="mlp: residual MLP blocks; encoder: nn.TransformerEncoderLayer blocks; "
-                             "small-vocab-encoder: the same with a 4096-token embedding (25%% of the parameters); "
-                             "several: one table each, one after the other")
+    parser.add_argument(
+        "--model",
+        nargs="+",
+        choices=sorted(MODELS),
+        default=["mlp"],
+        help="mlp: residual MLP blocks; encoder: nn.TransformerEncoderLayer blocks; "
+        "small-vocab-encoder: the same with a 4096-token embedding (25%% of the parameters); "
+        "several: one table each, one after the other",
+    )
     args = parser.parse_args()
     for model in args.model:
         os.environ["BENCH_MODEL"] = model  # read by each spawned rank when it imports this file

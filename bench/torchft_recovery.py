@@ -11,6 +11,7 @@ and Optimizer wired around the prepared objects in the script; a torchft Lightho
 SIGKILL; 8 s later group 1 is started again. Prints how long group 0 paused, how many steps it
 trained alone, when group 1 rejoined, and whether both ended with equal weights.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,12 +76,31 @@ time.sleep(float(sys.argv[1]))
 
 
 def start_group(out: Path, group: int, lighthouse: str, steps: int) -> subprocess.Popen:
-    env = dict(os.environ, REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=lighthouse,
-               OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "1",
-                             "--run-dir", str(out / f"run{group}-{time.monotonic_ns()}"),
-                             str(out / "group.py"), str(out), str(steps)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(
+        os.environ,
+        REPLICA_GROUP_ID=str(group),
+        NUM_REPLICA_GROUPS="2",
+        TORCHFT_LIGHTHOUSE=lighthouse,
+        OMP_NUM_THREADS="1",
+    )
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "run",
+            "--nproc-per-node",
+            "1",
+            "--run-dir",
+            str(out / f"run{group}-{time.monotonic_ns()}"),
+            str(out / "group.py"),
+            str(out),
+            str(steps),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def rows(out: Path, group: int) -> list[dict]:
@@ -98,8 +118,12 @@ def main() -> None:
         out = Path(name)
         (out / "group.py").write_text(GROUP)
         (out / "lighthouse.py").write_text(LIGHTHOUSE)
-        lighthouse = subprocess.Popen([sys.executable, str(out / "lighthouse.py"), "900"], stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, text=True)
+        lighthouse = subprocess.Popen(
+            [sys.executable, str(out / "lighthouse.py"), "900"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         address = lighthouse.stdout.readline().strip()
         try:
             groups = [start_group(out, g, address, args.steps) for g in (0, 1)]
@@ -122,10 +146,12 @@ def main() -> None:
         rejoined = next(r for r in rows(out, 1) if r["t"] > killed + 8)
         a, b = (torch.load(out / f"final{g}.pt") for g in (0, 1))
         equal = all(torch.equal(a[k], b[k]) for k in a)
-    print(f"group 1 killed at step {max(r['step'] for r in zero if r['t'] <= killed)}; group 0 paused {pause:.1f} s, "
-          f"then trained alone for steps {alone[0]}-{alone[-1]}; group 1 rejoined "
-          f"{rejoined['t'] - killed:.1f} s after the kill at step {rejoined['step']} (its px.global_step: "
-          f"{rejoined['px_step']}); final weights equal: {equal}; load {os.getloadavg()[0]:.1f}")
+    print(
+        f"group 1 killed at step {max(r['step'] for r in zero if r['t'] <= killed)}; group 0 paused {pause:.1f} s, "
+        f"then trained alone for steps {alone[0]}-{alone[-1]}; group 1 rejoined "
+        f"{rejoined['t'] - killed:.1f} s after the kill at step {rejoined['step']} (its px.global_step: "
+        f"{rejoined['px_step']}); final weights equal: {equal}; load {os.getloadavg()[0]:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Three variants share one process group and one model size, round after round:
 - watchdog: the same plus the watchdog thread (default 60 s timeout: one store `set` per second).
 Prints rank 0's median steps/s per variant and each ratio to bare.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,6 @@ from _spawn import spawn
 from _workload import BATCH, HIDDEN, dataset, endless, make_model, run_round
 
 SAMPLES = 8192
-
 
 
 def bench(rounds: int, steps: int) -> None:
@@ -52,7 +52,7 @@ def bench(rounds: int, steps: int) -> None:
     run_round(steps // 4, *full)
     order = list(results)
     for index in range(rounds):
-        for name in order[index % 3:] + order[:index % 3]:  # rotate: no variant always runs first
+        for name in order[index % 3 :] + order[: index % 3]:  # rotate: no variant always runs first
             if name == "watchdog":
                 watchdog = Watchdog(store, px.rank, px.world_size, px._step_progress, 60.0).start()
             results[name].append(run_round(steps, *(bare if name == "bare" else full)))
@@ -78,18 +78,23 @@ def bench(rounds: int, steps: int) -> None:
     dist.barrier()
     if px.is_main_process:
         base = statistics.median(results["bare"])
-        print(f"hidden={HIDDEN} world={px.world_size} rounds={rounds} steps/round={steps} "
-              f"step={1e3 / base:.2f} ms (bare)")
+        print(
+            f"hidden={HIDDEN} world={px.world_size} rounds={rounds} steps/round={steps} step={1e3 / base:.2f} ms (bare)"
+        )
         for name, values in results.items():
             med = statistics.median(values)
-            print(f"  {name:9s} {med:8.1f} steps/s  ratio to bare {med / base:.4f}   "
-                  f"rounds: {' '.join(f'{v:.0f}' for v in values)}")
+            print(
+                f"  {name:9s} {med:8.1f} steps/s  ratio to bare {med / base:.4f}   "
+                f"rounds: {' '.join(f'{v:.0f}' for v in values)}"
+            )
         ratio = statistics.median(results["watchdog"]) / statistics.median(results["progress"])
         print(f"  watchdog thread on/off ratio: {ratio:.4f} (cost {100 * (1 - ratio):+.2f}% of step time)")
         step_us = 1e6 / base
-        print(f"  direct: thread publish {publish_us:.0f} us per wake-up (1/s) = {publish_us / 1e4:.4f}% of wall time; "
-              f"bookkeeping {bookkeeping_us:.2f} us per step = {100 * bookkeeping_us / step_us:.4f}% of a "
-              f"{step_us / 1e3:.2f} ms step")
+        print(
+            f"  direct: thread publish {publish_us:.0f} us per wake-up (1/s) = {publish_us / 1e4:.4f}% of wall time; "
+            f"bookkeeping {bookkeeping_us:.2f} us per step = {100 * bookkeeping_us / step_us:.4f}% of a "
+            f"{step_us / 1e3:.2f} ms step"
+        )
 
 
 def main() -> None:

@@ -50,6 +50,7 @@ cuts inputs and targets, and stays equal to one process:
 
     phalanx run --nproc-per-node 2 --ep 2 examples/finetune_llm.py --tiny --moe
 """
+
 import argparse
 import contextlib
 import math
@@ -91,17 +92,40 @@ def make_tiny_model(paragraphs, directory, seed=0, tie_embeddings=False, moe=Fal
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(paragraphs, trainers.BpeTrainer(
-        vocab_size=512, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
+    bpe.train_from_iterator(
+        paragraphs,
+        trainers.BpeTrainer(
+            vocab_size=512,
+            special_tokens=["<pad>", "<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     torch.manual_seed(seed)
-    shape = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tie_embeddings, pad_token_id=0,
-                 bos_token_id=1, eos_token_id=2)
+    shape = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie_embeddings,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     if moe:
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**shape, head_dim=16, num_experts=4, num_experts_per_tok=2,
-                                                   moe_intermediate_size=64, intermediate_size=128))
+        model = Qwen3MoeForCausalLM(
+            Qwen3MoeConfig(
+                **shape,
+                head_dim=16,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=64,
+                intermediate_size=128,
+            )
+        )
     else:
         model = LlamaForCausalLM(LlamaConfig(**shape, intermediate_size=128))
     model.save_pretrained(directory)
@@ -112,16 +136,18 @@ def add_lora(model, rank):
     """Rank-`rank` LoRA adapters on the attention and MLP projections; everything else frozen."""
     from peft import LoraConfig, get_peft_model
 
-    names = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                    if isinstance(module, nn.Linear)})
+    names = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
     targets = [p for p in PROJECTIONS if p in names]
     if not targets:
-        raise ValueError(f"--lora {rank}: the model has no attention or MLP projection among the Linear layers "
-                         f"looked for ({', '.join(PROJECTIONS)}); its Linear layers are named: "
-                         f"{', '.join(names) or 'none'}. HINT: fine-tune it without --lora, or add its projection "
-                         "names to PROJECTIONS")
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets,
-                                            task_type="CAUSAL_LM"))
+        raise ValueError(
+            f"--lora {rank}: the model has no attention or MLP projection among the Linear layers "
+            f"looked for ({', '.join(PROJECTIONS)}); its Linear layers are named: "
+            f"{', '.join(names) or 'none'}. HINT: fine-tune it without --lora, or add its projection "
+            "names to PROJECTIONS"
+        )
+    return get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
+    )
 
 
 def block_classes(model_dir):
@@ -139,8 +165,10 @@ def pack(samples, seq_len):
     ids = [t for s in samples for t in s]
     positions = [p for s in samples for p in range(len(s))]
     width = seq_len + 1
-    return [(torch.tensor(ids[i:i + width]), torch.tensor(positions[i:i + width]))
-            for i in range(0, len(ids) - width + 1, width)]
+    return [
+        (torch.tensor(ids[i : i + width]), torch.tensor(positions[i : i + width]))
+        for i in range(0, len(ids) - width + 1, width)
+    ]
 
 
 def packed_batch(rows):
@@ -151,8 +179,7 @@ def packed_batch(rows):
 
 
 def summed_loss(output, targets):
-    return F.cross_entropy(output.logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE,
-                           reduction="sum")
+    return F.cross_entropy(output.logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
 
 
 def collate(pad_id):
@@ -161,8 +188,8 @@ def collate(pad_id):
         input_ids = torch.full((len(samples), width), pad_id)
         attention_mask = torch.zeros((len(samples), width), dtype=torch.long)
         for i, s in enumerate(samples):
-            input_ids[i, :len(s)] = torch.tensor(s)
-            attention_mask[i, :len(s)] = 1
+            input_ids[i, : len(s)] = torch.tensor(s)
+            attention_mask[i, : len(s)] = 1
         labels = input_ids.masked_fill(attention_mask == 0, IGNORE)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
@@ -172,8 +199,9 @@ def collate(pad_id):
 def losses_of(logits, labels):
     """Per-sample sums of the next-token loss over the target tokens, and each sample's target count."""
     targets = labels[:, 1:]
-    losses = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE,
-                             reduction="none").view(targets.shape)
+    losses = F.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="none"
+    ).view(targets.shape)
     return losses.sum(1), (targets != IGNORE).sum(1)
 
 
@@ -182,8 +210,9 @@ def token_losses(px, model, batch):
     with right padding and causal attention, the mask changes no target token's logits."""
     if px.plan.pp > 1:
         return losses_of(px.forward(model, batch["input_ids"]).logits, batch["labels"])
-    return losses_of(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
-                     batch["labels"])
+    return losses_of(
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"]
+    )
 
 
 def pipeline_step(px, model, batch):
@@ -249,35 +278,48 @@ def main():
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", metavar="DIR", help="local transformers model directory")
     source.add_argument("--tiny", action="store_true", help="a small Llama made here (no download), for tests and CPUs")
-    parser.add_argument("--data", metavar="FILE", help="text file, paragraphs separated by blank lines "
-                                                        "(default: Python's reference documentation)")
+    parser.add_argument(
+        "--data",
+        metavar="FILE",
+        help="text file, paragraphs separated by blank lines (default: Python's reference documentation)",
+    )
     parser.add_argument("--limit", type=int, help="use only the first N paragraphs (quick runs)")
     parser.add_argument("--lora", type=int, metavar="R", help="train rank-R LoRA adapters instead of every weight")
-    parser.add_argument("--moe", action="store_true", help="--tiny: a mixture-of-experts model (Qwen3-MoE, 4 experts, "
-                                                           "top 2), for expert parallel (phalanx's --ep)")
-    parser.add_argument("--tie-embeddings", action="store_true", help="--tiny: the output projection shares the "
-                                                                     "input embedding's weight")
+    parser.add_argument(
+        "--moe",
+        action="store_true",
+        help="--tiny: a mixture-of-experts model (Qwen3-MoE, 4 experts, top 2), for expert parallel (phalanx's --ep)",
+    )
+    parser.add_argument(
+        "--tie-embeddings",
+        action="store_true",
+        help="--tiny: the output projection shares the input embedding's weight",
+    )
     parser.add_argument("--keep-adapters", action="store_true", help="--save writes the adapters, not merged weights")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=8, help="per process")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample at most")
     parser.add_argument("--lr", type=float, help="learning rate (default 1e-3 with --tiny, else 2e-4)")
     parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--checkpoint-every", type=int, metavar="N", help="px.save_state() every N steps "
-                                                                          "(needs --checkpoint-dir)")
+    parser.add_argument(
+        "--checkpoint-every", type=int, metavar="N", help="px.save_state() every N steps (needs --checkpoint-dir)"
+    )
     parser.add_argument("--save", metavar="DIR", help="write a from_pretrained directory after training")
     parser.add_argument("--pack", action="store_true", help="pack paragraphs into full rows of --seq-len tokens")
     parser.add_argument("--cp", type=int, help="context-parallel degree (phalanx's cp setting)")
-    parser.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
-                        help="muon: Muon on the decoder layers' matrices, AdamW on the rest")
+    parser.add_argument(
+        "--optimizer",
+        choices=["adamw", "muon"],
+        default="adamw",
+        help="muon: Muon on the decoder layers' matrices, AdamW on the rest",
+    )
     args = parser.parse_args()
 
     paragraphs = load_paragraphs(args.data, args.limit)
     base_dir = args.model
     blocks = block_classes(base_dir) if base_dir else {"Qwen3MoeDecoderLayer" if args.moe else "LlamaDecoderLayer"}
     # zero2/zero3/hsdp: each decoder layer is a sharding unit (frozen weights and adapters together)
-    px = Phalanx(strategy_options={"shard_modules": lambda name, module: type(module).__name__ in blocks},
-                 cp=args.cp)
+    px = Phalanx(strategy_options={"shard_modules": lambda name, module: type(module).__name__ in blocks}, cp=args.cp)
     if args.tiny:
         base_dir = os.path.join(px.run_dir, "tiny-moe" if args.moe else "tiny-llama")
         with px.main_process_first():
@@ -288,7 +330,7 @@ def main():
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    samples = [ids[:args.seq_len] for ids in tokenizer(paragraphs)["input_ids"] if len(ids) >= 2]
+    samples = [ids[: args.seq_len] for ids in tokenizer(paragraphs)["input_ids"] if len(ids) >= 2]
     train, held_out = [s for i, s in enumerate(samples) if i % 10], samples[::10]
 
     config = AutoConfig.from_pretrained(base_dir)
@@ -299,14 +341,19 @@ def main():
     moe = any(getattr(config, key, None) for key in ("num_experts", "num_local_experts", "n_routed_experts"))
     with contextlib.nullcontext() if moe else px.init_module():
         model = (AutoModelForCausalLM.from_pretrained if moe else AutoModelForCausalLM.from_config)(
-            base_dir if moe else config)
+            base_dir if moe else config
+        )
         if args.lora:
             model = add_lora(model, args.lora)
     lr = args.lr or (1e-3 if args.tiny else 2e-4)
     optimizers = make_optimizers(model, args.optimizer, lr)
     optimizer_names = " + ".join(type(o).__name__ for o in optimizers)
-    train_loader = DataLoader(pack(train, args.seq_len) if args.pack else train, batch_size=args.batch_size,
-                              shuffle=True, collate_fn=packed_batch if args.pack else collate(pad_id))
+    train_loader = DataLoader(
+        pack(train, args.seq_len) if args.pack else train,
+        batch_size=args.batch_size,
+        shuffle=True,
+        collate_fn=packed_batch if args.pack else collate(pad_id),
+    )
     eval_loader = DataLoader(held_out, batch_size=args.batch_size, collate_fn=collate(pad_id))
     model, *optimizers, train_loader, eval_loader = px.prepare(model, *optimizers, train_loader, eval_loader)
     if not moe:
@@ -317,10 +364,12 @@ def main():
                 param.zero_()
     resumed = px.config.checkpoint_dir is not None and px.load_state()  # resume from --checkpoint-dir
     trainable = sum(p.numel() for p in px.unwrap_model(model).parameters() if p.requires_grad)
-    px.print(f"{len(train)} training and {len(held_out)} held-out paragraphs; strategy {px.strategy_name}, "
-             f"{px.world_size} process(es){f', cp {px.cp_size}' if px.cp_size > 1 else ''}{f', ep {px.plan.ep}' if px.plan.ep > 1 else ''}; training {'LoRA adapters' if args.lora else 'every weight'} "
-             f"({trainable:,} parameters) with {optimizer_names}"
-             + (f"; resumed at step {px.global_step}" if resumed else ""))
+    px.print(
+        f"{len(train)} training and {len(held_out)} held-out paragraphs; strategy {px.strategy_name}, "
+        f"{px.world_size} process(es){f', cp {px.cp_size}' if px.cp_size > 1 else ''}{f', ep {px.plan.ep}' if px.plan.ep > 1 else ''}; training {'LoRA adapters' if args.lora else 'every weight'} "
+        f"({trainable:,} parameters) with {optimizer_names}"
+        + (f"; resumed at step {px.global_step}" if resumed else "")
+    )
 
     before = evaluate(px, model, eval_loader)
     px.print(f"before: eval loss {before[0]:.4f}, perplexity {before[1]:.2f}")
@@ -351,8 +400,10 @@ def main():
             if step >= args.steps:
                 break
     after = evaluate(px, model, eval_loader)
-    px.print(f"after {px.global_step} steps: eval loss {after[0]:.4f}, perplexity {after[1]:.2f} "
-             f"(was {before[0]:.4f}, {before[1]:.2f})")
+    px.print(
+        f"after {px.global_step} steps: eval loss {after[0]:.4f}, perplexity {after[1]:.2f} "
+        f"(was {before[0]:.4f}, {before[1]:.2f})"
+    )
     if args.save:
         save(px, model, config, tokenizer, args, base_dir, args.save)
         px.print(f"saved to {args.save}: AutoModelForCausalLM.from_pretrained({args.save!r}) loads it")

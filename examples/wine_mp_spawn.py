@@ -7,6 +7,7 @@ process group keep doing so: Phalanx() adopts that group (rank, world size, back
 as under `phalanx run`: sharded loaders, the strategy's model wrapper, one print. No
 DistributedSampler or DDP by hand.
 """
+
 import argparse
 import os
 import socket
@@ -50,8 +51,10 @@ def main(rank: int, world_size: int, port: int, epochs: int, batch_size: int) ->
         if epoch % 10 == 0 or epoch == epochs - 1:
             px.print(f"epoch {epoch}: loss {px.reduce(total / len(loader)).item():.4f}")
     counts = px.gather(torch.tensor([seen], device=px.device)).tolist()
-    px.print(f"{px.world_size} ranks (strategy {px.strategy_name}) saw {counts} of {len(train_set)} "
-             "training samples per epoch")
+    px.print(
+        f"{px.world_size} ranks (strategy {px.strategy_name}) saw {counts} of {len(train_set)} "
+        "training samples per epoch"
+    )
     destroy_process_group()  # the script created the group, so the script ends it
 
 

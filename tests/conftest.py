@@ -1,6 +1,7 @@
 """Test-wide guards: no test may leak launcher variables or a process group into the next, the
 suite never writes into the repository or the system's temporary folder and leaves no ResourceWarning
 (all checked when the session ends)."""
+
 import atexit
 import gc
 import os
@@ -70,11 +71,20 @@ def session_run_dir(tmp_path_factory):
 
 def repository_outputs() -> set[str]:
     """Untracked files git does not ignore, plus the entries of the ignored output folders."""
-    found = {f"{name}/{entry.name}" for name in _IGNORED_OUTPUTS if (ROOT / name).is_dir()
-             for entry in (ROOT / name).iterdir()}
+    found = {
+        f"{name}/{entry.name}"
+        for name in _IGNORED_OUTPUTS
+        if (ROOT / name).is_dir()
+        for entry in (ROOT / name).iterdir()
+    }
     try:
-        listed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
-                                capture_output=True, text=True, timeout=60)
+        listed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return found  # no git (an unpacked sdist): the output folders are still checked
     if listed.returncode == 0:
@@ -105,8 +115,11 @@ def pytest_configure(config):
 
 def _left_in_system_tmp(session) -> list[str]:
     system_tmp, before, session_tmp = session.config.stash[_tmp_key]
-    return sorted(os.path.join(system_tmp, name) for name in set(os.listdir(system_tmp)) - before
-                  if name.startswith(_TMP_LEFTOVERS) and os.path.join(system_tmp, name) != session_tmp)
+    return sorted(
+        os.path.join(system_tmp, name)
+        for name in set(os.listdir(system_tmp)) - before
+        if name.startswith(_TMP_LEFTOVERS) and os.path.join(system_tmp, name) != session_tmp
+    )
 
 
 def pytest_warning_recorded(warning_message, when, nodeid, location):
@@ -114,8 +127,10 @@ def pytest_warning_recorded(warning_message, when, nodeid, location):
     unraisable exception) fails the session at its end, with where it was seen."""
     text = str(warning_message.message)
     if issubclass(warning_message.category, ResourceWarning) or "ResourceWarning" in text:
-        _resource_warnings.append(f"{nodeid or when}: {warning_message.category.__name__}: {text}"
-                                  f" ({warning_message.filename}:{warning_message.lineno})")
+        _resource_warnings.append(
+            f"{nodeid or when}: {warning_message.category.__name__}: {text}"
+            f" ({warning_message.filename}:{warning_message.lineno})"
+        )
 
 
 def pytest_sessionstart(session):
@@ -127,8 +142,11 @@ def _left_resource_warnings() -> list[str]:
     with warnings.catch_warnings(record=True) as late:
         warnings.simplefilter("always", ResourceWarning)
         gc.collect()
-    return _resource_warnings + [f"at the session's end (garbage collected): {w.category.__name__}: {w.message} "
-                                 f"({w.filename}:{w.lineno})" for w in late if issubclass(w.category, ResourceWarning)]
+    return _resource_warnings + [
+        f"at the session's end (garbage collected): {w.category.__name__}: {w.message} ({w.filename}:{w.lineno})"
+        for w in late
+        if issubclass(w.category, ResourceWarning)
+    ]
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -136,22 +154,31 @@ def pytest_sessionfinish(session, exitstatus):
     left a socket or file unclosed (ResourceWarning)."""
     leaks = _left_resource_warnings()
     if leaks:
-        _fail_session(session, "unclosed resources (ResourceWarning)",
-                      f"{len(leaks)} ResourceWarning(s); close what is opened (with-blocks, .close()):\n  "
-                      + "\n  ".join(leaks[:20]))
+        _fail_session(
+            session,
+            "unclosed resources (ResourceWarning)",
+            f"{len(leaks)} ResourceWarning(s); close what is opened (with-blocks, .close()):\n  "
+            + "\n  ".join(leaks[:20]),
+        )
     left = _left_in_system_tmp(session)
     if left:
-        _fail_session(session, f"files left in {session.config.stash[_tmp_key][0]}",
-                      "tests left these outside the session's temporary folder (write through tempfile, or "
-                      "under tmp_path):\n  " + "\n  ".join(left[:20]))
+        _fail_session(
+            session,
+            f"files left in {session.config.stash[_tmp_key][0]}",
+            "tests left these outside the session's temporary folder (write through tempfile, or "
+            "under tmp_path):\n  " + "\n  ".join(left[:20]),
+        )
     before = session.config.stash.get(_before_key, None)
     if before is None:
         return
     added = sorted(repository_outputs() - before)
     if added:
         shown = "\n  ".join(added[:20]) + (f"\n  ... and {len(added) - 20} more" if len(added) > 20 else "")
-        _fail_session(session, "files left in the repository",
-                      f"tests wrote into the repository ({ROOT}); they must write under a temporary directory:\n  {shown}")
+        _fail_session(
+            session,
+            "files left in the repository",
+            f"tests wrote into the repository ({ROOT}); they must write under a temporary directory:\n  {shown}",
+        )
 
 
 def _fail_session(session, title: str, message: str) -> None:

@@ -1,4 +1,5 @@
 """Counting what readers saw, for the data tests: index-carrying datasets, counted per epoch."""
+
 from __future__ import annotations
 
 import collections
@@ -12,8 +13,12 @@ def counts(items: Iterable[int], n: int) -> dict[str, int]:
     """total / distinct / duplicated / missing of `items` against 0..n-1."""
     items = [int(i) for i in items]
     seen = collections.Counter(items)
-    return {"total": len(items), "distinct": len(seen), "duplicated": sum(c - 1 for c in seen.values() if c > 1),
-            "missing": n - len(set(seen) & set(range(n)))}
+    return {
+        "total": len(items),
+        "distinct": len(seen),
+        "duplicated": sum(c - 1 for c in seen.values() if c > 1),
+        "missing": n - len(set(seen) & set(range(n))),
+    }
 
 
 def exact(n: int) -> dict[str, int]:

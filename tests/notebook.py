@@ -1,5 +1,6 @@
 """Run code cells in a real Jupyter kernel (this interpreter, through nbclient) and return what they
 printed: for features that must work inside a notebook (phalanx.spawn, preemption's signals)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +8,9 @@ from pathlib import Path
 import pytest
 
 
-def run_cells(cells: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
-              timeout: int = 180) -> str:
+def run_cells(
+    cells: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], timeout: int = 180
+) -> str:
     """Execute `cells` in a fresh kernel with `env` set and `tmp_path` as the working directory;
     the cells' stdout, joined. Skips where nbclient, nbformat or ipykernel are missing."""
     nbformat = pytest.importorskip("nbformat")
@@ -23,11 +25,13 @@ def run_cells(cells: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
     # A kernel spec of our own, running this interpreter: a user's "python3" spec may point elsewhere.
     write_kernel_spec(tmp_path / "kernels" / "phalanx-test")
-    kernel = KernelManager(kernel_name="phalanx-test",
-                           kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
+    kernel = KernelManager(
+        kernel_name="phalanx-test", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+    )
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    client = nbclient.NotebookClient(notebook, km=kernel, timeout=timeout,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        notebook, km=kernel, timeout=timeout, resources={"metadata": {"path": str(tmp_path)}}
+    )
     try:
         client.execute()
     finally:  # nbclient leaves a kernel it was given running, and its client's sockets open (pyzmq

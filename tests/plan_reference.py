@@ -1,5 +1,6 @@
 """What the tests ask of the planner and the memory model that phalanx itself never needs: moved here
 from src (issue 42: no function in src for tests only)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -10,13 +11,19 @@ from phalanx.strategies import presets, settings_check
 from phalanx.strategies.parallel_plan import ParallelPlan
 
 
-def intended_plan(resolved: Resolved, world_size: int, local_world_size: int,
-                  strategy: str | None = None, **hybrid: Any) -> ParallelPlan | None:
+def intended_plan(
+    resolved: Resolved, world_size: int, local_world_size: int, strategy: str | None = None, **hybrid: Any
+) -> ParallelPlan | None:
     """`checked_plan` of the plan the settings describe on `world_size` processes."""
     name = presets.canonical(strategy or resolved.config.strategy)
     try:  # auto decides between presets of the same degrees, so either one checks them
-        built = presets.build(presets.AUTO_CHOOSES[0] if name == presets.AUTO else name, resolved.config,
-                              world_size=world_size, local_world_size=local_world_size, **hybrid)
+        built = presets.build(
+            presets.AUTO_CHOOSES[0] if name == presets.AUTO else name,
+            resolved.config,
+            world_size=world_size,
+            local_world_size=local_world_size,
+            **hybrid,
+        )
     except ValueError as error:
         raise ConfigError(str(error)) from None
     return settings_check.checked_plan(resolved, built)
@@ -34,8 +41,9 @@ def zero1_owners(sizes: list[ParamSize], world_size: int) -> list[int]:
     return owner
 
 
-def by_preset(sizes: list[ParamSize], world_size: int, optimizer: str = "adamw",
-              local_world_size: int | None = None) -> dict[str, list[Any]]:
+def by_preset(
+    sizes: list[ParamSize], world_size: int, optimizer: str = "adamw", local_world_size: int | None = None
+) -> dict[str, list[Any]]:
     """`phalanx plan`'s rows over `world_size` processes (zero1-persistent, zero3-offload and hsdp
     among them) -> each rank's bytes, from the one memory model keyed by plan."""
     from phalanx.plan import sharding

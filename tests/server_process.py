@@ -1,4 +1,5 @@
 """Stopping a test's own server process (moto's S3, etcd): politely, then by force."""
+
 from __future__ import annotations
 
 import subprocess

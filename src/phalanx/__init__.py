@@ -2,6 +2,7 @@
 
 Public API: `from phalanx import Phalanx` (and `phalanx.spawn` to launch from Python). The launcher is the `phalanx` command.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -1,4 +1,5 @@
 """`python -m phalanx` is the same as the `phalanx` console script."""
+
 from phalanx.cli import main
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 `Phalanx` opens to them (facade.py builds it once and delegates its methods here). Each marks its phase for the watchdog and talks over the
 data-parallel group only: under tensor, pipeline or context parallel, the ranks that read the same
 data hold the same values."""
+
 from __future__ import annotations
 
 import contextlib

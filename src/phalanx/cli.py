@@ -5,6 +5,7 @@ Modules are imported only when their subcommand runs... except for building the 
 needs every module's flags; so subcommand modules must not import torch at module level
 (the launcher's start-up time is a feature: see bench/startup.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "config": ("phalanx.config_command", "write the settings template (phalanx.yaml): every setting at its default"),
     "plot": ("phalanx.logging.plot", "plot the metrics a run logged with px.log() to a PNG"),
     "top": ("phalanx.observe.top_command", "a live table of a running job's ranks: step, phase split, straggler"),
-    "parity": ("phalanx.parity.command", "check that a script trains alike on 1 process and on N (loss, gradient norm)"),
+    "parity": (
+        "phalanx.parity.command",
+        "check that a script trains alike on 1 process and on N (loss, gradient norm)",
+    ),
 }
 
 

@@ -1,4 +1,5 @@
 """`phalanx config`: write the settings template (every setting of the schema at its default)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,9 @@ DEFAULT_PATH = "phalanx.yaml"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", nargs="?", default=DEFAULT_PATH,
-                        help=f"file to write (default {DEFAULT_PATH}; '-' prints to stdout)")
+    parser.add_argument(
+        "path", nargs="?", default=DEFAULT_PATH, help=f"file to write (default {DEFAULT_PATH}; '-' prints to stdout)"
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
 
 

@@ -3,6 +3,7 @@
 torch's own launcher variables come first: phalanx never invents a second name for them.
 Modules import the constants from here instead of spelling the strings themselves.
 """
+
 from __future__ import annotations
 
 # --- set by torchrun / torch's elastic agent (and by `phalanx run`, which uses that agent) ---

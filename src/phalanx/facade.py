@@ -1,4 +1,5 @@
 """`Phalanx`: the object a training script talks to. It delegates; strategies do the work."""
+
 from __future__ import annotations
 
 import contextlib
@@ -65,8 +66,7 @@ class Phalanx:
         """
         mark_phalanx_created()  # under `phalanx run`: its settings reached this script
         layers = [config.from_yaml_runtime(config_file)] if config_file is not None else []
-        resolved = config.resolve(*layers, launcher_settings(),
-                                  config.from_kwargs({"strategy": strategy, **settings}))
+        resolved = config.resolve(*layers, launcher_settings(), config.from_kwargs({"strategy": strategy, **settings}))
         cfg = self.config = resolved.config
         self.ctx = DistContext.from_env(cpu=cfg.cpu)
         self.settings = choose(resolved, strategy_options)
@@ -80,9 +80,15 @@ class Phalanx:
         self._resolved = resolved
         # the job's one plan: the launcher's when these settings ask for it, else built here, once;
         # strategy auto's is the plan of its degrees until it decides (at prepare, from the model)
-        self._plan = job_plan.plan_for(self.settings.strategy, cfg, handed_plan(), world_size=self.ctx.world_size,
-                                       local_world_size=self.ctx.local_world_size,
-                                       cpu_offload=self.settings.options.cpu_offload, **self._hybrid())
+        self._plan = job_plan.plan_for(
+            self.settings.strategy,
+            cfg,
+            handed_plan(),
+            world_size=self.ctx.world_size,
+            local_world_size=self.ctx.local_world_size,
+            cpu_offload=self.settings.options.cpu_offload,
+            **self._hybrid(),
+        )
         for warning in settings_check.check(resolved, settings_check.checked_plan(resolved, self._plan)):
             get_logger().warning("%s", warning)
         self.debug = cfg.debug  # check each collective's shapes across ranks first
@@ -94,31 +100,56 @@ class Phalanx:
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_records = BatchRecords()  # each prepared loader's own record of its last batch
-        self._items = ItemCount(self._plan.grad_size, self.ctx.device, lambda: self.global_step + 1,
-                                lambda: self._group("grad"))
-        self._accumulator = Accumulator(self.settings.grad_accum_steps, self.settings.grad_accum_remainder,
-                                        batches_left=lambda: self._batch_records.current().left,
-                                        on_cycle_start=self._items.discard)
+        self._items = ItemCount(
+            self._plan.grad_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._group("grad")
+        )
+        self._accumulator = Accumulator(
+            self.settings.grad_accum_steps,
+            self.settings.grad_accum_remainder,
+            batches_left=lambda: self._batch_records.current().left,
+            on_cycle_start=self._items.discard,
+        )
         self._optimizers: list[torch.optim.Optimizer] = []
         self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
-        self._talk = across_ranks.RankTalk(self._step_progress, self._batch_records, self.ctx.device, self.is_main_process,
-                                           group=lambda: self._group("dp"), debug=lambda: self.debug)
+        self._talk = across_ranks.RankTalk(
+            self._step_progress,
+            self._batch_records,
+            self.ctx.device,
+            self.is_main_process,
+            group=lambda: self._group("dp"),
+            debug=lambda: self.debug,
+        )
         self._prepared: list[Any] = []  # models, optimizers and schedulers, for join()/uneven_inputs()
-        running = services.start(self.ctx, cfg, self._plan, self._step_progress, strategy_name=self.strategy_name,
-                                 seed=self.seed, cycle_idle=lambda: self._accumulator.cycle_pos == 0,
-                                 save_now=self._save_now)
+        running = services.start(
+            self.ctx,
+            cfg,
+            self._plan,
+            self._step_progress,
+            strategy_name=self.strategy_name,
+            seed=self.seed,
+            cycle_idle=lambda: self._accumulator.cycle_pos == 0,
+            save_now=self._save_now,
+        )
         self.watchdog, self._checkpointer, self._preemption = running.watchdog, running.checkpointer, running.preemption
         self._deferred_save, self._logging = running.deferred_save, running.logging
         self._observe, self._profiler = running.observe, running.profiler
         self._logging.metrics.params = self._run_params
         # what hooks into the loop (parity's recorder, the throughput meter): one list, called at fixed points
-        self._callbacks = LoopCallbacks(parity_record.from_request(parity_request(), self.rank, self.world_size),
-                                        self._logging.throughput)
-        get_logger().info("rank %d of %d on %s, strategy %s, run dir %s%s", self.rank, self.world_size,
-                          self.device, "auto (decided at prepare(model), when the model is known)"
-                          if self.strategy_name == presets.AUTO else self.strategy_name, self.run_dir,
-                          self._logging.open_hint)
+        self._callbacks = LoopCallbacks(
+            parity_record.from_request(parity_request(), self.rank, self.world_size), self._logging.throughput
+        )
+        get_logger().info(
+            "rank %d of %d on %s, strategy %s, run dir %s%s",
+            self.rank,
+            self.world_size,
+            self.device,
+            "auto (decided at prepare(model), when the model is known)"
+            if self.strategy_name == presets.AUTO
+            else self.strategy_name,
+            self.run_dir,
+            self._logging.open_hint,
+        )
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "Phalanx":
@@ -188,7 +219,9 @@ class Phalanx:
         """This rank's index in its context-parallel group: it holds chunks cp_rank and 2cp-1-cp_rank."""
         return 0 if self._strategy is None else self._strategy.context.rank
 
-    def shard_sequence(self, inputs: Any, targets: Any = None, *, pad: bool = False, seq_dim: int = 1) -> tuple[Any, Any]:
+    def shard_sequence(
+        self, inputs: Any, targets: Any = None, *, pad: bool = False, seq_dim: int = 1
+    ) -> tuple[Any, Any]:
         """This rank's part of a batch under cp, for hand-written loops (px.forward_backward cuts its
         own): see strategies/context/step.py `ContextParallel.shard`; active until px.backward."""
         return self.strategy.context.shard(inputs, targets, pad=pad, seq_dim=seq_dim)[:2]
@@ -198,8 +231,9 @@ class Phalanx:
     @property
     def strategy(self) -> Strategy:
         if self._strategy is None:
-            raise RuntimeError("strategy 'auto' decides when the model is prepared. "
-                               "HINT: call px.prepare(model, ...) first.")
+            raise RuntimeError(
+                "strategy 'auto' decides when the model is prepared. HINT: call px.prepare(model, ...) first."
+            )
         return self._strategy
 
     def _pipeline(self, model: nn.Module) -> Any:
@@ -252,8 +286,9 @@ class Phalanx:
         for i, obj in enumerate(objects):  # after the optimizers, which schedulers may need rebinding to
             if lr_scheduler.is_scheduler(obj):
                 prepared[i] = self.prepare_scheduler(obj)
-            elif not isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) \
-                    and hasattr(obj, "load_state_dict"):  # a grad scaler, the user's own state
+            elif not isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) and hasattr(
+                obj, "load_state_dict"
+            ):  # a grad scaler, the user's own state
                 self.register_for_checkpointing(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -271,23 +306,29 @@ class Phalanx:
         one tensor. Missing/unexpected keys or shape mismatches load nothing unless strict=False.
         Under pp each rank reads its own stages' tensors from a safetensors file (other sources refused)."""
         with self.busy(Phase.LOAD_MODEL):
-            return model_loading.load_model(self.unwrap_model(model), source, strict=strict, rank=self.rank,
-                                            elsewhere=self.strategy.stage_filter())
+            return model_loading.load_model(
+                self.unwrap_model(model), source, strict=strict, rank=self.rank, elsewhere=self.strategy.stage_filter()
+            )
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if self._strategy is None:  # auto: sized from this model, then replicas or shards of its degrees
             name, reason = auto.decide(model, self.ctx, self.settings.options, self._plan)
             plan = presets.decided(self._plan, name, cpu_offload=self.settings.options.cpu_offload)
-            settings_check.check(self._resolved, settings_check.checked_plan(self._resolved, plan, decided=True),
-                                 chose=f"{name}: {reason}")
+            settings_check.check(
+                self._resolved,
+                settings_check.checked_plan(self._resolved, plan, decided=True),
+                chose=f"{name}: {reason}",
+            )
             self._adopt_plan(plan)
             get_logger().info("strategy auto chose %s: %s", name, reason)
         if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
             model = self.strategy.convert_sync_batchnorm(model)
         shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
-        self._logging.throughput.set_model(shape and shape.flops_per_token,
-                                           device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
-                                           share=self._plan.flops_share)  # tp, cp and pp split the FLOPs
+        self._logging.throughput.set_model(
+            shape and shape.flops_per_token,
+            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
+            share=self._plan.flops_share,
+        )  # tp, cp and pp split the FLOPs
         tied = tied_names(model)  # before a pipeline cut leaves this rank one of a tied parameter's names
         model = self._checkpointer.track(self.strategy.setup_model(model), tied=tied)
         hook_state = ddp_options.hook_state_of(model)
@@ -300,7 +341,9 @@ class Phalanx:
             watch_module(self._step_progress, model)
         return model
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> torch.optim.Optimizer:
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None
+    ) -> torch.optim.Optimizer:
         """The strategy's optimizer (rebound to sharded parameters under zero2/zero3, a
         ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
         inner = self.strategy.setup_optimizer(optimizer, model)
@@ -312,9 +355,15 @@ class Phalanx:
             self._checkpointer.register(scaler)  # fp16: the loss scale is training state too
         inner.register_step_pre_hook(lambda *_: self._before_step())
         optimizer = self._checkpointer.track(
-            wrap_optimizer(inner, self._accumulator, self.strategy, self.settings.gradient_clipping,
-                           before_step=self._before_step,
-                           wrap_closure=closure_wrapper(optimizer, self.strategy.plan, self.strategy.dp_group)))
+            wrap_optimizer(
+                inner,
+                self._accumulator,
+                self.strategy,
+                self.settings.gradient_clipping,
+                before_step=self._before_step,
+                wrap_closure=closure_wrapper(optimizer, self.strategy.plan, self.strategy.dp_group),
+            )
+        )
         self._prepared.append(optimizer)
         watch_optimizer(self._step_progress, optimizer)
         if self._profiler is not None:  # after the step counter's hook: it reads global_step
@@ -338,14 +387,23 @@ class Phalanx:
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
         per_rank = loader.batch_size  # as the script wrote it (split_batches: divided below)
-        loader = scale_batch(loader, self._callbacks.loader_scale(self.config.split_batches))  # parity: the global batch
+        loader = scale_batch(
+            loader, self._callbacks.loader_scale(self.config.split_batches)
+        )  # parity: the global batch
         prepared = PreparedLoader(
-            loader, self.ctx, seed=self.seed, device_placement=self.device_placement,
-            batch_records=self._batch_records, shard=shard, progress=self._step_progress,
+            loader,
+            self.ctx,
+            seed=self.seed,
+            device_placement=self.device_placement,
+            batch_records=self._batch_records,
+            shard=shard,
+            progress=self._step_progress,
             rank_aware_workers=self.config.worker_seeds == "per_rank",
             on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
-            split_batches=self.config.split_batches, training=self._training,
-            empty_padding=lambda: not self._plan.has(Needs.PIPELINE))
+            split_batches=self.config.split_batches,
+            training=self._training,
+            empty_padding=lambda: not self._plan.has(Needs.PIPELINE),
+        )
         rank_batch = prepared.batch_size if self.config.split_batches else per_rank
         self._callbacks.notify("on_loader", prepared.batch_size if self.config.split_batches else loader.batch_size)
         if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
@@ -397,9 +455,15 @@ class Phalanx:
                     seen.setdefault(id(p), p)
         return list(seen.values())
 
-    def forward_backward(self, model: nn.Module, inputs: Any, targets: Any,
-                         loss_fn: Callable[[Any, Any], torch.Tensor], *,
-                         num_items: int | torch.Tensor | None = None) -> torch.Tensor:
+    def forward_backward(
+        self,
+        model: nn.Module,
+        inputs: Any,
+        targets: Any,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        *,
+        num_items: int | torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One batch through every layout: `model(inputs)` (a tuple is unpacked, a dict passed as
         keywords), `loss_fn(output, targets)`, and `px.backward` of it. Returns the loss, detached:
         the same value on every rank of a tensor-parallel group. Write training loops with it: the
@@ -417,8 +481,9 @@ class Phalanx:
         if pipeline is not None:
             with self._step_progress.during(Phase.PIPELINE):
                 scale = self.strategy.precision.loss_scale() / self._accumulator.loss_divisor()
-                return pipeline.train_step(inputs, targets, loss_fn, loss_scale=scale, items=self._items,
-                                           num_items=num_items)
+                return pipeline.train_step(
+                    inputs, targets, loss_fn, loss_scale=scale, items=self._items, num_items=num_items
+                )
         # under cp each rank runs its part of every row; without it, the batch whole
         return self.strategy.context.forward_backward(model, inputs, targets, loss_fn, num_items, _call, self.backward)
 
@@ -493,8 +558,9 @@ class Phalanx:
         step, at the next step boundary, returning that checkpoint's path (checkpoint/deferred.py).
         """
         if self._accumulator.cycle_pos != 0:  # the cycle's gradients are not in the model yet
-            return self._deferred_save.request(path, async_save, self._accumulator.cycle_pos,
-                                               self._accumulator.cycle_len)
+            return self._deferred_save.request(
+                path, async_save, self._accumulator.cycle_pos, self._accumulator.cycle_len
+            )
         self._deferred_save.pending = None  # a save at a boundary supersedes one asked for mid-cycle
         return self._save_now(path, async_save)
 
@@ -554,10 +620,16 @@ class Phalanx:
         """Context for data whose length differs per rank: torch's Join where it applies (ddp, zero1),
         batches of no rows for a rank out of data under FSDP2, else (pp) a step-level agreement. No
         objects: every model and optimizer this Phalanx prepared."""
-        return uneven.uneven_inputs(objects or self._prepared, self.ctx, method, self._step_progress,
-                                    pipeline=self._plan.has(Needs.PIPELINE), prepared=self._prepared,
-                                    layout=None if self._strategy is None else self.plan.describe(),
-                                    group=self._group("dp"))
+        return uneven.uneven_inputs(
+            objects or self._prepared,
+            self.ctx,
+            method,
+            self._step_progress,
+            pipeline=self._plan.has(Needs.PIPELINE),
+            prepared=self._prepared,
+            layout=None if self._strategy is None else self.plan.describe(),
+            group=self._group("dp"),
+        )
 
     def join(self, *objects: Any) -> UnevenInputs:
         """torch's Join over the prepared (Joinable) models/optimizers; ValueError where it cannot apply."""
@@ -587,10 +659,15 @@ class Phalanx:
 
     def _run_params(self) -> dict[str, Any]:
         """The run's settings, logged by the trackers as hyper-parameters when they open."""
-        return {**{s.name: getattr(self.config, s.name) for s in config.RUNTIME},
-                "strategy": self.strategy_name, "world_size": self.world_size,
-                "mixed_precision": self.settings.options.mixed_precision, "grad_accum_steps": self.grad_accum_steps,
-                "seed": self.seed, "run_dir": self.run_dir}
+        return {
+            **{s.name: getattr(self.config, s.name) for s in config.RUNTIME},
+            "strategy": self.strategy_name,
+            "world_size": self.world_size,
+            "mixed_precision": self.settings.options.mixed_precision,
+            "grad_accum_steps": self.grad_accum_steps,
+            "seed": self.seed,
+            "run_dir": self.run_dir,
+        }
 
     def add_sink(self, sink: Any) -> None:
         """Send `px.log` rows also to `sink` (an object with `write(step, metrics)` and `close()`)."""
@@ -612,4 +689,3 @@ def _call(model: nn.Module, inputs: Any) -> Any:
 
 # `Phalanx`'s signature as help() and IDEs show it: the fixed arguments, then every runtime setting
 setattr(Phalanx.__init__, "__signature__", config.with_settings(inspect.signature(Phalanx.__init__)))
-

@@ -5,6 +5,7 @@ key of phalanx's own), which torch's agent reads back when the worker exits; `ph
 prints the line once and exits 128 + the signal number. Without a phalanx launcher, rank 0 prints
 the line itself. One module for both sides, so writer and reader cannot drift apart.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,10 @@ class PreemptionOutcome:
         command to resume`; `after` replaces the advice (e.g. the job was requeued)."""
         by = self.signal + (f" ({self.reason})" if self.reason else "")
         if self.finished:  # a timeout after the last step: no preemption, nothing lost
-            return (f"phalanx: stopped by {by} after the script had finished on every rank (the signal found its "
-                    "processes exiting, not training): nothing to save, nothing lost")
+            return (
+                f"phalanx: stopped by {by} after the script had finished on every rank (the signal found its "
+                "processes exiting, not training): nothing to save, nothing lost"
+            )
         at = f" at step {self.step}" if self.step is not None else ""
         if self.saved:
             return f"phalanx: preempted by {by}{at}: checkpoint {self.checkpoint} saved; {after or RERUN}"
@@ -49,8 +52,12 @@ class PreemptionOutcome:
     def error_file_data(self) -> dict[str, Any]:
         """torch's error-file layout (what its ErrorHandler writes), with the outcome beside the message."""
         line = self.line()
-        return {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time())),
-                                                           KEY: asdict(self)}}}
+        return {
+            "message": {
+                "message": line,
+                "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time())), KEY: asdict(self)},
+            }
+        }
 
 
 def from_error_file_data(data: Any) -> PreemptionOutcome | None:

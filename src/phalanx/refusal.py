@@ -9,6 +9,7 @@ message once (`phalanx run: error: ...`) and exits 2, as for a setting refused b
 a phalanx launcher (torchrun, python), rank 0 prints it and the other ranks a short line. One module
 for both sides, so writer and reader cannot drift apart.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,12 @@ def refusing() -> Iterator[None]:
 
 def error_file_data(message: str) -> dict[str, Any]:
     """torch's error-file layout, with the refusal beside the message."""
-    return {"message": {"message": message, "extraInfo": {"py_callstack": message,
-                                                          "timestamp": str(int(time.time())), KEY: message}}}
+    return {
+        "message": {
+            "message": message,
+            "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time())), KEY: message},
+        }
+    }
 
 
 def from_error_file_data(data: Any) -> str | None:

@@ -7,6 +7,7 @@ stall, the ranks agree on a verdict and exchange their stacks for one report. Th
 under `watchdog_prefix(restart)` and uses the short names; the launcher reads the full keys. One
 place for the layout, so writer and reader cannot drift apart.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

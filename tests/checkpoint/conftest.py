@@ -1,4 +1,5 @@
 """One uninterrupted 2-rank run (40 steps, a checkpoint every 5, all kept), shared by the tests here."""
+
 import json
 from pathlib import Path
 
@@ -19,8 +20,12 @@ def reference(tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("reference")
     (base / "out").mkdir()
     results = run_ranks(RESUMABLE, 2, args=(str(base / "ckpt"), str(base / "out"), 40, 5), timeout=150)
-    return {"ckpt": base / "ckpt", "events": read_events(base / "out"), "results": results,
-            "final": torch.load(base / "out" / "final.pt", weights_only=True)}
+    return {
+        "ckpt": base / "ckpt",
+        "events": read_events(base / "out"),
+        "results": results,
+        "final": torch.load(base / "out" / "final.pt", weights_only=True),
+    }
 
 
 @pytest.fixture(scope="session")

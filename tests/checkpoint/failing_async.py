@@ -4,6 +4,7 @@ The save of step 2 lands; for the async save of step 4, rank 1's shard cannot be
 directory already stands where its file `__1_0.distcp` goes (made after the staging directory, so
 the failure is the storage's, in the background write). Each rank returns what it saw at its next step.
 """
+
 from __future__ import annotations
 
 import os

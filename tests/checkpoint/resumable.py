@@ -6,6 +6,7 @@ Run by the tests on N ranks, through the test harness (`run`) or a launcher with
 the save of step 20 (its shard written, the manifest not yet). Rank 0 appends one JSON line per
 event to OUT/events.jsonl and saves the final parameters to OUT/final.pt.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,11 @@ def make_model(dropout: float = 0.2) -> nn.Module:
 
 def make_data() -> TensorDataset:
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(NUM_SAMPLES, 13, generator=g), torch.randint(0, 3, (NUM_SAMPLES,), generator=g),
-                         torch.arange(NUM_SAMPLES))
+    return TensorDataset(
+        torch.randn(NUM_SAMPLES, 13, generator=g),
+        torch.randint(0, 3, (NUM_SAMPLES,), generator=g),
+        torch.arange(NUM_SAMPLES),
+    )
 
 
 def parse_kills(text: str) -> dict[int, tuple[int, bool, int]]:
@@ -75,8 +79,11 @@ def load_report(root: str) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = px.load_state()
-    return {"loaded": loaded, "step": px.global_step,
-            "warnings": [str(w.message) for w in caught if issubclass(w.category, CheckpointFallbackWarning)]}
+    return {
+        "loaded": loaded,
+        "step": px.global_step,
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, CheckpointFallbackWarning)],
+    }
 
 
 class SlowState:
@@ -109,9 +116,21 @@ def fill_filesystem(directory: Path) -> None:
         os.close(fd)
 
 
-def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batch: int = 12, kills: str = "",
-        async_save: bool = False, keep: int = 0, noise: bool = True, slow_from: int | None = None,
-        slow_save: bool = False, fill_after: int | None = None, split_batches: bool = False) -> dict:
+def run(
+    ckpt: str | None,
+    out: str,
+    steps: int = 40,
+    every: int = 5,
+    global_batch: int = 12,
+    kills: str = "",
+    async_save: bool = False,
+    keep: int = 0,
+    noise: bool = True,
+    slow_from: int | None = None,
+    slow_save: bool = False,
+    fill_after: int | None = None,
+    split_batches: bool = False,
+) -> dict:
     """Train to `steps`; `noise=False` drops dropout and RNG terms (for runs on other world sizes);
     `split_batches`: the loader is built with the global batch (else with global_batch / world size).
 
@@ -122,8 +141,9 @@ def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batc
     dropout = 0.2 if noise else 0.0
     torch.use_deterministic_algorithms(True)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    px = Phalanx(checkpoint_dir=ckpt, checkpoint_keep=keep, checkpoint_async=async_save,
-                 split_batches=split_batches or None)
+    px = Phalanx(
+        checkpoint_dir=ckpt, checkpoint_keep=keep, checkpoint_async=async_save, split_batches=split_batches or None
+    )
     kill = parse_kills(kills).get(attempt)
     if kill and kill[1] and kill[2] == px.rank:
         finalize = Checkpointer._finalize
@@ -157,8 +177,14 @@ def run(ckpt: str | None, out: str, steps: int = 40, every: int = 5, global_batc
             px.backward(loss)
             optimizer.step()
             scheduler.step()
-            record({"event": "step", "step": px.global_step, "loss": px.reduce(loss.detach(), "mean").item(),
-                    "indices": px.gather(idx).tolist()})
+            record(
+                {
+                    "event": "step",
+                    "step": px.global_step,
+                    "loss": px.reduce(loss.detach(), "mean").item(),
+                    "indices": px.gather(idx).tolist(),
+                }
+            )
             if px.global_step % every == 0:
                 px.save_state()
                 if fill_after == px.global_step and px.is_main_process:
@@ -195,8 +221,18 @@ def main() -> None:
     parser.add_argument("--slow-save", action="store_true", help="saves after --slow-from take 3 s more")
     parser.add_argument("--fill-after", type=int, default=None, help="fill the checkpoint filesystem after this save")
     args = parser.parse_args()
-    run(args.ckpt, args.out, args.steps, args.every, kills=args.kills, async_save=args.async_save, keep=args.keep,
-        slow_from=args.slow_from, slow_save=args.slow_save, fill_after=args.fill_after)
+    run(
+        args.ckpt,
+        args.out,
+        args.steps,
+        args.every,
+        kills=args.kills,
+        async_save=args.async_save,
+        keep=args.keep,
+        slow_from=args.slow_from,
+        slow_save=args.slow_save,
+        fill_after=args.fill_after,
+    )
 
 
 if __name__ == "__main__":

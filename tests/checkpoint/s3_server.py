@@ -5,6 +5,7 @@ its access key and its policy (everything on S3, except writing under `BUCKET/re
 request after that must be signed with that key, so wrong credentials and a read-only prefix are
 refused as S3 refuses them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,13 +37,15 @@ class S3Server:
     def client(self):  # boto3, for the tests' own listings
         import boto3
 
-        return boto3.session.Session(aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
-                                     aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
-                                     region_name="us-east-1").client("s3", endpoint_url=self.endpoint)
+        return boto3.session.Session(
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+        ).client("s3", endpoint_url=self.endpoint)
 
     def keys(self, prefix: str) -> list[str]:
         listed = self.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix.rstrip("/") + "/")
-        return sorted(item["Key"][len(prefix.rstrip("/")) + 1:] for item in listed.get("Contents", []))
+        return sorted(item["Key"][len(prefix.rstrip("/")) + 1 :] for item in listed.get("Contents", []))
 
 
 def free_port() -> int:
@@ -53,9 +56,15 @@ def free_port() -> int:
 
 def aws_env(endpoint: str, key: str, secret: str) -> dict[str, str]:
     """Credentials and endpoint for botocore, with the machine's own AWS config files out of the way."""
-    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
-            "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
 
 
 @contextlib.contextmanager
@@ -65,9 +74,13 @@ def s3_server(workdir: Path) -> Iterator[S3Server]:
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log = open(workdir / "moto.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        cwd=workdir,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3"),
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -75,15 +88,23 @@ def s3_server(workdir: Path) -> Iterator[S3Server]:
                 break
             assert proc.poll() is None and time.monotonic() < deadline, (workdir / "moto.log").read_text()
             time.sleep(0.2)
-        admin = boto3.session.Session(aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap",
-                                      region_name="us-east-1")
+        admin = boto3.session.Session(
+            aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap", region_name="us-east-1"
+        )
         iam = admin.client("iam", endpoint_url=endpoint)
         iam.create_user(UserName="phalanx")
         key = iam.create_access_key(UserName="phalanx")["AccessKey"]
-        policy = {"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
-            {"Effect": "Deny", "Action": ["s3:PutObject", "s3:DeleteObject"],
-             "Resource": f"arn:aws:s3:::{BUCKET}/{READ_ONLY_PREFIX}/*"}]}
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
+                {
+                    "Effect": "Deny",
+                    "Action": ["s3:PutObject", "s3:DeleteObject"],
+                    "Resource": f"arn:aws:s3:::{BUCKET}/{READ_ONLY_PREFIX}/*",
+                },
+            ],
+        }
         iam.put_user_policy(UserName="phalanx", PolicyName="s3", PolicyDocument=json.dumps(policy))
         server = S3Server(endpoint, aws_env(endpoint, key["AccessKeyId"], key["SecretAccessKey"]), proc.pid)
         server.client().create_bucket(Bucket=BUCKET)

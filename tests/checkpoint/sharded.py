@@ -1,6 +1,7 @@
 """FSDP2 (`fully_shard`, what zero3 uses) through the checkpointer: saved sharded on 2 ranks, loaded
 into a plain model in one process. phalanx has no zero3 strategy on main yet, so this shards the
 model by hand and tracks it the way a strategy's prepare does."""
+
 from __future__ import annotations
 
 import torch
@@ -16,7 +17,7 @@ from tests.checkpoint.resumable import make_data, make_model
 def train_a_little(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, world: int) -> None:
     data = make_data()
     for step in range(3):
-        x, y, _ = data[step * 12 + rank * (12 // world): step * 12 + (rank + 1) * (12 // world)]
+        x, y, _ = data[step * 12 + rank * (12 // world) : step * 12 + (rank + 1) * (12 // world)]
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
@@ -38,5 +39,4 @@ def save_fsdp(path: str) -> dict:
     local_shapes = {k: tuple(v.to_local().shape) for k, v in model.state_dict().items()}
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
     optim = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
-    return {"params": full, "optim_state": optim["state"], "local_shapes": local_shapes,
-            "global_step": px.global_step}
+    return {"params": full, "optim_state": optim["state"], "local_shapes": local_shapes, "global_step": px.global_step}

@@ -5,6 +5,7 @@ signal that the store is down); the second save then meets the dead store. Each 
 error's text, its seconds and whether training state stayed as it was, trains one more step, then
 raises the error again: it ends the script as it would a user's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,11 @@ def main() -> None:
         intact = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
         step_before = px.global_step
         step()  # training goes on after the refused save
-        (out / f"rank{px.rank}.json").write_text(json.dumps(
-            {"text": text, "seconds": seconds, "intact": intact, "step": step_before, "after": px.global_step}))
+        (out / f"rank{px.rank}.json").write_text(
+            json.dumps(
+                {"text": text, "seconds": seconds, "intact": intact, "step": step_before, "after": px.global_step}
+            )
+        )
         raise
     raise SystemExit("the save to a stopped store returned")
 

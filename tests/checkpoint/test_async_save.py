@@ -1,6 +1,7 @@
 """Async saves in a world of one (in this process): a save requested while one is in flight waits
 for it and the log says so; the two never interleave; a failed one stops training at the next step
 with its cause, and `latest` stays on the previous good checkpoint."""
+
 from __future__ import annotations
 
 import logging
@@ -71,9 +72,12 @@ def test_a_failed_async_save_stops_the_next_step_and_latest_stays(tmp_path, monk
     px.save_state()
     while px._checkpointer._pending is not None and not px._checkpointer._pending.done():  # noqa: SLF001
         time.sleep(0.05)
-    with pytest.raises(CheckpointWriteError, match=r"saving checkpoint step 2 to .*step-00000002 failed on rank 0: "
-                                                   r"OSError: \[Errno 5\] Input/output error; .*the latest good "
-                                                   r"checkpoint is step 1"):
+    with pytest.raises(
+        CheckpointWriteError,
+        match=r"saving checkpoint step 2 to .*step-00000002 failed on rank 0: "
+        r"OSError: \[Errno 5\] Input/output error; .*the latest good "
+        r"checkpoint is step 1",
+    ):
         step()
     assert px.global_step == 3
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step-00000001"
@@ -144,8 +148,9 @@ def test_the_exit_publishes_the_save_in_flight_with_the_helper_that_wrote_the_on
 
     script = tmp_path / "exit_in_flight.py"
     script.write_text(EXIT_WITH_A_SAVE_IN_FLIGHT)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt")], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "helpers 1 [0]", proc.stdout + proc.stderr[-3000:]
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step-00000002"

@@ -1,4 +1,5 @@
 """`phalanx inspect` prints the manifest; `phalanx export` writes the full weights as safetensors."""
+
 import shutil
 
 import torch

@@ -3,6 +3,7 @@ newest intact one, nothing is ever overwritten, and loading never runs code from
 
 The checkpoints come from the shared 2-rank reference run; loads here run in this process (a
 world of one, which also exercises resharding 2 -> 1) except the one 2-rank fallback check."""
+
 import os
 import pickle
 import re
@@ -38,9 +39,15 @@ def flip_byte(path: Path) -> None:
 
 
 DAMAGES = {
-    "truncated shard": (lambda d: truncate(d / "__1_0.distcp"), "__1_0.distcp: .* bytes, the manifest says .* \\(truncated"),
+    "truncated shard": (
+        lambda d: truncate(d / "__1_0.distcp"),
+        "__1_0.distcp: .* bytes, the manifest says .* \\(truncated",
+    ),
     "deleted shard": (lambda d: (d / "__0_0.distcp").unlink(), "__0_0.distcp: missing"),
-    "corrupted manifest": (lambda d: (d / MANIFEST_NAME).write_text('{"step": 40, "files": '), "manifest.json: manifest corrupted"),
+    "corrupted manifest": (
+        lambda d: (d / MANIFEST_NAME).write_text('{"step": 40, "files": '),
+        "manifest.json: manifest corrupted",
+    ),
     "flipped byte in a shard": (lambda d: flip_byte(d / "__1_0.distcp"), "__1_0.distcp: sha256 .* \\(corrupted\\)"),
     "deleted metadata": (lambda d: (d / ".metadata").unlink(), "\\.metadata: missing"),
     "damaged rng file": (lambda d: truncate(d / "rank1.pt"), "rank1.pt: .* \\(truncated"),
@@ -152,7 +159,9 @@ def test_loading_never_runs_code_from_checkpoint_files(reference, tmp_path, vict
     write_manifest(ckpt, manifest)
     px = Phalanx()
     build(px)
-    with pytest.raises((pickle.UnpicklingError, RuntimeError), match="refusing|Weights only load failed|Unsupported global"):
+    with pytest.raises(
+        (pickle.UnpicklingError, RuntimeError), match="refusing|Weights only load failed|Unsupported global"
+    ):
         px.load_state(ckpt)
     assert not (tmp_path / "PWNED").exists()
 

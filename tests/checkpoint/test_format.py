@@ -2,6 +2,7 @@
 checkpoint moves into and out of pipeline parallel), format 1 (torch's nested form) still read,
 an unknown format refused, and parameter groups holding nothing on a rank kept through a save and
 a load. One process, no process group."""
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,11 @@ def test_optimizer_state_is_saved_flattened_one_key_per_parameter(tmp_path):
     _train(*saved[1:])
     path = saved[0].save_state(tmp_path / "ckpt")
     keys = _keys(path)
-    assert {"model.optim.state.0.weight.exp_avg", "model.optim.param_groups.0.weight.lr",
-            "model.optim.param_groups.2.bias.lr"} <= keys
+    assert {
+        "model.optim.state.0.weight.exp_avg",
+        "model.optim.param_groups.0.weight.lr",
+        "model.optim.param_groups.2.bias.lr",
+    } <= keys
     assert "model.optim.param_groups.0.params" not in keys  # the nested form's list of names per group
     assert json.loads((Path(path) / MANIFEST_NAME).read_text())["format_version"] == 2
 
@@ -90,8 +94,11 @@ def test_an_unknown_format_is_refused_naming_the_readable_ones(tmp_path):
     saved = _setup()
     path = Path(saved[0].save_state(tmp_path / "ckpt"))
     _set_version(path, 3)
-    with pytest.raises(CheckpointDamaged, match=r"format version 3, this phalanx reads 1, 2. HINT: load it with the "
-                                                r"phalanx version that wrote it"):
+    with pytest.raises(
+        CheckpointDamaged,
+        match=r"format version 3, this phalanx reads 1, 2. HINT: load it with the "
+        r"phalanx version that wrote it",
+    ):
         _setup()[0].load_state(path)
 
 

@@ -1,5 +1,6 @@
 """Any fsspec filesystem serves as checkpoint_dir, not only S3: fsspec's in-memory one, in a world of
 one (it is per process); and a URL is never taken for a local path."""
+
 from __future__ import annotations
 
 import torch

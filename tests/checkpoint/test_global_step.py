@@ -1,4 +1,5 @@
 """`px.global_step` counts real optimizer steps, also through an optimizer wrapper that skips some."""
+
 import torch
 from torch import nn
 

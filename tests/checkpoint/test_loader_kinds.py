@@ -4,12 +4,12 @@ Pure: each rank's PreparedLoader is built from an explicit context in this proce
 needs no collective), so many world sizes run in a second. Streams and the facade run on real ranks
 in tests/dist/test_data_kinds.py.
 """
+
 import warnings
 
 import pytest
 import torch
-from torch.utils.data import (DataLoader, RandomSampler, Sampler, TensorDataset,
-                              WeightedRandomSampler)
+from torch.utils.data import DataLoader, RandomSampler, Sampler, TensorDataset, WeightedRandomSampler
 
 from phalanx.data.batch_records import BatchRecords
 from phalanx.data.loader import PreparedLoader
@@ -42,14 +42,25 @@ def weighted(generator=True):
     return WeightedRandomSampler(weights, N, generator=torch.Generator().manual_seed(9) if generator else None)
 
 
-SAMPLERS = {"random_replacement": random_replacement, "weighted": weighted,
-            "weighted_global_rng": lambda: weighted(False), "custom": lambda: Shuffled(N, 4)}
+SAMPLERS = {
+    "random_replacement": random_replacement,
+    "weighted": weighted,
+    "weighted_global_rng": lambda: weighted(False),
+    "custom": lambda: Shuffled(N, 4),
+}
 
 
 def prepared(world: int, sampler_of, global_batch: int = 8) -> list[PreparedLoader]:
     """One loader per rank of `world`; split_batches keeps the global batch on any world size."""
-    return [PreparedLoader(DataLoader(DATA, batch_size=global_batch, sampler=sampler_of()),
-                           DistContext(rank=r, world_size=world), seed=3, split_batches=True) for r in range(world)]
+    return [
+        PreparedLoader(
+            DataLoader(DATA, batch_size=global_batch, sampler=sampler_of()),
+            DistContext(rank=r, world_size=world),
+            seed=3,
+            split_batches=True,
+        )
+        for r in range(world)
+    ]
 
 
 class Run:
@@ -116,7 +127,7 @@ def test_world_size_changes_4_2_1_2_resume_exactly(kind):
     assert got == reference
     if kind != "random_replacement":
         for epoch in range(3):
-            assert counts([i for s in got[5 * epoch:5 * epoch + 5] for i in s], N)["total"] == N
+            assert counts([i for s in got[5 * epoch : 5 * epoch + 5] for i in s], N)["total"] == N
 
 
 class Batches:
@@ -127,15 +138,17 @@ class Batches:
 
     def __iter__(self):
         order = torch.randperm(N, generator=self.generator).tolist()
-        return iter([order[i:i + 4] for i in range(0, N, 4)])
+        return iter([order[i : i + 4] for i in range(0, N, 4)])
 
     def __len__(self) -> int:
         return N // 4
 
 
 def batch_loaders(world: int) -> list[PreparedLoader]:
-    return [PreparedLoader(DataLoader(DATA, batch_sampler=Batches()), DistContext(rank=r, world_size=world), seed=3)
-            for r in range(world)]
+    return [
+        PreparedLoader(DataLoader(DATA, batch_sampler=Batches()), DistContext(rank=r, world_size=world), seed=3)
+        for r in range(world)
+    ]
 
 
 def test_custom_batch_sampler_resumes_its_draw_and_refuses_a_split_step_with_the_right_hint():
@@ -177,8 +190,9 @@ def test_stateful_dataloader_saved_on_an_epochs_last_batch_goes_on_with_the_next
     def make():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return PreparedLoader(StatefulDataLoader(DATA, batch_size=8, shuffle=True, num_workers=num_workers),
-                                  DistContext(), seed=1)
+            return PreparedLoader(
+                StatefulDataLoader(DATA, batch_size=8, shuffle=True, num_workers=num_workers), DistContext(), seed=1
+            )
 
     first = make()
     it = iter(first)

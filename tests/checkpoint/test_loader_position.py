@@ -1,5 +1,6 @@
 """PreparedLoader's data position: saved as a global count, resumed with the very next batch on any
 world size. Pure: each rank's loader is built from an explicit context, no processes needed."""
+
 import weakref
 from typing import Any
 
@@ -22,7 +23,7 @@ class EpochBatches:
 
     def __iter__(self):
         order = torch.randperm(self.n, generator=torch.Generator().manual_seed(3 + self.epoch)).tolist()
-        return iter([order[i:i + self.size] for i in range(0, self.n, self.size)])
+        return iter([order[i : i + self.size] for i in range(0, self.n, self.size)])
 
     def __len__(self) -> int:
         return -(-self.n // self.size)
@@ -77,8 +78,7 @@ def test_mid_epoch_resume_continues_with_the_next_global_batch(resume_world):
     assert consumed == reference[1][:2]
     states = [loader.state_dict() for loader in saved_on]
     assert states[0] == states[1], "the position is global: every rank saves the same"
-    assert states[0] == {"epoch": 1, "unit": "samples", "consumed": 24, "world_size": 2,
-                         "global_batch": 12}
+    assert states[0] == {"epoch": 1, "unit": "samples", "consumed": 24, "world_size": 2, "global_batch": 12}
     resumed = loaders(resume_world)
     for loader in resumed:
         loader.load_state_dict(states[0])
@@ -104,16 +104,24 @@ def test_custom_batch_sampler_resumes_with_the_next_batches():
 def test_position_after_the_last_batch_is_the_start_of_the_next_epoch():
     per_rank = loaders(2)
     assert len(global_steps(per_rank, 4)) == 4  # all 4 steps of epoch 0 yielded, loop not yet left
-    assert per_rank[0].state_dict() == {"epoch": 1, "unit": "samples", "consumed": 0, "world_size": 2,
-                                           "global_batch": 12}
+    assert per_rank[0].state_dict() == {
+        "epoch": 1,
+        "unit": "samples",
+        "consumed": 0,
+        "world_size": 2,
+        "global_batch": 12,
+    }
 
 
 def test_changed_global_batch_is_refused_with_the_fix():
     saved_on = loaders(2, global_batch=12)
     global_steps(saved_on, 1)
     other = loaders(2, global_batch=16)[0]
-    with pytest.raises(ValueError, match=r"global batch changed.*12 samples per step \(2 ranks x 6\), this run takes "
-                                         r"16 \(2 ranks x 8\).*batch_size = 12 / world_size = 6"):
+    with pytest.raises(
+        ValueError,
+        match=r"global batch changed.*12 samples per step \(2 ranks x 6\), this run takes "
+        r"16 \(2 ranks x 8\).*batch_size = 12 / world_size = 6",
+    ):
         other.load_state_dict(saved_on[0].state_dict())
 
 
@@ -122,8 +130,11 @@ def test_two_ranks_of_16_then_one_rank_of_16_is_refused_and_one_rank_of_32_resum
     saved_on = loaders(2, global_batch=32, n=128)
     global_steps(saved_on, 2)
     state = saved_on[0].state_dict()
-    with pytest.raises(ValueError, match=r"32 samples per step \(2 ranks x 16\), this run takes 16 \(1 rank x 16\)"
-                                         r".*batch_size = 32 / world_size = 32"):
+    with pytest.raises(
+        ValueError,
+        match=r"32 samples per step \(2 ranks x 16\), this run takes 16 \(1 rank x 16\)"
+        r".*batch_size = 32 / world_size = 32",
+    ):
         loaders(1, global_batch=16, n=128)[0].load_state_dict(state)
     (alone,) = loaders(1, global_batch=32, n=128)
     alone.load_state_dict(state)

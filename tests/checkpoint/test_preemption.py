@@ -3,6 +3,7 @@
 
 Under `phalanx run` (the launcher gets the signal), plain torchrun (each worker gets it directly)
 and a world of one (`python train.py`)."""
+
 from __future__ import annotations
 
 import json
@@ -23,17 +24,37 @@ from tests.dist.harness import ROOT, run_command
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 
 SCRIPT = "tests/checkpoint/resumable.py"
-LINE = re.compile(r"^phalanx: preempted by (SIG\w+) at step (\d+): checkpoint (\S+) saved; run the same command to resume$")
+LINE = re.compile(
+    r"^phalanx: preempted by (SIG\w+) at step (\d+): checkpoint (\S+) saved; run the same command to resume$"
+)
 
 
 def env() -> dict[str, str]:
-    return dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return dict(
+        os.environ,
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
 
 
 def phalanx_run(base: Path, *script_args: str) -> list[str]:
-    return [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--checkpoint-dir", str(base / "ckpt"),
-            "--run-dir", str(base / "run"), SCRIPT, "--out", str(base / "out"), *script_args]
+    return [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--checkpoint-dir",
+        str(base / "ckpt"),
+        "--run-dir",
+        str(base / "run"),
+        SCRIPT,
+        "--out",
+        str(base / "out"),
+        *script_args,
+    ]
 
 
 def signalled(command: list[str], out: Path, send, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -100,9 +121,22 @@ def test_signal_to_phalanx_run_saves_the_step_exits_128_plus_n_and_resumes_bitwi
 
 def test_plain_torchrun_workers_signalled_directly_save_and_resume_bitwise(reference, tmp_path):
     """torchrun knows nothing of phalanx: each worker gets SIGTERM itself and rank 0 prints the line."""
+
     def command(*extra: str) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                SCRIPT, "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), *extra]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            SCRIPT,
+            "--ckpt",
+            str(tmp_path / "ckpt"),
+            "--out",
+            str(tmp_path / "out"),
+            *extra,
+        ]
 
     def to_each_worker(proc: subprocess.Popen) -> None:
         for rank in (0, 1):
@@ -120,6 +154,7 @@ def test_plain_torchrun_workers_signalled_directly_save_and_resume_bitwise(refer
 
 def test_world_of_one_python_train_py_on_sigterm(tmp_path):
     """`python train.py` receiving SIGTERM: exit 143, the line, and the rerun ends where an uninterrupted one does."""
+
     def command(base: Path, *extra: str) -> list[str]:
         return [sys.executable, SCRIPT, "--ckpt", str(base / "ckpt"), "--out", str(base / "out"), *extra]
 
@@ -130,7 +165,9 @@ def test_world_of_one_python_train_py_on_sigterm(tmp_path):
     proc = signalled(command(base, "--slow-from", "15"), base / "out", lambda p: p.send_signal(signal.SIGTERM))
     assert proc.returncode == 143, proc.stderr[-4000:]
     step = assert_checkpoint_of(preemption_line(proc.stderr), base, read_events(base / "out"))
-    assert_resumes_bitwise(command(base), base, step, torch.load(tmp_path / "ref" / "out" / "final.pt", weights_only=True))
+    assert_resumes_bitwise(
+        command(base), base, step, torch.load(tmp_path / "ref" / "out" / "final.pt", weights_only=True)
+    )
 
 
 def wait_for(path: Path, proc: subprocess.Popen) -> None:
@@ -146,15 +183,30 @@ def test_a_second_signal_during_the_save_lets_it_finish(tmp_path):
         time.sleep(1.2)  # deliveries less than a second apart count as one
         proc.send_signal(signal.SIGTERM)
 
-    command = [sys.executable, SCRIPT, "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
-               "--slow-from", "16", "--slow-save"]  # a stop at 15 would find its checkpoint saved already
+    command = [
+        sys.executable,
+        SCRIPT,
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(tmp_path / "out"),
+        "--slow-from",
+        "16",
+        "--slow-save",
+    ]  # a stop at 15 would find its checkpoint saved already
     proc = signalled(command, tmp_path / "out", send)
     assert proc.returncode == 143, proc.stderr[-4000:]
     assert "SIGTERM again; still finishing step and checkpoint" in proc.stderr
     match = preemption_line(proc.stderr)
     assert_checkpoint_of(match, tmp_path, read_events(tmp_path / "out"))
-    verify = subprocess.run([sys.executable, "-m", "phalanx", "inspect", "--verify", match.group(3)],
-                            cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
+    verify = subprocess.run(
+        [sys.executable, "-m", "phalanx", "inspect", "--verify", match.group(3)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert verify.returncode == 0 and "verify: OK" in verify.stdout, verify.stdout + verify.stderr
 
 
@@ -166,15 +218,30 @@ def test_a_third_signal_exits_at_once_and_the_previous_checkpoint_stays_latest(t
             time.sleep(1.2)
             proc.send_signal(signal.SIGTERM)
 
-    command = [sys.executable, SCRIPT, "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
-               "--slow-from", "16", "--slow-save"]
+    command = [
+        sys.executable,
+        SCRIPT,
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(tmp_path / "out"),
+        "--slow-from",
+        "16",
+        "--slow-save",
+    ]
     proc = signalled(command, tmp_path / "out", send)
     assert proc.returncode == 143, proc.stderr[-4000:]
     assert "third signal (SIGTERM): exiting now" in proc.stderr
     assert "preempted by" not in proc.stderr
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step-00000015"
-    verify = subprocess.run([sys.executable, "-m", "phalanx", "inspect", "--verify", str(tmp_path / "ckpt")],
-                            cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
+    verify = subprocess.run(
+        [sys.executable, "-m", "phalanx", "inspect", "--verify", str(tmp_path / "ckpt")],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert verify.returncode == 0 and "step 15" in verify.stdout, verify.stdout + verify.stderr
 
 
@@ -196,14 +263,26 @@ while True:
 def test_without_checkpoint_dir_phalanx_run_stops_the_workers_and_says_nothing_was_saved(tmp_path):
     script = tmp_path / "forever.py"
     script.write_text(NO_CHECKPOINTS)
-    command = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"),
-               str(script), str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(tmp_path / "run"),
+        str(script),
+        str(tmp_path),
+    ]
     proc = signalled(command, tmp_path, lambda p: p.send_signal(signal.SIGTERM), timeout=120)
     assert proc.returncode == 143, proc.stderr[-4000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("phalanx:")]
-    assert lines == ["phalanx: preempted by SIGTERM: nothing was saved: no checkpoint_dir is set. HINT: with "
-                     "--checkpoint-dir DIR (or checkpoint_dir: in the config) the workers save the step they stop at, "
-                     "and the same command resumes from it"], proc.stderr[-4000:]
+    assert lines == [
+        "phalanx: preempted by SIGTERM: nothing was saved: no checkpoint_dir is set. HINT: with "
+        "--checkpoint-dir DIR (or checkpoint_dir: in the config) the workers save the step they stop at, "
+        "and the same command resumes from it"
+    ], proc.stderr[-4000:]
     for rank in (0, 1):  # the workers are gone, each ended by the forwarded SIGTERM
         with pytest.raises(ProcessLookupError):
             os.kill(int((tmp_path / f"pid-{rank}").read_text()), 0)
@@ -231,8 +310,18 @@ def test_a_signal_after_the_script_finished_says_so_not_preempted(tmp_path):
     reported as 'preempted by SIGTERM: nothing was saved'; it now says the script had finished."""
     script = tmp_path / "finished.py"
     script.write_text(FINISHED_THEN_HANGS)
-    command = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"),
-               str(script), str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(tmp_path / "run"),
+        str(script),
+        str(tmp_path),
+    ]
     proc = subprocess.Popen(command, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -246,6 +335,8 @@ def test_a_signal_after_the_script_finished_says_so_not_preempted(tmp_path):
             proc.kill()
             proc.communicate()
     lines = [line for line in stderr.splitlines() if line.startswith("phalanx:")]
-    assert lines == ["phalanx: stopped by SIGTERM after the script had finished on every rank (the signal found its "
-                     "processes exiting, not training): nothing to save, nothing lost"], stderr[-4000:]
+    assert lines == [
+        "phalanx: stopped by SIGTERM after the script had finished on every rank (the signal found its "
+        "processes exiting, not training): nothing to save, nothing lost"
+    ], stderr[-4000:]
     assert proc.returncode == 143

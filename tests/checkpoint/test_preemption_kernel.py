@@ -1,6 +1,7 @@
 """Preemption where the process is shared: in a Jupyter kernel, a script (or the kernel's event loop)
 setting its own `signal.set_wakeup_fd` and a second `Phalanx()` in the same process must not lose the
 signal; and a world of one stops at a step boundary, never in the middle of an evaluation loop."""
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,9 @@ def test_preemption_in_a_notebook_kernel_survives_a_changed_wakeup_fd_and_a_seco
     from tests.dist.test_spawn_and_adopt import script_env
     from tests.notebook import run_cells
 
-    stdout = run_cells(CELLS, tmp_path, monkeypatch, {**script_env(), "PHALANX_RUN_DIR": str(tmp_path / "runs")},
-                       timeout=150)
+    stdout = run_cells(
+        CELLS, tmp_path, monkeypatch, {**script_env(), "PHALANX_RUN_DIR": str(tmp_path / "runs")}, timeout=150
+    )
     # the signal in step 2 is acted on at the next step boundary: after step 3's optimizer step
     assert "FIRST stopped 138 at step 3" in stdout, stdout
     assert "SECOND stopped 138 at step 3" in stdout, stdout
@@ -63,8 +65,12 @@ def test_a_world_of_one_stops_at_a_step_boundary_not_in_an_eval_loop(tmp_path, m
     px = Phalanx(checkpoint_dir=tmp_path / "ckpt")
     model = nn.Linear(2, 1)
     data = TensorDataset(torch.randn(16, 2))
-    model, opt, train, evaluation = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                               DataLoader(data, batch_size=4), DataLoader(data, batch_size=2))
+    model, opt, train, evaluation = px.prepare(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(data, batch_size=4),
+        DataLoader(data, batch_size=2),
+    )
     evaluated = []
     with pytest.raises(SystemExit) as stop:
         for _ in range(3):

@@ -1,5 +1,6 @@
 """Kill-and-resume is exact, mid-epoch resume replays the same batches, and a 2-rank checkpoint
 continues on 1 and 3 ranks with the same global batch."""
+
 import os
 import shutil
 import subprocess
@@ -23,32 +24,78 @@ KILLS = "12:1,20s:0,33:1"
 def killed(tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("killed")
     (base / "out").mkdir()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--max-restarts", "3",
-               "--checkpoint-dir", str(base / "ckpt"),
-               "tests/checkpoint/resumable.py", "--out", str(base / "out"),
-               "--kills", KILLS, "--async-save"]
+    env = dict(
+        os.environ,
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "3",
+        "--checkpoint-dir",
+        str(base / "ckpt"),
+        "tests/checkpoint/resumable.py",
+        "--out",
+        str(base / "out"),
+        "--kills",
+        KILLS,
+        "--async-save",
+    ]
     proc = run_command(command, env, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-    return {"ckpt": base / "ckpt", "events": read_events(base / "out"),
-            "final": torch.load(base / "out" / "final.pt", weights_only=True), "log": proc.stderr}
+    return {
+        "ckpt": base / "ckpt",
+        "events": read_events(base / "out"),
+        "final": torch.load(base / "out" / "final.pt", weights_only=True),
+        "log": proc.stderr,
+    }
 
 
 def launch_with_restarts(base: Path, kills: str, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--max-restarts", "3",
-               "--checkpoint-dir", str(base / "ckpt"), *extra,
-               "tests/checkpoint/resumable.py", "--out", str(base / "out"), "--kills", kills]
+    env = dict(
+        os.environ,
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "3",
+        "--checkpoint-dir",
+        str(base / "ckpt"),
+        *extra,
+        "tests/checkpoint/resumable.py",
+        "--out",
+        str(base / "out"),
+        "--kills",
+        kills,
+    ]
     return run_command(command, env, timeout=240)
 
 
 def test_kill_and_auto_resume_under_zero3_matches_the_uninterrupted_run(tmp_path):
     """The same exact-resume contract with sharded (FSDP2) model and optimizer state."""
     (tmp_path / "ref" / "out").mkdir(parents=True)
-    reference = run_ranks(RESUMABLE, 2, args=(str(tmp_path / "ref" / "ckpt"), str(tmp_path / "ref" / "out"), 40, 5),
-                          env={"PHALANX_STRATEGY": "zero3"}, timeout=150)
+    reference = run_ranks(
+        RESUMABLE,
+        2,
+        args=(str(tmp_path / "ref" / "ckpt"), str(tmp_path / "ref" / "out"), 40, 5),
+        env={"PHALANX_STRATEGY": "zero3"},
+        timeout=150,
+    )
     assert [r["strategy"] for r in reference] == ["zero3", "zero3"]
     (tmp_path / "killed" / "out").mkdir(parents=True)
     proc = launch_with_restarts(tmp_path / "killed", "17:1,28:0", "--strategy", "zero3")
@@ -129,8 +176,12 @@ def test_reshard_continues_with_the_same_global_batches_and_loss_curve(resharded
     assert [e["step"] for e in continued] == list(range(11, 21))
     for event in continued:
         assert sorted(event["indices"]) == sorted(full[event["step"]]["indices"]), event["step"]
-    torch.testing.assert_close(torch.tensor([e["loss"] for e in continued]),
-                               torch.tensor([full[e["step"]]["loss"] for e in continued]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor([e["loss"] for e in continued]),
+        torch.tensor([full[e["step"]]["loss"] for e in continued]),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -138,26 +189,46 @@ def split(tmp_path_factory) -> dict:
     """split_batches (DataLoader batch_size = the global batch, 12): 20 steps on 2 ranks, and the same
     run's step-10 checkpoint continued on 1 rank by the same script, unchanged."""
     base = tmp_path_factory.mktemp("split")
-    plain = {"steps": 20, "every": 5, "global_batch": 12, "kills": "", "async_save": False, "keep": 0, "noise": False,
-             "split_batches": True}
+    plain = {
+        "steps": 20,
+        "every": 5,
+        "global_batch": 12,
+        "kills": "",
+        "async_save": False,
+        "keep": 0,
+        "noise": False,
+        "split_batches": True,
+    }
     (base / "w2" / "out").mkdir(parents=True)
     run_ranks(RESUMABLE, 2, args=(str(base / "w2" / "ckpt"), str(base / "w2" / "out"), *plain.values()), timeout=150)
     (base / "w1" / "out").mkdir(parents=True)
     shutil.copytree(base / "w2" / "ckpt" / "step-00000010", base / "w1" / "ckpt" / "step-00000010")
     run_ranks(RESUMABLE, 1, args=(str(base / "w1" / "ckpt"), str(base / "w1" / "out"), *plain.values()), timeout=150)
-    return {world: {"events": read_events(base / f"w{world}" / "out"),
-                    "final": torch.load(base / f"w{world}" / "out" / "final.pt", weights_only=True)} for world in (1, 2)}
+    return {
+        world: {
+            "events": read_events(base / f"w{world}" / "out"),
+            "final": torch.load(base / f"w{world}" / "out" / "final.pt", weights_only=True),
+        }
+        for world in (1, 2)
+    }
 
 
 def test_split_batches_on_two_ranks_trains_exactly_like_a_script_that_divides_the_batch_itself(split, resharded):
     """batch_size=12 with split_batches on 2 ranks = batch_size=6 per rank: the same batches, the same losses."""
-    assert [(e["step"], e["indices"], e["loss"]) for e in steps_of(split[2]["events"])] == \
-        [(e["step"], e["indices"], e["loss"]) for e in steps_of(resharded[2])]
+    assert [(e["step"], e["indices"], e["loss"]) for e in steps_of(split[2]["events"])] == [
+        (e["step"], e["indices"], e["loss"]) for e in steps_of(resharded[2])
+    ]
 
 
 def test_split_batches_checkpoint_of_two_ranks_resumes_on_one_and_ends_like_the_two_rank_run(split):
     events = split[1]["events"]
-    assert events[0] == {"attempt": 0, "world_size": 1, "strategy": events[0]["strategy"], "event": "resumed", "step": 10}
+    assert events[0] == {
+        "attempt": 0,
+        "world_size": 1,
+        "strategy": events[0]["strategy"],
+        "event": "resumed",
+        "step": 10,
+    }
     full = {e["step"]: e for e in steps_of(split[2]["events"])}
     continued = steps_of(events)
     assert [e["step"] for e in continued] == list(range(11, 21))

@@ -1,6 +1,7 @@
 """`px.save_state()` in the middle of a gradient-accumulation cycle: the checkpoint is written after
 the cycle's optimizer step (it dropped the accumulated gradient: losses after a resume differed by
 up to 50 %), and a resume from it ends where the uninterrupted run does."""
+
 import pytest
 import torch
 from torch import nn
@@ -15,8 +16,9 @@ def _run(tmp_path, save_at: int | None = None, resume: bool = False):
     model = nn.Linear(3, 1)
     g = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(32, 3, generator=g), torch.randn(32, 1, generator=g))
-    model, opt, loader = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                    DataLoader(data, batch_size=4, shuffle=True))
+    model, opt, loader = px.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(data, batch_size=4, shuffle=True)
+    )
     if resume:
         assert px.load_state()
     saved = None

@@ -1,4 +1,5 @@
 """fp16's gradient scaler (held by the strategy, not the user) is saved and restored with the rest."""
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 

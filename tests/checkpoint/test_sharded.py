@@ -1,5 +1,6 @@
 """A checkpoint of an FSDP2-sharded model (2 ranks, each writing only its shard) loads into a plain
 model and optimizer in one process: zero3 -> single/ddp across strategies and world sizes."""
+
 import pytest
 import torch
 
@@ -29,5 +30,6 @@ def test_fsdp2_checkpoint_loads_into_a_plain_model(tmp_path):
     names = [n for n, _ in model.named_parameters()]
     for index, name in enumerate(names):
         for key in ("exp_avg", "exp_avg_sq"):
-            assert torch.equal(optimizer.state[optimizer.param_groups[0]["params"][index]][key],
-                               saved["optim_state"][name][key]), (name, key)
+            assert torch.equal(
+                optimizer.state[optimizer.param_groups[0]["params"][index]][key], saved["optim_state"][name][key]
+            ), (name, key)

@@ -5,6 +5,7 @@ written is refused before training starts.
 The full disk is a real one: a 2 MiB tmpfs mounted as checkpoint_dir (needs root), filled by the
 script after its step-10 checkpoint.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,10 +61,13 @@ def test_a_full_disk_stops_every_rank_with_one_message_and_keeps_latest(tmp_path
         logs = str(failed.value).split("--- rank ")[1:]
         assert len(logs) == 2
         for log in logs:  # every rank stops with the same message: path, error, latest good step
-            assert "CheckpointWriteError: saving checkpoint step 15 to " f"{ckpt}/step-00000015 failed on rank" in log
+            assert f"CheckpointWriteError: saving checkpoint step 15 to {ckpt}/step-00000015 failed on rank" in log
             assert "No space left on device" in log
-            full = re.search(rf"the filesystem of the checkpoint directory {re.escape(str(ckpt))} is full: the checkpoint "
-                             r"needs about (\d+) bytes \([^)]*\), (\d+) bytes are free", log)
+            full = re.search(
+                rf"the filesystem of the checkpoint directory {re.escape(str(ckpt))} is full: the checkpoint "
+                r"needs about (\d+) bytes \([^)]*\), (\d+) bytes are free",
+                log,
+            )
             assert full, log[-3000:]
             needed, free = int(full.group(1)), int(full.group(2))
             assert needed == NEEDED and free < needed
@@ -72,8 +76,13 @@ def test_a_full_disk_stops_every_rank_with_one_message_and_keeps_latest(tmp_path
         assert not list(ckpt.glob(".staging-*")) and not (ckpt / "step-00000015").exists()
         assert max(e["step"] for e in read_events(out) if e["event"] == "step") == 15  # no step after the failure
         (ckpt / "filler").unlink()  # not needed to verify, but leaves the mount as a user would clean it
-        verify = subprocess.run([sys.executable, "-m", "phalanx", "inspect", "--verify", str(ckpt)],
-                                cwd=ROOT, capture_output=True, text=True, timeout=60)
+        verify = subprocess.run(
+            [sys.executable, "-m", "phalanx", "inspect", "--verify", str(ckpt)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert verify.returncode == 0 and "verify: OK" in verify.stdout, verify.stdout + verify.stderr
         assert "step 10" in verify.stdout
 
@@ -83,11 +92,35 @@ def test_a_full_disk_under_phalanx_run_is_not_restarted(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     with small_tmpfs(tmp_path / "ckpt") as ckpt:
-        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        proc = run_command([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--max-restarts", "2",
-                            "--checkpoint-dir", str(ckpt), "--run-dir", str(tmp_path / "run"),
-                            "tests/checkpoint/resumable.py", "--out", str(out), "--fill-after", "10"], env, timeout=240)
+        env = dict(
+            os.environ,
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        )
+        proc = run_command(
+            [
+                sys.executable,
+                "-m",
+                "phalanx",
+                "run",
+                "--nproc-per-node",
+                "2",
+                "--max-restarts",
+                "2",
+                "--checkpoint-dir",
+                str(ckpt),
+                "--run-dir",
+                str(tmp_path / "run"),
+                "tests/checkpoint/resumable.py",
+                "--out",
+                str(out),
+                "--fill-after",
+                "10",
+            ],
+            env,
+            timeout=240,
+        )
         assert proc.returncode == 1, proc.stderr[-4000:]
         assert "phalanx: restart" not in proc.stderr
         assert "phalanx: not restarting: a checkpoint could not be written" in proc.stderr
@@ -99,9 +132,23 @@ def test_a_full_disk_under_phalanx_run_is_not_restarted(tmp_path):
 def _run_refused(checkpoint_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     script = tmp_path / "never.py"
     script.write_text("raise SystemExit('the script must not start')\n")
-    return subprocess.run([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2",
-                           "--checkpoint-dir", str(checkpoint_dir), str(script)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--checkpoint-dir",
+            str(checkpoint_dir),
+            str(script),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_checkpoint_dir_under_a_file_is_refused_before_launch(tmp_path):
@@ -119,7 +166,9 @@ def test_a_read_only_checkpoint_dir_is_refused_before_launch_and_by_phalanx(tmp_
         proc = _run_refused(ro, tmp_path)
         assert proc.returncode == 2
         assert "cannot be written: [Errno 30] Read-only file system" in proc.stderr, proc.stderr
-        code = ("from phalanx import Phalanx\n"
-                "try:\n    Phalanx(checkpoint_dir=%r)\nexcept ValueError as e:\n    print(e)\n" % str(ro))
+        code = (
+            "from phalanx import Phalanx\n"
+            "try:\n    Phalanx(checkpoint_dir=%r)\nexcept ValueError as e:\n    print(e)\n" % str(ro)
+        )
         shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert f"checkpoint_dir {ro} cannot be written: [Errno 30] Read-only file system" in shown.stdout, shown.stderr

@@ -5,6 +5,7 @@ job ended in 148 lines of aiohttp/botocore traceback. Now every rank raises the 
 from what the job knows (its last checkpoint, step 2), naming the endpoint and the fix, within a
 bounded time, with the model and step as they were; the launcher's report stays within a dozen lines.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,36 @@ def test_a_save_to_a_stopped_store_ends_in_one_phalanx_message_on_every_rank(tmp
     out = tmp_path / "out"
     out.mkdir()
     with s3_server(tmp_path) as s3:
-        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **s3.env,
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+            **s3.env,
+            PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        )
         url = s3.url("lost")
-        job = subprocess.Popen([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--checkpoint-dir",
-                                url, "--run-dir", str(tmp_path / "run"), SCRIPT, "--out", str(out)],
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "phalanx",
+                "run",
+                "--nproc-per-node",
+                "2",
+                "--checkpoint-dir",
+                url,
+                "--run-dir",
+                str(tmp_path / "run"),
+                SCRIPT,
+                "--out",
+                str(out),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 180
             while not (out / "saved").exists():
@@ -58,9 +83,14 @@ def test_a_save_to_a_stopped_store_ends_in_one_phalanx_message_on_every_rank(tmp
     for rank in ranks:  # bounded: botocore's retries of the one failed call, the store not asked again
         assert rank["seconds"] < 60, rank
         assert rank["intact"] and rank["step"] == 3 and rank["after"] == 4, rank
-    report = stderr[stderr.index("phalanx: rank ") if "phalanx watchdog" not in stderr
-                    else stderr.index("phalanx watchdog"):].strip().splitlines()
+    report = (
+        stderr[
+            stderr.index("phalanx: rank ") if "phalanx watchdog" not in stderr else stderr.index("phalanx watchdog") :
+        ]
+        .strip()
+        .splitlines()
+    )
     assert len(report) <= 12, "\n".join(report)
     assert "CheckpointWriteError: saving checkpoint step 3" in stderr
-    for library in ("botocore", "aiohttp", "s3fs", "Traceback (most recent call last):\n  File \"/"):
+    for library in ("botocore", "aiohttp", "s3fs", 'Traceback (most recent call last):\n  File "/'):
         assert library not in stderr.replace("EndpointConnectionError", ""), stderr[-6000:]

@@ -1,4 +1,5 @@
 """Which local addresses listen on a TCP port, read from /proc/net/tcp{,6} (no ss needed)."""
+
 import ipaddress
 import struct
 
@@ -19,6 +20,6 @@ def listening_addresses(port: int) -> list[str]:
                 continue
             raw = bytes.fromhex(addr_hex)
             # /proc prints each 32-bit word in host (little-endian) order
-            words = b"".join(struct.pack("<I", struct.unpack(">I", raw[i:i + 4])[0]) for i in range(0, len(raw), 4))
+            words = b"".join(struct.pack("<I", struct.unpack(">I", raw[i : i + 4])[0]) for i in range(0, len(raw), 4))
             found.append(str(ipaddress.ip_address(words)) if width == 8 else str(ipaddress.IPv6Address(words)))
     return found

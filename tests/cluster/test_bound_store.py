@@ -1,4 +1,5 @@
 """The rendezvous store listens only on the named address (loopback on one node), not on `*`."""
+
 import datetime
 import os
 import socket
@@ -21,8 +22,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "report_store_listeners.py"
 
 def test_torch_store_alone_listens_everywhere():
     """The reason for bound_store: TCPStore given 127.0.0.1 still binds every interface."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=10))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10)
+    )
     assert listening_addresses(store.port) in (["::"], ["0.0.0.0"], ["0.0.0.0", "::"])
 
 
@@ -40,8 +42,16 @@ def test_bound_store_listens_on_loopback_only_and_serves_clients():
 
 def test_hosting_c10d_store_listens_on_the_nodes_own_address_only(monkeypatch):
     """Multi-node c10d (torch's store would bind every interface): the host binds its local_addr."""
-    params = RendezvousParameters(backend="phalanx-c10d", endpoint="127.0.0.1:0", run_id="c", min_nodes=1,
-                                  max_nodes=1, local_addr="127.0.0.1", is_host=True, join_timeout=20)
+    params = RendezvousParameters(
+        backend="phalanx-c10d",
+        endpoint="127.0.0.1:0",
+        run_id="c",
+        min_nodes=1,
+        max_nodes=1,
+        local_addr="127.0.0.1",
+        is_host=True,
+        join_timeout=20,
+    )
     ports = []
 
     def recording(host, port):
@@ -71,9 +81,11 @@ def test_busy_port_is_named():
 
 @pytest.mark.dist
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("flags", [[], ["--master-port", "0"], ["--standalone"],
-                                   ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]],
-                         ids=["free-port", "explicit", "standalone", "c10d"])
+@pytest.mark.parametrize(
+    "flags",
+    [[], ["--master-port", "0"], ["--standalone"], ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]],
+    ids=["free-port", "explicit", "standalone", "c10d"],
+)
 def test_single_node_phalanx_run_store_is_loopback_only(flags, tmp_path):
     """Listening on 127.0.0.1 only, and refused on the machine's other addresses (torchrun's
     standalone and c10d stores would accept connections there)."""
@@ -81,8 +93,14 @@ def test_single_node_phalanx_run_store_is_loopback_only(flags, tmp_path):
         with bind_listener("127.0.0.1", 0) as probe:
             flags = ["--master-port", str(probe.getsockname()[1])]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
-    proc = subprocess.run([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", *flags, str(SCRIPT)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", *flags, str(SCRIPT)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert proc.returncode == 0, proc.stderr
     (line,) = [l for l in proc.stdout.splitlines() if l.startswith("LISTENERS")]
     _, addr, port, listeners = line.split()
@@ -101,10 +119,29 @@ def _run_under_etcd(tmp_path, backend: str, *script_args: str) -> str:
         ports = a.getsockname()[1], b.getsockname()[1]
     with etcd_server(tmp_path, "127.0.0.1", *ports) as endpoint:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
-        proc = subprocess.run([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--rdzv-backend",
-                               backend, "--rdzv-endpoint", endpoint, "--rdzv-id", f"bound-{backend}-{os.getpid()}",
-                               str(SCRIPT), *script_args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=180)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "phalanx",
+                "run",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-backend",
+                backend,
+                "--rdzv-endpoint",
+                endpoint,
+                "--rdzv-id",
+                f"bound-{backend}-{os.getpid()}",
+                str(SCRIPT),
+                *script_args,
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REACHABLE_ELSEWHERE none" in proc.stdout.splitlines()
     (line,) = [l for l in proc.stdout.splitlines() if l.startswith("LISTENERS")]

@@ -7,6 +7,7 @@
   with a checkpoint, and the job ends with one line naming the store (before: the agent died within a
   second of etcd's stop, in 140 lines of torch's traceback, whatever --max-restarts said).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,11 @@ def _free_port() -> int:
 
 def _env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "GLOO_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               TMPDIR=str(tmp_path))
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        TMPDIR=str(tmp_path),
+    )
     return env
 
 
@@ -46,15 +50,33 @@ def test_etcd_absent_at_start_is_refused_before_any_worker_starts(backend, tmp_p
     script = tmp_path / "never.py"
     script.write_text("open('started', 'w').write('1')\n")
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--rdzv-backend", backend,
-                           "--rdzv-endpoint", f"127.0.0.1:{port}", str(script)], cwd=tmp_path, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=100)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            backend,
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            str(script),
+        ],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     seconds = time.monotonic() - started
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [
         f"phalanx run: error: the rendezvous store (etcd, --rdzv-backend {backend}) at 127.0.0.1:{port} does not "
         f"answer: Connection refused. HINT: start etcd there first (etcd --enable-v2 --listen-client-urls "
-        f"http://127.0.0.1:{port} --advertise-client-urls http://127.0.0.1:{port}), or correct --rdzv-endpoint"]
+        f"http://127.0.0.1:{port} --advertise-client-urls http://127.0.0.1:{port}), or correct --rdzv-endpoint"
+    ]
     assert not (tmp_path / "started").exists() and seconds < 30
 
 
@@ -62,8 +84,9 @@ class _Job:
     """`phalanx run` of elastic_train.py, its stderr lines gathered as they come."""
 
     def __init__(self, cmd: list[str], cwd: Path, env: dict[str, str]):
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -109,11 +132,42 @@ def test_etcd_lost_mid_job_the_job_goes_on_and_otherwise_stops_with_a_checkpoint
     where = f"etcd at 127.0.0.1:{ports[0]}"
     job = None
     try:
-        job = _Job([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--rdzv-backend", "etcd-v2",
-                    "--rdzv-endpoint", f"127.0.0.1:{ports[0]}", "--rdzv-timeout", "6", "--max-restarts", "1",
-                    "--checkpoint-dir", str(ckpt), "--checkpoint-keep", "0", "--split-batches",
-                    "--run-dir", str(tmp_path / "run"), str(SCRIPT), "--out", str(out), "--park", "2:8,2:16",
-                    "--steps", "400", "--step-s", "0.05"], tmp_path, _env(tmp_path))
+        job = _Job(
+            [
+                sys.executable,
+                "-m",
+                "phalanx",
+                "run",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-backend",
+                "etcd-v2",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{ports[0]}",
+                "--rdzv-timeout",
+                "6",
+                "--max-restarts",
+                "1",
+                "--checkpoint-dir",
+                str(ckpt),
+                "--checkpoint-keep",
+                "0",
+                "--split-batches",
+                "--run-dir",
+                str(tmp_path / "run"),
+                str(SCRIPT),
+                "--out",
+                str(out),
+                "--park",
+                "2:8,2:16",
+                "--steps",
+                "400",
+                "--step-s",
+                "0.05",
+            ],
+            tmp_path,
+            _env(tmp_path),
+        )
 
         def parked(step: int):
             return lambda: all((out / f"parked-2-{step}-{rank}").exists() for rank in range(2))
@@ -142,8 +196,13 @@ def test_etcd_lost_mid_job_the_job_goes_on_and_otherwise_stops_with_a_checkpoint
     text = "\n".join(job.lines)
     assert code == 143, text[-4000:]
     assert "Traceback" not in text and "RendezvousConnectionError" in text  # named in phalanx's line only
-    assert job.said(f"has not answered for 6 s (--rdzv-timeout): stopping the workers with a checkpoint. "
-                    f"HINT: bring etcd back at 127.0.0.1:{ports[0]}, then run the same command to resume") == 1
+    assert (
+        job.said(
+            f"has not answered for 6 s (--rdzv-timeout): stopping the workers with a checkpoint. "
+            f"HINT: bring etcd back at 127.0.0.1:{ports[0]}, then run the same command to resume"
+        )
+        == 1
+    )
     final = [line for line in job.lines if line.startswith("phalanx: preempted by SIGTERM")]
     assert len(final) == 1 and f"(the rendezvous store {where} did not answer for 6 s) at step " in final[0], text
     step = int(final[0].split(" at step ")[1].split(":")[0])

@@ -1,4 +1,5 @@
 """SLURM hostlist and task-count expressions, checked against what `scontrol show hostnames` prints."""
+
 import pytest
 
 from phalanx.cluster.hostlist import expand_hostlist, expand_tasks_per_node
@@ -25,7 +26,12 @@ def test_expand_hostlist(expression, hosts):
 
 @pytest.mark.parametrize(
     "expression, fragment",
-    [("gpu[01-", "unmatched '['"), ("gpu01]", "unmatched ']'"), ("gpu[3-1]", "runs backwards"), ("gpu[a-b]", "cannot read range 'a-b'")],
+    [
+        ("gpu[01-", "unmatched '['"),
+        ("gpu01]", "unmatched ']'"),
+        ("gpu[3-1]", "runs backwards"),
+        ("gpu[a-b]", "cannot read range 'a-b'"),
+    ],
 )
 def test_bad_hostlist_names_the_problem(expression, fragment):
     with pytest.raises(ValueError, match=repr(expression).replace("[", r"\[")) as info:

@@ -1,4 +1,5 @@
 """`mpiexec python train.py`: MPI's variables mapped to torch's, as pure functions over a dict."""
+
 from __future__ import annotations
 
 import sys
@@ -14,17 +15,33 @@ def fixed_address(world):
 
 
 def test_open_mpi_variables():
-    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
-           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    }
     assert torch_env_from_mpi(env, fixed_address) == {
-        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
-        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "23456"}
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "23456",
+    }
 
 
 def test_mpich_hydra_variables():
     env = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
     world = read_mpi_world(env)
-    assert (world.rank, world.size, world.local_rank, world.local_size, world.source) == (1, 2, 1, 2, "PMI_RANK/PMI_SIZE")
+    assert (world.rank, world.size, world.local_rank, world.local_size, world.source) == (
+        1,
+        2,
+        1,
+        2,
+        "PMI_RANK/PMI_SIZE",
+    )
 
 
 def test_local_rank_defaults_to_rank_modulo_local_size():
@@ -63,7 +80,13 @@ def test_missing_mpi4py_names_the_extra(monkeypatch):
 
 
 def test_context_under_mpiexec_rendezvous_at_the_shared_address(monkeypatch):
-    env = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23999"}
+    env = {
+        "PMI_RANK": "1",
+        "PMI_SIZE": "2",
+        "MPI_LOCALRANKID": "1",
+        "MPI_LOCALNRANKS": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "23999",
+    }
     ctx = DistContext.from_env(env, cpu=True)
     assert (ctx.rank, ctx.local_rank, ctx.world_size, ctx.init_method) == (1, 1, 2, "tcp://127.0.0.1:23999")

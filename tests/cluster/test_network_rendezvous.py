@@ -1,4 +1,5 @@
 """Interface choice, store ownership, rendezvous settings and failure reports (no traffic sent)."""
+
 import pytest
 
 from phalanx.cluster import network
@@ -13,7 +14,9 @@ def test_loopback_route():
 
 
 def test_unresolvable_host_names_the_fix():
-    with pytest.raises(NetworkError, match=r"cannot resolve 'no-such-host\.invalid'.*getent hosts no-such-host\.invalid"):
+    with pytest.raises(
+        NetworkError, match=r"cannot resolve 'no-such-host\.invalid'.*getent hosts no-such-host\.invalid"
+    ):
         network.resolve("no-such-host.invalid")
 
 
@@ -37,8 +40,10 @@ def test_own_address_makes_this_node_the_host():
     plan = setup_node(addr, 29500, {}, table)
     assert (plan.ifname, plan.local_addr, plan.is_host) == (name, addr, True)
     assert plan.env == {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
-    assert plan.describe() == (f"phalanx: this node ({addr} on {name}) hosts the store at {addr}:29500 ({addr}); "
-                               f"GLOO_SOCKET_IFNAME={name}, NCCL_SOCKET_IFNAME={name}")
+    assert plan.describe() == (
+        f"phalanx: this node ({addr} on {name}) hosts the store at {addr}:29500 ({addr}); "
+        f"GLOO_SOCKET_IFNAME={name}, NCCL_SOCKET_IFNAME={name}"
+    )
 
 
 def test_user_interface_variables_are_kept():
@@ -104,8 +109,16 @@ def test_rendezvous_configs():
 
 
 def test_failure_report_for_a_node_that_cannot_reach_the_store():
-    text = describe_rendezvous_failure(TimeoutError("connect timed out\nmore"), backend="c10d", host="10.250.0.1",
-                                       port=29400, nnodes=(2, 2), node_rank=None, timeout_s=15, setup=_plan(False))
+    text = describe_rendezvous_failure(
+        TimeoutError("connect timed out\nmore"),
+        backend="c10d",
+        host="10.250.0.1",
+        port=29400,
+        nnodes=(2, 2),
+        node_rank=None,
+        timeout_s=15,
+        setup=_plan(False),
+    )
     assert text.splitlines()[:2] == [
         "phalanx: the rendezvous did not complete within 15 s (c10d, 2 node(s) expected).",
         "  missing: the store at 10.250.0.1:29400. This node tried 10.250.0.1 from 10.250.0.2 on veth1; either the "
@@ -115,7 +128,15 @@ def test_failure_report_for_a_node_that_cannot_reach_the_store():
 
 
 def test_failure_report_for_the_host_left_alone_with_an_elastic_range():
-    text = describe_rendezvous_failure(RuntimeError("x"), backend="c10d", host="10.250.0.1", port=29400,
-                                       nnodes=(2, 4), node_rank=None, timeout_s=30, setup=_plan(True))
+    text = describe_rendezvous_failure(
+        RuntimeError("x"),
+        backend="c10d",
+        host="10.250.0.1",
+        port=29400,
+        nnodes=(2, 4),
+        node_rank=None,
+        timeout_s=30,
+        setup=_plan(True),
+    )
     assert "(c10d, 2 to 4 node(s) expected)" in text
     assert "hosts the store at 10.250.0.1:29400, but fewer than 2 node(s) joined" in text

@@ -1,4 +1,5 @@
 """`phalanx slurm`: the batch script it prints/writes, and its errors."""
+
 import sys
 
 import pytest
@@ -23,8 +24,26 @@ def script(tmp_path):
 
 
 def test_dry_run_prints_a_multi_node_gpu_script(capsys, monkeypatch, script, tmp_path):
-    code, out, err = _run(capsys, ["--nodes", "2", "--gpus-per-node", "4", "--time", "02:00:00", "--partition", "gpu",
-                                   "--strategy", "zero3", "--dry-run", "train.py", *WINE_ARGS], tmp_path, monkeypatch)
+    code, out, err = _run(
+        capsys,
+        [
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "4",
+            "--time",
+            "02:00:00",
+            "--partition",
+            "gpu",
+            "--strategy",
+            "zero3",
+            "--dry-run",
+            "train.py",
+            *WINE_ARGS,
+        ],
+        tmp_path,
+        monkeypatch,
+    )
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "#!/bin/bash"
@@ -51,7 +70,9 @@ def test_dry_run_prints_a_multi_node_gpu_script(capsys, monkeypatch, script, tmp
 
 
 def test_cpu_job_asks_for_no_gpus_and_leaves_nproc_auto(capsys, monkeypatch, script, tmp_path):
-    code, out, _ = _run(capsys, ["--dry-run", "--job-name", "wine-cpu", "--cpus-per-task", "2", "train.py"], tmp_path, monkeypatch)
+    code, out, _ = _run(
+        capsys, ["--dry-run", "--job-name", "wine-cpu", "--cpus-per-task", "2", "train.py"], tmp_path, monkeypatch
+    )
     assert code == 0
     assert "--gpus-per-node" not in out
     assert "#SBATCH --cpus-per-task=2" in out and "#SBATCH --nodes=1" in out and "#SBATCH --job-name=wine-cpu" in out
@@ -76,18 +97,21 @@ def test_submit_without_sbatch_says_so_and_keeps_the_script(capsys, monkeypatch,
 
 def test_submit_runs_sbatch_on_the_script(capsys, monkeypatch, script, tmp_path):
     fake = tmp_path / "sbatch"
-    fake.write_text("#!/bin/sh\necho \"Submitted batch job 42 ($1)\"\n")
+    fake.write_text('#!/bin/sh\necho "Submitted batch job 42 ($1)"\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     code, out, _ = _run(capsys, ["--submit", "train.py"], tmp_path, monkeypatch)
     assert (code, out) == (0, "Submitted batch job 42 (train.sbatch)\n")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--time", "2 hours", "train.py"], "--time '2 hours' is not a SLURM time"),
-    (["--nodes", "0", "train.py"], "--nodes must be at least 1, got 0"),
-    (["missing.py"], "training script 'missing.py' not found"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--time", "2 hours", "train.py"], "--time '2 hours' is not a SLURM time"),
+        (["--nodes", "0", "train.py"], "--nodes must be at least 1, got 0"),
+        (["missing.py"], "training script 'missing.py' not found"),
+    ],
+)
 def test_bad_input_is_refused(capsys, monkeypatch, script, tmp_path, argv, message):
     code, _, err = _run(capsys, ["--dry-run", *argv], tmp_path, monkeypatch)
     assert code == 2 and message in err

@@ -1,4 +1,5 @@
 """Real-world SLURM environment snapshots -> what `phalanx run` and the runtime derive from them."""
+
 import pytest
 
 from phalanx.cluster.slurm import (
@@ -38,9 +39,14 @@ def srun_env(job_id, nodelist, node_id, tasks_per_node, procid=None, localid=0, 
 def batch_env(job_id, nodelist, tasks_per_node, nnodes, gpus=None):
     """The batch script's environment on the first node: no step variables."""
     env = {
-        "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NODELIST": nodelist, "SLURM_NODEID": "0",
-        "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": tasks_per_node,
-        "SLURM_NNODES": str(nnodes), "SLURM_NTASKS": "8",
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_TASKS_PER_NODE": tasks_per_node,
+        "SLURM_NNODES": str(nnodes),
+        "SLURM_NTASKS": "8",
     }
     if gpus is not None:
         env["SLURM_GPUS_ON_NODE"] = str(gpus)
@@ -62,6 +68,7 @@ def test_port_derives_from_job_id_below_ephemeral_range():
 
 
 # --- srun phalanx run (one task per node) ---
+
 
 def test_single_node_one_task_four_gpus():
     launch = launch_settings(srun_env(123456, "gpu07", 0, "1", ntasks=1, gpus=4))
@@ -150,11 +157,17 @@ def test_node_id_outside_hosts_is_reported():
 
 # --- srun python train.py (one task per GPU): the runtime's fallback ---
 
+
 def test_one_task_per_gpu_maps_to_torch_variables():
     env = srun_env(5, "gpu[01-02]", 1, "4(x2)", procid=5, localid=1, ntasks=8, gpus=4)
     assert torch_env_from_slurm(env) == {
-        "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
-        "GROUP_RANK": "1", "MASTER_ADDR": "gpu01", "MASTER_PORT": str(15005),
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "gpu01",
+        "MASTER_PORT": str(15005),
     }
 
 

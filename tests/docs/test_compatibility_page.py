@@ -2,6 +2,7 @@
 generate (tests/idioms/page.py), the lists the composition matrix test (tests/dist/test_compatibility.py)
 and the idiom corpus (tests/idioms/test_corpus.py) read: the page cannot claim a cell the tests do not
 check."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,8 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 def test_the_committed_compatibility_page_is_what_the_module_generates():
     assert PAGE.read_text() == page.page_text(), (
         f"docs/compatibility.md is out of date with tests/layouts/compatibility.py or tests/idioms/table.py. "
-        f"HINT: run {compatibility.COMMAND}")
+        f"HINT: run {compatibility.COMMAND}"
+    )
 
 
 def test_the_page_shows_every_idiom_under_every_layout_with_cp_and_a_mixture_of_experts():

@@ -1,5 +1,6 @@
 """docs/models.md is what tests/layouts/families.py generates, the source the family sweep
 (tests/dist/test_families.py) reads: the table cannot claim a cell the tests do not check."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,8 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 
 def test_the_committed_models_page_is_what_the_families_module_generates():
     assert PAGE.read_text() == families.page_text(), (
-        f"docs/models.md is out of date with tests/layouts/families.py. HINT: run {families.COMMAND}")
+        f"docs/models.md is out of date with tests/layouts/families.py. HINT: run {families.COMMAND}"
+    )
 
 
 def test_every_family_and_layout_has_a_cell_and_every_refusal_its_note():

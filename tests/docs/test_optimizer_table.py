@@ -1,5 +1,6 @@
 """docs/optimizers.md is what the code's classification generates (strategies/optimizer_kinds.py,
 routed over the presets' layouts), so the table cannot drift from what prepare does."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +13,8 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "optimizers.md"
 def test_the_committed_page_is_what_the_classification_generates():
     assert PAGE.read_text() == optimizer_table.table_text(), (
         f"docs/optimizers.md is out of date with src/phalanx/strategies/optimizer_kinds.py. "
-        f"HINT: run {optimizer_table.COMMAND}")
+        f"HINT: run {optimizer_table.COMMAND}"
+    )
 
 
 def test_the_table_says_muon_steps_whole_under_zero3_and_lbfgs_is_refused_there():

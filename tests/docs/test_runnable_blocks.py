@@ -7,6 +7,7 @@ are read README first, then docs/ in name order; a command that appears on sever
 quickstart is on the front page and in getting started) runs once. Every command must exit 0 within
 its time limit. Keep marked blocks few and quick: this runs in CI.
 """
+
 from __future__ import annotations
 
 import os
@@ -83,6 +84,7 @@ def test_runnable_blocks_run_as_written(tmp_path):
         if kind == "file":
             (tmp_path / what).write_text(blocks[(page, what)])
             continue
-        result = subprocess.run(["bash", "-c", what], cwd=tmp_path, env=env, capture_output=True,
-                                text=True, timeout=COMMAND_TIMEOUT_S)
+        result = subprocess.run(
+            ["bash", "-c", what], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        )
         assert result.returncode == 0, f"{page.name} command failed: {what}\n{result.stdout}\n{result.stderr}"

@@ -1,5 +1,6 @@
 """docs/settings.md is what the schema generates: a new row reaches the docs without hand edits,
 and a stale page fails here with the command that regenerates it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,8 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 
 def test_the_committed_reference_is_what_the_schema_generates():
     assert PAGE.read_text() == reference.reference_text(), (
-        f"docs/settings.md is out of date with src/phalanx/config/schema.py. HINT: run {reference.COMMAND}")
+        f"docs/settings.md is out of date with src/phalanx/config/schema.py. HINT: run {reference.COMMAND}"
+    )
 
 
 def test_every_setting_appears_once_with_its_flag_variable_and_default():
@@ -25,16 +27,20 @@ def test_every_setting_appears_once_with_its_flag_variable_and_default():
 
 
 def test_a_new_row_lands_in_the_table_of_the_group_above_it(monkeypatch, tmp_path):
-    new = schema.Setting("sync_widgets", kinds.BOOL, False, "a setting added after the docs were written",
-                         bool_flag=True)
+    new = schema.Setting(
+        "sync_widgets", kinds.BOOL, False, "a setting added after the docs were written", bool_flag=True
+    )
     rows = list(schema.SETTINGS)
     at = next(i for i, s in enumerate(rows) if s.name == "checkpoint_keep")
-    monkeypatch.setattr(reference, "SETTINGS", (*rows[:at], dataclasses.replace(new, group=schema.CHECKPOINTS),
-                                                *rows[at:]))
+    monkeypatch.setattr(
+        reference, "SETTINGS", (*rows[:at], dataclasses.replace(new, group=schema.CHECKPOINTS), *rows[at:])
+    )
     text = reference.reference_text()
     section = text.split("## Checkpoints")[1].split("\n## ")[0]
-    assert ("| `sync_widgets` | `--sync-widgets` / `--no-sync-widgets` | `PHALANX_SYNC_WIDGETS` | `false` | boolean "
-            "| a setting added after the docs were written |") in section
+    assert (
+        "| `sync_widgets` | `--sync-widgets` / `--no-sync-widgets` | `PHALANX_SYNC_WIDGETS` | `false` | boolean "
+        "| a setting added after the docs were written |"
+    ) in section
     out = tmp_path / "settings.md"
     assert reference.main([str(out)]) == 0 and out.read_text() == text
 

@@ -1,6 +1,7 @@
 """The documentation site builds with `mkdocs build --strict` (every link and anchor resolves, every
 page is in the nav: mkdocs.yml's `validation` makes those warnings, and --strict makes warnings
 fail), into a temporary directory; the README stays a front page whose links into docs/ resolve."""
+
 from __future__ import annotations
 
 import os
@@ -19,9 +20,24 @@ README_MAX_LINES = 300
 def test_mkdocs_build_strict_passes_and_writes_only_into_the_given_directory(tmp_path):
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
-                             str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(site),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     built = {p.relative_to(site).as_posix() for p in site.rglob("index.html")}
     pages = {p.stem for p in (ROOT / "docs").glob("*.md")}
@@ -42,6 +58,7 @@ def test_readme_links_into_the_docs_resolve():
         assert page.is_file(), f"README links to {target}, which does not exist"
         if anchor:
             headings = re.findall(r"^#+ (.+)$", page.read_text(), re.M)
-            slugs = {re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", h.replace("`", "")).strip().lower())
-                     for h in headings}
+            slugs = {
+                re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", h.replace("`", "")).strip().lower()) for h in headings
+            }
             assert anchor in slugs, f"README links to {target}#{anchor}: no such heading ({sorted(slugs)})"

@@ -1,4 +1,5 @@
 """`phalanx doctor`: a clean report on this machine, and each staged problem named with its fix."""
+
 import json
 import os
 import socket
@@ -17,11 +18,19 @@ CLI_TIMEOUT_S = 120
 
 
 def _doctor(args, env_changes=None):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SLURM_") and k not in ("MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_") and k not in ("MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")
+    }
     env.update(env_changes or {})
-    proc = subprocess.run([sys.executable, "-m", "phalanx", "doctor", *args], env=env,
-                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx", "doctor", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
     return proc
 
 
@@ -38,8 +47,10 @@ def broken():
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = _doctor(["--port", str(port), "--master-addr", "no-such-master.invalid", "--no-allreduce"],
-                       {"CUDA_VISIBLE_DEVICES": "0,banana"})
+        proc = _doctor(
+            ["--port", str(port), "--master-addr", "no-such-master.invalid", "--no-allreduce"],
+            {"CUDA_VISIBLE_DEVICES": "0,banana"},
+        )
     return port, proc
 
 
@@ -60,7 +71,9 @@ def test_clean_report_measures_a_live_allreduce(clean):
     (allreduce,) = [c for c in report["checks"] if c["check"].startswith("all-reduce")]
     assert allreduce["status"] == OK and allreduce["data"]["correct"] is True
     assert allreduce["data"]["nproc"] == 2 and allreduce["data"]["size_mb"] == 16
-    assert allreduce["data"]["algbw_gbps"] > 0 and allreduce["data"]["busbw_gbps"] == pytest.approx(allreduce["data"]["algbw_gbps"])
+    assert allreduce["data"]["algbw_gbps"] > 0 and allreduce["data"]["busbw_gbps"] == pytest.approx(
+        allreduce["data"]["algbw_gbps"]
+    )
     print(f"doctor all-reduce: {allreduce['detail']}")
 
 
@@ -78,14 +91,17 @@ def test_each_problem_is_named_with_its_fix_and_fails_the_exit_code(broken):
     assert "phalanx doctor: 3 problem(s) would break a launch" in out
 
 
-@pytest.mark.parametrize("env, visible, physical, status, fragment", [
-    ({}, 0, 0, OK, "0 GPU(s) visible (CPU-only"),
-    ({"CUDA_VISIBLE_DEVICES": "0,1"}, 2, 4, OK, "2 GPU(s) visible"),
-    ({"CUDA_VISIBLE_DEVICES": "0,banana"}, 1, 4, FAIL, "invalid entries ['banana']"),
-    ({"CUDA_VISIBLE_DEVICES": "1,1"}, 1, 4, FAIL, "lists a GPU twice"),
-    ({"CUDA_VISIBLE_DEVICES": "3,7"}, 1, 4, FAIL, "lists 2 GPU(s) but CUDA sees 1 of this machine's 4 (no GPU 7)"),
-    ({"CUDA_VISIBLE_DEVICES": "99"}, 0, 0, WARN, "this machine has no NVIDIA GPU"),
-])
+@pytest.mark.parametrize(
+    "env, visible, physical, status, fragment",
+    [
+        ({}, 0, 0, OK, "0 GPU(s) visible (CPU-only"),
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, 2, 4, OK, "2 GPU(s) visible"),
+        ({"CUDA_VISIBLE_DEVICES": "0,banana"}, 1, 4, FAIL, "invalid entries ['banana']"),
+        ({"CUDA_VISIBLE_DEVICES": "1,1"}, 1, 4, FAIL, "lists a GPU twice"),
+        ({"CUDA_VISIBLE_DEVICES": "3,7"}, 1, 4, FAIL, "lists 2 GPU(s) but CUDA sees 1 of this machine's 4 (no GPU 7)"),
+        ({"CUDA_VISIBLE_DEVICES": "99"}, 0, 0, WARN, "this machine has no NVIDIA GPU"),
+    ],
+)
 def test_gpu_check(env, visible, physical, status, fragment):
     (finding,) = checks.check_gpus(env, visible, physical)
     assert finding.status == status and fragment in finding.detail
@@ -103,8 +119,13 @@ def test_busy_default_port_only_warns_busy_required_port_fails():
 
 
 def test_slurm_check_reports_an_inconsistent_allocation():
-    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NODEID": "0",
-           "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    env = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n[1-3]",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    }
     (finding,) = checks.check_slurm(env)
     assert finding.status == FAIL and "lists 3 host(s)" in finding.detail
     assert "do not override SLURM_* variables" in finding.fix

@@ -1,6 +1,7 @@
 """examples/finetune_llm.py --tiny --lora 8 on 2 CPU processes under zero3, ddp and hsdp: each saves a
 directory `from_pretrained` loads and `generate` runs on (zero3 and ddp with the adapters merged, hsdp's
 adapters kept separately after a checkpoint and a resume); zero3 and the resumed hsdp train the same model."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,8 +21,23 @@ STEPS = 4
 
 def launch(root: Path, strategy: str, *extra: str, checkpoint: bool = False) -> str:
     flags = ["--checkpoint-dir", str(root / "ckpt")] if checkpoint else []
-    result = run_cli(["run", "--nproc-per-node", "2", "--strategy", strategy, "--run-dir", str(root / "run"), *flags,
-                      str(EXAMPLE), *ARGS, *extra], cwd=root, timeout=280)
+    result = run_cli(
+        [
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--strategy",
+            strategy,
+            "--run-dir",
+            str(root / "run"),
+            *flags,
+            str(EXAMPLE),
+            *ARGS,
+            *extra,
+        ],
+        cwd=root,
+        timeout=280,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return result.stdout
 
@@ -29,12 +45,24 @@ def launch(root: Path, strategy: str, *extra: str, checkpoint: bool = False) -> 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("finetune")
-    out = {"zero3": launch(root, "zero3", "--steps", str(STEPS), "--save", str(root / "zero3")),
-           "ddp": launch(root, "ddp", "--steps", str(STEPS), "--save", str(root / "ddp"))}
+    out = {
+        "zero3": launch(root, "zero3", "--steps", str(STEPS), "--save", str(root / "zero3")),
+        "ddp": launch(root, "ddp", "--steps", str(STEPS), "--save", str(root / "ddp")),
+    }
     # hsdp: 2 steps and a checkpoint, then a second launch resumes and takes the other 2
     out["hsdp_first"] = launch(root, "hsdp", "--steps", "2", "--checkpoint-every", "2", checkpoint=True)
-    out["hsdp"] = launch(root, "hsdp", "--steps", str(STEPS), "--checkpoint-every", "2", "--keep-adapters",
-                         "--save", str(root / "hsdp"), checkpoint=True)
+    out["hsdp"] = launch(
+        root,
+        "hsdp",
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        "2",
+        "--keep-adapters",
+        "--save",
+        str(root / "hsdp"),
+        checkpoint=True,
+    )
     return {"root": root, "stdout": out}
 
 
@@ -52,7 +80,9 @@ def test_saved_directory_loads_with_from_pretrained_and_generates(runs, strategy
     assert out.shape == (1, inputs["input_ids"].shape[1] + 6)
     stdout = runs["stdout"][strategy]
     assert f"strategy {strategy}, 2 process(es); training LoRA adapters (16,384 parameters)" in stdout
-    before, after = (float(x) for x in re.search(r"eval loss (\S+), perplexity \S+ \(was (\S+),", stdout).groups()[::-1])
+    before, after = (
+        float(x) for x in re.search(r"eval loss (\S+), perplexity \S+ \(was (\S+),", stdout).groups()[::-1]
+    )
     assert after < before  # a few steps on the corpus lower the held-out loss
 
 
@@ -94,7 +124,8 @@ def test_lora_on_a_model_without_the_projections_names_what_it_looked_for():
         example.add_lora(model, 8)
     assert str(error.value).startswith(
         "--lora 8: the model has no attention or MLP projection among the Linear layers looked for (q_proj, k_proj, "
-        "v_proj, o_proj, gate_proj, up_proj, down_proj); its Linear layers are named: lm_head.")
+        "v_proj, o_proj, gate_proj, up_proj, down_proj); its Linear layers are named: lm_head."
+    )
 
 
 def test_metrics_rows_carry_samples_and_tokens_per_second(runs):
@@ -112,15 +143,32 @@ def test_muon_fine_tunes_the_adapters_under_zero3(tmp_path):
     whole on its owner rank under zero3); the held-out loss goes down."""
     stdout = launch(tmp_path, "zero3", "--optimizer", "muon", "--steps", str(STEPS))
     assert "strategy zero3, 2 process(es); training LoRA adapters (16,384 parameters) with Muon" in stdout
-    before, after = (float(x) for x in re.search(r"eval loss (\S+), perplexity \S+ \(was (\S+),", stdout).groups()[::-1])
+    before, after = (
+        float(x) for x in re.search(r"eval loss (\S+), perplexity \S+ \(was (\S+),", stdout).groups()[::-1]
+    )
     assert after < before
 
 
 def test_tp_2_with_lora_runs_exactly_the_steps_asked_for(tmp_path):
     """`--tp 2 --lora 8` stopped at prepare ("tp_plan pattern 'model.layers.*.self_attn.q_proj' matches no module
     of PeftModelForCausalLM"); the issue also saw 26 steps reported for --steps 20."""
-    result = run_cli(["run", "--nproc-per-node", "2", "--tp", "2", "--run-dir", str(tmp_path / "run"), str(EXAMPLE),
-                      *ARGS, "--steps", "3"], cwd=tmp_path, timeout=280)
+    result = run_cli(
+        [
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--tp",
+            "2",
+            "--run-dir",
+            str(tmp_path / "run"),
+            str(EXAMPLE),
+            *ARGS,
+            "--steps",
+            "3",
+        ],
+        cwd=tmp_path,
+        timeout=280,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "training LoRA adapters" in result.stdout
     assert [int(s) for s in re.findall(r"^step (\d+) \|", result.stdout, re.M)] == [1, 2, 3]

@@ -2,6 +2,7 @@
 embedding, as Llama-3.2-1B and Qwen2.5 do) under zero3, tp 2 and pp 2 on 2 processes: every step's
 logged loss and the final held-out loss equal one process on the same global batch. And --pp 2 --lora 8:
 the stages are cut from the base model's layers inside the peft wrapper, and it trains."""
+
 from __future__ import annotations
 
 import re
@@ -15,17 +16,22 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(900)]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "finetune_llm.py"
 ARGS = ["--tiny", "--limit", "200", "--seq-len", "64", "--log-every", "1", "--steps", "6"]
 GLOBAL_BATCH = 4
-LAYOUTS = {"one process": ["--nproc-per-node", "1"],
-           "zero3": ["--nproc-per-node", "2", "--strategy", "zero3"],
-           "tp 2": ["--nproc-per-node", "2", "--tp", "2"],
-           "pp 2": ["--nproc-per-node", "2", "--pp", "2"]}
+LAYOUTS = {
+    "one process": ["--nproc-per-node", "1"],
+    "zero3": ["--nproc-per-node", "2", "--strategy", "zero3"],
+    "tp 2": ["--nproc-per-node", "2", "--tp", "2"],
+    "pp 2": ["--nproc-per-node", "2", "--pp", "2"],
+}
 
 
 def launch(root: Path, name: str, flags: list[str], *extra: str) -> str:
     per_process = GLOBAL_BATCH // 2 if name == "zero3" else GLOBAL_BATCH  # tp and pp ranks share their batch
     run_dir = root / name.replace(" ", "-")
-    result = run_cli(["run", *flags, "--run-dir", str(run_dir), str(EXAMPLE), *ARGS, "--batch-size",
-                      str(per_process), *extra], cwd=root, timeout=400)
+    result = run_cli(
+        ["run", *flags, "--run-dir", str(run_dir), str(EXAMPLE), *ARGS, "--batch-size", str(per_process), *extra],
+        cwd=root,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return result.stdout
 

@@ -4,6 +4,7 @@ One launch (imports and BERT set-up cost seconds per process); the tests below r
 The config file names the strategy (overridden by a flag), the sinks and the run directory (a
 file-only runtime setting the launcher exports as PHALANX_RUN_DIR).
 """
+
 from __future__ import annotations
 
 import csv
@@ -25,12 +26,27 @@ LIMIT, VAL, BATCH = 640, 64, 8  # 10% of the slice is validation
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("sentiment")
     config = root / "run.yaml"
-    config.write_text("nproc_per_node: 2\nstrategy: zero1  # the --strategy flag wins\n"
-                      "log_sinks: [csv, jsonl]\nrun_dir: run\n")
-    result = run_cli(["run", "--config", str(config), "--strategy", "ddp", str(EXAMPLE),
-                      "--limit", str(LIMIT), "--epochs", "1", "--batch-size", str(BATCH)],
-                     env={"PHALANX_RUN_DIR": None, "PHALANX_STRATEGY": None, "PHALANX_PROGRESS": None},
-                     timeout=240)
+    config.write_text(
+        "nproc_per_node: 2\nstrategy: zero1  # the --strategy flag wins\nlog_sinks: [csv, jsonl]\nrun_dir: run\n"
+    )
+    result = run_cli(
+        [
+            "run",
+            "--config",
+            str(config),
+            "--strategy",
+            "ddp",
+            str(EXAMPLE),
+            "--limit",
+            str(LIMIT),
+            "--epochs",
+            "1",
+            "--batch-size",
+            str(BATCH),
+        ],
+        env={"PHALANX_RUN_DIR": None, "PHALANX_STRATEGY": None, "PHALANX_PROGRESS": None},
+        timeout=240,
+    )
     return result, root / "run"
 
 
@@ -85,11 +101,34 @@ def test_model_flag_loads_a_local_pretrained_bert(tmp_path):
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"好不错差很一般书"]))
     model_dir = tmp_path / "bert"
     BertTokenizer(str(vocab)).save_pretrained(model_dir)
-    BertForSequenceClassification(BertConfig(vocab_size=14, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                             intermediate_size=64, num_labels=2)).save_pretrained(model_dir)
+    BertForSequenceClassification(
+        BertConfig(
+            vocab_size=14,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            num_labels=2,
+        )
+    ).save_pretrained(model_dir)
     reviews = tmp_path / "reviews.csv"
     reviews.write_text("label,review\n" + "".join(f"{i % 2},{'很好' if i % 2 else '很差'}{i}\n" for i in range(40)))
-    result = subprocess.run([sys.executable, str(EXAMPLE), "--model", str(model_dir), "--csv", str(reviews),
-                             "--epochs", "1", "--batch-size", "8"], capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--model",
+            str(model_dir),
+            "--csv",
+            str(reviews),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"validation accuracy \d\.\d{4} on 4 reviews", result.stdout), result.stdout

@@ -1,6 +1,7 @@
 """The CUDA paths the CPU suite exercises only through their twins: device binding, autocast and the
 fp16 scaler on a GPU, `phalanx run` choosing one process per GPU and the spawn start method,
 `--gpus`, `dp`, and `cpu=True` on a GPU machine. Run on a machine with a GPU (`-m gpu`)."""
+
 import json
 import subprocess
 import sys
@@ -12,8 +13,10 @@ import torch
 from phalanx import Phalanx
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run these on a GPU machine)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run these on a GPU machine)"),
+]
 
 
 def _train(px: Phalanx, steps: int = 30) -> tuple[float, float]:
@@ -62,9 +65,24 @@ def test_dp_wraps_data_parallel_over_the_visible_gpus_and_says_so_with_one(tmp_p
 
 @pytest.mark.parametrize("flags", [[], ["--gpus", "0"]])
 def test_phalanx_run_uses_one_process_per_gpu(flags, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "phalanx", "run", *flags, "--run-dir", str(tmp_path),
-                             str(ROOT / "examples" / "wine.py"), "--epochs", "3"],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "run",
+            *flags,
+            "--run-dir",
+            str(tmp_path),
+            str(ROOT / "examples" / "wine.py"),
+            "--epochs",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert f"({torch.cuda.device_count()} process(es)" in result.stdout
 
@@ -72,8 +90,9 @@ def test_phalanx_run_uses_one_process_per_gpu(flags, tmp_path):
 class _Blocks(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU())
-                                          for _ in range(4))
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()) for _ in range(4)
+        )
         self.head = torch.nn.Linear(64, 4)
 
     def forward(self, x):
@@ -120,9 +139,24 @@ def test_zero_stages_order_by_the_allocators_memory_on_the_gpu(tmp_path):
     CUDA allocator's bytes at rest order zero3 (within 5 % of zero2, which keeps as much) < zero1 < ddp,
     as the CPU test (tests/dist/test_memory_layouts.py) asks, and no stage's peak passes ddp's."""
     out = tmp_path / "memory.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "memory.py"), "--fake-world", "--layouts",
-                           "ddp", "zero1", "zero2", "zero3", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "memory.py"),
+            "--fake-world",
+            "--layouts",
+            "ddp",
+            "zero1",
+            "zero2",
+            "zero3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "one process at a time on cuda" in done.stdout
     runs = {name: rows[0] for name, rows in json.loads(out.read_text())["runs"].items()}

@@ -1,6 +1,7 @@
 """How a cell of the idiom corpus is compared with one process: per-step loss and grad norm within
 RTOL relative, final weights allclose (rtol RTOL, atol WEIGHTS_ATOL), item counts and `exact` values
 equal. `outcome` says what a cell gave, in the terms of tests.idioms.table."""
+
 from __future__ import annotations
 
 from typing import Any

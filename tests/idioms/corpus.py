@@ -9,6 +9,7 @@ holds what the script logs per step (`losses`, `norms`: torch's clip_grad_norm_)
 trained on (with its `dp_rank`), the final `state` (rank 0), `exact` values every rank must give as one
 process does (generated tokens) and `ids`, the item ids read per epoch (their union over the
 data-parallel ranks is one process's)."""
+
 from __future__ import annotations
 
 import json
@@ -102,6 +103,7 @@ def _tensor_loop(px: Any, model: nn.Module, accum: int = 1, steps: int = STEPS) 
 
 def _tensor_script(build: Callable[[], nn.Module], doc: str, accum: int = 1) -> Callable[[Any, str], dict[str, Any]]:
     """The token-tensor loop (`_tensor_loop`) on the model `build` makes."""
+
     def script(px: Any, scratch: str) -> dict[str, Any]:
         model, out = _tensor_loop(px, build(), accum)
         return _result(px, model, **out)
@@ -112,15 +114,21 @@ def _tensor_script(build: Callable[[], nn.Module], doc: str, accum: int = 1) -> 
 
 token_tensor = _tensor_script(models.llama, "A plain token tensor (the model numbers the positions itself).")
 peft_lora = _tensor_script(models.lora, "peft's LoRA on the Llama: the optimizer gets the adapters (requires_grad).")
-grad_accumulation = _tensor_script(models.llama, "Gradient accumulation as torch's docs write it: loss / 2, backward "
-                                   "every micro-batch, a step every 2nd.", accum=2)
+grad_accumulation = _tensor_script(
+    models.llama,
+    "Gradient accumulation as torch's docs write it: loss / 2, backward every micro-batch, a step every 2nd.",
+    accum=2,
+)
 tied_embeddings = _tensor_script(lambda: models.llama(tied=True), "A Llama whose output layer is its input embedding.")
 moe = _tensor_script(models.qwen3_moe, "A mixture of experts (Qwen3-MoE, no router loss).")
 softcap = _tensor_script(models.gemma2, "Gemma2 (attention logits soft-capped, a sliding window).")
 
 
-def _mlp_epochs(px: Any, make_loader: Callable[[TensorDataset], DataLoader],
-                new_epoch: Callable[[DataLoader, int], None] = lambda loader, epoch: None) -> dict[str, Any]:
+def _mlp_epochs(
+    px: Any,
+    make_loader: Callable[[TensorDataset], DataLoader],
+    new_epoch: Callable[[DataLoader, int], None] = lambda loader, epoch: None,
+) -> dict[str, Any]:
     """The MLP, AdamW, two epochs of the loader `make_loader` builds on 16 pairs (`new_epoch(loader,
     epoch)` first), torch's `loss.backward()` and clip_grad_norm_."""
     model = models.mlp()
@@ -143,6 +151,7 @@ def _mlp_epochs(px: Any, make_loader: Callable[[TensorDataset], DataLoader],
 
 def own_sampler(px: Any, scratch: str) -> dict[str, Any]:
     """The script's own DistributedSampler (set_epoch each epoch) and torch's `loss.backward()`."""
+
     def loader(data: TensorDataset) -> DataLoader:
         sampler = DistributedSampler(data, num_replicas=px.dp_size, rank=px.dp_rank, shuffle=True, seed=0)
         return DataLoader(data, batch_size=BATCH // px.dp_size, sampler=sampler)
@@ -153,6 +162,7 @@ def own_sampler(px: Any, scratch: str) -> dict[str, Any]:
 def batch_sampler(px: Any, scratch: str) -> dict[str, Any]:
     """The script's own batch sampler: `DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data,
     generator=...), BATCH // px.dp_size, drop_last=False))`, two epochs, torch's `loss.backward()`."""
+
     def loader(data: TensorDataset) -> DataLoader:
         sampler = RandomSampler(data, generator=torch.Generator().manual_seed(4))
         return DataLoader(data, batch_sampler=BatchSampler(sampler, BATCH // px.dp_size, drop_last=False))
@@ -228,8 +238,9 @@ def split_by_node(px: Any, scratch: str) -> dict[str, Any]:
     from datasets.distributed import split_dataset_by_node
 
     shards = sorted(str(p) for p in Path(scratch).parent.joinpath("shards").glob("*.jsonl"))
-    stream = datasets.load_dataset("json", data_files=shards, split="train", streaming=True,
-                                   cache_dir=os.path.join(scratch, f"cache{px.rank}"))
+    stream = datasets.load_dataset(
+        "json", data_files=shards, split="train", streaming=True, cache_dir=os.path.join(scratch, f"cache{px.rank}")
+    )
     mine = split_dataset_by_node(stream, rank=px.dp_rank, world_size=px.dp_size)
     loader = px.prepare(DataLoader(mine.select_columns(["i"]), batch_size=4))
     read = [sorted(int(i) for batch in loader for i in batch["i"]) for _ in range(2)]
@@ -252,8 +263,10 @@ UNEVEN_BATCHES = (3, 2, 2, 1)
 def _uneven_data(dp_rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     x, y = models.pairs(4 * sum(UNEVEN_BATCHES)).tensors
     start = 4 * sum(UNEVEN_BATCHES[:dp_rank])
-    return [(x[start + 4 * b:start + 4 * b + 4], y[start + 4 * b:start + 4 * b + 4])
-            for b in range(UNEVEN_BATCHES[dp_rank])]
+    return [
+        (x[start + 4 * b : start + 4 * b + 4], y[start + 4 * b : start + 4 * b + 4])
+        for b in range(UNEVEN_BATCHES[dp_rank])
+    ]
 
 
 def uneven_reduce(px: Any, scratch: str) -> dict[str, Any]:
@@ -282,18 +295,32 @@ def uneven_reference(dp_size: int) -> dict[str, Any]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     shares = [_uneven_data(r) for r in range(dp_size)]
     for step in range(max(len(s) for s in shares)):
-        loss = sum(nn.functional.mse_loss(model(x), y) for s in shares if step < len(s)
-                   for x, y in [s[step]]) / dp_size
+        loss = sum(nn.functional.mse_loss(model(x), y) for s in shares if step < len(s) for x, y in [s[step]]) / dp_size
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    return {"losses": [], "norms": [], "items": 4 * sum(UNEVEN_BATCHES[:dp_size]),
-            "state": {k: v.detach().float().clone() for k, v in model.state_dict().items()}}
+    return {
+        "losses": [],
+        "norms": [],
+        "items": 4 * sum(UNEVEN_BATCHES[:dp_size]),
+        "state": {k: v.detach().float().clone() for k, v in model.state_dict().items()},
+    }
 
 
 SCRIPTS: dict[str, Callable[[Any, str], dict[str, Any]]] = {
-    "labels": labels, "token-tensor": token_tensor, "grad-accumulation": grad_accumulation,
-    "peft-lora": peft_lora, "tied-embeddings": tied_embeddings, "moe": moe, "softcap": softcap,
-    "own-sampler": own_sampler, "batch-sampler": batch_sampler, "short-last-batch": short_last_batch, "split-by-node": split_by_node,
-    "ema": ema, "generate": generate, "save-pretrained": save_pretrained, "uneven-reduce": uneven_reduce,
+    "labels": labels,
+    "token-tensor": token_tensor,
+    "grad-accumulation": grad_accumulation,
+    "peft-lora": peft_lora,
+    "tied-embeddings": tied_embeddings,
+    "moe": moe,
+    "softcap": softcap,
+    "own-sampler": own_sampler,
+    "batch-sampler": batch_sampler,
+    "short-last-batch": short_last_batch,
+    "split-by-node": split_by_node,
+    "ema": ema,
+    "generate": generate,
+    "save-pretrained": save_pretrained,
+    "uneven-reduce": uneven_reduce,
 }

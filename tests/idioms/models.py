@@ -1,5 +1,6 @@
 """Tiny models and data for the idiom corpus: built from a config with a fixed seed (the same
 weights in every process), small enough that a cell takes about a second on one CPU core."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,16 @@ from torch.utils.data import TensorDataset
 
 VOCAB, SEQ, BATCH = 64, 16, 8
 """vocabulary, tokens per row (a multiple of 2 x cp for cp's balanced cut), global batch (rows)."""
-_SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=8, max_position_embeddings=4 * SEQ)
+_SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=4 * SEQ,
+)
 
 
 def llama(tied: bool = False) -> nn.Module:
@@ -27,8 +36,9 @@ def lora() -> nn.Module:
 
     model = llama()
     torch.manual_seed(2)
-    return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
-                                                      init_lora_weights=False))
+    return peft.get_peft_model(
+        model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
 
 
 def qwen3_moe() -> nn.Module:
@@ -36,9 +46,15 @@ def qwen3_moe() -> nn.Module:
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.Qwen3MoeConfig(**_SHAPE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                         decoder_sparse_step=1, output_router_logits=False,
-                                         attn_implementation="eager")
+    config = transformers.Qwen3MoeConfig(
+        **_SHAPE,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        decoder_sparse_step=1,
+        output_router_logits=False,
+        attn_implementation="eager",
+    )
     return transformers.Qwen3MoeForCausalLM(config)
 
 
@@ -47,8 +63,14 @@ def gemma2() -> nn.Module:
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.Gemma2Config(**_SHAPE, attn_logit_softcapping=1.0, sliding_window=6, initializer_range=0.1,
-                                       query_pre_attn_scalar=8, attn_implementation="eager")
+    config = transformers.Gemma2Config(
+        **_SHAPE,
+        attn_logit_softcapping=1.0,
+        sliding_window=6,
+        initializer_range=0.1,
+        query_pre_attn_scalar=8,
+        attn_implementation="eager",
+    )
     return transformers.Gemma2ForCausalLM(config)
 
 

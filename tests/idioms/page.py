@@ -1,6 +1,7 @@
 """`python -m tests.idioms.page docs/compatibility.md` writes docs/compatibility.md: the composition
 matrix (tests/layouts/compatibility.py), then the idiom corpus's table (tests/idioms/table.py);
 without an argument it prints the page."""
+
 from __future__ import annotations
 
 from phalanx.config import generated_page

@@ -2,6 +2,7 @@
 plain torch does it with no phalanx (prepare returns its arguments, `forward_backward` is
 `loss_fn(model(inputs), targets).backward()`, reduce and uneven_inputs do nothing). The reference
 of every cell is the corpus script run with it, in one process; this module never imports phalanx."""
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +25,9 @@ class Plain:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def forward_backward(self, model: nn.Module, inputs: Any, targets: Any,
-                         loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
+    def forward_backward(
+        self, model: nn.Module, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor]
+    ) -> torch.Tensor:
         out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
         loss = loss_fn(out, targets)
         loss.backward()

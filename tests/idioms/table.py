@@ -2,6 +2,7 @@
 is declared to give: equal to the same loop in plain torch in one process, or refused at the call
 with a phalanx message (a fragment of it is declared). tests/idioms/test_corpus.py runs every cell
 and asserts it is what this table says; docs/compatibility.md shows this table (tests/idioms/page.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,34 +35,35 @@ LAYOUTS: dict[str, Layout] = {
 
 IDIOMS: dict[str, str] = {
     "labels": "transformers Llama, `model(input_ids=ids, labels=ids).loss`, `px.backward(loss)`, torch's "
-              "`clip_grad_norm_`, `px.reduce(loss)` logged",
+    "`clip_grad_norm_`, `px.reduce(loss)` logged",
     "token-tensor": "a plain token tensor through `px.forward_backward(model, x, y, loss_fn)`, `loss_fn` reading "
-                    "`out.logits`",
+    "`out.logits`",
     "grad-accumulation": "the token-tensor loop with `loss / 2` on each micro-batch, a step every 2nd (no `no_sync`)",
     "peft-lora": "the token-tensor loop on peft's LoRA (r 4 on q_proj, v_proj)",
     "tied-embeddings": "the token-tensor loop on a Llama with `tie_word_embeddings=True`",
     "moe": "the token-tensor loop on a mixture of experts: Qwen3-MoE, 4 experts, top 2, `output_router_logits=False`",
     "softcap": "the token-tensor loop on Gemma2 (attention softcap 1.0, sliding window 6)",
     "own-sampler": "an MLP with the script's own `DistributedSampler` (`set_epoch` each epoch) and torch's "
-                   "`loss.backward()`",
+    "`loss.backward()`",
     "batch-sampler": "the MLP loop with the script's own `BatchSampler(RandomSampler(data, generator=...), 8 // "
-                     "dp_size)` as `batch_sampler=`, two epochs",
+    "dp_size)` as `batch_sampler=`, two epochs",
     "short-last-batch": "19 items, global batch 8, `drop_last=False`: the last step trains on 3",
     "split-by-node": "a `datasets` stream split by the script with `split_dataset_by_node`: item ids read over "
-                     "2 epochs",
+    "2 epochs",
     "ema": "torch's `AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))` of the prepared model after "
-           "each step (under pp each rank's copy holds its stages: their union is compared)",
+    "each step (under pp each rank's copy holds its stages: their union is compared)",
     "generate": "2 token-tensor steps, then greedy `model.generate` on the prepared model",
     "save-pretrained": "2 token-tensor steps, then `px.unwrap_model(model).save_pretrained(d)` on every rank, "
-                       "loaded back with `from_pretrained`",
+    "loaded back with `from_pretrained`",
     "uneven-reduce": "unequal shares per rank inside `px.uneven_inputs(model)`, `px.reduce(loss)` logged; the "
-                     "reference is torch's Join, written in one process",
+    "reference is torch's Join, written in one process",
 }
 
 
 @dataclass(frozen=True)
 class Refused:
     """Refused at the call: `says` is part of phalanx's message, `why` the table's short reason."""
+
     says: str
     why: str
 
@@ -70,22 +72,27 @@ class Refused:
 class Failing:
     """Neither equal nor refused: a known bug, with what was measured (the test expects it to fail,
     strictly: the day it passes, the table must say equal)."""
+
     measured: str
 
 
 EQUAL = "equal"
 
-_PP_CALL = Refused("calling it runs only those stages' units",
-                   "under pp the model is one stage: the loop must call `px.forward_backward` (the HINT says so)")
-_NO_TP_PLAN = Refused("has no tensor-parallel plan",
-                      "an `nn.Sequential` MLP has no tensor-parallel plan (the HINT: give `tp_plan`)")
+_PP_CALL = Refused(
+    "calling it runs only those stages' units",
+    "under pp the model is one stage: the loop must call `px.forward_backward` (the HINT says so)",
+)
+_NO_TP_PLAN = Refused(
+    "has no tensor-parallel plan", "an `nn.Sequential` MLP has no tensor-parallel plan (the HINT: give `tp_plan`)"
+)
 _TP = ("tp 2", "zero3 x tp 2")
 _PP = ("pp 2", "pp 2 x ddp 2")
 _MODEL_CALL = ("own-sampler", "batch-sampler", "short-last-batch", "uneven-reduce")
 """the scripts that call the MLP themselves (`model(x)`), as torch's docs write them."""
-_CP_NO_SEQUENCE = Refused("no attention of Sequential went across the cut",
-                          "cp cuts dim 1 of what `px.forward_backward` is given as the sequence: an MLP has none (the "
-                          "HINT: cp=1)")
+_CP_NO_SEQUENCE = Refused(
+    "no attention of Sequential went across the cut",
+    "cp cuts dim 1 of what `px.forward_backward` is given as the sequence: an MLP has none (the HINT: cp=1)",
+)
 EXPECTED: dict[tuple[str, str], Any] = {
     **{(idiom, layout): EQUAL for idiom in IDIOMS for layout in LAYOUTS},
     **{("labels", layout): _PP_CALL for layout in _PP},

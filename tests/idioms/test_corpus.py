@@ -3,6 +3,7 @@ torch/transformers in one process with no phalanx: each cell is what tests/idiom
 (equal, refused with the message it names, or a known failure, expected strictly), the table
 docs/compatibility.md shows. One spawn of ranks per process count runs every idiom of its layouts;
 ddp's cells are the first tier, the rest the second (slow)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,8 +25,9 @@ def _spawn(layouts: list[str], root: str) -> dict[Any, Any]:
     """Every idiom under `layouts` in one spawn: {"references": ..., (layout, idiom): [rank results]}."""
     write_shards(root)
     processes = LAYOUTS[layouts[0]].processes
-    ranks = run_ranks("tests.idioms.workloads:cells", processes, args=(layouts, list(SCRIPTS), root),
-                      timeout=1200, local_world_size=2)
+    ranks = run_ranks(
+        "tests.idioms.workloads:cells", processes, args=(layouts, list(SCRIPTS), root), timeout=1200, local_world_size=2
+    )
     out: dict[Any, Any] = {"references": {k: v for rank in ranks for k, v in rank["references"].items()}}
     for layout in layouts:
         for idiom in SCRIPTS:
@@ -45,7 +47,8 @@ def check_cell(spawned: dict[Any, Any], layout: str, idiom: str) -> None:
         pytest.xfail(f"known: {declared.measured} (measured now: {got}: {why})")
     if isinstance(declared, Refused):
         assert isinstance(got, Refused) and declared.says in got.says, (
-            f"{idiom} / {layout}: expected a refusal saying {declared.says!r}, got {got}: {why}")
+            f"{idiom} / {layout}: expected a refusal saying {declared.says!r}, got {got}: {why}"
+        )
         assert "HINT" in got.says, got.says
         return
     assert got == EQUAL, f"{idiom} / {layout}: {got}: {why}"

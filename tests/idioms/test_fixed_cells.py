@@ -5,6 +5,7 @@ layouts and idioms it needs (the whole corpus is test_corpus.py's second tier):
   A rank out of data now runs on batches of no rows (data/shadow_batches.py).
 - `short-last-batch` under hsdp 2 x 2: the rank whose last batch is all padding counted its one
   repeated item (20 of 19)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,8 +23,13 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 def _cells(layouts: list[str], idioms: list[str], root: str) -> dict[tuple[str, str], Any]:
     """{(layout, idiom): (outcome, what differs, items per data-parallel rank)} of one spawn."""
     write_shards(root)
-    ranks = run_ranks("tests.idioms.workloads:cells", LAYOUTS[layouts[0]].processes, args=(layouts, idioms, root),
-                      timeout=500, local_world_size=2)
+    ranks = run_ranks(
+        "tests.idioms.workloads:cells",
+        LAYOUTS[layouts[0]].processes,
+        args=(layouts, idioms, root),
+        timeout=500,
+        local_world_size=2,
+    )
     references = {k: v for rank in ranks for k, v in rank["references"].items()}
     out = {}
     for layout in layouts:

@@ -2,6 +2,7 @@
 layouts in one spawn of ranks (one process group serves every cell), after this spawn's share of the
 references: the same scripts with `Plain()`, plain torch in one process with no phalanx (run before
 any Phalanx() in the process, split between the ranks so that they run side by side)."""
+
 from __future__ import annotations
 
 import os
@@ -53,7 +54,7 @@ def cells(layouts: list[str], idioms: list[str], root: str) -> dict[Any, Any]:
                 said = f"{type(error).__name__}: {error}"
                 result = {"refused": said} if "HINT:" in str(error) else {"error": said}
             out[(name, idiom)] = result
-            print(f"cell {name} / {idiom}: {({k: v for k, v in result.items() if k != 'state'})}", flush=True)
+            print(f"cell {name} / {idiom}: { ({k: v for k, v in result.items() if k != 'state'}) }", flush=True)
     return out
 
 

@@ -2,6 +2,7 @@
 
 (A uniquely named module rather than conftest.py, so it cannot collide with other test folders.)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,14 +26,21 @@ class Result:
     seconds: float
 
 
-def run_cli(args: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = LAUNCH_TIMEOUT_S, module: str = "phalanx") -> Result:
+def run_cli(
+    args: list[str],
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = LAUNCH_TIMEOUT_S,
+    module: str = "phalanx",
+) -> Result:
     """`python -m phalanx ARGS` (or another module, e.g. torch.distributed.run)."""
     full_env = {**os.environ, **(env or {})}
     full_env = {key: value for key, value in full_env.items() if value is not None}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
 
 

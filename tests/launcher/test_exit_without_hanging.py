@@ -7,6 +7,7 @@ timeout that finally stopped it printed "preempted by SIGTERM: nothing was saved
 worker now ends as a forked one does: exit handlers, flushed output, then os._exit. A job a
 timeout stops after its last step says so.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,10 +29,28 @@ pytestmark = [pytest.mark.dist]
 def _launch(tmp_path: Path, start_method: str, *script_args: str) -> tuple[subprocess.Popen, list[tuple[float, str]]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--start-method",
-                             start_method, "--run-dir", str(tmp_path / "run"), str(SCRIPT), *script_args],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # a hung job is killed whole, workers included
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--start-method",
+            start_method,
+            "--run-dir",
+            str(tmp_path / "run"),
+            str(SCRIPT),
+            *script_args,
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # a hung job is killed whole, workers included
     lines: list[tuple[float, str]] = []
 
     def read() -> None:
@@ -85,6 +104,8 @@ def test_a_timeout_after_the_last_step_says_the_script_had_finished(tmp_path):
     code = _wait(proc, timeout=60)
     text = "\n".join(line for _, line in lines)
     assert code == 143, text[-3000:]
-    assert ("phalanx: stopped by SIGTERM after the script had finished on every rank (the signal found its "
-            "processes exiting, not training): nothing to save, nothing lost") in text, text[-3000:]
+    assert (
+        "phalanx: stopped by SIGTERM after the script had finished on every rank (the signal found its "
+        "processes exiting, not training): nothing to save, nothing lost"
+    ) in text, text[-3000:]
     assert "preempted" not in text and "nothing was saved" not in text

@@ -2,6 +2,7 @@
 
 Each multi-process launch costs seconds, so assertions that belong to one launch are grouped.
 """
+
 from __future__ import annotations
 
 import socket
@@ -42,11 +43,27 @@ def default_run(tmp_path_factory):
     ds_config.write_text("{}")
     blocker = _occupy(29500)
     try:
-        result = run_cli([
-            "run", "--nproc-per-node", "2", "--strategy", "ddp", "--mixed_precision", "bf16",
-            "--watchdog-timeout", "30", "--deepspeed", str(ds_config), "--grad-accum-steps", "4",
-            str(RECORD_ENV), str(out_dir), *SCRIPT_ARGS,
-        ], env={"OMP_NUM_THREADS": None})
+        result = run_cli(
+            [
+                "run",
+                "--nproc-per-node",
+                "2",
+                "--strategy",
+                "ddp",
+                "--mixed_precision",
+                "bf16",
+                "--watchdog-timeout",
+                "30",
+                "--deepspeed",
+                str(ds_config),
+                "--grad-accum-steps",
+                "4",
+                str(RECORD_ENV),
+                str(out_dir),
+                *SCRIPT_ARGS,
+            ],
+            env={"OMP_NUM_THREADS": None},
+        )
     finally:
         if blocker is not None:
             blocker.close()
@@ -79,18 +96,29 @@ def test_two_ranks_see_torchrun_env_and_untouched_args(default_run):
 
 def test_same_env_keys_as_torchrun(default_run, out_dir):
     _, records, _ = default_run
-    result = run_cli(["--nproc-per-node", "2", str(RECORD_ENV), str(out_dir)],
-                     module="torch.distributed.run", env={"OMP_NUM_THREADS": None})
+    result = run_cli(
+        ["--nproc-per-node", "2", str(RECORD_ENV), str(out_dir)],
+        module="torch.distributed.run",
+        env={"OMP_NUM_THREADS": None},
+    )
     assert result.returncode == 0, result.stderr
     torchrun = read_records(out_dir)
+
     def without_phalanx_settings(keys):  # the phalanx run above exported its own PHALANX_* flags, and
         # what `accelerate launch` and `fabric run` would set for their scripts (launch/framework_env.py)
         return {k for k in keys if not k.startswith(("PHALANX_", "ACCELERATE_", "LT_"))}
 
     assert {k: v for k, v in records[1]["env"].items() if k.startswith("ACCELERATE_")} == {  # as accelerate launch
-        "ACCELERATE_USE_CPU": "true", "ACCELERATE_MIXED_PRECISION": "bf16"}
+        "ACCELERATE_USE_CPU": "true",
+        "ACCELERATE_MIXED_PRECISION": "bf16",
+    }
     assert {k for k in records[1]["env_keys"] if k.startswith("LT_")} == {  # as fabric run
-        "LT_CLI_USED", "LT_ACCELERATOR", "LT_DEVICES", "LT_NUM_NODES", "LT_PRECISION"}
+        "LT_CLI_USED",
+        "LT_ACCELERATOR",
+        "LT_DEVICES",
+        "LT_NUM_NODES",
+        "LT_PRECISION",
+    }
 
     assert without_phalanx_settings(records[1]["env_keys"]) == without_phalanx_settings(torchrun[1]["env_keys"])
     for rank in (0, 1):
@@ -102,8 +130,23 @@ def test_spawn_module_mode_explicit_port_and_user_omp(out_dir):
     with socket.socket() as sock:  # a port that is free now
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    result = run_cli(["run", "--start_method", "spawn", "--nproc_per_node", "2", "--master_port", str(port),
-                      "-m", "recmod", str(out_dir), "--flag"], cwd=SCRIPTS, env={"OMP_NUM_THREADS": "2"})
+    result = run_cli(
+        [
+            "run",
+            "--start_method",
+            "spawn",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            "-m",
+            "recmod",
+            str(out_dir),
+            "--flag",
+        ],
+        cwd=SCRIPTS,
+        env={"OMP_NUM_THREADS": "2"},
+    )
     assert result.returncode == 0, result.stderr
     records = read_records(out_dir)
     assert sorted(records) == [0, 1]
@@ -118,7 +161,7 @@ def test_failing_worker_names_rank_and_traceback():
     result = run_cli(["run", "--nproc-per-node", "2", str(SCRIPTS / "fail_rank1.py")])
     assert result.returncode != 0
     assert "phalanx: rank 1 (local rank 1 on node 0) failed with exit code 1" in result.stderr
-    summary = result.stderr[result.stderr.index("phalanx: rank 1"):]
+    summary = result.stderr[result.stderr.index("phalanx: rank 1") :]
     assert 'fail_rank1.py", line 9, in <module>' in summary
     assert "RuntimeError: deliberate failure on rank one" in summary
     assert "phalanx/launch/worker.py" not in summary  # the wrapper's frames are trimmed
@@ -127,17 +170,37 @@ def test_failing_worker_names_rank_and_traceback():
 BAD_INPUTS = [
     (["nope.py"], "phalanx run: error: training script 'nope.py' not found"),
     (["-m", "no_such_module_x"], "phalanx run: error: module 'no_such_module_x' (-m) is not importable"),
-    (["--nproc-per-node", "0", "{script}"], "phalanx run: error: --nproc-per-node 0: expected a whole number >= 1, auto, gpu or cpu"),
-    (["--nproc-per-node", "-1", "{script}"], "phalanx run: error: --nproc-per-node -1: expected a whole number >= 1, auto, gpu or cpu"),
-    (["--nproc_per_node", "two", "{script}"], "phalanx run: error: --nproc-per-node two: expected a whole number >= 1, auto, gpu or cpu"),
-    (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1", "{script}"],
-     "phalanx run: error: --node-rank 2 is out of range for --nnodes 2"),
-    (["--bogus", "3", "{script}"], "phalanx run: error: unrecognized arguments: --bogus. phalanx run's own flags go before the script"),
+    (
+        ["--nproc-per-node", "0", "{script}"],
+        "phalanx run: error: --nproc-per-node 0: expected a whole number >= 1, auto, gpu or cpu",
+    ),
+    (
+        ["--nproc-per-node", "-1", "{script}"],
+        "phalanx run: error: --nproc-per-node -1: expected a whole number >= 1, auto, gpu or cpu",
+    ),
+    (
+        ["--nproc_per_node", "two", "{script}"],
+        "phalanx run: error: --nproc-per-node two: expected a whole number >= 1, auto, gpu or cpu",
+    ),
+    (
+        ["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1", "{script}"],
+        "phalanx run: error: --node-rank 2 is out of range for --nnodes 2",
+    ),
+    (
+        ["--bogus", "3", "{script}"],
+        "phalanx run: error: unrecognized arguments: --bogus. phalanx run's own flags go before the script",
+    ),
     (["--nproc", "2", "{script}"], "phalanx run: error: unrecognized arguments: --nproc."),
-    (["--nproc-per-node", "4", "--gpus", "0,1", "{script}"], "phalanx run: error: --nproc-per-node 4 conflicts with --gpus 0,1"),
+    (
+        ["--nproc-per-node", "4", "--gpus", "0,1", "{script}"],
+        "phalanx run: error: --nproc-per-node 4 conflicts with --gpus 0,1",
+    ),
     (["--gpus", "0", "{script}"], "phalanx run: error: --gpus names GPU 0, but this machine has 0 visible GPU(s)"),
     (["--grad-accum-steps", "0", "{script}"], "phalanx run: error: --grad-accum-steps 0: expected a whole number >= 1"),
-    (["--watchdog-timeout", "-5", "{script}"], "phalanx run: error: --watchdog-timeout -5: expected a number of seconds >= 0 (0 turns it off)"),
+    (
+        ["--watchdog-timeout", "-5", "{script}"],
+        "phalanx run: error: --watchdog-timeout -5: expected a number of seconds >= 0 (0 turns it off)",
+    ),
     (["--deepspeed", "missing.json", "{script}"], "phalanx run: error: --deepspeed missing.json: file not found"),
 ]
 
@@ -164,8 +227,13 @@ def test_busy_explicit_port_and_conflicting_cuda_visible_devices(out_dir):
         port = sock.getsockname()[1]
         result = run_cli(["run", "--master-port", str(port), str(RECORD_ENV), str(out_dir)], timeout=30)
     assert result.returncode == 2
-    assert f"phalanx run: error: --master-port {port} is already in use on this machine. HINT: omit --master-port" in result.stderr
-    result = run_cli(["run", "--gpus", "0", str(RECORD_ENV), str(out_dir)], env={"CUDA_VISIBLE_DEVICES": "1"}, timeout=30)
+    assert (
+        f"phalanx run: error: --master-port {port} is already in use on this machine. HINT: omit --master-port"
+        in result.stderr
+    )
+    result = run_cli(
+        ["run", "--gpus", "0", str(RECORD_ENV), str(out_dir)], env={"CUDA_VISIBLE_DEVICES": "1"}, timeout=30
+    )
     assert result.returncode == 2
     assert "phalanx run: error: --gpus 0 conflicts with CUDA_VISIBLE_DEVICES='1'" in result.stderr
     assert not list(out_dir.iterdir())

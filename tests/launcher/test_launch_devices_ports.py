@@ -1,4 +1,5 @@
 """Process counts, device and thread variables, port checks: pure functions, no workers."""
+
 import socket
 
 import pytest
@@ -20,17 +21,21 @@ def test_resolve_nproc_torchrun_words():
     never = lambda: pytest.fail("GPUs must not be counted")  # noqa: E731
     assert devices.resolve_nproc(None, None, never, num_cores=6, kind="cpu") == 6
     assert devices.resolve_nproc(None, None, lambda: 3, num_cores=6, kind="gpu") == 3
-    with pytest.raises(LaunchError, match=r"--nproc-per-node gpu: no GPU is visible here. HINT: use --nproc-per-node N or cpu"):
+    with pytest.raises(
+        LaunchError, match=r"--nproc-per-node gpu: no GPU is visible here. HINT: use --nproc-per-node N or cpu"
+    ):
         devices.resolve_nproc(None, None, lambda: 0, num_cores=6, kind="gpu")
 
 
 def test_oversubscription_is_one_warning_with_the_numbers():
     assert devices.oversubscription_warning(4, 2, 0, "1") == (
         "phalanx: warning: 4 workers on 2 CPU core(s) (oversubscribed: they will compete for cores); "
-        "OMP_NUM_THREADS=1 per worker.")
+        "OMP_NUM_THREADS=1 per worker."
+    )
     assert devices.oversubscription_warning(3, 64, 2, "8") == (
         "phalanx: warning: 3 workers share 2 visible GPU(s) on this node (oversubscribed: ranks will share devices); "
-        "OMP_NUM_THREADS=8 per worker.")
+        "OMP_NUM_THREADS=8 per worker."
+    )
     assert devices.oversubscription_warning(2, 2, 0, "1") is None
     assert devices.oversubscription_warning(2, 1, 2, "1") is None  # one worker per GPU: cores do not matter
 
@@ -68,11 +73,25 @@ def test_busy_port_is_named():
 
 def test_rendezvous_settings():
     single = agent.rendezvous_settings(LaunchSpec(target="t.py"))
-    assert (single["rdzv_backend"], single["rdzv_endpoint"], single["local_addr"]) == ("phalanx-static", "127.0.0.1:0", "127.0.0.1")
+    assert (single["rdzv_backend"], single["rdzv_endpoint"], single["local_addr"]) == (
+        "phalanx-static",
+        "127.0.0.1:0",
+        "127.0.0.1",
+    )
     fixed = agent.rendezvous_settings(LaunchSpec(target="t.py", master_port=1234, node_rank=0))
-    assert (fixed["rdzv_backend"], fixed["rdzv_endpoint"], fixed["rdzv_configs"]) == ("phalanx-static", "127.0.0.1:1234", {"rank": 0})
-    multi = agent.rendezvous_settings(LaunchSpec(target="t.py", nnodes=2, node_rank=1, master_addr="n0", master_port=9, rdzv_id="j"))
-    assert (multi["rdzv_endpoint"], multi["rdzv_configs"], multi["run_id"]) == ("n0:9", {"rank": 1, "timeout": 600}, "j")
+    assert (fixed["rdzv_backend"], fixed["rdzv_endpoint"], fixed["rdzv_configs"]) == (
+        "phalanx-static",
+        "127.0.0.1:1234",
+        {"rank": 0},
+    )
+    multi = agent.rendezvous_settings(
+        LaunchSpec(target="t.py", nnodes=2, node_rank=1, master_addr="n0", master_port=9, rdzv_id="j")
+    )
+    assert (multi["rdzv_endpoint"], multi["rdzv_configs"], multi["run_id"]) == (
+        "n0:9",
+        {"rank": 1, "timeout": 600},
+        "j",
+    )
 
 
 def test_start_method_and_traceback_trim():

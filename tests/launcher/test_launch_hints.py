@@ -1,5 +1,6 @@
 """Hints for the common mistakes (issue 41 item 7), each through `phalanx run`: a launcher flag
 written after the script, and init_process_group("nccl") on a machine without GPUs."""
+
 import pytest
 import torch
 
@@ -13,8 +14,10 @@ def test_a_launcher_flag_after_the_script_is_named_with_the_command_that_works(t
     result = run_cli(["run", str(script), "--lr", "0.5", "--nproc-per-node", "2"], cwd=tmp_path)
     assert result.returncode != 0
     assert "--nproc-per-node is a `phalanx run` flag, written after the script" in result.stderr, result.stderr
-    assert "HINT: put launcher flags before the script: phalanx run --nproc-per-node 2 uses_argparse.py --lr 0.5" \
-        in result.stderr, result.stderr
+    assert (
+        "HINT: put launcher flags before the script: phalanx run --nproc-per-node 2 uses_argparse.py --lr 0.5"
+        in result.stderr
+    ), result.stderr
 
 
 def test_a_flag_the_script_takes_gets_no_hint(tmp_path):

@@ -1,4 +1,5 @@
 """Workers' output: whole lines on the launcher's streams, torchrun's --log-dir/--tee/--local-ranks-filter."""
+
 import re
 
 import pytest
@@ -35,8 +36,22 @@ def test_two_ranks_printing_5000_lines_at_once_merge_no_line(tmp_path):
 
 def test_log_dir_tee_and_local_ranks_filter_as_torchrun(tmp_path):
     logs = tmp_path / "logs"
-    result = run_cli(["run", "--nproc_per_node", "2", "--log-dir", str(logs), "--tee", "3", "--local-ranks-filter", "0",
-                      str(MANY_LINES), "200"], cwd=tmp_path)
+    result = run_cli(
+        [
+            "run",
+            "--nproc_per_node",
+            "2",
+            "--log-dir",
+            str(logs),
+            "--tee",
+            "3",
+            "--local-ranks-filter",
+            "0",
+            str(MANY_LINES),
+            "200",
+        ],
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     # torchrun's layout: LOG_DIR/<run id>_<random>/attempt_0/<local rank>/{stdout,stderr}.log, every rank
     (run_dir,) = logs.iterdir()

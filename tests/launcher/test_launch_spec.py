@@ -1,4 +1,5 @@
 """Pure validation of `phalanx run` input: no processes, no torch."""
+
 import pytest
 
 from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, validate
@@ -27,7 +28,10 @@ def test_valid_spec_passes(script):
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"node_rank": 2, "nnodes": 2, "master_addr": "h", "master_port": 1}, r"--node-rank 2 is out of range for --nnodes 2"),
+        (
+            {"node_rank": 2, "nnodes": 2, "master_addr": "h", "master_port": 1},
+            r"--node-rank 2 is out of range for --nnodes 2",
+        ),
         ({"gpus": (0, 1), "nproc_per_node": 4}, r"--nproc-per-node 4 conflicts with --gpus 0,1"),
         ({"nnodes": 2}, "needs the address of node 0"),
         ({"nnodes": 2, "master_addr": "h"}, "needs a fixed --master-port"),
@@ -52,19 +56,25 @@ def test_a_script_with_a_syntax_error_is_refused_once_before_launch(tmp_path, mo
     """It reached every worker, each printing the same traceback."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "broken.py").write_text("import torch\n\nfor x in range(3)\n    print(x)\n")
-    with pytest.raises(LaunchError, match=r"training script 'broken.py' does not compile \(broken.py, line 3, "
-                                          r"column 18\): expected ':': for x in range\(3\)\. HINT: fix it"):
+    with pytest.raises(
+        LaunchError,
+        match=r"training script 'broken.py' does not compile \(broken.py, line 3, "
+        r"column 18\): expected ':': for x in range\(3\)\. HINT: fix it",
+    ):
         validate(LaunchSpec(target="broken.py"))
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--nnodes", "0"], "--nnodes 0: expected N or MIN:MAX with 1 <= MIN <= MAX"),
-    (["--max-restarts", "-1"], "--max-restarts -1: expected a whole number >= 0"),
-    (["--master-port", "70000"], "--master-port 70000: expected a whole number in 1..65535"),
-    (["--start-method", "thread"], "--start-method thread: choose one of auto, fork, spawn, forkserver"),
-    (["--nproc-per-node", "0"], "--nproc-per-node 0: expected a whole number >= 1, auto, gpu or cpu"),
-    (["--rdzv-timeout", "0"], "--rdzv-timeout 0: expected a number of seconds > 0"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--nnodes", "0"], "--nnodes 0: expected N or MIN:MAX with 1 <= MIN <= MAX"),
+        (["--max-restarts", "-1"], "--max-restarts -1: expected a whole number >= 0"),
+        (["--master-port", "70000"], "--master-port 70000: expected a whole number in 1..65535"),
+        (["--start-method", "thread"], "--start-method thread: choose one of auto, fork, spawn, forkserver"),
+        (["--nproc-per-node", "0"], "--nproc-per-node 0: expected a whole number >= 1, auto, gpu or cpu"),
+        (["--rdzv-timeout", "0"], "--rdzv-timeout 0: expected a number of seconds > 0"),
+    ],
+)
 def test_each_value_is_checked_once_by_its_schema_row(script, flags, message):
     """No second copy of these checks in LaunchSpec: the row's kind is the one place."""
     import argparse

@@ -1,4 +1,5 @@
 """--pass-local-rank's pure parts: spelling check, bare-flag expansion, the report's hint."""
+
 import pytest
 
 from phalanx.launch import local_rank
@@ -14,8 +15,10 @@ def test_hint_for_a_required_local_rank_names_the_flag_and_spelling():
 
 def test_hint_for_an_unrecognized_local_rank_suggests_the_other_spelling_or_env():
     hint = local_rank.hint_for_argparse_error("unrecognized arguments: --local-rank=1", passed=True)
-    assert hint == ("the script does not accept the local rank argument. HINT: pass --pass-local-rank=--local_rank "
-                    "if it expects that spelling, or drop --pass-local-rank and read os.environ['LOCAL_RANK'].")
+    assert hint == (
+        "the script does not accept the local rank argument. HINT: pass --pass-local-rank=--local_rank "
+        "if it expects that spelling, or drop --pass-local-rank and read os.environ['LOCAL_RANK']."
+    )
 
 
 def test_other_argparse_errors_get_no_hint():
@@ -26,7 +29,13 @@ def test_bare_flag_before_the_script_only():
     takes_value = {"--nproc-per-node": True, "--standalone": False}.get
     tokens = ["--nproc-per-node", "2", "--standalone", "--pass-local-rank", "train.py", "--pass_local_rank"]
     assert local_rank.expand_bare_flag(tokens, takes_value) == [
-        "--nproc-per-node", "2", "--standalone", "--pass-local-rank=--local-rank", "train.py", "--pass_local_rank"]
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        "--pass-local-rank=--local-rank",
+        "train.py",
+        "--pass_local_rank",
+    ]
 
 
 @pytest.mark.parametrize("value", ["local_rank", "--", "--local rank", "train.py"])

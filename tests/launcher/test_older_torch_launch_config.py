@@ -1,5 +1,6 @@
 """torch >= 2.6 is supported: agent fields an older LaunchConfig lacks are dropped while they hold
 torchrun's defaults, and refused (never silently ignored) when the user asked for them."""
+
 import dataclasses
 
 import pytest

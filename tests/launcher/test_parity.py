@@ -2,6 +2,7 @@
 at step 1, with the cause named; the correct script (the same BatchNorm, with --sync-batchnorm) agrees
 on 1 and 2 processes (exit 0); a script that never calls px.backward or stops early
 is refused (exit 2) after the one-process run."""
+
 import re
 
 import pytest
@@ -52,16 +53,24 @@ def test_a_batch_size_set_from_dp_size_is_named_as_differing_global_batches(tmp_
     """It reported "none that phalanx can see": the one-process run took 16 samples a step, 2 processes 8."""
     result = parity(tmp_path, SCRIPT, "--batch-from-dp-size")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert ("the global batches differ: 16 samples per step in the one-process run against 8 on 2 processes"
-            in result.stdout)
+    assert (
+        "the global batches differ: 16 samples per step in the one-process run against 8 on 2 processes"
+        in result.stdout
+    )
     assert "none that phalanx can see" not in result.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (("--no-backward",), "parity_train.py never called px.backward, so there is nothing to compare"),
-    (("--stop-after", "2"), "parity_train.py took only 2 optimizer steps (px.backward was called 2 times), "
-                            "fewer than --steps 3. HINT: pass --steps 2"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--no-backward",), "parity_train.py never called px.backward, so there is nothing to compare"),
+        (
+            ("--stop-after", "2"),
+            "parity_train.py took only 2 optimizer steps (px.backward was called 2 times), "
+            "fewer than --steps 3. HINT: pass --steps 2",
+        ),
+    ],
+)
 def test_a_script_without_backward_or_with_fewer_steps_is_refused(tmp_path, args, message):
     result = parity(tmp_path, SCRIPT, *args)
     assert result.returncode == 2 and message in result.stderr, result.stdout + result.stderr

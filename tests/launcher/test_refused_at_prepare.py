@@ -1,6 +1,7 @@
 """A layout the script's model cannot take (PHALANX_PP=2 on the wine example: no blocks to cut) is
 known only at `px.prepare(model)`, where every rank refuses it the same: said once, with exit 2 and
 the fix, never as a traceback per rank (phalanx/refusal.py)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -23,8 +24,11 @@ CUT = "cannot cut SimpleNN into pipeline stages"
 def test_phalanx_run_says_a_refused_layout_once_and_exits_2(tmp_path):
     """It was rank 1's traceback (25 lines) and exit 1."""
     pytest.importorskip("sklearn")
-    result = run_cli(["run", "--nproc-per-node", "2", "--max-restarts", "1", str(WINE), "--epochs", "1"],
-                     cwd=tmp_path, env={"PHALANX_PP": "2", "PHALANX_RUN_DIR": str(tmp_path / "run")})
+    result = run_cli(
+        ["run", "--nproc-per-node", "2", "--max-restarts", "1", str(WINE), "--epochs", "1"],
+        cwd=tmp_path,
+        env={"PHALANX_PP": "2", "PHALANX_RUN_DIR": str(tmp_path / "run")},
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.splitlines()
     said = [line for line in lines if CUT in line]
@@ -48,13 +52,23 @@ def test_without_a_phalanx_launcher_rank_0_says_it_and_the_others_a_short_line(t
     script = tmp_path / "refused.py"
     script.write_text(REFUSED)
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=rank_env(rank, 2, port),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            env=rank_env(rank, 2, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
     outputs = [p.communicate(timeout=LAUNCH_TIMEOUT_S)[1] for p in procs]
     assert [p.returncode for p in procs] == [1, 1], outputs
     assert "Traceback" not in outputs[0] + outputs[1], outputs
-    assert [line for line in outputs[0].splitlines() if "refused" in line] == \
-        [line for line in outputs[0].splitlines() if line.startswith("phalanx: refused at prepare: cannot cut Linear")]
+    assert [line for line in outputs[0].splitlines() if "refused" in line] == [
+        line for line in outputs[0].splitlines() if line.startswith("phalanx: refused at prepare: cannot cut Linear")
+    ]
     assert "cannot cut Linear" not in outputs[1]
     assert "phalanx (rank 1): refused at prepare; rank 0 says why" in outputs[1].splitlines()
 

@@ -1,6 +1,7 @@
 """`phalanx run --help` in groups (launch, layout and strategy, training loop, checkpoints, logging,
 torchrun compatibility): every schema row in exactly one, the one written above it in the schema;
 every torchrun flag under torchrun compatibility. `phalanx --version` names phalanx and torch."""
+
 from __future__ import annotations
 
 import subprocess
@@ -27,8 +28,14 @@ def groups_by_dest() -> dict[str, list[str]]:
 
 def test_every_schema_row_is_in_exactly_one_group_the_one_above_it():
     names = [group.name for group in config.GROUPS]
-    assert names == ["launch", "layout and strategy", "training loop", "checkpoints", "logging",
-                     "torchrun compatibility"]
+    assert names == [
+        "launch",
+        "layout and strategy",
+        "training loop",
+        "checkpoints",
+        "logging",
+        "torchrun compatibility",
+    ]
     found = groups_by_dest()
     for setting in config.SETTINGS:
         assert setting.group in config.GROUPS, setting.name
@@ -48,7 +55,7 @@ def test_help_shows_the_groups_in_order_and_names_flags_that_exist():
     text = run_parser().format_help()
     positions = [text.index(f"\n{group.name}:\n  {group.description.split()[0]}") for group in config.GROUPS]
     assert positions == sorted(positions)
-    intro = text[:positions[0]]
+    intro = text[: positions[0]]
     named = [word.strip(",.") for word in intro.split() if word.startswith("--")]
     assert len(named) >= 8
     options = {option for action in run_parser()._actions for option in action.option_strings}  # noqa: SLF001
@@ -56,7 +63,6 @@ def test_help_shows_the_groups_in_order_and_names_flags_that_exist():
 
 
 def test_version_prints_phalanx_and_torch():
-    result = subprocess.run([sys.executable, "-m", "phalanx", "--version"], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([sys.executable, "-m", "phalanx", "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"phalanx {__version__} (torch {metadata.version('torch')})\n"

@@ -1,6 +1,7 @@
 """A bad setting from any of the four sources (flag, PHALANX_* variable, YAML file, DeepSpeed JSON)
 stops `phalanx run` with exit 2 and one message naming the source, the value and the valid ones,
 before any worker starts: the script never runs."""
+
 import json
 
 import pytest
@@ -22,10 +23,14 @@ def _case(tmp_path, source):
         path.write_text("strategy: zero4\n")
         return ["--config", str(path)], {}, f"{path}: strategy: zero4: {CHOICES}"
     path = tmp_path / "ds.json"
-    path.write_text(json.dumps({"zero_optimization": {"stage": 3}, "train_batch_size": 7,
-                                "train_micro_batch_size_per_gpu": 2}))
-    return (["--deepspeed", str(path), "--nproc-per-node", "2"], {},
-            f"DeepSpeed config '{path}': train_batch_size=7 but train_micro_batch_size_per_gpu=2 x gradient_accumulation_steps=1 x world_size=2 = 4")
+    path.write_text(
+        json.dumps({"zero_optimization": {"stage": 3}, "train_batch_size": 7, "train_micro_batch_size_per_gpu": 2})
+    )
+    return (
+        ["--deepspeed", str(path), "--nproc-per-node", "2"],
+        {},
+        f"DeepSpeed config '{path}': train_batch_size=7 but train_micro_batch_size_per_gpu=2 x gradient_accumulation_steps=1 x world_size=2 = 4",
+    )
 
 
 @pytest.mark.dist
@@ -49,7 +54,8 @@ def test_deepspeed_contradicting_a_flag_is_refused(tmp_path):
     path.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    result = run_cli(["run", "--deepspeed", str(path), "--strategy", "zero3", str(script), str(tmp_path / "m")],
-                     timeout=45)
+    result = run_cli(
+        ["run", "--deepspeed", str(path), "--strategy", "zero3", str(script), str(tmp_path / "m")], timeout=45
+    )
     assert result.returncode == 2
     assert f"strategy='zero3' was given by --strategy but the DeepSpeed config '{path}' says 'zero2'" in result.stderr

@@ -3,6 +3,7 @@
 The list comes from torch's own parser (torch.distributed.run.get_args_parser), so a flag a new torch
 adds fails here until phalanx maps or refuses it. No processes are started.
 """
+
 import argparse
 import os
 
@@ -58,16 +59,56 @@ def test_pet_variables_are_read_exactly_for_torchruns_env_flags():
 
 
 def test_every_added_flag_in_underscore_spelling_reaches_the_launch_config(script):
-    argv = ["--rdzv_conf", "join_timeout=7,x=y", "--monitor_interval", "0.5", "--event_log_handler", "console",
-            "--role", "trainer", "--log_dir", "logs", "-r", "1", "--tee", "0:3,1:2", "--local_ranks_filter", "0",
-            "--duplicate_stdout_filters", "loss,acc", "--local_addr", "10.0.0.5", "--signals_to_handle", "SIGTERM",
-            "--shutdown_timeout", "9", "--virtual_local_rank", "--run_path", "--nproc_per_node", "2", script]
+    argv = [
+        "--rdzv_conf",
+        "join_timeout=7,x=y",
+        "--monitor_interval",
+        "0.5",
+        "--event_log_handler",
+        "console",
+        "--role",
+        "trainer",
+        "--log_dir",
+        "logs",
+        "-r",
+        "1",
+        "--tee",
+        "0:3,1:2",
+        "--local_ranks_filter",
+        "0",
+        "--duplicate_stdout_filters",
+        "loss,acc",
+        "--local_addr",
+        "10.0.0.5",
+        "--signals_to_handle",
+        "SIGTERM",
+        "--shutdown_timeout",
+        "9",
+        "--virtual_local_rank",
+        "--run_path",
+        "--nproc_per_node",
+        "2",
+        script,
+    ]
     spec = run_command.spec_from_args(_phalanx_parser().parse_args(argv))
     options = spec.agent
     assert (options.rdzv_conf, options.monitor_interval, options.event_log_handler, options.role) == (
-        {"join_timeout": "7", "x": "y"}, 0.5, "console", "trainer")
-    assert (options.log_dir, options.redirects, options.tee, options.local_ranks_filter) == ("logs", "1", "0:3,1:2", (0,))
-    assert (options.duplicate_stdout_filters, options.local_addr, options.shutdown_timeout) == (("loss", "acc"), "10.0.0.5", 9)
+        {"join_timeout": "7", "x": "y"},
+        0.5,
+        "console",
+        "trainer",
+    )
+    assert (options.log_dir, options.redirects, options.tee, options.local_ranks_filter) == (
+        "logs",
+        "1",
+        "0:3,1:2",
+        (0,),
+    )
+    assert (options.duplicate_stdout_filters, options.local_addr, options.shutdown_timeout) == (
+        ("loss", "acc"),
+        "10.0.0.5",
+        9,
+    )
     assert options.virtual_local_rank and options.run_path and not options.no_python
     kwargs = torchrun_flags.launch_config_kwargs(options)
     logs = kwargs["logs_specs"]
@@ -81,40 +122,66 @@ def test_every_added_flag_in_underscore_spelling_reaches_the_launch_config(scrip
 
 
 def test_kubeflow_pet_variables_fill_what_the_command_line_left_out(script, monkeypatch):
-    for key, value in {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "3",
-                       "PET_MASTER_ADDR": "trainer-master-0", "PET_MASTER_PORT": "23456", "PET_TEE": "3",
-                       "PET_STANDALONE": "0", "PET_MODULE": "0"}.items():
+    for key, value in {
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_NPROC_PER_NODE": "3",
+        "PET_MASTER_ADDR": "trainer-master-0",
+        "PET_MASTER_PORT": "23456",
+        "PET_TEE": "3",
+        "PET_STANDALONE": "0",
+        "PET_MODULE": "0",
+    }.items():
         monkeypatch.setenv(key, value)
     spec = run_command.spec_from_args(_phalanx_parser().parse_args(["--node-rank", "0", script]))
     assert (spec.nnodes, spec.node_rank, spec.nproc_per_node) == (2, 0, 3)  # the flag beats PET_NODE_RANK
-    assert (spec.master_addr, spec.master_port, spec.agent.tee, spec.is_module) == ("trainer-master-0", 23456, "3", False)
+    assert (spec.master_addr, spec.master_port, spec.agent.tee, spec.is_module) == (
+        "trainer-master-0",
+        23456,
+        "3",
+        False,
+    )
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("PET_NODE_RANK", "one", r"PET_NODE_RANK='one' is not valid for --node-rank: expected a whole number >= 0\."),
-    ("PET_NPROC_PER_NODE", "0", r"PET_NPROC_PER_NODE='0' is not valid for --nproc-per-node: expected a whole number >= 1, auto, gpu or cpu\."),
-    ("PET_NNODES", "2:1", r"PET_NNODES='2:1' is not valid for --nnodes"),
-    ("PET_MASTER_PORT", "http", r"PET_MASTER_PORT='http' is not valid for --master-port"),
-    ("PET_MAX_RESTARTS", "x", r"PET_MAX_RESTARTS='x' is not valid for --max-restarts"),
-    ("PET_START_METHOD", "thread", r"PET_START_METHOD='thread' is not valid for --start-method"),
-    ("PET_TEE", "7", r"PET_TEE='7' is not valid for --tee: must be 0 \(none\), 1 \(stdout\)"),
-    ("PET_REDIRECTS", "0:4", r"PET_REDIRECTS='0:4' is not valid for --redirects"),
-    ("PET_MONITOR_INTERVAL", "soon", r"PET_MONITOR_INTERVAL='soon' is not valid for --monitor-interval"),
-    ("PET_RDZV_CONF", "timeout", r"PET_RDZV_CONF='timeout' is not valid for --rdzv-conf: must be KEY=VALUE"),
-    ("PET_LOCAL_RANKS_FILTER", "a", r"PET_LOCAL_RANKS_FILTER='a' is not valid for --local-ranks-filter"),
-    ("PET_SIGNALS_TO_HANDLE", "SIGNOPE", r"PET_SIGNALS_TO_HANDLE='SIGNOPE' is not valid for --signals-to-handle"),
-    ("PET_STANDALONE", "yes", r"PET_STANDALONE='yes' is not valid for --standalone: must be 0 or 1"),
-    ("PET_SHUTDOWN_TIMEOUT", "1.5", r"PET_SHUTDOWN_TIMEOUT='1.5' is not valid for --shutdown-timeout"),
-])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("PET_NODE_RANK", "one", r"PET_NODE_RANK='one' is not valid for --node-rank: expected a whole number >= 0\."),
+        (
+            "PET_NPROC_PER_NODE",
+            "0",
+            r"PET_NPROC_PER_NODE='0' is not valid for --nproc-per-node: expected a whole number >= 1, auto, gpu or cpu\.",
+        ),
+        ("PET_NNODES", "2:1", r"PET_NNODES='2:1' is not valid for --nnodes"),
+        ("PET_MASTER_PORT", "http", r"PET_MASTER_PORT='http' is not valid for --master-port"),
+        ("PET_MAX_RESTARTS", "x", r"PET_MAX_RESTARTS='x' is not valid for --max-restarts"),
+        ("PET_START_METHOD", "thread", r"PET_START_METHOD='thread' is not valid for --start-method"),
+        ("PET_TEE", "7", r"PET_TEE='7' is not valid for --tee: must be 0 \(none\), 1 \(stdout\)"),
+        ("PET_REDIRECTS", "0:4", r"PET_REDIRECTS='0:4' is not valid for --redirects"),
+        ("PET_MONITOR_INTERVAL", "soon", r"PET_MONITOR_INTERVAL='soon' is not valid for --monitor-interval"),
+        ("PET_RDZV_CONF", "timeout", r"PET_RDZV_CONF='timeout' is not valid for --rdzv-conf: must be KEY=VALUE"),
+        ("PET_LOCAL_RANKS_FILTER", "a", r"PET_LOCAL_RANKS_FILTER='a' is not valid for --local-ranks-filter"),
+        ("PET_SIGNALS_TO_HANDLE", "SIGNOPE", r"PET_SIGNALS_TO_HANDLE='SIGNOPE' is not valid for --signals-to-handle"),
+        ("PET_STANDALONE", "yes", r"PET_STANDALONE='yes' is not valid for --standalone: must be 0 or 1"),
+        ("PET_SHUTDOWN_TIMEOUT", "1.5", r"PET_SHUTDOWN_TIMEOUT='1.5' is not valid for --shutdown-timeout"),
+    ],
+)
 def test_pet_values_torchrun_rejects_are_errors_naming_the_variable(script, monkeypatch, name, value, message):
     monkeypatch.setenv(name, value)
     with pytest.raises(LaunchError, match=message + r".*HINT: fix or unset " + name):
         run_command.spec_from_args(_phalanx_parser().parse_args([script]))
 
 
-@pytest.mark.parametrize("name, value", [("PET_NODE_RANK", "one"), ("PET_MASTER_PORT", "http"),
-                                         ("PET_MAX_RESTARTS", "x"), ("PET_MONITOR_INTERVAL", "soon"),
-                                         ("PET_STANDALONE", "yes")])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("PET_NODE_RANK", "one"),
+        ("PET_MASTER_PORT", "http"),
+        ("PET_MAX_RESTARTS", "x"),
+        ("PET_MONITOR_INTERVAL", "soon"),
+        ("PET_STANDALONE", "yes"),
+    ],
+)
 def test_torchrun_rejects_the_same_pet_values(monkeypatch, name, value):
     """The values refused above are refused by torchrun's own parser too (not stricter than torch).
 
@@ -134,14 +201,23 @@ def test_torchrun_rejects_the_same_stream_specs():
             torchrun_flags.std_spec(text)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--standalone", "--nnodes", "2"], "--standalone runs a single node, but --nnodes is 2"),
-    (["--no-python", "-m"], "--no-python and -m/--module cannot be combined"),
-    (["--no-python", "--run-path"], "--no-python and --run-path cannot be combined"),
-    (["--no-python"], r"--no-python runs 'train.py' as a program, but it is not an executable file"),
-    (["--nproc-per-node", "2", "--local-ranks-filter", "0,3"], r"--local-ranks-filter names local rank\(s\) 3, but this node runs 2"),
-    (["--pass-local-rank=local_rank"], r"--pass-local-rank takes the flag name the script expects.*got 'local_rank'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--standalone", "--nnodes", "2"], "--standalone runs a single node, but --nnodes is 2"),
+        (["--no-python", "-m"], "--no-python and -m/--module cannot be combined"),
+        (["--no-python", "--run-path"], "--no-python and --run-path cannot be combined"),
+        (["--no-python"], r"--no-python runs 'train.py' as a program, but it is not an executable file"),
+        (
+            ["--nproc-per-node", "2", "--local-ranks-filter", "0,3"],
+            r"--local-ranks-filter names local rank\(s\) 3, but this node runs 2",
+        ),
+        (
+            ["--pass-local-rank=local_rank"],
+            r"--pass-local-rank takes the flag name the script expects.*got 'local_rank'",
+        ),
+    ],
+)
 def test_contradictions_are_refused_before_anything_starts(script, argv, message):
     with pytest.raises(LaunchError, match=message):
         run_command.spec_from_args(_phalanx_parser().parse_args([*argv, script]))
@@ -150,16 +226,22 @@ def test_contradictions_are_refused_before_anything_starts(script, argv, message
 def test_pass_local_rank_before_the_script_takes_no_value_from_it(script):
     bare = run_command.spec_from_args(_phalanx_parser().parse_args(["--pass-local-rank", script, "--pass-local-rank"]))
     assert (bare.pass_local_rank, bare.target, bare.target_args) == ("--local-rank", script, ("--pass-local-rank",))
-    old = run_command.spec_from_args(_phalanx_parser().parse_args(["--pass-local-rank=--local_rank", script, "--lr", "1"]))
+    old = run_command.spec_from_args(
+        _phalanx_parser().parse_args(["--pass-local-rank=--local_rank", script, "--lr", "1"])
+    )
     assert old.pass_local_rank == "--local_rank"
     assert agent.entrypoint_for(old, "spawn")[1][-3:] == ["--local_rank=${local_rank}", "--lr", "1"]
 
 
 def test_standalone_and_single_node_c10d_use_the_loopback_only_store(script):
     standalone = run_command.spec_from_args(_phalanx_parser().parse_args(["--standalone", script]))
-    c10d = run_command.spec_from_args(_phalanx_parser().parse_args(
-        ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:29411", script]))
+    c10d = run_command.spec_from_args(
+        _phalanx_parser().parse_args(["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:29411", script])
+    )
     for spec, endpoint in ((standalone, "127.0.0.1:0"), (c10d, "127.0.0.1:29411")):
         settings = agent.rendezvous_settings(spec)
         assert (settings["rdzv_backend"], settings["rdzv_endpoint"], settings["local_addr"]) == (
-            "phalanx-static", endpoint, "127.0.0.1")
+            "phalanx-static",
+            endpoint,
+            "127.0.0.1",
+        )

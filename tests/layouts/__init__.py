@@ -8,6 +8,7 @@ entry point: `python -m tests.layouts.compatibility docs/compatibility.md`, `pyt
 tests.layouts.families docs/models.md`, `python -m tests.layouts.optimizers docs/optimizers.md`
 (no path: print it); tests/docs/ fails when a committed page differs from what they write.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,13 @@ class Layout:
     def plan(self) -> ParallelPlan:
         """The ParallelPlan the presets build for these settings on `processes` processes."""
         degrees = {dim: self.settings[dim] for dim in MESH_DIMS if dim in self.settings}
-        return presets.build(self.settings["strategy"], presets.asking(**degrees), world_size=self.processes,
-                             local_world_size=self.local or self.processes, cpu_offload=self.cpu_offload)
+        return presets.build(
+            self.settings["strategy"],
+            presets.asking(**degrees),
+            world_size=self.processes,
+            local_world_size=self.local or self.processes,
+            cpu_offload=self.cpu_offload,
+        )
 
 
 LAYOUTS: tuple[Layout, ...] = (

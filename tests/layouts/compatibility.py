@@ -6,28 +6,30 @@ with the idiom corpus's table from tests/idioms/table.py after it).
 A cell is "equal" (per-step loss within {RTOL:g} relative of one process with the same settings on the
 same global batches over 6 steps, final weights allclose) or refused at prepare with the reason given
 here (the test checks the message holds it)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tests.layouts import Layout, layouts
 
-LAYOUTS: tuple[Layout, ...] = layouts("ddp", "zero1", "zero2", "zero3", "hsdp 2 x 2", "tp 2", "zero3 x tp 2", "pp 2",
-                                      "pp 2 x ddp 2", "pp 2 x tp 2")
+LAYOUTS: tuple[Layout, ...] = layouts(
+    "ddp", "zero1", "zero2", "zero3", "hsdp 2 x 2", "tp 2", "zero3 x tp 2", "pp 2", "pp 2 x ddp 2", "pp 2 x tp 2"
+)
 
 MODELS: dict[str, str] = {
     "llama": "transformers `LlamaForCausalLM` from a small config (2 layers, 4 heads, 2 key/value heads)",
     "llama-lora": "the same Llama wrapped in a peft LoRA (r 4 on q_proj, v_proj)",
     "cnn-bn": "a CNN with BatchNorm2d and BatchNorm1d (the layers before them without bias: a bias there gets no "
-              "gradient), `sync_batchnorm=True`",
+    "gradient), `sync_batchnorm=True`",
 }
 
 FEATURES: dict[str, str] = {
     "num_items": "token-weighted loss: `px.forward_backward(model, x, y, summed_loss, num_items=tokens)`, a third "
-                 "of the labels ignored",
+    "of the labels ignored",
     "clip": "gradient clipping: `px.clip_grad_norm_(model.parameters(), 1.0)`",
     "accum2": "`grad_accum_steps=2` with `px.accumulate(model)`",
-    "bf16": "`mixed_precision=\"bf16\"`",
+    "bf16": '`mixed_precision="bf16"`',
     "resume": "saved at step 3 under the layout named, resumed here for steps 4-6",
     "preempt": "SIGTERM after step 3: checkpoint and exit 143, then the same layout resumes for steps 4-6",
 }
@@ -70,16 +72,25 @@ class Cell:
         return f"{self.layout} / {self.model} / {'+'.join(self.features)}{extra}"
 
 
-_RESUME_FROM = {"ddp": "zero3", "zero1": "ddp", "zero2": "zero1", "zero3": "tp 2", "tp 2": "pp 2", "pp 2": "ddp",
-                "hsdp 2 x 2": "pp 2 x ddp 2", "zero3 x tp 2": "hsdp 2 x 2", "pp 2 x ddp 2": "zero3 x tp 2",
-                "pp 2 x tp 2": "pp 2 x ddp 2"}
+_RESUME_FROM = {
+    "ddp": "zero3",
+    "zero1": "ddp",
+    "zero2": "zero1",
+    "zero3": "tp 2",
+    "tp 2": "pp 2",
+    "pp 2": "ddp",
+    "hsdp 2 x 2": "pp 2 x ddp 2",
+    "zero3 x tp 2": "hsdp 2 x 2",
+    "pp 2 x ddp 2": "zero3 x tp 2",
+    "pp 2 x tp 2": "pp 2 x ddp 2",
+}
 
 
 _BN_PP = "sync_batchnorm with pp=2: a pipeline runs each microbatch through"
 _BN_TP = "Sequential has no tensor-parallel plan: phalanx does not know which of its layers to split"
 INSTEAD = {
     _BN_PP: "BatchNorm's statistics would cover one microbatch, not the global batch; train it under a "
-            "data-parallel layout (ddp, zero1/2/3, hsdp), or use GroupNorm / LayerNorm to use pp",
+    "data-parallel layout (ddp, zero1/2/3, hsdp), or use GroupNorm / LayerNorm to use pp",
     _BN_TP: "give `tp_plan` (module name pattern -> colwise / rowwise / ...), or use a data-parallel layout",
 }
 """refusal -> what the page says to use instead (the message's own HINT says it too)."""
@@ -93,8 +104,12 @@ def _cells() -> tuple[tuple[Cell, ...], tuple[tuple[str, str, str], ...]]:
             Cell(layout.name, "llama", ("num_items", "clip", "accum2")),
             Cell(layout.name, "llama", ("bf16", "clip")),
             Cell(layout.name, "llama-lora", ("clip",)),
-            Cell(layout.name, "cnn-bn", ("clip",), refused=_BN_PP if "pp" in layout.settings
-                 else _BN_TP if "tp" in layout.settings else None),
+            Cell(
+                layout.name,
+                "cnn-bn",
+                ("clip",),
+                refused=_BN_PP if "pp" in layout.settings else _BN_TP if "tp" in layout.settings else None,
+            ),
             Cell(layout.name, "llama", ("clip", "resume"), resume_from=_RESUME_FROM[layout.name]),
             Cell(layout.name, "llama", ("clip", "preempt")),
         ]
@@ -115,8 +130,7 @@ def cell(name: str) -> Cell:
 
 def table() -> str:
     """One row per layout; one column per model; each entry the feature sets tested and their outcome."""
-    rows = ["| layout | processes | " + " | ".join(f"`{m}`" for m in MODELS) + " |",
-            "|" + "---|" * (len(MODELS) + 2)]
+    rows = ["| layout | processes | " + " | ".join(f"`{m}`" for m in MODELS) + " |", "|" + "---|" * (len(MODELS) + 2)]
     notes: list[str] = []
     pending: list[str] = []
     for item in LAYOUTS:
@@ -142,7 +156,7 @@ def table() -> str:
             entries.append("<br>".join(parts))
         rows.append(f"| {item.name} | {item.processes} | " + " | ".join(entries) + " |")
     rows.append("")
-    rows += [f"({i}) refused at prepare: \"{why}...\": {INSTEAD[why]}." for i, why in enumerate(notes, 1)]
+    rows += [f'({i}) refused at prepare: "{why}...": {INSTEAD[why]}.' for i, why in enumerate(notes, 1)]
     rows += [f"[{i}] not in the matrix yet: {why}." for i, why in enumerate(pending, 1)]
     return "\n".join(rows) + "\n"
 

@@ -6,6 +6,7 @@ tests/layouts/__init__.py's, the one list.
 Each family is built from a small config of its own class (the code paths of the pretrained
 checkpoints users load, nothing downloaded): `build("llama-tied")`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,8 +31,14 @@ class Family:
     """layout -> what phalanx's refusal at prepare says (every other layout equals one process)."""
 
 
-_SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "max_position_embeddings": 32}
+_SIZES = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32,
+}
 _GPT2_SIZES = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32}
 # what the refusal says (the sweep checks the message holds it; the docs table quotes it)
 _NO_PP_PLAN = "GPT2LMHeadModel declares no pipeline layout"
@@ -42,16 +49,24 @@ FAMILIES: tuple[Family, ...] = (
     Family("llama-tied", "LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True}),
     Family("qwen2", "Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
     Family("mistral", "MistralConfig", "MistralForCausalLM", {"tie_word_embeddings": False, "sliding_window": 4}),
-    Family("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM",
-           {"tie_word_embeddings": True, "head_dim": 8, "sliding_window": 4}),
-    Family("gpt2", "GPT2Config", "GPT2LMHeadModel",
-           {"tie_word_embeddings": True, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
-           refused={"tp 2": _NO_TP_PLAN, "zero3 x tp 2": _NO_TP_PLAN, "pp 2": _NO_PP_PLAN,
-                    "pp 2 x ddp 2": _NO_PP_PLAN}),
+    Family(
+        "gemma3",
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {"tie_word_embeddings": True, "head_dim": 8, "sliding_window": 4},
+    ),
+    Family(
+        "gpt2",
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        {"tie_word_embeddings": True, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+        refused={"tp 2": _NO_TP_PLAN, "zero3 x tp 2": _NO_TP_PLAN, "pp 2": _NO_PP_PLAN, "pp 2 x ddp 2": _NO_PP_PLAN},
+    ),
 )
 
-LAYOUTS: dict[str, Layout] = {item.name: item for item in layouts("ddp", "zero3", "tp 2", "zero3 x tp 2", "pp 2",
-                                                                   "pp 2 x ddp 2")}
+LAYOUTS: dict[str, Layout] = {
+    item.name: item for item in layouts("ddp", "zero3", "tp 2", "zero3 x tp 2", "pp 2", "pp 2 x ddp 2")
+}
 """the sweep's columns: layout name -> the layout (its settings and processes)."""
 
 
@@ -68,21 +83,45 @@ class MoeFamily:
 
 
 MOE_LAYOUTS: dict[str, str] = {
-    "ddp ep 2": "2 processes", "zero3 ep 2": "2 processes", "ddp ep 2, aux loss": "2 processes, coefficient 0.05",
-    "ddp cp 2 x ep 2": "2 processes", "ddp ep 2, 2 copies": "4 processes", "zero3 ep 2, 2 copies": "4 processes",
-    "ddp ep 4": "4 processes", "zero3 ep 4": "4 processes", "ddp pp 2 x ep 2": "4 processes",
-    "zero3 pp 2 x ep 2": "4 processes", "ep 2 x tp 2": ""}
+    "ddp ep 2": "2 processes",
+    "zero3 ep 2": "2 processes",
+    "ddp ep 2, aux loss": "2 processes, coefficient 0.05",
+    "ddp cp 2 x ep 2": "2 processes",
+    "ddp ep 2, 2 copies": "4 processes",
+    "zero3 ep 2, 2 copies": "4 processes",
+    "ddp ep 4": "4 processes",
+    "zero3 ep 4": "4 processes",
+    "ddp pp 2 x ep 2": "4 processes",
+    "zero3 pp 2 x ep 2": "4 processes",
+    "ep 2 x tp 2": "",
+}
 """the expert-parallel table's columns: name -> its processes."""
 MOE_REFUSED = {"ep 2 x tp 2": "expert parallel is not composed with tensor parallel yet"}
 """columns every MoE family is refused in at prepare: what the refusal says."""
 MOE_FAMILIES: tuple[MoeFamily, ...] = (
-    MoeFamily("qwen3_moe", "Qwen3MoeForCausalLM", {"ddp ep 2": "qwen3_moe", "zero3 ep 2": "qwen3_moe zero3",
-                                                   "ddp ep 2, aux loss": "qwen3_moe aux",
-                                                   "ddp cp 2 x ep 2": "qwen3_moe cp2",
-                                                   "ddp pp 2 x ep 2": "pp ddp", "zero3 pp 2 x ep 2": "pp zero3"}),
-    MoeFamily("mixtral", "MixtralForCausalLM", {"ddp ep 2": "mixtral", "ddp ep 2, 2 copies": "mixtral ddp",
-                                                "zero3 ep 2, 2 copies": "mixtral zero3", "ddp ep 4": "mixtral ep4",
-                                                "zero3 ep 4": "mixtral zero3 ep4"}),
+    MoeFamily(
+        "qwen3_moe",
+        "Qwen3MoeForCausalLM",
+        {
+            "ddp ep 2": "qwen3_moe",
+            "zero3 ep 2": "qwen3_moe zero3",
+            "ddp ep 2, aux loss": "qwen3_moe aux",
+            "ddp cp 2 x ep 2": "qwen3_moe cp2",
+            "ddp pp 2 x ep 2": "pp ddp",
+            "zero3 pp 2 x ep 2": "pp zero3",
+        },
+    ),
+    MoeFamily(
+        "mixtral",
+        "MixtralForCausalLM",
+        {
+            "ddp ep 2": "mixtral",
+            "ddp ep 2, 2 copies": "mixtral ddp",
+            "zero3 ep 2, 2 copies": "mixtral zero3",
+            "ddp ep 4": "mixtral ep4",
+            "zero3 ep 4": "mixtral zero3 ep4",
+        },
+    ),
     MoeFamily("olmoe", "OlmoeForCausalLM", {"ddp ep 2": "olmoe"}),
     MoeFamily("gpt_oss", "GptOssForCausalLM", {"ddp ep 2": "gpt_oss"}),
     MoeFamily("deepseek_v3", "DeepseekV3ForCausalLM", {"ddp ep 2": "deepseek_v3"}),
@@ -102,8 +141,9 @@ def build(name: str, vocab_size: int = 64) -> nn.Module:
 
     fam = family(name)
     sizes = _GPT2_SIZES if fam.config_class == "GPT2Config" else _SIZES
-    config = getattr(transformers, fam.config_class)(vocab_size=vocab_size, attn_implementation="eager",
-                                                     **sizes, **fam.config)
+    config = getattr(transformers, fam.config_class)(
+        vocab_size=vocab_size, attn_implementation="eager", **sizes, **fam.config
+    )
     return getattr(transformers, fam.model_class)(config)
 
 
@@ -130,21 +170,29 @@ def table() -> str:
         tied = "yes" if fam.config.get("tie_word_embeddings") else "no"
         rows.append(f"| {fam.name} (`{fam.model_class}`) | {tied} | " + " | ".join(cells) + " |")
     rows.append("")
-    rows += [f"({i}) refused at prepare: \"{why}\"." for i, why in enumerate(notes, 1)]
+    rows += [f'({i}) refused at prepare: "{why}".' for i, why in enumerate(notes, 1)]
     return "\n".join(rows) + "\n"
 
 
 def moe_table() -> str:
     """The expert-parallel table of docs/models.md: each MoE family x ep layout, equal, refused or untested."""
-    rows = ["| model | " + " | ".join(f"{name} ({procs})" if procs else name for name, procs in MOE_LAYOUTS.items())
-            + " |", "|" + "---|" * (len(MOE_LAYOUTS) + 1)]
+    rows = [
+        "| model | " + " | ".join(f"{name} ({procs})" if procs else name for name, procs in MOE_LAYOUTS.items()) + " |",
+        "|" + "---|" * (len(MOE_LAYOUTS) + 1),
+    ]
     notes = list(dict.fromkeys(MOE_REFUSED.values()))
     for fam in MOE_FAMILIES:
-        cells = ["equal" if name in fam.cases else f"refused ({notes.index(MOE_REFUSED[name]) + 1})"
-                 if name in MOE_REFUSED else "not tested" for name in MOE_LAYOUTS]
+        cells = [
+            "equal"
+            if name in fam.cases
+            else f"refused ({notes.index(MOE_REFUSED[name]) + 1})"
+            if name in MOE_REFUSED
+            else "not tested"
+            for name in MOE_LAYOUTS
+        ]
         rows.append(f"| {fam.name} (`{fam.model_class}`) | " + " | ".join(cells) + " |")
     rows.append("")
-    rows += [f"({i}) refused at prepare: \"{why}\"." for i, why in enumerate(notes, 1)]
+    rows += [f'({i}) refused at prepare: "{why}".' for i, why in enumerate(notes, 1)]
     return "\n".join(rows) + "\n"
 
 

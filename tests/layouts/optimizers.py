@@ -6,21 +6,32 @@ tests/layouts/__init__.py, the one list.
 
 tests/docs/test_optimizer_table.py fails when the committed page differs from what this writes.
 """
+
 from __future__ import annotations
 
 import sys
 import torch
 
 from phalanx.config import generated_page
-from phalanx.strategies.optimizer_kinds import (ATTRIBUTE, TORCH_ELEMENTWISE, TORCH_WHOLE_MODEL, TORCH_WHOLE_TENSOR,
-                                                Classified, Route, StepKind, reads_its_loss, route)
+from phalanx.strategies.optimizer_kinds import (
+    ATTRIBUTE,
+    TORCH_ELEMENTWISE,
+    TORCH_WHOLE_MODEL,
+    TORCH_WHOLE_TENSOR,
+    Classified,
+    Route,
+    StepKind,
+    reads_its_loss,
+    route,
+)
 from phalanx.strategies.parallel_plan import ParallelPlan
 from tests.layouts import Layout, layouts
 
 COMMAND = "python -m tests.layouts.optimizers docs/optimizers.md"
 
-LAYOUTS: tuple[Layout, ...] = layouts("ddp", "zero1", "zero2", "zero3", "hsdp 2 x 2", "tp 2", "zero3 x tp 2", "pp 2",
-                                      "zero3, cpu_offload")
+LAYOUTS: tuple[Layout, ...] = layouts(
+    "ddp", "zero1", "zero2", "zero3", "hsdp 2 x 2", "tp 2", "zero3 x tp 2", "pp 2", "zero3, cpu_offload"
+)
 TITLES = {"ddp": "ddp, one process"}  # the column's cells hold for one process too
 LOSS_AVERAGED = "closure's loss averaged"
 CELLS = {Route.AS_GIVEN: "as given", Route.SLICES: "slices", Route.WHOLE_ON_OWNER: "**whole, on an owner**"}
@@ -120,19 +131,21 @@ def rows() -> list[tuple[str, StepKind, bool]]:
     out = [(f"`torch.optim.{n}`", StepKind.ELEMENTWISE, True) for n in TORCH_ELEMENTWISE if hasattr(torch.optim, n)]
     out += [(f"`torch.optim.{n}`", StepKind.WHOLE_TENSOR, True) for n in TORCH_WHOLE_TENSOR if hasattr(torch.optim, n)]
     out += [(f"`torch.optim.{n}`", StepKind.WHOLE_MODEL, True) for n in TORCH_WHOLE_MODEL if hasattr(torch.optim, n)]
-    return out + [("yours, declared element-wise", StepKind.ELEMENTWISE, True),
-                  ("yours, declared whole-tensor", StepKind.WHOLE_TENSOR, True),
-                  ("yours, undeclared (warns at prepare)", StepKind.WHOLE_TENSOR, False)]
+    return out + [
+        ("yours, declared element-wise", StepKind.ELEMENTWISE, True),
+        ("yours, declared whole-tensor", StepKind.WHOLE_TENSOR, True),
+        ("yours, undeclared (warns at prepare)", StepKind.WHOLE_TENSOR, False),
+    ]
 
 
 def table_text() -> str:
     """docs/optimizers.md as the classification says it should read."""
     plans = {TITLES.get(item.name, item.name): item.plan() for item in LAYOUTS}
-    lines = [INTRO, "| optimizer | kind | " + " | ".join(plans) + " |",
-             "|---|---|" + "---|" * len(plans)]
+    lines = [INTRO, "| optimizer | kind | " + " | ".join(plans) + " |", "|---|---|" + "---|" * len(plans)]
     for title, kind, declared in rows():
-        lines.append(f"| {title} | {kind.value} | "
-                     + " | ".join(_cell(kind, p, declared) for p in plans.values()) + " |")
+        lines.append(
+            f"| {title} | {kind.value} | " + " | ".join(_cell(kind, p, declared) for p in plans.values()) + " |"
+        )
     return "\n".join(lines) + "\n" + DECLARE
 
 

@@ -1,5 +1,6 @@
 """Two ranks under `phalanx run` with no PHALANX_RUN_DIR: the launcher picks runs/<time>, both ranks use it;
 PHALANX_LOG_ALL_RANKS=1 shows every rank's INFO with its [rank N] prefix."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,11 @@ SCRIPT = Path(__file__).parent / "scripts" / "report_run_dir.py"
 
 
 def test_ranks_share_one_fresh_run_dir_and_log_with_prefixes(tmp_path):
-    result = run_cli(["run", "--nproc-per-node", "2", str(SCRIPT)], cwd=tmp_path,
-                     env={"PHALANX_RUN_DIR": None, "PHALANX_LOG_ALL_RANKS": "1", "PHALANX_LOG_SINKS": None})
+    result = run_cli(
+        ["run", "--nproc-per-node", "2", str(SCRIPT)],
+        cwd=tmp_path,
+        env={"PHALANX_RUN_DIR": None, "PHALANX_LOG_ALL_RANKS": "1", "PHALANX_LOG_SINKS": None},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     dirs = dict(re.findall(r"RUN_DIR rank (\d) (\S+)", result.stdout))
     assert set(dirs) == {"0", "1"} and dirs["0"] == dirs["1"]

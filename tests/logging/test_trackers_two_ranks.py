@@ -5,6 +5,7 @@ library's own reader: exactly one run per job (the main process's), every logged
 the run's settings and `px.log_hyperparams` as hyper-parameters, the run named after the run dir.
 The same job checks the profiler: one Chrome trace per rank holding steps 3 and 4 only.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,12 +29,35 @@ VALUES = {step: step / 4 for step in range(STEPS)}
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("trackers")
     run_dir = root / "run-42"
-    env = {"PHALANX_RUN_DIR": str(run_dir), "PHALANX_LOG_SINKS": "jsonl", "PHALANX_TRACKERS": None,
-           "PHALANX_PROFILE": None, "PHALANX_STRATEGY": "ddp", "WANDB_MODE": "offline", "SWANLAB_MODE": "offline",
-           "WANDB_CONFIG_DIR": str(root / "wandb-config"), "WANDB_CACHE_DIR": str(root / "wandb-cache"),
-           "WANDB_DATA_DIR": str(root / "wandb-data"), "MLFLOW_TRACKING_URI": None, "WANDB_SILENT": "true"}
-    result = run_cli(["run", "--nproc-per-node", "2", "--trackers", "wandb,mlflow,swanlab,tensorboard",
-                      "--profile", "3:5", str(SCRIPT)], cwd=root, env=env, timeout=240)
+    env = {
+        "PHALANX_RUN_DIR": str(run_dir),
+        "PHALANX_LOG_SINKS": "jsonl",
+        "PHALANX_TRACKERS": None,
+        "PHALANX_PROFILE": None,
+        "PHALANX_STRATEGY": "ddp",
+        "WANDB_MODE": "offline",
+        "SWANLAB_MODE": "offline",
+        "WANDB_CONFIG_DIR": str(root / "wandb-config"),
+        "WANDB_CACHE_DIR": str(root / "wandb-cache"),
+        "WANDB_DATA_DIR": str(root / "wandb-data"),
+        "MLFLOW_TRACKING_URI": None,
+        "WANDB_SILENT": "true",
+    }
+    result = run_cli(
+        [
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--trackers",
+            "wandb,mlflow,swanlab,tensorboard",
+            "--profile",
+            "3:5",
+            str(SCRIPT),
+        ],
+        cwd=root,
+        env=env,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     for rank in (0, 1):
         assert f"rank {rank} done after {STEPS} steps" in result.stdout
@@ -117,7 +141,9 @@ def test_tensorboard_events_hold_metrics_and_hparams(run):
     content = events.PluginTagToContent("hparams")
     info = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     hparams = {k: v.string_value or v.number_value for k, v in info.hparams.items()}
-    _check_params({k: (int(v) if isinstance(v, float) and v.is_integer() and k != "lr" else v) for k, v in hparams.items()})
+    _check_params(
+        {k: (int(v) if isinstance(v, float) and v.is_integer() and k != "lr" else v) for k, v in hparams.items()}
+    )
 
 
 def test_profiler_writes_one_trace_per_rank_with_the_profiled_steps(run):
@@ -129,5 +155,7 @@ def test_profiler_writes_one_trace_per_rank_with_the_profiled_steps(run):
         assert {n for n in names if str(n).startswith("ProfilerStep#")} == {"ProfilerStep#3", "ProfilerStep#4"}
         assert {n for n in names if str(n).startswith("user_step_")} == {"user_step_3", "user_step_4"}
         assert any(str(n).startswith("aten::") for n in names)  # the ops themselves, not only markers
-    assert f"profiler: trace of optimizer steps 3:5 written to {run_dir / 'profile' / 'rank0.pt.trace.json'}" \
+    assert (
+        f"profiler: trace of optimizer steps 3:5 written to {run_dir / 'profile' / 'rank0.pt.trace.json'}"
         in result.stderr
+    )

@@ -5,6 +5,7 @@ them): the framing is LevelDB's log format (32 KiB blocks of CRC/length/type-hea
 7-byte `:W&B` header), read here in a few lines; the records are decoded by wandb's own protobuf
 classes. SwanLab's offline `.swanlab` file is read by SwanLab's own `DataStoreReader`.
 """
+
 from __future__ import annotations
 
 import struct
@@ -25,11 +26,11 @@ def wandb_records(path: Path) -> list[Any]:
         if _BLOCK - pos % _BLOCK < _HEADER:  # the rest of a block too short for a header: padding
             pos += _BLOCK - pos % _BLOCK
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
         pos += _HEADER
         if kind == 0:
             break
-        pending += data[pos:pos + length]
+        pending += data[pos : pos + length]
         pos += length
         if kind in (_FULL, _LAST):
             record = wandb_internal_pb2.Record()

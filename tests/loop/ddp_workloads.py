@@ -1,4 +1,5 @@
 """Run on every rank by the DDP-options tests: comm hooks with save/resume, an unused branch."""
+
 from __future__ import annotations
 
 import torch
@@ -39,8 +40,13 @@ def hook_resume(directory: str, hooks: list[str]) -> dict:
     out = {}
     for spec in hooks:
         hook, _, strategy = spec.partition("@")
-        kwargs = {"strategy": strategy or "ddp", "comm_hook": hook, "powersgd_rank": 1, "powersgd_start_iter": 2,
-                  "checkpoint_dir": f"{directory}/{hook}-{strategy}"}
+        kwargs = {
+            "strategy": strategy or "ddp",
+            "comm_hook": hook,
+            "powersgd_rank": 1,
+            "powersgd_start_iter": 2,
+            "checkpoint_dir": f"{directory}/{hook}-{strategy}",
+        }
         if hook in ("bf16", "powersgd"):  # several buckets (PowerSGD on gloo: one in flight at a time)
             kwargs["bucket_cap_mb"] = 0.01
         px = Phalanx(**kwargs)
@@ -50,8 +56,12 @@ def hook_resume(directory: str, hooks: list[str]) -> dict:
         losses = _steps(px, model, optimizer, 4)
         if strategy == "zero1":  # save_state cannot save a ZeroRedundancyOptimizer (not consolidated)
             losses += _steps(px, model, optimizer, 4)
-            out[spec] = {"strategy": px.strategy_name, "losses": losses, "straight": _weights(px, model),
-                         "hook_name": type(model.phalanx_comm_hook_state).__name__}
+            out[spec] = {
+                "strategy": px.strategy_name,
+                "losses": losses,
+                "straight": _weights(px, model),
+                "hook_name": type(model.phalanx_comm_hook_state).__name__,
+            }
             continue
         px.save_state()
         losses += _steps(px, model, optimizer, 4)
@@ -68,8 +78,16 @@ def hook_resume(directory: str, hooks: list[str]) -> dict:
         model, optimizer = resumed_px.prepare(model, optimizer)
         assert resumed_px.load_state() is True
         _steps(resumed_px, model, optimizer, 4)
-        out[spec] = {"strategy": resumed_px.strategy_name, "losses": losses, "straight": straight, "resumed": _weights(resumed_px, model),
-                     "error_norm": error_norm, "bucket_bytes": bucket_bytes, "buckets": buckets, "hook_name": type(model.phalanx_comm_hook_state).__name__}
+        out[spec] = {
+            "strategy": resumed_px.strategy_name,
+            "losses": losses,
+            "straight": straight,
+            "resumed": _weights(resumed_px, model),
+            "error_norm": error_norm,
+            "bucket_bytes": bucket_bytes,
+            "buckets": buckets,
+            "hook_name": type(model.phalanx_comm_hook_state).__name__,
+        }
     return out
 
 
@@ -99,5 +117,9 @@ def unused_branch(find_unused: bool) -> dict:
         px.backward(loss)
         optimizer.step()
         losses.append(px.reduce(loss.detach()).item())
-    return {"losses": losses, "before": before, "after": _weights(px, model),
-            "find_unused": model.find_unused_parameters}
+    return {
+        "losses": losses,
+        "before": before,
+        "after": _weights(px, model),
+        "find_unused": model.find_unused_parameters,
+    }

@@ -1,4 +1,5 @@
 """Run on every rank (and in-process as the world-of-one reference) by the training-loop tests."""
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,15 @@ def make_scheduler(kind: str, optimizer: torch.optim.Optimizer, total_steps: int
     return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.2, total_steps=total_steps)
 
 
-def scheduled_training(per_rank_batch: int, accum: int, kind: str, epochs: int = 2, n: int = 40,
-                       strategy: str | None = None, remainder: str | None = None) -> dict:
+def scheduled_training(
+    per_rank_batch: int,
+    accum: int,
+    kind: str,
+    epochs: int = 2,
+    n: int = 40,
+    strategy: str | None = None,
+    remainder: str | None = None,
+) -> dict:
     """SGD + a scheduler stepped on every loop iteration, as scripts do; the learning rate of every
     real optimizer step, the final weights and the step count."""
     px = Phalanx(seed=0, strategy=strategy, grad_accum_steps=accum, grad_accum_remainder=remainder)
@@ -38,6 +46,11 @@ def scheduled_training(per_rank_batch: int, accum: int, kind: str, epochs: int =
                 scheduler.step()
                 optimizer.zero_grad()
     state = {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}
-    return {"lrs": lrs, "state": state, "global_step": px.global_step, "batches": batches,
-            "last_epoch": scheduler.last_epoch,
-            "strategy": px.strategy_name}
+    return {
+        "lrs": lrs,
+        "state": state,
+        "global_step": px.global_step,
+        "batches": batches,
+        "last_epoch": scheduler.last_epoch,
+        "strategy": px.strategy_name,
+    }

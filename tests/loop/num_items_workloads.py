@@ -1,5 +1,6 @@
 """Variable-length, padded token sequences trained with `px.backward(loss, num_items=...)` on every
 rank, and the one-process reference on the whole global batch (run in-process by the test)."""
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,8 @@ def collate(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     inputs = torch.full((len(seqs), width), PAD)
     labels = torch.full((len(seqs), width), IGNORE)
     for i, s in enumerate(seqs):
-        inputs[i, :len(s)] = s
-        labels[i, :len(s) - 1] = s[1:]
+        inputs[i, : len(s)] = s
+        labels[i, : len(s) - 1] = s[1:]
     return inputs, labels
 
 
@@ -44,8 +45,9 @@ class TokenLM(nn.Module):
 
 def summed_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     logits = model(inputs)
-    loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=IGNORE,
-                                       reduction="sum")
+    loss = nn.functional.cross_entropy(
+        logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
     return loss, (labels != IGNORE).sum()
 
 
@@ -57,7 +59,7 @@ def reference(skip_first: bool = False) -> dict:
     seqs = make_sequences()
     norms, losses = [], []
     for step in range(STEPS):
-        inputs, labels = collate(seqs[8 * step:8 * step + 8])
+        inputs, labels = collate(seqs[8 * step : 8 * step + 8])
         loss, n = summed_loss(model, inputs, labels)
         (loss / n).backward()
         norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
@@ -93,8 +95,13 @@ def train(strategy: str, weighting: str = "num_items", mixed_precision: str = "n
             if px.sync_gradients and weighting == "num_items":
                 losses.append(px.step_loss)
     state = px.get_state_dict(model)
-    return {"state": {k: v.detach().clone() for k, v in state.items()}, "norms": norms, "losses": losses,
-            "global_step": px.global_step, "strategy": px.strategy_name}
+    return {
+        "state": {k: v.detach().clone() for k, v in state.items()},
+        "norms": norms,
+        "losses": losses,
+        "global_step": px.global_step,
+        "strategy": px.strategy_name,
+    }
 
 
 def matrix(cases: dict[str, dict]) -> dict:

@@ -1,4 +1,5 @@
 """Run on every rank by the seeding tests: worker RNG streams, model init, a short seeded training."""
+
 from __future__ import annotations
 
 import random
@@ -23,8 +24,14 @@ class RandomDraws(Dataset):
 
     def __getitem__(self, i: int):
         info = get_worker_info()
-        return {"index": i, "worker": -1 if info is None else info.id, "init_ran": self.init_ran,
-                "torch": torch.rand(1).item(), "numpy": float(np.random.rand()), "random": random.random()}
+        return {
+            "index": i,
+            "worker": -1 if info is None else info.id,
+            "init_ran": self.init_ran,
+            "torch": torch.rand(1).item(),
+            "numpy": float(np.random.rand()),
+            "random": random.random(),
+        }
 
 
 def mark_init(worker_id: int) -> None:
@@ -44,8 +51,9 @@ def streams_and_training(seed: int, epochs: int = 2) -> dict:
     for epoch in range(epochs):
         for batch in loader:
             for j, w in enumerate(batch["worker"].tolist()):
-                entry = streams.setdefault((epoch, w), {"index": [], "torch": [], "numpy": [], "random": [],
-                                                        "init_ran": []})
+                entry = streams.setdefault(
+                    (epoch, w), {"index": [], "torch": [], "numpy": [], "random": [], "init_ran": []}
+                )
                 for key in entry:
                     value = batch[key][j]
                     entry[key].append(value.item() if isinstance(value, torch.Tensor) else value)
@@ -55,7 +63,7 @@ def streams_and_training(seed: int, epochs: int = 2) -> dict:
     x, y = torch.randn(32, 8, generator=g), torch.randn(32, 1, generator=g)
     for step in range(4):
         optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x[step * 8:(step + 1) * 8]), y[step * 8:(step + 1) * 8])
+        loss = nn.functional.mse_loss(model(x[step * 8 : (step + 1) * 8]), y[step * 8 : (step + 1) * 8])
         px.backward(loss)
         optimizer.step()
     final = {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}

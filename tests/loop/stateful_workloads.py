@@ -1,4 +1,5 @@
 """Run on every rank by the StatefulDataLoader test: save mid-epoch, resume in a fresh loader."""
+
 from __future__ import annotations
 
 import torch
@@ -10,8 +11,7 @@ from phalanx import Phalanx
 
 def _prepared(directory: str, num_workers: int):
     px = Phalanx(seed=1, checkpoint_dir=directory)
-    loader = StatefulDataLoader(TensorDataset(torch.arange(32)), batch_size=2, shuffle=True,
-                                num_workers=num_workers)
+    loader = StatefulDataLoader(TensorDataset(torch.arange(32)), batch_size=2, shuffle=True, num_workers=num_workers)
     return px, px.prepare(loader)
 
 
@@ -29,5 +29,12 @@ def save_and_resume(directory: str, num_workers: int) -> dict:
     assert resumed_px.load_state() is True
     again = [idx.tolist() for (idx,) in resumed] + [idx.tolist() for (idx,) in resumed]
     saved_state = px._checkpointer.rank_objects[0].state_dict()
-    return {"epoch0": epoch0, "before": before, "rest": rest, "again": again, "class": loader_class,
-            "saved_keys": sorted(saved_state), "len": len(loader)}
+    return {
+        "epoch0": epoch0,
+        "before": before,
+        "rest": rest,
+        "again": again,
+        "class": loader_class,
+        "saved_keys": sorted(saved_state),
+        "len": len(loader),
+    }

@@ -1,6 +1,7 @@
 """`px.backward(loss, num_items=n)`: 2 ranks x 2 micro-steps of variable-length padded sequences equal
 one process on the whole global batch (loss = Σ CE / Σ target tokens), under every strategy, with
 clipping after the rescale and fp16's scaler; the per-micro-batch mean does not."""
+
 import pytest
 import torch
 
@@ -24,12 +25,20 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    ranks = run_ranks("tests.dist.harness_calls:calls", 2, local_world_size=1, timeout=360, args=([
-        ("tests.loop.num_items_workloads:matrix", (CASES,)),
-        ("tests.loop.num_items_workloads:no_items_anywhere", ("rank0",)),
-        ("tests.loop.num_items_workloads:no_items_anywhere", ("all",)),
-        ("tests.loop.num_items_workloads:bad_num_items", ()),
-    ],))
+    ranks = run_ranks(
+        "tests.dist.harness_calls:calls",
+        2,
+        local_world_size=1,
+        timeout=360,
+        args=(
+            [
+                ("tests.loop.num_items_workloads:matrix", (CASES,)),
+                ("tests.loop.num_items_workloads:no_items_anywhere", ("rank0",)),
+                ("tests.loop.num_items_workloads:no_items_anywhere", ("all",)),
+                ("tests.loop.num_items_workloads:bad_num_items", ()),
+            ],
+        ),
+    )
     return {"ranks": ranks, "reference": w.reference(), "skipped_first": w.reference(skip_first=True)}
 
 

@@ -1,4 +1,5 @@
 """fp16: torch's ShardedGradScaler for sharded strategies, torch's GradScaler otherwise, no private state."""
+
 import torch
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 

@@ -1,4 +1,5 @@
 """LR schedulers step with the optimizer; an epoch's last partial accumulation cycle is flushed."""
+
 import pytest
 import torch
 
@@ -11,8 +12,9 @@ from tests.loop.loop_workloads import scheduled_training
 @pytest.mark.parametrize("kind,strategy", [("step", "ddp"), ("onecycle", "zero1")])
 def test_two_ranks_with_accumulation_equal_one_process_with_the_global_batch(kind, strategy):
     # 40 samples, 2 ranks x batch 2 = 10 batches per rank; accumulation 4: cycles of 4, 4, 2 per epoch.
-    ranks = run_ranks("tests.loop.loop_workloads:scheduled_training", world_size=2,
-                      args=(2, 4, kind, 2, 40, strategy), timeout=240)
+    ranks = run_ranks(
+        "tests.loop.loop_workloads:scheduled_training", world_size=2, args=(2, 4, kind, 2, 40, strategy), timeout=240
+    )
     reference = scheduled_training(16, 1, kind)  # one process, batches of 16, 16, 8
     assert reference["global_step"] == 6
     for r in ranks:

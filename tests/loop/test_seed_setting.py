@@ -1,4 +1,5 @@
 """seed_everything and Phalanx's seed setting, in one process."""
+
 import random
 import subprocess
 import sys

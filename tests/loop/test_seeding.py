@@ -1,4 +1,5 @@
 """Seeding: identical global RNGs on every rank, distinct reproducible DataLoader worker streams."""
+
 import pytest
 import torch
 
@@ -48,8 +49,12 @@ def test_mid_epoch_resume_with_workers_is_exact(tmp_path, persistent, stream):
     """Samples augmented in 2 workers per rank (map-style, or a stream that the resumed run reads
     again up to its position): saved after 2 steps of epoch 1 and resumed, the run sees the same
     augmented inputs and ends with the same weights, bit for bit."""
-    results = run_ranks("tests.loop.seed_workloads:resume_with_workers", world_size=2,
-                        args=(str(tmp_path), persistent, stream), timeout=300)
+    results = run_ranks(
+        "tests.loop.seed_workloads:resume_with_workers",
+        world_size=2,
+        args=(str(tmp_path), persistent, stream),
+        timeout=300,
+    )
     for r in results:
         assert len(r["straight"]) == 8 and len(r["before"]) == 6 and len(r["after"]) == 2
         for seen, expected in zip(r["before"] + r["after"], r["straight"]):

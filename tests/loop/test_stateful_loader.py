@@ -1,5 +1,6 @@
 """torchdata's StatefulDataLoader through prepare(): its own state is checkpointed, per rank, and a
 mid-epoch resume yields exactly the batches the uninterrupted run went on to read."""
+
 import pytest
 
 from tests.dist.harness import run_ranks
@@ -9,8 +10,9 @@ from tests.dist.harness import run_ranks
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_mid_epoch_resume_yields_the_same_remaining_batches(tmp_path, num_workers):
-    ranks = run_ranks("tests.loop.stateful_workloads:save_and_resume", world_size=2,
-                      args=(str(tmp_path), num_workers), timeout=240)
+    ranks = run_ranks(
+        "tests.loop.stateful_workloads:save_and_resume", world_size=2, args=(str(tmp_path), num_workers), timeout=240
+    )
     for r in ranks:
         assert r["class"] == "StatefulDataLoader"  # rebuilt around phalanx's sampler, same class
         assert r["len"] == 8  # 32 samples / 2 ranks / batch 2

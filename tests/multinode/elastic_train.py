@@ -11,6 +11,7 @@ few steps a checkpoint is saved. `--park WORLD:STEP,...`: a run of WORLD ranks t
 back at a known step. Rank 0 appends one JSON line per start to OUT/events.jsonl and saves the final
 weights to OUT/final.pt.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,17 @@ def main() -> None:
     start = px.global_step
     if px.is_main_process:
         with open(out / "events.jsonl", "a") as f:
-            f.write(json.dumps({"world_size": px.world_size, "step": start, "resumed": resumed,
-                                "batch_per_rank": loader.batch_size}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "world_size": px.world_size,
+                        "step": start,
+                        "resumed": resumed,
+                        "batch_per_rank": loader.batch_size,
+                    }
+                )
+                + "\n"
+            )
     while px.global_step < args.steps:
         for x, y in loader:
             optimizer.zero_grad()

@@ -2,6 +2,7 @@
 directory, the given client and peer addresses, stopped and removed afterwards.
 
 `etcd` comes from scripts/ci-etcd-deps; the tests skip with that hint where it is missing."""
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,7 @@ def why_no_etcd() -> str | None:
 
 
 @contextlib.contextmanager
-def etcd_server(data_dir: Path, host: str, client_port: int, peer_port: int,
-                netns: str | None = None) -> Iterator[str]:
+def etcd_server(data_dir: Path, host: str, client_port: int, peer_port: int, netns: str | None = None) -> Iterator[str]:
     """Run etcd (inside network namespace `netns` if given); yield its client endpoint HOST:PORT."""
     reason = why_no_etcd()
     if reason:
@@ -45,14 +45,29 @@ def etcd_server(data_dir: Path, host: str, client_port: int, peer_port: int,
         shutil.rmtree(data_dir / "etcd", ignore_errors=True)
 
 
-def start_etcd(data_dir: Path, host: str, client_port: int, peer_port: int, log: IO[bytes],
-               netns: str | None = None) -> subprocess.Popen:
+def start_etcd(
+    data_dir: Path, host: str, client_port: int, peer_port: int, log: IO[bytes], netns: str | None = None
+) -> subprocess.Popen:
     """etcd on host:client_port with its data in DATA_DIR/etcd (kept: a restart finds its keys), once it answers."""
     client, peer = f"http://{host}:{client_port}", f"http://{host}:{peer_port}"
-    command = ["etcd", "--enable-v2", "--name", "phalanx-test", "--data-dir", str(data_dir / "etcd"),
-               "--listen-client-urls", client, "--advertise-client-urls", client,
-               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-               "--initial-cluster", f"phalanx-test={peer}"]
+    command = [
+        "etcd",
+        "--enable-v2",
+        "--name",
+        "phalanx-test",
+        "--data-dir",
+        str(data_dir / "etcd"),
+        "--listen-client-urls",
+        client,
+        "--advertise-client-urls",
+        client,
+        "--listen-peer-urls",
+        peer,
+        "--initial-advertise-peer-urls",
+        peer,
+        "--initial-cluster",
+        f"phalanx-test={peer}",
+    ]
     if netns:
         command = ["ip", "netns", "exec", netns, *command]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -70,6 +85,13 @@ def _answers(host: str, port: int, netns: str | None) -> bool:
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
             return True
         return False
-    probe = ["ip", "netns", "exec", netns, sys.executable, "-c",
-             f"import socket; socket.create_connection(({host!r}, {port}), timeout=1)"]
+    probe = [
+        "ip",
+        "netns",
+        "exec",
+        netns,
+        sys.executable,
+        "-c",
+        f"import socket; socket.create_connection(({host!r}, {port}), timeout=1)",
+    ]
     return subprocess.run(probe, capture_output=True).returncode == 0

@@ -1,4 +1,5 @@
 """Two "nodes" for the multinode tests: network namespaces joined by a veth pair (netns.sh)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,9 @@ def two_nodes(prefix: str, addresses: dict[str, str]) -> Iterator[dict[str, str]
         pytest.skip(reason)
     tag = f"{prefix}{os.getpid() % 100000}"
     names = {"a": tag + "a", "b": tag + "b"}
-    up = subprocess.run([str(NETNS), "up", names["a"], names["b"], addresses["a"], addresses["b"]],
-                        capture_output=True, text=True)
+    up = subprocess.run(
+        [str(NETNS), "up", names["a"], names["b"], addresses["a"], addresses["b"]], capture_output=True, text=True
+    )
     if up.returncode != 0:
         subprocess.run([str(NETNS), "down", names["a"], names["b"]])
         pytest.skip(f"cannot create network namespaces here: {up.stderr.strip()}")

@@ -10,6 +10,7 @@ is killed with SIGKILL; node B's launcher re-rendezvouses through etcd alone, re
 which resume the step-8 checkpoint and finish. The final weights equal a one-process run.
 Needs root, iproute2 (scripts/ci-netns-deps) and etcd (scripts/ci-etcd-deps); skipped otherwise.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,12 +40,44 @@ def _start(ns: str, tmp: Path, log: str, endpoint: str) -> subprocess.Popen:
     # TMPDIR in the test's folder: a node killed with SIGKILL cannot remove its launcher's private
     # temporary directory, which would otherwise stay behind in /tmp
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), TMPDIR=str(tmp))
-    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "phalanx", "run", "--nnodes", "1:2",
-           "--nproc-per-node", "2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", endpoint,
-           "--rdzv-id", f"etcd-node-loss-{os.getpid()}", "--rdzv-timeout", "120", "--max-restarts", "3",
-           "--monitor-interval", "0.5", "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=10",
-           "--checkpoint-dir", str(tmp / "ckpt"), "--split-batches", "--checkpoint-keep", "0",
-           str(SCRIPT), "--out", str(tmp / "out"), "--park", "4:8"]
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "etcd-v2",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        f"etcd-node-loss-{os.getpid()}",
+        "--rdzv-timeout",
+        "120",
+        "--max-restarts",
+        "3",
+        "--monitor-interval",
+        "0.5",
+        "--rdzv-conf",
+        "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=10",
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--split-batches",
+        "--checkpoint-keep",
+        "0",
+        str(SCRIPT),
+        "--out",
+        str(tmp / "out"),
+        "--park",
+        "4:8",
+    ]
     with open(tmp / log, "w") as f:
         return subprocess.Popen(cmd, cwd=tmp, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -56,8 +89,14 @@ def run(tmp_path_factory) -> dict:
     (tmp / "ref").mkdir()
     with two_nodes("pxd", ADDR) as nodes, etcd_server(tmp, ADDR["b"], *ETCD_PORTS, netns=nodes["b"]) as endpoint:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-        reference = subprocess.Popen([sys.executable, str(SCRIPT), "--out", str(tmp / "ref")], cwd=tmp, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        reference = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--out", str(tmp / "ref")],
+            cwd=tmp,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         out = tmp / "out"
         a = _start(nodes["a"], tmp, "node-a.log", endpoint)  # the first node
         time.sleep(2)
@@ -77,17 +116,22 @@ def run(tmp_path_factory) -> dict:
             if reference.poll() is None:
                 reference.kill()
     assert killed and reference.returncode == 0, reference_out
-    return {"b": b.returncode, "log_a": (tmp / "node-a.log").read_text(), "log_b": (tmp / "node-b.log").read_text(),
-            "events": [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()],
-            "final": torch.load(out / "final.pt", weights_only=True),
-            "reference": torch.load(tmp / "ref" / "final.pt", weights_only=True)}
+    return {
+        "b": b.returncode,
+        "log_a": (tmp / "node-a.log").read_text(),
+        "log_b": (tmp / "node-b.log").read_text(),
+        "events": [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()],
+        "final": torch.load(out / "final.pt", weights_only=True),
+        "reference": torch.load(tmp / "ref" / "final.pt", weights_only=True),
+    }
 
 
 def test_the_other_node_finishes_from_the_last_checkpoint_after_the_first_node_is_lost(run):
     assert run["b"] == 0, run["log_b"][-6000:]
     assert [(e["world_size"], e["step"], e["resumed"]) for e in run["events"]] == [(4, 0, False), (2, 8, True)]
-    assert f"phalanx: restarting with 2 processes (was 4) after node {ADDR['a']} left" in run["log_b"], \
-        run["log_b"][-6000:]
+    assert f"phalanx: restarting with 2 processes (was 4) after node {ADDR['a']} left" in run["log_b"], run["log_b"][
+        -6000:
+    ]
 
 
 def test_the_weights_equal_one_process_trained_on_the_same_global_batches(run):

@@ -15,6 +15,7 @@ run side by side). Each runs `phalanx run --nproc-per-node 2` of tests/multinode
 The final weights equal a one-process run of the same script (allclose, as any two world sizes are).
 Needs root and iproute2 (scripts/ci-netns-deps); skipped with the reason otherwise.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,14 +50,44 @@ def _start(ns: str, tmp: Path, log: str) -> subprocess.Popen:
     # TMPDIR in the test's folder: a node killed with SIGKILL cannot remove its launcher's private
     # temporary directory, which would otherwise stay behind in /tmp
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), TMPDIR=str(tmp))
-    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "phalanx", "run", "--nnodes", "1:2",
-           "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDR['a']}:{PORT}",
-           "--rdzv-timeout", "120", "--max-restarts", "3", "--monitor-interval", "0.5",
-           # a dead node is noticed after 3 missed 1 s heartbeats; a rendezvous that has its minimum
-           # waits 10 s more for others (torch's defaults: 5 s x 3 and 30 s)
-           "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=10",
-           "--checkpoint-dir", str(tmp / "ckpt"), "--split-batches", "--checkpoint-keep", "0",
-           str(SCRIPT), "--out", str(tmp / "out"), "--park", "4:8,2:24"]
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{ADDR['a']}:{PORT}",
+        "--rdzv-timeout",
+        "120",
+        "--max-restarts",
+        "3",
+        "--monitor-interval",
+        "0.5",
+        # a dead node is noticed after 3 missed 1 s heartbeats; a rendezvous that has its minimum
+        # waits 10 s more for others (torch's defaults: 5 s x 3 and 30 s)
+        "--rdzv-conf",
+        "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=10",
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--split-batches",
+        "--checkpoint-keep",
+        "0",
+        str(SCRIPT),
+        "--out",
+        str(tmp / "out"),
+        "--park",
+        "4:8,2:24",
+    ]
     with open(tmp / log, "w") as f:
         return subprocess.Popen(cmd, cwd=tmp, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -94,8 +125,14 @@ def run(nodes, tmp_path_factory) -> dict:
     (tmp / "out").mkdir()
     (tmp / "ref").mkdir()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    reference = subprocess.Popen([sys.executable, str(SCRIPT), "--out", str(tmp / "ref")], cwd=tmp, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    reference = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--out", str(tmp / "ref")],
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out = tmp / "out"
     started = time.monotonic()
     # B first: a joining node waits for the store, so both are there when node A opens the first round.
@@ -124,14 +161,20 @@ def run(nodes, tmp_path_factory) -> dict:
             _kill_namespace(ns)
         if reference.poll() is None:
             reference.kill()
-    print(f"node loss: killed {len(killed)} processes of node B; 2 ranks parked again {shrunk_s:.1f} s later; "
-          f"node B back and both finished {grown_s:.1f} s later; {time.monotonic() - started:.1f} s in all")
+    print(
+        f"node loss: killed {len(killed)} processes of node B; 2 ranks parked again {shrunk_s:.1f} s later; "
+        f"node B back and both finished {grown_s:.1f} s later; {time.monotonic() - started:.1f} s in all"
+    )
     assert reference.returncode == 0, reference_out
-    return {"a": a.returncode, "b": b_again.returncode, "log_a": (tmp / "node-a.log").read_text(),
-            "log_b": (tmp / "node-b-again.log").read_text(),
-            "events": [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()],
-            "final": torch.load(out / "final.pt", weights_only=True),
-            "reference": torch.load(tmp / "ref" / "final.pt", weights_only=True)}
+    return {
+        "a": a.returncode,
+        "b": b_again.returncode,
+        "log_a": (tmp / "node-a.log").read_text(),
+        "log_b": (tmp / "node-b-again.log").read_text(),
+        "events": [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()],
+        "final": torch.load(out / "final.pt", weights_only=True),
+        "reference": torch.load(tmp / "ref" / "final.pt", weights_only=True),
+    }
 
 
 def test_the_job_shrinks_to_one_node_and_grows_back_keeping_the_global_batch(run):

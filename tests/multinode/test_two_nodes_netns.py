@@ -6,6 +6,7 @@ two namespaces. One `phalanx run --nnodes 2 --nproc-per-node 1` runs in each and
 example over TCP through torch's real rendezvous (static and c10d). Needs root and iproute2
 (scripts/ci-netns-deps installs it in CI); skipped with the reason otherwise.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,26 @@ def nodes():
 def _phalanx(ns: str, flags: list[str], tmp: Path) -> dict:
     """One `phalanx run` inside namespace `ns`; returns its exit code, output and duration."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "NCCL_", "SLURM_", "MASTER_"))}
-    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "phalanx", "run", "--nnodes", "2",
-           "--nproc-per-node", "1", "--rdzv-timeout", str(RDZV_TIMEOUT_S), *flags, str(WINE), "--epochs", "3"]
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-timeout",
+        str(RDZV_TIMEOUT_S),
+        *flags,
+        str(WINE),
+        "--epochs",
+        "3",
+    ]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     return {"rc": proc.returncode, "out": proc.stdout, "err": proc.stderr, "seconds": time.monotonic() - start}
@@ -106,10 +125,15 @@ def test_static_and_c10d_train_identically(runs):
     assert _losses(runs["static"][0]["out"]) == _losses(runs["c10d"][0]["out"])
 
 
-@pytest.mark.parametrize("backend, node, ifname, addr, role", [
-    ("static", 0, "av", "10.250.0.1", "hosts the store"), ("static", 1, "bv", "10.250.0.2", "joins the store"),
-    ("c10d", 0, "av", "10.250.0.1", "hosts the store"), ("c10d", 1, "bv", "10.250.0.2", "joins the store"),
-])
+@pytest.mark.parametrize(
+    "backend, node, ifname, addr, role",
+    [
+        ("static", 0, "av", "10.250.0.1", "hosts the store"),
+        ("static", 1, "bv", "10.250.0.2", "joins the store"),
+        ("c10d", 0, "av", "10.250.0.1", "hosts the store"),
+        ("c10d", 1, "bv", "10.250.0.2", "joins the store"),
+    ],
+)
 def test_interface_and_store_role_are_worked_out_and_said(runs, nodes, backend, node, ifname, addr, role):
     iface = nodes["a"][:-1] + ifname
     err = runs[backend][node]["err"]

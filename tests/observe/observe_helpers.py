@@ -1,4 +1,5 @@
 """Launching the observe tests' training script (scripts/train_straggler.py) under `phalanx run`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,9 +18,26 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_straggler.py"
 def phalanx_run(run_dir: Path, *script_args: str, flags: tuple[str, ...] = (), **popen: object) -> subprocess.Popen:
     """`phalanx run --nproc-per-node 2 --run-dir RUN_DIR [flags] train_straggler.py ARGS`, started."""
     env = {**os.environ, "PHALANX_RUN_DIR": str(run_dir)}
-    return subprocess.Popen([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--run-dir",
-                             str(run_dir), *flags, str(SCRIPT), *script_args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--run-dir",
+            str(run_dir),
+            *flags,
+            str(SCRIPT),
+            *script_args,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def straggler_lines(run_dir: Path) -> list[dict]:
@@ -28,8 +46,16 @@ def straggler_lines(run_dir: Path) -> list[dict]:
 
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's (scripts/ci-chromium-deps)
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def free_port() -> int:
@@ -44,8 +70,13 @@ def browser_page(url: str, profile: Path) -> Iterator[tuple[Any, list[str]]]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True,
-                                                      args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 900})
+        browser = p.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 900},
+        )
         try:
             page = browser.new_page()
             errors: list[str] = []

@@ -1,4 +1,5 @@
 """Step anatomy and the straggler judge, without processes: a fake clock and synthetic steps."""
+
 from __future__ import annotations
 
 import random
@@ -43,14 +44,22 @@ def test_the_tracker_s_phase_changes_become_each_step_s_phase_times():
     tracker.before_batch()  # the next epoch's first request: no step in between, none counted
     assert [step for step, _ in anatomy.steps] == [0, 1, 2]
     for _, times in anatomy.steps:
-        assert times == pytest.approx({"data": 0.010, "forward": 0.020, "other": 0.001, "backward": 0.030,
-                                       "tokenize": 0.004, "optimizer": 0.002})
+        assert times == pytest.approx(
+            {"data": 0.010, "forward": 0.020, "other": 0.001, "backward": 0.030, "tokenize": 0.004, "optimizer": 0.002}
+        )
     assert anatomy.num_steps == 3 and anatomy.totals["backward"] == pytest.approx(0.090)
 
 
 def test_columns_are_in_step_order_with_named_phases_beside_the_script_s_own_code():
     assert rank_order({"optimizer", "backward", "data", "zz", "aa", "forward", "collectives"}) == [
-        "data", "forward", "aa", "zz", "backward", "collectives", "optimizer"]
+        "data",
+        "forward",
+        "aa",
+        "zz",
+        "backward",
+        "collectives",
+        "optimizer",
+    ]
 
 
 def _steps(num_steps, planted=None, ranks=2, seed=0, extra=0.03):
@@ -79,8 +88,10 @@ def test_the_late_rank_is_named_with_the_phase_it_lost_time_in(phase, ranks):
     assert seen.rank == 1 and seen.phase == phase and seen.share == 1.0
     assert seen.excess_ms == pytest.approx(30, abs=3)
     lines = StragglerWatch().update(seen, [("vm", r) for r in range(ranks)])
-    assert lines == [f"straggler: rank 1 (host vm, local rank 1) slowest in 100 % of the last 100 steps: "
-                     f"+{round(seen.excess_ms)} ms/step in {phase}"]
+    assert lines == [
+        f"straggler: rank 1 (host vm, local rank 1) slowest in 100 % of the last 100 steps: "
+        f"+{round(seen.excess_ms)} ms/step in {phase}"
+    ]
 
 
 def test_noise_names_nobody_and_the_end_of_a_straggler_is_said():

@@ -2,6 +2,7 @@
 Chromium (scripts/ci-chromium-deps) driven by playwright loads the page, sees a row per rank, sees it
 update; `/api/status` has the documented shape; `phalanx top --once` shows the same job from another
 process, and says so once the job has ended. One launch for the module."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,20 @@ def job(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("dashboard-run")
     stop = run_dir / "stop"
     port = free_port()
-    proc = phalanx_run(run_dir, "--steps", "100000", "--until", str(stop), "--straggler", "data",
-                       "--delay-ms", "30", "--step-sleep-ms", "5", flags=("--dashboard", str(port)))
+    proc = phalanx_run(
+        run_dir,
+        "--steps",
+        "100000",
+        "--until",
+        str(stop),
+        "--straggler",
+        "data",
+        "--delay-ms",
+        "30",
+        "--step-sleep-ms",
+        "5",
+        flags=("--dashboard", str(port)),
+    )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 120
     status = None
@@ -89,34 +102,44 @@ def test_only_the_launcher_holds_the_dashboard_s_listening_socket(job):
 
 
 def test_top_once_shows_the_running_job_from_another_process(job):
-    top = subprocess.run([sys.executable, "-m", "phalanx", "top", str(job["run_dir"]), "--once"],
-                         capture_output=True, text=True, timeout=60)
+    top = subprocess.run(
+        [sys.executable, "-m", "phalanx", "top", str(job["run_dir"]), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert top.returncode == 0, top.stderr
     rows = [line.split() for line in top.stdout.splitlines()]
     assert [row[0] for row in rows if row and row[0] in ("0", "1")] == ["0", "1"], top.stdout
     assert "data ms" in top.stdout and "running" in top.stdout
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no chromium: scripts/ci-chromium-deps installs it (root, apt-get)")
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="no chromium: scripts/ci-chromium-deps installs it (root, apt-get)"
+)
 def test_the_page_shows_a_row_per_rank_and_updates(job, tmp_path):
     pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
     with browser_page(job["url"], tmp_path / "profile") as (page, errors):
         page.wait_for_function("() => document.querySelectorAll('#ranks tr.rank').length === 2", timeout=30_000)
         first = page.inner_text("#ranks tr.rank >> nth=0")
-        page.wait_for_function(f"() => document.querySelector('#ranks tr.rank').innerText !== {json.dumps(first)}",
-                               timeout=30_000)
-        page.wait_for_function("() => document.getElementById('straggler').innerText.includes('rank 1')",
-                               timeout=60_000)
+        page.wait_for_function(
+            f"() => document.querySelector('#ranks tr.rank').innerText !== {json.dumps(first)}", timeout=30_000
+        )
+        page.wait_for_function(
+            "() => document.getElementById('straggler').innerText.includes('rank 1')", timeout=60_000
+        )
         line = page.inner_text("#straggler")
         assert "in data" in line, line
         assert page.get_attribute("#ranks tr.rank >> nth=1", "class") == "rank straggler"
-        page.wait_for_function("() => document.querySelectorAll('#steptime .scatterlayer .trace').length === 2",
-                               timeout=30_000)  # a line per rank in the step-time plot
+        page.wait_for_function(
+            "() => document.querySelectorAll('#steptime .scatterlayer .trace').length === 2", timeout=30_000
+        )  # a line per rank in the step-time plot
         page.screenshot(path=SCREENSHOT or str(tmp_path / "dashboard.png"), full_page=True)
         assert errors == []  # the page's script ran without an error
 
 
 def test_top_says_when_no_job_runs_there(tmp_path):
-    top = subprocess.run([sys.executable, "-m", "phalanx", "top", str(tmp_path), "--once"],
-                         capture_output=True, text=True, timeout=60)
+    top = subprocess.run(
+        [sys.executable, "-m", "phalanx", "top", str(tmp_path), "--once"], capture_output=True, text=True, timeout=60
+    )
     assert top.returncode == 1 and f"no job is running in {tmp_path}" in top.stdout, top.stdout

@@ -1,6 +1,7 @@
 """Faults on the page: rank 1 stalls on the job's first attempt, the watchdog stops the job, and the
 elastic agent restarts it; the dashboard stays up, keeps the first attempt's rows with the
 watchdog's verdict, and shows the new attempt's ranks as they train."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,18 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 def test_a_stalled_rank_s_verdict_stays_on_the_page_across_a_restart(tmp_path):
     port = free_port()
     stop = tmp_path / "stop"
-    proc = phalanx_run(tmp_path, "--steps", "100000", "--until", str(stop), "--stall-at", "30",
-                       "--step-sleep-ms", "5",
-                       flags=("--dashboard", str(port), "--max-restarts", "1", "--watchdog-timeout", "4"))
+    proc = phalanx_run(
+        tmp_path,
+        "--steps",
+        "100000",
+        "--until",
+        str(stop),
+        "--stall-at",
+        "30",
+        "--step-sleep-ms",
+        "5",
+        flags=("--dashboard", str(port), "--max-restarts", "1", "--watchdog-timeout", "4"),
+    )
     page = None
     try:
         deadline = time.monotonic() + 240
@@ -34,8 +44,11 @@ def test_a_stalled_rank_s_verdict_stays_on_the_page_across_a_restart(tmp_path):
             except OSError:
                 page = None
             status = (page or {}).get("status") or {}
-            if status.get("attempt") == "1" and "0" in page["earlier"] and \
-                    all(r.get("phases") for r in status.get("ranks", [])):
+            if (
+                status.get("attempt") == "1"
+                and "0" in page["earlier"]
+                and all(r.get("phases") for r in status.get("ranks", []))
+            ):
                 break
             time.sleep(0.5)
         assert page is not None and page["status"]["attempt"] == "1", (page, proc.poll())
@@ -43,13 +56,20 @@ def test_a_stalled_rank_s_verdict_stays_on_the_page_across_a_restart(tmp_path):
         assert "rank 1 stalled at step 30" in (first["verdict"] or ""), first
         assert [r["rank"] for r in first["ranks"]] == [0, 1]
         assert page["running"] and [r["rank"] for r in page["status"]["ranks"]] == [0, 1]
-        top = subprocess.run([sys.executable, "-m", "phalanx", "top", str(tmp_path), "--once"],
-                             capture_output=True, text=True, timeout=60)
+        top = subprocess.run(
+            [sys.executable, "-m", "phalanx", "top", str(tmp_path), "--once"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert top.returncode == 0 and "attempt 1" in top.stdout, top.stdout
         if os.path.exists(CHROMIUM):  # the page shows both attempts' rows and the first one's verdict
             with browser_page(f"http://127.0.0.1:{port}/", tmp_path / "profile") as (page, errors):
-                page.wait_for_function("() => document.querySelectorAll('#ranks tr.earlier').length === 2 && "
-                                       "document.querySelectorAll('#ranks tr.rank').length === 2", timeout=30_000)
+                page.wait_for_function(
+                    "() => document.querySelectorAll('#ranks tr.earlier').length === 2 && "
+                    "document.querySelectorAll('#ranks tr.rank').length === 2",
+                    timeout=30_000,
+                )
                 assert "attempt 0: phalanx watchdog: rank 1 stalled at step 30" in page.inner_text("#verdict")
                 assert "attempt 0 ended" in page.inner_text("#ranks tr.earlier >> nth=1")
                 assert errors == []

@@ -1,4 +1,5 @@
 """`--dashboard` values the launcher refuses before any worker starts (exit 2, the fix named)."""
+
 from __future__ import annotations
 
 import socket
@@ -21,8 +22,10 @@ def test_an_address_in_use_is_refused_before_any_worker_starts(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run_cli(["run", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), "--dashboard",
-                          str(port), str(SCRIPT)], cwd=tmp_path)
+        result = run_cli(
+            ["run", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), "--dashboard", str(port), str(SCRIPT)],
+            cwd=tmp_path,
+        )
     assert result.returncode == 2, result.stderr
     assert f"--dashboard 127.0.0.1:{port}: cannot listen there" in result.stderr, result.stderr
     assert not (tmp_path / "run" / "observe").exists()  # no worker ran

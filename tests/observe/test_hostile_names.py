@@ -3,6 +3,7 @@ and non-finite values, shown as literal text by the dashboard in headless Chromi
 theirs runs), by `phalanx top`, and by the exit table; every reply carries the CSP and framing
 headers; a half-sent or idle connection is closed. The job's records are written directly (no
 workers): the page reads nothing else."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ from phalanx.observe import dashboard, records, table
 from tests.observe.observe_helpers import CHROMIUM, browser_page
 
 SCRIPT_NAME = "<img src=x onerror=\"document.title='pwned';window.pwned=1\">"
-HOST = "<svg onload=\"window.pwned=2\">\x1b[2J"
-METRIC = "<b onmouseover=\"window.pwned=3\">acc</b>\x1b]0;retitled\x07"
+HOST = '<svg onload="window.pwned=2">\x1b[2J'
+METRIC = '<b onmouseover="window.pwned=3">acc</b>\x1b]0;retitled\x07'
 RUN = "<iframe src=javascript:window.pwned=4>\x1b[2J"
 TERMINAL_PHASE = "\x1b]0;retitled\x07fwd\x9b2J"
 
@@ -28,13 +29,33 @@ TERMINAL_PHASE = "\x1b]0;retitled\x07fwd\x9b2J"
 def _hostile_status(diverged: bool = False) -> dict:
     """Hostile names; with `diverged`, a NaN loss and non-finite phase times too."""
     bad = (math.inf, math.nan, -math.inf) if diverged else (2.5, 3.5, 0.25)
-    ranks = [{"rank": r, "host": HOST, "local_rank": r, "step": 5, "phase": SCRIPT_NAME, "state": "running",
-              "phases": {SCRIPT_NAME: 1.5, TERMINAL_PHASE: bad[0], "backward": bad[1]},
-              "steps_per_s": 20.0, "memory": 2 ** 20, "silent_s": 0.0, "still_s": 0.0} for r in range(2)]
-    return {"time": time.time() + 3600 + diverged, "attempt": "0", "world_size": 2, "step": 5, "ended": False, "ranks": ranks,
-            "straggler": {"rank": 1, "phase": SCRIPT_NAME, "ms_per_step": 3.0},
-            "straggler_message": f"straggler: rank 1 (host {HOST}) +3 ms/step in {SCRIPT_NAME}",
-            "metrics": {"step": 5, "loss": bad[1] if diverged else 0.5, METRIC: bad[2]}}
+    ranks = [
+        {
+            "rank": r,
+            "host": HOST,
+            "local_rank": r,
+            "step": 5,
+            "phase": SCRIPT_NAME,
+            "state": "running",
+            "phases": {SCRIPT_NAME: 1.5, TERMINAL_PHASE: bad[0], "backward": bad[1]},
+            "steps_per_s": 20.0,
+            "memory": 2**20,
+            "silent_s": 0.0,
+            "still_s": 0.0,
+        }
+        for r in range(2)
+    ]
+    return {
+        "time": time.time() + 3600 + diverged,
+        "attempt": "0",
+        "world_size": 2,
+        "step": 5,
+        "ended": False,
+        "ranks": ranks,
+        "straggler": {"rank": 1, "phase": SCRIPT_NAME, "ms_per_step": 3.0},
+        "straggler_message": f"straggler: rank 1 (host {HOST}) +3 ms/step in {SCRIPT_NAME}",
+        "metrics": {"step": 5, "loss": bad[1] if diverged else 0.5, METRIC: bad[2]},
+    }
 
 
 @pytest.fixture
@@ -96,7 +117,9 @@ def test_half_sent_and_idle_connections_are_closed(board, monkeypatch):
             assert time.monotonic() - started < 5
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no chromium: scripts/ci-chromium-deps installs it (root, apt-get)")
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="no chromium: scripts/ci-chromium-deps installs it (root, apt-get)"
+)
 def test_hostile_names_show_as_text_and_run_no_script_in_chromium(board, tmp_path):
     pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
     console: list[str] = []
@@ -109,7 +132,10 @@ def test_hostile_names_show_as_text_and_run_no_script_in_chromium(board, tmp_pat
         assert (page.evaluate("() => window.pwned"), page.title()) == (None, "phalanx: watching a job")
         heads = page.eval_on_selector_all("#ranks th", "ths => ths.map(th => th.textContent)")
         assert f"{SCRIPT_NAME} ms" in heads and f"{TERMINAL_PHASE} ms" in heads
-        assert page.evaluate("() => document.querySelectorAll('body img, body iframe, #ranks svg, #metrics b').length") == 0
+        assert (
+            page.evaluate("() => document.querySelectorAll('body img, body iframe, #ranks svg, #metrics b').length")
+            == 0
+        )
         assert page.text_content("#run") == RUN
         assert page.text_content("#ranks tr.rank td:nth-child(2)") == HOST
         assert page.text_content("#metrics") == f"loss 0.5000, {METRIC} 0.2500"
@@ -123,13 +149,14 @@ def test_hostile_names_show_as_text_and_run_no_script_in_chromium(board, tmp_pat
 
 
 def _no_control_characters(text: str) -> None:
-    assert not [c for c in text if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) <= 0x9f], repr(text)
+    assert not [c for c in text if (ord(c) < 32 and c != "\n") or 0x7F <= ord(c) <= 0x9F], repr(text)
 
 
 def test_top_shows_names_and_non_finite_values_without_control_characters(run_dir):
     records.write_json(str(run_dir), records.STATUS, _hostile_status(diverged=True))
-    top = subprocess.run([sys.executable, "-m", "phalanx", "top", str(run_dir), "--once"],
-                         capture_output=True, text=True, timeout=60)
+    top = subprocess.run(
+        [sys.executable, "-m", "phalanx", "top", str(run_dir), "--once"], capture_output=True, text=True, timeout=60
+    )
     assert top.returncode == 0, top.stderr
     _no_control_characters(top.stdout)
     assert "\\x1b]0;retitled\\x07fwd\\x9b2J ms" in top.stdout and "\\x1b[2J" in top.stdout
@@ -162,4 +189,4 @@ def test_the_launcher_s_failure_report_escapes_the_host_name():
     failure = SimpleNamespace(local_rank=0, exitcode=3, error_file_data=None, signal_name=lambda: "", timestamp=0)
     text = format_failures(SimpleNamespace(failures={0: failure}), 2, host=HOST)
     _no_control_characters(text)
-    assert "on host <svg onload=\"window.pwned=2\">\\x1b[2J" in text
+    assert 'on host <svg onload="window.pwned=2">\\x1b[2J' in text

@@ -1,6 +1,7 @@
 """The live view of a loop no prepared loader feeds (data made in the loop): status.json, `phalanx
 top` and the dashboard count its optimizer steps as a loader loop's batches are counted (from 0:
 after N steps, step N - 1), show the phases the model's hooks measure, and say what they cannot."""
+
 from __future__ import annotations
 
 import json
@@ -20,10 +21,22 @@ STEPS = 5
 
 @pytest.mark.timeout(200)
 def test_a_loop_without_a_prepared_loader_shows_its_optimizer_steps(tmp_path):
-    cmd = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", "--run-dir", str(tmp_path), str(SCRIPT),
-           "--steps", str(STEPS)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "PHALANX_RUN_DIR": str(tmp_path)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+        str(SCRIPT),
+        "--steps",
+        str(STEPS),
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "PHALANX_RUN_DIR": str(tmp_path)}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     status = json.loads((tmp_path / "observe" / "status.json").read_text())
     assert status["step"] == STEPS, status  # the job's step: optimizer steps taken, as px.global_step says

@@ -1,5 +1,6 @@
 """The run dir's records as `phalanx top` and the dashboard read them (no processes): the table, the
 'no job' lines, restarts kept as earlier rows, the dashboard's routes and token."""
+
 from __future__ import annotations
 
 import time
@@ -11,18 +12,45 @@ from phalanx.observe.history import History
 
 
 def _status(attempt="0", step=10, ended=False, straggler=None, rank1=None):
-    ranks = [{"rank": r, "host": "vm", "local_rank": r, "step": step, "phase": "step", "state": "running",
-              "phases": {"data": 1.0 + 30 * (r == 1), "backward": 5.0}, "steps_per_s": 25.0, "memory": 2 ** 20,
-              "silent_s": 0.0, "still_s": 0.0} for r in range(2)]
+    ranks = [
+        {
+            "rank": r,
+            "host": "vm",
+            "local_rank": r,
+            "step": step,
+            "phase": "step",
+            "state": "running",
+            "phases": {"data": 1.0 + 30 * (r == 1), "backward": 5.0},
+            "steps_per_s": 25.0,
+            "memory": 2**20,
+            "silent_s": 0.0,
+            "still_s": 0.0,
+        }
+        for r in range(2)
+    ]
     ranks[1].update(rank1 or {})
-    return {"time": time.time(), "attempt": attempt, "world_size": 2, "step": step, "ended": ended, "ranks": ranks,
-            "straggler": straggler, "straggler_message": None, "metrics": {"step": 8, "loss": 0.5}}
+    return {
+        "time": time.time(),
+        "attempt": attempt,
+        "world_size": 2,
+        "step": step,
+        "ended": ended,
+        "ranks": ranks,
+        "straggler": straggler,
+        "straggler_message": None,
+        "metrics": {"step": 8, "loss": 0.5},
+    }
 
 
 def test_top_shows_a_row_per_rank_and_what_is_wrong_with_one(tmp_path):
-    records.write_json(str(tmp_path), records.STATUS,
-                       _status(straggler={"rank": 1, "phase": "data", "ms_per_step": 30.0},
-                               rank1={"state": "silent", "silent_s": 12.0, "phase": "backward", "step": 7}))
+    records.write_json(
+        str(tmp_path),
+        records.STATUS,
+        _status(
+            straggler={"rank": 1, "phase": "data", "ms_per_step": 30.0},
+            rank1={"state": "silent", "silent_s": 12.0, "phase": "backward", "step": 7},
+        ),
+    )
     records.write_text(str(tmp_path), records.verdict_name("0"), "phalanx watchdog: rank 1 stalled at step 7")
     status = records.read_status(str(tmp_path))
     screen = table.render(str(tmp_path), status, color=True)
@@ -30,12 +58,25 @@ def test_top_shows_a_row_per_rank_and_what_is_wrong_with_one(tmp_path):
     assert "silent 12 s (backward, step 7)" in screen and "rank 1 stalled" in screen
     assert table.BOLD_RED in screen.splitlines()[4] and "loss 0.5" in screen
     assert records.api_status(status) == {
-        "step": 10, "attempt": "0", "running": True, "ended": False,
+        "step": 10,
+        "attempt": "0",
+        "running": True,
+        "ended": False,
         "straggler": {"rank": 1, "phase": "data", "ms_per_step": 30.0},
-        "ranks": [{"rank": r, "host": "vm", "local_rank": r, "step": 10 if r == 0 else 7,
-                   "state": "running" if r == 0 else "silent",
-                   "phases": {"data": 1.0 + 30 * r, "backward": 5.0}} for r in range(2)],
-        "verdict": "phalanx watchdog: rank 1 stalled at step 7", "earlier": {}}
+        "ranks": [
+            {
+                "rank": r,
+                "host": "vm",
+                "local_rank": r,
+                "step": 10 if r == 0 else 7,
+                "state": "running" if r == 0 else "silent",
+                "phases": {"data": 1.0 + 30 * r, "backward": 5.0},
+            }
+            for r in range(2)
+        ],
+        "verdict": "phalanx watchdog: rank 1 stalled at step 7",
+        "earlier": {},
+    }
 
 
 def test_top_says_when_the_job_ended_or_stopped_writing(tmp_path):
@@ -76,6 +117,7 @@ def client_for(tmp_path):
         records.write_json(str(tmp_path), records.STATUS, _status())
         board.history.sample()
         return board, testclient.TestClient(board.app())
+
     return make
 
 

@@ -1,6 +1,7 @@
 """Straggler attribution on real 2-process jobs: a planted input straggler (rank 1's loader sleeps)
 and a compute straggler (rank 1's forward takes longer) are named with that phase within 100 steps;
 a balanced run of 500 steps names nobody."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,10 @@ import pytest
 from tests.observe.observe_helpers import phalanx_run, straggler_lines
 
 pytestmark = pytest.mark.dist
-NAMED = re.compile(r"straggler: rank 1 \(host \S+, local rank 1\) slowest in (\d+) % of the last (\d+) steps: "
-                   r"\+(\d+) ms/step in (\w+)$")
+NAMED = re.compile(
+    r"straggler: rank 1 \(host \S+, local rank 1\) slowest in (\d+) % of the last (\d+) steps: "
+    r"\+(\d+) ms/step in (\w+)$"
+)
 
 
 def run(tmp_path, *args: str, timeout: float = 180) -> tuple[str, str]:

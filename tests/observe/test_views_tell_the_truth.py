@@ -2,6 +2,7 @@
 top` show the job's real step after a resume, no rank "running" after the end or once the status
 stopped coming, and earlier attempts with the watchdog's verdict (no processes: the exchange rank 0
 runs, the records it writes, the dashboard's routes through starlette's test client)."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,17 @@ def _exchange(run_dir: str, job_step: int | None, batches: int) -> Exchange:
     for step in range(batches):
         anatomy.next_step(step)
         anatomy.step_boundary()
-    exchange = Exchange(anatomy, rank=0, world_size=2, local_rank=0, attempt="1", run_dir=run_dir,
-                        phase=lambda: "forward", warn=lambda line: None, job_step=lambda: job_step)
+    exchange = Exchange(
+        anatomy,
+        rank=0,
+        world_size=2,
+        local_rank=0,
+        attempt="1",
+        run_dir=run_dir,
+        phase=lambda: "forward",
+        warn=lambda line: None,
+        job_step=lambda: job_step,
+    )
     for rank in range(2):
         exchange._receive({**exchange.summary(), "rank": rank, "steps": []})
     return exchange
@@ -41,6 +51,7 @@ def views(tmp_path):
         board.history.sample()
         status = records.read_status(str(tmp_path))
         return client.get("/api/status").json(), client.get("/api/page").json(), table.render(str(tmp_path), status)
+
     return read
 
 
@@ -76,8 +87,9 @@ def test_a_status_that_stopped_coming_shows_no_rank_running(tmp_path, views):
     old = time.time() - 60
     os.utime(records.path(str(tmp_path), records.STATUS))
     status = records.read_status(str(tmp_path))
-    records.write_json(str(tmp_path), records.STATUS, {**{k: v for k, v in status.items() if k != "age_s"},
-                                                       "time": old})
+    records.write_json(
+        str(tmp_path), records.STATUS, {**{k: v for k, v in status.items() if k != "age_s"}, "time": old}
+    )
     api, page, top = views()
     assert not api["running"] and not api["ended"]
     assert [r["state"] for r in api["ranks"]] == ["stopped (last seen running)"] * 2

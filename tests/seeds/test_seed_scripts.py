@@ -3,6 +3,7 @@
 nothing silent (a world of one, a setting that did not reach the script, a save of shards).
 
 Each case is one launch; a launch checks everything its script shows."""
+
 from __future__ import annotations
 
 import json
@@ -16,17 +17,22 @@ from tests.launcher.launch_helpers import run_cli
 
 SCRIPTS = Path(__file__).parent / "scripts"
 NUM_TRAIN, NUM_VALID = 64, 50
-SAMPLER_LINE = ("[rank 0] INFO phalanx.data: prepare() took over the script's DistributedSampler(shuffle=True, seed=0, "
-                "drop_last=False): it now splits the data over the {n} data-parallel rank{s}{tp} instead of being "
-                "split a second time; set_epoch on it still sets the epoch")
+SAMPLER_LINE = (
+    "[rank 0] INFO phalanx.data: prepare() took over the script's DistributedSampler(shuffle=True, seed=0, "
+    "drop_last=False): it now splits the data over the {n} data-parallel rank{s}{tp} instead of being "
+    "split a second time; set_epoch on it still sets the epoch"
+)
 
 
 def launch(tmp: Path, script: str, *flags: str, nproc: int = 2, args: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
     """Run SCRIPT on `nproc` processes; (launcher output, each rank's report: 2 ranks)."""
     out = tmp / "out"
     out.mkdir()
-    result = run_cli(["run", "--nproc-per-node", str(nproc), *flags, str(SCRIPTS / script), str(out), *args],
-                     env={"PHALANX_RUN_DIR": str(tmp / "run")}, timeout=240)
+    result = run_cli(
+        ["run", "--nproc-per-node", str(nproc), *flags, str(SCRIPTS / script), str(out), *args],
+        env={"PHALANX_RUN_DIR": str(tmp / "run")},
+        timeout=240,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     name = script.removesuffix(".py")
@@ -41,10 +47,15 @@ def warnings_of(output: str) -> list[str]:
 # Three launches (ddp, zero3, tp 2) shared by the tests below: slow tier; tests/unit/test_rank_sampler.py
 # checks the same arithmetic without processes.
 
+
 @pytest.fixture(scope="module")
 def sampler_runs(tmp_path_factory):
     runs = {}
-    for layout, flags in {"ddp": ("--strategy", "ddp"), "zero3": ("--strategy", "zero3"), "tp2": ("--tp", "2", "--tp-plan", '{"fc1": "colwise", "fc2": "rowwise"}')}.items():
+    for layout, flags in {
+        "ddp": ("--strategy", "ddp"),
+        "zero3": ("--strategy", "zero3"),
+        "tp2": ("--tp", "2", "--tp-plan", '{"fc1": "colwise", "fc2": "rowwise"}'),
+    }.items():
         tmp = tmp_path_factory.mktemp(layout)
         runs[layout] = (*launch(tmp, "ddp_sampler.py", *flags), tmp / "out")
     return runs
@@ -114,6 +125,7 @@ def test_model_module_saves_the_whole_model_under_ddp_and_says_what_to_use_other
 
 # ---- scripts that never create Phalanx() ---------------------------------------------------------
 
+
 def test_a_plain_torch_ddp_script_is_one_world_and_an_ignored_strategy_is_said(tmp_path):
     output, reports = launch(tmp_path, "plain_ddp.py", "--strategy", "zero3")
     for epoch in range(2):
@@ -121,7 +133,8 @@ def test_a_plain_torch_ddp_script_is_one_world_and_an_ignored_strategy_is_said(t
     assert warnings_of(output) == [
         "phalanx run: warning: --strategy zero3 had no effect: plain_ddp.py never created Phalanx(), which is how "
         "phalanx's runtime settings reach a script (a plain torch script keeps the layout it builds itself). "
-        "HINT: create px = Phalanx() and px.prepare(...) in the script, or drop the flag"]
+        "HINT: create px = Phalanx() and px.prepare(...) in the script, or drop the flag"
+    ]
 
 
 def test_a_script_that_joins_no_process_group_is_reported_as_separate_worlds_of_one(tmp_path):
@@ -131,20 +144,24 @@ def test_a_script_that_joins_no_process_group_is_reported_as_separate_worlds_of_
         "phalanx run: warning: ranks 0, 1 never joined a process group of 2: they ran as 2 separate worlds of one "
         "(each read all the data and acted as the main process). HINT: create Phalanx() in the script (or call "
         "torch.distributed.init_process_group); Accelerate, HF Trainer and Lightning Fabric scripts join by themselves "
-        "under phalanx run"]
+        "under phalanx run"
+    ]
 
 
 def test_an_accelerate_script_without_cpu_true_joins_one_world_with_the_precision_asked(tmp_path):
     output, reports = launch(tmp_path, "accelerate_seed.py", "--mixed-precision", "bf16", "--strategy", "zero3")
-    assert [(r["num_processes"], r["is_main"], r["mixed_precision"]) for r in reports] == [(2, True, "bf16"),
-                                                                                          (2, False, "bf16")]
+    assert [(r["num_processes"], r["is_main"], r["mixed_precision"]) for r in reports] == [
+        (2, True, "bf16"),
+        (2, False, "bf16"),
+    ]
     for epoch in range(2):
         assert sorted(reports[0]["seen"][epoch] + reports[1]["seen"][epoch]) == list(range(NUM_TRAIN))
     assert sorted(reports[0]["gathered"]) == list(range(NUM_VALID))
     assert warnings_of(output) == [
         "phalanx run: warning: --strategy zero3 had no effect: accelerate_seed.py never created Phalanx(); it used "
         "Accelerate, which got what `accelerate launch` would give it (the device, mixed precision), and Accelerate "
-        "runs FSDP on accelerators only. HINT: create px = Phalanx() and px.prepare(...) in the script, or drop the flag"]
+        "runs FSDP on accelerators only. HINT: create px = Phalanx() and px.prepare(...) in the script, or drop the flag"
+    ]
 
 
 def test_the_hf_trainer_joins_one_world_with_the_precision_asked_and_each_rank_trains_on_half(tmp_path):

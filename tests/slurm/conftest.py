@@ -1,5 +1,6 @@
 """The local one-node SLURM the opt-in tests share (PHALANX_TEST_SLURM=1): started once per session
 from local_slurm.sh as root, stopped afterwards."""
+
 from __future__ import annotations
 
 import os

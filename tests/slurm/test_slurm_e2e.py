@@ -4,6 +4,7 @@ Opt-in (PHALANX_TEST_SLURM=1): it starts munged, slurmctld and slurmd as root fr
 tests/slurm/local_slurm.sh and stops them afterwards. Needs Debian's slurmctld, slurmd,
 slurm-client and munge (`scripts/ci-slurm-deps`).
 """
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,25 @@ pytestmark = [pytest.mark.slurm, pytest.mark.dist, pytest.mark.timeout(600)]
 def test_phalanx_slurm_submit_trains_wine(slurm_env, tmp_path):
     start = time.monotonic()
     submitted = subprocess.run(
-        [sys.executable, "-m", "phalanx", "slurm", "--nodes", "1", "--time", "10", "--submit", str(WINE), "--epochs", "3"],
-        cwd=tmp_path, env=slurm_env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "slurm",
+            "--nodes",
+            "1",
+            "--time",
+            "10",
+            "--submit",
+            str(WINE),
+            "--epochs",
+            "3",
+        ],
+        cwd=tmp_path,
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert submitted.returncode == 0, submitted.stderr
     job_id = re.search(r"Submitted batch job (\d+)", submitted.stdout).group(1)
@@ -44,7 +62,11 @@ def test_srun_python_one_task_per_process_uses_slurm_ranks(slurm_env, tmp_path):
     """No launcher: the runtime maps SLURM_PROCID/LOCALID/STEP_NUM_TASKS to rank/local rank/world size."""
     proc = subprocess.run(
         ["srun", "-N1", "-n2", "--time=10", sys.executable, str(WINE), "--epochs", "3"],
-        cwd=tmp_path, env=slurm_env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+        cwd=tmp_path,
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr
     assert "(2 process(es), strategy ddp)" in proc.stdout
@@ -55,7 +77,11 @@ def test_phalanx_run_with_one_task_per_process_is_refused(slurm_env, tmp_path):
     (tmp_path / "noop.py").write_text("")
     proc = subprocess.run(
         ["srun", "-N1", "-n2", "--time=10", sys.executable, "-m", "phalanx", "run", "noop.py"],
-        cwd=tmp_path, env=slurm_env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+        cwd=tmp_path,
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
     )
     assert proc.returncode != 0
     assert proc.stderr.count("phalanx run: error: SLURM started 2 tasks on this node") == 2

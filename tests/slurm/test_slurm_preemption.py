@@ -6,6 +6,7 @@
   weights, bit for bit.
 - Without any --signal, phalanx reads the job's end time and stops preempt_grace seconds before it.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,14 +44,36 @@ def wait_until(predicate, what: str, timeout: float) -> None:
 
 def test_a_preempted_batch_job_saves_requeues_itself_and_resumes_bitwise(slurm_env, tmp_path):
     (tmp_path / "ref").mkdir()
-    run_ranks("tests.checkpoint.resumable:run", 2, args=(str(tmp_path / "ref" / "ckpt"), str(tmp_path / "ref")),
-              timeout=200)  # the uninterrupted run: REF/final.pt
+    run_ranks(
+        "tests.checkpoint.resumable:run", 2, args=(str(tmp_path / "ref" / "ckpt"), str(tmp_path / "ref")), timeout=200
+    )  # the uninterrupted run: REF/final.pt
     job_dir = tmp_path / "job"
     (job_dir / "out").mkdir(parents=True)
     submitted = subprocess.run(
-        [sys.executable, "-m", "phalanx", "slurm", "--nodes", "1", "--time", "10", "--checkpoint-dir", "ckpt",
-         "--submit", str(RESUMABLE), "--out", "out", "--slow-from", "15"],
-        cwd=job_dir, env=slurm_env, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "slurm",
+            "--nodes",
+            "1",
+            "--time",
+            "10",
+            "--checkpoint-dir",
+            "ckpt",
+            "--submit",
+            str(RESUMABLE),
+            "--out",
+            "out",
+            "--slow-from",
+            "15",
+        ],
+        cwd=job_dir,
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert submitted.returncode == 0, submitted.stderr
     job_id = re.search(r"Submitted batch job (\d+)", submitted.stdout).group(1)
     script = (job_dir / "resumable.sbatch").read_text()
@@ -64,18 +87,27 @@ def test_a_preempted_batch_job_saves_requeues_itself_and_resumes_bitwise(slurm_e
         # credential: slurmd refuses a launch whose credential is not newer than the revocation
         # ("Killing non-startable batch JobId=N: Job credential revoked", the job FAILED at once).
         # SLURM's own requeue delay (BeginTime) avoids that on a real cluster.
-        wait_until(lambda: "JobState=PENDING" in scontrol_show(job_id, slurm_env) and node_idle(slurm_env),
-                   "the first allocation to end", 120)
+        wait_until(
+            lambda: "JobState=PENDING" in scontrol_show(job_id, slurm_env) and node_idle(slurm_env),
+            "the first allocation to end",
+            120,
+        )
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now+2"], env=slurm_env, timeout=30)
-        wait_until(lambda: re.search(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)", scontrol_show(job_id, slurm_env)),
-                   "the requeued job to end", 400)
+        wait_until(
+            lambda: re.search(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)", scontrol_show(job_id, slurm_env)),
+            "the requeued job to end",
+            400,
+        )
     finally:
         subprocess.run(["scancel", job_id], env=slurm_env, timeout=30)
     shown = scontrol_show(job_id, slurm_env)
     node_log = (job_dir / "logs" / f"resumable-{job_id}-node0.out").read_text()
     assert "JobState=COMPLETED" in shown, shown + node_log[-4000:]
-    line = re.search(r"phalanx: preempted by SIGUSR1 at step (\d+): checkpoint (\S+) saved; "
-                     rf"requeueing SLURM job {job_id}: its next allocation resumes from it", node_log)
+    line = re.search(
+        r"phalanx: preempted by SIGUSR1 at step (\d+): checkpoint (\S+) saved; "
+        rf"requeueing SLURM job {job_id}: its next allocation resumes from it",
+        node_log,
+    )
     assert line, node_log[-4000:]
     step = int(line.group(1))
     assert Path(line.group(2)) == job_dir / "ckpt" / f"step-{step:08d}"
@@ -91,13 +123,41 @@ def test_without_a_signal_the_job_saves_preempt_grace_seconds_before_its_end_tim
     """A 4-minute job with preempt_grace 200 s: the workers stop about 40 s in, by themselves."""
     (tmp_path / "out").mkdir()
     proc = subprocess.run(
-        ["srun", "-N1", "--ntasks-per-node=1", "--time=4", sys.executable, "-m", "phalanx", "run",
-         "--checkpoint-dir", "ckpt", "--preempt-grace", "200", "--requeue", "off",
-         str(RESUMABLE), "--out", "out", "--steps", "1000", "--slow-from", "1"],
-        cwd=tmp_path, env=slurm_env, capture_output=True, text=True, timeout=300)
+        [
+            "srun",
+            "-N1",
+            "--ntasks-per-node=1",
+            "--time=4",
+            sys.executable,
+            "-m",
+            "phalanx",
+            "run",
+            "--checkpoint-dir",
+            "ckpt",
+            "--preempt-grace",
+            "200",
+            "--requeue",
+            "off",
+            str(RESUMABLE),
+            "--out",
+            "out",
+            "--steps",
+            "1000",
+            "--slow-from",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 138, proc.stderr[-4000:]
-    line = re.search(r"phalanx: preempted by SIGUSR1 \(the SLURM job's time limit is 200 s away\) at step (\d+): "
-                     r"checkpoint (\S+) saved; run the same command to resume", proc.stderr)
+    line = re.search(
+        r"phalanx: preempted by SIGUSR1 \(the SLURM job's time limit is 200 s away\) at step (\d+): "
+        r"checkpoint (\S+) saved; run the same command to resume",
+        proc.stderr,
+    )
     assert line, proc.stderr[-4000:]
     step = int(line.group(1))
     assert 1 <= step < 1000

@@ -11,6 +11,7 @@ a scheduler sends it: to `phalanx run` or torchrun (the workers' parent) when on
 else to rank 0 itself; every rank then saves the step it is in and exits 143.
 Every rank prints `exit-job rank R done` before it ends normally.
 """
+
 from __future__ import annotations
 
 import os

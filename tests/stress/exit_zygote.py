@@ -15,6 +15,7 @@ preemption (SIGTERM to rank 0 at the second step):
 The launchers' own processes are not re-created per run here: test_exit_paths.py runs those.
 Each run's outcome is appended to REPORT as one JSON line, as test_exit_paths.py does.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,6 +49,7 @@ def _import_everything() -> None:
         if module.name != "phalanx.__main__":
             importlib.import_module(module.name)
 
+
 PATHS = ["env", "adopt"]
 ENDINGS = ["normal", "exception", "preemption"]
 RUN_TIMEOUT_S = 300
@@ -73,8 +75,14 @@ def _rank(rank: int, path: str, mode: str, run_dir: Path, port: int) -> None:
     if path == "adopt":
         exit_job._mp_spawn_worker(rank, mode, str(run_dir / "init"), ckpt)
     else:
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
         exit_job.job(mode, ckpt)
     print(f"exit-zygote rank {rank} returned", flush=True)
 
@@ -148,9 +156,21 @@ def main(argv: list[str]) -> int:
         key = f"{run['path']} {run['ending']} {outcome}"
         counts[key] = counts.get(key, 0) + 1
         with open(report, "a") as f:
-            f.write(json.dumps({"launcher": f"forked ({run['path']})", "ending": run["ending"], "run": run["i"],
-                                "outcome": outcome, "s": round(time.monotonic() - run["started"], 2), "cpu_s": round(run["cpu_s"], 2),
-                                "load": os.getloadavg()[0], **({"details": details[-4000:]} if outcome != "ok" else {})}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "launcher": f"forked ({run['path']})",
+                        "ending": run["ending"],
+                        "run": run["i"],
+                        "outcome": outcome,
+                        "s": round(time.monotonic() - run["started"], 2),
+                        "cpu_s": round(run["cpu_s"], 2),
+                        "load": os.getloadavg()[0],
+                        **({"details": details[-4000:]} if outcome != "ok" else {}),
+                    }
+                )
+                + "\n"
+            )
         _remove(run["dir"])
     _remove(root)
     print(json.dumps(counts, sort_keys=True))

@@ -14,6 +14,7 @@ printed at the end; with PHALANX_STRESS_REPORT=FILE each run's outcome is append
 happens (one JSON line), so a run stopped early still has its counts. Without PHALANX_STRESS_EXITS
 it skips, saying so.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -78,7 +79,11 @@ def expected(launcher: str, mode: str, proc: subprocess.CompletedProcess) -> str
         return None if done == ["0", "1"] else f"ranks done: {done}"
     if proc.returncode == 0:
         return "exit 0 after a planned failure"
-    return None if "planned failure of the exit stress test" in out else f"exit {proc.returncode} without the planned error"
+    return (
+        None
+        if "planned failure of the exit stress test" in out
+        else f"exit {proc.returncode} without the planned error"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +92,11 @@ def stress() -> dict:
     raw = os.environ.get("PHALANX_STRESS_EXITS")
     if not raw:
         pytest.skip("opt-in: PHALANX_STRESS_EXITS=N runs every exit path N times beside CPU load (hours)")
-    return {"runs": int(raw), "report": os.environ.get("PHALANX_STRESS_REPORT"),
-            "burners": int(os.environ.get("PHALANX_STRESS_BURNERS") or os.cpu_count() or 2)}
+    return {
+        "runs": int(raw),
+        "report": os.environ.get("PHALANX_STRESS_REPORT"),
+        "burners": int(os.environ.get("PHALANX_STRESS_BURNERS") or os.cpu_count() or 2),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +117,9 @@ def run_once(launcher: str, mode: str, env: dict, cwd: Path) -> tuple[str, str]:
     """("ok" | "aborted" | "wrong", details) for one run."""
     run_dir = Path(tempfile.mkdtemp(dir=cwd))
     try:
-        proc = subprocess.run(command(launcher, mode, run_dir), cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT_S)
+        proc = subprocess.run(
+            command(launcher, mode, run_dir), cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired as error:
         return "wrong", f"no exit within {RUN_TIMEOUT_S} s\n{str(error.stderr)[-3000:]}"
     finally:
@@ -125,8 +134,12 @@ def run_once(launcher: str, mode: str, env: dict, cwd: Path) -> tuple[str, str]:
 def test_no_exit_ever_aborts(stress, cpu_load, tmp_path):
     """Round-robin over every case, so counts stay even however long the run is allowed to go on;
     with PHALANX_STRESS_REPORT=FILE each run's outcome is appended to FILE as it happens."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
     cases = [(launcher, mode) for launcher in LAUNCHERS if launcher != "mpiexec" or _has_mpi() for mode in ENDINGS]
     counts = {case: {"ok": 0, "aborted": 0, "wrong": 0} for case in cases}
     first_problem: dict[str, str] = {}
@@ -139,8 +152,12 @@ def test_no_exit_ever_aborts(stress, cpu_load, tmp_path):
                 first_problem.setdefault(outcome, f"{launcher}, {mode}, run {i}: {details}")
             if report:
                 with open(report, "a") as f:
-                    f.write(json.dumps({"launcher": launcher, "ending": mode, "run": i, "outcome": outcome,
-                                        "burners": cpu_load}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {"launcher": launcher, "ending": mode, "run": i, "outcome": outcome, "burners": cpu_load}
+                        )
+                        + "\n"
+                    )
     for (launcher, mode), count in counts.items():
         print(f"exit stress: {launcher}, {mode}: {json.dumps(count)}")
     if not _has_mpi():
@@ -150,17 +167,32 @@ def test_no_exit_ever_aborts(stress, cpu_load, tmp_path):
     assert total["wrong"] == 0, f"{total['wrong']} runs ended wrongly; the first: {first_problem['wrong']}"
 
 
-
 def test_no_forked_rank_exit_ever_aborts(stress, cpu_load, tmp_path):
     """exit_zygote.py: each worker-side path (a group made from the launcher's variables, an adopted
     group) x each ending, N runs of 2 forked ranks, 4 runs at a time; every rank ends through the
     interpreter's own exit. Counted as in the test above, with the same report file."""
     report = stress["report"] or str(tmp_path / "exits.jsonl")
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", TMPDIR=str(tmp_path),
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        TMPDIR=str(tmp_path),
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
     before = Path(report).read_text().count("\n") if Path(report).exists() else 0
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "exit_zygote.py"), str(stress["runs"]), report,
-                           "--concurrent", "4"], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "exit_zygote.py"),
+            str(stress["runs"]),
+            report,
+            "--concurrent",
+            "4",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in Path(report).read_text().splitlines()[before:]]
     counts: dict[tuple[str, str], dict[str, int]] = {}

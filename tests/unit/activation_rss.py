@@ -4,6 +4,7 @@ torch.utils.checkpoint on each block, its resident-memory growth next to the met
     python -m tests.unit.activation_rss [ac]   (with MALLOC_MMAP_THRESHOLD_=65536, so that every
     large tensor is its own mapping and resident memory follows what is allocated)
 """
+
 from __future__ import annotations
 
 import json
@@ -77,9 +78,18 @@ def main() -> None:
     after_forward = _rss() - base
     out.sum().backward()
     peak = _peak() - base
-    print(json.dumps({"after_forward": after_forward, "peak": peak, "full": est.full, "peak_full": est.peak,
-                      "kept_checkpointed": est.outside + sum(est.unit_inputs),
-                      "peak_checkpointed": est.peak_checkpointed}))
+    print(
+        json.dumps(
+            {
+                "after_forward": after_forward,
+                "peak": peak,
+                "full": est.full,
+                "peak_full": est.peak,
+                "kept_checkpointed": est.outside + sum(est.unit_inputs),
+                "peak_checkpointed": est.peak_checkpointed,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

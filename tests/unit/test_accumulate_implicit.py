@@ -1,5 +1,6 @@
 """grad_accum_steps from a config file with a script that never calls px.accumulate: each backward
 is a micro-step, and the result equals the explicit `with px.accumulate(model):` loop."""
+
 import torch
 
 from phalanx import Phalanx
@@ -14,11 +15,13 @@ def _train(explicit: bool) -> list[torch.Tensor]:
     data = torch.randn(12, 4)
     steps = 0
     for i in range(0, 12, 2):
+
         def micro_step(i=i):
-            loss = model(data[i:i + 2]).pow(2).mean()
+            loss = model(data[i : i + 2]).pow(2).mean()
             px.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
+
         if explicit:
             with px.accumulate(model):
                 micro_step()

@@ -1,4 +1,5 @@
 """describe_children: what the watchdog's report says of a rank's child processes."""
+
 from __future__ import annotations
 
 import os

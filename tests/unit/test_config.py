@@ -1,5 +1,6 @@
 """The settings schema: every row reaches every surface (flag, env, YAML, Phalanx() argument, template)
 with the same default and choices; precedence; bad values named with their source."""
+
 import inspect
 import os
 
@@ -55,8 +56,13 @@ def _text_form(setting, value):
 def test_every_setting_reaches_every_surface_with_the_same_default():
     help_text = " ".join(run_help().split())
     template = config.template_text()
-    template_values = yaml.safe_load("\n".join(line[2:] for line in template.splitlines()
-                                               if line.startswith("# ") and line[2:].split(":")[0] in config.BY_NAME))
+    template_values = yaml.safe_load(
+        "\n".join(
+            line[2:]
+            for line in template.splitlines()
+            if line.startswith("# ") and line[2:].split(":")[0] in config.BY_NAME
+        )
+    )
     signature = inspect.signature(Phalanx).parameters
     defaults = config.resolve().config
     for s in config.SETTINGS:
@@ -98,17 +104,26 @@ def test_every_choice_is_accepted_by_every_source_and_the_same_list_is_offered()
             continue
         assert choices, s.name
         for choice in choices:
-            got = {values(config.from_flags({s.name: choice}))[s.name],
-                   values(config.from_mapping({s.name: choice}, "f.yaml"))[s.name]}
+            got = {
+                values(config.from_flags({s.name: choice}))[s.name],
+                values(config.from_mapping({s.name: choice}, "f.yaml"))[s.name],
+            }
             if s.env:
-                got |= {values(config.from_env({s.env: choice}))[s.name],
-                        values(config.from_kwargs({s.name: choice}))[s.name]}
+                got |= {
+                    values(config.from_env({s.env: choice}))[s.name],
+                    values(config.from_kwargs({s.name: choice}))[s.name],
+                }
             assert len(got) == 1, (s.name, choice, got)
         listed = f"choose one of {', '.join(choices)}"
-        sources = [lambda s=s: config.from_flags({s.name: "bogus"}),
-                   lambda s=s: config.from_mapping({s.name: "bogus"}, "f.yaml")]
+        sources = [
+            lambda s=s: config.from_flags({s.name: "bogus"}),
+            lambda s=s: config.from_mapping({s.name: "bogus"}, "f.yaml"),
+        ]
         if s.env:
-            sources += [lambda s=s: config.from_env({s.env: "bogus"}), lambda s=s: config.from_kwargs({s.name: "bogus"})]
+            sources += [
+                lambda s=s: config.from_env({s.env: "bogus"}),
+                lambda s=s: config.from_kwargs({s.name: "bogus"}),
+            ]
         for source in sources:
             with pytest.raises(config.ConfigError, match=listed):
                 source()
@@ -121,21 +136,52 @@ def test_strategy_choices_are_the_presets_and_their_aliases():
     assert set(_choices(config.BY_NAME["strategy"])) == {*presets.PRESETS, *STRATEGY_ALIASES, presets.AUTO}
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: config.from_flags({"strategy": "zero4"}),
-     "--strategy zero4: choose one of dp, ddp, zero1, zero2, zero3, fsdp, auto"),
-    (lambda: config.from_env({"PHALANX_MIXED_PRECISION": "fp8"}), "PHALANX_MIXED_PRECISION=fp8: choose one of no, bf16, fp16"),
-    (lambda: config.from_mapping({"strategy": "zero4"}, "phalanx.yaml"),
-     "phalanx.yaml: strategy: zero4: choose one of dp, ddp"),
-    (lambda: config.from_kwargs({"grad_accum_steps": 0}), "Phalanx(grad_accum_steps=0): expected a whole number >= 1"),
-    (lambda: config.from_flags({"watchdog_timeout": "-5"}), "--watchdog-timeout -5: expected a number of seconds >= 0"),
-    (lambda: config.from_env({"PHALANX_COLLECTIVE_TIMEOUT": "0"}), "PHALANX_COLLECTIVE_TIMEOUT=0: expected a number of seconds > 0"),
-    (lambda: config.from_mapping({"max_restarts": True}, "f.yaml"), "f.yaml: max_restarts: True: expected a whole number >= 0"),
-    (lambda: config.from_mapping({"log_level": "LOUD"}, "f.yaml"), "f.yaml: log_level: LOUD: choose one of DEBUG, INFO"),
-    (lambda: config.from_mapping({"log_sinks": ["csv", "paper"]}, "f.yaml"), "unknown name(s) paper; choose from auto, csv"),
-    (lambda: config.from_mapping({"memory_budget": "lots"}, "f.yaml"), "expected a size such as 8GB"),
-    (lambda: config.from_mapping(["strategy"], "f.yaml"), "expected a mapping of settings at the top level, got list"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: config.from_flags({"strategy": "zero4"}),
+            "--strategy zero4: choose one of dp, ddp, zero1, zero2, zero3, fsdp, auto",
+        ),
+        (
+            lambda: config.from_env({"PHALANX_MIXED_PRECISION": "fp8"}),
+            "PHALANX_MIXED_PRECISION=fp8: choose one of no, bf16, fp16",
+        ),
+        (
+            lambda: config.from_mapping({"strategy": "zero4"}, "phalanx.yaml"),
+            "phalanx.yaml: strategy: zero4: choose one of dp, ddp",
+        ),
+        (
+            lambda: config.from_kwargs({"grad_accum_steps": 0}),
+            "Phalanx(grad_accum_steps=0): expected a whole number >= 1",
+        ),
+        (
+            lambda: config.from_flags({"watchdog_timeout": "-5"}),
+            "--watchdog-timeout -5: expected a number of seconds >= 0",
+        ),
+        (
+            lambda: config.from_env({"PHALANX_COLLECTIVE_TIMEOUT": "0"}),
+            "PHALANX_COLLECTIVE_TIMEOUT=0: expected a number of seconds > 0",
+        ),
+        (
+            lambda: config.from_mapping({"max_restarts": True}, "f.yaml"),
+            "f.yaml: max_restarts: True: expected a whole number >= 0",
+        ),
+        (
+            lambda: config.from_mapping({"log_level": "LOUD"}, "f.yaml"),
+            "f.yaml: log_level: LOUD: choose one of DEBUG, INFO",
+        ),
+        (
+            lambda: config.from_mapping({"log_sinks": ["csv", "paper"]}, "f.yaml"),
+            "unknown name(s) paper; choose from auto, csv",
+        ),
+        (lambda: config.from_mapping({"memory_budget": "lots"}, "f.yaml"), "expected a size such as 8GB"),
+        (
+            lambda: config.from_mapping(["strategy"], "f.yaml"),
+            "expected a mapping of settings at the top level, got list",
+        ),
+    ],
+)
 def test_bad_values_name_source_value_and_fix(make, message):
     with pytest.raises(config.ConfigError) as info:
         make()
@@ -164,10 +210,16 @@ def test_precedence_kwarg_over_flag_and_env_over_file_over_default():
     resolved = config.resolve(file_layer, env_layer, config.from_kwargs({"strategy": "ddp"}))
     cfg = resolved.config
     assert (cfg.strategy, cfg.mixed_precision, cfg.grad_accum_steps, cfg.seed) == ("ddp", "fp16", 2, None)
-    assert resolved.origin == {"strategy": "Phalanx()", "mixed_precision": "PHALANX_MIXED_PRECISION",
-                               "grad_accum_steps": "f.yaml"}
-    assert config.worker_env(resolved) == {"PHALANX_STRATEGY": "ddp", "PHALANX_MIXED_PRECISION": "fp16",
-                                           "PHALANX_GRAD_ACCUM_STEPS": "2"}
+    assert resolved.origin == {
+        "strategy": "Phalanx()",
+        "mixed_precision": "PHALANX_MIXED_PRECISION",
+        "grad_accum_steps": "f.yaml",
+    }
+    assert config.worker_env(resolved) == {
+        "PHALANX_STRATEGY": "ddp",
+        "PHALANX_MIXED_PRECISION": "fp16",
+        "PHALANX_GRAD_ACCUM_STEPS": "2",
+    }
 
 
 # ---- phalanx config (the template) ------------------------------------------------------------
@@ -176,13 +228,17 @@ def test_template_lists_every_setting_and_every_line_uncommented_is_accepted(tmp
     assert cli.main(["config", str(path)]) == 0
     text = path.read_text()
     assert yaml.safe_load(text) is None  # everything commented out: a no-op file
-    uncommented = "\n".join(line[2:] for line in text.splitlines()
-                            if line.startswith("# ") and line[2:].split(":")[0] in config.BY_NAME)
+    uncommented = "\n".join(
+        line[2:] for line in text.splitlines() if line.startswith("# ") and line[2:].split(":")[0] in config.BY_NAME
+    )
     full = write(tmp_path, uncommented, "all.yaml")
     assert set(values(config.from_yaml(full))) == {s.name for s in config.SETTINGS if s.default is not None}
     spec = launch_spec(["--config", full, script])  # `phalanx run --config` accepts all of it
-    assert spec.worker_env == {config.BY_NAME[n].env: config.to_env_value(config.BY_NAME[n].default)
-                               for n, _ in config.from_yaml(full).items() if config.BY_NAME[n].env}
+    assert spec.worker_env == {
+        config.BY_NAME[n].env: config.to_env_value(config.BY_NAME[n].default)
+        for n, _ in config.from_yaml(full).items()
+        if config.BY_NAME[n].env
+    }
     assert cli.main(["config", str(path)]) == 2  # refuses to overwrite without --force
     assert cli.main(["config", str(path), "--force"]) == 0
 
@@ -195,15 +251,27 @@ def test_run_flags_default_without_a_config(script):
 
 
 def test_run_config_fills_launcher_and_runtime_settings(tmp_path, script):
-    path = write(tmp_path, "nproc_per_node: 3\nmax_restarts: 2\nstrategy: dp\nwatchdog_timeout: 60\n"
-                           "grad_accum_steps: 4\ncheckpoint_dir: ckpt\nnnodes: 1:2\nrdzv_backend: c10d\n"
-                           "rdzv_endpoint: 127.0.0.1:29400\nrdzv_timeout: 15\n")
+    path = write(
+        tmp_path,
+        "nproc_per_node: 3\nmax_restarts: 2\nstrategy: dp\nwatchdog_timeout: 60\n"
+        "grad_accum_steps: 4\ncheckpoint_dir: ckpt\nnnodes: 1:2\nrdzv_backend: c10d\n"
+        "rdzv_endpoint: 127.0.0.1:29400\nrdzv_timeout: 15\n",
+    )
     spec = launch_spec(["--config", path, script])
     assert (spec.nproc_per_node, spec.max_restarts) == (3, 2)
     assert (spec.min_nnodes, spec.nnodes, spec.rdzv_backend, spec.rdzv_endpoint, spec.rdzv_timeout) == (
-        1, 2, "c10d", "127.0.0.1:29400", 15.0)
-    assert spec.worker_env == {"PHALANX_STRATEGY": "dp", "PHALANX_WATCHDOG_TIMEOUT": "60",
-                               "PHALANX_GRAD_ACCUM_STEPS": "4", "PHALANX_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+        1,
+        2,
+        "c10d",
+        "127.0.0.1:29400",
+        15.0,
+    )
+    assert spec.worker_env == {
+        "PHALANX_STRATEGY": "dp",
+        "PHALANX_WATCHDOG_TIMEOUT": "60",
+        "PHALANX_GRAD_ACCUM_STEPS": "4",
+        "PHALANX_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+    }
 
 
 def test_run_precedence_file_lt_env_lt_flag(tmp_path, script, monkeypatch):
@@ -212,8 +280,11 @@ def test_run_precedence_file_lt_env_lt_flag(tmp_path, script, monkeypatch):
     monkeypatch.setenv("PHALANX_GRAD_ACCUM_STEPS", "8")
     spec = launch_spec(["--config", path, "--nproc-per-node", "2", "--mixed-precision", "fp16", script])
     assert spec.nproc_per_node == 2  # flag over file
-    assert spec.worker_env == {"PHALANX_STRATEGY": "zero1", "PHALANX_GRAD_ACCUM_STEPS": "8",  # env over file
-                               "PHALANX_MIXED_PRECISION": "fp16"}  # flag over file
+    assert spec.worker_env == {
+        "PHALANX_STRATEGY": "zero1",
+        "PHALANX_GRAD_ACCUM_STEPS": "8",  # env over file
+        "PHALANX_MIXED_PRECISION": "fp16",
+    }  # flag over file
     spec = launch_spec(["--config", path, "--strategy", "ddp", script])
     assert spec.worker_env["PHALANX_STRATEGY"] == "ddp"  # flag over env
 
@@ -229,8 +300,11 @@ def test_run_config_errors_are_launch_errors(tmp_path, script):
 def test_from_config_precedence(tmp_path, monkeypatch):
     import logging
 
-    path = write(tmp_path, "nproc_per_node: 4\nstrategy: ddp\nseed: 7\ncollective_timeout: 30\n"
-                           "grad_accum_steps: 3\nlog_level: DEBUG\nlog_sinks: [jsonl]\n")
+    path = write(
+        tmp_path,
+        "nproc_per_node: 4\nstrategy: ddp\nseed: 7\ncollective_timeout: 30\n"
+        "grad_accum_steps: 3\nlog_level: DEBUG\nlog_sinks: [jsonl]\n",
+    )
     monkeypatch.setenv("PHALANX_SEED", "11")
     monkeypatch.setenv("PHALANX_LOG_LEVEL", "WARNING")
     px = Phalanx.from_config(path)
@@ -276,8 +350,11 @@ def test_environment_is_read_only_where_it_is_the_module_s_job():
                     if "os.environ" in fp.read():
                         readers.add(os.path.relpath(path, root).replace(os.sep, "/"))
     allowed_folders = ("launch/", "cluster/")  # the launcher and cluster detection
-    allowed = {"runtime/context.py",  # the process context: what the launcher and the agent told this worker
-               "doctor/command.py", "plan/command.py",  # commands that report on this machine
-               "parity/command.py",  # launches `phalanx run` twice, telling its workers what to record
-               "model/compile.py"}  # finds the C++ compiler inductor would use ($CXX), as inductor does
+    allowed = {
+        "runtime/context.py",  # the process context: what the launcher and the agent told this worker
+        "doctor/command.py",
+        "plan/command.py",  # commands that report on this machine
+        "parity/command.py",  # launches `phalanx run` twice, telling its workers what to record
+        "model/compile.py",
+    }  # finds the C++ compiler inductor would use ($CXX), as inductor does
     assert {r for r in readers if not r.startswith(allowed_folders)} <= allowed

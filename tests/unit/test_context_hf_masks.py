@@ -3,6 +3,7 @@ process: each model run through phalanx's attention function over a one-rank lay
 every cp rank runs, masks from global positions) equals its own sdpa forward. ModernBERT's sliding
 window looks both ways; packed documents count where transformers reads them; layer kinds whose mask
 the cut cannot rebuild are refused at prepare."""
+
 from __future__ import annotations
 
 import copy
@@ -80,12 +81,25 @@ def test_gradient_checkpointing_in_training_reads_documents_as_one_process() -> 
 def test_chunked_attention_is_refused_naming_the_model() -> None:
     from transformers import Llama4ForCausalLM, Llama4TextConfig
 
-    config = Llama4TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
-                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                              num_local_experts=1, attention_chunk_size=8, no_rope_layers=[0, 1])
+    config = Llama4TextConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        intermediate_size_mlp=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=1,
+        attention_chunk_size=8,
+        no_rope_layers=[0, 1],
+    )
     model = Llama4ForCausalLM(config)
-    with pytest.raises(ValueError, match=r"Llama4ForCausalLM has layers of kind chunked_attention .*Llama4-style.*"
-                                         r"HINT: run Llama4ForCausalLM with cp=1"):
+    with pytest.raises(
+        ValueError,
+        match=r"Llama4ForCausalLM has layers of kind chunked_attention .*Llama4-style.*"
+        r"HINT: run Llama4ForCausalLM with cp=1",
+    ):
         hf.route(model)
 
 
@@ -99,9 +113,19 @@ def test_each_family_with_padding(name: str) -> None:
 
     torch.manual_seed(0)
     if name == "gemma3-bidirectional":
-        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
-            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, sliding_window=4, use_bidirectional_attention=True))
+        model = transformers.Gemma3ForCausalLM(
+            transformers.Gemma3TextConfig(
+                vocab_size=64,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=8,
+                sliding_window=4,
+                use_bidirectional_attention=True,
+            )
+        )
     else:
         model = build(name)
     mask = torch.ones(2, SEQ, dtype=torch.long)

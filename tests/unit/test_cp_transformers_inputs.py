@@ -1,5 +1,6 @@
 """cp's reading of transformers models, without a process group: which attention arguments a family
 hands its attention (hf_arguments.py) and labels= shifted over the whole row (labels.py)."""
+
 from __future__ import annotations
 
 import importlib
@@ -14,9 +15,16 @@ def _layer(family: str, name: str) -> type:
     return getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
 
 
-@pytest.mark.parametrize("family,layer", [("llama", "LlamaAttention"), ("mistral", "MistralAttention"),
-                                          ("gemma2", "Gemma2Attention"), ("qwen2", "Qwen2Attention"),
-                                          ("modernbert", "ModernBertAttention")])
+@pytest.mark.parametrize(
+    "family,layer",
+    [
+        ("llama", "LlamaAttention"),
+        ("mistral", "MistralAttention"),
+        ("gemma2", "Gemma2Attention"),
+        ("qwen2", "Qwen2Attention"),
+        ("modernbert", "ModernBertAttention"),
+    ],
+)
 def test_families_whose_attention_arguments_the_cut_applies(family: str, layer: str) -> None:
     keywords = hf_arguments._attention_call_keywords(_layer(family, layer))
     assert keywords and keywords <= hf_arguments.APPLIED | hf_arguments.NO_EFFECT

@@ -1,4 +1,5 @@
 """The disk-full sentence: on ENOSPC, and on torch's zip-writer error when the space free is short."""
+
 import shutil
 
 from phalanx.checkpoint import disk_full
@@ -10,8 +11,10 @@ ZIP_WRITER = "RuntimeError: [enforce fail at inline_container.cc:672] . unexpect
 def test_the_zip_writer_error_is_named_a_full_disk_when_less_is_free_than_needed(tmp_path):
     free = shutil.disk_usage(tmp_path).free
     text = disk_full.note(tmp_path / "ckpt", [ZIP_WRITER], lambda: free * 2)
-    assert text.startswith(f"the filesystem of the checkpoint directory {tmp_path / 'ckpt'} is full: "
-                           f"the checkpoint needs about {free * 2} bytes (")
+    assert text.startswith(
+        f"the filesystem of the checkpoint directory {tmp_path / 'ckpt'} is full: "
+        f"the checkpoint needs about {free * 2} bytes ("
+    )
     assert "bytes are free (" in text and "HINT: free space there" in text
 
 

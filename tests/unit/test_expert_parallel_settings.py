@@ -2,6 +2,7 @@
 from the data-parallel x cp ranks (no process added), refused up front where it does not divide them,
 and at prepare (in one process, no group) for a model ep cannot lay out: each message with the
 numbers, the degrees that fit and a HINT."""
+
 from __future__ import annotations
 
 import pytest
@@ -75,7 +76,8 @@ def test_the_models_own_plan_or_the_users_names_the_experts():
     model = make_model("qwen3_moe")
     found = ep_plan.find(model, ep_plan.model_plan(model, None), build("ddp", 2, 2))
     assert [(e.name, e.params, e.num_experts) for e in found] == [
-        (f"model.layers.{i}.mlp.experts", ("gate_up_proj", "down_proj"), 4) for i in range(2)]
+        (f"model.layers.{i}.mlp.experts", ("gate_up_proj", "down_proj"), 4) for i in range(2)
+    ]
     gpt = make_model("gpt_oss")
     found = ep_plan.find(gpt, ep_plan.model_plan(gpt, None), build("ddp", 2, 2))
     assert found[0].params == ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
@@ -115,7 +117,12 @@ def test_layouts_ep_is_not_composed_with_are_refused_before_anything_is_split():
 
     with torch.device("meta"):
         meta = make_model("qwen3_moe")
-    with pytest.raises(ValueError, match="on the meta device .* HINT: under ep, build the model outside px.init_module"):
+    with pytest.raises(
+        ValueError, match="on the meta device .* HINT: under ep, build the model outside px.init_module"
+    ):
         ExpertParallel(meta, Layout(build("zero3", 2, 2), None), torch.device("cpu"))
-    with pytest.raises(ValueError, match="ep=2 .* with tp: expert parallel is not composed with tensor parallel yet.*HINT: use ep with ddp, zero2/zero3 or pp"):
+    with pytest.raises(
+        ValueError,
+        match="ep=2 .* with tp: expert parallel is not composed with tensor parallel yet.*HINT: use ep with ddp, zero2/zero3 or pp",
+    ):
         ExpertParallel(make_model("qwen3_moe"), Layout(build("ddp", 4, 2, tp=2), None), torch.device("cpu"))

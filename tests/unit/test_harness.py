@@ -1,5 +1,6 @@
 """The test harness's launcher runner: a command whose output stays open past its timeout fails the
 test naming each process that still holds that output, and leaves none of them running."""
+
 import os
 import sys
 import time
@@ -11,9 +12,11 @@ from tests.dist.harness import RanksFailed, run_command
 
 # Starts a child in a session of its own that keeps the inherited output open, then exits at once:
 # the launcher has ended, yet its output is not closed (as a helper outliving its rank would do).
-ORPHAN = ("import subprocess, sys; "
-          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
-          "print('launcher done', file=sys.stderr, flush=True)")
+ORPHAN = (
+    "import subprocess, sys; "
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+    "print('launcher done', file=sys.stderr, flush=True)"
+)
 
 
 def test_a_process_holding_the_output_past_the_timeout_is_named_and_killed(tmp_path):
@@ -37,6 +40,10 @@ def test_a_process_holding_the_output_past_the_timeout_is_named_and_killed(tmp_p
 
 
 def test_a_command_that_ends_returns_its_output(tmp_path):
-    done = run_command([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
-                       dict(os.environ), timeout=60, cwd=tmp_path)
+    done = run_command(
+        [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+        dict(os.environ),
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")

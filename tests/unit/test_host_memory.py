@@ -2,6 +2,7 @@
 threshold cost ddp about 17% of its CPU speed (every large tensor made again, activations
 included, is fresh pages); `auto` fixes it only where parameters are sharded, and an explicit
 size wins everywhere."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,9 +17,19 @@ def _plan(name: str, world: int = 2, tp: int = 1):
     return presets.build(name, presets.asking(tp=tp), world_size=world, local_world_size=world)
 
 
-@pytest.mark.parametrize("name, world, tp, expected", [
-    ("ddp", 2, 1, 0), ("zero1", 2, 1, 0), ("ddp", 1, 1, 0), ("ddp", 2, 2, 0),
-    ("zero2", 2, 1, 2**20), ("zero3", 2, 1, 2**20), ("hsdp", 4, 1, 2**20), ("zero3", 4, 2, 2**20)])
+@pytest.mark.parametrize(
+    "name, world, tp, expected",
+    [
+        ("ddp", 2, 1, 0),
+        ("zero1", 2, 1, 0),
+        ("ddp", 1, 1, 0),
+        ("ddp", 2, 2, 0),
+        ("zero2", 2, 1, 2**20),
+        ("zero3", 2, 1, 2**20),
+        ("hsdp", 4, 1, 2**20),
+        ("zero3", 4, 2, 2**20),
+    ],
+)
 def test_auto_fixes_the_threshold_only_where_parameters_are_sharded(name, world, tp, expected):
     assert host_memory.threshold_for("auto", _plan(name, world, tp).frees_gathered_blocks) == expected
 

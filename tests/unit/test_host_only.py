@@ -1,6 +1,7 @@
 """Host-only code (phalanx/host_only/) never engages on NCCL/CUDA: each piece is asked with the
 backend a CUDA device chooses (runtime/context.py's pick: cuda -> nccl), on CPU, and does nothing;
 with the CPU device's gloo, each engages."""
+
 from __future__ import annotations
 
 import pkgutil

@@ -2,6 +2,7 @@
 and imports only the rooms before it: no import against the layering, so no cycle. Checked on the
 source, so a lazy import inside a function counts too, and so does a module named in a string
 (`cli.py` imports its subcommands by name)."""
+
 from __future__ import annotations
 
 import ast
@@ -14,7 +15,13 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "phalanx"
 
 # Bottom first: a room may import the rooms before it. Everyone may import the leaves.
-LEAVES = {"envvars", "store_keys", "preemption_report", "refusal", "__version__"}  # names, keys and the refusal error: no imports of phalanx
+LEAVES = {
+    "envvars",
+    "store_keys",
+    "preemption_report",
+    "refusal",
+    "__version__",
+}  # names, keys and the refusal error: no imports of phalanx
 ORDER = [
     "config",  # the settings schema, its kinds, sources and word lists
     "logging",  # rank-aware logs, metrics, progress
@@ -57,9 +64,12 @@ def _imports(path: Path) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("phalanx."))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and re.fullmatch(r"phalanx(\.\w+)+", node.value) \
-                and node.value.split(".")[1] in (*ORDER, *LEAVES):  # importlib.import_module("phalanx.x.y")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and re.fullmatch(r"phalanx(\.\w+)+", node.value)
+            and node.value.split(".")[1] in (*ORDER, *LEAVES)
+        ):  # importlib.import_module("phalanx.x.y")
             found.add(node.value.split(".")[1])
     return found
 
@@ -82,7 +92,7 @@ def test_every_room_has_a_place_in_the_order():
 
 @pytest.mark.parametrize("room", ORDER)
 def test_a_room_imports_only_the_rooms_before_it(room):
-    allowed = set(ORDER[:ORDER.index(room)]) | LEAVES
+    allowed = set(ORDER[: ORDER.index(room)]) | LEAVES
     wrong = {other: sorted(files) for other, files in _graph().get(room, {}).items() if other not in allowed}
     assert not wrong, f"{room} imports rooms after it: {wrong}"
 
@@ -122,15 +132,18 @@ def _module_imports(path: Path, modules: set[str]) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
+            base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]) if node.level else ""
             module = ".".join(part for part in (base, node.module or "") if part)
             for alias in node.names:
                 whole = f"{module}.{alias.name}"
                 found.add(whole if whole in modules else module)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and re.fullmatch(r"phalanx(\.\w+)+", node.value):  # importlib.import_module("phalanx.x.y")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and re.fullmatch(r"phalanx(\.\w+)+", node.value)
+        ):  # importlib.import_module("phalanx.x.y")
             found.add(node.value)
     return (found & modules) - {this}
 
@@ -184,8 +197,10 @@ def test_no_import_cycle_between_modules():
     paths = sorted(SRC.rglob("*.py"))
     modules = {_module(path) for path in paths}
     graph = {_module(path): _module_imports(path, modules) for path in paths}
-    cycles = [" | ".join(f"{a} -> {b}" for a in component for b in sorted(graph[a]) if b in component)
-              for component in _cycles(graph)]
+    cycles = [
+        " | ".join(f"{a} -> {b}" for a in component for b in sorted(graph[a]) if b in component)
+        for component in _cycles(graph)
+    ]
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 

@@ -1,5 +1,6 @@
 """The layout object (strategies/layout.py) is the one place that makes process groups and
 flattened sub-meshes from the plan: every feature asks it by name."""
+
 from __future__ import annotations
 
 import re
@@ -12,8 +13,10 @@ from phalanx.strategies.parallel_plan import MESH_DIMS
 SRC = Path(__file__).resolve().parents[2] / "src" / "phalanx"
 
 # torch's calls that make a process group or a mesh (and with it, groups)
-MAKES_GROUPS = re.compile(r"\bnew_group\(|\bnew_subgroups\w*\(|\._flatten\(|\binit_device_mesh\(|\bDeviceMesh\("
-                          r"|\bsplit_group\(")
+MAKES_GROUPS = re.compile(
+    r"\bnew_group\(|\bnew_subgroups\w*\(|\._flatten\(|\binit_device_mesh\(|\bDeviceMesh\("
+    r"|\bsplit_group\("
+)
 
 # groups that are not the layout's, each with its reason
 ELSEWHERE = {

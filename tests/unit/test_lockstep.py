@@ -1,4 +1,5 @@
 """Lockstep safety without a process group: watchdog verdicts, settings, debug checks, world of one."""
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -29,9 +30,14 @@ def test_every_rank_stuck_in_a_communicating_phase_beyond_the_collective_timeout
     assert judge(stuck, NOW, 5.0, me=0, stuck_after=45.0) is None  # not yet
     verdict = judge(stuck, NOW, 5.0, me=0, stuck_after=35.0)
     assert verdict.culprits == [0, 1] and verdict.dead == []
-    assert verdict.headline.startswith("phalanx watchdog: every rank has been in phase 'backward' at step 3 for 40.0 s, "
-                                       "longer than a collective may take (collective timeout + watchdog timeout = 35 s)")
-    assert verdict.lines == ["  rank 0: step 3, phase 'backward'  <-- stuck", "  rank 1: step 3, phase 'backward'  <-- stuck"]
+    assert verdict.headline.startswith(
+        "phalanx watchdog: every rank has been in phase 'backward' at step 3 for 40.0 s, "
+        "longer than a collective may take (collective timeout + watchdog timeout = 35 s)"
+    )
+    assert verdict.lines == [
+        "  rank 0: step 3, phase 'backward'  <-- stuck",
+        "  rank 1: step 3, phase 'backward'  <-- stuck",
+    ]
     # Long work that is not communication (data, saving, main_process_first) is never judged so.
     for phase in ("data", "save_state", "main_process_first", "step", "forward"):
         assert judge([view(3, phase, moved_ago=400.0)] * 2, NOW, 5.0, me=0, stuck_after=35.0) is None
@@ -43,8 +49,12 @@ def test_rank_in_the_script_while_others_wait_is_the_culprit():
     verdict = judge([view(3, "backward"), view(3, "step")], NOW, 5.0, me=0)
     assert verdict.culprits == [1] and verdict.dead == []
     assert verdict.headline.startswith(
-        "phalanx watchdog: rank 1 stalled at step 3 (phase 'step': in the training script, between phalanx calls)")
-    assert verdict.lines == ["  rank 0: step 3, phase 'backward' (waiting)", "  rank 1: step 3, phase 'step'  <-- stalled"]
+        "phalanx watchdog: rank 1 stalled at step 3 (phase 'step': in the training script, between phalanx calls)"
+    )
+    assert verdict.lines == [
+        "  rank 0: step 3, phase 'backward' (waiting)",
+        "  rank 1: step 3, phase 'step'  <-- stalled",
+    ]
 
 
 def test_silent_rank_is_reported_dead_even_at_the_same_place():
@@ -126,8 +136,10 @@ def test_world_of_one_uneven_inputs_is_a_pass_through():
 
 def test_presplit_and_stream_positions_resume_per_rank():
     px = Phalanx()
-    for make in (lambda: DataLoader(torch.arange(10), batch_size=2),  # pre-split map-style
-                 lambda: DataLoader(Numbers(), batch_size=2)):        # a stream
+    for make in (
+        lambda: DataLoader(torch.arange(10), batch_size=2),  # pre-split map-style
+        lambda: DataLoader(Numbers(), batch_size=2),
+    ):  # a stream
         loader = px.prepare(make(), shard=False)
         it = iter(loader)
         taken = [next(it).tolist() for _ in range(3)]
@@ -144,8 +156,10 @@ def test_rank_that_exited_with_batches_unread_is_not_said_to_have_run_out_of_dat
     """A rank that called sys.exit(0) mid-epoch was diagnosed as "its data ran out first"."""
     verdict = judge([view(4, "backward"), view(2, "exit mid-pass")], NOW, 5.0, me=0)
     assert verdict.culprits == [1]
-    assert ("rank 1 exited after step 2 with batches of its prepared loader still unread (a break, return or "
-            "sys.exit in the script?)") in verdict.headline
+    assert (
+        "rank 1 exited after step 2 with batches of its prepared loader still unread (a break, return or "
+        "sys.exit in the script?)"
+    ) in verdict.headline
     assert "data ran out" not in verdict.headline
     assert verdict.lines[1].endswith("<-- left its training loop")
 

@@ -1,4 +1,5 @@
 """Never a silent world of one: each sign of a multi-process launch stops Phalanx's context."""
+
 from __future__ import annotations
 
 import os
@@ -15,14 +16,19 @@ from phalanx.runtime.world_check import LonelyWorldError, multi_process_signs, r
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("env, sign", [
-    ({"LOCAL_RANK": "1"}, "LOCAL_RANK=1 is set without RANK and WORLD_SIZE"),
-    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}, "SLURM_NTASKS=4 (a SLURM job with several tasks)"),
-    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2"}, "SLURM_STEP_NUM_TASKS=2 (a SLURM job with several tasks)"),
-    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
-     "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE=1/2 (an MPI launch)"),
-    ({"PMI_RANK": "0", "PMI_SIZE": "3"}, "PMI_RANK/PMI_SIZE=0/3 (an MPI launch)"),
-])
+@pytest.mark.parametrize(
+    "env, sign",
+    [
+        ({"LOCAL_RANK": "1"}, "LOCAL_RANK=1 is set without RANK and WORLD_SIZE"),
+        ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}, "SLURM_NTASKS=4 (a SLURM job with several tasks)"),
+        ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2"}, "SLURM_STEP_NUM_TASKS=2 (a SLURM job with several tasks)"),
+        (
+            {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
+            "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE=1/2 (an MPI launch)",
+        ),
+        ({"PMI_RANK": "0", "PMI_SIZE": "3"}, "PMI_RANK/PMI_SIZE=0/3 (an MPI launch)"),
+    ],
+)
 def test_each_sign_is_named(env, sign):
     assert multi_process_signs(env) == [sign]
     with pytest.raises(LonelyWorldError, match="world of ONE") as error:
@@ -35,13 +41,16 @@ def test_world_size_above_one_and_an_initialised_group_are_signs():
     assert multi_process_signs({}, group_world_size=2) == ["a process group of 2 ranks is already initialised"]
 
 
-@pytest.mark.parametrize("env", [
-    {},
-    {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"},  # a launcher asked for one process
-    {"WORLD_SIZE": "1", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"},  # phalanx run --nproc-per-node 1 inside sbatch
-    {"SLURM_NTASKS": "1", "PMI_SIZE": "1", "PMI_RANK": "0"},
-    {"SLURM_NTASKS": "4", "PHALANX_SLURM": "0"},  # told to ignore the allocation
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"},  # a launcher asked for one process
+        {"WORLD_SIZE": "1", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"},  # phalanx run --nproc-per-node 1 inside sbatch
+        {"SLURM_NTASKS": "1", "PMI_SIZE": "1", "PMI_RANK": "0"},
+        {"SLURM_NTASKS": "4", "PHALANX_SLURM": "0"},  # told to ignore the allocation
+    ],
+)
 def test_a_real_world_of_one_passes(env):
     assert multi_process_signs(env) == []
     refuse_silent_world_of_one(env)
@@ -85,8 +94,14 @@ def test_adopted_group_of_one_with_signs_is_refused():
 def test_plain_python_with_a_stray_local_rank_exits_with_the_reason(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
     env.update(LOCAL_RANK="1", PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run([sys.executable, "-c", "from phalanx import Phalanx; Phalanx()"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from phalanx import Phalanx; Phalanx()"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "LonelyWorldError: phalanx would run this process as a world of ONE" in proc.stderr
     assert "LOCAL_RANK=1 is set without RANK and WORLD_SIZE" in proc.stderr

@@ -1,6 +1,7 @@
 """What the launcher says and agrees on when an elastic job shrinks or grows (launch/membership.py),
 and the workers' store address published in every c10d round (launch/bound_store.py). No processes:
 the round's store is an in-memory torch HashStore."""
+
 from datetime import timedelta
 
 import pytest
@@ -12,16 +13,33 @@ from phalanx.launch.membership import Membership, resize_line
 from phalanx.runtime.context import AgentEnv
 
 
-@pytest.mark.parametrize("before, after, line", [
-    (Membership(4, ("a", "b")), Membership(2, ("a",)), "phalanx: restarting with 2 processes (was 4) after node b left"),
-    (Membership(2, ("a",)), Membership(4, ("a", "b")), "phalanx: restarting with 4 processes (was 2): node b joined"),
-    (Membership(6, ("a", "b", "c")), Membership(2, ("a",)),
-     "phalanx: restarting with 2 processes (was 6) after nodes b, c left"),
-    (Membership(4, ("a", "b")), Membership(4, ("a", "c")),
-     "phalanx: restarting with 4 processes (was 4): node c joined, node b left"),
-    (Membership(2, ()), Membership(1, ()), "phalanx: restarting with 1 process (was 2)"),
-    (Membership(4, ("a", "b")), Membership(4, ("b", "a")), None),  # the same nodes: a restart, not a resize
-])
+@pytest.mark.parametrize(
+    "before, after, line",
+    [
+        (
+            Membership(4, ("a", "b")),
+            Membership(2, ("a",)),
+            "phalanx: restarting with 2 processes (was 4) after node b left",
+        ),
+        (
+            Membership(2, ("a",)),
+            Membership(4, ("a", "b")),
+            "phalanx: restarting with 4 processes (was 2): node b joined",
+        ),
+        (
+            Membership(6, ("a", "b", "c")),
+            Membership(2, ("a",)),
+            "phalanx: restarting with 2 processes (was 6) after nodes b, c left",
+        ),
+        (
+            Membership(4, ("a", "b")),
+            Membership(4, ("a", "c")),
+            "phalanx: restarting with 4 processes (was 4): node c joined, node b left",
+        ),
+        (Membership(2, ()), Membership(1, ()), "phalanx: restarting with 1 process (was 2)"),
+        (Membership(4, ("a", "b")), Membership(4, ("b", "a")), None),  # the same nodes: a restart, not a resize
+    ],
+)
 def test_resize_line_names_the_old_and_new_size_and_the_nodes(before, after, line):
     assert resize_line(before, after) == line
 
@@ -34,7 +52,9 @@ def round_store() -> dist.Store:
 
 def test_nodes_with_rounds_agree_on_one_attempt_name_whatever_their_restart_counts():
     store = round_store()
-    names = {membership.agree_attempt(store, count, has_rounds=True) for count in (1, 0, 1)}  # a node that joined counts 0
+    names = {
+        membership.agree_attempt(store, count, has_rounds=True) for count in (1, 0, 1)
+    }  # a node that joined counts 0
     assert len(names) == 1
     assert membership.agree_attempt(round_store(), 1, has_rounds=True) not in names  # a new round, a new name
 

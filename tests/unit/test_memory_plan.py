@@ -1,5 +1,6 @@
 """The one memory model is keyed by plan: auto's budget test and its tp hint ask it with the job's
 plan (strategies/memory_plan.py), with the figures the name-keyed table gave."""
+
 from __future__ import annotations
 
 from phalanx.model.memory import ParamSize

@@ -1,5 +1,6 @@
 """Meta-device models, activation checkpointing, compile and load_model in a world of one (no
 processes): initialisation, refusals, saved-activation bytes, the no-compiler path, settings."""
+
 from __future__ import annotations
 
 import logging
@@ -106,8 +107,10 @@ def test_activation_checkpointing_halves_the_bytes_saved_for_backward_with_equal
     for ac in (None, True):
         torch.manual_seed(4)
         model = Phalanx(activation_checkpointing=ac).prepare(TinyNet(num_blocks=4))
-        runs[ac] = (_saved_bytes(model, tokens), {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone()
-                                                   for n, p in model.named_parameters()})
+        runs[ac] = (
+            _saved_bytes(model, tokens),
+            {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone() for n, p in model.named_parameters()},
+        )
     (plain_bytes, plain_grads), (ckpt_bytes, ckpt_grads) = runs[None], runs[True]
     assert ckpt_bytes <= plain_bytes / 2, (ckpt_bytes, plain_bytes)
     assert sorted(plain_grads) == sorted(ckpt_grads)
@@ -123,8 +126,11 @@ def test_activation_checkpointing_keeps_parameter_names_in_state_dicts():
 
 def test_activation_checkpointing_names_that_match_nothing_are_an_error():
     px = Phalanx(activation_checkpointing=["Blok"])
-    with pytest.raises(ValueError, match=r"activation_checkpointing: Blok matches no module of the model\. "
-                                         r"Module classes present: Block, Embedding, LayerNorm, Linear, ModuleList, TinyNet$"):
+    with pytest.raises(
+        ValueError,
+        match=r"activation_checkpointing: Blok matches no module of the model\. "
+        r"Module classes present: Block, Embedding, LayerNorm, Linear, ModuleList, TinyNet$",
+    ):
         px.prepare(TinyNet())
 
 
@@ -149,8 +155,10 @@ def test_compile_without_a_cxx_compiler_warns_once_and_runs_eager(monkeypatch, p
     assert torch.equal(model(tokens), eager(tokens))
     assert all(b.forward.__func__ is type(b).forward for b in model.blocks)  # not compiled
     messages = [r.getMessage() for r in phalanx_warnings]
-    assert messages == ["compile=True needs a C/C++ compiler for torch.compile on CPU and none was found "
-                        "(set CXX or install g++); running eager instead"]
+    assert messages == [
+        "compile=True needs a C/C++ compiler for torch.compile on CPU and none was found "
+        "(set CXX or install g++); running eager instead"
+    ]
 
 
 def test_compile_replaces_each_unit_forward_and_rejects_bad_values():
@@ -167,8 +175,12 @@ def _choice(env=None, **kwargs):
 
 def test_settings_schema_rows_and_environment():
     ac, comp = config.BY_NAME["activation_checkpointing"], config.BY_NAME["compile"]
-    assert (ac.env, ac.flag, comp.env, comp.flag) == ("PHALANX_ACTIVATION_CHECKPOINTING", "--activation-checkpointing",
-                                                      "PHALANX_COMPILE", "--compile")
+    assert (ac.env, ac.flag, comp.env, comp.flag) == (
+        "PHALANX_ACTIVATION_CHECKPOINTING",
+        "--activation-checkpointing",
+        "PHALANX_COMPILE",
+        "--compile",
+    )
     assert ac.kind.from_text("true") is True and ac.kind.from_text("false") is False
     assert ac.kind.from_text("Block, Attention") == ["Block", "Attention"]
     assert ac.kind.from_object(["Block"]) == ["Block"] and comp.kind.from_text("yes") is True
@@ -220,7 +232,9 @@ class Freqs(nn.Module):
 def test_an_init_that_leaves_a_tensor_unset_is_an_error_naming_it():
     with torch.device("meta"):
         model = WithTable()
-    with pytest.raises(ValueError, match=r"Freqs.reset_parameters\(\) left table of this Freqs \(wholly or partly\) unset"):
+    with pytest.raises(
+        ValueError, match=r"Freqs.reset_parameters\(\) left table of this Freqs \(wholly or partly\) unset"
+    ):
         Phalanx().prepare(model)
 
 

@@ -1,4 +1,5 @@
 """px.log sinks (CSV/JSONL contents), phalanx plot, the progress bar's TTY rule, rank-aware logging."""
+
 import csv
 import json
 import logging
@@ -34,14 +35,23 @@ def test_csv_and_jsonl_sinks_hold_every_row(tmp_path, capsys):
     rows = read_csv(tmp_path / "metrics.csv")
     assert rows[0] == ["step", "time", "loss", "lr", "acc"]
     assert [[r[0], r[2], r[3], r[4]] for r in rows[1:]] == [
-        ["10", "0.75", "0.001", ""], ["20", "0.5", "", "0.875"], ["21", "", "", "1"]]
+        ["10", "0.75", "0.001", ""],
+        ["20", "0.5", "", "0.875"],
+        ["21", "", "", "1"],
+    ]
     assert all(float(r[1]) > 1.7e9 for r in rows[1:])  # wall-clock time stamps
 
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [{k: v for k, v in line.items() if k != "time"} for line in lines] == [
-        {"step": 10, "loss": 0.75, "lr": 0.001}, {"step": 20, "loss": 0.5, "acc": 0.875}, {"step": 21, "acc": 1}]
+        {"step": 10, "loss": 0.75, "lr": 0.001},
+        {"step": 20, "loss": 0.5, "acc": 0.875},
+        {"step": 21, "acc": 1},
+    ]
     assert capsys.readouterr().out.splitlines() == [
-        "step 10 | loss 0.75 | lr 0.001", "step 20 | loss 0.5 | acc 0.875", "step 21 | acc 1"]
+        "step 10 | loss 0.75 | lr 0.001",
+        "step 20 | loss 0.5 | acc 0.875",
+        "step 21 | acc 1",
+    ]
 
 
 def test_tensorboard_sink_events_read_back(tmp_path):
@@ -177,7 +187,9 @@ def test_rank_logging_prefix_levels_and_file(tmp_path, capsys):
         assert err == "[rank 1] WARNING phalanx.checkpoint: slow disk\n"  # INFO is main-only on the console
         lines = (tmp_path / "logs" / "rank1.log").read_text().splitlines()
         assert [line.split(" ", 2)[2] for line in lines] == [
-            "[rank 1] INFO phalanx.checkpoint: saved", "[rank 1] WARNING phalanx.checkpoint: slow disk"]
+            "[rank 1] INFO phalanx.checkpoint: saved",
+            "[rank 1] WARNING phalanx.checkpoint: slow disk",
+        ]
         rank_log.setup(1, None, "INFO", all_ranks=True)
         rank_log.get_logger().info("hello")
         assert capsys.readouterr().err == "[rank 1] INFO phalanx: hello\n"

@@ -1,5 +1,6 @@
 """Which optimizers step on slices and which get whole tensors, in which layout: the classification,
 the declarations, the refusals and the owners' balance (no process group)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,9 @@ def _plan(name: str, world: int = 2, tp: int = 1, pp: int = 1, **kw):
     return presets.build(name, presets.asking(tp=tp, pp=pp), world_size=world, local_world_size=world, **kw)
 
 
-@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "ASGD",
-                                  "Adadelta", "Rprop"])
+@pytest.mark.parametrize(
+    "name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "ASGD", "Adadelta", "Rprop"]
+)
 def test_torchs_elementwise_optimizers_keep_the_sliced_paths(name):
     found = classify(getattr(torch.optim, name))
     assert found.kind is StepKind.ELEMENTWISE and found.declared
@@ -30,8 +32,15 @@ def test_torchs_elementwise_optimizers_keep_the_sliced_paths(name):
 def test_muon_and_adafactor_get_whole_tensors_wherever_tensors_are_split(name):
     found = classify(getattr(torch.optim, name))
     assert found.kind is StepKind.WHOLE_TENSOR and found.declared
-    for plan in (_plan("zero1"), _plan("zero2"), _plan("zero3"), _plan("hsdp", 4), _plan("ddp", tp=2),
-                 _plan("zero3", 4, tp=2), _plan("ddp")):  # ddp: each matrix on one replica, not on every one
+    for plan in (
+        _plan("zero1"),
+        _plan("zero2"),
+        _plan("zero3"),
+        _plan("hsdp", 4),
+        _plan("ddp", tp=2),
+        _plan("zero3", 4, tp=2),
+        _plan("ddp"),
+    ):  # ddp: each matrix on one replica, not on every one
         assert route(found.kind, plan) is Route.WHOLE_ON_OWNER, plan.describe()
     for plan in (_plan("ddp", pp=2), _plan("single", 1)):  # one holder per parameter already
         assert route(found.kind, plan) is Route.AS_GIVEN, plan.describe()
@@ -79,8 +88,9 @@ def test_what_cannot_be_made_equal_is_refused_with_the_optimizer_layout_and_fix(
         route(StepKind.WHOLE_MODEL, _plan("ddp", pp=2), "LBFGS")
     assert route(StepKind.WHOLE_MODEL, _plan("ddp"), "LBFGS") is Route.AS_GIVEN
     with pytest.raises(ValueError, match=r"LBFGS calls the closure.*cp 2.*HINT: use strategy ddp without cp"):
-        route(StepKind.WHOLE_MODEL, presets.build("ddp", presets.asking(cp=2), world_size=2, local_world_size=2),
-              "LBFGS")
+        route(
+            StepKind.WHOLE_MODEL, presets.build("ddp", presets.asking(cp=2), world_size=2, local_world_size=2), "LBFGS"
+        )
     with pytest.raises(ValueError, match=r"Muon reads whole tensors.*cpu_offload.*HINT: turn cpu_offload off"):
         route(StepKind.WHOLE_TENSOR, _plan("zero3", cpu_offload=True), "Muon")
 
@@ -104,6 +114,9 @@ def test_an_optimizer_that_cannot_be_rebuilt_on_the_owners_is_refused_at_prepare
             self.width = width
 
     opt = NeedsWidth([torch.nn.Parameter(torch.zeros(3, 3))], width=3)
-    with pytest.raises(ValueError, match=r"zero3: dp_shard 2.*rebuilds it on each owner as NeedsWidth\(param_groups, "
-                                         r"\*\*defaults\); that failed:.*HINT: keep NeedsWidth's constructor arguments"):
+    with pytest.raises(
+        ValueError,
+        match=r"zero3: dp_shard 2.*rebuilds it on each owner as NeedsWidth\(param_groups, "
+        r"\*\*defaults\); that failed:.*HINT: keep NeedsWidth's constructor arguments",
+    ):
         build(opt, None, _plan("zero3"), constructor_defaults)

@@ -1,5 +1,6 @@
 """The parallel plan: presets as points of it, what each layout uses, settings refused by name
 where the layout would ignore them (every runtime setting x every preset), tensor-parallel plans."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,7 +26,13 @@ def test_presets_are_points_of_the_plan():
     assert build("zero2").sharding is Sharding.GRADIENTS and not build("zero2").reshard_after_forward
     assert build("hsdp", local=2).degrees() == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1}
     assert build("zero3", tp=2).degrees() == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
-    assert build("hsdp", world=8, local=4, tp=2).degrees() == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 2}
+    assert build("hsdp", world=8, local=4, tp=2).degrees() == {
+        "pp": 1,
+        "dp_replicate": 2,
+        "dp_shard": 2,
+        "cp": 1,
+        "tp": 2,
+    }
     assert build("fsdp").preset == "zero3"
     assert build("zero3", world=1, local=1).preset == "single"
 
@@ -59,13 +66,21 @@ def test_a_plan_refuses_degrees_that_shard_nothing():
         ParallelPlan("ddp", tp=0)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"name": "ddp", "world": 4, "tp": 3}, r"tp=3 does not divide the 4 processes. HINT: choose tp among 1, 2, 4"),
-    ({"name": "dp", "world": 1, "local": 1, "tp": 2}, r"strategy 'dp' runs one process, and tp=2 needs 2 processes"),
-    ({"name": "hsdp", "world": 6, "local": 3, "tp": 2},
-     r"hsdp with tp=2: each node's 3 processes do not split into tensor-parallel groups.*among 1, 3"),
-    ({"name": "zero4"}, r"unknown strategy 'zero4'; valid strategies: auto, ddp, dp, fsdp"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"name": "ddp", "world": 4, "tp": 3}, r"tp=3 does not divide the 4 processes. HINT: choose tp among 1, 2, 4"),
+        (
+            {"name": "dp", "world": 1, "local": 1, "tp": 2},
+            r"strategy 'dp' runs one process, and tp=2 needs 2 processes",
+        ),
+        (
+            {"name": "hsdp", "world": 6, "local": 3, "tp": 2},
+            r"hsdp with tp=2: each node's 3 processes do not split into tensor-parallel groups.*among 1, 3",
+        ),
+        ({"name": "zero4"}, r"unknown strategy 'zero4'; valid strategies: auto, ddp, dp, fsdp"),
+    ],
+)
 def test_layouts_that_cannot_be_built_are_refused_with_the_valid_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         build(**kwargs)
@@ -73,10 +88,24 @@ def test_layouts_that_cannot_be_built_are_refused_with_the_valid_values(kwargs, 
 
 # A value that asks for something, for every runtime setting whose need is not ALWAYS; a new row
 # with a need must be added here, which is the point: its applicability is then walked below.
-ASKING = {"find_unused_parameters": True, "static_graph": True, "bucket_cap_mb": 10, "gradient_as_bucket_view": False,
-          "comm_hook": "fp16", "powersgd_rank": 2, "powersgd_start_iter": 5, "memory_budget": "1GB",
-          "embedding_exchange": "params", "zero1_gather": "persistent", "zero1_grads": "reduce_scatter", "sequence_parallel": True, "pp_schedule": "GPipe",
-          "pp_microbatches": 4, "pp_split": ["layers.2"], "tp_plan": {"layers.*.q": "colwise"}}
+ASKING = {
+    "find_unused_parameters": True,
+    "static_graph": True,
+    "bucket_cap_mb": 10,
+    "gradient_as_bucket_view": False,
+    "comm_hook": "fp16",
+    "powersgd_rank": 2,
+    "powersgd_start_iter": 5,
+    "memory_budget": "1GB",
+    "embedding_exchange": "params",
+    "zero1_gather": "persistent",
+    "zero1_grads": "reduce_scatter",
+    "sequence_parallel": True,
+    "pp_schedule": "GPipe",
+    "pp_microbatches": 4,
+    "pp_split": ["layers.2"],
+    "tp_plan": {"layers.*.q": "colwise"},
+}
 PRESET_NAMES = ["ddp", "zero1", "zero2", "zero3", "hsdp", "dp", "auto"]
 REFUSED_UNDER_PP = {"static_graph"}  # DDP per pipeline stage computes wrong gradients with it (settings_check)
 
@@ -97,8 +126,11 @@ def test_every_setting_x_preset_is_applied_refused_or_warned_never_ignored(name,
     plan = intended_plan(resolved, world, 2 if preset == "hsdp" else world)
     need = config.BY_NAME[name].needs
     if plan is None:  # auto: undecided; what it may choose is checked once it has chosen
-        met = (need is not Needs.TENSOR_PARALLEL or tp > 1) and (need is not Needs.PIPELINE or pp > 1) \
-            and need is not Needs.SHARDED_OPTIMIZER  # auto picks ddp or zero3, never zero1
+        met = (
+            (need is not Needs.TENSOR_PARALLEL or tp > 1)
+            and (need is not Needs.PIPELINE or pp > 1)
+            and need is not Needs.SHARDED_OPTIMIZER
+        )  # auto picks ddp or zero3, never zero1
     else:
         met = plan.has(need)
     if met and pp > 1 and name in REFUSED_UNDER_PP and (plan is None or plan.uses_ddp):
@@ -117,8 +149,11 @@ def test_every_setting_x_preset_is_applied_refused_or_warned_never_ignored(name,
 def test_ddp_options_under_hsdp_are_refused_not_silently_ignored():
     # hsdp was missing from the old WITHOUT_DDP list and FSDP2 never read DDP's options
     resolved = config.resolve(config.from_kwargs({"strategy": "hsdp", "find_unused_parameters": True}))
-    with pytest.raises(config.ConfigError, match=r"find_unused_parameters=True \(from Phalanx\(\)\): DistributedDataParallel "
-                                                 r"options, but strategy 'hsdp' uses FSDP2, which has no DDP"):
+    with pytest.raises(
+        config.ConfigError,
+        match=r"find_unused_parameters=True \(from Phalanx\(\)\): DistributedDataParallel "
+        r"options, but strategy 'hsdp' uses FSDP2, which has no DDP",
+    ):
         settings_check.check(resolved, intended_plan(resolved, 4, 2))
     with pytest.raises(ValueError, match="strategy 'hsdp' uses FSDP2"):
         from phalanx import Phalanx
@@ -128,15 +163,20 @@ def test_ddp_options_under_hsdp_are_refused_not_silently_ignored():
 
 def test_ddp_options_with_tensor_parallel_name_why():
     resolved = config.resolve(config.from_kwargs({"strategy": "ddp", "tp": 2, "comm_hook": "fp16"}))
-    with pytest.raises(config.ConfigError, match=r"strategy 'ddp' with tp=2 uses FSDP2 \(tensor parallel composes with "
-                                                 r"FSDP2\), which has no DDP\. HINT: use strategy ddp or zero1 with tp=1"):
+    with pytest.raises(
+        config.ConfigError,
+        match=r"strategy 'ddp' with tp=2 uses FSDP2 \(tensor parallel composes with "
+        r"FSDP2\), which has no DDP\. HINT: use strategy ddp or zero1 with tp=1",
+    ):
         settings_check.check(resolved, intended_plan(resolved, 4, 4))
 
 
 def test_tp_plan_reads_from_every_source():
     kind = config.BY_NAME["tp_plan"].kind
-    assert kind.from_text('{"layers.*.q": "colwise", "head": "colwise_rep"}') == \
-        {"layers.*.q": "colwise", "head": "colwise_gather_output"}
+    assert kind.from_text('{"layers.*.q": "colwise", "head": "colwise_rep"}') == {
+        "layers.*.q": "colwise",
+        "head": "colwise_gather_output",
+    }
     assert kind.from_text("layers.*.q=colwise,layers.*.o=rowwise") == {"layers.*.q": "colwise", "layers.*.o": "rowwise"}
     assert kind.from_object({"a": "ROWWISE"}) == {"a": "rowwise"}
     with pytest.raises(ValueError, match=r"'a': unknown style 'diagonal'; choose one of colwise, rowwise"):
@@ -148,8 +188,11 @@ def test_tp_plan_reads_from_every_source():
 def test_tp_plan_with_tp_1_is_refused_not_ignored():
     """tp_plan was silently ignored while tp was 1 (its schema row named no need)."""
     resolved = config.resolve(config.from_kwargs({"strategy": "ddp", "tp_plan": {"layers.*.q": "colwise"}}))
-    with pytest.raises(config.ConfigError, match=r"tp_plan=\{'layers.\*.q': 'colwise'\} \(from Phalanx\(\)\): a "
-                                                 r"tensor-parallel setting, but tp is 1\. HINT: set tp > 1"):
+    with pytest.raises(
+        config.ConfigError,
+        match=r"tp_plan=\{'layers.\*.q': 'colwise'\} \(from Phalanx\(\)\): a "
+        r"tensor-parallel setting, but tp is 1\. HINT: set tp > 1",
+    ):
         settings_check.check(resolved, intended_plan(resolved, 1, 1))
 
 
@@ -161,8 +204,11 @@ class Net(nn.Module):
 
 
 def test_tensor_parallel_plans_match_module_names():
-    assert tensor_parallel.match(Net(), {"blocks.*.0": "colwise", "blocks.1.1": "rowwise"}) == \
-        {"blocks.0.0": "colwise", "blocks.1.0": "colwise", "blocks.1.1": "rowwise"}
+    assert tensor_parallel.match(Net(), {"blocks.*.0": "colwise", "blocks.1.1": "rowwise"}) == {
+        "blocks.0.0": "colwise",
+        "blocks.1.0": "colwise",
+        "blocks.1.1": "rowwise",
+    }
     with pytest.raises(ValueError, match=r"tp > 1, but Net has no tensor-parallel plan"):
         tensor_parallel.model_plan(Net(), None)
 
@@ -179,8 +225,9 @@ def test_a_transformers_model_brings_its_own_plan():
 def test_one_tensor_parallel_rank_holds_the_split_layers_narrowed():
     with torch.device("meta"):
         net = Net()
-    tensor_parallel.shrink_to_one_rank(net, {"blocks.*.0": "colwise", "blocks.*.1": "rowwise"},
-                                       build("ddp", world=2, local=2, tp=2))
+    tensor_parallel.shrink_to_one_rank(
+        net, {"blocks.*.0": "colwise", "blocks.*.1": "rowwise"}, build("ddp", world=2, local=2, tp=2)
+    )
     assert net.blocks[0][0].weight.shape == (8, 8) and net.blocks[0][0].bias.shape == (8,)
     assert net.blocks[0][1].weight.shape == (8, 8) and net.blocks[0][1].bias.shape == (8,)
     assert net.blocks[0](torch.empty(3, 8, device="meta")).shape == (3, 8)  # a rank's part computes end to end
@@ -197,13 +244,30 @@ def test_launcher_refuses_tp_that_does_not_divide_the_processes(tmp_path, capsys
     assert run_command.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("phalanx run: error: tp=3 does not divide the 2 processes. HINT: choose tp among 1, 2")
-    spec = run_command.spec_from_args(parser.parse_args(["--nproc-per-node", "3", "--nnodes", "2", "--master-addr",
-                                                         "10.0.0.1", "--master-port", "29555", "--tp", "2",
-                                                         "--strategy", "zero3", str(script)]))
+    spec = run_command.spec_from_args(
+        parser.parse_args(
+            [
+                "--nproc-per-node",
+                "3",
+                "--nnodes",
+                "2",
+                "--master-addr",
+                "10.0.0.1",
+                "--master-port",
+                "29555",
+                "--tp",
+                "2",
+                "--strategy",
+                "zero3",
+                str(script),
+            ]
+        )
+    )
     run_command.check_layout(spec, 3)  # 6 processes: fine, but each tp group spans two nodes
     assert "phalanx run: warning: tp=2 does not divide the 3 processes of a node" in capsys.readouterr().err
-    spec = run_command.spec_from_args(parser.parse_args(["--nproc-per-node", "2", "--tp", "2", "--strategy", "dp",
-                                                         str(script)]))
+    spec = run_command.spec_from_args(
+        parser.parse_args(["--nproc-per-node", "2", "--tp", "2", "--strategy", "dp", str(script)])
+    )
     with pytest.raises(run_command.LaunchError, match="strategy 'dp' runs one process, and tp=2"):
         run_command.check_layout(spec, 2)
 
@@ -230,13 +294,16 @@ def test_cp_is_a_mesh_dim_between_data_parallel_and_tp():
     assert (hsdp.dp_replicate, hsdp.dp_shard, hsdp.cp) == (2, 2, 2)
 
 
-@pytest.mark.parametrize("name, kw, match", [
-    ("ddp", dict(world=6, cp=4), r"cp=4 does not divide the 6 processes. HINT: choose cp among 1, 2, 3, 6"),
-    ("ddp", dict(world=4, cp=2, tp=4), r"cp=2 x tp=4 does not divide the 4 processes"),
-    ("ddp", dict(world=4, cp=2, pp=2), r"cp=2 with pp=2: context parallel is not composed with pipeline"),
-    ("dp", dict(world=1, local=1, cp=2), r"strategy 'dp' runs one process, and cp=2"),
-    ("hsdp", dict(world=4, local=2, cp=4), r"hsdp with cp=4: each node's 2 processes do not split"),
-])
+@pytest.mark.parametrize(
+    "name, kw, match",
+    [
+        ("ddp", dict(world=6, cp=4), r"cp=4 does not divide the 6 processes. HINT: choose cp among 1, 2, 3, 6"),
+        ("ddp", dict(world=4, cp=2, tp=4), r"cp=2 x tp=4 does not divide the 4 processes"),
+        ("ddp", dict(world=4, cp=2, pp=2), r"cp=2 with pp=2: context parallel is not composed with pipeline"),
+        ("dp", dict(world=1, local=1, cp=2), r"strategy 'dp' runs one process, and cp=2"),
+        ("hsdp", dict(world=4, local=2, cp=4), r"hsdp with cp=4: each node's 2 processes do not split"),
+    ],
+)
 def test_cp_layouts_refused_with_the_fix(name, kw, match):
     with pytest.raises(ValueError, match=match):
         build(name, **kw)
@@ -258,10 +325,23 @@ def test_the_launcher_hands_each_membership_of_an_elastic_job_its_plan(tmp_path)
     # before: one plan, of the largest size; a membership of 1 or 2 nodes rebuilt its own, silently
     script = tmp_path / "never.py"
     script.write_text("raise SystemExit('a worker started')\n")
-    spec = run_command.spec_from_args(run_command_parser().parse_args(
-        ["--nproc-per-node", "2", "--nnodes", "1:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29555",
-         "--strategy", "zero3",
-         str(script)]))
+    spec = run_command.spec_from_args(
+        run_command_parser().parse_args(
+            [
+                "--nproc-per-node",
+                "2",
+                "--nnodes",
+                "1:3",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                "10.0.0.1:29555",
+                "--strategy",
+                "zero3",
+                str(script),
+            ]
+        )
+    )
     handed = run_command.check_layout(spec, 2)
     for world in (2, 4, 6):
         given = job_plan.inputs("zero3", spec.settings.config, world_size=world, local_world_size=2)

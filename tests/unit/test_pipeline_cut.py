@@ -1,5 +1,6 @@
 """Cutting a model into pipeline stages (strategies/pipeline: chain, split, cut), the schedule rules
 and the layout arithmetic, in one process: the stages run one after another equal the model."""
+
 from __future__ import annotations
 
 import pytest
@@ -69,8 +70,12 @@ def test_default_split_is_even_by_parameter_count_with_embedding_first_and_head_
     stages = pipe.split_stages(chain, 2)
     assert stages == (("embed", "layers.0", "layers.1"), ("layers.2", "layers.3", "norm", "head"))
     assert pipe.stage_params(chain, stages) == [512 + 2 * 1104, 2 * 1104 + 32 + 544]
-    assert pipe.split_stages(chain, 4) == (("embed", "layers.0"), ("layers.1",), ("layers.2",),
-                                           ("layers.3", "norm", "head"))
+    assert pipe.split_stages(chain, 4) == (
+        ("embed", "layers.0"),
+        ("layers.1",),
+        ("layers.2",),
+        ("layers.3", "norm", "head"),
+    )
     assert pipe.split_stages(chain, 1) == (chain.names,)
 
 
@@ -84,28 +89,41 @@ def test_default_split_gives_a_heavy_embedding_fewer_blocks():
     first, second = pipe.split_stages(chain, 2)
     assert first == ("embed", "layers.0")
     sizes = pipe.stage_params(chain, (first, second))
-    assert max(sizes) == min(max(pipe.stage_params(chain, ((chain.names[:k]), chain.names[k:])))
-                             for k in range(2, 7))
+    assert max(sizes) == min(max(pipe.stage_params(chain, ((chain.names[:k]), chain.names[k:]))) for k in range(2, 7))
 
 
 def test_pp_split_names_the_units_to_cut_before():
     chain = pipe.find_chain(new_model())
     assert pipe.split_stages(chain, 2, ["layers.3"]) == (chain.names[:4], chain.names[4:])
-    assert pipe.split_stages(chain, 3, ["layers.1", "norm"]) == (("embed", "layers.0"),
-                                                                 ("layers.1", "layers.2", "layers.3"), ("norm", "head"))
+    assert pipe.split_stages(chain, 3, ["layers.1", "norm"]) == (
+        ("embed", "layers.0"),
+        ("layers.1", "layers.2", "layers.3"),
+        ("norm", "head"),
+    )
 
 
-@pytest.mark.parametrize("pp, split, message", [
-    (5, None, "pp=5 needs at least 5 blocks to give each stage one, but layers holds 4. HINT: lower pp to at most 4"),
-    (2, ["layers.9"], "pp_split names 'layers.9', which is not a unit the pipeline can cut before. The units, in "
-                      "the order forward calls them, are: embed, layers.0, layers.1, layers.2, layers.3, norm, head"),
-    (2, ["layers.1.fc1"], "pp_split names 'layers.1.fc1', which is not a unit"),
-    (3, ["layers.1"], "pp_split names 1 cut point(s) ['layers.1'], which makes 2 stage(s), but pp=3"),
-    (3, ["layers.3", "layers.1"], "pp_split ['layers.3', 'layers.1'] is not in the order forward calls the units"),
-    (3, ["layers.1", "layers.1"], "is not in the order forward calls the units"),
-    (2, ["embed"], "pp_split cannot cut before 'embed', the first unit"),
-    (0, None, "pp must be a positive integer, got 0"),
-])
+@pytest.mark.parametrize(
+    "pp, split, message",
+    [
+        (
+            5,
+            None,
+            "pp=5 needs at least 5 blocks to give each stage one, but layers holds 4. HINT: lower pp to at most 4",
+        ),
+        (
+            2,
+            ["layers.9"],
+            "pp_split names 'layers.9', which is not a unit the pipeline can cut before. The units, in "
+            "the order forward calls them, are: embed, layers.0, layers.1, layers.2, layers.3, norm, head",
+        ),
+        (2, ["layers.1.fc1"], "pp_split names 'layers.1.fc1', which is not a unit"),
+        (3, ["layers.1"], "pp_split names 1 cut point(s) ['layers.1'], which makes 2 stage(s), but pp=3"),
+        (3, ["layers.3", "layers.1"], "pp_split ['layers.3', 'layers.1'] is not in the order forward calls the units"),
+        (3, ["layers.1", "layers.1"], "is not in the order forward calls the units"),
+        (2, ["embed"], "pp_split cannot cut before 'embed', the first unit"),
+        (0, None, "pp must be a positive integer, got 0"),
+    ],
+)
 def test_bad_splits_are_refused_with_the_values_and_the_fix(pp, split, message):
     with pytest.raises(ValueError) as err:
         pipe.split_stages(pipe.find_chain(new_model()), pp, split)
@@ -116,8 +134,9 @@ def test_bad_splits_are_refused_with_the_values_and_the_fix(pp, split, message):
 def test_stages_keep_the_models_names_and_chain_to_the_whole_model():
     whole, first, _ = _cut(2, [0])
     _, second, _ = _cut(2, [1])
-    assert list(first.model.state_dict()) == [k for k in whole.state_dict() if k.startswith(("embed", "layers.0",
-                                                                                               "layers.1"))]
+    assert list(first.model.state_dict()) == [
+        k for k in whole.state_dict() if k.startswith(("embed", "layers.0", "layers.1"))
+    ]
     assert "layers.2.fc1.weight" in second.model.state_dict() and "layers.0.fc1.weight" not in second.model.state_dict()
     assert isinstance(first.model.layers[2], pipe.PassThrough) and len(first.model.layers) == 4
     assert isinstance(second.model.embed, pipe.PassThrough) and first.units == ("embed", "layers.0", "layers.1")
@@ -160,7 +179,9 @@ def test_tied_weights_across_stages_are_held_by_both_ranks_and_found_for_the_gra
     stages = pipe.split_stages(chain, 2)
     (tied,) = find_tied(model, chain, stages, "1F1B", ParallelPlan(preset="ddp", pp=2))
     assert (tied.holders, tied.pp_ranks) == (("embed.weight", "head.weight"), (0, 1)) and tied.name in tied.holders
-    assert find_tied(model, chain, pipe.split_stages(chain, 1), "1F1B", ParallelPlan(preset="single")) == []  # one stage holds both
+    assert (
+        find_tied(model, chain, pipe.split_stages(chain, 1), "1F1B", ParallelPlan(preset="single")) == []
+    )  # one stage holds both
     first = pipe.cut_model(model, chain, stages, [0]).model
     assert "embed.weight" in dict(first.named_parameters()) and "head.weight" not in dict(first.named_parameters())
 
@@ -234,17 +255,23 @@ class Flat(nn.Module):
         return self.b(self.a(x))
 
 
-@pytest.mark.parametrize("cls, message", [
-    (Scaled, "its forward computes call_function `mul` after `embed`, which is not a call of one of its units on "
-             "the previous output"),
-    (Unpacking, "its forward computes call_function `getitem` after `layers.0`"),
-    (Unpacking, "the pipeline sends one tensor between stages, so the blocks must return the hidden state alone"),
-    (Branching, "its forward could not be traced to check that it calls its modules as a plain chain (TraceError"),
-    (TwoInputs, "its forward needs more than one input (tokens, mask)"),
-    (Skip, "its forward calls `embed` more than once"),
-    (Unused, "extra hold(s) parameters but the forward never calls them"),
-    (Flat, "it has no nn.ModuleList or nn.Sequential of blocks, and pp_split cannot help"),  # it named pp_split
-])
+@pytest.mark.parametrize(
+    "cls, message",
+    [
+        (
+            Scaled,
+            "its forward computes call_function `mul` after `embed`, which is not a call of one of its units on "
+            "the previous output",
+        ),
+        (Unpacking, "its forward computes call_function `getitem` after `layers.0`"),
+        (Unpacking, "the pipeline sends one tensor between stages, so the blocks must return the hidden state alone"),
+        (Branching, "its forward could not be traced to check that it calls its modules as a plain chain (TraceError"),
+        (TwoInputs, "its forward needs more than one input (tokens, mask)"),
+        (Skip, "its forward calls `embed` more than once"),
+        (Unused, "extra hold(s) parameters but the forward never calls them"),
+        (Flat, "it has no nn.ModuleList or nn.Sequential of blocks, and pp_split cannot help"),  # it named pp_split
+    ],
+)
 def test_models_the_cut_cannot_handle_are_refused_with_the_reason(cls, message):
     with pytest.raises(ValueError) as err:
         pipe.find_chain(cls())
@@ -274,25 +301,53 @@ def test_schedule_names_and_placements():
     assert pipe.last_stage_rank("1F1B", 4) == 3 and pipe.last_stage_rank("ZBVZeroBubble", 4) == 0
 
 
-@pytest.mark.parametrize("schedule, pp, m, batch, message", [
-    ("1F1B", 4, 2, None, "pp_microbatches=2 is smaller than pp=4: the pipeline would never fill. HINT: set "
-                         "pp_microbatches to at least 4 (default 2 x pp = 8)"),
-    ("1F1B", 2, 4, 6, "the batch of 6 samples does not split into pp_microbatches=4 equal microbatches. HINT: make "
-                      "the per-rank batch size a multiple of 4, or set pp_microbatches to a divisor of 6"),
-    ("Interleaved1F1B", 2, 5, None, "pp_microbatches=5 does not split into 2 equal rounds. HINT: use a multiple of "
-                                    "pp, e.g. 4"),
-    ("DualPipeV", 2, 3, None, "pp_schedule=DualPipeV needs pp_microbatches >= its 4 stages"),
-])
+@pytest.mark.parametrize(
+    "schedule, pp, m, batch, message",
+    [
+        (
+            "1F1B",
+            4,
+            2,
+            None,
+            "pp_microbatches=2 is smaller than pp=4: the pipeline would never fill. HINT: set "
+            "pp_microbatches to at least 4 (default 2 x pp = 8)",
+        ),
+        (
+            "1F1B",
+            2,
+            4,
+            6,
+            "the batch of 6 samples does not split into pp_microbatches=4 equal microbatches. HINT: make "
+            "the per-rank batch size a multiple of 4, or set pp_microbatches to a divisor of 6",
+        ),
+        (
+            "Interleaved1F1B",
+            2,
+            5,
+            None,
+            "pp_microbatches=5 does not split into 2 equal rounds. HINT: use a multiple of pp, e.g. 4",
+        ),
+        ("DualPipeV", 2, 3, None, "pp_schedule=DualPipeV needs pp_microbatches >= its 4 stages"),
+    ],
+)
 def test_microbatch_counts_that_cannot_run_are_refused(schedule, pp, m, batch, message):
     with pytest.raises(ValueError) as err:
         pipe.check_microbatches(schedule, pp, m, batch)
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("schedule, pp, m, batch, count", [
-    ("1F1B", 2, 4, 8, 4), ("1F1B", 2, 4, 6, 3), ("1F1B", 2, 4, 2, 2), ("1F1B", 2, 4, 7, 7),
-    ("1F1B", 2, 3, 8, 2), ("Interleaved1F1B", 2, 4, 6, 3), ("DualPipeV", 2, 4, 6, 6),
-])
+@pytest.mark.parametrize(
+    "schedule, pp, m, batch, count",
+    [
+        ("1F1B", 2, 4, 8, 4),
+        ("1F1B", 2, 4, 6, 3),
+        ("1F1B", 2, 4, 2, 2),
+        ("1F1B", 2, 4, 7, 7),
+        ("1F1B", 2, 3, 8, 2),
+        ("Interleaved1F1B", 2, 4, 6, 3),
+        ("DualPipeV", 2, 4, 6, 6),
+    ],
+)
 def test_a_batch_the_microbatches_do_not_divide_is_cut_into_equal_ones_that_run(schedule, pp, m, batch, count):
     assert pipe.microbatches_for(schedule, pp, m, batch) == count
 
@@ -321,8 +376,9 @@ def test_bubble_and_microbatches_in_flight():
 
 
 def test_pipeline_figures_per_stage_and_rank():
-    figures = pipe.pipeline_figures([10, 20, 30, 40], "Interleaved1F1B", 2, 4, bytes_per_param=2,
-                                    activation_bytes_per_stage_microbatch=100)
+    figures = pipe.pipeline_figures(
+        [10, 20, 30, 40], "Interleaved1F1B", 2, 4, bytes_per_param=2, activation_bytes_per_stage_microbatch=100
+    )
     assert figures.stage_param_bytes == (20, 40, 60, 80)
     assert figures.rank_param_bytes == (80, 120)  # stages (0, 2) and (1, 3)
     assert figures.rank_activation_bytes == (500, 300)
@@ -342,6 +398,9 @@ def test_a_unit_called_on_something_else_than_the_previous_output_is_refused():
                 x = layer(x)
             return self.head(self.norm(e))
 
-    with pytest.raises(ValueError, match=r"its forward calls `norm` on \(embed\), not on the previous unit's output "
-                                         r"`layers_3` alone"):
+    with pytest.raises(
+        ValueError,
+        match=r"its forward calls `norm` on \(embed\), not on the previous unit's output "
+        r"`layers_3` alone",
+    ):
         pipe.find_chain(Residual())

@@ -1,5 +1,6 @@
 """Pipeline stages of transformers models cut from their own base_model_pp_plan (no tracing), also
 inside a peft wrapper, in one process: the stages run one after another equal the whole model."""
+
 from __future__ import annotations
 
 import copy
@@ -70,14 +71,21 @@ def _encoder(kind: str) -> torch.nn.Module:
         ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
         return tf.ModernBertForMaskedLM(tf.ModernBertConfig(**shape, **ids, local_attention=8))
     if kind == "t5":
-        return tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=64, d_model=16, d_ff=32, d_kv=8, num_layers=1,
-                                                         num_heads=2))
+        return tf.T5ForConditionalGeneration(
+            tf.T5Config(vocab_size=64, d_model=16, d_ff=32, d_kv=8, num_layers=1, num_heads=2)
+        )
     return build(kind)
 
 
-@pytest.mark.parametrize("kind, name", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"),
-                                        ("modernbert", "ModernBertForMaskedLM"),
-                                        ("t5", "T5ForConditionalGeneration")])
+@pytest.mark.parametrize(
+    "kind, name",
+    [
+        ("gpt2", "GPT2LMHeadModel"),
+        ("bert", "BertForMaskedLM"),
+        ("modernbert", "ModernBertForMaskedLM"),
+        ("t5", "T5ForConditionalGeneration"),
+    ],
+)
 def test_a_transformers_model_without_a_plan_is_refused_naming_it_and_the_way(kind: str, name: str):
     with pytest.raises(ValueError) as refused:
         model_plan.model_chain(_encoder(kind))
@@ -93,9 +101,17 @@ def test_what_the_head_does_after_its_layer_stays_on_the_last_stage():
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                       final_logit_softcapping=0.5, attn_implementation="eager")
+    config = transformers.Gemma2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        final_logit_softcapping=0.5,
+        attn_implementation="eager",
+    )
     whole = transformers.Gemma2ForCausalLM(config)
     x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -1,5 +1,6 @@
 """`phalanx plan`'s activation estimate (a meta-device forward) against the resident memory of a
 real CPU process, with and without activation checkpointing; hsdp's row; bad input."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,10 +22,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _measure(*args: str) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tests.unit.activation_rss", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.unit.activation_rss", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -60,14 +71,28 @@ def test_plan_command_prints_hsdp_and_activations_with_checkpointing(capsys):
     parser = argparse.ArgumentParser()
     plan_command.configure(parser)
     model = "tests.unit.activation_rss:Net"
-    args = parser.parse_args([model, "--world-size", "4", "--nproc-per-node", "2", "--budget", "1GB",
-                              "--input", "256x256", "--activation-checkpointing"])
+    args = parser.parse_args(
+        [
+            model,
+            "--world-size",
+            "4",
+            "--nproc-per-node",
+            "2",
+            "--budget",
+            "1GB",
+            "--input",
+            "256x256",
+            "--activation-checkpointing",
+        ]
+    )
     assert plan_command.main(args) == 0
     out = capsys.readouterr().out
     hsdp = next(line for line in out.splitlines() if line.strip().startswith("hsdp 2x2"))
     assert hsdp.split()[-1] == "0.50"
-    assert ("activations per rank, any strategy, with activation checkpointing of the 4 blocks: "
-            "64.6 MiB after the forward, 305.1 MiB at the backward's peak (722.6 MiB without it)") in out
+    assert (
+        "activations per rank, any strategy, with activation checkpointing of the 4 blocks: "
+        "64.6 MiB after the forward, 305.1 MiB at the backward's peak (722.6 MiB without it)"
+    ) in out
 
 
 def test_bad_input_and_checkpointing_without_input_are_named(capsys):
@@ -78,5 +103,7 @@ def test_bad_input_and_checkpointing_without_input_are_named(capsys):
     plan_command.configure(parser)
     args = parser.parse_args(["tests.unit.activation_rss:Net", "--world-size", "2", "--activation-checkpointing"])
     assert plan_command.main(args) == 2  # one line naming the fix, no traceback
-    assert "phalanx plan: error: --activation-checkpointing changes the activation estimate, which needs --input " \
-           "SHAPE" in capsys.readouterr().err
+    assert (
+        "phalanx plan: error: --activation-checkpointing changes the activation estimate, which needs --input "
+        "SHAPE" in capsys.readouterr().err
+    )

@@ -2,6 +2,7 @@
 integers, no degree arithmetic happens outside the plan module and presets (the plan's properties
 and methods answer), and plans are made in presets only (job_plan hands the launcher's on, one per
 membership, and rebuilds one only when asked for another, saying so)."""
+
 from __future__ import annotations
 
 import ast
@@ -75,13 +76,18 @@ def _name(node: ast.AST) -> str | None:
 
 
 def _has_degree(node: ast.AST) -> bool:
-    return _name(node) in DEGREES or (isinstance(node, ast.BinOp) and (_has_degree(node.left) or _has_degree(node.right)))
+    return _name(node) in DEGREES or (
+        isinstance(node, ast.BinOp) and (_has_degree(node.left) or _has_degree(node.right))
+    )
 
 
 def _size(node: ast.AST) -> bool:
     """A degree, a world size, a whole number, or arithmetic with one of them."""
-    return _name(node) in DEGREES | WORLD or (isinstance(node, ast.Constant) and type(node.value) is int) \
+    return (
+        _name(node) in DEGREES | WORLD
+        or (isinstance(node, ast.Constant) and type(node.value) is int)
         or (isinstance(node, ast.BinOp) and (_size(node.left) or _size(node.right)))
+    )
 
 
 def _degree_arithmetic() -> list[str]:
@@ -115,8 +121,14 @@ def test_the_arithmetic_finder_sees_what_it_should():
         node = ast.parse(code, mode="eval").body
         return (_has_degree(node.left) and _size(node.right)) or (_has_degree(node.right) and _size(node.left))
 
-    for code in ("plan.dp_size * plan.tp", "world_size // tp", "2 * settings.tp * settings.pp", "nproc % cfg.tp",
-                 "args.world_size % (d * args.tp)", "plan.world_size // pp"):
+    for code in (
+        "plan.dp_size * plan.tp",
+        "world_size // tp",
+        "2 * settings.tp * settings.pp",
+        "nproc % cfg.tp",
+        "args.world_size % (d * args.tp)",
+        "plan.world_size // pp",
+    ):
         assert finds(code), code
     for code in ("weight.shape[0] % tp", "seq // cp", "batch_size // ctx.dp_size"):
         assert not finds(code), code
@@ -141,8 +153,13 @@ def test_plans_are_made_in_presets_only():
 
 def _sizes(*worlds: int) -> str:
     cfg = presets.asking()
-    return job_plan.hand_off((job_plan.build("zero3", cfg, world_size=w, local_world_size=2),
-                              job_plan.inputs("zero3", cfg, world_size=w, local_world_size=2)) for w in worlds)
+    return job_plan.hand_off(
+        (
+            job_plan.build("zero3", cfg, world_size=w, local_world_size=2),
+            job_plan.inputs("zero3", cfg, world_size=w, local_world_size=2),
+        )
+        for w in worlds
+    )
 
 
 def test_each_membership_of_an_elastic_job_adopts_its_handed_plan(monkeypatch, caplog):
@@ -162,7 +179,8 @@ def test_a_plan_the_launcher_did_not_hand_is_rebuilt_saying_why(caplog):
         job_plan.plan_for("ddp", presets.asking(), handed, world_size=4, local_world_size=2)
     assert [r.getMessage() for r in caplog.records] == [
         "this process builds its own parallel plan: world_size 2 (launcher: 4)",
-        "this process builds its own parallel plan: strategy ddp (launcher: zero3)"]
+        "this process builds its own parallel plan: strategy ddp (launcher: zero3)",
+    ]
 
 
 NAMES = {"ddp", "zero1", "zero2", "zero3", "hsdp", "fsdp", "single"}  # "dp" and "auto" mean other things too
@@ -174,9 +192,14 @@ def test_strategy_names_are_spelled_in_one_table():
     spelled = {}
     for path in sorted(SRC.rglob("*.py")):
         tree = ast.parse(path.read_text())
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                      and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and node.value in NAMES and id(node) not in docstrings:
                 spelled.setdefault(path.relative_to(SRC).as_posix(), set()).add(node.value)

@@ -1,5 +1,6 @@
 """`phalanx plan` on training scripts: the script's own model class is found; bad MODELs get an
 error naming the fix (exit 2), never a traceback."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,28 +27,40 @@ def test_world_size_defaults_to_what_phalanx_run_would_start(capsys, monkeypatch
 
 
 def test_several_model_classes_are_listed_to_pick_from(tmp_path):
-    (tmp_path / "two.py").write_text("import torch\nclass A(torch.nn.Linear):\n    def __init__(self):\n"
-                                     "        super().__init__(2, 2)\nclass B(A):\n    pass\n"
-                                     "class NeedsArgs(torch.nn.Linear):\n    pass\n")
+    (tmp_path / "two.py").write_text(
+        "import torch\nclass A(torch.nn.Linear):\n    def __init__(self):\n"
+        "        super().__init__(2, 2)\nclass B(A):\n    pass\n"
+        "class NeedsArgs(torch.nn.Linear):\n    pass\n"
+    )
     try:
         plan_command.load_factory(str(tmp_path / "two.py"))
     except ValueError as error:
         message = str(error)
-    assert message == (f"'{tmp_path / 'two.py'}' defines several models that need no arguments: pick one, "
-                       f"e.g. {tmp_path / 'two.py'}:A, {tmp_path / 'two.py'}:B")
+    assert message == (
+        f"'{tmp_path / 'two.py'}' defines several models that need no arguments: pick one, "
+        f"e.g. {tmp_path / 'two.py'}:A, {tmp_path / 'two.py'}:B"
+    )
 
 
 def test_bad_models_are_one_line_errors_with_the_fix(capsys, tmp_path):
     (tmp_path / "broken.py").write_text("raise RuntimeError('no data here')\n")
     cases = [
         ([str(tmp_path / "nope.py")], f"phalanx plan: error: model file '{tmp_path / 'nope.py'}' does not exist"),
-        ([f"{WINE}:load_data"], f"phalanx plan: error: {WINE}:load_data returned tuple, not a torch.nn.Module. "
-                                "HINT: pass file.py:NAME, where NAME() returns the model"),
-        ([f"{WINE}:Nope"], f"phalanx plan: error: '{WINE}' has no 'Nope'. HINT: pass {WINE}:NAME, where NAME() "
-                           "builds and returns the nn.Module (it defines: SimpleNN, load_data, main), or add a "
-                           "make_model() function to the file."),
-        ([str(tmp_path / "broken.py")], f"phalanx plan: error: importing '{tmp_path / 'broken.py'}' failed: "
-                                        "RuntimeError: no data here"),
+        (
+            [f"{WINE}:load_data"],
+            f"phalanx plan: error: {WINE}:load_data returned tuple, not a torch.nn.Module. "
+            "HINT: pass file.py:NAME, where NAME() returns the model",
+        ),
+        (
+            [f"{WINE}:Nope"],
+            f"phalanx plan: error: '{WINE}' has no 'Nope'. HINT: pass {WINE}:NAME, where NAME() "
+            "builds and returns the nn.Module (it defines: SimpleNN, load_data, main), or add a "
+            "make_model() function to the file.",
+        ),
+        (
+            [str(tmp_path / "broken.py")],
+            f"phalanx plan: error: importing '{tmp_path / 'broken.py'}' failed: RuntimeError: no data here",
+        ),
         (["no_such_module_xyz:f"], "phalanx plan: error: cannot import module 'no_such_module_xyz'"),
     ]
     for args, expected in cases:
@@ -71,36 +84,74 @@ def test_optimizers_read_from_source_and_what_is_assumed_otherwise(tmp_path):
         (tmp_path / "train.py").write_text(source)
         return optimizer.choose(None, str(tmp_path / "train.py"))
 
-    assert choice("opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)\n") == \
-        optimizer.OptimizerChoice("sgd-momentum", "read from train.py: SGD")
+    assert choice("opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)\n") == optimizer.OptimizerChoice(
+        "sgd-momentum", "read from train.py: SGD"
+    )
     assert choice("from torch.optim import SGD\nopt = SGD(m.parameters(), lr=0.1, momentum=0)\n").name == "sgd"
     assert choice("import torch\n") == optimizer.OptimizerChoice(
-        "adamw", "assumed: train.py builds no torch.optim optimizer plan knows; --optimizer NAME sets it")
+        "adamw", "assumed: train.py builds no torch.optim optimizer plan knows; --optimizer NAME sets it"
+    )
     assert choice("a = optim.Adam(p)\nb = optim.RMSprop(q)\n") == optimizer.OptimizerChoice(
-        "adamw", "assumed: train.py builds several (Adam, RMSprop); --optimizer NAME picks one")
+        "adamw", "assumed: train.py builds several (Adam, RMSprop); --optimizer NAME picks one"
+    )
     assert optimizer.choose(None, "some.module:make") == optimizer.OptimizerChoice(
-        "adamw", "assumed; --optimizer NAME sets it")
+        "adamw", "assumed; --optimizer NAME sets it"
+    )
 
 
 def test_tensor_parallel_layouts_are_planned_per_rank_and_a_layout_is_suggested(capsys):
     # tiny Llama: 22,688 parameters; transformers' plan splits the embedding (embedding_rowwise),
     # q/k/v/o, gate/up/down and lm_head 2 ways; the 5 norms of 32 stay whole on every rank
-    assert cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "4", "--tp", "2",
-                     "--optimizer", "sgd", "--input", "4x8", "--budget", "1GB"]) == 0
+    assert (
+        cli.main(
+            [
+                "plan",
+                "tests/dist/tp_workloads.py:tiny_llama",
+                "--world-size",
+                "4",
+                "--tp",
+                "2",
+                "--optimizer",
+                "sgd",
+                "--input",
+                "4x8",
+                "--budget",
+                "1GB",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     one_rank = ((22_688 - 5 * 32) // 2 + 5 * 32) * 4
     assert f"tensor parallel tp=2: one rank holds {one_rank / 1024:.1f} KiB of the parameters" in out
     assert "  zero3 x tp2" in out and "hsdp 1x2 x tp2" in out
     assert "suggested layout for 4 ranks: ddp x tp2 (model state + runtime + activations" in out
-    assert cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "4", "--tp", "4",
-                     "--input", "4x8"]) == 2
+    assert (
+        cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "4", "--tp", "4", "--input", "4x8"])
+        == 2
+    )
     assert "HINT: tp must divide the model's attention (and key/value) heads" in capsys.readouterr().err
 
 
 def test_tensor_parallel_over_every_rank_names_ddp_not_single(capsys):
     """`phalanx plan --tp 2` on 2 ranks printed "auto would pick: single" beside its suggested layout."""
-    assert cli.main(["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "2", "--tp", "2",
-                     "--optimizer", "sgd", "--budget", "1GB"]) == 0
+    assert (
+        cli.main(
+            [
+                "plan",
+                "tests/dist/tp_workloads.py:tiny_llama",
+                "--world-size",
+                "2",
+                "--tp",
+                "2",
+                "--optimizer",
+                "sgd",
+                "--budget",
+                "1GB",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "auto would pick: ddp (tp=2 takes every rank: no data-parallel ranks)" in out
     assert "single" not in out

@@ -1,5 +1,6 @@
 """`phalanx plan`'s rows are ParallelPlans the presets build over the degrees asked; each row's bytes
 per rank come from the one memory model keyed by plan (strategies/memory_plan.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,12 +10,15 @@ from phalanx.plan import sharding
 from phalanx.strategies import memory_plan, presets
 from phalanx.strategies.parallel_plan import ParallelPlan
 
-SIZES = [ParamSize("embed", (10, 3), 4), ParamSize("bias", (7,), 4), ParamSize("scale", (), 4),
-         ParamSize("head", (5, 6), 2)]
+SIZES = [
+    ParamSize("embed", (10, 3), 4),
+    ParamSize("bias", (7,), 4),
+    ParamSize("scale", (), 4),
+    ParamSize("head", (5, 6), 2),
+]
 
 
-@pytest.mark.parametrize("world, local, tp, pp", [(4, 4, 1, 1), (8, 4, 1, 1), (8, 4, 2, 1), (8, 8, 1, 2),
-                                                  (2, 2, 2, 1)])
+@pytest.mark.parametrize("world, local, tp, pp", [(4, 4, 1, 1), (8, 4, 1, 1), (8, 4, 2, 1), (8, 8, 1, 2), (2, 2, 2, 1)])
 def test_rows_are_plans_of_the_asked_degrees(world, local, tp, pp):
     rows = sharding.layouts(presets.asking(tp=tp, pp=pp), world_size=world, local_world_size=local)
     assert all(isinstance(plan, ParallelPlan) and plan.tp == tp and plan.pp == pp for plan in rows.values())

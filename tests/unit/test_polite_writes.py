@@ -2,6 +2,7 @@
 file unchanged, the helper sleeps between MiBs only while the training process is short of CPU,
 and never more than MAX_WAIT_S a MiB; the CPU-shortage signal read from a real oversubscribed
 process."""
+
 import io
 import os
 import subprocess
@@ -88,8 +89,7 @@ def test_a_process_that_is_gone_reads_as_unknown():
 @pytest.mark.timeout(60)
 def test_an_oversubscribed_process_reads_as_short_of_cpu():
     """More spinning processes than CPUs: the first one waits for a CPU, and the watch says so."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range((os.cpu_count() or 1) + 2)]
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range((os.cpu_count() or 1) + 2)]
     try:
         watch = LoopWatch(spinners[0].pid)
         before = watch.waited_ns()

@@ -1,5 +1,6 @@
 """Preemption's parts without a job: the settings, the line, the agreement on the stop step over a
 real store, signal counting, the launcher's signal list and SLURM's end time."""
+
 from __future__ import annotations
 
 import os
@@ -29,22 +30,31 @@ from phalanx.runtime.step_tracker import StepTracker
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("given, canonical", [
-    ("SIGTERM,SIGUSR1", "SIGTERM,SIGUSR1"), ("term, usr1", "SIGTERM,SIGUSR1"), ("15", "SIGTERM"),
-    ("none", "none"), (["SIGUSR2", "SIGTERM", "SIGUSR2"], "SIGUSR2,SIGTERM"),
-])
+@pytest.mark.parametrize(
+    "given, canonical",
+    [
+        ("SIGTERM,SIGUSR1", "SIGTERM,SIGUSR1"),
+        ("term, usr1", "SIGTERM,SIGUSR1"),
+        ("15", "SIGTERM"),
+        ("none", "none"),
+        (["SIGUSR2", "SIGTERM", "SIGUSR2"], "SIGUSR2,SIGTERM"),
+    ],
+)
 def test_signal_lists_are_read_into_one_spelling(given, canonical):
     value = kinds.SIGNALS.from_text(given) if isinstance(given, str) else kinds.SIGNALS.from_object(given)
     assert value == canonical
     assert kinds.signal_numbers(value) == tuple(signal.Signals[n] for n in canonical.split(",") if n != "none")
 
 
-@pytest.mark.parametrize("given, message", [
-    ("SIGKILL", "SIGKILL cannot be caught, so nothing could be saved on it"),
-    ("SIGSTOP", "SIGSTOP cannot be caught"),
-    ("SIGTERM,SIGFOO", "SIGFOO is not a signal; use names such as SIGTERM,SIGUSR1,SIGUSR2, or none"),
-    ("", "expected signal names such as SIGTERM,SIGUSR1, or none"),
-])
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ("SIGKILL", "SIGKILL cannot be caught, so nothing could be saved on it"),
+        ("SIGSTOP", "SIGSTOP cannot be caught"),
+        ("SIGTERM,SIGFOO", "SIGFOO is not a signal; use names such as SIGTERM,SIGUSR1,SIGUSR2, or none"),
+        ("", "expected signal names such as SIGTERM,SIGUSR1, or none"),
+    ],
+)
 def test_signals_that_do_not_exist_or_cannot_be_caught_are_refused(given, message):
     with pytest.raises(config.ConfigError, match=message):
         config.resolve(config.from_env({"PHALANX_PREEMPTION_SIGNALS": given or ","}))
@@ -52,8 +62,13 @@ def test_signals_that_do_not_exist_or_cannot_be_caught_are_refused(given, messag
 
 @pytest.mark.parametrize("flag", ["SIGKILL", "9", "SIGFOO"])
 def test_phalanx_run_refuses_them_before_launch_in_one_line(tmp_path, flag):
-    proc = subprocess.run([sys.executable, "-m", "phalanx", "run", "--preemption-signals", flag, "missing.py"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx", "run", "--preemption-signals", flag, "missing.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"phalanx run: error: --preemption-signals {flag}: ")
     assert "use catchable signals such as SIGTERM,SIGUSR1, or none" in proc.stderr or "is not a signal" in proc.stderr
@@ -61,8 +76,9 @@ def test_phalanx_run_refuses_them_before_launch_in_one_line(tmp_path, flag):
 
 def test_the_line_and_its_error_file_round_trip(tmp_path):
     saved = report.PreemptionOutcome("SIGTERM", 17, "ckpt/step-00000017", True)
-    assert saved.line() == ("phalanx: preempted by SIGTERM at step 17: checkpoint ckpt/step-00000017 saved; "
-                            "run the same command to resume")
+    assert saved.line() == (
+        "phalanx: preempted by SIGTERM at step 17: checkpoint ckpt/step-00000017 saved; run the same command to resume"
+    )
     assert saved.exit_code == 143
     assert report.PreemptionOutcome("SIGUSR1").exit_code == 138
     report.write(str(tmp_path / "error.json"), saved)
@@ -72,9 +88,13 @@ def test_the_line_and_its_error_file_round_trip(tmp_path):
     assert data["message"]["message"] == saved.line()  # what torch's agent shows as the failure's message
     assert report.from_error_file_data(data) == saved
     assert report.from_error_file_data({"message": "<NONE>"}) is None
-    late = report.PreemptionOutcome("SIGUSR1", 5, "c/step-00000005", True, reason="the SLURM job's time limit is 120 s away")
-    assert late.line("requeued").startswith("phalanx: preempted by SIGUSR1 (the SLURM job's time limit is 120 s away) "
-                                            "at step 5: checkpoint c/step-00000005 saved; requeued")
+    late = report.PreemptionOutcome(
+        "SIGUSR1", 5, "c/step-00000005", True, reason="the SLURM job's time limit is 120 s away"
+    )
+    assert late.line("requeued").startswith(
+        "phalanx: preempted by SIGUSR1 (the SLURM job's time limit is 120 s away) "
+        "at step 5: checkpoint c/step-00000005 saved; requeued"
+    )
 
 
 def test_without_checkpoint_dir_the_launcher_says_nothing_was_saved_and_why():
@@ -82,13 +102,16 @@ def test_without_checkpoint_dir_the_launcher_says_nothing_was_saved_and_why():
     stopper.signal = signal.SIGTERM
     outcome = stopper.final()
     assert outcome.exit_code == 143
-    assert outcome.line().startswith("phalanx: preempted by SIGTERM: nothing was saved: no checkpoint_dir is set. "
-                                     "HINT: with --checkpoint-dir DIR")
+    assert outcome.line().startswith(
+        "phalanx: preempted by SIGTERM: nothing was saved: no checkpoint_dir is set. HINT: with --checkpoint-dir DIR"
+    )
 
 
 def test_phalanx_takes_its_signals_out_of_torch_s_list():
-    assert launch_preemption.without_signals("SIGTERM,SIGINT,SIGHUP,SIGQUIT", (signal.SIGTERM, signal.SIGUSR1)) \
+    assert (
+        launch_preemption.without_signals("SIGTERM,SIGINT,SIGHUP,SIGQUIT", (signal.SIGTERM, signal.SIGUSR1))
         == "SIGINT,SIGHUP,SIGQUIT"
+    )
 
 
 class _Stopped(Exception):
@@ -97,9 +120,17 @@ class _Stopped(Exception):
 
 def _rank(store: dist.Store, rank: int, world: int, generation: int = 0) -> preemption.Preemption:
     checkpointer = SimpleNamespace(global_step=0, directory=Path("/nonexistent"))
-    p = preemption.Preemption(rank=rank, world_size=world, checkpointer=checkpointer, progress=StepTracker(),
-                              cycle_idle=lambda: True, busy=None, grace=1.0, agent=AgentEnv(attempt="7"),
-                              generation=generation)
+    p = preemption.Preemption(
+        rank=rank,
+        world_size=world,
+        checkpointer=checkpointer,
+        progress=StepTracker(),
+        cycle_idle=lambda: True,
+        busy=None,
+        grace=1.0,
+        agent=AgentEnv(attempt="7"),
+        generation=generation,
+    )
     p._store = store
 
     def stop(step: int) -> None:
@@ -163,9 +194,19 @@ def test_a_second_phalanx_in_the_same_processes_agrees_afresh():
 
 def test_preemption_start_numbers_the_phalanx_objects_of_a_process(tmp_path):
     checkpointer = SimpleNamespace(global_step=0, directory=tmp_path, step_listeners=[])
-    started = [preemption.start(signals="SIGUSR2", checkpointer=checkpointer, rank=0, world_size=1,
-                                progress=StepTracker(), cycle_idle=lambda: True, busy=None, grace=1.0)
-               for _ in range(2)]
+    started = [
+        preemption.start(
+            signals="SIGUSR2",
+            checkpointer=checkpointer,
+            rank=0,
+            world_size=1,
+            progress=StepTracker(),
+            cycle_idle=lambda: True,
+            busy=None,
+            grace=1.0,
+        )
+        for _ in range(2)
+    ]
     try:
         assert started[0]._prefix != started[1]._prefix
         assert started[1]._prefix.startswith(started[0]._prefix.rsplit("/", 1)[0] + "/")
@@ -265,9 +306,15 @@ def test_slurm_end_time_from_the_environment_or_squeue():
         slurm_job.parse_end_time("soon")
 
 
-@pytest.mark.parametrize("setting, env, checkpoint_dir, wanted", [
-    ("auto", {"SLURM_JOB_ID": "7"}, "ckpt", True), ("auto", {"SLURM_JOB_ID": "7"}, None, False),
-    ("auto", {}, "ckpt", False), ("on", {"SLURM_JOB_ID": "7"}, None, True), ("off", {"SLURM_JOB_ID": "7"}, "c", False),
-])
+@pytest.mark.parametrize(
+    "setting, env, checkpoint_dir, wanted",
+    [
+        ("auto", {"SLURM_JOB_ID": "7"}, "ckpt", True),
+        ("auto", {"SLURM_JOB_ID": "7"}, None, False),
+        ("auto", {}, "ckpt", False),
+        ("on", {"SLURM_JOB_ID": "7"}, None, True),
+        ("off", {"SLURM_JOB_ID": "7"}, "c", False),
+    ],
+)
 def test_requeue_is_on_under_slurm_with_checkpoints(setting, env, checkpoint_dir, wanted):
     assert slurm_job.requeue_wanted(setting, env, checkpoint_dir) is wanted

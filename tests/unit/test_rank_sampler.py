@@ -1,5 +1,6 @@
 """The script's own DistributedSampler handed to prepare: taken over (re-pointed at the data-parallel
 ranks), never sharded a second time. Pure: each rank's PreparedLoader from an explicit context."""
+
 import logging
 
 import torch
@@ -16,8 +17,10 @@ def script_loaders(contexts, n=N, batch_size=4, sampler_cls=DistributedSampler, 
     """What a torchrun script builds on each of 2 processes, prepared under `contexts` (one per rank)."""
     data = TensorDataset(torch.arange(n))
     users = [sampler_cls(data, num_replicas=len(contexts), rank=r, **sampler_kw) for r in range(len(contexts))]
-    return users, [PreparedLoader(DataLoader(data, batch_size=batch_size, sampler=users[r]), ctx, seed=0)
-                   for r, ctx in enumerate(contexts)]
+    return users, [
+        PreparedLoader(DataLoader(data, batch_size=batch_size, sampler=users[r]), ctx, seed=0)
+        for r, ctx in enumerate(contexts)
+    ]
 
 
 def one_pass(loader):
@@ -122,9 +125,11 @@ def test_one_line_says_what_was_done():
         logger.removeHandler(recorded)
         logger.setLevel(level)
     lines = [line for line in recorded.lines if "took over" in line]
-    assert lines == ["prepare() took over the script's DistributedSampler(shuffle=True, seed=4, drop_last=False): "
-                     "it now splits the data over the 1 data-parallel rank instead of being split a second time; "
-                     "set_epoch on it still sets the epoch"]
+    assert lines == [
+        "prepare() took over the script's DistributedSampler(shuffle=True, seed=4, drop_last=False): "
+        "it now splits the data over the 1 data-parallel rank instead of being split a second time; "
+        "set_epoch on it still sets the epoch"
+    ]
     assert isinstance(loaders[0].sampler, TakenOverSampler)
 
 

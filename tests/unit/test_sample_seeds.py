@@ -1,4 +1,5 @@
 """Per-sample seeds in DataLoader workers: a sample's draws depend on (seed, epoch, index) only."""
+
 import pickle
 import random
 

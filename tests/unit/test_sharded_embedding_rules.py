@@ -1,4 +1,5 @@
 """Which embeddings zero2/zero3 look up where their rows live, and how rows are split."""
+
 from torch import nn
 
 from phalanx.strategies.sharded_embedding import RowLayout, eligible

@@ -1,4 +1,5 @@
 """phalanx.spawn refuses, before starting any worker, what cannot work."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,7 +27,10 @@ def test_lambda_and_local_function_cannot_be_spawned():
     def local():
         return 2
 
-    for fn, name in ((lambda: 1, "test_lambda_and_local_function_cannot_be_spawned.<locals>.<lambda>"), (local, "test_lambda_and_local_function_cannot_be_spawned.<locals>.local")):
+    for fn, name in (
+        (lambda: 1, "test_lambda_and_local_function_cannot_be_spawned.<locals>.<lambda>"),
+        (local, "test_lambda_and_local_function_cannot_be_spawned.<locals>.local"),
+    ):
         with pytest.raises(SpawnError, match=r"cannot be sent to spawned workers .*top level of a module") as error:
             check_can_start(fn, "spawn", cuda_initialised=False, interactive=False)
         assert str(error.value).startswith(name)

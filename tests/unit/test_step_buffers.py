@@ -1,6 +1,7 @@
 """StepBuffers: a freed buffer is handed on to the next request of its size and dtype, one in use never
 is, at most `keep` unused ones are held, and every buffer is dropped when the root's forward ends
 (raising or not, under no_grad too) and when the backward pass that took one ends."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Pure parts of the strategies: names, DeepSpeed mapping, settings precedence, precision names."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ TWO = DistContext(world_size=2, local_world_size=2)
 def test_unknown_strategy_lists_every_valid_name():
     with pytest.raises(ValueError) as e:
         presets.canonical("zero4")
-    assert str(e.value) == ("unknown strategy 'zero4'; valid strategies: "
-                            "auto, ddp, dp, fsdp, hsdp, single, zero1, zero2, zero3")
+    assert str(e.value) == (
+        "unknown strategy 'zero4'; valid strategies: auto, ddp, dp, fsdp, hsdp, single, zero1, zero2, zero3"
+    )
 
 
 def build(name, world_size=1):
@@ -29,9 +31,21 @@ def build(name, world_size=1):
 
 
 def test_names_resolve_and_fsdp_is_zero3():
-    assert [presets.canonical(n) for n in ("ddp", "zero1", "zero2", "zero3", "FSDP", "auto")] == \
-        ["ddp", "zero1", "zero2", "zero3", "zero3", "auto"]
-    assert [build(n, 2) for n in ("ddp", "zero1", "zero2", "zero3", "FSDP")] == ["ddp", "zero1", "zero2", "zero3", "zero3"]
+    assert [presets.canonical(n) for n in ("ddp", "zero1", "zero2", "zero3", "FSDP", "auto")] == [
+        "ddp",
+        "zero1",
+        "zero2",
+        "zero3",
+        "zero3",
+        "auto",
+    ]
+    assert [build(n, 2) for n in ("ddp", "zero1", "zero2", "zero3", "FSDP")] == [
+        "ddp",
+        "zero1",
+        "zero2",
+        "zero3",
+        "zero3",
+    ]
     assert {build(n) for n in ("ddp", "zero1", "zero2", "zero3", "fsdp", "auto")} == {"single"}
     assert build("dp") == "dp"
 
@@ -53,11 +67,19 @@ def test_mixed_precision_names():
 
 
 FULL = {
-    "train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4,
-    "gradient_clipping": 1.0, "bf16": {"enabled": True},
-    "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": True},
-                          "offload_optimizer": {"device": "cpu"}, "overlap_comm": True},
-    "optimizer": {"type": "AdamW"}, "steps_per_print": 10,
+    "train_batch_size": 32,
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 4,
+    "gradient_clipping": 1.0,
+    "bf16": {"enabled": True},
+    "zero_optimization": {
+        "stage": 3,
+        "offload_param": {"device": "cpu", "pin_memory": True},
+        "offload_optimizer": {"device": "cpu"},
+        "overlap_comm": True,
+    },
+    "optimizer": {"type": "AdamW"},
+    "steps_per_print": 10,
 }
 
 
@@ -69,9 +91,17 @@ def test_deepspeed_config_maps_every_supported_key_and_warns_once_about_the_rest
     assert len(record) == 1
     assert str(record[0].message).endswith(
         "NOT applied: optimizer, steps_per_print, zero_optimization.offload_param.pin_memory, "
-        "zero_optimization.overlap_comm")
-    assert (ds.strategy, ds.cpu_offload, ds.mixed_precision, ds.grad_accum_steps, ds.gradient_clipping,
-            ds.micro_batch_size, ds.train_batch_size) == ("zero3", True, "bf16", 4, 1.0, 4, 32)
+        "zero_optimization.overlap_comm"
+    )
+    assert (
+        ds.strategy,
+        ds.cpu_offload,
+        ds.mixed_precision,
+        ds.grad_accum_steps,
+        ds.gradient_clipping,
+        ds.micro_batch_size,
+        ds.train_batch_size,
+    ) == ("zero3", True, "bf16", 4, 1.0, 4, 32)
     ds.check_world(2)
     with pytest.raises(ValueError, match=r"4 x gradient_accumulation_steps=4 x world_size=4 = 64"):
         ds.check_world(4)
@@ -87,11 +117,21 @@ def test_deepspeed_stages(stage, name):
 
 
 def test_deepspeed_offload_outside_stage3_and_nvme_are_reported_not_applied():
-    ds = deepspeed_config.load({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
-                                                      "offload_param": {"device": "nvme"}}}, warn=False)
+    ds = deepspeed_config.load(
+        {
+            "zero_optimization": {
+                "stage": 2,
+                "offload_optimizer": {"device": "cpu"},
+                "offload_param": {"device": "nvme"},
+            }
+        },
+        warn=False,
+    )
     assert ds.cpu_offload is None
-    assert ds.unsupported == ["zero_optimization.offload_optimizer (stage 2 (phalanx offloads under stage 3 only))",
-                              "zero_optimization.offload_param (device 'nvme')"]
+    assert ds.unsupported == [
+        "zero_optimization.offload_optimizer (stage 2 (phalanx offloads under stage 3 only))",
+        "zero_optimization.offload_param (device 'nvme')",
+    ]
 
 
 def test_deepspeed_errors_name_the_problem(tmp_path):
@@ -105,8 +145,9 @@ def test_deepspeed_errors_name_the_problem(tmp_path):
 
 
 def test_hf_auto_values_mean_not_set():
-    ds = deepspeed_config.load({"gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"},
-                                "train_micro_batch_size_per_gpu": "auto"})
+    ds = deepspeed_config.load(
+        {"gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto"}
+    )
     assert (ds.grad_accum_steps, ds.mixed_precision, ds.micro_batch_size) == (None, None, None)
 
 
@@ -119,7 +160,9 @@ def test_settings_precedence_and_conflicts():
     ds = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2}
     s = choice_for(deepspeed=ds)
     assert (s.strategy, s.grad_accum_steps, s.options.mixed_precision) == ("zero2", 2, "no")
-    with pytest.raises(config.ConfigError, match="strategy='zero3' was given by Phalanx\\(\\) but the DeepSpeed config says 'zero2'"):
+    with pytest.raises(
+        config.ConfigError, match="strategy='zero3' was given by Phalanx\\(\\) but the DeepSpeed config says 'zero2'"
+    ):
         choice_for(strategy="zero3", deepspeed=ds)
     env = {"PHALANX_STRATEGY": "zero1", "PHALANX_GRAD_ACCUM_STEPS": "3", "PHALANX_MIXED_PRECISION": "bf16"}
     s = choice_for(env)

@@ -1,5 +1,6 @@
 """Strategy pieces that need no process group: memory plan math, the optimizer wrapper under
 accumulation, mixed precision in a world of one, dp on CPU, `phalanx plan`."""
+
 from __future__ import annotations
 
 import argparse
@@ -156,8 +157,9 @@ def test_plan_command_prints_every_strategy_and_the_choice(capsys):
     assert "totals include 2.0 MiB a CPU process's heap holds in every layout" in out  # on CPU, every total
     assert lines["zero3"].split()[-1] == "0.50" and lines["ddp"].split()[-1] == "1.00"  # of the model state
     assert "auto would pick: ddp (ddp needs 1.0 MiB per rank" in out  # auto's choice, by model state only
-    assert out.strip().endswith("suggested layout for 2 ranks: zero1 (model state + runtime 2.8 MiB per rank, "
-                                "within the 3.0 MiB budget)")  # the least communication that fits
+    assert out.strip().endswith(
+        "suggested layout for 2 ranks: zero1 (model state + runtime 2.8 MiB per rank, within the 3.0 MiB budget)"
+    )  # the least communication that fits
 
 
 def test_plan_command_explains_a_missing_factory(tmp_path):

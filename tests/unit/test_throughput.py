@@ -1,5 +1,6 @@
 """Throughput: what a batch counts, rates over a faked clock, the FLOPs of a transformer stack, the
 peak table by (faked) GPU name, and samples/s, tokens/s and MFU reaching the metrics rows and the bar."""
+
 import json
 import re
 
@@ -53,9 +54,13 @@ def test_transformer_flops_per_token_counts_weights_outside_embeddings_and_atten
     assert frozen.flops_per_token(16) == 4 * 1000 + 2 * 10 + 12 * 2 * 8 * 16
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Embedding(50, 16), nn.TransformerEncoder(
-        nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), num_layers=3, enable_nested_tensor=False),
-        nn.Linear(16, 50))
+    model = nn.Sequential(
+        nn.Embedding(50, 16),
+        nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), num_layers=3, enable_nested_tensor=False
+        ),
+        nn.Linear(16, 50),
+    )
     found = transformer_shape(model)
     assert (found.num_layers, found.width) == (3, 16)
     assert found.num_params == sum(p.numel() for p in model.parameters()) - 50 * 16
@@ -65,20 +70,41 @@ def test_transformer_flops_per_token_counts_weights_outside_embeddings_and_atten
 def test_transformers_llama_shape_from_its_config():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+        )
+    )
     found = transformer_shape(model)
     assert (found.num_layers, found.width) == (3, 32)
     assert found.num_params == sum(p.numel() for p in model.parameters()) - 64 * 32
 
 
-@pytest.mark.parametrize("name,precision,tflops", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "bf16", 756.5), ("NVIDIA H100 NVL", "fp32", 60.0),
-    ("NVIDIA H200", "tf32", 494.7), ("NVIDIA H200 NVL", "bf16", 835.5), ("NVIDIA A100-SXM4-80GB", "fp16", 312.0),
-    ("NVIDIA A100 80GB PCIe", "fp32", 19.5), ("NVIDIA L4", "bf16", 121.0), ("NVIDIA L40S", "bf16", 362.1),
-    ("NVIDIA A10", "tf32", 62.5), ("Tesla V100-SXM2-32GB", "fp16", 125.0),
-    ("Tesla V100-SXM2-32GB", "bf16", None), ("NVIDIA A10G", "bf16", None), ("NVIDIA GeForce RTX 3060", "bf16", None),
-])
+@pytest.mark.parametrize(
+    "name,precision,tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 PCIe", "bf16", 756.5),
+        ("NVIDIA H100 NVL", "fp32", 60.0),
+        ("NVIDIA H200", "tf32", 494.7),
+        ("NVIDIA H200 NVL", "bf16", 835.5),
+        ("NVIDIA A100-SXM4-80GB", "fp16", 312.0),
+        ("NVIDIA A100 80GB PCIe", "fp32", 19.5),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA L40S", "bf16", 362.1),
+        ("NVIDIA A10", "tf32", 62.5),
+        ("Tesla V100-SXM2-32GB", "fp16", 125.0),
+        ("Tesla V100-SXM2-32GB", "bf16", None),
+        ("NVIDIA A10G", "bf16", None),
+        ("NVIDIA GeForce RTX 3060", "bf16", None),
+    ],
+)
 def test_peak_table_by_device_name(name, precision, tflops):
     peak = device_peaks.peak_flops(name, precision)
     assert peak == (None if tflops is None else pytest.approx(tflops * 1e12))
@@ -99,8 +125,9 @@ class TokenTransformer(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(40, 16)
-        self.blocks = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), num_layers=2,
-                                            enable_nested_tensor=False)
+        self.blocks = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), num_layers=2, enable_nested_tensor=False
+        )
         self.head = nn.Linear(16, 40)
 
     def forward(self, x):

@@ -1,6 +1,7 @@
 """Tied weights (one parameter held by several modules) as the layouts see them, in one process:
 zero3's sharding units never split a tie, and tensor parallel gives the holders placements that
 keep them one parameter."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -43,5 +44,6 @@ def test_a_tie_no_row_split_can_keep_is_replicated_on_both_sides():
     model = Tied()
     styles = tied.compatible_styles(model, {"proj": "rowwise"}, tied.tied_groups(model))
     assert styles == {"proj": "replicate", "embed": "replicate"}
-    assert tied.compatible_styles(build("llama"), {"lm_head": "colwise"}, tied.tied_groups(build("llama"))) == \
-        {"lm_head": "colwise"}  # untied: nothing changes
+    assert tied.compatible_styles(build("llama"), {"lm_head": "colwise"}, tied.tied_groups(build("llama"))) == {
+        "lm_head": "colwise"
+    }  # untied: nothing changes

@@ -1,6 +1,7 @@
 """The watchdog thread at exit: it has ended before the process group is destroyed, even when its
 store call is slow. (A daemon thread still inside a torch store call when the interpreter finalizes
 aborts the process: "terminate called without an active exception", exit -6.)"""
+
 from __future__ import annotations
 
 import threading

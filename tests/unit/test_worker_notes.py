@@ -16,7 +16,9 @@ def settings(**flags):
 
 def test_accelerate_gets_the_cpu_and_the_precision_and_never_overrides_the_users_variables():
     assert framework_env.accelerate_env(settings(mixed_precision="bf16"), 0, {}) == {
-        "ACCELERATE_USE_CPU": "true", "ACCELERATE_MIXED_PRECISION": "bf16"}
+        "ACCELERATE_USE_CPU": "true",
+        "ACCELERATE_MIXED_PRECISION": "bf16",
+    }
     assert framework_env.accelerate_env(settings(), 0, {"ACCELERATE_USE_CPU": "false"}) == {}
     assert framework_env.accelerate_env(None, 2, {}) == {}
 
@@ -24,7 +26,10 @@ def test_accelerate_gets_the_cpu_and_the_precision_and_never_overrides_the_users
 @pytest.mark.parametrize("strategy, reshard", [("zero3", "true"), ("zero2", "false")])
 def test_on_gpus_a_sharded_strategy_becomes_accelerates_fsdp2(strategy, reshard):
     assert framework_env.accelerate_env(settings(strategy=strategy), 2, {}) == {
-        "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": reshard}
+        "ACCELERATE_USE_FSDP": "true",
+        "FSDP_VERSION": "2",
+        "FSDP_RESHARD_AFTER_FORWARD": reshard,
+    }
     assert "ACCELERATE_USE_FSDP" not in framework_env.accelerate_env(settings(strategy=strategy), 0, {})
 
 
@@ -48,19 +53,23 @@ def test_separate_worlds_are_named_only_when_a_rank_missed_the_group():
     assert worker_notes.separate_worlds_line(joined, 2) is None
     assert worker_notes.separate_worlds_line([WorkerNote(0, None)], 1) is None
     line = worker_notes.separate_worlds_line([WorkerNote(0, 1), WorkerNote(1, None)], 2)
-    assert line.startswith("phalanx run: warning: ranks 0, 1 never joined a process group of 2: they ran as 2 "
-                           "separate worlds of one")
+    assert line.startswith(
+        "phalanx run: warning: ranks 0, 1 never joined a process group of 2: they ran as 2 separate worlds of one"
+    )
 
 
 def test_the_no_effect_line_lists_every_setting_the_script_could_not_get():
     given = settings(strategy="zero3", grad_accum_steps="4", mixed_precision="bf16", checkpoint_dir="/ck")
     plain = [WorkerNote(0, 2), WorkerNote(1, 2)]
     line = worker_notes.no_effect_line(plain, False, given, "dir/train.py", 0)
-    assert line.startswith("phalanx run: warning: --strategy zero3, --mixed-precision bf16, --grad-accum-steps 4 "
-                           "had no effect: train.py never created Phalanx()")  # the launcher uses checkpoint_dir
+    assert line.startswith(
+        "phalanx run: warning: --strategy zero3, --mixed-precision bf16, --grad-accum-steps 4 "
+        "had no effect: train.py never created Phalanx()"
+    )  # the launcher uses checkpoint_dir
     accelerate = [WorkerNote(0, 2, accelerate=True), WorkerNote(1, 2, accelerate=True)]
     assert worker_notes.no_effect_line(accelerate, False, given, "train.py", 0).startswith(
-        "phalanx run: warning: --strategy zero3, --grad-accum-steps 4 had no effect")  # precision reached it
+        "phalanx run: warning: --strategy zero3, --grad-accum-steps 4 had no effect"
+    )  # precision reached it
     assert worker_notes.no_effect_line(accelerate, False, settings(strategy="zero3"), "train.py", 2) is None  # FSDP2
     assert worker_notes.no_effect_line(plain, True, given, "train.py", 0) is None  # a Phalanx() was created
 
@@ -71,8 +80,11 @@ def test_model_module_in_a_world_of_one_names_what_to_use(monkeypatch):
     px = Phalanx()
     model = px.prepare(torch.nn.Linear(2, 2))
     assert not hasattr(model, "module")  # `getattr(model, "module", model)` and transformers' unwrap still work
-    with pytest.raises(AttributeError, match=r"model.module: under .* its state_dict\(\) is the whole model.*"
-                                             r"px.get_state_dict\(model\).*px.unwrap_model\(model\)"):
+    with pytest.raises(
+        AttributeError,
+        match=r"model.module: under .* its state_dict\(\) is the whole model.*"
+        r"px.get_state_dict\(model\).*px.unwrap_model\(model\)",
+    ):
         model.module  # noqa: B018 (the attribute access is what raises)
     with pytest.raises(AttributeError, match="no attribute 'other'"):
         model.other  # noqa: B018 (the attribute access is what raises)

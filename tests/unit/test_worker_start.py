@@ -1,5 +1,6 @@
 """start_workers' pieces in one process: which Pythons and loaders it guards, the handshake, the draws it
 puts back. The stuck worker itself is tests/dist/test_worker_start.py."""
+
 import multiprocessing
 
 import pytest
@@ -10,8 +11,17 @@ from phalanx.data import worker_start
 from phalanx.data.worker_start import fork_can_hang, forks_workers, start_workers
 
 
-@pytest.mark.parametrize("version, hangs", [((3, 10, 14), True), ((3, 11, 7), True), ((3, 11, 9), True),
-                                            ((3, 11, 10), False), ((3, 12, 0), False), ((3, 13, 1), False)])
+@pytest.mark.parametrize(
+    "version, hangs",
+    [
+        ((3, 10, 14), True),
+        ((3, 11, 7), True),
+        ((3, 11, 9), True),
+        ((3, 11, 10), False),
+        ((3, 12, 0), False),
+        ((3, 13, 1), False),
+    ],
+)
 def test_the_pythons_with_the_fork_deadlock(version, hangs):
     assert fork_can_hang(version, "cpython") is hangs
     assert fork_can_hang(version, "pypy") is False

@@ -1,4 +1,5 @@
 """`python train.py` with no launcher: no process group, every verb still works."""
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset

@@ -2,6 +2,7 @@
 flight finish instead of closing the socket under it (a fresh-clone CI run once lost the last async
 save of tests/checkpoint/test_resume.py that way); its staged tensors are not copied again; every
 thread of it runs idle-class; it ends quietly when the training process dies mid-conversation."""
+
 import threading
 
 import pytest
@@ -106,5 +107,6 @@ def test_a_write_that_comes_after_close_fails_at_once_instead_of_waiting_forever
     writer.start()
     writer.join(60)
     assert not writer.is_alive(), "a write after close() waits forever"
-    assert outcome == [f"the checkpoint writer process (pid {helper.process.pid}) was closed before this "
-                       "write: the process is exiting"]
+    assert outcome == [
+        f"the checkpoint writer process (pid {helper.process.pid}) was closed before this write: the process is exiting"
+    ]

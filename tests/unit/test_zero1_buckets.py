@@ -1,6 +1,7 @@
 """zero1's gather buckets: every rank's rows of every parameter travel exactly once, no bucket
 receives more than its bytes (a parameter larger than a bucket is cut by rows), and the rows packed
 by each rank land where they belong in the full parameter (uneven chunks included)."""
+
 from __future__ import annotations
 
 import pytest
@@ -50,11 +51,11 @@ def test_packed_rows_land_in_the_full_parameters(world_size, numel):
         for r in range(world_size):
             offset = 0
             for piece in plans[r][b].pieces:
-                piece.pack(table[r, offset:offset + piece.padded])
+                piece.pack(table[r, offset : offset + piece.padded])
                 offset += piece.padded
         offset = 0
         for piece in bucket.pieces:
-            piece.unpack(table[:, offset:offset + piece.padded], world_size)
+            piece.unpack(table[:, offset : offset + piece.padded], world_size)
             offset += piece.padded
     for slot, want in zip(receiver, expected):
         if slot.replicated:  # every rank steps a scalar itself: not gathered

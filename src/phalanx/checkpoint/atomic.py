@@ -8,6 +8,7 @@ At a URL (object_path.py) there is no rename: a save is written straight into `<
 manifest, written last, commits it (one PUT is atomic). A `<name>/` without a manifest is a save
 that was cut off: never a candidate for loading, and removed by the next save.
 """
+
 from __future__ import annotations
 
 import logging
@@ -163,8 +164,10 @@ def latest_intact(root: Path) -> tuple[int, Path] | None:
             found = read_manifest(path)
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if all((path / name).is_file() and (path / name).stat().st_size == entry.size
-               for name, entry in found.files.items()):
+        if all(
+            (path / name).is_file() and (path / name).stat().st_size == entry.size
+            for name, entry in found.files.items()
+        ):
             return found.step, path
     return None
 

@@ -5,6 +5,7 @@ shared (a CPU job, data loader workers, a busy host), those threads would take t
 training step; on Linux each thread has its own nice value, so raising theirs lets the loop run
 first and the save use what is left. Elsewhere this does nothing.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 """DCP's storage reader and writer for a checkpoint location: the local filesystem, or fsspec's
 for a URL. torch keeps its fsspec classes in a private module (`_fsspec_filesystem`): this is the
 one place that imports it."""
+
 from __future__ import annotations
 
 from pathlib import Path

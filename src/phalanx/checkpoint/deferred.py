@@ -8,6 +8,7 @@ batch (the position is then exactly a step's, the scheduler has stepped). The ca
 the checkpoint will have, and warns once. (A loop that reads no prepared loader has no such boundary:
 its next save_state at a cycle's end writes instead.)
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,7 @@ class DeferredSave:
         self._asked_at: int | None = None  # global_step when it was asked for
         self._warned = False
 
-    def request(self, path: str | os.PathLike | None, async_save: bool | None, micro_step: int,
-                cycle_len: int) -> str:
+    def request(self, path: str | os.PathLike | None, async_save: bool | None, micro_step: int, cycle_len: int) -> str:
         """Remember the save; the path it will be written to (the step after this cycle's)."""
         step = self.checkpointer.global_step
         if self.pending is None:
@@ -41,7 +41,8 @@ class DeferredSave:
                 f"phalanx: save_state() at micro-step {micro_step} of an accumulation cycle of {cycle_len}: a "
                 "checkpoint holds no accumulated gradients, so it is written after this cycle's optimizer step, "
                 f"at the next step boundary (step {step + 1}). HINT: save when px.sync_gradients is True",
-                stacklevel=3)
+                stacklevel=3,
+            )
         if path is not None:
             return str(path)
         directory = self.checkpointer.directory

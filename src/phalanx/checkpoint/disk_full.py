@@ -1,6 +1,7 @@
 """Naming a full disk when a save fails on one: "the filesystem of the checkpoint directory is full",
 with the bytes the checkpoint needs and the bytes free, instead of only torch's zip writer saying
 "[enforce fail at inline_container.cc:672] unexpected pos 704 vs 598"."""
+
 from __future__ import annotations
 
 import errno
@@ -34,9 +35,11 @@ def note(root: object, errors: Iterable[str], needed: Callable[[], int]) -> str 
     need = needed()
     if not says_full and usage.free >= need:
         return None
-    return (f"the filesystem of the checkpoint directory {root} is full: the checkpoint needs about {need} bytes "
-            f"({_human(need)}), {usage.free} bytes are free ({_human(usage.free)} of {_human(usage.total)}). "
-            "HINT: free space there, lower checkpoint_keep, or point checkpoint_dir at a larger filesystem")
+    return (
+        f"the filesystem of the checkpoint directory {root} is full: the checkpoint needs about {need} bytes "
+        f"({_human(need)}), {usage.free} bytes are free ({_human(usage.free)} of {_human(usage.total)}). "
+        "HINT: free space there, lower checkpoint_keep, or point checkpoint_dir at a larger filesystem"
+    )
 
 
 def _human(size: float) -> str:

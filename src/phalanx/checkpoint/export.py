@@ -8,6 +8,7 @@ Runs in a single process with no process group: DCP reassembles every shard into
 (read through the safe reader: no code from the checkpoint runs). Keys are the model's own
 parameter names, without wrapper prefixes, ready for `model.load_state_dict(load_file(OUT))`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,18 +23,36 @@ FORMATS = ("safetensors", "hf", "torch")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory, or a checkpoint root (uses its latest intact one)")
+    parser.add_argument(
+        "checkpoint", metavar="CKPT", help="a checkpoint directory, or a checkpoint root (uses its latest intact one)"
+    )
     parser.add_argument("output", metavar="OUT", help="file to write (a directory for --format hf)")
-    parser.add_argument("--format", default="safetensors", choices=FORMATS,
-                        help="safetensors: one OUT.safetensors file (default); hf: a Hugging Face model directory "
-                             "(sharded safetensors + model.safetensors.index.json); torch: one torch.save file")
-    parser.add_argument("--max-shard-size", default=None, metavar="SIZE",
-                        help=f"--format hf: largest shard, e.g. 5GB, 500MB, 2GiB (default {DEFAULT_MAX_SHARD_SIZE})")
-    parser.add_argument("--config-from", default=None, metavar="DIR",
-                        help="--format hf: copy config.json and tokenizer files from DIR (e.g. written by "
-                             "model.config.save_pretrained) so from_pretrained(OUT) works")
-    parser.add_argument("--model", default="model", help="which model entry to export (model, model_1, ...; default: model)")
-    parser.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"), help="cast floating tensors on export")
+    parser.add_argument(
+        "--format",
+        default="safetensors",
+        choices=FORMATS,
+        help="safetensors: one OUT.safetensors file (default); hf: a Hugging Face model directory "
+        "(sharded safetensors + model.safetensors.index.json); torch: one torch.save file",
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default=None,
+        metavar="SIZE",
+        help=f"--format hf: largest shard, e.g. 5GB, 500MB, 2GiB (default {DEFAULT_MAX_SHARD_SIZE})",
+    )
+    parser.add_argument(
+        "--config-from",
+        default=None,
+        metavar="DIR",
+        help="--format hf: copy config.json and tokenizer files from DIR (e.g. written by "
+        "model.config.save_pretrained) so from_pretrained(OUT) works",
+    )
+    parser.add_argument(
+        "--model", default="model", help="which model entry to export (model, model_1, ...; default: model)"
+    )
+    parser.add_argument(
+        "--dtype", default=None, choices=("float32", "float16", "bfloat16"), help="cast floating tensors on export"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,8 +60,15 @@ def main(args: argparse.Namespace) -> int:
         print("phalanx export: error: --max-shard-size and --config-from apply to --format hf only", file=sys.stderr)
         return 2
     try:
-        path = export(args.checkpoint, args.output, model=args.model, dtype=args.dtype, format=args.format,
-                      max_shard_size=args.max_shard_size or DEFAULT_MAX_SHARD_SIZE, config_from=args.config_from)
+        path = export(
+            args.checkpoint,
+            args.output,
+            model=args.model,
+            dtype=args.dtype,
+            format=args.format,
+            max_shard_size=args.max_shard_size or DEFAULT_MAX_SHARD_SIZE,
+            config_from=args.config_from,
+        )
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"phalanx export: error: {error}", file=sys.stderr)
         return 2
@@ -93,7 +119,7 @@ def full_state_dict(checkpoint: str | Path, model: str = "model") -> dict[str, A
         entries = sorted({fqn.split(".")[0] for fqn in metadata.state_dict_metadata})
         raise ValueError(f"{path} has no model entry {model!r}; entries: {', '.join(entries)}")
     dcp.load(tensors, storage_reader=dcp_storage.reader(path), planner=SafeLoadPlanner(), no_dist=True)
-    state = {fqn[len(prefix):]: tensor for fqn, tensor in tensors.items()}
+    state = {fqn[len(prefix) :]: tensor for fqn, tensor in tensors.items()}
     # a tied parameter is stored once (checkpoint/tied_names.py): its other names as the model's state_dict has them
     for alias, canonical in tied_in(path, model).items():
         if canonical in state and alias not in state:
@@ -110,9 +136,15 @@ def tied_in(path: Path, model: str = "model") -> dict[str, str]:
     return dict(load_plain(path / COMMON_NAME).get("tied", {}).get(model, {}))
 
 
-def export(checkpoint: str | Path, output: str | Path, model: str = "model", dtype: str | None = None,
-           format: str = "safetensors", max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
-           config_from: str | Path | None = None) -> Path:
+def export(
+    checkpoint: str | Path,
+    output: str | Path,
+    model: str = "model",
+    dtype: str | None = None,
+    format: str = "safetensors",
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
+    config_from: str | Path | None = None,
+) -> Path:
     """Write one model entry's full weights in `format` (safetensors, hf or torch); return the path."""
     import warnings
 

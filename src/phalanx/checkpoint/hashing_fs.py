@@ -1,6 +1,7 @@
 """DCP's fsspec FileSystem, made to record each written file's size and sha256 as it writes it.
 Used in the trainer (dcp_storage.py) and in the async writer process (writer_process.py): a module
 of its own so neither imports the other for it (no cycle)."""
+
 from __future__ import annotations
 
 import contextlib

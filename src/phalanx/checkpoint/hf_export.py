@@ -7,6 +7,7 @@ tensor alone is larger, as `transformers`' `save_pretrained` does). `from_pretra
 `config.json`: `config_from` names a directory (e.g. one written by `model.config.save_pretrained`
 and `tokenizer.save_pretrained`) whose config and tokenizer files are copied next to the weights.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,18 @@ from typing import Any
 
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_SIZE = "5GB"
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt")
 
 
@@ -26,8 +37,9 @@ def parse_size(text: str | int) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
     unit = match.group(2).upper() if match else None
     if match is None or unit not in _UNITS or float(match.group(1)) * _UNITS[unit] < 1:
-        raise ValueError(f"--max-shard-size {text!r}: expected a size such as 5GB, 500MB, 2GiB or a number of "
-                         "bytes (at least 1)")
+        raise ValueError(
+            f"--max-shard-size {text!r}: expected a size such as 5GB, 500MB, 2GiB or a number of bytes (at least 1)"
+        )
     return int(float(match.group(1)) * _UNITS[unit])
 
 
@@ -47,9 +59,11 @@ def shard_plan(state: dict[str, Any], max_bytes: int) -> dict[str, int]:
 def check_config_dir(config_from: str | Path) -> Path:
     source = Path(config_from)
     if not (source / "config.json").is_file():
-        raise FileNotFoundError(f"--config-from {source}: no config.json there. HINT: write it with "
-                                "model.config.save_pretrained(DIR) (and tokenizer.save_pretrained(DIR)), or point "
-                                "at the pretrained model's directory")
+        raise FileNotFoundError(
+            f"--config-from {source}: no config.json there. HINT: write it with "
+            "model.config.save_pretrained(DIR) (and tokenizer.save_pretrained(DIR)), or point "
+            "at the pretrained model's directory"
+        )
     return source
 
 
@@ -64,8 +78,12 @@ def copy_config(config_from: str | Path, out: Path) -> list[str]:
     return copied
 
 
-def write(state: dict[str, Any], out: str | Path, max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
-          config_from: str | Path | None = None) -> Path:
+def write(
+    state: dict[str, Any],
+    out: str | Path,
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
+    config_from: str | Path | None = None,
+) -> Path:
     """Write `state` (full CPU tensors) as a Hugging Face model directory; return it."""
     import warnings
 
@@ -77,8 +95,10 @@ def write(state: dict[str, Any], out: str | Path, max_shard_size: str | int = DE
         check_config_dir(config_from)  # before writing anything
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.glob("*.safetensors"))):
-        raise FileExistsError(f"{out}: already exists and is not a directory free of .safetensors files. "
-                              "HINT: export to a new directory (stale shards would mix with the new ones)")
+        raise FileExistsError(
+            f"{out}: already exists and is not a directory free of .safetensors files. "
+            "HINT: export to a new directory (stale shards would mix with the new ones)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.contiguous() for name, tensor in state.items()}
     writer = HuggingFaceStorageWriter(str(out), fqn_to_index_mapping=shard_plan(state, max_bytes))

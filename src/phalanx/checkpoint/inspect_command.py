@@ -1,11 +1,14 @@
 """`phalanx inspect CKPT`: print a checkpoint's manifest (and, with --verify, check every file)."""
+
 from __future__ import annotations
 
 import argparse
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory, or a checkpoint root (shows its latest)")
+    parser.add_argument(
+        "checkpoint", metavar="CKPT", help="a checkpoint directory, or a checkpoint root (shows its latest)"
+    )
     parser.add_argument("--verify", action="store_true", help="also check every file's size and sha256")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
@@ -32,8 +35,10 @@ def main(args: argparse.Namespace) -> int:
         print(manifest.to_json())
     else:
         total = sum(entry.size for entry in manifest.files.values())
-        print(f"checkpoint {path}\n  step {manifest.step}, saved by {manifest.world_size} rank(s), "
-              f"strategy {manifest.strategy}, format {manifest.format_version}\n  {len(manifest.files)} files, {total} bytes")
+        print(
+            f"checkpoint {path}\n  step {manifest.step}, saved by {manifest.world_size} rank(s), "
+            f"strategy {manifest.strategy}, format {manifest.format_version}\n  {len(manifest.files)} files, {total} bytes"
+        )
         for name, entry in sorted(manifest.files.items()):
             print(f"    {name:<24} {entry.size:>12}  sha256 {entry.sha256[:16]}")
     if args.verify:

@@ -5,6 +5,7 @@ files -> rank 0 writes the manifest, renames the staging directory into place, m
 prunes. Loading: newest checkpoint that verifies (each rank checks a share of the files) ->
 model/optimizer through DCP (resharded to this world size) -> everything else.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -28,8 +29,16 @@ from phalanx.checkpoint.object_path import ObjectPath, location
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives
 from phalanx.data.loader import PreparedLoader
-from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, FileEntry, Manifest, hash_files, \
-    read_manifest, verify_files, write_manifest
+from phalanx.checkpoint.manifest import (
+    MANIFEST_NAME,
+    CheckpointDamaged,
+    FileEntry,
+    Manifest,
+    hash_files,
+    read_manifest,
+    verify_files,
+    write_manifest,
+)
 from phalanx.checkpoint.save_attempt import SaveAttempt
 from phalanx.checkpoint.safe_io import SafeLoadPlanner, check_plain, load_plain
 from phalanx.checkpoint.state import base_optimizer, group_by_model, rng_state, seed_all, set_rng_state
@@ -52,8 +61,15 @@ class Checkpointer:
     (0 keeps all); `async_save`: return to training while DCP writes the shards in a thread.
     """
 
-    def __init__(self, *, strategy_name: str, seed: int = 0, directory: str | os.PathLike | None = None,
-                 keep: int = 3, async_save: bool = False):
+    def __init__(
+        self,
+        *,
+        strategy_name: str,
+        seed: int = 0,
+        directory: str | os.PathLike | None = None,
+        keep: int = 3,
+        async_save: bool = False,
+    ):
         if keep < 0:
             raise ValueError(f"checkpoint keep={keep}: must be >= 0 (0 keeps every checkpoint)")
         self.strategy_name = strategy_name
@@ -89,7 +105,8 @@ class Checkpointer:
             self.models.append(obj)
             self._tied[id(obj)] = dict(tied or {})
         elif isinstance(obj, torch.optim.Optimizer) or (
-                isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer) and hasattr(obj, "zero_grad")):
+            isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer) and hasattr(obj, "zero_grad")
+        ):
             self.optimizers.append(obj)
             if self._counted is None:  # global_step counts the first optimizer's real steps
                 self._counted = base_optimizer(obj)
@@ -152,8 +169,9 @@ class Checkpointer:
         self._wait_for_previous()
         final, managed = self._save_target(path)
         step = self.global_step
-        attempt = SaveAttempt(final, atomic.staging_path(final), step, needed_bytes=self._needed_bytes,
-                              last_good=self.last_good)
+        attempt = SaveAttempt(
+            final, atomic.staging_path(final), step, needed_bytes=self._needed_bytes, last_good=self.last_good
+        )
         staging = attempt.staging
         attempt.run(lambda: _prepare(final, final in self._damaged) if collectives.rank() == 0 else None)
         entries = group_by_model(self.models, self.optimizers, self._tied)
@@ -179,10 +197,14 @@ class Checkpointer:
         attempt.run(write_own)
         use_async = self.async_save if async_save is None else async_save
         if not use_async:
+
             def write_shards() -> None:
                 with _quiet_alone(), self._dcp_steps_uncounted():
-                    dcp.save(entries, storage_writer=dcp_storage.writer(staging, attempt.written),
-                             no_dist=not collectives.is_distributed())
+                    dcp.save(
+                        entries,
+                        storage_writer=dcp_storage.writer(staging, attempt.written),
+                        no_dist=not collectives.is_distributed(),
+                    )
 
             attempt.run(write_shards)
             self._finalize(attempt, managed)
@@ -193,8 +215,12 @@ class Checkpointer:
 
         def start_upload() -> Any:
             with _quiet_alone(), background.threads_started_here_lowered(), self._dcp_steps_uncounted():
-                return dcp.async_save(entries, storage_writer=dcp_storage.writer(staging, attempt.written, for_async=True),
-                                      process_group=group, no_dist=not collectives.is_distributed())
+                return dcp.async_save(
+                    entries,
+                    storage_writer=dcp_storage.writer(staging, attempt.written, for_async=True),
+                    process_group=group,
+                    no_dist=not collectives.is_distributed(),
+                )
 
         upload = attempt.run(start_upload)  # agreed on the default group: DCP's thread now uses `group`
         attempt.group = group  # from here on, only the thread below talks on it
@@ -218,19 +244,26 @@ class Checkpointer:
         if self._pending is None or self._pending.done():
             self.wait()
             return
-        get_logger("checkpoint").info("checkpoint of step %d: waiting for the async save of step %d, still being written",
-                          self.global_step, self._pending_step)
+        get_logger("checkpoint").info(
+            "checkpoint of step %d: waiting for the async save of step %d, still being written",
+            self.global_step,
+            self._pending_step,
+        )
         started = time.monotonic()
         self.wait()
-        get_logger("checkpoint").info("checkpoint of step %d: the previous save finished after %.2f s more", self.global_step,
-                          time.monotonic() - started)
+        get_logger("checkpoint").info(
+            "checkpoint of step %d: the previous save finished after %.2f s more",
+            self.global_step,
+            time.monotonic() - started,
+        )
 
     def _finalize(self, attempt: SaveAttempt, managed: bool) -> None:
         rank, staging, final = collectives.rank(), attempt.staging, attempt.final
 
         def hash_mine() -> dict:
-            mine = [rank_file(rank)] + sorted(n for n in _names(staging)
-                                              if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
+            mine = [rank_file(rank)] + sorted(
+                n for n in _names(staging) if n.startswith(f"__{rank}_") and n.endswith(".distcp")
+            )
             return hash_files(staging, mine, known=attempt.written)
 
         gathered = attempt.run_shared(hash_mine)
@@ -241,8 +274,13 @@ class Checkpointer:
             files = {name: entry for part in gathered for name, entry in part.items()}
             rest = [n for n in _names(staging) if n not in files and n != MANIFEST_NAME]
             files.update(hash_files(staging, rest))
-            manifest = Manifest(step=attempt.step, world_size=collectives.world_size(),
-                                strategy=self.strategy_name, files=files, created_unix=time.time())
+            manifest = Manifest(
+                step=attempt.step,
+                world_size=collectives.world_size(),
+                strategy=self.strategy_name,
+                files=files,
+                created_unix=time.time(),
+            )
             write_manifest(staging, manifest)
             atomic.publish(staging, final)
             if managed:
@@ -254,8 +292,7 @@ class Checkpointer:
             try:
                 atomic.prune(final.parent, self.keep, protect=final)
             except OSError as error:  # the new checkpoint is safe; an old one just could not go
-                warnings.warn(f"phalanx: could not remove old checkpoints under {final.parent}: {error}",
-                              stacklevel=2)
+                warnings.warn(f"phalanx: could not remove old checkpoints under {final.parent}: {error}", stacklevel=2)
 
     def _needed_bytes(self) -> int:
         """About what a checkpoint takes: the whole model's and optimizers' tensors (a DTensor counts
@@ -263,8 +300,13 @@ class Checkpointer:
         seen: set[int] = set()
         total = 0
         tensors = [p for model in self.models for p in model.parameters()]
-        tensors += [value for opt in self.optimizers for state in base_optimizer(opt).state.values()
-                    for value in state.values() if isinstance(value, torch.Tensor)]
+        tensors += [
+            value
+            for opt in self.optimizers
+            for state in base_optimizer(opt).state.values()
+            for value in state.values()
+            if isinstance(value, torch.Tensor)
+        ]
         for tensor in tensors:
             if id(tensor) not in seen:
                 seen.add(id(tensor))
@@ -274,8 +316,10 @@ class Checkpointer:
     def _save_target(self, path: str | os.PathLike | None) -> tuple[Path, bool]:
         if path is None:
             if self.directory is None:
-                raise ValueError("save_state() without a path needs a checkpoint directory. "
-                                 "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.save_state('ckpt/step-10')")
+                raise ValueError(
+                    "save_state() without a path needs a checkpoint directory. "
+                    "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.save_state('ckpt/step-10')"
+                )
             return self.directory / atomic.step_dir_name(self.global_step), True
         return location(path), False
 
@@ -319,8 +363,12 @@ class Checkpointer:
         if entries:
             try:
                 with _quiet_alone(), self._dcp_steps_uncounted():
-                    dcp.load(entries, storage_reader=dcp_storage.reader(chosen), planner=SafeLoadPlanner(),
-                             no_dist=not collectives.is_distributed())
+                    dcp.load(
+                        entries,
+                        storage_reader=dcp_storage.reader(chosen),
+                        planner=SafeLoadPlanner(),
+                        no_dist=not collectives.is_distributed(),
+                    )
             except BaseException as error:  # DCP's CheckpointException is a BaseException
                 if isinstance(error, (KeyboardInterrupt, SystemExit)):
                     raise
@@ -342,8 +390,10 @@ class Checkpointer:
 
     def _choose(self, path: str | os.PathLike | None) -> Path | None:
         if path is None and self.directory is None:
-            raise ValueError("load_state() without a path needs a checkpoint directory. "
-                             "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.load_state('ckpt/step-10')")
+            raise ValueError(
+                "load_state() without a path needs a checkpoint directory. "
+                "HINT: Phalanx(checkpoint_dir='ckpt'), or pass a path: px.load_state('ckpt/step-10')"
+            )
         target = location(path) if path is not None else self.directory
         assert target is not None
         if path is not None and not target.exists():
@@ -358,14 +408,18 @@ class Checkpointer:
             problems = self._verify(candidate)
             if not problems:
                 if skipped:
-                    warnings.warn(f"phalanx: skipped damaged checkpoint(s): {' | '.join(skipped)}; "
-                                  f"loading {candidate} instead", CheckpointFallbackWarning, stacklevel=3)
+                    warnings.warn(
+                        f"phalanx: skipped damaged checkpoint(s): {' | '.join(skipped)}; loading {candidate} instead",
+                        CheckpointFallbackWarning,
+                        stacklevel=3,
+                    )
                 return candidate
             skipped.append("; ".join(problems))
             self._damaged.add(candidate)
         if skipped:
-            raise CheckpointDamaged(f"every checkpoint under {target} is damaged: {' | '.join(skipped)}. "
-                                    "HINT: delete them to start afresh")
+            raise CheckpointDamaged(
+                f"every checkpoint under {target} is damaged: {' | '.join(skipped)}. HINT: delete them to start afresh"
+            )
         return None
 
     def _verify(self, directory: Path) -> list[str]:
@@ -375,7 +429,7 @@ class Checkpointer:
         except CheckpointDamaged as error:
             problems = [str(error)]
         else:
-            names = sorted(manifest.files)[collectives.rank()::collectives.world_size()]
+            names = sorted(manifest.files)[collectives.rank() :: collectives.world_size()]
             problems = verify_files(directory, manifest, names)
         return sorted({p for part in collectives.gather_object(problems) for p in part})
 
@@ -398,8 +452,11 @@ def _prepare(final: Path, damaged: bool) -> None:
             final.move(aside)
         else:
             os.rename(final, aside)
-        warnings.warn(f"phalanx: moved the damaged checkpoint {final} to {aside}; saving step {final.name} afresh",
-                      CheckpointFallbackWarning, stacklevel=2)
+        warnings.warn(
+            f"phalanx: moved the damaged checkpoint {final} to {aside}; saving step {final.name} afresh",
+            CheckpointFallbackWarning,
+            stacklevel=2,
+        )
     atomic.prepare_staging(final)
 
 
@@ -420,8 +477,7 @@ def _save_durably(obj: Any, path: Path | ObjectPath, written: dict[str, FileEntr
 
 
 def _names(directory: Path | ObjectPath) -> list[str]:
-    return [child.name for child in directory.iterdir()] if isinstance(directory, ObjectPath) \
-        else os.listdir(directory)
+    return [child.name for child in directory.iterdir()] if isinstance(directory, ObjectPath) else os.listdir(directory)
 
 
 def _check_matches(common: dict, entries: dict, loaders: list, objects: list, where: Path) -> None:
@@ -432,8 +488,10 @@ def _check_matches(common: dict, entries: dict, loaders: list, objects: list, wh
             f"{where} holds {len(saved)} model(s) ({saved}) but {len(entries)} are prepared ({list(entries)}). "
             "HINT: call px.load_state() after px.prepare(model, optimizer, ...), with the same objects as when saving"
         )
-    for kind, ours, theirs in (("data loader", loaders, common["loaders"]),
-                               ("registered object", objects, common["objects"])):
+    for kind, ours, theirs in (
+        ("data loader", loaders, common["loaders"]),
+        ("registered object", objects, common["objects"]),
+    ):
         if len(ours) != len(theirs):
             raise RuntimeError(
                 f"{where} holds {len(theirs)} {kind}(s) but {len(ours)} are prepared/registered. "

@@ -1,4 +1,5 @@
 """The manifest: what a checkpoint holds and the size and sha256 of every file, so damage is caught."""
+
 from __future__ import annotations
 
 import hashlib
@@ -52,7 +53,7 @@ def hash_file(path: Path, fsync: bool = True) -> FileEntry:
     digest = hashlib.sha256()
     local = isinstance(path, Path)
     size = 0
-    with (open(path, "rb") if local else path.open("rb")) as f:
+    with open(path, "rb") if local else path.open("rb") as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
@@ -61,7 +62,9 @@ def hash_file(path: Path, fsync: bool = True) -> FileEntry:
     return FileEntry(size=size, sha256=digest.hexdigest())
 
 
-def hash_files(directory: Path, names: Iterable[str], known: dict[str, FileEntry] | None = None) -> dict[str, FileEntry]:
+def hash_files(
+    directory: Path, names: Iterable[str], known: dict[str, FileEntry] | None = None
+) -> dict[str, FileEntry]:
     """Size and sha256 of each file; those in `known` (hashed while they were uploaded) are not read again."""
     known = known or {}
     return {name: known[name] if name in known else hash_file(directory / name) for name in names}

@@ -10,6 +10,7 @@ Object stores have no rename and no directories: a "directory" is a key prefix t
 an object lies under it. The checkpoint code therefore commits a checkpoint by writing its
 manifest last (atomic.py), and never relies on an empty directory.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,7 +33,7 @@ def location(where: str | Any) -> "Path | ObjectPath":
     text = str(where)
     if is_url(text) and not text.startswith("file://"):
         return ObjectPath.parse(text)
-    return Path(text[len("file://"):] if text.startswith("file://") else text)
+    return Path(text[len("file://") :] if text.startswith("file://") else text)
 
 
 def _filesystem(protocol: str) -> Any:
@@ -49,10 +50,14 @@ def _filesystem_of_process(protocol: str, pid: int) -> Any:
     try:
         return fsspec.filesystem(protocol)
     except (ImportError, ValueError) as error:
-        hint = "pip install 'phalanx[s3]' (s3fs)" if protocol in ("s3", "s3a") else \
-            f"install the fsspec implementation for {protocol}:// (e.g. gcsfs for gs://, adlfs for az://)"
-        raise ImportError(f"checkpoints at {protocol}:// need an fsspec filesystem for it: {error}. HINT: {hint}") \
-            from None
+        hint = (
+            "pip install 'phalanx[s3]' (s3fs)"
+            if protocol in ("s3", "s3a")
+            else f"install the fsspec implementation for {protocol}:// (e.g. gcsfs for gs://, adlfs for az://)"
+        )
+        raise ImportError(
+            f"checkpoints at {protocol}:// need an fsspec filesystem for it: {error}. HINT: {hint}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,9 @@ class ObjectPath:
         return iter([self / name for name in names if name])
 
     def glob(self, pattern: str) -> Iterator["ObjectPath"]:
-        return iter(sorted(ObjectPath(self.protocol, found) for found in self._fresh().glob(posixpath.join(self.key, pattern))))
+        return iter(
+            sorted(ObjectPath(self.protocol, found) for found in self._fresh().glob(posixpath.join(self.key, pattern)))
+        )
 
     def stat(self) -> _Stat:
         return _Stat(int(self._fresh().info(self.key)["size"]))

@@ -4,6 +4,7 @@ DCP reads its `.metadata` with `pickle.load` and non-tensor values with `torch.l
 False)`: a crafted checkpoint could execute code. These replacements allow only DCP's own metadata
 classes and plain data; everything else phalanx writes is loaded with `weights_only=True`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,9 @@ _ALLOWED = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.serialization", "_get_layout"),
     ("torch", "Size"),
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
     ("collections", "OrderedDict"),
 }
 
@@ -42,7 +45,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 def load_metadata(path: str | pathlib.Path, stream: Any = None) -> Metadata:
     """DCP's `.metadata` at `path` (or read from the open `stream`), through the allowlist."""
-    with (open(path, "rb") if stream is None else contextlib.nullcontext(stream)) as f:
+    with open(path, "rb") if stream is None else contextlib.nullcontext(stream) as f:
         metadata = _MetadataUnpickler(f).load()
     if not isinstance(metadata, Metadata):
         raise pickle.UnpicklingError(f"{path} holds a {type(metadata).__name__}, not DCP metadata")

@@ -11,6 +11,7 @@ At a URL the store itself may be what failed (gone mid-job): the message is then
 this job knows (the last checkpoint it wrote or loaded), the store is not asked again, and the
 client library's traceback is not chained: its cause and the fix are in the one message.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -58,8 +59,11 @@ class SaveAttempt:
             raise
         except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException; shared below
             error = exc
-        mine = (None if error is None else self._describe(error),
-                isinstance(error, FileExistsError), result if share and error is None else None)
+        mine = (
+            None if error is None else self._describe(error),
+            isinstance(error, FileExistsError),
+            result if share and error is None else None,
+        )
         everyone = collectives.gather_object(mine, group=self.group)
         failed = [(rank, text, exists) for rank, (text, exists, _) in enumerate(everyone) if text is not None]
         if not failed:
@@ -93,7 +97,9 @@ class SaveAttempt:
         gone = cause is not None and isinstance(self.final, ObjectPath) and unreachable(cause) is not None
         gone = gone or any("the storage endpoint cannot be reached" in text for _, text, _ in failed)
         if gone:  # never loaded without its manifest, and the next save at this root removes it
-            removed = f"the partial save at {self.staging} (no manifest: never loaded) is left for the next save to remove"
+            removed = (
+                f"the partial save at {self.staging} (no manifest: never loaded) is left for the next save to remove"
+            )
         else:
             if collectives.rank() == 0:
                 rmtree(self.staging, ignore_errors=True)
@@ -107,8 +113,8 @@ class SaveAttempt:
             text, hint = text.split(" HINT: ", 1)
         error = CheckpointWriteError(
             f"saving checkpoint step {self.step} to {self.final} failed on rank {rank}{also}: {text.rstrip('.')}; "
-            + (f"{full}; " if full else "") +
-            f"{removed} and {atomic.LATEST_NAME} was left as it was; {self._latest()}; training state is unchanged"
+            + (f"{full}; " if full else "")
+            + f"{removed} and {atomic.LATEST_NAME} was left as it was; {self._latest()}; training state is unchanged"
             + (f". HINT: {hint}, then save again" if hint else "")
         )
         if isinstance(self.final, ObjectPath):  # the client library's traceback says nothing the line does not

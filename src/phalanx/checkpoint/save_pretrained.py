@@ -10,6 +10,7 @@ rank taking part, and the main process writes them with transformers' own code, 
 is_main_process:`), the gather would wait forever for the others: the ranks first agree through the
 job's store (runtime/arrival.py), and a rank that waits alone is refused, naming `px.get_state_dict`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -22,8 +23,13 @@ from phalanx.runtime.arrival import every_rank_called
 AGREE_SECONDS = 60.0  # how long a caller waits for the other ranks to call too
 
 
-def save_full(save: Callable[..., Any], full_state_dict: Callable[[], dict[str, Any]], save_directory: Any,
-              *args: Any, **kwargs: Any) -> Any:
+def save_full(
+    save: Callable[..., Any],
+    full_state_dict: Callable[[], dict[str, Any]],
+    save_directory: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
     """`save(save_directory, *args, state_dict=full, **kwargs)` on the main process, the full weights
     gathered by every rank; ValueError where this rank calls alone."""
     if "state_dict" in kwargs or not collectives.is_distributed():  # the script gathered them itself
@@ -39,9 +45,14 @@ def save_full(save: Callable[..., Any], full_state_dict: Callable[[], dict[str, 
 
 
 def _agree_every_rank_called() -> None:
-    every_rank_called("save_pretrained", AGREE_SECONDS, lambda rank, absent: (
-        f"phalanx: save_pretrained on rank {rank}: this model's weights are split over the ranks, and "
-        f"rank(s) {absent} did not call save_pretrained within {AGREE_SECONDS:g} s, so the full model "
-        "cannot be gathered. HINT: call model.save_pretrained(d) on every rank (transformers' convention; "
-        "the main process writes), or gather first on every rank, full = px.get_state_dict(model), and "
-        "save on the main process: model.save_pretrained(d, state_dict=full)"))
+    every_rank_called(
+        "save_pretrained",
+        AGREE_SECONDS,
+        lambda rank, absent: (
+            f"phalanx: save_pretrained on rank {rank}: this model's weights are split over the ranks, and "
+            f"rank(s) {absent} did not call save_pretrained within {AGREE_SECONDS:g} s, so the full model "
+            "cannot be gathered. HINT: call model.save_pretrained(d) on every rank (transformers' convention; "
+            "the main process writes), or gather first on every rank, full = px.get_state_dict(model), and "
+            "save on the main process: model.save_pretrained(d, state_dict=full)"
+        ),
+    )

@@ -12,6 +12,7 @@ torch's nested form (format 1) writes `param_groups` as one list per rank, of wh
 copy; under pp each stage's list names its own parameters, so a checkpoint would not move between
 layouts. Format 1 checkpoints are still read, with the nested form they were written in.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -84,8 +85,10 @@ class ModelAndOptimizers(Stateful):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self._live_keys:
             self.state_dict()
-        live = {part: tied_names.from_saved(values, self._live_keys[part], self._tied())
-                for part, values in state_dict.items()}
+        live = {
+            part: tied_names.from_saved(values, self._live_keys[part], self._tied())
+            for part, values in state_dict.items()
+        }
         set_model_state_dict(self.model, live["model"], options=StateDictOptions(strict=True))
         if self.optimizers:
             with _without_empty_groups(self.optimizers), _keeping_step_kind(self.optimizers):
@@ -124,8 +127,9 @@ def _without_empty_groups(optimizers: list[torch.optim.Optimizer]) -> Iterator[N
                 opt.param_groups.insert(i, group)
 
 
-def group_by_model(models: list[nn.Module], optimizers: list[Any],
-                   tied: Mapping[int, Mapping[str, str]] | None = None) -> dict[str, ModelAndOptimizers]:
+def group_by_model(
+    models: list[nn.Module], optimizers: list[Any], tied: Mapping[int, Mapping[str, str]] | None = None
+) -> dict[str, ModelAndOptimizers]:
     """DCP entries `model`, `model_1`, ...: each model with the optimizers over its parameters;
     `tied`: id(model) -> its tied names."""
     entries = {}
@@ -133,8 +137,9 @@ def group_by_model(models: list[nn.Module], optimizers: list[Any],
     for i, model in enumerate(models):
         mine = [o for o in left if _owns(model, o)]
         left = [o for o in left if not any(o is m for m in mine)]
-        entries["model" if i == 0 else f"model_{i}"] = ModelAndOptimizers(model, mine,
-                                                                          tied=(tied or {}).get(id(model), {}))
+        entries["model" if i == 0 else f"model_{i}"] = ModelAndOptimizers(
+            model, mine, tied=(tied or {}).get(id(model), {})
+        )
     if left:
         raise ValueError(
             f"{len(left)} optimizer(s) act on parameters of no prepared model, so their state cannot be "

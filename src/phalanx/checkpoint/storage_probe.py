@@ -4,6 +4,7 @@ A bucket that does not exist, credentials the store refuses, a prefix that may b
 written, or an endpoint that does not answer are found here, in `Phalanx()` and in `phalanx run`
 before launch, with the URL, the cause and the fix, rather than at the first save hours later.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,15 @@ from typing import Any
 from phalanx.checkpoint.object_path import ObjectPath
 
 _DENIED = {"AccessDenied", "AllAccessDisabled", "Forbidden", "403"}
-_BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidClientTokenId", "InvalidToken",
-                    "ExpiredToken", "AuthFailure", "UnrecognizedClientException"}
+_BAD_CREDENTIALS = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidClientTokenId",
+    "InvalidToken",
+    "ExpiredToken",
+    "AuthFailure",
+    "UnrecognizedClientException",
+}
 
 
 def _error_code(error: BaseException) -> str | None:
@@ -59,22 +67,32 @@ def diagnose(root: ObjectPath, error: BaseException) -> tuple[str, str]:
     """(cause, fix) for a failed probe (or save) of `root`."""
     code, name = _error_code(error), type(error).__name__
     if code == "NoSuchBucket" or (isinstance(error, FileNotFoundError) and "bucket" in str(error).lower()):
-        return (f"the bucket {root.bucket!r} does not exist",
-                f"create it first (e.g. aws s3 mb {root.protocol}://{root.bucket}) or correct the bucket name")
+        return (
+            f"the bucket {root.bucket!r} does not exist",
+            f"create it first (e.g. aws s3 mb {root.protocol}://{root.bucket}) or correct the bucket name",
+        )
     if code in _BAD_CREDENTIALS:
-        return (f"the store refused the credentials ({code}: {error})",
-                "set valid keys (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials)")
+        return (
+            f"the store refused the credentials ({code}: {error})",
+            "set valid keys (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials)",
+        )
     if name in ("NoCredentialsError", "PartialCredentialsError"):
-        return (f"no credentials were found ({error})",
-                "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or ~/.aws/credentials")
+        return (
+            f"no credentials were found ({error})",
+            "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or ~/.aws/credentials",
+        )
     if code in _DENIED or isinstance(error, PermissionError):
-        return (f"writing under {root} is not allowed ({code or name}: {error}): a read-only prefix or bucket",
-                "grant write access to this prefix (s3:PutObject, s3:GetObject, s3:ListBucket, s3:DeleteObject) "
-                "or choose a prefix you may write")
+        return (
+            f"writing under {root} is not allowed ({code or name}: {error}): a read-only prefix or bucket",
+            "grant write access to this prefix (s3:PutObject, s3:GetObject, s3:ListBucket, s3:DeleteObject) "
+            "or choose a prefix you may write",
+        )
     if unreachable(error) is not None:
         error = unreachable(error)  # type: ignore[assignment]
-        return (f"the storage endpoint cannot be reached ({type(error).__name__}: {error})",
-                "check AWS_ENDPOINT_URL (for S3-compatible stores) and the network, or that the store is running")
+        return (
+            f"the storage endpoint cannot be reached ({type(error).__name__}: {error})",
+            "check AWS_ENDPOINT_URL (for S3-compatible stores) and the network, or that the store is running",
+        )
     return (f"{name}: {error}", "check the URL, the credentials and the endpoint")
 
 

@@ -8,6 +8,7 @@ under one of its other names only (the last stage's `lm_head.weight`), and still
 the canonical name and loads it back from there, so one checkpoint moves between pp and the
 layouts where the parameter is one (one process, ddp, zero3, tp).
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
@@ -36,10 +37,10 @@ def saved_key(key: str, tied: Mapping[str, str]) -> str:
         return tied[key]
     for prefix in _OPTIM_PREFIXES:
         if key.startswith(prefix):
-            rest = key[len(prefix):]
+            rest = key[len(prefix) :]
             for alias, canonical in tied.items():
                 if rest.startswith(f"{alias}."):
-                    return f"{prefix}{canonical}{rest[len(alias):]}"
+                    return f"{prefix}{canonical}{rest[len(alias) :]}"
     return key
 
 

@@ -15,6 +15,7 @@ writes step aside while the training process waits for a CPU (host_only/polite_w
 Where memfd or fd passing is missing (not Linux), or a state holds a tensor type the arena does not
 stage (e.g. ShardedTensor), the writer stages and writes in-process as DCP does.
 """
+
 from __future__ import annotations
 
 import io
@@ -111,8 +112,9 @@ def stage(state_dict: dict) -> tuple[dict, Arena] | None:
             return tuple(copy(value) for value in item)
         if isinstance(item, DTensor):
             local = copy(item._local_tensor)
-            return DTensor.from_local(local, item.device_mesh, item.placements, run_check=False,
-                                      shape=item.shape, stride=item.stride())
+            return DTensor.from_local(
+                local, item.device_mesh, item.placements, run_check=False, shape=item.shape, stride=item.stride()
+            )
         if isinstance(item, torch.Tensor):
             staged = arena.view(item)
             staged.copy_(item.detach())
@@ -144,9 +146,15 @@ def out_of_process(base: type) -> type:
                 return super().write_data(plan, planner)
             try:
                 items = [(item.index, _describe(planner.resolve_data(item), arena)) for item in plan.items]
-                request = {"writer": type(self).__mro__[1], "path": str(self.path),
-                           "sync_files": self.sync_files, "plan": plan, "items": items, "arena_size": arena.size,
-                           "polite": polite_writes.engages_here()}  # host-only: a loop on the host's cores
+                request = {
+                    "writer": type(self).__mro__[1],
+                    "path": str(self.path),
+                    "sync_files": self.sync_files,
+                    "plan": plan,
+                    "items": items,
+                    "arena_size": arena.size,
+                    "polite": polite_writes.engages_here(),
+                }  # host-only: a loop on the host's cores
                 results, written = helper().write(request, arena.fd)
             finally:
                 arena.close()
@@ -179,12 +187,15 @@ class Helper:
     def __init__(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         package_root = str(Path(__file__).resolve().parents[2])  # importable even from a source tree
-        start = (f"import sys; sys.path.insert(0, {package_root!r}); "
-                 f"from phalanx.checkpoint.writer_process import main; main({theirs.fileno()})")
+        start = (
+            f"import sys; sys.path.insert(0, {package_root!r}); "
+            f"from phalanx.checkpoint.writer_process import main; main({theirs.fileno()})"
+        )
         # its own session: a signal to the training process's group (Ctrl-C, an agent stopping workers)
         # must not end a write the training process still waits for; it ends when the socket closes
-        self.process = subprocess.Popen([sys.executable, "-c", start], pass_fds=[theirs.fileno()],
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", start], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True
+        )
         theirs.close()
         try:
             os.setpriority(os.PRIO_PROCESS, self.process.pid, NICENESS)
@@ -197,8 +208,10 @@ class Helper:
     def write(self, request: dict, fd: int) -> tuple[list, dict]:
         with self.lock:
             if self.closed:  # a save whose thread took this helper just before the exit closed it
-                raise RuntimeError(f"the checkpoint writer process (pid {self.process.pid}) was closed before "
-                                   "this write: the process is exiting")
+                raise RuntimeError(
+                    f"the checkpoint writer process (pid {self.process.pid}) was closed before "
+                    "this write: the process is exiting"
+                )
             try:
                 _send(self.socket, request, [fd])
                 reply = _recv(self.socket)[0]
@@ -209,8 +222,10 @@ class Helper:
                 cause = None
             if reply is None:
                 code = self.process.poll()
-                raise RuntimeError(f"the checkpoint writer process (pid {self.process.pid}) is gone"
-                                   f"{f' (exit code {code})' if code is not None else ''}: {cause or 'no answer'}")
+                raise RuntimeError(
+                    f"the checkpoint writer process (pid {self.process.pid}) is gone"
+                    f"{f' (exit code {code})' if code is not None else ''}: {cause or 'no answer'}"
+                )
         status, *rest = reply
         if status == "error":
             raise rest[0]
@@ -221,8 +236,12 @@ class Helper:
         write asked for afterwards fails at once: the lock is released, never kept."""
         locked = self.lock.acquire(timeout=CLOSE_WAIT_S)
         if not locked:
-            print(f"phalanx: the checkpoint writer process (pid {self.process.pid}) did not finish its write "
-                  f"in {CLOSE_WAIT_S:.0f} s; stopping it", file=sys.stderr, flush=True)
+            print(
+                f"phalanx: the checkpoint writer process (pid {self.process.pid}) did not finish its write "
+                f"in {CLOSE_WAIT_S:.0f} s; stopping it",
+                file=sys.stderr,
+                flush=True,
+            )
         try:
             self.closed = True
             self.socket.close()  # the helper ends at end of input
@@ -325,8 +344,9 @@ def _write(request: dict, fds: list[int], watch: polite_writes.LoopWatch) -> tup
     return future.wait(), written
 
 
-def _in_arena(storage: torch.UntypedStorage, dtype: torch.dtype, shape: tuple, stride: tuple,
-              offset: int) -> torch.Tensor:
+def _in_arena(
+    storage: torch.UntypedStorage, dtype: torch.dtype, shape: tuple, stride: tuple, offset: int
+) -> torch.Tensor:
     """The staged tensor at `offset` (elements) of the arena. A contiguous one gets a storage of its
     own bytes (a slice of the arena's, the same memory): DCP's writer clones a tensor whose storage
     is larger than itself, 48 MB of copying for a 48 MB save."""
@@ -334,7 +354,7 @@ def _in_arena(storage: torch.UntypedStorage, dtype: torch.dtype, shape: tuple, s
     if not staged.is_contiguous():
         return staged
     start = offset * staged.element_size()
-    return torch.empty(0, dtype=dtype).set_(storage[start:start + staged.nbytes], 0, shape, stride)
+    return torch.empty(0, dtype=dtype).set_(storage[start : start + staged.nbytes], 0, shape, stride)
 
 
 def _picklable(error: BaseException) -> BaseException:
@@ -385,4 +405,3 @@ def _run_when_idle() -> None:
             os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
         except OSError:  # not permitted (a restricted container), or a thread that ended: nice 19 stays
             pass
-

@@ -2,6 +2,7 @@
 
 The same expansion `scontrol show hostnames` does, without needing scontrol on the machine.
 """
+
 from __future__ import annotations
 
 import re
@@ -43,7 +44,7 @@ def _expand_item(item: str, whole: str) -> list[str]:
     close_at = item.find("]", open_at)
     if close_at < 0:
         raise ValueError(f"hostlist {whole!r}: unmatched '[' in {item!r}")
-    prefix, body, rest = item[:open_at], item[open_at + 1:close_at], item[close_at + 1:]
+    prefix, body, rest = item[:open_at], item[open_at + 1 : close_at], item[close_at + 1 :]
     tails = _expand_item(rest, whole) if rest else [""]
     return [prefix + number + tail for number in _expand_ranges(body, whole) for tail in tails]
 

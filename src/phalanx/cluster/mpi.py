@@ -6,6 +6,7 @@ address and port of rank 0's store cannot be read from the environment: they are
 and shared through MPI itself (mpi4py, the optional extra `phalanx[mpi]`), once, at start-up.
 The env parsing is pure functions over a dict, so every launcher's case is a unit test.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,14 +49,18 @@ def read_mpi_world(env: Mapping[str, str]) -> MpiWorld | None:
             local_size = _int(env, local_size_key) if env.get(local_size_key) else size
             local_rank = _int(env, local_key) if env.get(local_key) else rank % max(local_size, 1)
             if not 0 <= rank < size or not 0 <= local_rank < local_size:
-                raise MpiError(f"{rank_key}={rank}, {local_key}={local_rank} do not fit {size_key}={size} "
-                               f"({local_size} on this node). HINT: do not set MPI variables by hand.")
+                raise MpiError(
+                    f"{rank_key}={rank}, {local_key}={local_rank} do not fit {size_key}={size} "
+                    f"({local_size} on this node). HINT: do not set MPI variables by hand."
+                )
             return MpiWorld(rank, size, local_rank, local_size, f"{rank_key}/{size_key}")
     return None
 
 
-def torch_env_from_mpi(env: Mapping[str, str], exchange: Callable[[MpiWorld], tuple[str, int]] | None = None,
-                       ) -> dict[str, str]:
+def torch_env_from_mpi(
+    env: Mapping[str, str],
+    exchange: Callable[[MpiWorld], tuple[str, int]] | None = None,
+) -> dict[str, str]:
     """torchrun's variables for a process started by `mpiexec python train.py`; {} when not applicable.
 
     Applies only when torchrun's RANK is absent (a launcher's own variables win) and the MPI job
@@ -95,8 +100,10 @@ def store_address_over_mpi(world: MpiWorld) -> tuple[str, int]:
         ) from None
     comm = MPI.COMM_WORLD
     if comm.Get_size() != world.size:
-        raise MpiError(f"mpi4py sees {comm.Get_size()} process(es) but {world.source} says {world.size}. "
-                       "HINT: install mpi4py against the MPI that runs mpiexec (`pip install mpich mpi4py`).")
+        raise MpiError(
+            f"mpi4py sees {comm.Get_size()} process(es) but {world.source} says {world.size}. "
+            "HINT: install mpi4py against the MPI that runs mpiexec (`pip install mpich mpi4py`)."
+        )
     hosts = comm.allgather(socket.gethostname())
     port = _free_port() if world.rank == 0 else 0
     port = comm.bcast(port, root=0)

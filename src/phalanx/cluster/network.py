@@ -5,6 +5,7 @@ Why: gloo and NCCL pick their interface from the hostname, which on many hosts r
 kernel already knows the right answer: a UDP `connect()` to the master's address selects a route
 and a source address without sending a packet; the interface owning that address is the one to use.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -136,6 +137,7 @@ def route_to(host: str, table: dict[str, tuple[str, ...]] | None = None) -> Rout
 def non_loopback_interfaces(table: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
     """Up interfaces with at least one non-loopback IPv4 address."""
     return {
-        name: addresses for name, addresses in table.items()
+        name: addresses
+        for name, addresses in table.items()
         if any(":" not in a and not is_loopback(a) for a in addresses)
     }

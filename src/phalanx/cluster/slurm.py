@@ -7,6 +7,7 @@ Two ways a phalanx job meets SLURM:
   torch's RANK & co. (`torch_env_from_slurm`).
 Nothing here imports torch or touches the network, so every case is a unit test over a dict.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -84,7 +85,9 @@ def master_port_for_job(job_id: int) -> int:
 def read_allocation(env: Mapping[str, str]) -> SlurmAllocation:
     """Parse the allocation; raise SlurmError naming the variable that is missing or inconsistent."""
     if not in_slurm(env):
-        raise SlurmError(f"not inside a SLURM allocation ({envvars.SLURM_JOB_ID} or {envvars.SLURM_JOB_NODELIST} unset)")
+        raise SlurmError(
+            f"not inside a SLURM allocation ({envvars.SLURM_JOB_ID} or {envvars.SLURM_JOB_NODELIST} unset)"
+        )
     in_step = envvars.SLURM_STEP_NUM_TASKS in env
     job_id = _int(env, envvars.SLURM_JOB_ID)
     hosts = tuple(expand_hostlist(_nodelist(env)))
@@ -142,8 +145,9 @@ def launch_settings(
             f"or ask SLURM for {nnodes} node(s) (`#SBATCH --nodes={nnodes}`)."
         )
     nproc = _check_nproc(nproc_per_node, alloc)
-    return SlurmLaunch(alloc.nnodes, alloc.node_rank, alloc.master_addr, alloc.master_port, nproc,
-                       f"slurm-{alloc.job_id}")
+    return SlurmLaunch(
+        alloc.nnodes, alloc.node_rank, alloc.master_addr, alloc.master_port, nproc, f"slurm-{alloc.job_id}"
+    )
 
 
 def _check_nproc(requested: int | None, alloc: SlurmAllocation) -> int | None:

@@ -1,7 +1,8 @@
 """`phalanx slurm`: write (or submit, or print) an sbatch script that runs a script under phalanx.
 
-    phalanx slurm --nodes 2 --gpus-per-node 4 --time 02:00:00 --partition gpu train.py --lr 3e-4
+phalanx slurm --nodes 2 --gpus-per-node 4 --time 02:00:00 --partition gpu train.py --lr 3e-4
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--python", default=sys.executable, help="interpreter on the compute nodes (default: this one)")
     add("--max-restarts", type=int, default=None, help="passed to phalanx run")
     for setting in config.RUNTIME:  # every runtime setting, passed on to `phalanx run` (checked here first)
-        add(*setting.flags, dest=setting.name, default=None,
-            help=f"passed to phalanx run ({setting.help})".replace("%", "%%"))
+        add(
+            *setting.flags,
+            dest=setting.name,
+            default=None,
+            help=f"passed to phalanx run ({setting.help})".replace("%", "%%"),
+        )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the script, write nothing")
     mode.add_argument("--submit", action="store_true", help="write the script and submit it with sbatch")
@@ -57,13 +62,26 @@ def job_spec_from_args(args: argparse.Namespace) -> SlurmJobSpec:
     settings = config.resolve(config.from_flags(given), warn=False).config
     signals = [s.name.removeprefix("SIG") for s in kinds.signal_numbers(settings.preemption_signals)]
     # USR1 where phalanx handles it (SIGTERM is also what scancel sends); else whatever it handles
-    slurm_signal = "USR1" if "USR1" in signals else next((s for s in signals if s != "TERM"), signals[0] if signals else None)
+    slurm_signal = (
+        "USR1" if "USR1" in signals else next((s for s in signals if s != "TERM"), signals[0] if signals else None)
+    )
     return SlurmJobSpec(
-        target=os.path.abspath(args.target), target_args=tuple(args.target_args), nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition, account=args.account,
-        cpus_per_task=args.cpus_per_task, job_name=name, workdir=os.getcwd(), log_dir=args.log_dir,
-        python=args.python, run_flags=tuple(run_flags), signal=slurm_signal,
-        grace=max(1, round(settings.preempt_grace)), requeue=settings.requeue != "off",
+        target=os.path.abspath(args.target),
+        target_args=tuple(args.target_args),
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        time=args.time,
+        partition=args.partition,
+        account=args.account,
+        cpus_per_task=args.cpus_per_task,
+        job_name=name,
+        workdir=os.getcwd(),
+        log_dir=args.log_dir,
+        python=args.python,
+        run_flags=tuple(run_flags),
+        signal=slurm_signal,
+        grace=max(1, round(settings.preempt_grace)),
+        requeue=settings.requeue != "off",
     )
 
 
@@ -87,9 +105,11 @@ def main(args: argparse.Namespace) -> int:
         return 0
     sbatch = shutil.which("sbatch")
     if sbatch is None:
-        print(f"{PROG_ERROR} sbatch not found on PATH; the script is in {path}. "
-              "HINT: run this on a SLURM login node, or copy the script there and run `sbatch` yourself.",
-              file=sys.stderr)
+        print(
+            f"{PROG_ERROR} sbatch not found on PATH; the script is in {path}. "
+            "HINT: run this on a SLURM login node, or copy the script there and run `sbatch` yourself.",
+            file=sys.stderr,
+        )
         return 1
     submitted = subprocess.run([sbatch, path], capture_output=True, text=True)
     sys.stdout.write(submitted.stdout)

@@ -5,6 +5,7 @@
 `requeue` puts a preempted job back in the queue once its checkpoint is saved; its next allocation
 runs the same batch script, which resumes from that checkpoint. No torch here.
 """
+
 from __future__ import annotations
 
 import datetime

@@ -4,6 +4,7 @@ Why this shape: `phalanx run` starts the workers itself and reads nnodes, node r
 address and port from SLURM, so SLURM must start exactly one task per node
 (`--ntasks-per-node=1`); starting one task per GPU would multiply the workers.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -85,7 +86,17 @@ def render_script(spec: SlurmJobSpec) -> str:
     if spec.requeue:  # a requeued run appends to its logs instead of overwriting them
         directives += ["--requeue", "--open-mode=append"]
     nproc = str(spec.gpus_per_node) if spec.gpus_per_node else "auto"
-    run = [spec.python, "-m", "phalanx", "run", "--nproc-per-node", nproc, *spec.run_flags, spec.target, *spec.target_args]
+    run = [
+        spec.python,
+        "-m",
+        "phalanx",
+        "run",
+        "--nproc-per-node",
+        nproc,
+        *spec.run_flags,
+        spec.target,
+        *spec.target_args,
+    ]
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {d}" for d in directives]
     lines += [

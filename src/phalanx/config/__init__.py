@@ -6,20 +6,67 @@
 
 Pure Python (no torch): `phalanx run` checks every setting here before any worker starts.
 """
+
 from __future__ import annotations
 
 import inspect
 from typing import Any
 
-from phalanx.config.schema import (BY_NAME, GROUPS, LAUNCHER, RUNTIME, SETTINGS, Group, PhalanxConfig, Scope, Setting,
-                                   valid_keys)
-from phalanx.config.sources import (ConfigError, Layer, Resolved, from_env, from_flags, from_kwargs, from_mapping,
-                                    from_yaml, from_yaml_runtime, resolve, to_env_value, worker_env)
+from phalanx.config.schema import (
+    BY_NAME,
+    GROUPS,
+    LAUNCHER,
+    RUNTIME,
+    SETTINGS,
+    Group,
+    PhalanxConfig,
+    Scope,
+    Setting,
+    valid_keys,
+)
+from phalanx.config.sources import (
+    ConfigError,
+    Layer,
+    Resolved,
+    from_env,
+    from_flags,
+    from_kwargs,
+    from_mapping,
+    from_yaml,
+    from_yaml_runtime,
+    resolve,
+    to_env_value,
+    worker_env,
+)
 from phalanx.config.template import template_text
 
-__all__ = ["BY_NAME", "GROUPS", "Group", "LAUNCHER", "RUNTIME", "SETTINGS", "ConfigError", "Layer", "PhalanxConfig", "Resolved",
-           "Scope", "Setting", "from_env", "from_flags", "from_kwargs", "from_mapping", "from_yaml", "from_yaml_runtime", "keyword_parameters",
-           "resolve", "template_text", "to_env_value", "valid_keys", "with_settings", "worker_env"]
+__all__ = [
+    "BY_NAME",
+    "GROUPS",
+    "Group",
+    "LAUNCHER",
+    "RUNTIME",
+    "SETTINGS",
+    "ConfigError",
+    "Layer",
+    "PhalanxConfig",
+    "Resolved",
+    "Scope",
+    "Setting",
+    "from_env",
+    "from_flags",
+    "from_kwargs",
+    "from_mapping",
+    "from_yaml",
+    "from_yaml_runtime",
+    "keyword_parameters",
+    "resolve",
+    "template_text",
+    "to_env_value",
+    "valid_keys",
+    "with_settings",
+    "worker_env",
+]
 
 
 def with_settings(signature: inspect.Signature) -> inspect.Signature:

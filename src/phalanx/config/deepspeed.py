@@ -11,6 +11,7 @@
 Every other key is named in ONE warning: phalanx never ignores a setting silently. A value of
 "auto" (as the HF Trainer writes) means "not set here".
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,16 @@ from typing import Any, Mapping
 from phalanx.config import names
 
 _STAGES = names.BY_STAGE  # DeepSpeed's ZeRO stage -> the preset of that stage
-_TOP_LEVEL = {"zero_optimization", "bf16", "bfloat16", "fp16", "gradient_accumulation_steps",
-              "gradient_clipping", "train_micro_batch_size_per_gpu", "train_batch_size"}
+_TOP_LEVEL = {
+    "zero_optimization",
+    "bf16",
+    "bfloat16",
+    "fp16",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "train_micro_batch_size_per_gpu",
+    "train_batch_size",
+}
 
 
 @dataclass
@@ -93,17 +102,22 @@ def load(config: str | os.PathLike | Mapping[str, Any], warn: bool = True) -> De
     out.unsupported += sorted(k for k in raw if k not in _TOP_LEVEL)
     _read_zero(raw.get("zero_optimization"), out)
     _read_precision(raw, out)
-    for key, attr, kind in (("gradient_accumulation_steps", "grad_accum_steps", int),
-                            ("gradient_clipping", "gradient_clipping", float),
-                            ("train_micro_batch_size_per_gpu", "micro_batch_size", int),
-                            ("train_batch_size", "train_batch_size", int)):
+    for key, attr, kind in (
+        ("gradient_accumulation_steps", "grad_accum_steps", int),
+        ("gradient_clipping", "gradient_clipping", float),
+        ("train_micro_batch_size_per_gpu", "micro_batch_size", int),
+        ("train_batch_size", "train_batch_size", int),
+    ):
         if _is_set(raw.get(key)):
             setattr(out, attr, kind(raw[key]))
     if out.gradient_clipping is not None and out.gradient_clipping <= 0:
         out.gradient_clipping = None  # DeepSpeed's 0.0 means "no clipping"
     if warn and out.unsupported:
-        warnings.warn(f"phalanx: {source}: these keys have no phalanx equivalent and are NOT applied: "
-                      f"{', '.join(out.unsupported)}", stacklevel=2)
+        warnings.warn(
+            f"phalanx: {source}: these keys have no phalanx equivalent and are NOT applied: "
+            f"{', '.join(out.unsupported)}",
+            stacklevel=2,
+        )
     return out
 
 
@@ -154,6 +168,7 @@ def _read_precision(raw: Mapping[str, Any], out: DeepSpeedConfig) -> None:
 def merge(setting: str, explicit: Any, from_config: Any, source: str) -> Any:
     """The explicit value if given, else the config's; a conflict between them is an error."""
     if explicit is not None and from_config is not None and explicit != from_config:
-        raise ValueError(f"{setting}={explicit!r} was passed but the {source} says {from_config!r}. "
-                         f"HINT: drop one of them.")
+        raise ValueError(
+            f"{setting}={explicit!r} was passed but the {source} says {from_config!r}. HINT: drop one of them."
+        )
     return explicit if explicit is not None else from_config

@@ -1,6 +1,7 @@
 """The `python -m MODULE docs/PAGE.md` entry of a docs page generated from code (docs/settings.md;
 tests/layouts/' docs/models.md, docs/compatibility.md, docs/optimizers.md): write the page there, or
 print it without an argument."""
+
 from __future__ import annotations
 
 import sys

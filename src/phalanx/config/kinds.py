@@ -4,6 +4,7 @@ argument) into a typed value, and what to say when it cannot. Pure Python: the l
 A kind raises ValueError with the reason only ("choose one of ..."); the caller prefixes the source
 and the bad value, so every message reads `SOURCE VALUE: REASON`.
 """
+
 from __future__ import annotations
 
 import re
@@ -112,8 +113,9 @@ def _bool_obj(value: Any) -> bool:
 BOOL = Kind("boolean", _bool_text, _bool_obj)
 
 
-def choice(choices: Callable[[], tuple[str, ...]] | tuple[str, ...],
-           normalize: Callable[[str], str] = str.strip) -> Kind:
+def choice(
+    choices: Callable[[], tuple[str, ...]] | tuple[str, ...], normalize: Callable[[str], str] = str.strip
+) -> Kind:
     """One of a list of names; `choices` may be a function so the registry that owns them decides."""
 
     def names() -> tuple[str, ...]:
@@ -168,8 +170,22 @@ def names_list(valid: Callable[[], tuple[str, ...]] | None = None) -> Kind:
     return Kind("list of names", lambda text: check(text.split(",")), parse_obj)
 
 
-_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
-          "g": 1024**3, "gb": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4, "tib": 1024**4}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1024**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1024**4,
+    "tib": 1024**4,
+}
 
 
 def parse_bytes(text: Any) -> int:
@@ -192,6 +208,7 @@ BYTES = Kind("size", parse_bytes, parse_bytes)
 
 def bytes_at_most(limit: int, why: str) -> Kind:
     """A size of at most `limit` bytes (`why` says where the limit comes from)."""
+
     def parse(value: Any) -> int:
         n = parse_bytes(value)
         if n < 0 or n > limit:
@@ -226,7 +243,7 @@ COUNT_OR_AUTO = Kind("count or auto", _count_or_auto, _count_or_auto)
 
 
 def nnodes_range(text: str) -> tuple[int, int]:
-    """"2" -> (2, 2); "1:4" -> (1, 4); ValueError otherwise."""
+    """ "2" -> (2, 2); "1:4" -> (1, 4); ValueError otherwise."""
     parts = text.split(":")
     try:
         low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
@@ -297,8 +314,10 @@ def _signal_name(item: str) -> str:
     if name not in signal.Signals.__members__:
         raise ValueError(f"{item.strip()} is not a signal; use names such as SIGTERM,SIGUSR1,SIGUSR2, or none")
     if name in UNCATCHABLE_SIGNALS:
-        raise ValueError(f"{name} cannot be caught, so nothing could be saved on it; "
-                         "use catchable signals such as SIGTERM,SIGUSR1, or none")
+        raise ValueError(
+            f"{name} cannot be caught, so nothing could be saved on it; "
+            "use catchable signals such as SIGTERM,SIGUSR1, or none"
+        )
     return name
 
 
@@ -338,12 +357,13 @@ def python(text: Callable[[str], Any], describe: str) -> Kind:
     return Kind(describe, text, _python_object)
 
 
-
 def pattern_map(styles: tuple[str, ...], aliases: dict[str, str], describe: str) -> Kind:
     """{module name pattern: style}: a YAML or Python mapping, or text (JSON, or `pattern=style,...`)."""
 
     def check(mapping: Any) -> dict[str, str]:
-        if not isinstance(mapping, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+        if not isinstance(mapping, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()
+        ):
             raise ValueError(f"expected {describe}")
         out = {}
         for pattern, style in mapping.items():

@@ -1,6 +1,7 @@
 """The words settings are made of, held by config itself (it imports nothing above it): strategy and
 precision names with their aliases, tensor-parallel styles, pipeline schedules, and what a setting needs from the layout
 to mean anything. strategies/ and loop/precision.py own the behaviour behind each word."""
+
 from __future__ import annotations
 
 import enum
@@ -25,8 +26,9 @@ STRATEGY_TABLE: dict[str, Preset | str | None] = {
     "dp": Preset(0, "everything, one process driving every visible GPU", threads_over_gpus=True),
     "ddp": Preset(0, "full model, gradients and optimizer state"),
     "zero1": Preset(1, "full model and gradients; 1/N of the optimizer state"),
-    "zero2": Preset(2, "1/N of parameters, gradients and optimizer state; gathered parameters kept from "
-                       "forward to backward"),
+    "zero2": Preset(
+        2, "1/N of parameters, gradients and optimizer state; gathered parameters kept from forward to backward"
+    ),
     "zero3": Preset(3, "1/N of everything; each block gathered only while it computes"),
     "fsdp": "zero3",
     AUTO: None,
@@ -37,8 +39,9 @@ STRATEGIES: tuple[str, ...] = tuple(STRATEGY_TABLE)
 STRATEGY_ALIASES: dict[str, str] = {name: to for name, to in STRATEGY_TABLE.items() if isinstance(to, str)}
 PRESETS: dict[str, Preset] = {name: p for name, p in STRATEGY_TABLE.items() if isinstance(p, Preset)}
 # The data-parallel presets of one process per device, by ZeRO stage (DeepSpeed's stages, Accelerate's FSDP)
-BY_STAGE: dict[int, str] = {p.stage: name for name, p in PRESETS.items()
-                            if not p.hybrid and not p.threads_over_gpus and name != SINGLE}
+BY_STAGE: dict[int, str] = {
+    p.stage: name for name, p in PRESETS.items() if not p.hybrid and not p.threads_over_gpus and name != SINGLE
+}
 AUTO_CHOOSES: tuple[str, ...] = (BY_STAGE[0], BY_STAGE[3])  # auto: the same degrees, replicas or shards
 
 # zero1's gather of the updated chunks: transient buckets (memory) or one persistent buffer (speed)
@@ -66,17 +69,38 @@ METRICS_DESTINATIONS: tuple[str, ...] = ("csv", "jsonl", "tensorboard", "wandb",
 
 # The styles a `tp_plan` may give a module (transformers' vocabulary, so a model's own plan reads as
 # is); strategies/tensor_parallel.py maps each onto torch's ParallelStyle.
-TP_STYLES: tuple[str, ...] = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input",
-                              "embedding_rowwise", "sequence_parallel", "replicate", "replicated_with_grad_allreduce",
-                              "local", "packed_colwise", "moe_tp_experts")
-TP_STYLE_ALIASES: dict[str, str] = {"colwise_rep": "colwise_gather_output", "rowwise_rep": "rowwise_split_input",
-                                    "local_colwise": "colwise", "local_rowwise": "rowwise"}
+TP_STYLES: tuple[str, ...] = (
+    "colwise",
+    "rowwise",
+    "colwise_gather_output",
+    "rowwise_split_input",
+    "embedding_rowwise",
+    "sequence_parallel",
+    "replicate",
+    "replicated_with_grad_allreduce",
+    "local",
+    "packed_colwise",
+    "moe_tp_experts",
+)
+TP_STYLE_ALIASES: dict[str, str] = {
+    "colwise_rep": "colwise_gather_output",
+    "rowwise_rep": "rowwise_split_input",
+    "local_colwise": "colwise",
+    "local_rowwise": "rowwise",
+}
 
 
 # torch's pipeline schedules (torch.distributed.pipelining), matched case-insensitively as torch does;
 # strategies/pipeline/schedules.py says where each places its stages.
-PP_SCHEDULES: tuple[str, ...] = ("1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
-                                 "ZBVZeroBubble", "DualPipeV")
+PP_SCHEDULES: tuple[str, ...] = (
+    "1F1B",
+    "GPipe",
+    "Interleaved1F1B",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
+)
 
 
 def canonical_pp_schedule(name: str) -> str:

@@ -5,6 +5,7 @@
 tests/docs/test_settings_reference.py fails when the committed page differs from what this writes,
 so a new schema row reaches the documentation without hand edits. Pure Python, no torch.
 """
+
 from __future__ import annotations
 
 import sys
@@ -64,10 +65,13 @@ def _table(group: Group) -> list[str]:
     rows = [s for s in SETTINGS if s.group == group]
     lines = [f"## {group.name.capitalize()}", "", group.description[0].upper() + group.description[1:] + ".", ""]
     if group == TORCHRUN:
-        return lines + ["No schema rows: `phalanx run` also takes every flag of torchrun (`--tee`, `--log-dir`, "
-                        "`--standalone`, ...) with torchrun's meaning, read from `PET_<NAME>` variables too, and "
-                        "`--pass-local-rank` for scripts written for `torch.distributed.launch`: see "
-                        "[the launcher](launcher.md#every-torchrun-flag).", ""]
+        return lines + [
+            "No schema rows: `phalanx run` also takes every flag of torchrun (`--tee`, `--log-dir`, "
+            "`--standalone`, ...) with torchrun's meaning, read from `PET_<NAME>` variables too, and "
+            "`--pass-local-rank` for scripts written for `torch.distributed.launch`: see "
+            "[the launcher](launcher.md#every-torchrun-flag).",
+            "",
+        ]
     lines += ["| setting | flag | variable | default | values | meaning |", "|---|---|---|---|---|---|"]
     lines += [_row(s) for s in rows]
     scopes = {s.scope for s in rows}

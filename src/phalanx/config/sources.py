@@ -5,6 +5,7 @@ Every error is a ConfigError that names the source, the bad value and the valid 
 `--strategy zero4: choose one of dp, ddp, zero1, zero2, zero3, fsdp, auto, single`.
 Pure Python, no torch.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,11 @@ def _checked(setting: Setting, value: Any, label: str, *, text: bool, base_dir: 
         parsed = setting.kind.from_text(value) if text else setting.kind.from_object(value)
     except ValueError as error:
         raise ConfigError(f"{label}: {error}") from None
-    if setting.kind.name == "path" or (setting.kind.name == "location" and not kinds.is_url(parsed)) \
-            or (setting.name == "deepspeed" and isinstance(parsed, str)):
+    if (
+        setting.kind.name == "path"
+        or (setting.kind.name == "location" and not kinds.is_url(parsed))
+        or (setting.name == "deepspeed" and isinstance(parsed, str))
+    ):
         parsed = os.path.normpath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(parsed)))
         if setting.name == "deepspeed" and not os.path.isfile(parsed):
             raise ConfigError(f"{label}: file not found ({parsed}). HINT: pass the path of a DeepSpeed JSON config.")
@@ -84,7 +88,7 @@ def _yaml_bool_as_word(setting: Setting, value: Any) -> Any:
     """YAML 1.1 reads `no`/`off`/`on` as booleans: give a choice setting back the word it meant."""
     if not isinstance(value, bool) or setting.kind.name != "choice":
         return value
-    for word in (("yes", "on", "true") if value else ("no", "off", "false")):
+    for word in ("yes", "on", "true") if value else ("no", "off", "false"):
         try:
             return setting.kind.from_text(word)
         except ValueError:
@@ -127,8 +131,10 @@ def _yaml_loader() -> Any:
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
     Loader.add_implicit_resolver(
-        int_tag, re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
-        list("-+0123456789"))
+        int_tag,
+        re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+        list("-+0123456789"),
+    )
     return Loader
 
 
@@ -189,8 +195,10 @@ def resolve(*layers: Layer, warn: bool = True) -> Resolved:
                 continue
             mine = values.get(name)
             if mine is not None and mine != theirs:
-                raise ConfigError(f"{name}={mine!r} was given by {origin[name]} but the {ds.source} says "
-                                  f"{theirs!r}. HINT: drop one of them.")
+                raise ConfigError(
+                    f"{name}={mine!r} was given by {origin[name]} but the {ds.source} says "
+                    f"{theirs!r}. HINT: drop one of them."
+                )
             values[name], origin[name] = theirs, ds.source
     return Resolved(PhalanxConfig(**values), origin, ds)
 

@@ -1,5 +1,6 @@
 """`phalanx config`'s template: every setting of the schema, commented out at its default value,
 with its help, flag and variable. Uncommenting any line as written is accepted by `phalanx run`."""
+
 from __future__ import annotations
 
 import textwrap
@@ -15,11 +16,16 @@ def _yaml_value(setting: Setting) -> str:
 
 
 def template_text() -> str:
-    lines = ["# phalanx config: `phalanx run --config THIS_FILE script.py` or `Phalanx.from_config(THIS_FILE)`.",
-             "# Precedence: this file < PHALANX_* variables and flags < Phalanx() keyword arguments.",
-             "# Every line shows the default; uncomment and change what you need. Unknown keys are rejected.", ""]
-    for scope, title in ((Scope.LAUNCHER, "launcher: processes and nodes (read by `phalanx run`)"),
-                         (Scope.RUNTIME, "runtime: what each worker's Phalanx() does (exported as PHALANX_*)")):
+    lines = [
+        "# phalanx config: `phalanx run --config THIS_FILE script.py` or `Phalanx.from_config(THIS_FILE)`.",
+        "# Precedence: this file < PHALANX_* variables and flags < Phalanx() keyword arguments.",
+        "# Every line shows the default; uncomment and change what you need. Unknown keys are rejected.",
+        "",
+    ]
+    for scope, title in (
+        (Scope.LAUNCHER, "launcher: processes and nodes (read by `phalanx run`)"),
+        (Scope.RUNTIME, "runtime: what each worker's Phalanx() does (exported as PHALANX_*)"),
+    ):
         lines.append(f"# --- {title} ---")
         for s in (s for s in SETTINGS if s.scope == scope):
             where = f"flag {s.flag}" + (f", env {s.env}" if s.env else "")

@@ -5,6 +5,7 @@ inside the training loop, or `zip` of two loaders. `gather_for_metrics` reads th
 innermost pass in progress (the loader that yielded last among those whose pass is not over), or the
 one of the loader it is given.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,6 +7,7 @@ Two collectives, both tiny and both called by every rank at the same point of it
 They are what lets any strategy (ddp, zero1..zero3, fsdp) survive uneven data: no rank ever enters
 a collective that its peers will not enter.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,8 +77,9 @@ def agree_step(has_data: bool, can_pad: bool, drop: bool, real: int = 0) -> Step
     if num_with_data == 0 or (drop and num_with_data < world):
         return StepDecision(False, num_with_data)
     needy = any(not p[0] and not p[1] for p in parts)
-    return StepDecision(True, num_with_data, donor=have.index(True) if needy else None,
-                        reals=tuple(int(p[2]) for p in parts))
+    return StepDecision(
+        True, num_with_data, donor=have.index(True) if needy else None, reals=tuple(int(p[2]) for p in parts)
+    )
 
 
 def lend_batch(batch: Any, donor: int) -> Any:

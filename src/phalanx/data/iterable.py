@@ -9,6 +9,7 @@ What phalanx does with an IterableDataset (docs/data.md):
   permutation everywhere and the split stays a partition. Phalanx says once that it did so and how to
   choose otherwise (`shard=False`).
 """
+
 from __future__ import annotations
 
 import types
@@ -50,11 +51,15 @@ def say_once(what: type, message: str) -> None:
 def say_item_split(dataset: IterableDataset, readers: int) -> None:
     """Once per dataset class: phalanx split this stream item by item, and how to choose otherwise."""
     if readers > 1:
-        say_once(type(dataset), (
-            f"phalanx: {type(dataset).__name__} is an IterableDataset that phalanx cannot split by shard, so it is "
-            f"split item by item: each of the {readers} readers (ranks x workers) reads the whole stream and keeps "
-            f"1 item in {readers}. HINT: if it shards itself by rank and worker, prepare it with shard=False; if it "
-            "reads files or shards, give it to phalanx.data.ShardedStream(shards, read) so each is read once"))
+        say_once(
+            type(dataset),
+            (
+                f"phalanx: {type(dataset).__name__} is an IterableDataset that phalanx cannot split by shard, so it is "
+                f"split item by item: each of the {readers} readers (ranks x workers) reads the whole stream and keeps "
+                f"1 item in {readers}. HINT: if it shards itself by rank and worker, prepare it with shard=False; if it "
+                "reads files or shards, give it to phalanx.data.ShardedStream(shards, read) so each is read once"
+            ),
+        )
 
 
 class ShardedIterable(IterableDataset):

@@ -9,6 +9,7 @@ finished answers from a thread, contributing an empty header and zeros, until ev
 finished (a header with no active rank). Ranks still stepping read the active ranks' rows only:
 a mean is over the ranks that contributed, as one process averages the batches it has.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,18 @@ import torch.distributed as dist
 
 from phalanx.runtime import collectives
 
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-           torch.int16, torch.int8, torch.uint8, torch.bool)
+_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+)
 _MAX_DIMS = 8
 _HEADER = 3 + _MAX_DIMS  # active, dtype index, ndim, shape
 _GROUPS: dict[tuple[int, ...], Any] = {}  # join group's ranks -> the verbs' own group (built once)
@@ -65,27 +76,33 @@ class JoinCollectives:
 
     def gather(self, data: Any, device: torch.device | str) -> Any:
         data, back = collectives.as_tensors(data, device, "gather")
-        return back(collectives.map_tensors(
-            lambda t: torch.cat([p.reshape(1) if p.dim() == 0 else p for p in self._exchange(t.detach())]), data))
+        return back(
+            collectives.map_tensors(
+                lambda t: torch.cat([p.reshape(1) if p.dim() == 0 else p for p in self._exchange(t.detach())]), data
+            )
+        )
 
     def _exchange(self, t: torch.Tensor) -> list[torch.Tensor]:
         """Every active rank's `t`, in rank order."""
         if t.dim() > _MAX_DIMS or t.dtype not in _DTYPES:
-            raise ValueError(f"px.reduce/px.gather inside px.uneven_inputs take tensors of at most {_MAX_DIMS} "
-                             f"dims and dtype in {[str(d) for d in _DTYPES]}; got {tuple(t.shape)} {t.dtype}. "
-                             "HINT: reshape or cast it first")
+            raise ValueError(
+                f"px.reduce/px.gather inside px.uneven_inputs take tensors of at most {_MAX_DIMS} "
+                f"dims and dtype in {[str(d) for d in _DTYPES]}; got {tuple(t.shape)} {t.dtype}. "
+                "HINT: reshape or cast it first"
+            )
         if self._idle is not None and self._idle():
             return _answer(self.group, self.world, None, None, t.device)  # the peers' device (NCCL: theirs)
         header = torch.zeros(_HEADER, dtype=torch.int64, device=t.device)
         header[:3] = torch.tensor([1, _DTYPES.index(t.dtype), t.dim()])
-        header[3:3 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+        header[3 : 3 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
         return _answer(self.group, self.world, header, t.contiguous().reshape(-1))
 
     # ---- a rank that finished ----------------------------------------------------------------
     def start_answering(self) -> None:
         """Answer the others' calls from a thread until every rank has finished."""
-        self._thread = threading.Thread(target=self._answer_until_all_finished, name="phalanx-join-collectives",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._answer_until_all_finished, name="phalanx-join-collectives", daemon=True
+        )
         self._thread.start()
 
     def wait_answered(self) -> None:
@@ -98,8 +115,9 @@ class JoinCollectives:
             pass
 
 
-def _answer(group: Any, world: int, header: torch.Tensor | None, flat: torch.Tensor | None,
-            device: torch.device | str = "cpu") -> list[torch.Tensor]:
+def _answer(
+    group: Any, world: int, header: torch.Tensor | None, flat: torch.Tensor | None, device: torch.device | str = "cpu"
+) -> list[torch.Tensor]:
     """One call: the header all-gathered, then the data; a finished rank passes None for both and
     gets [] once no rank is active."""
     mine = header if header is not None else torch.zeros(_HEADER, dtype=torch.int64, device=device)
@@ -110,11 +128,11 @@ def _answer(group: Any, world: int, header: torch.Tensor | None, flat: torch.Ten
     if not active:
         return []
     dtype = _DTYPES[active[0][1]]
-    shapes = [tuple(r[3:3 + r[2]]) if r[0] else None for r in rows]
+    shapes = [tuple(r[3 : 3 + r[2]]) if r[0] else None for r in rows]
     longest = max(math.prod(s) for s in shapes if s is not None)
     padded = torch.zeros(longest, dtype=dtype, device=mine.device)
     if flat is not None:
-        padded[:flat.numel()] = flat
+        padded[: flat.numel()] = flat
     parts = torch.empty(world * longest, dtype=dtype, device=mine.device).reshape(world, longest)
     collectives.all_gather_single(parts.reshape(-1), padded, group=group)
-    return [parts[i, :math.prod(s)].reshape(s) for i, s in enumerate(shapes) if s is not None]
+    return [parts[i, : math.prod(s)].reshape(s) for i, s in enumerate(shapes) if s is not None]

@@ -13,6 +13,7 @@ backward of the next epoch added to them (grad norm 0.781 against one process's 
 joinable, last in Join's list, copies all of it from the same rank DDP copies the weights from (the
 highest rank among the last joiners), so the next epoch starts as one model and one optimizer again.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -27,8 +28,14 @@ class LastJoinerState(Joinable):
     """Copy `optimizers`' and `schedulers`' state and `models`' gradients from the last joiner to
     every rank of `group` when Join ends (its post hook); no collective while the others still step."""
 
-    def __init__(self, models: Sequence[nn.Module], optimizers: Sequence[Any], schedulers: Sequence[Any], group: Any,
-                 device: torch.device):
+    def __init__(
+        self,
+        models: Sequence[nn.Module],
+        optimizers: Sequence[Any],
+        schedulers: Sequence[Any],
+        group: Any,
+        device: torch.device,
+    ):
         super().__init__()
         self.models, self.optimizers, self.schedulers = list(models), list(optimizers), list(schedulers)
         self.group, self.device = group, device
@@ -58,8 +65,11 @@ class _CopyAtEnd(JoinHook):
         source = int(pick.item())
         params = [p for m in owner.models for p in m.parameters()]
         src = dist.get_global_rank(owner.group, source)
-        states = [[o.state_dict() for o in owner.optimizers], [s.state_dict() for s in owner.schedulers],
-                  [p.grad is not None for p in params]]
+        states = [
+            [o.state_dict() for o in owner.optimizers],
+            [s.state_dict() for s in owner.schedulers],
+            [p.grad is not None for p in params],
+        ]
         dist.broadcast_object_list(states, src=src, group=owner.group)
         for param, held in zip(params, states[2]):
             if not held:

@@ -1,4 +1,5 @@
 """`prepare(loader)`: the user's DataLoader rebuilt to shard over ranks and feed the device."""
+
 from __future__ import annotations
 
 import enum
@@ -53,11 +54,22 @@ class PreparedLoader:
     the global batch and each data-parallel rank gets `batch_size / dp_size` (data/split_batches.py).
     """
 
-    def __init__(self, loader: DataLoader, ctx: DistContext, *, seed: int = 0,
-                 device_placement: bool = True, batch_records: BatchRecords | None = None,
-                 shard: bool = True, progress: StepTracker | None = None, rank_aware_workers: bool = True,
-                 on_batch: Callable[[Any], None] | None = None, split_batches: bool = False,
-                 training: Callable[[], bool] | None = None, empty_padding: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        loader: DataLoader,
+        ctx: DistContext,
+        *,
+        seed: int = 0,
+        device_placement: bool = True,
+        batch_records: BatchRecords | None = None,
+        shard: bool = True,
+        progress: StepTracker | None = None,
+        rank_aware_workers: bool = True,
+        on_batch: Callable[[Any], None] | None = None,
+        split_batches: bool = False,
+        training: Callable[[], bool] | None = None,
+        empty_padding: Callable[[], bool] | None = None,
+    ):
         self.original = loader
         # whether a batch is read for training (a prepared model in train mode): only then is a short
         # last batch cut to its real rows and weighed; an eval pass keeps every rank's shapes equal,
@@ -136,8 +148,13 @@ class PreparedLoader:
         per_rank = self.per_rank_positions or self.stateful
         unit, consumed = _global_count(self.loader, per_rank, done, self.ctx.dp_size)
         _, per_step = _global_count(self.loader, per_rank, 1, self.ctx.dp_size)
-        state = {"epoch": epoch, "unit": unit, "consumed": consumed, "world_size": self.ctx.dp_size,
-                 "global_batch": per_step}
+        state = {
+            "epoch": epoch,
+            "unit": unit,
+            "consumed": consumed,
+            "world_size": self.ctx.dp_size,
+            "global_batch": per_step,
+        }
         draw = self._draw()
         if draw is not None and (generator := draw.state(mid_epoch=done > 0)) is not None:
             state["draw"] = generator  # the user's sampler generator: the epoch's draw is reproduced
@@ -218,14 +235,14 @@ class PreparedLoader:
                 training = self._training()
                 self.batch_info.left = None if total is None else total - index
                 self.batch_info.step_reals, self._step_reals = (self._step_reals if training else None), None
-                if (training and self.batch_info.left == 1 and self.mode is Equalising.FIXED
-                        and self.ctx.is_distributed):
+                if training and self.batch_info.left == 1 and self.mode is Equalising.FIXED and self.ctx.is_distributed:
                     # the pass's last step, the one a short remainder pads: weigh it by every rank's real items
                     self.batch_info.step_reals = tuple(gather_ints(_batch_len(batch) if real is None else real))
                 # a batch all padding is cut to no rows where the step is weighed (it weighs 0 there)
                 empty = self.batch_info.step_reals is not None and self._empty_padding()
-                batch, size = (real_rows(batch, _batch_len(batch), real, empty) if training
-                               else (batch, _batch_len(batch)))
+                batch, size = (
+                    real_rows(batch, _batch_len(batch), real, empty) if training else (batch, _batch_len(batch))
+                )
                 self.batch_info.size, self.batch_info.num_real = size, real
                 self.batch_records.yielded(self.batch_info)
                 index += 1
@@ -266,8 +283,11 @@ class PreparedLoader:
         if self.stateful:  # restored by its own load_state_dict: it starts at batch `skip` by itself
             batches: Iterator[tuple[int, Any]] = enumerate(read, start=skip)
         else:
-            batches = (enumerate(read, start=skip) if source is not self.loader
-                       else itertools.islice(enumerate(read), skip, None))  # can only skip by reading
+            batches = (
+                enumerate(read, start=skip)
+                if source is not self.loader
+                else itertools.islice(enumerate(read), skip, None)
+            )  # can only skip by reading
         for index, batch in batches:
             if pad_flags is None and isinstance(self.loader.batch_sampler, BatchShardSampler):
                 pad_flags = self.loader.batch_sampler.padding_flags
@@ -302,8 +322,9 @@ class PreparedLoader:
         last = None
         while True:
             item = next(it, None)
-            decision = agree_step(item is not None, last is not None, self.drop,
-                                  real=(item[1] or 0) if item is not None else 0)
+            decision = agree_step(
+                item is not None, last is not None, self.drop, real=(item[1] or 0) if item is not None else 0
+            )
             self._step_reals = decision.reals
             if not decision.proceed:
                 return
@@ -362,8 +383,10 @@ def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], 
     unit, consumed, saved_world = state["unit"], int(state["consumed"]), int(state["world_size"])
     expected_unit, _ = _global_count(loader, per_rank, 0, world_size)
     if unit != expected_unit:
-        raise ValueError(f"the checkpoint counts data in {unit}, this loader in {expected_unit}: "
-                         "HINT: resume with the same DataLoader setup (sampler, batch_size) as the saved run")
+        raise ValueError(
+            f"the checkpoint counts data in {unit}, this loader in {expected_unit}: "
+            "HINT: resume with the same DataLoader setup (sampler, batch_size) as the saved run"
+        )
     _, global_batch = _global_count(loader, per_rank, 1, world_size)
     saved_global = state.get("global_batch")
     if unit == "samples" and saved_global is not None and int(saved_global) != global_batch:
@@ -373,12 +396,15 @@ def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], 
             f"{saved_batch}), this run takes {global_batch} ({_ranks(world_size)} x {global_batch // world_size}). "
             "Resuming would change the optimisation. HINT: keep the global batch: "
             f"batch_size = {saved_global} / world_size = {int(saved_global) / world_size:g}, or set "
-            f"split_batches with batch_size = {saved_global} (the global batch, the same on any world size)")
+            f"split_batches with batch_size = {saved_global} (the global batch, the same on any world size)"
+        )
     if unit == "batches_per_rank":
         if saved_world != world_size:
-            raise ValueError(f"a per-rank data position (IterableDataset, shard=False or a stateful loader) saved on {saved_world} "
-                             f"ranks cannot map to {world_size}. HINT: resume on {saved_world} ranks or use a "
-                             "map-style Dataset sharded by phalanx")
+            raise ValueError(
+                f"a per-rank data position (IterableDataset, shard=False or a stateful loader) saved on {saved_world} "
+                f"ranks cannot map to {world_size}. HINT: resume on {saved_world} ranks or use a "
+                "map-style Dataset sharded by phalanx"
+            )
         return consumed
     per_step = world_size * (int(loader.batch_size) if unit == "samples" else 1)
     if consumed % per_step and unit == "batches":  # a batch sampler's batches go whole, one per rank a step
@@ -387,12 +413,14 @@ def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], 
             f"the checkpoint's data position ({consumed} batches of the batch sampler into epoch {state['epoch']}) "
             f"is not a whole number of steps of {per_step} batches (a step deals one whole batch to each of the "
             f"{_ranks(world_size)}). HINT: resume on {_or(worlds)} ranks, or save where the position divides "
-            f"(it was {_ranks(saved_world)})")
+            f"(it was {_ranks(saved_world)})"
+        )
     if consumed % per_step:
         raise ValueError(
             f"the checkpoint's data position ({consumed} {unit} into epoch {state['epoch']}) is not a whole "
             f"number of steps of {per_step} {unit} (world_size={world_size} x this loader's batch). HINT: keep "
-            f"the global batch: batch_size = global batch / world_size (it was {saved_world} ranks)")
+            f"the global batch: batch_size = global batch / world_size (it was {saved_world} ranks)"
+        )
     return consumed // per_step
 
 
@@ -400,8 +428,12 @@ def _skipping(loader: DataLoader, skip: int) -> DataLoader:
     """`loader`, or a twin whose batch sampler skips the first `skip` batches without loading them."""
     if not skip or loader.batch_sampler is None or isinstance(loader.dataset, IterableDataset):
         return loader  # the IterableDataset case skips by iterating (islice in __iter__)
-    return DataLoader(loader.dataset, batch_sampler=_SkipFirst(loader.batch_sampler, skip),
-                      generator=loader.generator, **carried(loader))
+    return DataLoader(
+        loader.dataset,
+        batch_sampler=_SkipFirst(loader.batch_sampler, skip),
+        generator=loader.generator,
+        **carried(loader),
+    )
 
 
 def scale_batch(loader: DataLoader, factor: int) -> DataLoader:
@@ -416,12 +448,18 @@ def scale_batch(loader: DataLoader, factor: int) -> DataLoader:
     if loader.batch_size is None:
         if loader.batch_sampler is None:
             raise ValueError("phalanx parity cannot scale a DataLoader built with batch_size=None and no batch_sampler")
-        return build(loader.dataset, batch_sampler=_Merged(loader.batch_sampler, factor), generator=loader.generator,
-                      **kwargs)
+        return build(
+            loader.dataset, batch_sampler=_Merged(loader.batch_sampler, factor), generator=loader.generator, **kwargs
+        )
     if not isinstance(loader.dataset, IterableDataset):
         kwargs["sampler"] = loader.sampler
-    return build(loader.dataset, batch_size=loader.batch_size * factor, drop_last=loader.drop_last,
-                  generator=loader.generator, **kwargs)
+    return build(
+        loader.dataset,
+        batch_size=loader.batch_size * factor,
+        drop_last=loader.drop_last,
+        generator=loader.generator,
+        **kwargs,
+    )
 
 
 class _Merged:

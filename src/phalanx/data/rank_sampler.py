@@ -8,6 +8,7 @@ already shards by rank (a DistributedSampler, a subclass, or any sampler with in
 `num_replicas` and `rank`) and re-points a copy of it at the data-parallel ranks, keeping its
 order, shuffle, seed and drop_last; `set_epoch` on the script's object still decides the epoch.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,8 +25,10 @@ def shards_by_rank(sampler: Any) -> bool:
     """A DistributedSampler (or subclass), or a sampler that says it splits over ranks."""
     if isinstance(sampler, DistributedSampler):
         return True
-    return all(isinstance(getattr(sampler, name, None), int) and not isinstance(getattr(sampler, name), bool)
-               for name in ("num_replicas", "rank")) and hasattr(sampler, "__iter__")
+    return all(
+        isinstance(getattr(sampler, name, None), int) and not isinstance(getattr(sampler, name), bool)
+        for name in ("num_replicas", "rank")
+    ) and hasattr(sampler, "__iter__")
 
 
 def _repointed(sampler: Any, num_replicas: int, rank: int) -> Any:
@@ -105,10 +108,16 @@ class TakenOverSampler(Sampler[int]):
         """The log line: what the script built, and what it became."""
         user = self.user
         kind = type(user).__name__
-        settings = ", ".join(f"{name}={getattr(user, name)!r}" for name in ("shuffle", "seed", "drop_last")
-                             if hasattr(user, name))
-        groups = "" if dp_size == getattr(user, "num_replicas", dp_size) else \
-            f" (it counted {user.num_replicas} processes; ranks that hold one model replica read the same rows)"
-        return (f"prepare() took over the script's {kind}({settings}): it now splits the data over the "
-                f"{dp_size} data-parallel rank{'s' if dp_size != 1 else ''}{groups} instead of being split a "
-                f"second time; set_epoch on it still sets the epoch")
+        settings = ", ".join(
+            f"{name}={getattr(user, name)!r}" for name in ("shuffle", "seed", "drop_last") if hasattr(user, name)
+        )
+        groups = (
+            ""
+            if dp_size == getattr(user, "num_replicas", dp_size)
+            else f" (it counted {user.num_replicas} processes; ranks that hold one model replica read the same rows)"
+        )
+        return (
+            f"prepare() took over the script's {kind}({settings}): it now splits the data over the "
+            f"{dp_size} data-parallel rank{'s' if dp_size != 1 else ''}{groups} instead of being split a "
+            f"second time; set_epoch on it still sets the epoch"
+        )

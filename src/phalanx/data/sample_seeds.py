@@ -8,6 +8,7 @@ sample from (seed, epoch, sample index) makes the draws a function of the sample
 resume, and the same whatever the number of workers or ranks. The epoch travels with the index
 (`SampleKey`), so persistent workers, created once, still see each new epoch.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable

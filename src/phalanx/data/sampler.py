@@ -1,4 +1,5 @@
 """Samplers that split a dataset over ranks and know which of their samples are padding."""
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,15 @@ class BatchShardSampler(Sampler[list[int]]):
     as SampleKeys that carry the epoch (for per-sample seeds in workers).
     """
 
-    def __init__(self, batch_sampler: Sampler[list[int]], num_replicas: int, rank: int, drop_last: bool = False,
-                 tag_epoch: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        batch_sampler: Sampler[list[int]],
+        num_replicas: int,
+        rank: int,
+        drop_last: bool = False,
+        tag_epoch: bool = False,
+        seed: int = 0,
+    ):
         self.batch_sampler = batch_sampler
         self.draw = EpochDraw(batch_sampler, seed)
         self.tag_epoch = tag_epoch

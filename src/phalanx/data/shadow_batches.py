@@ -8,6 +8,7 @@ to no rows: its forward and backward meet the peers' collectives and contribute 
 reduce-scatter divides by the ranks that started (what DDP does under Join), and its optimizer
 steps its shard with the others' gradients. The loop counts no item for it (`len(x) == 0`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
@@ -28,7 +29,8 @@ def no_rows(batch: Any) -> Any:
             f"phalanx: px.uneven_inputs under FSDP2 hands a rank that ran out of data its last batch cut to "
             f"no rows, but a batch of {type(batch).__name__} has no tensor with a batch dimension to cut. "
             "HINT: yield tensors (or tuples/dicts of them) from the iterable given to uneven.iter(...), or give "
-            "every rank as many batches")
+            "every rank as many batches"
+        )
     return BatchInfo(size=size, num_real=0).without_padding(batch)
 
 

@@ -7,6 +7,7 @@ around the sampler that deals this rank its part, every other setting kept.
 - any other sampler under DataLoader's own BatchSampler: its draw kept, dealt index by index;
 - a custom batch sampler: its whole batches dealt to ranks.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,14 +24,26 @@ from phalanx.logging.rank_log import get_logger
 from phalanx.runtime.context import DistContext
 
 # DataLoader arguments carried over verbatim when the loader is rebuilt around a new sampler.
-CARRIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
-           "multiprocessing_context", "persistent_workers", "pin_memory_device", "in_order")
+CARRIED = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
 
 
 def is_stateful(loader: DataLoader) -> bool:
     """A DataLoader subclass that saves and restores its own position (torchdata's StatefulDataLoader)."""
-    return type(loader) is not DataLoader and callable(getattr(loader, "state_dict", None)) \
+    return (
+        type(loader) is not DataLoader
+        and callable(getattr(loader, "state_dict", None))
         and callable(getattr(loader, "load_state_dict", None))
+    )
 
 
 def carried(loader: DataLoader) -> dict[str, Any]:
@@ -43,8 +56,9 @@ def carried(loader: DataLoader) -> dict[str, Any]:
     return kwargs
 
 
-def shard_loader(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool = True,
-                 batch_size: int | None = None) -> DataLoader:
+def shard_loader(
+    loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: bool = True, batch_size: int | None = None
+) -> DataLoader:
     """Rebuild `loader` so this data-parallel rank sees its shard, in batches of `batch_size` (the
     loader's own unless split_batches divided it); keep every other setting.
 
@@ -71,21 +85,30 @@ def shard_loader(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: 
     if loader.batch_size is not None and shards_by_rank(loader.sampler):  # the script's DistributedSampler
         taken = TakenOverSampler(loader.sampler, ctx.dp_size, ctx.dp_rank, tag_epoch=tag_epoch)
         get_logger("data").info("%s", taken.describe(ctx.dp_size))
-        return build(dataset, batch_size=batch_size, sampler=taken, drop_last=loader.drop_last,
-                      generator=generator, **kwargs)
+        return build(
+            dataset, batch_size=batch_size, sampler=taken, drop_last=loader.drop_last, generator=generator, **kwargs
+        )
     shuffle = _default_shuffle(loader)
     if shuffle is not None:
         sharded = ShardedSampler(
-            dataset, num_replicas=ctx.dp_size, rank=ctx.dp_rank,
-            shuffle=shuffle, seed=seed, drop_last=loader.drop_last, tag_epoch=tag_epoch,
+            dataset,
+            num_replicas=ctx.dp_size,
+            rank=ctx.dp_rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=loader.drop_last,
+            tag_epoch=tag_epoch,
         )
-        return build(dataset, batch_size=batch_size, sampler=sharded,
-                      drop_last=loader.drop_last, generator=generator, **kwargs)
+        return build(
+            dataset, batch_size=batch_size, sampler=sharded, drop_last=loader.drop_last, generator=generator, **kwargs
+        )
     if _deals_indices(loader):  # the user's own sampler: its draw is kept, dealt index by index
-        kept = UserSampler(loader.sampler, ctx.dp_size, ctx.dp_rank, seed=seed, drop_last=loader.drop_last,
-                           tag_epoch=tag_epoch)
-        return build(dataset, batch_size=batch_size, sampler=kept, drop_last=loader.drop_last,
-                      generator=generator, **kwargs)
+        kept = UserSampler(
+            loader.sampler, ctx.dp_size, ctx.dp_rank, seed=seed, drop_last=loader.drop_last, tag_epoch=tag_epoch
+        )
+        return build(
+            dataset, batch_size=batch_size, sampler=kept, drop_last=loader.drop_last, generator=generator, **kwargs
+        )
     # A custom batch sampler: deal its whole batches to ranks.
     batch_sampler = loader.batch_sampler
     if batch_sampler is None:  # batch_size=None: the sampler yields single samples
@@ -94,8 +117,9 @@ def shard_loader(loader: DataLoader, ctx: DistContext, seed: int, sample_seeds: 
             "Give it a batch_size (or a batch_sampler) so batches can be dealt to ranks."
         )
     drop_last = bool(getattr(batch_sampler, "drop_last", False))
-    shard = BatchShardSampler(batch_sampler, ctx.dp_size, ctx.dp_rank, drop_last=drop_last, tag_epoch=tag_epoch,
-                              seed=seed)
+    shard = BatchShardSampler(
+        batch_sampler, ctx.dp_size, ctx.dp_rank, drop_last=drop_last, tag_epoch=tag_epoch, seed=seed
+    )
     return build(dataset, batch_sampler=shard, generator=generator, **kwargs)
 
 
@@ -122,8 +146,11 @@ def _default_shuffle(loader: DataLoader) -> bool | None:
         # Only shuffle=True's own sampler: replacement, num_samples or a generator of the user's
         # change what is drawn, and are kept (user_sampler.UserSampler)
         # (torchdata's own always holds a generator of its making)
-        plain = not sampler.replacement and sampler._num_samples is None \
+        plain = (
+            not sampler.replacement
+            and sampler._num_samples is None
             and (sampler.generator is None or type(sampler).__module__ == _TORCHDATA_SAMPLERS)
+        )
         return True if plain else None
     return False if type(sampler) is SequentialSampler or _is(sampler, SequentialSampler) else None
 

@@ -7,6 +7,7 @@ another world size (a job that lost a node) unchanged. A global batch that does 
 refused at prepare, with the nearest batch sizes and the world sizes that do: accumulation making up
 the difference was the other option, and it was not taken (docs/elastic.md says why).
 """
+
 from __future__ import annotations
 
 
@@ -16,12 +17,14 @@ def per_rank_batch_size(batch_size: int | None, dp_size: int, *, shard: bool = T
         raise ValueError(
             "split_batches: prepare(loader, shard=False) uses each rank's own data as it is, so there is no "
             "global batch to split. HINT: let phalanx shard the loader (shard=True), or give this rank's "
-            "loader its per-rank batch size and turn split_batches off")
+            "loader its per-rank batch size and turn split_batches off"
+        )
     if batch_size is None:
         raise ValueError(
             "split_batches: this DataLoader has no batch_size (a custom batch_sampler, or batch_size=None), "
             "so there is no global batch to split. HINT: build it with batch_size=GLOBAL_BATCH (and "
-            "shuffle or sampler), or turn split_batches off: a batch sampler's batches are dealt whole to ranks")
+            "shuffle or sampler), or turn split_batches off: a batch sampler's batches are dealt whole to ranks"
+        )
     if batch_size % dp_size:
         raise ValueError(not_dividing_message(batch_size, dp_size))
     return batch_size // dp_size
@@ -33,9 +36,11 @@ def not_dividing_message(batch_size: int, dp_size: int) -> str:
     sizes = [s for s in (lower, upper) if s > 0]
     choices = " or ".join(f"{s} ({s // dp_size} per rank)" for s in sizes)
     worlds = ", ".join(str(n) for n in divisors(batch_size))
-    return (f"split_batches: the DataLoader's batch_size {batch_size} is the global batch and does not divide "
-            f"over {dp_size} data-parallel ranks. HINT: use batch_size {choices}, or run on a number of ranks "
-            f"that divides {batch_size} ({worlds})")
+    return (
+        f"split_batches: the DataLoader's batch_size {batch_size} is the global batch and does not divide "
+        f"over {dp_size} data-parallel ranks. HINT: use batch_size {choices}, or run on a number of ranks "
+        f"that divides {batch_size} ({worlds})"
+    )
 
 
 def divisors(n: int) -> list[int]:

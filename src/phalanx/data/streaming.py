@@ -14,6 +14,7 @@ across ranks and workers instead:
   by the dataset itself.
 Shards may hold different numbers of items: the prepared loader's per-step agreement evens the ranks.
 """
+
 from __future__ import annotations
 
 import math
@@ -117,7 +118,8 @@ def split_by_script(dataset: Any, rank: int, world_size: int) -> bool:
             f"phalanx: this datasets IterableDataset was split by split_dataset_by_node for rank {split.rank} of "
             f"{split.world_size}, but it is read by data-parallel rank {rank} of {world_size}. HINT: split it with "
             "split_dataset_by_node(ds, rank=px.dp_rank, world_size=px.dp_size), or give phalanx the unsplit "
-            "stream and it splits it by shard")
+            "stream and it splits it by shard"
+        )
     return True
 
 
@@ -130,8 +132,12 @@ def split_hf_iterable(dataset: Any, rank: int, world_size: int) -> Any:
         return dataset
     if dataset.n_shards >= world_size:
         return split_dataset_by_node(dataset, rank=rank, world_size=world_size, strategy="shards")
-    say_once(type(dataset), (
-        f"phalanx: this datasets IterableDataset has {dataset.n_shards} shards for {world_size} data-parallel ranks, "
-        f"so each rank reads every shard and keeps 1 example in {world_size}. HINT: give it at least {world_size} "
-        "shards (more files, or Dataset.to_iterable_dataset(num_shards=...)) so each is read once"))
+    say_once(
+        type(dataset),
+        (
+            f"phalanx: this datasets IterableDataset has {dataset.n_shards} shards for {world_size} data-parallel ranks, "
+            f"so each rank reads every shard and keeps 1 example in {world_size}. HINT: give it at least {world_size} "
+            "shards (more files, or Dataset.to_iterable_dataset(num_shards=...)) so each is read once"
+        ),
+    )
     return split_dataset_by_node(dataset, rank=rank, world_size=world_size, strategy="examples")

@@ -1,5 +1,6 @@
 """Which split a prepared loader gives an IterableDataset: by shard where the source has shards, item by
 item otherwise (data/streaming.py, data/iterable.py; docs/data.md)."""
+
 from __future__ import annotations
 
 from torch.utils.data import IterableDataset
@@ -9,8 +10,7 @@ from phalanx.data.streaming import ShardedStream, is_hf_iterable, split_by_scrip
 from phalanx.runtime.context import DistContext
 
 
-def stream_for_rank(dataset: IterableDataset, ctx: DistContext, seed: int,
-                    num_workers: int) -> IterableDataset | None:
+def stream_for_rank(dataset: IterableDataset, ctx: DistContext, seed: int, num_workers: int) -> IterableDataset | None:
     """`dataset` as data-parallel rank `ctx.dp_rank` reads it, each item once in the whole job; None for a
     dataset that shards itself (its `__iter__` reads the rank or the worker info, or the script split it
     with datasets' `split_dataset_by_node`): used as it is.

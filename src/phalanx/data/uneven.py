@@ -16,6 +16,7 @@ Two mechanisms behind one context manager, chosen by what the prepared objects s
         for batch in uneven.iter(my_rank_dependent_batches):
             ...
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Sequence
@@ -44,16 +45,22 @@ def current_join() -> JoinCollectives | None:
 class UnevenInputs:
     """The context manager returned by `px.uneven_inputs` / `px.join`; `.iter()` wraps user iterables."""
 
-    def __init__(self, method: str, joinables: Sequence[Joinable] = (), progress: StepTracker | None = None,
-                 group: Any = None):
+    def __init__(
+        self, method: str, joinables: Sequence[Joinable] = (), progress: StepTracker | None = None, group: Any = None
+    ):
         self.method = method  # "join", "shadow", "agree" or "none" (a world of one)
         self._join = Join(list(joinables)) if method == "join" else None
         self._progress = progress
         self._shadow = Shadowing() if method == "shadow" else None
         # px.reduce / px.gather inside: over the ranks still stepping (under Join their own group,
         # answered by ranks that finished; among batches of no rows the data-parallel `group`)
-        self.collectives = (JoinCollectives(joinables[0].join_process_group) if self._join is not None
-                            else JoinCollectives(group, idle=lambda: self._shadow.idle) if self._shadow else None)
+        self.collectives = (
+            JoinCollectives(joinables[0].join_process_group)
+            if self._join is not None
+            else JoinCollectives(group, idle=lambda: self._shadow.idle)
+            if self._shadow
+            else None
+        )
 
     def __enter__(self) -> "UnevenInputs":
         if self._join is not None:
@@ -101,8 +108,9 @@ class UnevenInputs:
 _END = object()
 
 
-def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto", pipeline: bool = False,
-                  layout: str | None = None) -> str:
+def choose_method(
+    objects: Sequence[Any], ctx: DistContext, method: str = "auto", pipeline: bool = False, layout: str | None = None
+) -> str:
     """'join' when every model among `objects` is Joinable (ddp), 'shadow' when one is not (FSDP2),
     'agree' when asked or no model is named; 'none' alone.
     Under pipeline parallel always 'agree': a rank out of data cannot shadow its neighbour stages'
@@ -117,7 +125,8 @@ def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
                 "phalanx: torch's Join cannot run pipeline stages (pp > 1): a rank that ran out of data "
                 "shadows its replicas' gradient all-reduces, not its neighbour stages' sends and receives. "
                 "HINT: use px.uneven_inputs(model), which agrees step by step, and iterate your data through "
-                "`uneven.iter(...)`")
+                "`uneven.iter(...)`"
+            )
         return "agree"
     models = [o for o in objects if isinstance(o, nn.Module)]
     not_joinable = [type(m).__name__ for m in models if not isinstance(m, Joinable)]
@@ -137,9 +146,16 @@ def choose_method(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
     return "join" if models and not not_joinable else "shadow" if not_joinable else "agree"
 
 
-def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto",
-                  progress: StepTracker | None = None, pipeline: bool = False,
-                  prepared: Sequence[Any] = (), layout: str | None = None, group: Any = None) -> UnevenInputs:
+def uneven_inputs(
+    objects: Sequence[Any],
+    ctx: DistContext,
+    method: str = "auto",
+    progress: StepTracker | None = None,
+    pipeline: bool = False,
+    prepared: Sequence[Any] = (),
+    layout: str | None = None,
+    group: Any = None,
+) -> UnevenInputs:
     """Build the context for `objects` (prepared models and optimizers); `pipeline`: the layout
     has pipeline stages (pp > 1). `prepared`: everything px.prepare returned; under Join its
     Joinable optimizers (zero1's, whose step all-gathers) join too, also when the script named
@@ -149,8 +165,11 @@ def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
     joinables: list[Any] = []
     if chosen == "join":
         params = {id(p) for m in objects if isinstance(m, nn.Module) for p in m.parameters()}
-        optimizers = [o for o in prepared if isinstance(o, Optimizer)
-                      and any(id(p) in params for g in o.param_groups for p in g["params"])]
+        optimizers = [
+            o
+            for o in prepared
+            if isinstance(o, Optimizer) and any(id(p) in params for g in o.param_groups for p in g["params"])
+        ]
         for o in map(_unwrap, [*objects, *optimizers]):
             if isinstance(o, Joinable) and not any(o is j for j in joinables):
                 joinables.append(o)
@@ -160,10 +179,10 @@ def uneven_inputs(objects: Sequence[Any], ctx: DistContext, method: str = "auto"
             _refuse_schedules_of_joinable_optimizers([bound[id(s)] for s in prepared], layout)
             schedulers = [s for s in prepared if bound[id(s)] in plain]
             models = [m for m in objects if isinstance(m, nn.Module)]
-            joinables.append(LastJoinerState(models, plain, schedulers, joinables[0].join_process_group,
-                                             joinables[0].join_device))
+            joinables.append(
+                LastJoinerState(models, plain, schedulers, joinables[0].join_process_group, joinables[0].join_device)
+            )
     return UnevenInputs(chosen, joinables, progress, group)
-
 
 
 def _refuse_schedules_of_joinable_optimizers(scheduled: Sequence[Any], layout: str | None) -> None:
@@ -177,7 +196,8 @@ def _refuse_schedules_of_joinable_optimizers(scheduled: Sequence[Any], layout: s
             "the loop it left no longer moves, so the weights would part from one process's. HINT: run the "
             "uneven loop under strategy ddp (every rank then leaves Join with the last rank's optimizer and "
             "schedule), or give every rank as many batches (px.prepare(loader) splits a dataset evenly) and "
-            "drop px.uneven_inputs")
+            "drop px.uneven_inputs"
+        )
 
 
 def _stepped_optimizer(scheduler: Any) -> Any:

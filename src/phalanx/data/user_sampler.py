@@ -13,6 +13,7 @@ and its state at the start of the epoch is what a checkpoint keeps, so a resume 
 epoch's draw instead of drawing a new one; a sampler that draws from torch's global RNG draws under
 a seed phalanx derives from (seed, epoch), and the model's global streams are left as they were.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -75,8 +76,10 @@ class EpochDraw:
 
     def restore(self, state: torch.Tensor | None) -> None:
         if state is not None and own_generator(self.sampler) is None:
-            raise ValueError("the checkpoint holds a sampler generator's state, and this loader's sampler has no "
-                             "generator. HINT: resume with the same sampler as the saved run")
+            raise ValueError(
+                "the checkpoint holds a sampler generator's state, and this loader's sampler has no "
+                "generator. HINT: resume with the same sampler as the saved run"
+            )
         self._pending = state
 
 
@@ -87,8 +90,16 @@ class UserSampler(Sampler[int]):
     count; `num_real_samples` says how many of this rank's are not repeats (gather_for_metrics).
     """
 
-    def __init__(self, sampler: Sampler, num_replicas: int, rank: int, *, seed: int, drop_last: bool = False,
-                 tag_epoch: bool = False):
+    def __init__(
+        self,
+        sampler: Sampler,
+        num_replicas: int,
+        rank: int,
+        *,
+        seed: int,
+        drop_last: bool = False,
+        tag_epoch: bool = False,
+    ):
         self.sampler = sampler
         self.num_replicas, self.rank = num_replicas, rank
         self.drop_last, self.tag_epoch = drop_last, tag_epoch
@@ -103,8 +114,13 @@ class UserSampler(Sampler[int]):
     def num_real_samples(self) -> int:
         if self.drop_last:
             return len(self)
-        return len(range(self.rank, min(len(self.sampler), len(self) * self.num_replicas),  # type: ignore[arg-type]
-                         self.num_replicas))
+        return len(
+            range(
+                self.rank,
+                min(len(self.sampler), len(self) * self.num_replicas),  # type: ignore[arg-type]
+                self.num_replicas,
+            )
+        )
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -115,8 +131,8 @@ class UserSampler(Sampler[int]):
         order = [int(i) for i in self.draw(self.epoch)]
         needed = len(self) * self.num_replicas
         if needed > len(order) and order:
-            order += (order * math.ceil(needed / len(order)))[:needed - len(order)]
-        mine = order[self.rank:needed:self.num_replicas]
+            order += (order * math.ceil(needed / len(order)))[: needed - len(order)]
+        mine = order[self.rank : needed : self.num_replicas]
         return iter(tag(mine, self.epoch) if self.tag_epoch else mine)
 
 
@@ -133,4 +149,5 @@ def check_same_draw(draw: EpochDraw, gather_ints: Callable[[int], list[int]]) ->
             f"({len(set(states))} different states over {len(states)} ranks): every rank must draw the same "
             "epoch for phalanx to deal it out, or items would repeat and go missing. HINT: seed it the same on "
             "every rank (torch.Generator().manual_seed(SEED), not from the rank), or leave generator=None and "
-            "phalanx draws from a seed shared by all ranks")
+            "phalanx draws from a seed shared by all ranks"
+        )

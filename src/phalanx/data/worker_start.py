@@ -13,6 +13,7 @@ user's own; a worker not marked within START_TIMEOUT_S of its fork is killed wit
 random state the pass drew from is put back, and the pass starts again, with a warning that names the
 worker and the fix. Elsewhere, and when workers are not forked, it is plain `iter(loader)`.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -26,8 +27,9 @@ import torch
 from torch.utils.data import DataLoader
 
 
-def fork_can_hang(version: tuple[int, ...] = tuple(sys.version_info[:3]),
-                  implementation: str = sys.implementation.name) -> bool:
+def fork_can_hang(
+    version: tuple[int, ...] = tuple(sys.version_info[:3]), implementation: str = sys.implementation.name
+) -> bool:
     """Whether this Python's fork can leave a child waiting on a lock copied held (CPython < 3.11.10)."""
     return implementation == "cpython" and tuple(version[:3]) < (3, 11, 10)
 
@@ -90,11 +92,15 @@ def start_workers(loader: DataLoader, who: str = "this rank", timeout: float | N
             f"{attempt} of {ATTEMPTS}): CPython {sys.version.split()[0]} can fork a process that waits forever on "
             "a lock another thread held at that instant (CPython gh-112275, fixed in 3.11.10 and 3.12). phalanx "
             "stopped this pass's workers and started the pass again from the same random state. To avoid it: "
-            "Python >= 3.11.10, or DataLoader(multiprocessing_context='forkserver').", RuntimeWarning, stacklevel=2)
+            "Python >= 3.11.10, or DataLoader(multiprocessing_context='forkserver').",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     raise RuntimeError(
         f"phalanx: {who}: DataLoader workers did not start after {ATTEMPTS} forks of {timeout:g} s each; "
         "a loaded machine can be this slow, a fork deadlock (CPython gh-112275) is not this persistent. "
-        "Look at what the workers' start runs (worker_init_fn), or use multiprocessing_context='forkserver'.")
+        "Look at what the workers' start runs (worker_init_fn), or use multiprocessing_context='forkserver'."
+    )
 
 
 def _not_started(workers: list, flags: Any, timeout: float) -> list[int]:
@@ -128,8 +134,13 @@ def _random_state(loader: DataLoader) -> tuple:
     """What `iter(loader)` draws from: torch's and Python's global generators, the loader's and its
     samplers' own generators, a StatefulDataLoader's state to resume from."""
     generators = _generators((loader.generator, loader.sampler, loader.batch_sampler))
-    return (torch.get_rng_state(), random.getstate(), [(g, g.get_state()) for g in generators],
-            getattr(loader, "next_iter_state", _NOTHING), loader)
+    return (
+        torch.get_rng_state(),
+        random.getstate(),
+        [(g, g.get_state()) for g in generators],
+        getattr(loader, "next_iter_state", _NOTHING),
+        loader,
+    )
 
 
 def _restore(drawn: tuple) -> None:

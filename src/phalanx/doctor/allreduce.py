@@ -4,6 +4,7 @@ Processes join over a file:// store (no port to collide with), run a few warm-up
 all-reduces of `size_mb` MiB, and rank 0 reports the median time. A hang (the failure doctor exists
 to catch) ends at `timeout_s`: the processes are killed and the finding says so.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -55,8 +56,10 @@ def run_allreduce(nproc: int, size_mb: float, timeout_s: float, backend: str = "
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="phalanx-doctor-") as tmp:
         init_file = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(r, nproc, init_file, size_mb, backend, queue), daemon=True)
-                 for r in range(nproc)]
+        procs = [
+            ctx.Process(target=_worker, args=(r, nproc, init_file, size_mb, backend, queue), daemon=True)
+            for r in range(nproc)
+        ]
         start = time.monotonic()
         for p in procs:
             p.start()
@@ -69,20 +72,41 @@ def run_allreduce(nproc: int, size_mb: float, timeout_s: float, backend: str = "
                 p.join()
         codes = [p.exitcode for p in procs]
     if hung:
-        return Finding(name, FAIL, f"did not finish within {timeout_s:g} s (ranks {hung} still running): a launch would hang",
-                       "run with TORCH_DISTRIBUTED_DEBUG=DETAIL and NCCL_DEBUG=INFO to see where it stops; "
-                       "check GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME", {"timeout_s": timeout_s})
+        return Finding(
+            name,
+            FAIL,
+            f"did not finish within {timeout_s:g} s (ranks {hung} still running): a launch would hang",
+            "run with TORCH_DISTRIBUTED_DEBUG=DETAIL and NCCL_DEBUG=INFO to see where it stops; "
+            "check GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME",
+            {"timeout_s": timeout_s},
+        )
     if any(codes) or queue.empty():
-        return Finding(name, FAIL, f"processes exited with codes {codes}",
-                       "run a 2-process `phalanx run` of a trivial script to see the error", {"exit_codes": codes})
+        return Finding(
+            name,
+            FAIL,
+            f"processes exited with codes {codes}",
+            "run a 2-process `phalanx run` of a trivial script to see the error",
+            {"exit_codes": codes},
+        )
     result = queue.get()
     size = size_mb * 2**20
     algbw = size / result["seconds"] / 1e9
     busbw = algbw * 2 * (nproc - 1) / nproc
-    data = {"nproc": nproc, "backend": backend, "size_mb": size_mb, "seconds": result["seconds"],
-            "algbw_gbps": algbw, "busbw_gbps": busbw, "correct": result["correct"],
-            "total_s": time.monotonic() - start}
+    data = {
+        "nproc": nproc,
+        "backend": backend,
+        "size_mb": size_mb,
+        "seconds": result["seconds"],
+        "algbw_gbps": algbw,
+        "busbw_gbps": busbw,
+        "correct": result["correct"],
+        "total_s": time.monotonic() - start,
+    }
     if not result["correct"]:
         return Finding(name, FAIL, "the all-reduce returned wrong values", "report this: the backend is broken", data)
-    return Finding(name, OK, f"{size_mb:g} MiB in {result['seconds'] * 1e3:.2f} ms: algbw {algbw:.2f} GB/s, "
-                   f"busbw {busbw:.2f} GB/s", data=data)
+    return Finding(
+        name,
+        OK,
+        f"{size_mb:g} MiB in {result['seconds'] * 1e3:.2f} ms: algbw {algbw:.2f} GB/s, busbw {busbw:.2f} GB/s",
+        data=data,
+    )

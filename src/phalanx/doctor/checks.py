@@ -3,6 +3,7 @@
 Inputs are explicit (an environment mapping, ports, an address) so tests can stage a busy port, a
 bogus CUDA_VISIBLE_DEVICES or an unresolvable master without touching the real environment.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,27 +54,49 @@ def check_gpus(env: Mapping[str, str], num_visible: int, num_physical: int) -> l
         return [Finding("gpus", OK, detail, data=data)]
     entries = [item.strip() for item in raw.split(",") if item.strip()]
     bad = [e for e in entries if not re.fullmatch(r"\d+|GPU-[0-9a-fA-F-]+|MIG-[\w/-]+", e)]
-    fix_hint = (f"unset {envvars.CUDA_VISIBLE_DEVICES}, or list indices 0..{num_physical - 1} "
-                "(see `nvidia-smi -L`)") if num_physical else f"unset {envvars.CUDA_VISIBLE_DEVICES}"
+    fix_hint = (
+        (f"unset {envvars.CUDA_VISIBLE_DEVICES}, or list indices 0..{num_physical - 1} (see `nvidia-smi -L`)")
+        if num_physical
+        else f"unset {envvars.CUDA_VISIBLE_DEVICES}"
+    )
     if bad:
-        return [Finding("gpus", FAIL,
-                        f"{envvars.CUDA_VISIBLE_DEVICES}={raw!r} has invalid entries {bad}: CUDA stops reading the "
-                        "list at the first bad entry, so the GPUs after it are silently hidden",
-                        fix_hint, data)]
+        return [
+            Finding(
+                "gpus",
+                FAIL,
+                f"{envvars.CUDA_VISIBLE_DEVICES}={raw!r} has invalid entries {bad}: CUDA stops reading the "
+                "list at the first bad entry, so the GPUs after it are silently hidden",
+                fix_hint,
+                data,
+            )
+        ]
     if len(set(entries)) != len(entries):
         return [Finding("gpus", FAIL, f"{envvars.CUDA_VISIBLE_DEVICES}={raw!r} lists a GPU twice", fix_hint, data)]
     numeric = [int(e) for e in entries if e.isdigit()]
     missing = [i for i in numeric if i >= num_physical]
     if num_physical == 0 and entries:
-        return [Finding("gpus", WARN,
-                        f"{envvars.CUDA_VISIBLE_DEVICES}={raw!r} is set but this machine has no NVIDIA GPU: "
-                        "runs use the CPU and gloo", fix_hint, data)]
+        return [
+            Finding(
+                "gpus",
+                WARN,
+                f"{envvars.CUDA_VISIBLE_DEVICES}={raw!r} is set but this machine has no NVIDIA GPU: "
+                "runs use the CPU and gloo",
+                fix_hint,
+                data,
+            )
+        ]
     if missing or num_visible < len(entries):
-        return [Finding("gpus", FAIL,
-                        f"{envvars.CUDA_VISIBLE_DEVICES}={raw!r} lists {len(entries)} GPU(s) but CUDA sees "
-                        f"{num_visible} of this machine's {num_physical}"
-                        + (f" (no GPU {', '.join(map(str, missing))})" if missing else ""),
-                        fix_hint, data)]
+        return [
+            Finding(
+                "gpus",
+                FAIL,
+                f"{envvars.CUDA_VISIBLE_DEVICES}={raw!r} lists {len(entries)} GPU(s) but CUDA sees "
+                f"{num_visible} of this machine's {num_physical}"
+                + (f" (no GPU {', '.join(map(str, missing))})" if missing else ""),
+                fix_hint,
+                data,
+            )
+        ]
     return [Finding("gpus", OK, f"{num_visible} GPU(s) visible ({envvars.CUDA_VISIBLE_DEVICES}={raw})", data=data)]
 
 
@@ -87,13 +110,16 @@ def check_ports(ports: list[int], required: set[int]) -> list[Finding]:
             findings.append(Finding(f"port {port}", OK, "free", data={"port": port, "free": True}))
             continue
         needed = port in required
-        findings.append(Finding(
-            f"port {port}", FAIL if needed else WARN,
-            "in use on this machine" + (" (the port the launch will use)" if needed else " (torchrun's default)"),
-            f"find the owner with `ss -ltnp 'sport = :{port}'` and stop it, or pick another --master-port "
-            "(on one node, phalanx run without --master-port picks a free port itself)",
-            {"port": port, "free": False},
-        ))
+        findings.append(
+            Finding(
+                f"port {port}",
+                FAIL if needed else WARN,
+                "in use on this machine" + (" (the port the launch will use)" if needed else " (torchrun's default)"),
+                f"find the owner with `ss -ltnp 'sport = :{port}'` and stop it, or pick another --master-port "
+                "(on one node, phalanx run without --master-port picks a free port itself)",
+                {"port": port, "free": False},
+            )
+        )
     return findings
 
 
@@ -111,8 +137,10 @@ def check_hostname() -> list[Finding]:
     if all(network.is_loopback(a) for a in addresses):
         # Fine on one node, and phalanx run sets GLOO/NCCL_SOCKET_IFNAME across nodes; only a
         # hand-rolled multi-node torchrun would break, which is not a reason to fail here.
-        detail += ("; across nodes phalanx run sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME from the route to "
-                   "the master (with plain torchrun, set them yourself)")
+        detail += (
+            "; across nodes phalanx run sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME from the route to "
+            "the master (with plain torchrun, set them yourself)"
+        )
     return [Finding("hostname", OK, detail, data=data)]
 
 
@@ -126,10 +154,17 @@ def check_master(master_addr: str | None, env: Mapping[str, str]) -> list[Findin
         fix = str(error).split("HINT: ", 1)[-1] if "HINT: " in str(error) else "check the address"
         return [Finding("master", FAIL, str(error).split(" HINT: ")[0], fix, {"master_addr": master_addr})]
     chosen = env.get(envvars.GLOO_SOCKET_IFNAME) or route.ifname
-    data = {"master_addr": master_addr, "address": route.address, "local_addr": route.local_addr,
-            "ifname": chosen, "is_local": route.is_local}
-    detail = (f"{master_addr} -> {route.address}, reached from {route.local_addr} on {route.ifname}"
-              f"{' (this node hosts the store)' if route.is_local else ''}; gloo/NCCL interface: {chosen}")
+    data = {
+        "master_addr": master_addr,
+        "address": route.address,
+        "local_addr": route.local_addr,
+        "ifname": chosen,
+        "is_local": route.is_local,
+    }
+    detail = (
+        f"{master_addr} -> {route.address}, reached from {route.local_addr} on {route.ifname}"
+        f"{' (this node hosts the store)' if route.is_local else ''}; gloo/NCCL interface: {chosen}"
+    )
     return [Finding("master", OK, detail, data=data)]
 
 
@@ -137,12 +172,23 @@ def check_shm(path: str = "/dev/shm") -> list[Finding]:
     try:
         stat = os.statvfs(path)
     except FileNotFoundError:
-        return [Finding("shm", WARN, f"{path} does not exist", "mount a tmpfs on /dev/shm (DataLoader workers and NCCL use it)")]
+        return [
+            Finding(
+                "shm", WARN, f"{path} does not exist", "mount a tmpfs on /dev/shm (DataLoader workers and NCCL use it)"
+            )
+        ]
     size = stat.f_blocks * stat.f_frsize
     data = {"bytes": size}
     if size < MIN_SHM_BYTES:
-        return [Finding("shm", WARN, f"{path} is {size / 2**20:.0f} MiB: DataLoader workers and NCCL can run out",
-                        "docker: --shm-size=8g; otherwise `mount -o remount,size=8G /dev/shm`", data)]
+        return [
+            Finding(
+                "shm",
+                WARN,
+                f"{path} is {size / 2**20:.0f} MiB: DataLoader workers and NCCL can run out",
+                "docker: --shm-size=8g; otherwise `mount -o remount,size=8G /dev/shm`",
+                data,
+            )
+        ]
     return [Finding("shm", OK, f"{path} is {size / 2**30:.1f} GiB", data=data)]
 
 
@@ -150,8 +196,15 @@ def check_open_files() -> list[Finding]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     data = {"soft": soft, "hard": hard}
     if soft != resource.RLIM_INFINITY and soft < MIN_OPEN_FILES:
-        return [Finding("open files", WARN, f"limit {soft} (hard {hard}): many workers/DataLoader processes exhaust it",
-                        f"`ulimit -n {min(hard, 65536) if hard != resource.RLIM_INFINITY else 65536}` before launching", data)]
+        return [
+            Finding(
+                "open files",
+                WARN,
+                f"limit {soft} (hard {hard}): many workers/DataLoader processes exhaust it",
+                f"`ulimit -n {min(hard, 65536) if hard != resource.RLIM_INFINITY else 65536}` before launching",
+                data,
+            )
+        ]
     return [Finding("open files", OK, f"limit {soft}", data=data)]
 
 
@@ -163,10 +216,20 @@ def check_slurm(env: Mapping[str, str]) -> list[Finding]:
         launch = slurm.launch_settings(env) if alloc.in_step or alloc.nnodes == 1 else None
     except slurm.SlurmError as error:
         text = str(error)
-        return [Finding("slurm", FAIL, text.split(" HINT: ")[0], text.split("HINT: ", 1)[-1] if "HINT: " in text else "")]
-    detail = (f"job {alloc.job_id}: {alloc.nnodes} node(s) ({', '.join(alloc.hosts[:4])}), this is node "
-              f"{alloc.node_rank}, master {alloc.master_addr}:{alloc.master_port}, GPUs on node: {alloc.gpus_on_node}")
+        return [
+            Finding("slurm", FAIL, text.split(" HINT: ")[0], text.split("HINT: ", 1)[-1] if "HINT: " in text else "")
+        ]
+    detail = (
+        f"job {alloc.job_id}: {alloc.nnodes} node(s) ({', '.join(alloc.hosts[:4])}), this is node "
+        f"{alloc.node_rank}, master {alloc.master_addr}:{alloc.master_port}, GPUs on node: {alloc.gpus_on_node}"
+    )
     if launch is None:
-        return [Finding("slurm", WARN, detail + "; in the batch script (no srun step)",
-                        "start phalanx run on every node: `srun --ntasks-per-node=1 phalanx run ...`")]
+        return [
+            Finding(
+                "slurm",
+                WARN,
+                detail + "; in the batch script (no srun step)",
+                "start phalanx run on every node: `srun --ntasks-per-node=1 phalanx run ...`",
+            )
+        ]
     return [Finding("slurm", OK, detail, data={"nnodes": launch.nnodes, "node_rank": launch.node_rank})]

@@ -1,4 +1,5 @@
 """`phalanx doctor [--json]`: run every check, print the report, exit 1 if a launch would break."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,10 +14,19 @@ DEFAULT_PORT = 29500  # torchrun's default master port
 def configure(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--json", action="store_true", help="print the report as JSON")
-    add("--master-addr", default=None, help="check resolution and the interface used to reach it "
-        "(default: $MASTER_ADDR, or SLURM's first host)")
-    add("--port", type=int, action="append", default=None, metavar="PORT",
-        help="a port the launch will use (repeatable; default: $MASTER_PORT); failing if busy")
+    add(
+        "--master-addr",
+        default=None,
+        help="check resolution and the interface used to reach it (default: $MASTER_ADDR, or SLURM's first host)",
+    )
+    add(
+        "--port",
+        type=int,
+        action="append",
+        default=None,
+        metavar="PORT",
+        help="a port the launch will use (repeatable; default: $MASTER_PORT); failing if busy",
+    )
     add("--nproc", type=int, default=2, help="processes in the live all-reduce (default 2)")
     add("--size-mb", type=float, default=16.0, help="all-reduce message size in MiB")
     add("--timeout", type=float, default=60.0, help="seconds before the all-reduce counts as hung")

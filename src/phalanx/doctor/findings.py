@@ -1,4 +1,5 @@
 """One finding per check, and the report (text for people, JSON for machines)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,6 +42,4 @@ def format_text(findings: Sequence[Finding]) -> str:
 
 
 def format_json(findings: Sequence[Finding]) -> str:
-    return json.dumps(
-        {"ok": exit_code(findings) == 0, "checks": [dataclasses.asdict(f) for f in findings]}, indent=2
-    )
+    return json.dumps({"ok": exit_code(findings) == 0, "checks": [dataclasses.asdict(f) for f in findings]}, indent=2)

@@ -22,6 +22,7 @@ Not here: data/worker_start.py guards DataLoader workers against CPython < 3.11.
 which NCCL's watchdog thread can trigger as gloo's work loop does: a Python-version workaround, not
 a host-only one. Pure Python at import (no torch): the decision is asked before anything runs.
 """
+
 from __future__ import annotations
 
 HOST_BACKEND = "gloo"

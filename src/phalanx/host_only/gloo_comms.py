@@ -21,6 +21,7 @@ next unit of its size within a step (host_only/step_buffers.py).
 Host-only (phalanx/host_only/): `use_gloo_collectives` engages on gloo only; on NCCL, FSDP2 and zero1
 use torch's own reduce-scatter and all-gather.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
@@ -48,15 +49,16 @@ class _Buffered:
 
 
 if ReduceScatter is not None:
+
     class AllToAllReduceScatter(_Buffered, ReduceScatter):  # type: ignore[misc,valid-type]
         """reduce_scatter(output, input) computed as all_to_all(input), then the sum of the copies
         of this rank's chunk (divided by the world for AVG)."""
 
-        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
-                     async_op: bool = False) -> Any:
+        def __call__(
+            self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any, async_op: bool = False
+        ) -> Any:
             if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):  # e.g. a pre-multiplied sum
-                return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
-                                                  async_op=async_op)
+                return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
             world = dist.get_world_size(group)
             copies = self.allocate(input_tensor.shape, dtype=input_tensor.dtype, device=input_tensor.device)
             dist.all_to_all_single(copies, input_tensor, group=group)
@@ -67,14 +69,16 @@ if ReduceScatter is not None:
 
 
 if AllGather is not None:
+
     class BroadcastAllGather(_Buffered, AllGather):  # type: ignore[misc,valid-type]
         """all_gather(output, input) as one broadcast per rank, each straight into its chunk of the
         output (FSDP2's input is already this rank's chunk of it). It returns when the gather is done,
         async_op or not: FSDP2 waits only on a c10d Work, and on CPU the ranks' compute and gloo's
         threads share the cores, so a prefetch overlaps little (the step above is with it)."""
 
-        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
-                     async_op: bool = False) -> Any:
+        def __call__(
+            self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
+        ) -> Any:
             world, rank = dist.get_world_size(group), dist.get_rank(group)
             chunks = output_tensor.chunk(world)
             if chunks[rank].data_ptr() != input_tensor.data_ptr():
@@ -112,4 +116,3 @@ def use_gloo_collectives(units: Iterable[Any], roots: Iterable[Any], backend: st
     for root in roots:
         buffers.release_after_forward(root)
     return True
-

@@ -18,6 +18,7 @@ own behaviour to ddp, zero1, dp, single and tensor parallel; an explicit size wi
 Host-only (phalanx/host_only/): `fix_for` engages on gloo only (tensors in host memory); a CUDA job's
 tensors live in the caching allocator, and glibc is left alone.
 """
+
 from __future__ import annotations
 
 import ctypes

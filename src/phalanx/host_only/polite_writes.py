@@ -21,6 +21,7 @@ Host-only (phalanx/host_only/): the helper is polite only when the training proc
 host's cores (`engages`: its backend is gloo); a CUDA job's loop runs on its GPU and the helper
 writes straight on (writer_process.py decides per save, in the training process).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -74,8 +75,9 @@ class LoopWatch:
             return self._waited_long  # the last reading's verdict holds until the next
         waited = self.waited_ns()
         self._last = (now, waited)
-        self._waited_long = (waited is not None and before is not None
-                             and waited - before > BUSY_SHARE * (now - then) * 1e9)
+        self._waited_long = (
+            waited is not None and before is not None and waited - before > BUSY_SHARE * (now - then) * 1e9
+        )
         return self._waited_long
 
 
@@ -103,7 +105,7 @@ class PoliteStream:
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         for start in range(0, view.nbytes, CHUNK_BYTES):
-            piece = view[start:start + CHUNK_BYTES]
+            piece = view[start : start + CHUNK_BYTES]
             self._raw.write(piece)
             self._since_check += piece.nbytes
             if self._since_check >= CHUNK_BYTES:

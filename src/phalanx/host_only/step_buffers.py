@@ -17,6 +17,7 @@ zero3 0.77-0.80, where they read 0.82 and 0.77 before); keeping 2 took zero2's t
 Host-only (phalanx/host_only/): made only by gloo_comms' collectives, which engage on gloo only; on
 NCCL no StepBuffers exists (CUDA's caching allocator already reuses freed blocks).
 """
+
 from __future__ import annotations
 
 import math
@@ -74,7 +75,7 @@ class StepBuffers:
 
     def _drop_unused(self, limit: int) -> None:
         unused = [i for i, buffer in enumerate(self._buffers) if _unused(buffer)]
-        for i in reversed(unused[:max(0, len(unused) - limit)]):
+        for i in reversed(unused[: max(0, len(unused) - limit)]):
             del self._buffers[i]
 
     def _release_when_backward_ends(self) -> None:

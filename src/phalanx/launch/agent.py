@@ -10,6 +10,7 @@ a fork, so this module never does (GPUs are counted through NVML), and "auto" us
 no GPU is in use; "spawn" (a fresh `python -m phalanx.launch.worker`, like torchrun) is the escape
 hatch.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -85,8 +86,13 @@ def _rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None) -> dict[str, 
     run_id = spec.rdzv_id or (uuid.uuid4().hex if spec.single_node else MULTINODE_RUN_ID)
     c10d_endpoint = _single_node_c10d_endpoint(spec)
     if c10d_endpoint is not None:
-        return {"rdzv_backend": BOUND_STATIC_BACKEND, "rdzv_endpoint": c10d_endpoint,
-                "local_addr": c10d_endpoint.rpartition(":")[0].strip("[]"), "run_id": run_id, "rdzv_configs": {"rank": 0}}
+        return {
+            "rdzv_backend": BOUND_STATIC_BACKEND,
+            "rdzv_endpoint": c10d_endpoint,
+            "local_addr": c10d_endpoint.rpartition(":")[0].strip("[]"),
+            "run_id": run_id,
+            "rdzv_configs": {"rank": 0},
+        }
     if spec.rdzv_backend == "static" and not spec.rdzv_endpoint and spec.single_node and spec.master_port is None:
         return {
             "rdzv_backend": BOUND_STATIC_BACKEND,
@@ -114,8 +120,9 @@ def _rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None) -> dict[str, 
         }
     return {
         # c10d's and etcd-v2's stores bind this node's address only, not every interface
-        "rdzv_backend": {"c10d": BOUND_C10D_BACKEND, "etcd-v2": BOUND_ETCD_V2_BACKEND,
-                         "etcd": BOUND_ETCD_BACKEND}.get(spec.rdzv_backend, spec.rdzv_backend),
+        "rdzv_backend": {"c10d": BOUND_C10D_BACKEND, "etcd-v2": BOUND_ETCD_V2_BACKEND, "etcd": BOUND_ETCD_BACKEND}.get(
+            spec.rdzv_backend, spec.rdzv_backend
+        ),
         "rdzv_endpoint": spec.rdzv_endpoint,
         "local_addr": local_addr,
         "run_id": run_id,
@@ -126,9 +133,16 @@ def _rendezvous_settings(spec: LaunchSpec, node: NodeSetup | None) -> dict[str, 
 # torch packages every phalanx worker imports (checkpoints, DTensor, FSDP2, DDP, ZeRO) and torch._dynamo,
 # which the first optimizer a process builds imports: seconds per process, most of a restart's time
 # (bench/recovery.py). Imported once here before forking, no worker imports them again.
-RUNTIME_TORCH_MODULES = ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
-                         "torch.distributed.tensor", "torch.distributed.fsdp", "torch.distributed.optim",
-                         "torch.distributed.algorithms.join", "torch.nn.parallel", "torch._dynamo")
+RUNTIME_TORCH_MODULES = (
+    "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "torch.distributed.optim",
+    "torch.distributed.algorithms.join",
+    "torch.nn.parallel",
+    "torch._dynamo",
+)
 
 
 def warm_imports(start_method: str, max_restarts: int) -> None:
@@ -179,8 +193,14 @@ def no_cuda_init() -> Iterator[None]:
             os.environ[key] = previous
 
 
-def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: NodeSetup | None = None,
-           verbose: bool = False, log_dir: str | None = None) -> int:
+def launch(
+    spec: LaunchSpec,
+    nproc_per_node: int,
+    num_gpus_in_use: int,
+    node: NodeSetup | None = None,
+    verbose: bool = False,
+    log_dir: str | None = None,
+) -> int:
     """Run the workers to completion; return the launcher's exit code (the first failed rank's).
 
     torch's agent logging goes to `log_dir`/launcher.log, and to the terminal only when `verbose`.
@@ -190,8 +210,14 @@ def launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: No
         return _launch(spec, nproc_per_node, num_gpus_in_use, node, verbose, log_dir)
 
 
-def _launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: NodeSetup | None,
-            verbose: bool, log_dir: str | None) -> int:
+def _launch(
+    spec: LaunchSpec,
+    nproc_per_node: int,
+    num_gpus_in_use: int,
+    node: NodeSetup | None,
+    verbose: bool,
+    log_dir: str | None,
+) -> int:
     start_method = choose_start_method(spec.start_method, num_gpus_in_use)
     # Lazy and narrow: the launcher API, not `import torch.distributed.run` and its parser.
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -203,8 +229,9 @@ def _launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: N
     from phalanx.launch import bound_store
 
     bound_store.register()
-    checkpoint_dir = (spec.checkpoint_dir or spec.worker_env.get(CHECKPOINT_DIR_VARIABLE)
-                      or os.environ.get(CHECKPOINT_DIR_VARIABLE))
+    checkpoint_dir = (
+        spec.checkpoint_dir or spec.worker_env.get(CHECKPOINT_DIR_VARIABLE) or os.environ.get(CHECKPOINT_DIR_VARIABLE)
+    )
     taken = kinds.signal_numbers(spec.preemption_signals)
     stopper = preemption.Stopper(taken, spec.preempt_grace, checkpoint_dir) if taken else None
     agent_kwargs = torchrun_flags.launch_config_kwargs(spec.agent or torchrun_flags.AgentOptions())
@@ -231,9 +258,12 @@ def _launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: N
     try:
         if stopper is not None:
             stopper.install()
-        with report.quiet_agent_logging(log_path, verbose), \
-                restarts.agent_class_installed(checkpoint_dir, seen, stopper,
-                                               node_name=node.local_addr if node is not None else ""):
+        with (
+            report.quiet_agent_logging(log_path, verbose),
+            restarts.agent_class_installed(
+                checkpoint_dir, seen, stopper, node_name=node.local_addr if node is not None else ""
+            ),
+        ):
             elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as error:
         message = restarts.refused(error.failures)
@@ -241,8 +271,14 @@ def _launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: N
             print(f"phalanx run: error: {message}", file=sys.stderr, flush=True)
             return refusal.EXIT_CODE
         if stopper is not None and stopper.takes_over(error.failures):
-            if stopper.outcome is None and checkpoint_dir and not (stopper.killed_after_grace or stopper.killed_by_third):
-                print(report.format_failures(error, nproc_per_node, seen.progress, log_dir), file=sys.stderr, flush=True)
+            if (
+                stopper.outcome is None
+                and checkpoint_dir
+                and not (stopper.killed_after_grace or stopper.killed_by_third)
+            ):
+                print(
+                    report.format_failures(error, nproc_per_node, seen.progress, log_dir), file=sys.stderr, flush=True
+                )
             return _say_preempted(stopper, spec)
         print(report.format_failures(error, nproc_per_node, seen.progress, log_dir), file=sys.stderr, flush=True)
         return report.first_exit_code(error, seen.progress)
@@ -250,16 +286,27 @@ def _launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: N
         if spec.single_node:
             raise
         host, port = store_address(spec)
-        print(describe_rendezvous_failure(
-            error, backend=spec.rdzv_backend, host=host or LOOPBACK, port=port,
-            nnodes=(spec.min_nnodes or spec.nnodes, spec.nnodes),
-            node_rank=spec.node_rank if spec.rdzv_backend == "static" else None,
-            timeout_s=spec.rdzv_timeout, setup=node,
-        ), file=sys.stderr, flush=True)
+        print(
+            describe_rendezvous_failure(
+                error,
+                backend=spec.rdzv_backend,
+                host=host or LOOPBACK,
+                port=port,
+                nnodes=(spec.min_nnodes or spec.nnodes, spec.nnodes),
+                node_rank=spec.node_rank if spec.rdzv_backend == "static" else None,
+                timeout_s=spec.rdzv_timeout,
+                setup=node,
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     except etcd_store.RendezvousStoreLost as error:  # no preemption signals: no checkpoint to stop with
-        print(f"{error} (no --preemption-signals are set: the workers were stopped without one)", file=sys.stderr,
-              flush=True)
+        print(
+            f"{error} (no --preemption-signals are set: the workers were stopped without one)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     except SignalException as error:
         if stopper is not None and stopper.active:
@@ -270,8 +317,11 @@ def _launch(spec: LaunchSpec, nproc_per_node: int, num_gpus_in_use: int, node: N
         if stopper is not None:
             stopper.uninstall()
     if stopper is not None and stopper.signal is not None:
-        print(f"phalanx: {stopper.signal.name} received, but the workers had finished their work first",
-              file=sys.stderr, flush=True)
+        print(
+            f"phalanx: {stopper.signal.name} received, but the workers had finished their work first",
+            file=sys.stderr,
+            flush=True,
+        )
     return 0
 
 
@@ -280,13 +330,19 @@ def _say_preempted(stopper: preemption.Stopper, spec: LaunchSpec) -> int:
     requeue ends this allocation; return the exit code."""
     outcome = stopper.final()
     job = slurm_job.job_id(os.environ)
-    requeue = (outcome.saved and spec.node_rank == 0
-               and slurm_job.requeue_wanted(spec.requeue, os.environ, stopper.checkpoint_dir))
+    requeue = (
+        outcome.saved
+        and spec.node_rank == 0
+        and slurm_job.requeue_wanted(spec.requeue, os.environ, stopper.checkpoint_dir)
+    )
     after = f"requeueing SLURM job {job}: its next allocation resumes from it" if requeue else None
     print(outcome.line(after), file=sys.stderr, flush=True)
     if requeue and job is not None:
         why_not = slurm_job.requeue(job)
         if why_not is not None:
-            print(f"phalanx: requeueing SLURM job {job} failed ({why_not}); run the same command to resume",
-                  file=sys.stderr, flush=True)
+            print(
+                f"phalanx: requeueing SLURM job {job} failed ({why_not}); run the same command to resume",
+                file=sys.stderr,
+                flush=True,
+            )
     return outcome.exit_code

@@ -8,6 +8,7 @@ socket itself (loopback on one node, `--master-addr` across nodes) and hands it 
 through `master_listen_fd`. Otherwise this behaves as torch's static rendezvous: node 0 hosts the
 store and waits for the others, every node knows its rank. Imported lazily (it imports torch).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -57,8 +58,9 @@ def store_on(listener: socket.socket, host: str, **kwargs: Any) -> TCPStore:
     """A master TCPStore serving on `listener`, which it takes over: the store closes the socket when
     it goes, so the Python object lets go of it now (else it would close the fd a second time, or
     warn "unclosed socket" when collected)."""
-    store = TCPStore(host, listener.getsockname()[1], is_master=True, multi_tenant=True,
-                     master_listen_fd=listener.fileno(), **kwargs)
+    store = TCPStore(
+        host, listener.getsockname()[1], is_master=True, multi_tenant=True, master_listen_fd=listener.fileno(), **kwargs
+    )
     listener.detach()
     return store
 
@@ -87,8 +89,9 @@ class BoundStaticRendezvous(RendezvousHandler):
                 self._port = listener.getsockname()[1]
                 self._store = store_on(listener, self._host, world_size=self._world_size, timeout=self._timeout)
             else:
-                self._store = TCPStore(self._host, self._port, self._world_size, False, self._timeout,
-                                       multi_tenant=True)
+                self._store = TCPStore(
+                    self._host, self._port, self._world_size, False, self._timeout, multi_tenant=True
+                )
         store = PrefixStore(self._run_id, self._store)
         return RendezvousInfo(store, self._rank, self._world_size, RendezvousStoreInfo(self._host, self._port))
 

@@ -4,6 +4,7 @@ Pure functions over explicit inputs (core count, environment, a GPU counter) so 
 tested without devices. GPUs are counted lazily through torch's NVML-based `device_count`, which
 does not initialise CUDA: the launcher must never do that, since forked workers could not use it.
 """
+
 from __future__ import annotations
 
 import os
@@ -87,8 +88,10 @@ def resolve_nproc(
     if kind == "gpu":
         found = count_gpus()
         if not found:
-            raise LaunchError("--nproc-per-node gpu: no GPU is visible here. HINT: use --nproc-per-node N or cpu "
-                              "to run on CPU, or check nvidia-smi and CUDA_VISIBLE_DEVICES.")
+            raise LaunchError(
+                "--nproc-per-node gpu: no GPU is visible here. HINT: use --nproc-per-node N or cpu "
+                "to run on CPU, or check nvidia-smi and CUDA_VISIBLE_DEVICES."
+            )
         return found
     return count_gpus() or cpu_nproc(num_cores)
 
@@ -97,11 +100,15 @@ def oversubscription_warning(nproc_per_node: int, num_cores: int, num_gpus: int,
     """One warning when workers outnumber the GPUs in use, or the cores on a CPU run; else None."""
     threads = f"OMP_NUM_THREADS={omp_threads} per worker" if omp_threads else "OMP_NUM_THREADS unset"
     if num_gpus and nproc_per_node > num_gpus:
-        return (f"phalanx: warning: {nproc_per_node} workers share {num_gpus} visible GPU(s) on this node "
-                f"(oversubscribed: ranks will share devices); {threads}.")
+        return (
+            f"phalanx: warning: {nproc_per_node} workers share {num_gpus} visible GPU(s) on this node "
+            f"(oversubscribed: ranks will share devices); {threads}."
+        )
     if not num_gpus and nproc_per_node > num_cores:
-        return (f"phalanx: warning: {nproc_per_node} workers on {num_cores} CPU core(s) "
-                f"(oversubscribed: they will compete for cores); {threads}.")
+        return (
+            f"phalanx: warning: {nproc_per_node} workers on {num_cores} CPU core(s) "
+            f"(oversubscribed: they will compete for cores); {threads}."
+        )
     return None
 
 

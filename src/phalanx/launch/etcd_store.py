@@ -14,6 +14,7 @@ and asks again at most once a second; when etcd answers again it says so; after 
 (`--rdzv-timeout`) it calls `outage.on_lost`, which the agent points at a stop with a checkpoint
 (restarts.py, preemption.py). The agent and its process management stay torch's own.
 """
+
 from __future__ import annotations
 
 import socket
@@ -46,9 +47,11 @@ def check_reachable(backend: str, endpoint: str, timeout_s: float = PROBE_TIMEOU
         why = error.strerror or type(error).__name__
         if isinstance(error, socket.timeout):
             why = f"no answer within {timeout_s:g} s"
-    return (f"the rendezvous store (etcd, --rdzv-backend {backend}) at {host}:{port} does not answer: {why}. "
-            f"HINT: start etcd there first (etcd --enable-v2 --listen-client-urls http://{host}:{port} "
-            f"--advertise-client-urls http://{host}:{port}), or correct --rdzv-endpoint")
+    return (
+        f"the rendezvous store (etcd, --rdzv-backend {backend}) at {host}:{port} does not answer: {why}. "
+        f"HINT: start etcd there first (etcd --enable-v2 --listen-client-urls http://{host}:{port} "
+        f"--advertise-client-urls http://{host}:{port}), or correct --rdzv-endpoint"
+    )
 
 
 def _store_errors() -> tuple[type[BaseException], ...]:
@@ -79,9 +82,11 @@ class Outage:
     outages: list[float] = field(default_factory=list)  # seconds of each outage the job outlived
 
     def lost_line(self) -> str:
-        return (f"phalanx: the rendezvous store ({self.where}) has not answered for {self.wait_s:g} s "
-                f"(--rdzv-timeout): stopping the workers with a checkpoint. HINT: bring etcd back at "
-                f"{self.where.split(' at ')[-1]}, then run the same command to resume")
+        return (
+            f"phalanx: the rendezvous store ({self.where}) has not answered for {self.wait_s:g} s "
+            f"(--rdzv-timeout): stopping the workers with a checkpoint. HINT: bring etcd back at "
+            f"{self.where.split(' at ')[-1]}, then run the same command to resume"
+        )
 
     def stop_reason(self) -> str:
         return f"the rendezvous store {self.where} did not answer for {self.wait_s:g} s"
@@ -90,9 +95,11 @@ class Outage:
         if self.since is None:
             self.since = now
             cause = str(error).splitlines()[0] if str(error) else ""
-            self.say(f"phalanx: the rendezvous store ({self.where}) does not answer ({type(error).__name__}: {cause}); "
-                     f"the workers go on, and phalanx waits up to {self.wait_s:g} s (--rdzv-timeout) for it to come "
-                     "back before stopping them with a checkpoint")
+            self.say(
+                f"phalanx: the rendezvous store ({self.where}) does not answer ({type(error).__name__}: {cause}); "
+                f"the workers go on, and phalanx waits up to {self.wait_s:g} s (--rdzv-timeout) for it to come "
+                "back before stopping them with a checkpoint"
+            )
         if not self.lost and now - self.since >= self.wait_s:
             self.lost = True
             if self.on_lost is None:
@@ -102,8 +109,10 @@ class Outage:
     def answered(self, now: float) -> None:
         if self.since is not None and not self.lost:
             self.outages.append(now - self.since)
-            self.say(f"phalanx: the rendezvous store ({self.where}) answers again after {now - self.since:.1f} s; "
-                     "the workers went on")
+            self.say(
+                f"phalanx: the rendezvous store ({self.where}) answers again after {now - self.since:.1f} s; "
+                "the workers went on"
+            )
         self.since = None
 
 

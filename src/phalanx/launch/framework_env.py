@@ -15,6 +15,7 @@ LT_CLI_USED=1, LT_ACCELERATOR (cpu or cuda), LT_DEVICES (processes per node), LT
 node count) and LT_PRECISION from --mixed-precision. No other script reads LT_*.
 A variable already in the environment is the user's and is left alone. Pure: no torch.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -40,20 +41,29 @@ def accelerate_env(settings: Any, num_gpus_in_use: int, environ: Mapping[str, st
     if settings is not None and settings.is_set("mixed_precision"):
         wanted[ACCELERATE_MIXED_PRECISION] = str(settings.config.mixed_precision)
     if settings is not None and num_gpus_in_use > 0 and settings.config.strategy in _FSDP_RESHARD:
-        wanted.update({ACCELERATE_USE_FSDP: "true", FSDP_VERSION: "2",
-                       FSDP_RESHARD_AFTER_FORWARD: _FSDP_RESHARD[settings.config.strategy]})
+        wanted.update(
+            {
+                ACCELERATE_USE_FSDP: "true",
+                FSDP_VERSION: "2",
+                FSDP_RESHARD_AFTER_FORWARD: _FSDP_RESHARD[settings.config.strategy],
+            }
+        )
     return {key: value for key, value in wanted.items() if key not in environ}
 
 
 FABRIC_PRECISION = {"no": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}  # phalanx's -> Fabric's
 
 
-def fabric_env(settings: Any, nproc_per_node: int, fixed_nnodes: int | None, num_gpus_in_use: int,
-               environ: Mapping[str, str]) -> dict[str, str]:
+def fabric_env(
+    settings: Any, nproc_per_node: int, fixed_nnodes: int | None, num_gpus_in_use: int, environ: Mapping[str, str]
+) -> dict[str, str]:
     """The LT_* variables `fabric run` would set (`fixed_nnodes`: None for an elastic node range,
     which Fabric cannot be told)."""
-    wanted = {"LT_CLI_USED": "1", "LT_ACCELERATOR": "cuda" if num_gpus_in_use else "cpu",
-              "LT_DEVICES": str(nproc_per_node)}
+    wanted = {
+        "LT_CLI_USED": "1",
+        "LT_ACCELERATOR": "cuda" if num_gpus_in_use else "cpu",
+        "LT_DEVICES": str(nproc_per_node),
+    }
     if fixed_nnodes is not None:
         wanted["LT_NUM_NODES"] = str(fixed_nnodes)
     if settings is not None and settings.is_set("mixed_precision"):
@@ -71,5 +81,6 @@ def reaches_accelerate(name: str, value: Any, num_gpus_in_use: int) -> bool:
     """Whether the setting `name` = `value` reaches an Accelerate script through `accelerate_env`."""
     if name == "mixed_precision":
         return True
-    return name == "strategy" and value in _DDP or (name == "strategy" and num_gpus_in_use > 0
-                                                              and value in _FSDP_RESHARD)
+    return (
+        name == "strategy" and value in _DDP or (name == "strategy" and num_gpus_in_use > 0 and value in _FSDP_RESHARD)
+    )

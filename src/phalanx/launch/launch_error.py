@@ -1,5 +1,6 @@
 """`LaunchError`, in a module of its own: the spec (spec.py) and the flag tables it types
 (torchrun_flags.py) both raise it, and neither imports the other for it (no cycle)."""
+
 from __future__ import annotations
 
 

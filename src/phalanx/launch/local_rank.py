@@ -6,6 +6,7 @@ worker gets `--local-rank=<its local rank>` (or the spelling given) after the sc
 When a worker dies of argparse's complaint about that argument, the launcher's report points to the
 flag (`hint_for_argparse_error`, used by the worker wrapper). Pure: no torch import.
 """
+
 from __future__ import annotations
 
 import re
@@ -69,10 +70,14 @@ def hint_for_argparse_error(message: str, passed: bool) -> str | None:
         return None
     if "unrecognized" in message:
         wanted = "--local_rank" if "--local-rank" in message else "--local-rank"
-        return (f"the script does not accept {'the local rank argument' if passed else 'a --local-rank argument'}. "
-                f"HINT: pass {FLAG_NAME}={wanted} if it expects that spelling, or drop {FLAG_NAME} and read "
-                "os.environ['LOCAL_RANK'].")
+        return (
+            f"the script does not accept {'the local rank argument' if passed else 'a --local-rank argument'}. "
+            f"HINT: pass {FLAG_NAME}={wanted} if it expects that spelling, or drop {FLAG_NAME} and read "
+            "os.environ['LOCAL_RANK']."
+        )
     wanted = "--local_rank" if "--local_rank" in message else "--local-rank"
     suffix = "" if wanted == DEFAULT_SPELLING else f"={wanted}"
-    return (f"the script requires {wanted}, which torch.distributed.launch passed and torchrun does not. "
-            f"HINT: phalanx run {FLAG_NAME}{suffix} SCRIPT ... passes it to every worker.")
+    return (
+        f"the script requires {wanted}, which torch.distributed.launch passed and torchrun does not. "
+        f"HINT: phalanx run {FLAG_NAME}{suffix} SCRIPT ... passes it to every worker."
+    )

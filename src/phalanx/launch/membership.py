@@ -15,6 +15,7 @@ Each agent writes its node's name in the round's store and reads the others'; th
 traffic (a few keys per restart). Only `set`, `get` and `add` are used: the etcd rendezvous's store
 (`--rdzv-backend etcd-v2`) has no compare_set or multi_get.
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,8 +61,9 @@ def exchange_nodes(round_store: Any, group_rank: int, group_world_size: int, nam
         keys = [NODE_KEY.format(rank) for rank in range(group_world_size)]
         return tuple(round_store.get(key).decode() for key in keys)
     except Exception as error:  # noqa: BLE001 - logged; the restart goes on without the node names
-        logging.getLogger(__name__).warning("phalanx: could not exchange node names after the rendezvous: %s: %s",
-                                            type(error).__name__, error)
+        logging.getLogger(__name__).warning(
+            "phalanx: could not exchange node names after the rendezvous: %s: %s", type(error).__name__, error
+        )
         return None
 
 

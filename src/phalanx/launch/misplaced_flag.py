@@ -8,6 +8,7 @@
 Used by the worker wrapper (launch/worker.py), only once the script has failed: a script that
 accepts a flag of the same name never sees a hint. No torch at import.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,11 @@ def hint_for_misplaced_flag(message: str, script: str, args: Sequence[str]) -> s
     moved = [args[i] for i in sorted(taken)] or ours
     rest = [a for i, a in enumerate(args) if i not in taken]
     name = ours[0].split("=", 1)[0]
-    return (f"{name} is a `phalanx run` flag, written after the script: what follows the script goes to the "
-            f"script, and {script}'s argparse rejected it. HINT: put launcher flags before the script: "
-            f"phalanx run {' '.join(moved)} {' '.join([script, *rest])}")
+    return (
+        f"{name} is a `phalanx run` flag, written after the script: what follows the script goes to the "
+        f"script, and {script}'s argparse rejected it. HINT: put launcher flags before the script: "
+        f"phalanx run {' '.join(moved)} {' '.join([script, *rest])}"
+    )
 
 
 def nccl_without_gpu_message(backend: object, rank: int) -> str | None:
@@ -58,7 +61,9 @@ def nccl_without_gpu_message(backend: object, rank: int) -> str | None:
 
     if torch.cuda.is_available():
         return None
-    return (f"init_process_group({backend!r}) on rank {rank}: NCCL needs GPUs, and this machine has none "
-            "(or none visible). HINT: on CPU use the 'gloo' backend (init_process_group('gloo')), or "
-            "pick by device: backend='cuda:nccl,cpu:gloo' or 'nccl' if torch.cuda.is_available() else 'gloo'; "
-            "Phalanx() chooses for you.")
+    return (
+        f"init_process_group({backend!r}) on rank {rank}: NCCL needs GPUs, and this machine has none "
+        "(or none visible). HINT: on CPU use the 'gloo' backend (init_process_group('gloo')), or "
+        "pick by device: backend='cuda:nccl,cpu:gloo' or 'nccl' if torch.cuda.is_available() else 'gloo'; "
+        "Phalanx() chooses for you."
+    )

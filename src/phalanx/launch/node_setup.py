@@ -3,6 +3,7 @@
 The launcher calls `apply_slurm` on its spec before validating it, and `node_setup_for` once the spec is
 valid. Both keep the launcher free of SLURM and network details.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,7 +51,8 @@ def apply_slurm(spec: Spec, env: Mapping[str, str]) -> Spec:
         f"phalanx: SLURM job {env.get(envvars.SLURM_JOB_ID)}: node {launch.node_rank} of {launch.nnodes}, "
         f"master {changes['master_addr']}:{changes['master_port']}, "
         f"{launch.nproc_per_node or 'default'} process(es) per node",
-        file=sys.stderr, flush=True,
+        file=sys.stderr,
+        flush=True,
     )
     return dataclasses.replace(spec, **changes)  # type: ignore[type-var]
 

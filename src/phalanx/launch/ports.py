@@ -4,6 +4,7 @@ A single-node run with no port needs no check: the store binds port 0 and the ke
 one, so a busy 29500 never matters. An explicit port is checked here so a conflict is reported by
 name instead of as a store time-out minutes later.
 """
+
 from __future__ import annotations
 
 import errno

@@ -12,6 +12,7 @@ handles them instead:
 - 2nd: a note; the save goes on.
 - 3rd: the workers are killed at once (SIGKILL); the previous checkpoint stays the latest.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,10 @@ from phalanx import envvars
 from phalanx import preemption_report as report
 from phalanx.launch import worker_notes
 
-NO_CHECKPOINT_DIR = ("no checkpoint_dir is set. HINT: with --checkpoint-dir DIR (or checkpoint_dir: in the config) "
-                     "the workers save the step they stop at, and the same command resumes from it")
+NO_CHECKPOINT_DIR = (
+    "no checkpoint_dir is set. HINT: with --checkpoint-dir DIR (or checkpoint_dir: in the config) "
+    "the workers save the step they stop at, and the same command resumes from it"
+)
 
 
 def worker_states(pcontext: Any) -> list[tuple[int, int | None]]:
@@ -90,8 +93,10 @@ class Stopper:
             if not self._stop(sig):  # no workers (yet): nothing to save, stop as torch would
                 raise SignalException(f"phalanx run got {sig.name} before its workers started", sig)
         elif self.count == 2:
-            self.say(f"phalanx: {sig.name} again: the workers are still finishing their step and checkpoint; "
-                     "a third signal stops them at once")
+            self.say(
+                f"phalanx: {sig.name} again: the workers are still finishing their step and checkpoint; "
+                "a third signal stops them at once"
+            )
         else:
             self.killed_by_third = True
             self.kill_workers()
@@ -173,12 +178,13 @@ class Stopper:
         elif self.killed_by_third:
             why = f"a third {self.signal.name} stopped the workers at once; {_latest(self.checkpoint_dir)}"
         elif self.killed_after_grace:
-            why = (f"the workers had not finished their step and checkpoint after preempt_grace ({self.grace:.0f} s) "
-                   f"and were killed; {_latest(self.checkpoint_dir)}")
+            why = (
+                f"the workers had not finished their step and checkpoint after preempt_grace ({self.grace:.0f} s) "
+                f"and were killed; {_latest(self.checkpoint_dir)}"
+            )
         else:
             why = f"the workers ended without saving (see above); {_latest(self.checkpoint_dir)}"
         return report.PreemptionOutcome(self.signal.name, why_not=why)
-
 
     def _script_finished(self) -> bool:
         """Whether every worker alive at the signal had returned from the script: each leaves its

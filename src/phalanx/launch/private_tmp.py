@@ -5,6 +5,7 @@ never deletes it, and its agent makes a `/tmp/torchelastic_*` log directory per 
 Both come from `tempfile` in this (the launcher's) process: pointed at a directory of the launch's
 own, they go with it.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -5,6 +5,7 @@ The launcher calls `setup_node` for a multi-node run: it picks the interface tha
 address (torchrun's `--local-addr`), and whether this node hosts the c10d store (torchrun's
 `--rdzv-conf is_host=1/0`), so users never pass those by hand.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,14 @@ from typing import Mapping
 
 from phalanx import envvars
 from phalanx.config import kinds
-from phalanx.cluster.network import NetworkError, Route, interface_addresses, is_loopback, non_loopback_interfaces, route_to
+from phalanx.cluster.network import (
+    NetworkError,
+    Route,
+    interface_addresses,
+    is_loopback,
+    non_loopback_interfaces,
+    route_to,
+)
 
 BOUND_STATIC_BACKEND = "phalanx-static"
 """torch's static rendezvous, but the store listens only on the named address (launch.bound_store)."""
@@ -66,7 +74,7 @@ def parse_nnodes(value: str) -> tuple[int, int]:
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int | None]:
-    """"host:port" / "[v6]:port" / "host" -> (host, port or None)."""
+    """ "host:port" / "[v6]:port" / "host" -> (host, port or None)."""
     if endpoint.startswith("["):
         host, _, rest = endpoint[1:].partition("]")
         return host, int(rest[1:]) if rest.startswith(":") else None
@@ -76,7 +84,9 @@ def split_endpoint(endpoint: str) -> tuple[str, int | None]:
     return endpoint, None
 
 
-def setup_node(host: str, port: int, env: Mapping[str, str], table: dict[str, tuple[str, ...]] | None = None) -> NodeSetup:
+def setup_node(
+    host: str, port: int, env: Mapping[str, str], table: dict[str, tuple[str, ...]] | None = None
+) -> NodeSetup:
     """Interface, own address and store ownership for a node reaching the store at host:port."""
     _refuse_loopback_literal(host)
     table = interface_addresses() if table is None else table

@@ -10,6 +10,7 @@ torch's elastic agent logs through the `torch` and `torch.distributed` loggers (
 traceback per failure, 29-40 lines in all): `quiet_agent_logging` sends them to a log file and
 keeps them off the terminal unless asked for (`--verbose`, or a DEBUG log level).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +25,12 @@ from phalanx.launch.restarts import describe_exit, failure_order
 
 AGENT_LOG_NAME = "launcher.log"
 _TORCH_LOGGERS = ("torch", "torch.distributed")  # the two torch gives a stderr handler of its own
-_WRAPPER_FRAMES = ("<frozen runpy>", "phalanx/launch/worker.py", "phalanx/launch/spawn.py",
-                   "elastic/multiprocessing/errors")
+_WRAPPER_FRAMES = (
+    "<frozen runpy>",
+    "phalanx/launch/worker.py",
+    "phalanx/launch/spawn.py",
+    "elastic/multiprocessing/errors",
+)
 _PACKAGE_FRAME = f'  File "{os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}{os.sep}'
 
 
@@ -73,8 +78,13 @@ def _traceback(failure: Any) -> str | None:
     return None
 
 
-def format_failures(error: Any, nproc_per_node: int, progress: dict[int, store_keys.RankProgress] | None = None,
-                    log_dir: str | None = None, host: str | None = None) -> str:
+def format_failures(
+    error: Any,
+    nproc_per_node: int,
+    progress: dict[int, store_keys.RankProgress] | None = None,
+    log_dir: str | None = None,
+    host: str | None = None,
+) -> str:
     """`phalanx: rank R (local rank L on node N) failed with exit code C`, then `  on host H, at step
     S` and its traceback, the first failure first; then where the full logs are."""
     progress = progress or {}
@@ -107,8 +117,10 @@ def agent_log_level_is_debug(env: dict[str, str] | os._Environ) -> bool:
     """PHALANX_LOG_LEVEL=DEBUG (or torch's LOGLEVEL=DEBUG) shows the agent's logging too."""
     from phalanx import config
 
-    return (env.get(config.BY_NAME["log_level"].env or "", "").upper() == "DEBUG"
-            or env.get("LOGLEVEL", "").upper() == "DEBUG")
+    return (
+        env.get(config.BY_NAME["log_level"].env or "", "").upper() == "DEBUG"
+        or env.get("LOGLEVEL", "").upper() == "DEBUG"
+    )
 
 
 class _Hide(logging.Filter):

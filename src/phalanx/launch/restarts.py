@@ -15,6 +15,7 @@ points, with no process management of its own:
 `torch.distributed.launcher.api.launch_agent` builds its agent from the module-level name
 `LocalElasticAgent`; `agent_class_installed` points that name at the subclass for one launch.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,9 @@ def resume_point(checkpoint_dir: str | None) -> str:
     return f"from checkpoint step {found[0]} ({found[1]})"
 
 
-def restart_line(attempt: int, max_restarts: int, failures: dict[int, Any],
-                 progress: dict[int, store_keys.RankProgress], resume: str) -> str:
+def restart_line(
+    attempt: int, max_restarts: int, failures: dict[int, Any], progress: dict[int, store_keys.RankProgress], resume: str
+) -> str:
     """`phalanx: restart 1 of 2: rank 1 was killed by signal SIGKILL at step 7; resuming from ...`."""
     first = sorted(failures.items(), key=lambda item: failure_order(item[0], item[1], progress))
     parts = []
@@ -119,8 +121,14 @@ def read_progress(store: Any, restart: int, ranks: list[int]) -> dict[int, store
     return found
 
 
-def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
-                    say: Callable[[str], None] | None = None, stopper: Any = None, node_name: str = "") -> type:
+def observing_agent(
+    base: type,
+    checkpoint_dir: str | None,
+    seen: Observations,
+    say: Callable[[str], None] | None = None,
+    stopper: Any = None,
+    node_name: str = "",
+) -> type:
     """A subclass of torch's LocalElasticAgent (`base`) that records failures and speaks restarts;
     `node_name` is how this node is named when it leaves or joins (its address across nodes).
 
@@ -138,6 +146,7 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
             if outage is not None:
                 outage.say = say
                 if stopper is not None:  # the store gone for good: stop with a checkpoint, as a preemption
+
                     def stop(line: str) -> None:
                         say(line)
                         stopper.stop_for(outage.stop_reason())
@@ -162,8 +171,13 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
             has_rounds = isinstance(spec.rdzv_handler, DynamicRendezvousHandler)
             self._phalanx_attempt = membership.agree_attempt(worker_group.store, restart_count, has_rounds)
             membership.export_attempt(self._phalanx_attempt)
-            nodes = membership.exchange_nodes(worker_group.store, worker_group.group_rank,
-                                              worker_group.group_world_size, node_name) if has_rounds else None
+            nodes = (
+                membership.exchange_nodes(
+                    worker_group.store, worker_group.group_rank, worker_group.group_world_size, node_name
+                )
+                if has_rounds
+                else None
+            )
             now = membership.Membership(worker_group.workers[0].world_size, nodes or ())
             before = self._phalanx_members
             if before is not None:
@@ -191,8 +205,10 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
                 self._remaining_restarts = 0  # the layout cannot take the model: every attempt would refuse it
             if result.is_failed() and self._remaining_restarts > 0 and storage_fault(result.failures):
                 self._remaining_restarts = 0
-                say("phalanx: not restarting: a checkpoint could not be written (see below); make room or fix the "
-                    "storage, then run the same command to resume from the latest good checkpoint")
+                say(
+                    "phalanx: not restarting: a checkpoint could not be written (see below); make room or fix the "
+                    "storage, then run the same command to resume from the latest good checkpoint"
+                )
             return result
 
         def _restart_workers(self, worker_group):  # type: ignore[no-untyped-def]
@@ -210,8 +226,9 @@ def observing_agent(base: type, checkpoint_dir: str | None, seen: Observations,
 
 
 @contextlib.contextmanager
-def agent_class_installed(checkpoint_dir: str | None, seen: Observations, stopper: Any = None,
-                          node_name: str = "") -> Iterator[None]:
+def agent_class_installed(
+    checkpoint_dir: str | None, seen: Observations, stopper: Any = None, node_name: str = ""
+) -> Iterator[None]:
     """Make torch's `launch_agent` build the observing agent, for the duration of the block (which
     also ends the attempt name it exports to workers)."""
     from torch.distributed.launcher import api

@@ -5,6 +5,7 @@ appears here. `main` resolves flags, PHALANX_* variables, the config file and a 
 once, checks them all before importing torch, then launches. Errors print
 `phalanx run: error: ...` and exit 2, before any worker starts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,9 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         preempt_grace=cfg.preempt_grace,
         requeue=cfg.requeue,
     )
-    torchrun_flags.check_agent_options(agent, is_module=spec.is_module, nproc_per_node=spec.nproc_per_node,
-                                       target=spec.target)
+    torchrun_flags.check_agent_options(
+        agent, is_module=spec.is_module, nproc_per_node=spec.nproc_per_node, target=spec.target
+    )
     return validate(apply_slurm(spec, os.environ))
 
 
@@ -121,14 +123,18 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
     nproc = devices.resolve_nproc(spec.nproc_per_node, spec.gpus, lambda: num_gpus_in_use, num_cores, spec.nproc_kind)
     handed = check_layout(spec, nproc)
     env = devices.worker_env_for_devices(nproc, spec.gpus, os.environ, num_cores)
-    warning = devices.oversubscription_warning(nproc, num_cores, num_gpus_in_use,
-                                               env.get(envvars.OMP_NUM_THREADS) or os.environ.get(envvars.OMP_NUM_THREADS))
+    warning = devices.oversubscription_warning(
+        nproc, num_cores, num_gpus_in_use, env.get(envvars.OMP_NUM_THREADS) or os.environ.get(envvars.OMP_NUM_THREADS)
+    )
     if warning:
         print(warning, file=sys.stderr, flush=True)
     env.update(spec.worker_env)
     env.update(framework_env.accelerate_env(spec.settings, num_gpus_in_use, os.environ))  # as `accelerate launch`
-    env.update(framework_env.fabric_env(spec.settings, nproc, spec.nnodes if spec.min_nnodes is None else None,
-                                        num_gpus_in_use, os.environ))  # as `fabric run`
+    env.update(
+        framework_env.fabric_env(
+            spec.settings, nproc, spec.nnodes if spec.min_nnodes is None else None, num_gpus_in_use, os.environ
+        )
+    )  # as `fabric run`
     if handed is not None:
         env[envvars.PHALANX_PLAN] = handed  # the job's plan, built once: workers asking the same adopt it
     return nproc, num_gpus_in_use, env
@@ -149,12 +155,16 @@ def check_layout(spec: LaunchSpec, nproc: int) -> str | None:
     handed, warnings = [], {}
     fewest = spec.min_nnodes or spec.nnodes
     for nnodes in range(fewest, spec.nnodes + 1):  # each membership an elastic job may have gets its plan
-        where = {"world_size": nproc * nnodes, "local_world_size": nproc,
-                 "cpu_offload": bool(deepspeed is not None and deepspeed.cpu_offload)}
+        where = {
+            "world_size": nproc * nnodes,
+            "local_world_size": nproc,
+            "cpu_offload": bool(deepspeed is not None and deepspeed.cpu_offload),
+        }
         try:
             plan = job_plan.build(cfg.strategy, cfg, **where)
-            warnings.update(dict.fromkeys(settings_check.check(spec.settings,
-                                                               settings_check.checked_plan(spec.settings, plan))))
+            warnings.update(
+                dict.fromkeys(settings_check.check(spec.settings, settings_check.checked_plan(spec.settings, plan)))
+            )
             if spec.deepspeed is not None and spec.min_nnodes is None:
                 spec.deepspeed.check_world(plan.dp_size)
         except ValueError as error:
@@ -166,10 +176,13 @@ def check_layout(spec: LaunchSpec, nproc: int) -> str | None:
         print(f"phalanx run: warning: {warning}", file=sys.stderr, flush=True)
     if not plan.tp_within(nproc):
         what = "is larger than" if cfg.tp > nproc else "does not divide"
-        print(f"phalanx run: warning: tp={cfg.tp} {what} the {nproc} processes of a node: tensor-parallel groups then "
-              "span nodes, and their all-reduces cross the slower links on every layer. HINT: keep tp within a "
-              "node (a divisor of --nproc-per-node) and let the data-parallel dims span the nodes",
-              file=sys.stderr, flush=True)
+        print(
+            f"phalanx run: warning: tp={cfg.tp} {what} the {nproc} processes of a node: tensor-parallel groups then "
+            "span nodes, and their all-reduces cross the slower links on every layer. HINT: keep tp within a "
+            "node (a divisor of --nproc-per-node) and let the data-parallel dims span the nodes",
+            file=sys.stderr,
+            flush=True,
+        )
     return job_plan.hand_off(handed)
 
 
@@ -202,7 +215,8 @@ def main(args: argparse.Namespace) -> int:
     end_watch, said = None, None
     if spec.single_node:  # settings no script took: said while the job runs, not only at its end
         end_watch = worker_notes.say_while_running(
-            notes_dir, nproc, lambda notes: _no_effect(notes_dir, notes, spec, num_gpus_in_use), _say)
+            notes_dir, nproc, lambda notes: _no_effect(notes_dir, notes, spec, num_gpus_in_use), _say
+        )
     try:
         code = launch(spec, nproc, num_gpus_in_use, node, verbose=verbose, log_dir=log_dir)
     finally:
@@ -220,12 +234,14 @@ def _say(line: str) -> None:
 
 
 def _no_effect(notes_dir: str, notes: list, spec: LaunchSpec, num_gpus_in_use: int) -> str | None:
-    return worker_notes.no_effect_line(notes, worker_notes.phalanx_created(notes_dir), spec.settings, spec.target,
-                                       num_gpus_in_use)
+    return worker_notes.no_effect_line(
+        notes, worker_notes.phalanx_created(notes_dir), spec.settings, spec.target, num_gpus_in_use
+    )
 
 
-def say_what_workers_did(notes_dir: str, spec: LaunchSpec, nproc: int, num_gpus_in_use: int,
-                         said: str | None = None) -> None:
+def say_what_workers_did(
+    notes_dir: str, spec: LaunchSpec, nproc: int, num_gpus_in_use: int, said: str | None = None
+) -> None:
     """Separate worlds of one, and settings that never reached the script: one line each (the
     second unless the same line was said while the job ran)."""
     notes = worker_notes.read(notes_dir)
@@ -242,8 +258,12 @@ def start_dashboard(spec: LaunchSpec, run_dir: str):  # -> Dashboard | None
     from phalanx.observe.dashboard import Dashboard
 
     if not spec.single_node and not os.environ.get(config.BY_NAME["run_dir"].env or ""):
-        print("phalanx run: warning: --dashboard across nodes shows the job only with a --run-dir that "
-              "rank 0's node shares with this launcher", file=sys.stderr, flush=True)
+        print(
+            "phalanx run: warning: --dashboard across nodes shows the job only with a --run-dir that "
+            "rank 0's node shares with this launcher",
+            file=sys.stderr,
+            flush=True,
+        )
     page = Dashboard(run_dir, address).start()
     print(f"phalanx run: dashboard at {page.url}", file=sys.stderr, flush=True)
     return page

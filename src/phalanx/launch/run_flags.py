@@ -1,6 +1,7 @@
 """`phalanx run`'s flags: one per schema setting (`phalanx.config.SETTINGS`, both spellings), torchrun's
 agent flags, then SCRIPT ARGS. Apart from run_command.py so the worker's hint for a launcher flag
 written after the script (misplaced_flag.py) reads them without importing the launcher (no cycle)."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,26 +26,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "launch a training script on N processes / nodes. Most runs need a few of: --nproc-per-node, --nnodes, "
         "--strategy, --mixed-precision, --grad-accum-steps, --seed, --checkpoint-dir, --max-restarts, --trackers, "
-        "--config. The flags come in groups: " + ", ".join(group.name for group in config.GROUPS) + ".")
+        "--config. The flags come in groups: " + ", ".join(group.name for group in config.GROUPS) + "."
+    )
     groups = {group: parser.add_argument_group(group.name, group.description) for group in config.GROUPS}
     for setting in config.SETTINGS:
         add = groups[setting.group].add_argument
         if setting.bool_flag:
-            add(*setting.flags, dest=setting.name, action=argparse.BooleanOptionalAction, default=None,
-                help=_flag_help(setting))
+            add(
+                *setting.flags,
+                dest=setting.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=_flag_help(setting),
+            )
         else:
-            add(*setting.flags, dest=setting.name, default=None, metavar=setting.metavar,
-                help=_flag_help(setting))
+            add(*setting.flags, dest=setting.name, default=None, metavar=setting.metavar, help=_flag_help(setting))
     launch = groups[LAUNCH]
-    launch.add_argument("--config", metavar="FILE", default=None,
-                        help="YAML file of launcher and runtime settings (`phalanx config` writes a template); "
-                             "flags and PHALANX_* variables override it")
+    launch.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="YAML file of launcher and runtime settings (`phalanx config` writes a template); "
+        "flags and PHALANX_* variables override it",
+    )
     launch.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
     torchrun = groups[TORCHRUN]
-    torchrun.add_argument(local_rank.FLAG_NAME, "--pass_local_rank", dest="pass_local_rank", nargs="?",
-                          const=local_rank.DEFAULT_SPELLING, default=None, metavar="FLAG",
-                          help="append FLAG=<local rank> to each worker's arguments, as torch.distributed.launch did "
-                               "(default --local-rank; --pass-local-rank=--local_rank for the old spelling)")
+    torchrun.add_argument(
+        local_rank.FLAG_NAME,
+        "--pass_local_rank",
+        dest="pass_local_rank",
+        nargs="?",
+        const=local_rank.DEFAULT_SPELLING,
+        default=None,
+        metavar="FLAG",
+        help="append FLAG=<local rank> to each worker's arguments, as torch.distributed.launch did "
+        "(default --local-rank; --pass-local-rank=--local_rank for the old spelling)",
+    )
     torchrun_flags.configure(torchrun)  # torchrun's agent flags (--tee, --log-dir, ...), checked against torch's parser
     add = parser.add_argument
     add("target", metavar="SCRIPT", help="training script (or module with -m)")

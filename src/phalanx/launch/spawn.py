@@ -11,6 +11,7 @@ CPU-only machines (fast: no second `import torch`) and spawn when GPUs are in us
 chooses; under spawn, `fn` must be importable (a module-level function, script under
 `if __name__ == "__main__":`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +33,9 @@ class SpawnError(RuntimeError):
     """phalanx.spawn could not start, or a rank failed; the message names the rank or the fix."""
 
 
-def spawn(fn: Callable[..., Any], *args: Any, nprocs: int | None = None, start_method: str = "auto",
-          **kwargs: Any) -> list[Any]:
+def spawn(
+    fn: Callable[..., Any], *args: Any, nprocs: int | None = None, start_method: str = "auto", **kwargs: Any
+) -> list[Any]:
     """Run `fn(*args, **kwargs)` on `nprocs` ranks; return their return values, in rank order.
 
     `nprocs=None`: one per visible GPU, else 2 on CPU (as `phalanx run --nproc-per-node auto`).
@@ -58,8 +60,10 @@ def check_nprocs(nprocs: Any) -> int | None:
     if nprocs is None:
         return None
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise SpawnError(f"nprocs must be a positive integer or None, got {nprocs!r}. HINT: leave it out "
-                         "(None) for one process per visible GPU, or 2 on a CPU-only machine.")
+        raise SpawnError(
+            f"nprocs must be a positive integer or None, got {nprocs!r}. HINT: leave it out "
+            "(None) for one process per visible GPU, or 2 on a CPU-only machine."
+        )
     return nprocs
 
 
@@ -83,16 +87,21 @@ def check_can_start(fn: Callable[..., Any], method: str, cuda_initialised: bool,
     if method == "fork" and cuda_initialised:
         raise SpawnError(
             "CUDA is already initialised in this process, and forked workers cannot use it. HINT: "
-            + ("restart the kernel and call phalanx.spawn before any cell touches CUDA (tensors, "
-               "models or torch.cuda calls belong inside the function)." if interactive else
-               "call phalanx.spawn before touching CUDA, or pass start_method='spawn'.")
+            + (
+                "restart the kernel and call phalanx.spawn before any cell touches CUDA (tensors, "
+                "models or torch.cuda calls belong inside the function)."
+                if interactive
+                else "call phalanx.spawn before touching CUDA, or pass start_method='spawn'."
+            )
         )
     if method != "spawn":
         return
     name = getattr(fn, "__qualname__", repr(fn))
     if getattr(fn, "__module__", None) == "__main__" and interactive:
-        raise SpawnError(f"{name} is defined in this interactive session, which spawned workers cannot "
-                         "import. HINT: use start_method='fork' (the default here), or move it to a module.")
+        raise SpawnError(
+            f"{name} is defined in this interactive session, which spawned workers cannot "
+            "import. HINT: use start_method='fork' (the default here), or move it to a module."
+        )
     try:
         pickle.dumps(fn)
     except Exception as error:
@@ -129,8 +138,14 @@ def _launch(fn: Callable[..., Any], args: tuple, kwargs: dict, nprocs: int, meth
 
     bound_store.register()
     with no_cuda_init():
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, max_restarts=0,
-                              start_method=method, **rendezvous_settings(LaunchSpec(target="<spawn>")))
+        config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=nprocs,
+            max_restarts=0,
+            start_method=method,
+            **rendezvous_settings(LaunchSpec(target="<spawn>")),
+        )
     worker_env = devices.worker_env_for_devices(nprocs, None, os.environ, devices.count_cpu_cores())
     # See launch.agent: the fork warning is about threads the forked child does not use.
     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)

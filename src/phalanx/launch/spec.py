@@ -6,6 +6,7 @@ process counts, multi-node addresses, the script). Pure (no torch, no processes)
 error is reported before anything is spawned. Device- and port-dependent checks live in
 `devices.py` and `ports.py`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -91,9 +92,7 @@ def parse_gpus(value: str) -> tuple[int, ...]:
     try:
         indices = tuple(int(item) for item in items)
     except ValueError:
-        raise LaunchError(
-            f"--gpus must be a comma-separated list of GPU indices such as 0,1, got {value!r}"
-        ) from None
+        raise LaunchError(f"--gpus must be a comma-separated list of GPU indices such as 0,1, got {value!r}") from None
     if any(index < 0 for index in indices):
         raise LaunchError(f"--gpus indices must be >= 0, got {value!r}")
     if len(set(indices)) != len(indices):
@@ -140,8 +139,10 @@ def check_syntax(path: str) -> None:
     except SyntaxError as error:
         where = f"{path}, line {error.lineno}" + (f", column {error.offset}" if error.offset else "")
         text = f": {error.text.strip()}" if error.text and error.text.strip() else ""
-        raise LaunchError(f"training script {path!r} does not compile ({where}): {error.msg}{text}. "
-                          "HINT: fix it (python -m py_compile SCRIPT shows the same), then launch again") from None
+        raise LaunchError(
+            f"training script {path!r} does not compile ({where}): {error.msg}{text}. "
+            "HINT: fix it (python -m py_compile SCRIPT shows the same), then launch again"
+        ) from None
     except (OSError, ValueError):  # unreadable, or null bytes: the worker's own error says it best
         return
 
@@ -174,9 +175,7 @@ def validate(spec: LaunchSpec) -> LaunchSpec:
             "HINT: pass --master-addr HOST --master-port PORT (the same on every node)."
         )
     if spec.nnodes > 1 and spec.rdzv_backend == "static" and spec.master_port is None and not spec.rdzv_endpoint:
-        raise LaunchError(
-            f"--nnodes {spec.nnodes} needs a fixed --master-port shared by all nodes."
-        )
+        raise LaunchError(f"--nnodes {spec.nnodes} needs a fixed --master-port shared by all nodes.")
     if spec.agent is None or not spec.agent.no_python:  # --no-python: an executable, checked by torchrun_flags
         check_target(spec.target, spec.is_module)
     return spec

@@ -11,6 +11,7 @@ Precedence, as torchrun's: a flag on the command line, else PET_<DEST> from the 
 phalanx's config file (for settings it has), else the default. A PET_* value torchrun would reject
 is a `LaunchError` naming the variable, before any worker starts. Pure: no torch import.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,8 @@ def std_spec(text: str) -> str:
     """--redirects / --tee: 0-3, or LOCAL_RANK:0-3 pairs; checked here, turned into torch's Std at launch."""
     if not (_STD_VALUE.match(text) or _STD_MAPPING.match(text)):
         raise argparse.ArgumentTypeError(
-            f"must be 0 (none), 1 (stdout), 2 (stderr), 3 (both) or per local rank such as 0:3,1:0, got {text!r}")
+            f"must be 0 (none), 1 (stdout), 2 (stderr), 3 (both) or per local rank such as 0:3,1:0, got {text!r}"
+        )
     return text
 
 
@@ -42,7 +44,9 @@ def ranks_list(text: str) -> tuple[int, ...]:
     try:
         ranks = tuple(int(item) for item in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a comma-separated list of local ranks such as 0,1, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"must be a comma-separated list of local ranks such as 0,1, got {text!r}"
+        ) from None
     if any(rank < 0 for rank in ranks):
         raise argparse.ArgumentTypeError(f"local ranks must be >= 0, got {text!r}")
     return ranks
@@ -66,9 +70,13 @@ def comma_list(text: str) -> tuple[str, ...]:
 
 def signal_names(text: str) -> str:
     """--signals-to-handle: names of signals this platform knows."""
-    unknown = [name.strip() for name in text.split(",") if not isinstance(getattr(signal, name.strip(), None), signal.Signals)]
+    unknown = [
+        name.strip() for name in text.split(",") if not isinstance(getattr(signal, name.strip(), None), signal.Signals)
+    ]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown signal(s) {', '.join(map(repr, unknown))} in {text!r}; e.g. {DEFAULT_SIGNALS}")
+        raise argparse.ArgumentTypeError(
+            f"unknown signal(s) {', '.join(map(repr, unknown))} in {text!r}; e.g. {DEFAULT_SIGNALS}"
+        )
     return text
 
 
@@ -116,9 +124,16 @@ def _schema(dest: str) -> Callable[[str], Any]:
     return parse
 
 
-for _function, _name in ((std_spec, "0-3 or RANK:0-3,..."), (ranks_list, "local ranks"), (rdzv_conf, "KEY=VALUE,..."),
-                         (signal_names, "signal names"), (numa_binding, "numa binding"), (_int, "int"),
-                         (_float, "number"), (_positive_float, "seconds")):
+for _function, _name in (
+    (std_spec, "0-3 or RANK:0-3,..."),
+    (ranks_list, "local ranks"),
+    (rdzv_conf, "KEY=VALUE,..."),
+    (signal_names, "signal names"),
+    (numa_binding, "numa binding"),
+    (_int, "int"),
+    (_float, "number"),
+    (_positive_float, "seconds"),
+):
     _function.__name__ = _name  # argparse names the type in "invalid <name> value" messages
 
 
@@ -172,42 +187,133 @@ FLAGS: tuple[TorchrunFlag, ...] = (
     _ours("master_port", "--master-port"),
     TorchrunFlag("module", ("-m", "--module"), None, defined_by_run_command=True),
     # the rest of torchrun's flags, added by `configure` below
-    TorchrunFlag("rdzv_conf", _both("--rdzv-conf"), rdzv_conf, {},
-                 "extra rendezvous settings KEY=VALUE,... (e.g. join_timeout=60), as torchrun"),
-    TorchrunFlag("standalone", ("--standalone",), None, False,
-                 "single node with a rendezvous on a free loopback port (phalanx's default on one node anyway)"),
-    TorchrunFlag("monitor_interval", _both("--monitor-interval"), _positive_float, 0.1,
-                 "seconds between the agent's checks of the workers' state"),
-    TorchrunFlag("event_log_handler", _both("--event-log-handler"), str, "null", "torch elastic event log handler name"),
-    TorchrunFlag("role", ("--role",), str, "default", "user-defined role of the workers (shown in torch's log prefixes)"),
-    TorchrunFlag("no_python", _both("--no-python"), None, False,
-                 "run SCRIPT as an executable, not with python (no -m; spawned, never forked)"),
-    TorchrunFlag("run_path", _both("--run-path"), None, False,
-                 "run SCRIPT inside the worker with runpy.run_path (phalanx's fork start does this already)"),
-    TorchrunFlag("log_dir", _both("--log-dir"), str, None,
-                 "directory for the workers' stdout/stderr files (with --redirects/--tee), as torchrun lays them out"),
-    TorchrunFlag("redirects", ("-r", "--redirects"), std_spec, "0",
-                 "send workers' streams to files under --log-dir: 0 none, 1 stdout, 2 stderr, 3 both, or RANK:N,..."),
-    TorchrunFlag("tee", ("-t", "--tee"), std_spec, "0",
-                 "like --redirects, and also print the streams with a [role RANK]: prefix per line"),
-    TorchrunFlag("local_ranks_filter", _both("--local-ranks-filter"), ranks_list, None,
-                 "print only these local ranks' output, e.g. 0 (the others' go to --log-dir files or nowhere)"),
-    TorchrunFlag("duplicate_stdout_filters", _both("--duplicate-stdout-filters"), comma_list, (),
-                 "also copy stdout lines containing any of these strings to filtered_stdout.log"),
-    TorchrunFlag("duplicate_stderr_filters", _both("--duplicate-stderr-filters"), comma_list, (),
-                 "also copy stderr lines containing any of these strings to filtered_stderr.log"),
-    TorchrunFlag("local_addr", _both("--local-addr"), str, None,
-                 "this node's address as the other nodes reach it (default: worked out from the route to the master)"),
-    TorchrunFlag("logs_specs", _both("--logs-specs"), str, None,
-                 "name of a torchrun.logs_specs entry point class replacing torch's DefaultLogsSpecs", pet=False),
-    TorchrunFlag("numa_binding", _both("--numa-binding"), numa_binding, None,
-                 f"bind each worker to its GPU's NUMA resources: {', '.join(NUMA_BINDINGS)}", pet=False),
-    TorchrunFlag("signals_to_handle", _both("--signals-to-handle"), signal_names, DEFAULT_SIGNALS,
-                 "signals the agent forwards to the workers before stopping"),
-    TorchrunFlag("shutdown_timeout", _both("--shutdown-timeout"), _int, None,
-                 "seconds between SIGTERM and SIGKILL when the workers are stopped"),
-    TorchrunFlag("virtual_local_rank", _both("--virtual-local-rank"), None, False,
-                 "every worker sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES)"),
+    TorchrunFlag(
+        "rdzv_conf",
+        _both("--rdzv-conf"),
+        rdzv_conf,
+        {},
+        "extra rendezvous settings KEY=VALUE,... (e.g. join_timeout=60), as torchrun",
+    ),
+    TorchrunFlag(
+        "standalone",
+        ("--standalone",),
+        None,
+        False,
+        "single node with a rendezvous on a free loopback port (phalanx's default on one node anyway)",
+    ),
+    TorchrunFlag(
+        "monitor_interval",
+        _both("--monitor-interval"),
+        _positive_float,
+        0.1,
+        "seconds between the agent's checks of the workers' state",
+    ),
+    TorchrunFlag(
+        "event_log_handler", _both("--event-log-handler"), str, "null", "torch elastic event log handler name"
+    ),
+    TorchrunFlag(
+        "role", ("--role",), str, "default", "user-defined role of the workers (shown in torch's log prefixes)"
+    ),
+    TorchrunFlag(
+        "no_python",
+        _both("--no-python"),
+        None,
+        False,
+        "run SCRIPT as an executable, not with python (no -m; spawned, never forked)",
+    ),
+    TorchrunFlag(
+        "run_path",
+        _both("--run-path"),
+        None,
+        False,
+        "run SCRIPT inside the worker with runpy.run_path (phalanx's fork start does this already)",
+    ),
+    TorchrunFlag(
+        "log_dir",
+        _both("--log-dir"),
+        str,
+        None,
+        "directory for the workers' stdout/stderr files (with --redirects/--tee), as torchrun lays them out",
+    ),
+    TorchrunFlag(
+        "redirects",
+        ("-r", "--redirects"),
+        std_spec,
+        "0",
+        "send workers' streams to files under --log-dir: 0 none, 1 stdout, 2 stderr, 3 both, or RANK:N,...",
+    ),
+    TorchrunFlag(
+        "tee",
+        ("-t", "--tee"),
+        std_spec,
+        "0",
+        "like --redirects, and also print the streams with a [role RANK]: prefix per line",
+    ),
+    TorchrunFlag(
+        "local_ranks_filter",
+        _both("--local-ranks-filter"),
+        ranks_list,
+        None,
+        "print only these local ranks' output, e.g. 0 (the others' go to --log-dir files or nowhere)",
+    ),
+    TorchrunFlag(
+        "duplicate_stdout_filters",
+        _both("--duplicate-stdout-filters"),
+        comma_list,
+        (),
+        "also copy stdout lines containing any of these strings to filtered_stdout.log",
+    ),
+    TorchrunFlag(
+        "duplicate_stderr_filters",
+        _both("--duplicate-stderr-filters"),
+        comma_list,
+        (),
+        "also copy stderr lines containing any of these strings to filtered_stderr.log",
+    ),
+    TorchrunFlag(
+        "local_addr",
+        _both("--local-addr"),
+        str,
+        None,
+        "this node's address as the other nodes reach it (default: worked out from the route to the master)",
+    ),
+    TorchrunFlag(
+        "logs_specs",
+        _both("--logs-specs"),
+        str,
+        None,
+        "name of a torchrun.logs_specs entry point class replacing torch's DefaultLogsSpecs",
+        pet=False,
+    ),
+    TorchrunFlag(
+        "numa_binding",
+        _both("--numa-binding"),
+        numa_binding,
+        None,
+        f"bind each worker to its GPU's NUMA resources: {', '.join(NUMA_BINDINGS)}",
+        pet=False,
+    ),
+    TorchrunFlag(
+        "signals_to_handle",
+        _both("--signals-to-handle"),
+        signal_names,
+        DEFAULT_SIGNALS,
+        "signals the agent forwards to the workers before stopping",
+    ),
+    TorchrunFlag(
+        "shutdown_timeout",
+        _both("--shutdown-timeout"),
+        _int,
+        None,
+        "seconds between SIGTERM and SIGKILL when the workers are stopped",
+    ),
+    TorchrunFlag(
+        "virtual_local_rank",
+        _both("--virtual-local-rank"),
+        None,
+        False,
+        "every worker sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES)",
+    ),
 )
 BY_DEST: dict[str, TorchrunFlag] = {flag.dest: flag for flag in FLAGS}
 REFUSED: dict[str, str] = {}
@@ -221,11 +327,17 @@ def configure(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         if flag.defined_by_run_command:
             continue
         if flag.switch:
-            group.add_argument(*flag.options, dest=flag.dest, action="store_true", default=argparse.SUPPRESS,
-                               help=flag.help)
+            group.add_argument(
+                *flag.options, dest=flag.dest, action="store_true", default=argparse.SUPPRESS, help=flag.help
+            )
         else:
-            group.add_argument(*flag.options, dest=flag.dest, type=flag.parse, default=argparse.SUPPRESS,
-                               help=f"{flag.help} (default {flag.default})" if flag.default not in (None, (), {}) else flag.help)
+            group.add_argument(
+                *flag.options,
+                dest=flag.dest,
+                type=flag.parse,
+                default=argparse.SUPPRESS,
+                help=f"{flag.help} (default {flag.default})" if flag.default not in (None, (), {}) else flag.help,
+            )
 
 
 def _from_pet(flag: TorchrunFlag, text: str) -> Any:
@@ -250,8 +362,11 @@ def apply_pet_env(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     """
     for flag in FLAGS:
         value = getattr(args, flag.dest, None)
-        given = hasattr(args, flag.dest) and value is not None and not (flag.switch and flag.defined_by_run_command
-                                                                          and not value)
+        given = (
+            hasattr(args, flag.dest)
+            and value is not None
+            and not (flag.switch and flag.defined_by_run_command and not value)
+        )
         if given:
             continue
         text = env.get(flag.pet_name) if flag.pet else None
@@ -294,21 +409,28 @@ def agent_options(args: argparse.Namespace) -> AgentOptions:
 def check_agent_options(options: AgentOptions, *, is_module: bool, nproc_per_node: int | None, target: str) -> None:
     """Contradictions torchrun would refuse too, reported before anything starts."""
     if options.no_python and is_module:
-        raise LaunchError("--no-python and -m/--module cannot be combined: -m runs a Python module. "
-                          "HINT: drop one of them.")
+        raise LaunchError(
+            "--no-python and -m/--module cannot be combined: -m runs a Python module. HINT: drop one of them."
+        )
     if options.no_python and options.run_path:
-        raise LaunchError("--no-python and --run-path cannot be combined: --run-path runs a Python file in the worker. "
-                          "HINT: drop one of them.")
+        raise LaunchError(
+            "--no-python and --run-path cannot be combined: --run-path runs a Python file in the worker. "
+            "HINT: drop one of them."
+        )
     if options.log_dir is not None and not options.log_dir:
         raise LaunchError("--log-dir is empty. HINT: name a directory, e.g. --log-dir logs")
     if nproc_per_node is not None and options.local_ranks_filter:
         outside = [rank for rank in options.local_ranks_filter if rank >= nproc_per_node]
         if outside:
-            raise LaunchError(f"--local-ranks-filter names local rank(s) {','.join(map(str, outside))}, but this node "
-                              f"runs {nproc_per_node} worker(s) (local ranks 0..{nproc_per_node - 1}).")
+            raise LaunchError(
+                f"--local-ranks-filter names local rank(s) {','.join(map(str, outside))}, but this node "
+                f"runs {nproc_per_node} worker(s) (local ranks 0..{nproc_per_node - 1})."
+            )
     if options.no_python and not is_module and shutil.which(target) is None:
-        raise LaunchError(f"--no-python runs {target!r} as a program, but it is not an executable file or a command on "
-                          "PATH. HINT: check the name and its execute permission, or drop --no-python for a Python script.")
+        raise LaunchError(
+            f"--no-python runs {target!r} as a program, but it is not an executable file or a command on "
+            "PATH. HINT: check the name and its execute permission, or drop --no-python for a Python script."
+        )
 
 
 def _std(text: str) -> Any:
@@ -373,6 +495,8 @@ def _supported_by_this_torch(kwargs: dict[str, Any], options: AgentOptions) -> d
     }
     asked = [name for name in kwargs if name not in known and unsupported.get(name, True)]
     if asked:
-        raise LaunchError(f"torch {torch.__version__}'s elastic agent has no {', '.join(asked)}; "
-                          "HINT: drop the flag, or use the torch phalanx pins for tests (2.13)")
+        raise LaunchError(
+            f"torch {torch.__version__}'s elastic agent has no {', '.join(asked)}; "
+            "HINT: drop the flag, or use the torch phalanx pins for tests (2.13)"
+        )
     return {name: value for name, value in kwargs.items() if name in known}

@@ -8,6 +8,7 @@ Two ways in, one per start method:
   imported torch; the elastic agent's own wrapper records the traceback there.
 This module imports nothing heavy: the worker's start-up time is the script's.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,12 @@ def record_hint(text: str) -> None:
     import json
     import time
 
-    data = {"message": {"message": f"phalanx: {text}",
-                        "extraInfo": {"py_callstack": f"phalanx: {text}", "timestamp": str(int(time.time()))}}}
+    data = {
+        "message": {
+            "message": f"phalanx: {text}",
+            "extraInfo": {"py_callstack": f"phalanx: {text}", "timestamp": str(int(time.time()))},
+        }
+    }
     with open(path, "w") as fp:
         json.dump(data, fp)
 
@@ -176,8 +181,14 @@ def leave_note(seen: dict[str, int | None] | None) -> None:
     size = seen["group_size"]
     if size is None and dist is not None and dist.is_available() and dist.is_initialized():
         size = dist.get_world_size()  # joined through a path that bypassed the watched function
-    worker_notes.write(worker_notes.WorkerNote(rank=int(os.environ.get(envvars.RANK, "0")), group_size=size,
-                                               accelerate=accelerator_made(), fabric=bool(seen.get("fabric"))))
+    worker_notes.write(
+        worker_notes.WorkerNote(
+            rank=int(os.environ.get(envvars.RANK, "0")),
+            group_size=size,
+            accelerate=accelerator_made(),
+            fabric=bool(seen.get("fabric")),
+        )
+    )
 
 
 def accelerator_made() -> bool:

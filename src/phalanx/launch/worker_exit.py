@@ -1,4 +1,5 @@
 """How a spawned worker whose script has finished ends: as a forked one does (launch/worker.py)."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ PHALANX_WORKER_NOTES (its run directory's logs/workers); every Phalanx() touches
 PHALANX_CREATED_MARKER there (also in processes a worker starts itself, e.g. with mp.spawn). Pure
 file and text work here; the worker side (launch/worker.py) watches init_process_group.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,8 +70,13 @@ def read(directory: str) -> list[WorkerNote]:
     return sorted(notes, key=lambda note: note.rank)
 
 
-def say_while_running(directory: str, workers: int, line: Callable[[list[WorkerNote]], str | None],
-                      say: Callable[[str], None], interval_s: float = 1.0) -> Callable[[], str | None]:
+def say_while_running(
+    directory: str,
+    workers: int,
+    line: Callable[[list[WorkerNote]], str | None],
+    say: Callable[[str], None],
+    interval_s: float = 1.0,
+) -> Callable[[], str | None]:
     """Read the notes once a second while the job runs; once every worker has left one (a few seconds
     after joining its group, launch/worker.py) say `line(notes)` once, if anything. Returns the call
     that ends the watch and gives back what was said."""
@@ -97,6 +103,7 @@ def say_while_running(directory: str, workers: int, line: Callable[[list[WorkerN
         done.set()
         thread.join(timeout=5)
         return said[0] if said else None
+
     return end
 
 
@@ -109,14 +116,17 @@ def separate_worlds_line(notes: list[WorkerNote], world_size: int) -> str | None
     alone = [note.rank for note in notes if (note.group_size or 1) < world_size]
     if world_size <= 1 or not alone:
         return None
-    return (f"phalanx run: warning: {_ranks(alone)} never joined a process group of {world_size}: they ran as "
-            f"{len(alone)} separate world{'s' if len(alone) > 1 else ''} of one (each read all the data and acted as the main process). HINT: "
-            "create Phalanx() in the script (or call torch.distributed.init_process_group); Accelerate, HF "
-            "Trainer and Lightning Fabric scripts join by themselves under phalanx run")
+    return (
+        f"phalanx run: warning: {_ranks(alone)} never joined a process group of {world_size}: they ran as "
+        f"{len(alone)} separate world{'s' if len(alone) > 1 else ''} of one (each read all the data and acted as the main process). HINT: "
+        "create Phalanx() in the script (or call torch.distributed.init_process_group); Accelerate, HF "
+        "Trainer and Lightning Fabric scripts join by themselves under phalanx run"
+    )
 
 
-def no_effect_line(notes: list[WorkerNote], created: bool, settings: Any, target: str,
-                   num_gpus_in_use: int) -> str | None:
+def no_effect_line(
+    notes: list[WorkerNote], created: bool, settings: Any, target: str, num_gpus_in_use: int
+) -> str | None:
     """The warning for settings given to `phalanx run` that no worker could apply (`created`: was a
     Phalanx() created)."""
     from phalanx import config
@@ -140,16 +150,28 @@ def no_effect_line(notes: list[WorkerNote], created: bool, settings: Any, target
         return None
     name = os.path.basename(target)
     if accelerate:
-        given = "the device" + (", FSDP" if num_gpus_in_use else "") + (
-            ", mixed precision" if settings.is_set("mixed_precision") else "")
-        why = (f"{name} never created Phalanx(); it used Accelerate, which got what `accelerate launch` would give it "
-               f"({given})" + ("" if num_gpus_in_use else ", and Accelerate runs FSDP on accelerators only"))
+        given = (
+            "the device"
+            + (", FSDP" if num_gpus_in_use else "")
+            + (", mixed precision" if settings.is_set("mixed_precision") else "")
+        )
+        why = (
+            f"{name} never created Phalanx(); it used Accelerate, which got what `accelerate launch` would give it "
+            f"({given})" + ("" if num_gpus_in_use else ", and Accelerate runs FSDP on accelerators only")
+        )
     elif fabric:
-        why = (f"{name} never created Phalanx(); it used Lightning Fabric, which got what `fabric run` would give it "
-               "(the device, the processes" + (", mixed precision" if settings.is_set("mixed_precision") else "")
-               + "; Fabric's strategy is its own)")
+        why = (
+            f"{name} never created Phalanx(); it used Lightning Fabric, which got what `fabric run` would give it "
+            "(the device, the processes"
+            + (", mixed precision" if settings.is_set("mixed_precision") else "")
+            + "; Fabric's strategy is its own)"
+        )
     else:
-        why = (f"{name} never created Phalanx(), which is how phalanx's runtime settings reach a script (a plain "
-               "torch script keeps the layout it builds itself)")
-    return (f"phalanx run: warning: {', '.join(ignored)} had no effect: {why}. HINT: create px = Phalanx() and "
-            "px.prepare(...) in the script, or drop the flag")
+        why = (
+            f"{name} never created Phalanx(), which is how phalanx's runtime settings reach a script (a plain "
+            "torch script keeps the layout it builds itself)"
+        )
+    return (
+        f"phalanx run: warning: {', '.join(ignored)} had no effect: {why}. HINT: create px = Phalanx() and "
+        "px.prepare(...) in the script, or drop the flag"
+    )

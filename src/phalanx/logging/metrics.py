@@ -1,4 +1,5 @@
 """`px.log({...}, step=...)`: scalar metrics from the main process to the console and the sinks."""
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,9 @@ def format_line(step: int, metrics: Mapping[str, float]) -> str:
     parts = [f"step {step}"]
     for name, value in metrics.items():
         name = printable(name)
-        parts.append(f"{name} {value:.4g}" if isinstance(value, float) and math.isfinite(value)
-                     else f"{name} {printable(value)}")
+        parts.append(
+            f"{name} {value:.4g}" if isinstance(value, float) and math.isfinite(value) else f"{name} {printable(value)}"
+        )
     return " | ".join(parts)
 
 
@@ -53,8 +55,15 @@ class MetricsLogger:
     Sinks are created on the first call, so a run that logs nothing leaves no metrics files.
     """
 
-    def __init__(self, run_dir: str, is_main: bool, sink_names: list[str], console: bool = True,
-                 trackers: list[str] | None = None, params: Callable[[], dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        run_dir: str,
+        is_main: bool,
+        sink_names: list[str],
+        console: bool = True,
+        trackers: list[str] | None = None,
+        params: Callable[[], dict[str, Any]] | None = None,
+    ):
         """`trackers`: more destinations by name (wandb, mlflow, ...), opened with the sinks.
         `params`: the run's settings, asked for when the sinks open (strategy auto has decided by
         then) and logged by the trackers as hyper-parameters."""
@@ -79,8 +88,9 @@ class MetricsLogger:
     def _open(self) -> list[sink_registry.Sink]:
         if self.sinks is None:
             params = {**(self.params() if self.params is not None else {}), **self.extra_params}
-            self.sinks = sink_registry.create(self.sink_names, self.run_dir, RunInfo(self.run_dir, params=params),
-                                              self.tracker_names)
+            self.sinks = sink_registry.create(
+                self.sink_names, self.run_dir, RunInfo(self.run_dir, params=params), self.tracker_names
+            )
         return self.sinks
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:

@@ -2,6 +2,7 @@
 
 Needs matplotlib (`pip install 'phalanx[plot]'`); imported only when the command runs.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,7 @@ the environment, and reach `phalanx top`, the exit tables and the logs. A name w
 could retitle, clear or move the terminal (`ESC]0;...BEL`, `ESC[2J`); here every control character
 is written out as its escape instead (`\\x1b`), so the name reads as data. The one sanitizer: every
 place that prints a name goes through it (no torch, no phalanx imports)."""
+
 from __future__ import annotations
 
 import re

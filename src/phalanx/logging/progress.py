@@ -5,6 +5,7 @@ with samples/s, tokens/s and MFU refreshed every second (logging/throughput.py).
 CI logs stay clean: with stdout redirected the iterable is returned untouched in behaviour and no
 byte is written. PHALANX_PROGRESS=on/off forces it either way.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -35,8 +36,17 @@ def bar_enabled(is_main: bool, setting: str | bool | None = None, stream: Any = 
 class Progress:
     """Iterates like the wrapped iterable; draws a bar only when enabled."""
 
-    def __init__(self, iterable: Iterable[Any], *, enabled: bool, is_main: bool = True, metrics: Any = None,
-                 total: int | None = None, desc: str | None = None, **tqdm_kwargs: Any):
+    def __init__(
+        self,
+        iterable: Iterable[Any],
+        *,
+        enabled: bool,
+        is_main: bool = True,
+        metrics: Any = None,
+        total: int | None = None,
+        desc: str | None = None,
+        **tqdm_kwargs: Any,
+    ):
         self.iterable = iterable
         self.is_main = is_main
         self.metrics = metrics

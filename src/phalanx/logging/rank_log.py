@@ -4,6 +4,7 @@ INFO and every rank's warnings by default, and each rank keeps a full log file i
 Modules log with `logging.getLogger("phalanx.<area>")` (see `get_logger`); the user's own logging
 configuration is left alone (the "phalanx" logger does not propagate to the root logger).
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """The run directory: where metrics files and per-rank logs of one run go, the same on every rank."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,9 @@ def make_unique_dir(root: str, now: float | None = None) -> str:
             return path
         except FileExistsError:
             continue
-    raise RuntimeError(f"could not create a fresh run directory under {root!r}. HINT: set run_dir (--run-dir, PHALANX_RUN_DIR).")
+    raise RuntimeError(
+        f"could not create a fresh run directory under {root!r}. HINT: set run_dir (--run-dir, PHALANX_RUN_DIR)."
+    )
 
 
 def resolve_run_dir(chosen: str | None, is_main: bool, share: Callable[[str | None], str]) -> str:

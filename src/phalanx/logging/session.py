@@ -1,4 +1,5 @@
 """Wires logging, metrics and progress for one `Phalanx()`: run dir, rank logs, metrics logger."""
+
 from __future__ import annotations
 
 import atexit
@@ -47,12 +48,18 @@ class LoggingSettings:
 
     @classmethod
     def from_config(cls, cfg: Any) -> "LoggingSettings":
-        return cls(cfg.run_dir, cfg.log_level, cfg.log_all_ranks, tuple(cfg.log_sinks), cfg.progress,
-                   tuple(cfg.trackers or ()))
+        return cls(
+            cfg.run_dir, cfg.log_level, cfg.log_all_ranks, tuple(cfg.log_sinks), cfg.progress, tuple(cfg.trackers or ())
+        )
 
 
-def start(rank: int, is_main: bool, share: Callable[[Any], Any],
-          settings: LoggingSettings = LoggingSettings(), world_size: int = 1) -> LoggingSession:
+def start(
+    rank: int,
+    is_main: bool,
+    share: Callable[[Any], Any],
+    settings: LoggingSettings = LoggingSettings(),
+    world_size: int = 1,
+) -> LoggingSession:
     """Pick the run dir (same on all ranks), configure phalanx's logger and the metrics sinks.
 
     Sinks and trackers are checked here on every rank (names, installed libraries), so a missing

@@ -3,6 +3,7 @@
 Files are flushed on every write, so `phalanx plot` and `tail -f` work while the run goes on and
 nothing is lost if it dies.
 """
+
 from __future__ import annotations
 
 import csv
@@ -154,16 +155,20 @@ def check_names(names: list[str], setting: str = "log_sinks") -> list[str]:
     """Refuse unknown names (listing the valid ones) and names whose library is missing (naming the extra)."""
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
-        raise ValueError(f"{setting}: unknown metrics sink(s)/tracker(s) {unknown}; valid: {', '.join(NAMES)}"
-                         + (" or auto" if setting == "log_sinks" else "")
-                         + ". HINT: for your own destination pass an object with write(step, metrics) and "
-                           "close() to px.add_sink().")
+        raise ValueError(
+            f"{setting}: unknown metrics sink(s)/tracker(s) {unknown}; valid: {', '.join(NAMES)}"
+            + (" or auto" if setting == "log_sinks" else "")
+            + ". HINT: for your own destination pass an object with write(step, metrics) and "
+            "close() to px.add_sink()."
+        )
     for name in names:
         if not installed(name):
             dest = REGISTRY[name]
-            raise ValueError(f"{setting}: {name!r} needs the {dest.package} package. HINT: pip install "
-                             f"'phalanx[{dest.extra}]' (or pip install {dest.package}), or leave {name} out of "
-                             f"{setting}.")
+            raise ValueError(
+                f"{setting}: {name!r} needs the {dest.package} package. HINT: pip install "
+                f"'phalanx[{dest.extra}]' (or pip install {dest.package}), or leave {name} out of "
+                f"{setting}."
+            )
     return names
 
 
@@ -178,8 +183,9 @@ def expand(sink_names: list[str], tracker_names: list[str] | None = None) -> lis
     return names
 
 
-def create(names: list[str], run_dir: str, run: trackers.RunInfo | None = None,
-           tracker_names: list[str] | None = None) -> list[Sink]:
+def create(
+    names: list[str], run_dir: str, run: trackers.RunInfo | None = None, tracker_names: list[str] | None = None
+) -> list[Sink]:
     """Sinks by name ("auto" = csv, jsonl, and tensorboard when installed), plus the trackers."""
     names = expand(names, tracker_names)
     os.makedirs(run_dir, exist_ok=True)

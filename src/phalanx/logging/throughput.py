@@ -9,6 +9,7 @@ it), from the arrival of the first batch trained on after the previous row. A ro
 MFU: the model FLOPs this rank ran (model/flops.py) per second over its device's peak
 (runtime/device_peaks.py), only when both are known.
 """
+
 from __future__ import annotations
 
 import time
@@ -29,8 +30,13 @@ def batch_counts(batch: Any) -> tuple[int | None, int | None, int | None]:
             ids, mask = batch["input_ids"], batch["attention_mask"] if "attention_mask" in batch.keys() else None
         first = next((batch[k] for k in batch.keys() if isinstance(batch[k], torch.Tensor)), None)
     else:
-        first = batch if isinstance(batch, torch.Tensor) else next(
-            (v for v in batch if isinstance(v, torch.Tensor)), None) if isinstance(batch, (list, tuple)) else None
+        first = (
+            batch
+            if isinstance(batch, torch.Tensor)
+            else next((v for v in batch if isinstance(v, torch.Tensor)), None)
+            if isinstance(batch, (list, tuple))
+            else None
+        )
         if first is not None and first.dim() == 2 and not first.is_floating_point() and not first.is_complex():
             ids = first
     samples = int(first.shape[0]) if first is not None and first.dim() > 0 else None
@@ -54,8 +60,7 @@ class Throughput:
         self._flops = 0.0
         self._has_tokens = False
 
-    def set_model(self, flops_per_token: Callable[[int], float] | None, peak: float | None,
-                  share: float = 1.0) -> None:
+    def set_model(self, flops_per_token: Callable[[int], float] | None, peak: float | None, share: float = 1.0) -> None:
         """`share`: the part of each token's FLOPs this rank runs (1 / the tensor-parallel degree)."""
         self.flops_per_token, self.peak, self.share = flops_per_token, peak, share
 

@@ -7,6 +7,7 @@ hyper-parameters. Offline use is the library's own: `WANDB_MODE=offline`, `SWANL
 MLflow writes to a SQLite store, RUN_DIR/mlflow.db, unless MLFLOW_TRACKING_URI names another: the
 store MLflow 3's client and `mlflow ui` read with their defaults (its file store needs an opt-in).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -36,6 +37,7 @@ class RunInfo:
 
 def plain_params(params: dict[str, Any]) -> dict[str, Any]:
     """Hyper-parameters as numbers, booleans or strings (what every tracker can store)."""
+
     def plain(value: Any) -> Any:
         if isinstance(value, (bool, int, float, str)):
             return value
@@ -134,8 +136,9 @@ class SwanLabTracker:
         import swanlab
 
         self._swanlab = swanlab
-        self._run = swanlab.init(experiment_name=run.name, logdir=os.path.join(run.run_dir, SWANLAB_DIR),
-                                 config=plain_params(run.params))
+        self._run = swanlab.init(
+            experiment_name=run.name, logdir=os.path.join(run.run_dir, SWANLAB_DIR), config=plain_params(run.params)
+        )
         atexit.register(self.close)
 
     def log_params(self, params: dict[str, Any]) -> None:

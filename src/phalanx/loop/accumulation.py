@@ -1,5 +1,6 @@
 """Gradient accumulation: which micro-step syncs, the loss scale, and the optimizer wrapper
 whose `step()` / `zero_grad()` act only when a full accumulation cycle is done."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,9 +28,13 @@ class Accumulator:
     length (as one smaller batch would be); with "drop" its gradients are discarded, no step.
     """
 
-    def __init__(self, num_steps: int = 1, remainder: str = "flush",
-                 batches_left: Callable[[], int | None] | None = None,
-                 on_cycle_start: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        num_steps: int = 1,
+        remainder: str = "flush",
+        batches_left: Callable[[], int | None] | None = None,
+        on_cycle_start: Callable[[], None] | None = None,
+    ):
         if int(num_steps) != num_steps or num_steps < 1:
             raise ValueError(f"grad_accum_steps must be a positive integer, got {num_steps!r}")
         if remainder not in REMAINDERS:
@@ -92,7 +97,9 @@ class Accumulator:
                 get_logger("accumulation").info(
                     "grad_accum_steps=%d: each backward() counts as a micro-step; wrap the forward and "
                     "backward in `with px.accumulate(model):` to skip the gradient sync on the first %d",
-                    self.num_steps, self.num_steps - 1)
+                    self.num_steps,
+                    self.num_steps - 1,
+                )
         # A dropped remainder's last micro-step lets zero_grad() discard what it accumulated.
         self.holding_grads = not (self.dropping and self.cycle_pos == 0)
         return self.cycle_len
@@ -102,9 +109,15 @@ class Accumulator:
         return fn(*args, **kwargs) if self.sync_gradients else None
 
 
-_DELEGATED = ("register_step_pre_hook", "register_step_post_hook", "register_state_dict_pre_hook",
-              "register_state_dict_post_hook", "register_load_state_dict_pre_hook",
-              "register_load_state_dict_post_hook", "add_param_group")
+_DELEGATED = (
+    "register_step_pre_hook",
+    "register_step_post_hook",
+    "register_state_dict_pre_hook",
+    "register_state_dict_post_hook",
+    "register_load_state_dict_pre_hook",
+    "register_load_state_dict_post_hook",
+    "add_param_group",
+)
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -116,9 +129,15 @@ class PreparedOptimizer(torch.optim.Optimizer):
     before the forward or after `step()`: both orders accumulate correctly.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, accumulator: Accumulator, precision: Precision,
-                 clip: Callable[[], Any] | None = None, before_step: Callable[[], None] | None = None,
-                 wrap_closure: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        accumulator: Accumulator,
+        precision: Precision,
+        clip: Callable[[], Any] | None = None,
+        before_step: Callable[[], None] | None = None,
+        wrap_closure: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
+    ):
         # No super().__init__: this object owns no parameters; the wrapped optimizer does.
         self.optimizer = optimizer
         self.accumulator = accumulator
@@ -207,12 +226,18 @@ def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer
 
 
-def wrap_optimizer(optimizer: torch.optim.Optimizer, accumulator: Accumulator, strategy: Any,
-                   clip_norm: float | None = None, before_step: Callable[[], None] | None = None,
-                   wrap_closure: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None) -> torch.optim.Optimizer:
+def wrap_optimizer(
+    optimizer: torch.optim.Optimizer,
+    accumulator: Accumulator,
+    strategy: Any,
+    clip_norm: float | None = None,
+    before_step: Callable[[], None] | None = None,
+    wrap_closure: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
+) -> torch.optim.Optimizer:
     """`optimizer` itself when nothing needs adding (no accumulation, scaler, auto-clipping or
     closure to wrap), else a PreparedOptimizer around it."""
     precision: Precision = strategy.precision
+
     def clip_all() -> torch.Tensor:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         return strategy.clip_grad_norm_(params, clip_norm)

@@ -10,6 +10,7 @@ A callback is any object with some of these methods; the list calls the ones it 
 - `on_backward(loss, num_items)`: px.backward's loss, before the backward pass;
 - `before_step(step, params)`: once per optimizer step, before clipping and stepping.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -22,6 +22,7 @@ script passes num_items (on every rank, or on none); from then on each optimizer
 all-reduce carries, besides Σ n and Σ loss, the count of negative or malformed values and of
 backward calls without num_items.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -29,7 +30,6 @@ from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
-
 
 
 _N, _LOSS, _NEGATIVE, _MALFORMED, _PLAIN = range(5)  # the columns of a rank's row
@@ -42,8 +42,9 @@ class ItemCount:
     (None: every rank). `step`: the number of the optimizer step about to be taken (for messages).
     """
 
-    def __init__(self, world_size: int, device: torch.device, step: Callable[[], int],
-                 group: Callable[[], Any] = lambda: None):
+    def __init__(
+        self, world_size: int, device: torch.device, step: Callable[[], int], group: Callable[[], Any] = lambda: None
+    ):
         self.world_size = world_size
         self.device = device
         self.step = step
@@ -76,7 +77,8 @@ class ItemCount:
             raise ValueError(
                 f"px.backward: num_items given in step {self.step()}, but the run's first backward (on every "
                 "rank) had none, so the ranks do not all-reduce item counts. HINT: pass num_items on every "
-                "backward from the first one (0 for a batch with nothing to count), or on none")
+                "backward from the first one (0 for a batch with nothing to count), or on none"
+            )
         assert self.divisor is not None  # noqa: S101 - set by the agreement
         return self.divisor
 
@@ -111,8 +113,9 @@ class ItemCount:
 
     def _agree(self, used: bool, count: torch.Tensor) -> None:
         """The run's first backward: do all data-parallel ranks pass num_items, and the first divisor."""
-        row = torch.stack([count.reshape(()).clamp(min=0), torch.tensor(float(used), dtype=torch.float64,
-                                                                         device=self.device)])
+        row = torch.stack(
+            [count.reshape(()).clamp(min=0), torch.tensor(float(used), dtype=torch.float64, device=self.device)]
+        )
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(row, group=self.group())
         total, users = row.tolist()
@@ -120,7 +123,8 @@ class ItemCount:
             raise ValueError(
                 f"px.backward: num_items was given on {int(users)} of {self.world_size} data-parallel ranks in the "
                 "run's first backward and was None on the others. HINT: pass num_items on every rank (0 for a batch "
-                "with nothing to count), or on none")
+                "with nothing to count), or on none"
+            )
         self.used = users > 0
         self.divisor = max(total / self.world_size, 1.0)
 
@@ -142,22 +146,28 @@ class ItemCount:
             dist.all_reduce(totals, group=self.group())
         num_items, loss_sum, negatives, bad, plain = totals.tolist()  # one read-back per optimizer step
         if bad > 0:
-            raise ValueError(f"step {step}: num_items was not a number or a one-element tensor in {int(bad)} backward "
-                             "call(s) across the ranks. HINT: pass (labels != -100).sum(), a number or a one-element "
-                             "tensor")
+            raise ValueError(
+                f"step {step}: num_items was not a number or a one-element tensor in {int(bad)} backward "
+                "call(s) across the ranks. HINT: pass (labels != -100).sum(), a number or a one-element "
+                "tensor"
+            )
         if plain > 0:
             raise ValueError(
                 f"step {step}: px.backward was called {int(plain)} time(s) without num_items across the ranks, in a "
                 "run that passes it. HINT: pass num_items on every backward of every rank (0 for a batch with "
-                "nothing to count), or on none")
+                "nothing to count), or on none"
+            )
         if negatives > 0:
-            raise ValueError(f"step {step}: num_items was negative in {int(negatives)} backward call(s) across the "
-                             "ranks; it counts the items the loss is summed over. HINT: pass (labels != -100).sum()")
+            raise ValueError(
+                f"step {step}: num_items was negative in {int(negatives)} backward call(s) across the "
+                "ranks; it counts the items the loss is summed over. HINT: pass (labels != -100).sum()"
+            )
         if num_items <= 0:
             raise ValueError(
                 f"step {step}: num_items summed to {num_items:g} over all {self.world_size} rank(s) and micro-steps: "
                 "there is nothing to average the loss over. HINT: skip batches without target items before "
-                "px.backward, or check the labels' padding value (-100 is ignored)")
+                "px.backward, or check the labels' padding value (-100 is ignored)"
+            )
         self.step_loss = loss_sum / num_items
         scale = self.world_size * cycle_len * self.divisor / num_items
         self.divisor = max(num_items / (self.world_size * max(calls, 1)), 1.0)  # the next step's: items per backward

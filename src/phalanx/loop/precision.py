@@ -1,5 +1,6 @@
 """Mixed precision: autocast for replicated strategies, FSDP2's policy for sharded ones, and a
 gradient scaler for fp16. One small object a strategy holds; strategies never test the name."""
+
 from __future__ import annotations
 
 import contextlib
@@ -106,8 +107,10 @@ class Precision:
         if self.scaler is None:
             return optimizer.step(closure) if closure is not None else optimizer.step()
         if closure is not None:
-            raise ValueError("optimizer.step(closure) is not supported with mixed_precision='fp16'. "
-                             "HINT: call the closure yourself, then optimizer.step().")
+            raise ValueError(
+                "optimizer.step(closure) is not supported with mixed_precision='fp16'. "
+                "HINT: call the closure yourself, then optimizer.step()."
+            )
         self.unscale_(optimizer)
         result = self.scaler.step(optimizer)
         self.scaler.update()
@@ -129,8 +132,9 @@ def _sharded_scaler(device_type: str) -> Any:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     class MixedGradScaler(ShardedGradScaler):
-        def _unscale_grads_(self, optimizer: Any, inv_scale: torch.Tensor, found_inf: torch.Tensor,
-                            allow_fp16: bool = True) -> dict[torch.device, torch.Tensor]:
+        def _unscale_grads_(
+            self, optimizer: Any, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool = True
+        ) -> dict[torch.device, torch.Tensor]:
             groups = optimizer.param_groups
             kinds = {type(p.grad) for g in groups for p in g["params"] if p.grad is not None}
             if len(kinds) <= 1:

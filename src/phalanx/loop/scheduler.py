@@ -6,6 +6,7 @@ would run ahead of the optimizer (and differ from a single-process run with the 
 `PreparedScheduler.step()` steps the user's scheduler once per real optimizer step since its last
 step, counted by a step post-hook on the optimizer that really steps.
 """
+
 from __future__ import annotations
 
 import re

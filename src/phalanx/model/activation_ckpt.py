@@ -5,6 +5,7 @@ Applied before compile and sharding (checkpoint wrapper inside, then compile, th
 torchtitan does). The wrapper's state-dict hooks strip its name from keys, so checkpoints and
 `px.load_model` see the model's own parameter names.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence, Union
@@ -32,8 +33,10 @@ def _matcher(spec: CheckpointSpec) -> Callable[[nn.Module], bool]:
         return spec  # type: ignore[return-value]
     items = list(spec)  # type: ignore[arg-type]
     if not items or not all(isinstance(i, (type, str)) for i in items):
-        raise ValueError(f"activation_checkpointing must be True/False, module classes or class names, "
-                         f"or a predicate module -> bool; got {spec!r}")
+        raise ValueError(
+            f"activation_checkpointing must be True/False, module classes or class names, "
+            f"or a predicate module -> bool; got {spec!r}"
+        )
     classes = tuple(i for i in items if isinstance(i, type))
     names = {i for i in items if isinstance(i, str)}
     return lambda m: isinstance(m, classes) or type(m).__name__ in names
@@ -52,19 +55,26 @@ def select(model: nn.Module, spec: CheckpointSpec, units: list[nn.Module]) -> li
     if spec is True:
         chosen = [u for u in units if u is not model]
         if not chosen:
-            raise ValueError("activation_checkpointing=True checkpoints each sharding unit, but this model "
-                             "has none besides the root. HINT: name the module classes to checkpoint.")
+            raise ValueError(
+                "activation_checkpointing=True checkpoints each sharding unit, but this model "
+                "has none besides the root. HINT: name the module classes to checkpoint."
+            )
         return chosen
     match = _matcher(spec)
     chosen: list[nn.Module] = []
     for name, module in model.named_modules():
-        if name and match(module) and not any(m is not module and any(s is module for s in m.modules())
-                                               for m in chosen):
+        if (
+            name
+            and match(module)
+            and not any(m is not module and any(s is module for s in m.modules()) for m in chosen)
+        ):
             chosen.append(module)
     if not chosen:
         present = sorted({type(m).__name__ for m in model.modules()})
-        raise ValueError(f"activation_checkpointing: {_describe(spec)} matches no module of the model. "
-                         f"Module classes present: {', '.join(present)}")
+        raise ValueError(
+            f"activation_checkpointing: {_describe(spec)} matches no module of the model. "
+            f"Module classes present: {', '.join(present)}"
+        )
     return chosen
 
 

@@ -5,6 +5,7 @@ Compiling `module.forward` in place keeps parameter names (no `_orig_mod.` in st
 inductor needs a C++ compiler: without one phalanx says so once and runs eager instead of failing
 at the first step.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,10 @@ def options_of(spec: CompileSpec) -> dict[str, Any] | None:
 def usable(device: torch.device) -> bool:
     """False (with one warning) when compiling cannot work here: CPU without a C++ compiler."""
     if device.type == "cpu" and find_cxx_compiler() is None:
-        get_logger().warning("compile=True needs a C/C++ compiler for torch.compile on CPU and none was found "
-                             "(set CXX or install g++); running eager instead")
+        get_logger().warning(
+            "compile=True needs a C/C++ compiler for torch.compile on CPU and none was found "
+            "(set CXX or install g++); running eager instead"
+        )
         return False
     return True
 

@@ -7,6 +7,7 @@ forward 2N, backward 2N for the activations' gradients plus 2N_t for the weights
 weight trains; a LoRA run with frozen weights does ~4N), and 12·L·d·T for the attention scores and
 their use (fwd + bwd), which have no weights.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

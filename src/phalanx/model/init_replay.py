@@ -15,6 +15,7 @@ the construction where one process's does. Materialising, `Pinning` answers each
 module's full-size stand-in with that tensor's recorded last call, from its recorded state, so
 every tensor gets one process's numbers whatever order the modules are materialised in.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,9 +30,25 @@ from torch.overrides import TorchFunctionMode
 
 # torch.nn.init's, Tensor's and transformers.initialization's (its guarded copies of torch's) in-place
 # fills, by name: the outermost call is the one seen (a mode is off inside its own handler)
-RANDOM = {"uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
-          "xavier_normal_", "orthogonal_", "sparse_", "lecun_normal_", "default_flax_embed_init_", "random_",
-          "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_"}
+RANDOM = {
+    "uniform_",
+    "normal_",
+    "trunc_normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "orthogonal_",
+    "sparse_",
+    "lecun_normal_",
+    "default_flax_embed_init_",
+    "random_",
+    "bernoulli_",
+    "exponential_",
+    "geometric_",
+    "log_normal_",
+    "cauchy_",
+}
 FILLS = {"zeros_", "ones_", "constant_", "eye_", "dirac_", "zero_", "fill_"}
 FLAGS = {"requires_grad_", "share_memory_"}  # in place, but not on the values
 _DATA = torch.Tensor.data  # `param.data`: an alias the init functions are often given
@@ -56,7 +73,11 @@ class Fill:
             self.func(tensor, *self.args, **self.kwargs)
             return
         # drawn on the CPU from the CPU generator, as recorded (an accelerator's tensor gets a copy)
-        drawn = tensor if tensor.device.type == "cpu" else torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu")
+        drawn = (
+            tensor
+            if tensor.device.type == "cpu"
+            else torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu")
+        )
         saved = torch.get_rng_state()
         torch.set_rng_state(self.state)
         try:
@@ -123,8 +144,11 @@ class Recorder(TorchFunctionMode):
             return out
         target = _target(args, kwargs)
         name = getattr(func, "__name__", "")
-        if (not (isinstance(target, torch.Tensor) and target.is_meta and name.endswith("_")) or name in FLAGS
-                or name.startswith("__")):
+        if (
+            not (isinstance(target, torch.Tensor) and target.is_meta and name.endswith("_"))
+            or name in FLAGS
+            or name.startswith("__")
+        ):
             return func(*args, **kwargs)
         base = self.alias.get(id(target), target)
         whole = tuple(target.shape) == tuple(base.shape)

@@ -11,6 +11,7 @@ the whole model when it is sharded.
 Keys and shapes are checked on every rank before anything is loaded: missing, unexpected and
 mismatched names fail together in one message; `strict=False` loads the matches and reports the rest.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from phalanx.logging.rank_log import get_logger
+
 
 @dataclass
 class LoadResult:
@@ -57,8 +59,10 @@ def _safetensors_files(path: str) -> dict[str, str] | None:
         elif len(singles) == 1:
             path = os.path.join(path, singles[0])
         else:
-            raise ValueError(f"{path!r} holds {len(indexes)} safetensors index file(s) and {len(singles)} "
-                             "safetensors file(s); pass the file or the index to load")
+            raise ValueError(
+                f"{path!r} holds {len(indexes)} safetensors index file(s) and {len(singles)} "
+                "safetensors file(s); pass the file or the index to load"
+            )
     if path.endswith(".index.json"):
         with open(path, encoding="utf-8") as fp:
             weight_map = json.load(fp)["weight_map"]
@@ -97,16 +101,29 @@ def compare(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[i
 
 
 def _refuse_or_warn(result: LoadResult, strict: bool, what: str) -> None:
-    problems = [f"{label} ({len(keys)}): {', '.join(keys)}" for label, keys in
-                (("missing in the checkpoint", result.missing), ("unexpected in the checkpoint", result.unexpected),
-                 ("shape mismatch", result.mismatched)) if keys]
+    problems = [
+        f"{label} ({len(keys)}): {', '.join(keys)}"
+        for label, keys in (
+            ("missing in the checkpoint", result.missing),
+            ("unexpected in the checkpoint", result.unexpected),
+            ("shape mismatch", result.mismatched),
+        )
+        if keys
+    ]
     if not problems:
         return
     if strict:
-        raise ValueError(f"px.load_model({what}): nothing loaded; " + "; ".join(problems)
-                         + ". HINT: fix the checkpoint or the model, or pass strict=False to load the keys that match.")
-    get_logger().warning("px.load_model(%s) with strict=False: loaded %d tensor(s), left %s", what,
-                         len(result.loaded), "; ".join(problems))
+        raise ValueError(
+            f"px.load_model({what}): nothing loaded; "
+            + "; ".join(problems)
+            + ". HINT: fix the checkpoint or the model, or pass strict=False to load the keys that match."
+        )
+    get_logger().warning(
+        "px.load_model(%s) with strict=False: loaded %d tensor(s), left %s",
+        what,
+        len(result.loaded),
+        "; ".join(problems),
+    )
 
 
 # ---- loading -----------------------------------------------------------------------------------
@@ -125,12 +142,20 @@ def _read_local(f: Any, key: str, target: torch.Tensor, result: LoadResult) -> t
     local = f.get_slice(key)[index] if index else f.get_tensor(key)
     result.bytes_read += local.numel() * local.element_size()
     local = local.to(device=target.to_local().device, dtype=target.dtype)
-    return DTensor.from_local(local, target.device_mesh, target.placements, shape=target.shape,
-                              stride=target.stride(), run_check=False)
+    return DTensor.from_local(
+        local, target.device_mesh, target.placements, shape=target.shape, stride=target.stride(), run_check=False
+    )
 
 
-def _load_safetensors(model: nn.Module, files: Mapping[str, str], keys: list[str], model_sd: Mapping[str, Any],
-                      result: LoadResult, model_key: Mapping[str, str], alias: Mapping[str, str]) -> None:
+def _load_safetensors(
+    model: nn.Module,
+    files: Mapping[str, str],
+    keys: list[str],
+    model_sd: Mapping[str, Any],
+    result: LoadResult,
+    model_key: Mapping[str, str],
+    alias: Mapping[str, str],
+) -> None:
     """One tensor at a time through set_model_state_dict: a rank holds its shards plus one slice.
     `alias`: checkpoint name -> the name the file stores it under (a tied weight, stored once)."""
     from safetensors import safe_open
@@ -164,8 +189,7 @@ def checkpoint_names(model: nn.Module, keys: Iterable[str]) -> dict[str, str]:
     the adapters' own tensors are not looked for there (they are absent from the model's map)."""
     if not hasattr(model, "peft_config"):
         return {k: k for k in keys}
-    return {k: k.removeprefix("base_model.model.").replace(".base_layer.", ".") for k in keys
-            if not _ADAPTER.search(k)}
+    return {k: k.removeprefix("base_model.model.").replace(".base_layer.", ".") for k in keys if not _ADAPTER.search(k)}
 
 
 def tied_keys(model: nn.Module) -> dict[str, str]:
@@ -187,8 +211,9 @@ def _model_state(model: nn.Module) -> dict[str, Any]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
 
 
-def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int = 0,
-               elsewhere: Callable[[str], bool] | None = None) -> LoadResult:
+def load_model(
+    model: nn.Module, source: Any, *, strict: bool = True, rank: int = 0, elsewhere: Callable[[str], bool] | None = None
+) -> LoadResult:
     """Load a full checkpoint into a prepared model (`model`: the user's module, unwrapped).
 
     `source`: a .safetensors file, a sharded safetensors index (or a folder holding one), a torch
@@ -208,19 +233,24 @@ def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int 
             f"px.load_model({what}) under pipeline parallel reads safetensors only: each rank reads its own "
             "stages' tensors from the file, where a torch file or state dict would be broadcast whole from rank "
             "0 to ranks that hold other stages. HINT: save the weights with safetensors.torch.save_file (or "
-            "`phalanx export`) and load that file")
+            "`phalanx export`) and load that file"
+        )
     if files is not None:  # every rank reads headers, then its own slices
         found = _safetensors_shapes(files)
-        alias = {target: source for target, source in tied_keys(model).items()
-                 if target in expected and target not in found and source in found}
+        alias = {
+            target: source
+            for target, source in tied_keys(model).items()
+            if target in expected and target not in found and source in found
+        }
         found.update({target: found[source] for target, source in alias.items()})
         if elsewhere is not None:  # asked by the model's names (a peft model's carry its prefix)
             prefix = "base_model.model." if hasattr(model, "peft_config") else ""
             found = {k: v for k, v in found.items() if k in expected or not elsewhere(prefix + k)}
         result = compare(expected, found)
         _refuse_or_warn(result, strict, what)
-        _load_safetensors(model, files, result.loaded, {n: model_sd[model_key[n]] for n in result.loaded}, result,
-                          model_key, alias)
+        _load_safetensors(
+            model, files, result.loaded, {n: model_sd[model_key[n]] for n in result.loaded}, result, model_key, alias
+        )
         return result
     # torch file / state dict: rank 0 reads it, checks it and broadcasts tensor by tensor
     broadcast = _distributed()
@@ -233,12 +263,17 @@ def load_model(model: nn.Module, source: Any, *, strict: bool = True, rank: int 
         dist.broadcast_object_list(holder, src=0)
         shapes = holder[0]
         if shapes is None:
-            raise ValueError("px.load_model: rank 0 was given no state dict (None). HINT: pass the state dict "
-                             "(or a file path) on rank 0 at least")
+            raise ValueError(
+                "px.load_model: rank 0 was given no state dict (None). HINT: pass the state dict "
+                "(or a file path) on rank 0 at least"
+            )
     result = compare(expected, shapes)
     _refuse_or_warn(result, strict, what)
     if state is not None:
         state = {model_key[k]: state[k] for k in result.loaded}
-    set_model_state_dict(model, state if state is not None else {}, options=StateDictOptions(
-        full_state_dict=True, broadcast_from_rank0=broadcast, strict=False))
+    set_model_state_dict(
+        model,
+        state if state is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=broadcast, strict=False),
+    )
     return result

@@ -9,6 +9,7 @@ persistent` also a gather buffer of the whole model kept between steps (`buffers
 every parameter along dim 0 into chunks (as FSDP2 does). Activations and transient communication
 buffers are not counted here.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,12 @@ from phalanx.config import kinds
 
 # Optimizer state tensors per parameter, each the parameter's size, plus a scalar `step` tensor.
 OPTIMIZER_STATES: dict[str, tuple[int, bool]] = {
-    "adamw": (2, True), "adam": (2, True), "sgd": (0, False), "sgd-momentum": (1, False),
-    "adagrad": (1, True), "rmsprop": (1, True),
+    "adamw": (2, True),
+    "adam": (2, True),
+    "sgd": (0, False),
+    "sgd-momentum": (1, False),
+    "adagrad": (1, True),
+    "rmsprop": (1, True),
 }
 STEP_BYTES = 4  # AdamW's `step` is a float32 scalar tensor per parameter on CPU
 DEFAULT_BUDGET_FRACTION = 0.6  # of device memory; the rest is left for activations and buffers
@@ -95,8 +100,11 @@ def runtime_bytes(device_type: str) -> int:
 
 def model_sizes(model: nn.Module) -> list[ParamSize]:
     """Trainable parameters' shapes (works on a model built on the meta device)."""
-    return [ParamSize(n, tuple(p.shape), p.element_size(), getattr(p, GRAD_SHAPE_ATTR, None))
-            for n, p in model.named_parameters() if p.requires_grad]
+    return [
+        ParamSize(n, tuple(p.shape), p.element_size(), getattr(p, GRAD_SHAPE_ATTR, None))
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    ]
 
 
 def unit_bytes(unit: nn.Module) -> int:
@@ -108,8 +116,9 @@ def _optimizer_bytes(size: ParamSize, numel: int, optimizer: str) -> int:
     try:
         states, has_step = OPTIMIZER_STATES[optimizer]
     except KeyError:
-        raise ValueError(f"unknown optimizer {optimizer!r} for the memory plan; "
-                         f"known: {', '.join(OPTIMIZER_STATES)}") from None
+        raise ValueError(
+            f"unknown optimizer {optimizer!r} for the memory plan; known: {', '.join(OPTIMIZER_STATES)}"
+        ) from None
     return states * numel * size.element_size + (STEP_BYTES if has_step and numel > 0 else 0)
 
 
@@ -134,6 +143,7 @@ def zero1_optimizer_bytes(size: ParamSize, world_size: int, rank: int, optimizer
 def zero1_gather_buffer_bytes(sizes: list[ParamSize], world_size: int) -> int:
     """zero1_gather persistent: the buffer every rank's padded chunk of every parameter is
     gathered into (in place: this rank's slot is what it sends), kept between steps."""
+
     def padded_numel(size: ParamSize) -> int:
         return math.ceil(size.shape[0] / world_size) * math.prod(size.shape[1:]) if size.shape else 1
 
@@ -154,8 +164,6 @@ def device_budget_bytes(device: torch.device, local_world_size: int = 1) -> int:
     else:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(local_world_size, 1)
     return int(total * DEFAULT_BUDGET_FRACTION)
-
-
 
 
 def parse_bytes(text: str) -> int:

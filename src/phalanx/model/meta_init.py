@@ -10,6 +10,7 @@ generator as a normal construction: with the same seed the weights equal a model
 (DTensor's own RNG cannot do that on CPU, where it is unsupported and every rank would draw the
 same values for its different slice).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,8 +68,10 @@ def transformers_init(model: nn.Module, cut_away: Iterable[nn.Module] = ()) -> I
         elif callable(getattr(module, "reset_parameters", None)):
             module.reset_parameters()
         else:
-            raise ValueError(f"initialising a meta-device model: {type(module).__name__} has no reset_parameters() "
-                             "and is outside the transformers model. HINT: pass strategy_options={'init_weights': fn}")
+            raise ValueError(
+                f"initialising a meta-device model: {type(module).__name__} has no reset_parameters() "
+                "and is outside the transformers model. HINT: pass strategy_options={'init_weights': fn}"
+            )
 
     return init
 
@@ -81,15 +84,20 @@ def check_initialisable(model: nn.Module, init_fn: InitFn | None) -> None:
     """Refuse, naming them, modules with their own meta tensors and no way to initialise them."""
     if init_fn is not None:
         return
-    lacking = [f"{name or '<root>'} ({type(m).__name__})" for name, m in model.named_modules()
-               if _owns_state(m) and any(t.is_meta for t in _own_tensors(m))
-               and not callable(getattr(m, "reset_parameters", None))]
+    lacking = [
+        f"{name or '<root>'} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if _owns_state(m)
+        and any(t.is_meta for t in _own_tensors(m))
+        and not callable(getattr(m, "reset_parameters", None))
+    ]
     if lacking:
         raise ValueError(
             "the model was built on the meta device, but these modules hold parameters or buffers and "
             f"have no reset_parameters() to initialise them: {', '.join(lacking)}. HINT: give them a "
             "reset_parameters() method, or pass strategy_options={'init_weights': fn} with fn(module) "
-            "initialising a module's own tensors, or build the model off the meta device.")
+            "initialising a module's own tensors, or build the model off the meta device."
+        )
 
 
 def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
@@ -119,8 +127,9 @@ def _local_slice(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _init_one(module: nn.Module, init_fn: InitFn | None, device: torch.device,
-              fills: dict[tuple[int, str], Fill]) -> None:
+def _init_one(
+    module: nn.Module, init_fn: InitFn | None, device: torch.device, fills: dict[tuple[int, str], Fill]
+) -> None:
     params = dict(module.named_parameters(recurse=False))
     buffers = dict(module.named_buffers(recurse=False))
     temps = {name: nn.Parameter(_full_like(p, device), requires_grad=p.requires_grad) for name, p in params.items()}
@@ -129,8 +138,9 @@ def _init_one(module: nn.Module, init_fn: InitFn | None, device: torch.device,
         module._parameters[name] = t
     for name, t in temp_buffers.items():
         module._buffers[name] = t
-    pinned = {id(t): fills[(id(module), name)] for name, t in {**temps, **temp_buffers}.items()
-              if (id(module), name) in fills}
+    pinned = {
+        id(t): fills[(id(module), name)] for name, t in {**temps, **temp_buffers}.items() if (id(module), name) in fills
+    }
     try:
         with init_replay.Pinning(pinned) if pinned else contextlib.nullcontext():
             if init_fn is not None:
@@ -146,9 +156,11 @@ def _init_one(module: nn.Module, init_fn: InitFn | None, device: torch.device,
     untouched = [n for n, t in drawn.items() if _has_nan(t)]  # the full tensors: every rank agrees
     if untouched:
         how = "init_weights" if init_fn is not None else f"{type(module).__name__}.reset_parameters()"
-        raise ValueError(f"initialising a meta-device model: {how} left {', '.join(untouched)} of this "
-                         f"{type(module).__name__} (wholly or partly) unset. HINT: initialise every parameter and "
-                         "buffer the module owns there, or build the model off the meta device.")
+        raise ValueError(
+            f"initialising a meta-device model: {how} left {', '.join(untouched)} of this "
+            f"{type(module).__name__} (wholly or partly) unset. HINT: initialise every parameter and "
+            "buffer the module owns there, or build the model off the meta device."
+        )
     for name, target in {**params, **{n: buffers[n] for n in temp_buffers}}.items():
         _local(target).copy_(_local_slice(drawn[name].detach(), target))
 
@@ -186,10 +198,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None = None,
-                param_device: torch.device | None = None, order: Sequence[nn.Module] | None = None,
-                roots: Sequence[nn.Module] | None = None,
-                fills: dict[tuple[int, str], Fill] | None = None) -> None:
+def materialize(
+    model: nn.Module,
+    device: torch.device,
+    init_fn: InitFn | None = None,
+    param_device: torch.device | None = None,
+    order: Sequence[nn.Module] | None = None,
+    roots: Sequence[nn.Module] | None = None,
+    fills: dict[tuple[int, str], Fill] | None = None,
+) -> None:
     """Allocate `model`'s meta tensors on `device` (only the local shards of sharded parameters)
     and initialise them per module, in registration order, as a normal construction would.
     `param_device`: where parameters live when not on `device` (CPU offload); buffers stay on `device`.
@@ -213,8 +230,11 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
         present = {id(m) for m in model.modules()}
         last = max((i for i, m in enumerate(order) if id(m) in mine), default=-1)
         # up to this stage's last module: the draws after it change nothing here
-        meta_modules = [m for m in order[:last + 1] if id(m) in mine or
-                        (id(m) not in present and _owns_state(m) and any(t.is_meta for t in _own_tensors(m)))]
+        meta_modules = [
+            m
+            for m in order[: last + 1]
+            if id(m) in mine or (id(m) not in present and _owns_state(m) and any(t.is_meta for t in _own_tensors(m)))
+        ]
         check_initialisable(nn.ModuleList(m for m in meta_modules if id(m) not in present), init_fn)
     sync_rng_from_rank0(device)
     fills = init_replay.same_on_every_rank(fills or {})

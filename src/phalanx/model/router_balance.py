@@ -20,6 +20,7 @@ backward all-reduce sums every rank's weight). Outside a prepared forward, or wi
 function runs, unchanged. The first global call checks the sums against the family's own function
 on this rank's rows, and refuses a family whose function computes something else.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -51,8 +52,12 @@ def family_modules(model: nn.Module) -> list[Any]:
     return list(found.values())
 
 
-def globalise(model: nn.Module, group: Any, cut_padding: Callable[[], torch.Tensor | None] | None = None,
-              refusal: Callable[[], str | None] = lambda: None) -> bool:
+def globalise(
+    model: nn.Module,
+    group: Any,
+    cut_padding: Callable[[], torch.Tensor | None] | None = None,
+    refusal: Callable[[], str | None] = lambda: None,
+) -> bool:
     """Make `model`'s load-balancing loss the global batch's over `group` (None: every rank) while
     `model` runs forward with gradients on; False when its family has none. `cut_padding` (cp):
     the padding of this rank's part of the rows, which the model gets no attention_mask for.
@@ -118,8 +123,9 @@ def _matching(mask: torch.Tensor | None, layer: torch.Tensor) -> torch.Tensor | 
     return mask if mask is not None and mask.numel() == layer.shape[0] else None
 
 
-def _sums(gate_logits: tuple[torch.Tensor, ...], num_experts: int, top_k: int,
-          attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sums(
+    gate_logits: tuple[torch.Tensor, ...], num_experts: int, top_k: int, attention_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens routed to each expert, router probability summed per expert, rows), every layer's,
     the padding left out: the sums transformers' function divides."""
     device = gate_logits[0].device
@@ -142,8 +148,9 @@ def _loss(routed: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, num_exp
     return torch.sum((routed / rows) * (probs / rows)) * num_experts
 
 
-def _global_loss(gate_logits: tuple[torch.Tensor, ...], num_experts: int, top_k: int,
-                 attention_mask: torch.Tensor | None, group: Any) -> torch.Tensor:
+def _global_loss(
+    gate_logits: tuple[torch.Tensor, ...], num_experts: int, top_k: int, attention_mask: torch.Tensor | None, group: Any
+) -> torch.Tensor:
     """transformers' load-balancing loss over every rank of `group`'s rows."""
     import torch.distributed as dist
     import torch.distributed.nn.functional as dist_autograd
@@ -155,8 +162,14 @@ def _global_loss(gate_logits: tuple[torch.Tensor, ...], num_experts: int, top_k:
     return _loss(counts[:-1], probs, counts[-1], num_experts)
 
 
-def _check(fn: Callable[..., Any], where: str, gate_logits: tuple[torch.Tensor, ...], num_experts: int,
-           top_k: int, attention_mask: torch.Tensor | None) -> None:
+def _check(
+    fn: Callable[..., Any],
+    where: str,
+    gate_logits: tuple[torch.Tensor, ...],
+    num_experts: int,
+    top_k: int,
+    attention_mask: torch.Tensor | None,
+) -> None:
     """The sums above, on this rank's rows, give the family's own value (once per family)."""
     with torch.no_grad():
         theirs = torch.as_tensor(fn(gate_logits, num_experts, top_k, attention_mask)).float()
@@ -167,4 +180,5 @@ def _check(fn: Callable[..., Any], where: str, gate_logits: tuple[torch.Tensor, 
             f"{where}.{_NAME} gives {float(theirs):.6g} on this rank's batch, where phalanx's global "
             f"load-balancing loss (Mixtral's formula) gives {float(ours):.6g}: phalanx cannot make this "
             "family's router loss the whole batch's. HINT: train without it (output_router_logits=False, "
-            "or router_aux_loss_coef=0), or on one data-parallel rank.")
+            "or router_aux_loss_coef=0), or on one data-parallel rank."
+        )

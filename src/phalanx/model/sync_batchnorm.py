@@ -11,6 +11,7 @@ sum and count, one for the squared deviations from the global mean (exact, no E[
 cancellation). Autograd's backward of those all-reduces sums every rank's contribution to the
 statistics' gradients, which is what torch's CUDA kernel computes by hand.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,14 +41,26 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         track = not self.training or self.track_running_stats
         running_mean, running_var = (self.running_mean, self.running_var) if track else (None, None)
         group = self.process_group or dist.group.WORLD
-        if not (use_batch_stats and self.training and dist.is_available() and dist.is_initialized()
-                and dist.get_world_size(group) > 1):
-            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, use_batch_stats,
-                                momentum, self.eps)
+        if not (
+            use_batch_stats
+            and self.training
+            and dist.is_available()
+            and dist.is_initialized()
+            and dist.get_world_size(group) > 1
+        ):
+            return F.batch_norm(
+                input, running_mean, running_var, self.weight, self.bias, use_batch_stats, momentum, self.eps
+            )
         return self._synced(input, running_mean, running_var, momentum, group)
 
-    def _synced(self, x: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
-                momentum: float, group: object) -> torch.Tensor:
+    def _synced(
+        self,
+        x: torch.Tensor,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+        momentum: float,
+        group: object,
+    ) -> torch.Tensor:
         from torch.distributed.nn.functional import all_reduce
 
         dims = [d for d in range(x.dim()) if d != 1]
@@ -57,7 +70,9 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         summed = all_reduce(local, group=group)
         count = summed[-1]
         if count.item() < 2:
-            raise ValueError(f"SyncBatchNorm: expected more than 1 value per channel over all ranks, got {count.item():g}")
+            raise ValueError(
+                f"SyncBatchNorm: expected more than 1 value per channel over all ranks, got {count.item():g}"
+            )
         mean = summed[:-1] / count
         deviation = stats - mean.reshape(shape)
         var = all_reduce((deviation * deviation).sum(dims), group=group) / count  # biased, as batch norm uses
@@ -85,7 +100,8 @@ def refuse_under_pipeline(model: nn.Module, pipeline: str) -> None:
             f"({len(norms)} BatchNorm layer(s)) on its own, so their statistics would cover one microbatch, "
             f"not the global batch one process normalizes over. HINT: train a model with BatchNorm under a "
             f"data-parallel layout (ddp, zero1/2/3, hsdp) with sync_batchnorm, or replace BatchNorm with "
-            f"GroupNorm or LayerNorm to use pp")
+            f"GroupNorm or LayerNorm to use pp"
+        )
 
 
 def convert(model: nn.Module, device: torch.device, process_group: object = None) -> nn.Module:
@@ -103,6 +119,9 @@ def convert(model: nn.Module, device: torch.device, process_group: object = None
 
 def unsynced_batchnorms(model: nn.Module) -> list[str]:
     """BatchNorm layers whose statistics stay per rank (not SyncBatchNorm), as "name (Class)"."""
-    return [f"{name or '(the model)'} ({type(module).__name__})" for name, module in model.named_modules()
-            if isinstance(module, nn.modules.batchnorm._BatchNorm)
-            and not isinstance(module, (nn.SyncBatchNorm, CPUSyncBatchNorm))]
+    return [
+        f"{name or '(the model)'} ({type(module).__name__})"
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm)
+        and not isinstance(module, (nn.SyncBatchNorm, CPUSyncBatchNorm))
+    ]

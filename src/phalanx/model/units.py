@@ -1,6 +1,7 @@
 """The units a model is cut into (each transformer block, by default), and the per-unit transforms
 every layout applies before wrapping or sharding the model, in torchtitan's order: activation
 checkpointing inside, then compile, then (zero2/zero3) fully_shard."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Union
@@ -28,8 +29,12 @@ def default_units(model: nn.Module) -> list[nn.Module]:
     parameters gathered from forward to backward: measured in bench/strategies.py, this saves
     re-gathering a large embedding in backward (~16% less CPU per step than a unit of its own)."""
     children = [c for c in model.children() if _has_params(c)]
-    if len(children) == 1 and not isinstance(children[0], _CONTAINERS) and len(list(children[0].children())) > 0 \
-            and not any(True for _ in model.parameters(recurse=False)):
+    if (
+        len(children) == 1
+        and not isinstance(children[0], _CONTAINERS)
+        and len(list(children[0].children())) > 0
+        and not any(True for _ in model.parameters(recurse=False))
+    ):
         return default_units(children[0])
     containers = [c for c in children if isinstance(c, _CONTAINERS)]
     if containers:
@@ -65,17 +70,18 @@ def shard_units(model: nn.Module, spec: ShardSpec) -> list[nn.Module]:
     else:
         classes = tuple(spec)
         if not classes or not all(isinstance(c, type) for c in classes):
-            raise ValueError(f"shard_modules must be module classes or a predicate (name, module) -> bool, "
-                             f"got {spec!r}")
+            raise ValueError(
+                f"shard_modules must be module classes or a predicate (name, module) -> bool, got {spec!r}"
+            )
         chosen = [m for name, m in model.named_modules() if name and isinstance(m, classes)]
     return without_split_ties(model, [m for m in chosen if _has_params(m)])
 
 
-def transform_units(model: nn.Module, units: list[nn.Module], activation_checkpointing: Any, compile: Any,
-                    device: torch.device) -> list[nn.Module]:
+def transform_units(
+    model: nn.Module, units: list[nn.Module], activation_checkpointing: Any, compile: Any, device: torch.device
+) -> list[nn.Module]:
     """Checkpoint, then compile, the units; returns the units to shard (wrappers where wrapped).
     A model without units compiles its root forward."""
     units = activation_ckpt.apply(model, activation_checkpointing, units)
     compile_units.apply(units or [model], compile, device)
     return units
-

@@ -15,6 +15,7 @@ device time between its events: the kernels queued in it, and the device's idle 
 (a data wait) or for a peer (a collective's kernel). A step is read once the device has passed its
 last event (`Event.query()`, never a synchronisation), usually a step or two later.
 """
+
 from __future__ import annotations
 
 import collections
@@ -22,14 +23,31 @@ import time
 from typing import Any, Callable
 
 DATA, FORWARD, BACKWARD, OPTIMIZER, PIPELINE, COLLECTIVES, OTHER = (
-    "data", "forward", "backward", "optimizer", "pipeline", "collectives", "other")
+    "data",
+    "forward",
+    "backward",
+    "optimizer",
+    "pipeline",
+    "collectives",
+    "other",
+)
 
 # The step tracker's phases (runtime/step_tracker.Phase values) -> the anatomy's columns; a phase
 # not listed (px.busy("tokenize"), save_state...) is a column of its own name.
 CATEGORY: dict[str, str] = {
-    "data": DATA, "forward": FORWARD, "backward": BACKWARD, "optimizer": OPTIMIZER, "pipeline": PIPELINE,
-    "reduce": COLLECTIVES, "gather": COLLECTIVES, "gather_for_metrics": COLLECTIVES, "barrier": COLLECTIVES,
-    "join": COLLECTIVES, "agree": COLLECTIVES, "step": OTHER, "start": OTHER,
+    "data": DATA,
+    "forward": FORWARD,
+    "backward": BACKWARD,
+    "optimizer": OPTIMIZER,
+    "pipeline": PIPELINE,
+    "reduce": COLLECTIVES,
+    "gather": COLLECTIVES,
+    "gather_for_metrics": COLLECTIVES,
+    "barrier": COLLECTIVES,
+    "join": COLLECTIVES,
+    "agree": COLLECTIVES,
+    "step": OTHER,
+    "start": OTHER,
 }
 
 # The order in which a step usually runs through its columns: straggler attribution adds the
@@ -39,8 +57,10 @@ ORDER: tuple[str, ...] = (DATA, FORWARD, OTHER, BACKWARD, PIPELINE, COLLECTIVES,
 
 BATCHES, OPTIMIZER_STEPS = "prepared batches", "optimizer steps"  # what a step is counted by
 # What a loop without a prepared loader cannot show apart (status.json's `not_measured`)
-NOT_MEASURED = {OPTIMIZER_STEPS: "data: no prepared loader, so loading or making a batch is in 'other' "
-                                 "(the script's own code between the model's phases)"}
+NOT_MEASURED = {
+    OPTIMIZER_STEPS: "data: no prepared loader, so loading or making a batch is in 'other' "
+    "(the script's own code between the model's phases)"
+}
 
 KEEP = 200  # recent steps kept, for the figures `phalanx top` shows
 SAMPLED = 100  # steps kept for the straggler judge (every `stride`-th: see observe/exchange.py)

@@ -12,6 +12,7 @@ is never framed. A connection that has not sent a whole request within REQUEST_T
 (uvicorn's keep-alive timer stops at the first byte), and workers forked by the launcher close their
 copy of the listening socket (os.register_at_fork), so only the launcher holds the port.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -31,9 +32,11 @@ REQUEST_TIMEOUT_S = 10.0  # connected, no whole request answered by then: closed
 IDLE_TIMEOUT_S = 5  # uvicorn's keep-alive: an idle connection between requests
 MAX_CONNECTIONS = 64  # beyond this uvicorn answers 503 at once
 HEADERS = {
-    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
-                                "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; "
-                                "form-action 'none'"),  # plotly sets inline styles; no script but ours
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
+        "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; "
+        "form-action 'none'"
+    ),  # plotly sets inline styles; no script but ours
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",  # the token is in the URL
@@ -145,9 +148,11 @@ class Dashboard:
         def guarded(handler: Any) -> Any:
             async def endpoint(request: Request) -> Any:
                 if not allowed(request):
-                    return PlainTextResponse("forbidden: this dashboard needs the token printed with its URL\n",
-                                             status_code=403)
+                    return PlainTextResponse(
+                        "forbidden: this dashboard needs the token printed with its URL\n", status_code=403
+                    )
                 return handler(request)
+
             return endpoint
 
         class SafeJSON(JSONResponse):
@@ -165,20 +170,30 @@ class Dashboard:
             async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
                 async def send_with_headers(message: Any) -> None:
                     if message["type"] == "http.response.start":
-                        message["headers"] = [*message.get("headers", []),
-                                              *((k.lower().encode(), v.encode()) for k, v in HEADERS.items())]
+                        message["headers"] = [
+                            *message.get("headers", []),
+                            *((k.lower().encode(), v.encode()) for k, v in HEADERS.items()),
+                        ]
                     await send(message)
+
                 await self.inner(scope, receive, send_with_headers)
 
-        return Starlette(middleware=[Middleware(Headers)], routes=[
-            Route("/", guarded(lambda r: HTMLResponse(page)), methods=["GET"]),
-            Route("/dashboard.js", guarded(lambda r: Response(SCRIPT, media_type="text/javascript")),
-                  methods=["GET"]),
-            Route("/plotly.min.js", guarded(lambda r: FileResponse(plotly_js, media_type="text/javascript")),
-                  methods=["GET"]),
-            Route("/api/status", guarded(status), methods=["GET"]),
-            Route("/api/page", guarded(lambda r: SafeJSON(history.page())), methods=["GET"]),
-        ])
+        return Starlette(
+            middleware=[Middleware(Headers)],
+            routes=[
+                Route("/", guarded(lambda r: HTMLResponse(page)), methods=["GET"]),
+                Route(
+                    "/dashboard.js", guarded(lambda r: Response(SCRIPT, media_type="text/javascript")), methods=["GET"]
+                ),
+                Route(
+                    "/plotly.min.js",
+                    guarded(lambda r: FileResponse(plotly_js, media_type="text/javascript")),
+                    methods=["GET"],
+                ),
+                Route("/api/status", guarded(status), methods=["GET"]),
+                Route("/api/page", guarded(lambda r: SafeJSON(history.page())), methods=["GET"]),
+            ],
+        )
 
     def start(self) -> "Dashboard":
         try:
@@ -196,16 +211,26 @@ class Dashboard:
             sock.bind((self.host, self.port))
         except OSError as error:
             sock.close()
-            raise DashboardError(f"--dashboard {self.host}:{self.port}: cannot listen there: {error.strerror}. "
-                                 "HINT: pick another port, e.g. --dashboard 8765.") from None
+            raise DashboardError(
+                f"--dashboard {self.host}:{self.port}: cannot listen there: {error.strerror}. "
+                "HINT: pick another port, e.g. --dashboard 8765."
+            ) from None
         self.port = sock.getsockname()[1]
         _close_in_forked_children(sock)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, http=_protocol_class(),
-                                timeout_keep_alive=IDLE_TIMEOUT_S, limit_concurrency=MAX_CONNECTIONS)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            http=_protocol_class(),
+            timeout_keep_alive=IDLE_TIMEOUT_S,
+            limit_concurrency=MAX_CONNECTIONS,
+        )
         self._server = uvicorn.Server(config)
         self.history.start()
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="phalanx-dashboard", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="phalanx-dashboard", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:

@@ -6,6 +6,7 @@ It rides on the watchdog's thread and store (one more `set` per heartbeat on eve
 anatomy's timing. In a world of one (no watchdog) the main thread writes the status itself, at
 most once a second, at a step boundary.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,10 +63,21 @@ def summarise(steps: list[tuple[int, dict[str, float]]]) -> tuple[dict[str, floa
 class Exchange:
     """This rank's side of the exchange (and on rank 0, the collector and judge)."""
 
-    def __init__(self, anatomy: StepAnatomy, *, rank: int, world_size: int, local_rank: int, attempt: str,
-                 run_dir: str, phase: Callable[[], str], device: Any = None,
-                 warn: Callable[[str], None] = print, last_metrics: Callable[[], Any] = lambda: None,
-                 job_step: Callable[[], int | None] = lambda: None):
+    def __init__(
+        self,
+        anatomy: StepAnatomy,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        attempt: str,
+        run_dir: str,
+        phase: Callable[[], str],
+        device: Any = None,
+        warn: Callable[[str], None] = print,
+        last_metrics: Callable[[], Any] = lambda: None,
+        job_step: Callable[[], int | None] = lambda: None,
+    ):
         self.anatomy = anatomy
         self.rank, self.world_size, self.local_rank, self.attempt = rank, world_size, local_rank, attempt
         self.run_dir = run_dir
@@ -92,11 +104,22 @@ class Exchange:
         steps = list(self.anatomy.steps)[-PUBLISHED_STEPS:]
         phases, rate = summarise(steps)
         self.anatomy.stride = stride(rate)
-        return {"rank": self.rank, "host": self.host, "local_rank": self.local_rank, "pid": os.getpid(),
-                "beat": self._beat, "step": self.step(), "batch": self.anatomy.step, "phase": str(self.phase()), "phases": phases,
-                "steps_per_s": rate, "memory": memory_bytes(self.device), "num_steps": self.anatomy.num_steps,
-                "totals": {p: round(s, 4) for p, s in self.anatomy.totals.items()},
-                "steps": [[s, {p: round(v, 6) for p, v in t.items()}] for s, t in list(self.anatomy.sampled)]}
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "local_rank": self.local_rank,
+            "pid": os.getpid(),
+            "beat": self._beat,
+            "step": self.step(),
+            "batch": self.anatomy.step,
+            "phase": str(self.phase()),
+            "phases": phases,
+            "steps_per_s": rate,
+            "memory": memory_bytes(self.device),
+            "num_steps": self.anatomy.num_steps,
+            "totals": {p: round(s, 4) for p, s in self.anatomy.totals.items()},
+            "steps": [[s, {p: round(v, 6) for p, v in t.items()}] for s, t in list(self.anatomy.sampled)],
+        }
 
     def step(self) -> int:
         """The job's step: its optimizer steps as the checkpoints and logged metrics count them (a
@@ -146,7 +169,7 @@ class Exchange:
         merged = self._steps[r]
         for step, times in summary.pop("steps"):
             merged[step] = times
-        for old in sorted(merged)[:-2 * WINDOW]:
+        for old in sorted(merged)[: -2 * WINDOW]:
             del merged[old]
 
     def _judge_and_write(self) -> None:
@@ -155,10 +178,18 @@ class Exchange:
         for line in self.watch.update(self._judge.assess(), where):
             self.warn(line)
             named = self.watch.current
-            self.events.append((self.anatomy.step, {"straggler/rank": named.rank if named else -1,
-                                                    "straggler/ms_per_step": named.ms_per_step if named else 0.0}))
-            records.append_line(self.run_dir, records.STRAGGLERS,
-                               {"time": time.time(), "step": self.anatomy.step, "message": line})
+            self.events.append(
+                (
+                    self.anatomy.step,
+                    {
+                        "straggler/rank": named.rank if named else -1,
+                        "straggler/ms_per_step": named.ms_per_step if named else 0.0,
+                    },
+                )
+            )
+            records.append_line(
+                self.run_dir, records.STRAGGLERS, {"time": time.time(), "step": self.anatomy.step, "message": line}
+            )
         self.write_status()
 
     def status(self) -> dict[str, Any]:
@@ -166,8 +197,9 @@ class Exchange:
         ranks = []
         for r, peer in enumerate(self._peers):
             if peer is None:
-                ranks.append({"rank": r, "host": None, "local_rank": None, "step": None, "phases": {},
-                              "state": "waiting"})
+                ranks.append(
+                    {"rank": r, "host": None, "local_rank": None, "step": None, "phases": {}, "state": "waiting"}
+                )
                 continue
             silent_s, still_s = now - self._seen[r][1], now - self._moved[r][1]
             state = {"failed": "failed", "exit": "left"}.get(peer["phase"], "running")
@@ -177,16 +209,29 @@ class Exchange:
                 state = "silent"  # no summary: the process died or hangs whole
             elif state == "running" and still_s > SILENT_AFTER_S and self.anatomy.num_steps:
                 state = "no progress"  # alive, its step unchanged (stalled, or waiting for a rank that is)
-            ranks.append({**{k: v for k, v in peer.items() if k not in ("beat", "pid", "final", "batch")},
-                          "state": state, "silent_s": round(silent_s, 1), "still_s": round(still_s, 1)})
+            ranks.append(
+                {
+                    **{k: v for k, v in peer.items() if k not in ("beat", "pid", "final", "batch")},
+                    "state": state,
+                    "silent_s": round(silent_s, 1),
+                    "still_s": round(still_s, 1),
+                }
+            )
         straggler = self.watch.current
         metrics = self.last_metrics()
-        return {"time": time.time(), "attempt": self.attempt, "world_size": self.world_size,
-                "step": self.step(), "ended": self.ended, "ranks": ranks,
-                "steps_count": self.anatomy.counts, "not_measured": NOT_MEASURED.get(self.anatomy.counts),
-                "straggler": None if straggler is None else straggler.as_status(),
-                "straggler_message": None if straggler is None else straggler.message,
-                "metrics": None if metrics is None else {"step": metrics[0], **metrics[1]}}
+        return {
+            "time": time.time(),
+            "attempt": self.attempt,
+            "world_size": self.world_size,
+            "step": self.step(),
+            "ended": self.ended,
+            "ranks": ranks,
+            "steps_count": self.anatomy.counts,
+            "not_measured": NOT_MEASURED.get(self.anatomy.counts),
+            "straggler": None if straggler is None else straggler.as_status(),
+            "straggler_message": None if straggler is None else straggler.message,
+            "metrics": None if metrics is None else {"step": metrics[0], **metrics[1]},
+        }
 
     def write_status(self) -> None:
         records.write_json(self.run_dir, records.STATUS, self.status())
@@ -208,8 +253,15 @@ class Exchange:
             return ""
         names = rank_order({n for p in rows for n in p["totals"]})
         head = ["rank", "host", "steps", *map(printable, names)]
-        body = [[str(p["rank"]), printable(p["host"]), str(p["num_steps"]),
-                 *(f"{1000 * p['totals'].get(n, 0.0) / p['num_steps']:.1f}" for n in names)] for p in rows]
+        body = [
+            [
+                str(p["rank"]),
+                printable(p["host"]),
+                str(p["num_steps"]),
+                *(f"{1000 * p['totals'].get(n, 0.0) / p['num_steps']:.1f}" for n in names),
+            ]
+            for p in rows
+        ]
         widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
         lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [head, *body]]
         return "step anatomy (ms per step):\n" + "\n".join(lines)

@@ -1,5 +1,6 @@
 """What the dashboard plots: the job's status, sampled about once a second by the launcher, kept
 across restarts of an elastic job (no torch here)."""
+
 from __future__ import annotations
 
 import collections
@@ -52,20 +53,32 @@ class History:
             previous = self.latest
             if previous is not None and previous.get("attempt") != status.get("attempt"):
                 # a rank still "running" in the last status of a replaced attempt was stopped with it
-                rows = [{**r, "state": "stopped" if r.get("state", "running") == "running" else r["state"]}
-                        for r in previous.get("ranks", [])]
+                rows = [
+                    {**r, "state": "stopped" if r.get("state", "running") == "running" else r["state"]}
+                    for r in previous.get("ranks", [])
+                ]
                 self.earlier[str(previous.get("attempt"))] = {"ranks": rows, "verdict": previous.get("verdict")}
             self.latest = status
             if previous is not None and previous.get("time") == status.get("time"):
                 return
             metrics = status.get("metrics") or {}
-            self.points.append({
-                "time": status.get("time"), "attempt": status.get("attempt"), "step": status.get("step"),
-                "loss": metrics.get("loss"), "loss_step": metrics.get("step"),
-                "steps_per_s": min((r["steps_per_s"] for r in status.get("ranks", []) if r.get("steps_per_s")),
-                                   default=None),
-                "step_ms": {str(r["rank"]): round(sum((r.get("phases") or {}).values()), 2)
-                            for r in status.get("ranks", []) if r.get("phases")}})
+            self.points.append(
+                {
+                    "time": status.get("time"),
+                    "attempt": status.get("attempt"),
+                    "step": status.get("step"),
+                    "loss": metrics.get("loss"),
+                    "loss_step": metrics.get("step"),
+                    "steps_per_s": min(
+                        (r["steps_per_s"] for r in status.get("ranks", []) if r.get("steps_per_s")), default=None
+                    ),
+                    "step_ms": {
+                        str(r["rank"]): round(sum((r.get("phases") or {}).values()), 2)
+                        for r in status.get("ranks", [])
+                        if r.get("phases")
+                    },
+                }
+            )
 
     def page(self) -> dict[str, Any]:
         """Everything the page shows: the latest status (running or not), the points, earlier attempts."""
@@ -78,8 +91,14 @@ class History:
             for attempt, verdict in (status or {}).get("earlier", {}).items():
                 earlier.setdefault(attempt, {"ranks": []})["verdict"] = verdict
             if status is not None:
-                status = {**status, "ranks": [{**r, "state": records.shown_state(status, r)}
-                                              for r in status.get("ranks", [])]}
-            return {"status": status, "run": os.path.basename(os.path.normpath(self.run_dir)),
-                    "running": status is not None and records.is_running(status),
-                    "points": list(self.points), "earlier": earlier}
+                status = {
+                    **status,
+                    "ranks": [{**r, "state": records.shown_state(status, r)} for r in status.get("ranks", [])],
+                }
+            return {
+                "status": status,
+                "run": os.path.basename(os.path.normpath(self.run_dir)),
+                "running": status is not None and records.is_running(status),
+                "points": list(self.points),
+                "earlier": earlier,
+            }

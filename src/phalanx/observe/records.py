@@ -6,6 +6,7 @@ RUN_DIR/observe/status.json  the latest view of every rank, rewritten about once
 RUN_DIR/observe/stragglers.jsonl  one line per straggler named or let go
 RUN_DIR/observe/verdict-ATTEMPT.txt  the watchdog's report, when it stopped that attempt of the job
 """
+
 from __future__ import annotations
 
 import json
@@ -64,8 +65,9 @@ def read_status(run_dir: str) -> dict[str, Any] | None:
         return None
     status["age_s"] = max(0.0, time.time() - float(status.get("time", 0)))
     status["verdict"] = read_verdict(run_dir, str(status.get("attempt")))
-    status["earlier"] = {attempt: text for attempt, text in verdicts(run_dir).items()
-                         if attempt != str(status.get("attempt"))}
+    status["earlier"] = {
+        attempt: text for attempt, text in verdicts(run_dir).items() if attempt != str(status.get("attempt"))
+    }
     return status
 
 
@@ -80,16 +82,17 @@ def read_verdict(run_dir: str, attempt: str) -> str | None:
 def verdicts(run_dir: str) -> dict[str, str]:
     """attempt -> the watchdog's report, for every attempt that has one, oldest file first."""
     try:
-        names = sorted(os.listdir(os.path.join(run_dir, SUBDIR)),
-                       key=lambda name: os.path.getmtime(path(run_dir, name)))
+        names = sorted(
+            os.listdir(os.path.join(run_dir, SUBDIR)), key=lambda name: os.path.getmtime(path(run_dir, name))
+        )
     except FileNotFoundError:
         return {}
     found = {}
     for name in names:
         if name.startswith("verdict-") and name.endswith(".txt"):
-            text = read_verdict(run_dir, name[len("verdict-"):-len(".txt")])
+            text = read_verdict(run_dir, name[len("verdict-") : -len(".txt")])
             if text:
-                found[name[len("verdict-"):-len(".txt")]] = text
+                found[name[len("verdict-") : -len(".txt")]] = text
     return found
 
 
@@ -142,11 +145,20 @@ def api_status(status: dict[str, Any]) -> dict[str, Any]:
     """The `GET /api/status` shape: {"step", "attempt", "running", "ended", "ranks": [{"rank", "host",
     "local_rank", "step", "state", "phases"}], "straggler": null or {"rank", "phase", "ms_per_step"},
     "verdict": the watchdog's report of this attempt or null, "earlier": {attempt: its report}}."""
-    return {"step": status.get("step"), "attempt": status.get("attempt"),
-            "running": bool(status) and "age_s" in status and is_running(status),
-            "ended": bool(status.get("ended")),
-            "ranks": [{**{k: r.get(k) for k in ("rank", "host", "local_rank", "step")},
-                       "state": shown_state(status, r), "phases": r.get("phases")}
-                      for r in status.get("ranks", [])],
-            "straggler": status.get("straggler"), "verdict": status.get("verdict"),
-            "earlier": status.get("earlier") or {}}
+    return {
+        "step": status.get("step"),
+        "attempt": status.get("attempt"),
+        "running": bool(status) and "age_s" in status and is_running(status),
+        "ended": bool(status.get("ended")),
+        "ranks": [
+            {
+                **{k: r.get(k) for k in ("rank", "host", "local_rank", "step")},
+                "state": shown_state(status, r),
+                "phases": r.get("phases"),
+            }
+            for r in status.get("ranks", [])
+        ],
+        "straggler": status.get("straggler"),
+        "verdict": status.get("verdict"),
+        "earlier": status.get("earlier") or {},
+    }

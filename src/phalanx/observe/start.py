@@ -1,4 +1,5 @@
 """Wires the step anatomy and the exchange into one `Phalanx()` (worker side)."""
+
 from __future__ import annotations
 
 import atexit
@@ -13,15 +14,36 @@ from phalanx.observe.exchange import Exchange
 from phalanx.runtime.process_group import ignoring_sigint
 
 
-def start(progress: Any, watchdog: Any, *, rank: int, world_size: int, local_rank: int, attempt: str,
-          run_dir: str, device: Any, metrics: Any, job_step: Any = lambda: None) -> Exchange:
+def start(
+    progress: Any,
+    watchdog: Any,
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    attempt: str,
+    run_dir: str,
+    device: Any,
+    metrics: Any,
+    job_step: Any = lambda: None,
+) -> Exchange:
     """Time `progress`'s phases (a StepTracker); publish through `watchdog`'s heartbeat (None in a
     world of one: rank 0 then writes its own status at step boundaries)."""
     anatomy = StepAnatomy() if getattr(device, "type", None) != "cuda" else DeviceTimedAnatomy(_cuda_event)
     logger = get_logger("observe")
-    exchange = Exchange(anatomy, rank=rank, world_size=world_size, local_rank=local_rank, attempt=attempt,
-                        run_dir=run_dir, phase=lambda: progress.phase, device=device,
-                        warn=logger.warning, last_metrics=lambda: metrics.last_row, job_step=job_step)
+    exchange = Exchange(
+        anatomy,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        attempt=attempt,
+        run_dir=run_dir,
+        phase=lambda: progress.phase,
+        device=device,
+        warn=logger.warning,
+        last_metrics=lambda: metrics.last_row,
+        job_step=job_step,
+    )
     progress.anatomy = anatomy
     if watchdog is not None:
         watchdog.add_listener(exchange.tick)

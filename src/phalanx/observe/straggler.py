@@ -14,6 +14,7 @@ stops being named when either falls well below (`END_SHARE`, half the lead): one
 machine whose load moves between ranks, names nobody. "Median" is the lower median: with two ranks,
 the faster one.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -97,13 +98,13 @@ class Judge:
             common &= set(steps)
         for step in common - set(self.steps):
             self.steps[step] = judge_step([steps[step] for steps in ranks])
-        for old in sorted(self.steps)[:-self.window]:
+        for old in sorted(self.steps)[: -self.window]:
             del self.steps[old]
 
     def assess(self) -> Assessment | None:
         """The most often slowest rank of the last `window` judged steps; None with fewer than
         MIN_STEPS of them or fewer than two ranks."""
-        chosen = [self.steps[s] for s in sorted(self.steps)[-self.window:]]
+        chosen = [self.steps[s] for s in sorted(self.steps)[-self.window :]]
         if self.num_ranks < 2 or len(chosen) < min(MIN_STEPS, self.window):
             return None
         slowest = [v.slowest for v in chosen]
@@ -113,9 +114,15 @@ class Judge:
             for phase, ms in v.excess_ms[rank].items():
                 excess[phase] = excess.get(phase, 0.0) + ms
         phase = max(excess, key=excess.__getitem__)
-        return Assessment(rank=rank, share=slowest.count(rank) / len(chosen), num_steps=len(chosen),
-                          lead_ms=statistics.median(v.leads_ms[rank] for v in chosen), phase=phase,
-                          excess_ms=excess[phase] / len(chosen), step_ms=statistics.median(v.step_ms for v in chosen))
+        return Assessment(
+            rank=rank,
+            share=slowest.count(rank) / len(chosen),
+            num_steps=len(chosen),
+            lead_ms=statistics.median(v.leads_ms[rank] for v in chosen),
+            phase=phase,
+            excess_ms=excess[phase] / len(chosen),
+            step_ms=statistics.median(v.step_ms for v in chosen),
+        )
 
 
 def assess(ranks: Sequence[Mapping[int, StepTimes]], window: int = WINDOW) -> Assessment | None:
@@ -141,9 +148,11 @@ class Straggler:
 
     @property
     def message(self) -> str:
-        return (f"straggler: rank {self.rank} (host {printable(self.host)}, local rank {self.local_rank}) slowest in "
-                f"{round(100 * self.share)} % of the last {self.num_steps} steps: "
-                f"+{round(self.ms_per_step)} ms/step in {printable(self.phase)}")
+        return (
+            f"straggler: rank {self.rank} (host {printable(self.host)}, local rank {self.local_rank}) slowest in "
+            f"{round(100 * self.share)} % of the last {self.num_steps} steps: "
+            f"+{round(self.ms_per_step)} ms/step in {printable(self.phase)}"
+        )
 
     def as_status(self) -> dict[str, object]:
         """The dashboard's `straggler` field."""
@@ -160,15 +169,20 @@ class StragglerWatch:
         """Feed the latest assessment (`where[r]` = (host, local_rank)); returns the lines to log."""
         lines = []
         if self.current is not None:
-            if seen is not None and seen.rank == self.current.rank and seen.share >= END_SHARE \
-                    and seen.lead_ms >= seen.threshold_ms / 2:
+            if (
+                seen is not None
+                and seen.rank == self.current.rank
+                and seen.share >= END_SHARE
+                and seen.lead_ms >= seen.threshold_ms / 2
+            ):
                 self.current = _named(seen, where)  # still the one: its latest figures
                 return lines
-            lines.append(f"{self.current.message.replace('straggler:', 'straggler ended:', 1)}"
-                         f" (now slowest in {round(100 * seen.share) if seen and seen.rank == self.current.rank else 0} %)")
+            lines.append(
+                f"{self.current.message.replace('straggler:', 'straggler ended:', 1)}"
+                f" (now slowest in {round(100 * seen.share) if seen and seen.rank == self.current.rank else 0} %)"
+            )
             self.current = None
-        if seen is not None and seen.share >= START_SHARE and seen.lead_ms >= seen.threshold_ms \
-                and seen.excess_ms > 0:
+        if seen is not None and seen.share >= START_SHARE and seen.lead_ms >= seen.threshold_ms and seen.excess_ms > 0:
             self.current = _named(seen, where)
             lines.append(self.current.message)
         return lines

@@ -1,4 +1,5 @@
 """The job's status as a plain-text table (`phalanx top`; no torch, no terminal library)."""
+
 from __future__ import annotations
 
 import time
@@ -45,14 +46,18 @@ def rank_state(rank: dict[str, Any], status: dict[str, Any] | None = None) -> st
 def not_running_line(run_dir: str, status: dict[str, Any] | None) -> str | None:
     """Why no job is running in `run_dir`, or None when one is."""
     if status is None:
-        return (f"no job is running in {run_dir}: it has no {records.SUBDIR}/{records.STATUS} (started with "
-                "step_anatomy off, not yet at its first step, or not a phalanx run dir)")
+        return (
+            f"no job is running in {run_dir}: it has no {records.SUBDIR}/{records.STATUS} (started with "
+            "step_anatomy off, not yet at its first step, or not a phalanx run dir)"
+        )
     if status.get("ended"):
         ended = time.strftime("%H:%M:%S", time.localtime(status["time"]))
         return f"no job is running in {run_dir}: it ended at {ended}"
     if not records.is_running(status):
-        return (f"no job is running in {run_dir}: its last status is {status['age_s']:.0f} s old "
-                "(the job stopped, or its rank 0 is stuck)")
+        return (
+            f"no job is running in {run_dir}: its last status is {status['age_s']:.0f} s old "
+            "(the job stopped, or its rank 0 is stuck)"
+        )
     return None
 
 
@@ -68,8 +73,10 @@ def render(run_dir: str, status: dict[str, Any] | None, color: bool = False) -> 
         return "\n".join(lines)
     metrics = status.get("metrics") or {}
     loss = metrics.get("loss")
-    lines.append(f"attempt {status.get('attempt')}  world size {status.get('world_size')}  step {status.get('step')}"
-                 + (f"  loss {loss:.4g} (step {metrics.get('step')})" if isinstance(loss, (int, float)) else ""))
+    lines.append(
+        f"attempt {status.get('attempt')}  world size {status.get('world_size')}  step {status.get('step')}"
+        + (f"  loss {loss:.4g} (step {metrics.get('step')})" if isinstance(loss, (int, float)) else "")
+    )
     if status.get("not_measured"):  # a loop without a prepared loader: steps are optimizer steps
         lines.append(printable(f"steps count {status.get('steps_count')}; not measured: {status['not_measured']}"))
     ranks = status.get("ranks", [])
@@ -78,9 +85,18 @@ def render(run_dir: str, status: dict[str, Any] | None, color: bool = False) -> 
     body = []
     for r in ranks:
         phases = r.get("phases") or {}
-        body.append([str(r.get("rank")), printable(r.get("host") or "-"), str(r.get("local_rank", "-")), printable(rank_state(r, status)),
-                     str(r.get("step", "-")), f"{r['steps_per_s']:.2f}" if r.get("steps_per_s") else "-",
-                     *(f"{phases[n]:.1f}" if n in phases else "-" for n in names), _bytes(r.get("memory"))])
+        body.append(
+            [
+                str(r.get("rank")),
+                printable(r.get("host") or "-"),
+                str(r.get("local_rank", "-")),
+                printable(rank_state(r, status)),
+                str(r.get("step", "-")),
+                f"{r['steps_per_s']:.2f}" if r.get("steps_per_s") else "-",
+                *(f"{phases[n]:.1f}" if n in phases else "-" for n in names),
+                _bytes(r.get("memory")),
+            ]
+        )
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     straggler = (status.get("straggler") or {}).get("rank")
     for row in [head, *body]:

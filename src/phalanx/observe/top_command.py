@@ -1,4 +1,5 @@
 """`phalanx top [RUN_DIR]`: a live table of a running job, from another terminal (no torch)."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,17 +15,26 @@ REFRESH_S = 1.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", nargs="?", default=None, metavar="RUN_DIR",
-                        help=f"the job's run dir (default: the newest run under ./{DEFAULT_ROOT})")
-    parser.add_argument("--once", action="store_true",
-                        help="print one snapshot and exit (exit code 1 when no job is running there)")
+    parser.add_argument(
+        "run_dir",
+        nargs="?",
+        default=None,
+        metavar="RUN_DIR",
+        help=f"the job's run dir (default: the newest run under ./{DEFAULT_ROOT})",
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="print one snapshot and exit (exit code 1 when no job is running there)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or records.newest_run(DEFAULT_ROOT)
     if run_dir is None:
-        print(f"phalanx top: no runs under ./{DEFAULT_ROOT}. HINT: pass the job's RUN_DIR "
-              "(phalanx run prints it: 'run dir ...').", file=sys.stderr)
+        print(
+            f"phalanx top: no runs under ./{DEFAULT_ROOT}. HINT: pass the job's RUN_DIR "
+            "(phalanx run prints it: 'run dir ...').",
+            file=sys.stderr,
+        )
         return 1
     run_dir = os.path.abspath(run_dir)
     if not os.path.isdir(run_dir):

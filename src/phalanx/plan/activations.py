@@ -9,6 +9,7 @@ backward's peak adds a workspace of gradients (see ActivationBytes.backward_work
 against the resident memory of a real CPU process in tests/unit/test_plan_activations.py.
 Parameters saved for backward are model state, not activations, and are not counted.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -100,12 +101,14 @@ def measure(model: nn.Module, inputs: Sequence[Any], units: Sequence[nn.Module])
 
     handles = []
     for i, unit in enumerate(units):
+
         def enter(_module: nn.Module, args: tuple, i: int = i) -> None:
             if not current:
                 out.unit_inputs[i] += sum(t.numel() * t.element_size() for t in _tensors(args))
             current.append(i)
 
         handles.append(unit.register_forward_pre_hook(enter))
+
         def leave(*_: Any) -> None:  # a forward hook's return value would replace the output
             current.pop()
 
@@ -128,8 +131,10 @@ def parse_input(spec: str) -> tuple[tuple[int, ...], torch.dtype]:
         shape = ()
     dtype = getattr(torch, dtype_text or "int64", None)
     if not shape or any(n < 1 for n in shape) or not isinstance(dtype, torch.dtype):
-        raise ValueError(f"cannot read --input {spec!r}; HINT: write the per-rank batch's shape and dtype, "
-                         "e.g. 16x32 (token ids, int64) or 16x3x224x224:float32")
+        raise ValueError(
+            f"cannot read --input {spec!r}; HINT: write the per-rank batch's shape and dtype, "
+            "e.g. 16x32 (token ids, int64) or 16x3x224x224:float32"
+        )
     return shape, dtype
 
 

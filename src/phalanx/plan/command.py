@@ -7,6 +7,7 @@ make_model / build_model / get_model / create_model, or defining exactly one nn.
 can be built with no arguments (a training script's model class). The model is built on the meta device, so
 planning a model larger than this machine's memory costs nothing. No torch import at module level.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,41 +27,97 @@ _FACTORY_NAMES = ("make_model", "build_model", "get_model", "create_model")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="module:factory, file.py:factory, or file.py exposing make_model() "
-                                      "or defining one nn.Module class that needs no arguments")
-    parser.add_argument("--world-size", "--world_size", type=int, default=None,
-                        help="number of ranks (default: what `phalanx run` would start here: one per GPU, else 2)")
-    parser.add_argument("--optimizer", default=None,
-                        help="optimizer whose state to count: adamw, adam, sgd, sgd-momentum, adagrad, rmsprop "
-                             "(default: the one MODEL's file builds, else adamw)")
-    parser.add_argument("--budget", default=None,
-                        help="per-device bytes for auto's choice, e.g. 16GB (default: "
-                             "PHALANX_MEMORY_BUDGET, else 60%% of this machine's GPU memory or RAM/local ranks)")
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
-                        help="ranks per node: hsdp's shard group, and the ranks sharing this machine's RAM "
-                             "(CPU default budget); default: world size")
-    parser.add_argument("--input", default=None, metavar="SHAPE[:DTYPE]",
-                        help="one rank's batch, e.g. 16x32 (token ids) or 16x3x224x224:float32: also "
-                             "estimate activation bytes (a forward on the meta device)")
-    parser.add_argument("--activation-checkpointing", "--activation_checkpointing", action="store_true",
-                        help="count activations as with activation checkpointing of each block")
-    parser.add_argument("--tp", type=int, default=1,
-                        help="tensor-parallel degree: figures are one tensor-parallel rank's, the data-parallel "
-                             "strategies span world size / tp ranks (default 1)")
-    parser.add_argument("--tp-plan", "--tp_plan", default=None, metavar="PLAN",
-                        help="the tensor-parallel plan as JSON or pattern=style,... (default: the model's own "
-                             "transformers plan), as the tp_plan setting takes it")
-    parser.add_argument("--pp", type=int, default=1,
-                        help="pipeline-parallel degree: per pipeline rank its stages' bytes (and with --input the "
-                             "activations in flight); the strategies span world size / (tp x pp) ranks (default 1)")
+    parser.add_argument(
+        "model",
+        help="module:factory, file.py:factory, or file.py exposing make_model() "
+        "or defining one nn.Module class that needs no arguments",
+    )
+    parser.add_argument(
+        "--world-size",
+        "--world_size",
+        type=int,
+        default=None,
+        help="number of ranks (default: what `phalanx run` would start here: one per GPU, else 2)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        default=None,
+        help="optimizer whose state to count: adamw, adam, sgd, sgd-momentum, adagrad, rmsprop "
+        "(default: the one MODEL's file builds, else adamw)",
+    )
+    parser.add_argument(
+        "--budget",
+        default=None,
+        help="per-device bytes for auto's choice, e.g. 16GB (default: "
+        "PHALANX_MEMORY_BUDGET, else 60%% of this machine's GPU memory or RAM/local ranks)",
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=int,
+        default=None,
+        help="ranks per node: hsdp's shard group, and the ranks sharing this machine's RAM "
+        "(CPU default budget); default: world size",
+    )
+    parser.add_argument(
+        "--input",
+        default=None,
+        metavar="SHAPE[:DTYPE]",
+        help="one rank's batch, e.g. 16x32 (token ids) or 16x3x224x224:float32: also "
+        "estimate activation bytes (a forward on the meta device)",
+    )
+    parser.add_argument(
+        "--activation-checkpointing",
+        "--activation_checkpointing",
+        action="store_true",
+        help="count activations as with activation checkpointing of each block",
+    )
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel degree: figures are one tensor-parallel rank's, the data-parallel "
+        "strategies span world size / tp ranks (default 1)",
+    )
+    parser.add_argument(
+        "--tp-plan",
+        "--tp_plan",
+        default=None,
+        metavar="PLAN",
+        help="the tensor-parallel plan as JSON or pattern=style,... (default: the model's own "
+        "transformers plan), as the tp_plan setting takes it",
+    )
+    parser.add_argument(
+        "--pp",
+        type=int,
+        default=1,
+        help="pipeline-parallel degree: per pipeline rank its stages' bytes (and with --input the "
+        "activations in flight); the strategies span world size / (tp x pp) ranks (default 1)",
+    )
     context.add_argument(parser)
     experts.add_argument(parser)
-    parser.add_argument("--pp-schedule", "--pp_schedule", default="1F1B", metavar="SCHEDULE",
-                        help="pipeline schedule, as the pp_schedule setting takes it (default 1F1B)")
-    parser.add_argument("--pp-microbatches", "--pp_microbatches", type=int, default=None, metavar="N",
-                        help="microbatches of each rank's batch (default 2 x pp)")
-    parser.add_argument("--pp-split", "--pp_split", default=None, metavar="NAMES",
-                        help="module names to cut stages before, comma-separated (default: even by parameters)")
+    parser.add_argument(
+        "--pp-schedule",
+        "--pp_schedule",
+        default="1F1B",
+        metavar="SCHEDULE",
+        help="pipeline schedule, as the pp_schedule setting takes it (default 1F1B)",
+    )
+    parser.add_argument(
+        "--pp-microbatches",
+        "--pp_microbatches",
+        type=int,
+        default=None,
+        metavar="N",
+        help="microbatches of each rank's batch (default 2 x pp)",
+    )
+    parser.add_argument(
+        "--pp-split",
+        "--pp_split",
+        default=None,
+        metavar="NAMES",
+        help="module names to cut stages before, comma-separated (default: even by parameters)",
+    )
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -86,8 +143,10 @@ def load_factory(spec: str) -> Callable[[], Any]:
     if classes:
         listed = ", ".join(f"{target}:{c.__name__}" for c in classes)
         raise ValueError(f"{target!r} defines several models that need no arguments: pick one, e.g. {listed}")
-    raise ValueError(f"{target!r} has no make_model / build_model / get_model / create_model and defines no "
-                     f"nn.Module that can be built without arguments. {_hint(target, module)}")
+    raise ValueError(
+        f"{target!r} has no make_model / build_model / get_model / create_model and defines no "
+        f"nn.Module that can be built without arguments. {_hint(target, module)}"
+    )
 
 
 def _import(target: str) -> Any:
@@ -108,8 +167,9 @@ def _import(target: str) -> Any:
     try:
         return importlib.import_module(target)
     except ImportError as error:
-        raise ValueError(f"cannot import module {target!r}: {error}. HINT: MODEL is module:factory or "
-                         "path/to/file.py[:factory]") from None
+        raise ValueError(
+            f"cannot import module {target!r}: {error}. HINT: MODEL is module:factory or path/to/file.py[:factory]"
+        ) from None
 
 
 def _model_classes(module: Any) -> list[type]:
@@ -120,8 +180,7 @@ def _model_classes(module: Any) -> list[type]:
 
     found = []
     for value in vars(module).values():
-        if (inspect.isclass(value) and issubclass(value, torch.nn.Module)
-                and value.__module__ == module.__name__):
+        if inspect.isclass(value) and issubclass(value, torch.nn.Module) and value.__module__ == module.__name__:
             try:
                 parameters = list(inspect.signature(value).parameters.values())
             except (TypeError, ValueError):
@@ -134,17 +193,33 @@ def _model_classes(module: Any) -> list[type]:
 def _hint(target: str, module: Any) -> str:
     import inspect
 
-    callables = sorted(n for n, v in vars(module).items()
-                       if not n.startswith("_") and (inspect.isfunction(v) or inspect.isclass(v))
-                       and getattr(v, "__module__", None) == module.__name__)
+    callables = sorted(
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_")
+        and (inspect.isfunction(v) or inspect.isclass(v))
+        and getattr(v, "__module__", None) == module.__name__
+    )
     shown = f" (it defines: {', '.join(callables)})" if callables else ""
-    return (f"HINT: pass {target}:NAME, where NAME() builds and returns the nn.Module{shown}, or add a "
-            "make_model() function to the file.")
+    return (
+        f"HINT: pass {target}:NAME, where NAME() builds and returns the nn.Module{shown}, or add a "
+        "make_model() function to the file."
+    )
 
 
-def render(sizes: list, rows: dict[str, Any], optimizer: str, budget: int,
-           activations: Any = None, activation_checkpointing: bool = False, optimizer_why: str = "",
-           full_sizes: list | None = None, suggestion: str = "", pipeline: str = "", runtime: int = 0) -> str:
+def render(
+    sizes: list,
+    rows: dict[str, Any],
+    optimizer: str,
+    budget: int,
+    activations: Any = None,
+    activation_checkpointing: bool = False,
+    optimizer_why: str = "",
+    full_sizes: list | None = None,
+    suggestion: str = "",
+    pipeline: str = "",
+    runtime: int = 0,
+) -> str:
     """The report over `rows` (plan/sharding.py's layouts: a ParallelPlan per row, every one of the
     same degrees). With tp > 1, `sizes` are one tensor-parallel rank's parameters (`full_sizes` the
     model's) and the rows span the data-parallel ranks tp leaves; with pp > 1, the largest pipeline
@@ -161,19 +236,26 @@ def render(sizes: list, rows: dict[str, Any], optimizer: str, budget: int,
     width = 17 + 6 * (tp > 1) + 6 * (pp > 1)
     whole = full_sizes if full_sizes is not None else sizes
     num_params = sum(s.numel for s in whole)
-    lines = [f"model: {num_params:,} trainable parameters ({fb(sum(s.nbytes for s in whole))}), "
-             f"optimizer {optimizer}{f' ({optimizer_why})' if optimizer_why else ''}, world_size {world_size}"]
+    lines = [
+        f"model: {num_params:,} trainable parameters ({fb(sum(s.nbytes for s in whole))}), "
+        f"optimizer {optimizer}{f' ({optimizer_why})' if optimizer_why else ''}, world_size {world_size}"
+    ]
     if pipeline:
         lines.append(pipeline)
     if tp > 1:
-        lines.append(f"tensor parallel tp={tp}: one rank holds {fb(sum(s.nbytes for s in sizes))} of the parameters "
-                     f"(the tp plan's layers split {tp} ways, the rest whole); the strategies below shard that "
-                     f"over the {dp_size} data-parallel ranks")
-    lines += ["per-rank model state (the largest rank; activations not included):" if not runtime else
-              f"per-rank memory between steps (the largest rank; totals include {fb(runtime)} a CPU process's heap holds "
-              "in every layout: torch's own caches; vs ddp: of the model state; activations not included):",
-             f"  {'strategy':{width}s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'buffers':>11s} "
-             f"{'total':>11s}  {'vs ddp':>6s}"]
+        lines.append(
+            f"tensor parallel tp={tp}: one rank holds {fb(sum(s.nbytes for s in sizes))} of the parameters "
+            f"(the tp plan's layers split {tp} ways, the rest whole); the strategies below shard that "
+            f"over the {dp_size} data-parallel ranks"
+        )
+    lines += [
+        "per-rank model state (the largest rank; activations not included):"
+        if not runtime
+        else f"per-rank memory between steps (the largest rank; totals include {fb(runtime)} a CPU process's heap holds "
+        "in every layout: torch's own caches; vs ddp: of the model state; activations not included):",
+        f"  {'strategy':{width}s} {'params':>11s} {'grads':>11s} {'optimizer':>11s} {'buffers':>11s} "
+        f"{'total':>11s}  {'vs ddp':>6s}",
+    ]
     ddp_total = table[presets.AUTO_CHOOSES[0]][0].total - runtime  # vs ddp: the model state a layout changes
     for name, ranks in table.items():
         worst = max(ranks, key=lambda b: b.total + b.host)
@@ -187,13 +269,17 @@ def render(sizes: list, rows: dict[str, Any], optimizer: str, budget: int,
             name = f"{name} x tp{tp}"
         if pp > 1:
             name = f"{name} x pp{pp}"
-        lines.append(f"  {name:{width}s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
-                     f"{fb(worst.buffers):>11s} {fb(worst.total):>11s}  {ratio:6.2f}{note}")
-    lines.append("  (at rest, between steps; zero1-persistent is zero1 with zero1_gather persistent: one all-gather per\n"
-                 "   step into a buffer kept for good, where zero1 gathers through transient buckets of 1/16 of the model;\n"
-                 "   during a step zero2 also holds every unit's gathered parameters\n"
-                 "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks';\n"
-                 "   root-level embedding tables are never gathered whole while a forward's tokens x ranks are fewer than their rows)")
+        lines.append(
+            f"  {name:{width}s} {fb(worst.params):>11s} {fb(worst.grads):>11s} {fb(worst.optimizer):>11s} "
+            f"{fb(worst.buffers):>11s} {fb(worst.total):>11s}  {ratio:6.2f}{note}"
+        )
+    lines.append(
+        "  (at rest, between steps; zero1-persistent is zero1 with zero1_gather persistent: one all-gather per\n"
+        "   step into a buffer kept for good, where zero1 gathers through transient buckets of 1/16 of the model;\n"
+        "   during a step zero2 also holds every unit's gathered parameters\n"
+        "   from its forward to its backward, up to ddp's params, while zero3 holds the root unit and one or two blocks';\n"
+        "   root-level embedding tables are never gathered whole while a forward's tokens x ranks are fewer than their rows)"
+    )
     if activations is not None:
         lines.append(activation_lines(activations, activation_checkpointing, fb))
     if degrees.is_distributed and degrees.dp_size == 1:  # as auto decides: the data-parallel preset over no ranks
@@ -214,12 +300,15 @@ def launcher_budget() -> int | None:
 
 def activation_lines(acts: Any, checkpointing: bool, fb: Callable[[float], str]) -> str:
     """The activation estimate, the same under every strategy (each rank runs its own batch)."""
-    end, peak = (acts.outside + sum(acts.unit_inputs), acts.peak_checkpointed) if checkpointing \
-        else (acts.full, acts.peak)
+    end, peak = (
+        (acts.outside + sum(acts.unit_inputs), acts.peak_checkpointed) if checkpointing else (acts.full, acts.peak)
+    )
     other = acts.peak if checkpointing else acts.peak_checkpointed
-    return (f"activations per rank, any strategy, {'with' if checkpointing else 'without'} activation "
-            f"checkpointing of the {len(acts.unit_saved)} blocks: {fb(end)} after the forward, {fb(peak)} "
-            f"at the backward's peak ({fb(other)} {'without' if checkpointing else 'with'} it)")
+    return (
+        f"activations per rank, any strategy, {'with' if checkpointing else 'without'} activation "
+        f"checkpointing of the {len(acts.unit_saved)} blocks: {fb(end)} after the forward, {fb(peak)} "
+        f"at the backward's peak ({fb(other)} {'without' if checkpointing else 'with'} it)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -255,8 +344,11 @@ def main(args: argparse.Namespace) -> int:
         cp_line = context.cut_input(args)  # before the activations: --input becomes one cp rank's part
         acts = _activations_of(args, model, plan)
         # cp's ranks hold model state as data-parallel ranks do (sharded over dp x cp): rows of tp and pp
-        rows = sharding.layouts(presets.asking(tp=args.tp, pp=args.pp), world_size=args.world_size,
-                                local_world_size=args.nproc_per_node or args.world_size)
+        rows = sharding.layouts(
+            presets.asking(tp=args.tp, pp=args.pp),
+            world_size=args.world_size,
+            local_world_size=args.nproc_per_node or args.world_size,
+        )
         pipeline = _pipeline(args, model, plan) if plan.pp > 1 else None
     except ValueError as error:
         print(f"phalanx plan: error: {error}", file=sys.stderr)
@@ -273,9 +365,21 @@ def main(args: argparse.Namespace) -> int:
         sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in pipeline.units)]
         acts = None
     suggestion = suggest(factory, args, tp_plan, choice.name, budget, sizes, acts) if pipeline is None else ""
-    print(render(sizes, rows, choice.name, budget, acts, args.activation_checkpointing, choice.why,
-                 full_sizes=full_sizes, suggestion=suggestion, pipeline=pipeline.report if pipeline is not None else "",
-                 runtime=args.runtime))
+    print(
+        render(
+            sizes,
+            rows,
+            choice.name,
+            budget,
+            acts,
+            args.activation_checkpointing,
+            choice.why,
+            full_sizes=full_sizes,
+            suggestion=suggestion,
+            pipeline=pipeline.report if pipeline is not None else "",
+            runtime=args.runtime,
+        )
+    )
     if ep_lines:
         print(ep_lines)
     if cp_line:
@@ -289,8 +393,12 @@ def main(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace, tp: int) -> Any:
     """The ddp plan of --world-size, --nproc-per-node, --pp and tensor-parallel degree `tp` (--tp, or
     a larger one the suggestion tries): the degrees every row shares."""
-    return presets.build(presets.AUTO_CHOOSES[0], presets.asking(tp=tp, pp=args.pp), world_size=args.world_size,
-                         local_world_size=args.nproc_per_node or args.world_size)
+    return presets.build(
+        presets.AUTO_CHOOSES[0],
+        presets.asking(tp=tp, pp=args.pp),
+        world_size=args.world_size,
+        local_world_size=args.nproc_per_node or args.world_size,
+    )
 
 
 def _pipeline(args: argparse.Namespace, model: Any, plan: Any) -> Any:
@@ -314,11 +422,15 @@ def _build(factory: Callable[[], Any], label: str) -> Any:
         with torch.device("meta"):
             model = factory()
     except Exception as error:  # noqa: BLE001 - the user's code: say which and why, no traceback
-        raise ValueError(f"building the model with {label} failed: {type(error).__name__}: {error}. "
-                         "HINT: MODEL must be callable with no arguments") from None
+        raise ValueError(
+            f"building the model with {label} failed: {type(error).__name__}: {error}. "
+            "HINT: MODEL must be callable with no arguments"
+        ) from None
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"{label} returned {type(model).__name__}, not a torch.nn.Module. "
-                         "HINT: pass file.py:NAME, where NAME() returns the model")
+        raise ValueError(
+            f"{label} returned {type(model).__name__}, not a torch.nn.Module. "
+            "HINT: pass file.py:NAME, where NAME() returns the model"
+        )
     return model
 
 
@@ -333,8 +445,15 @@ def preference() -> list[str]:
     return [name for name in presets.multi_process() if not presets.PRESETS[name].hybrid]
 
 
-def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, optimizer: str, budget: int,
-            sizes: list, acts: Any) -> str:
+def suggest(
+    factory: Callable[[], Any],
+    args: argparse.Namespace,
+    tp_plan: Any,
+    optimizer: str,
+    budget: int,
+    sizes: list,
+    acts: Any,
+) -> str:
     """The layout with the least communication whose model state (+ activations with --input) fits
     the budget: the data-parallel presets at --tp, then larger tp within a node."""
     from phalanx.model import memory
@@ -355,18 +474,31 @@ def suggest(factory: Callable[[], Any], args: argparse.Namespace, tp_plan: Any, 
             sizes = memory.model_sizes(model)
         extra = 0 if acts is None else (acts.peak_checkpointed if args.activation_checkpointing else acts.peak)
         for name in order:
-            layout = presets.build(name, presets.asking(tp=plan.tp, pp=plan.pp), world_size=plan.world_size,
-                                   local_world_size=nproc)
-            need = max(b.total for b in memory_plan.rank_bytes(sizes, layout, optimizer,
-                                                               runtime=getattr(args, "runtime", 0))) + extra
+            layout = presets.build(
+                name, presets.asking(tp=plan.tp, pp=plan.pp), world_size=plan.world_size, local_world_size=nproc
+            )
+            need = (
+                max(
+                    b.total
+                    for b in memory_plan.rank_bytes(sizes, layout, optimizer, runtime=getattr(args, "runtime", 0))
+                )
+                + extra
+            )
             if need <= budget:
                 layout = name + (f" x tp{tp}" if tp > 1 else "")
-                what = "model state" + (" + runtime" if getattr(args, "runtime", 0) else "") + \
-                    (" + activations" if acts is not None else "")
-                return (f"suggested layout for {args.world_size} ranks: {layout} ({what} {memory.format_bytes(need)} "
-                        f"per rank, within the {memory.format_bytes(budget)} budget)")
-    return (f"suggested layout: none fits {memory.format_bytes(budget)} per rank on {args.world_size} ranks; "
-            "HINT: more ranks, activation checkpointing, a smaller batch, or CPU offload (zero3)")
+                what = (
+                    "model state"
+                    + (" + runtime" if getattr(args, "runtime", 0) else "")
+                    + (" + activations" if acts is not None else "")
+                )
+                return (
+                    f"suggested layout for {args.world_size} ranks: {layout} ({what} {memory.format_bytes(need)} "
+                    f"per rank, within the {memory.format_bytes(budget)} budget)"
+                )
+    return (
+        f"suggested layout: none fits {memory.format_bytes(budget)} per rank on {args.world_size} ranks; "
+        "HINT: more ranks, activation checkpointing, a smaller batch, or CPU offload (zero3)"
+    )
 
 
 def _activations(args: argparse.Namespace, model: Any) -> Any:
@@ -377,8 +509,10 @@ def _activations(args: argparse.Namespace, model: Any) -> Any:
     try:
         return activations.measure(model, [activations.meta_input(shape, dtype)], default_units(model))
     except RuntimeError as error:  # e.g. a view over attention heads that tp does not divide
-        raise ValueError(f"the forward on the meta device failed with the layers split for one tensor-parallel "
-                         f"rank: {error}. HINT: tp must divide the model's attention (and key/value) heads") from None
+        raise ValueError(
+            f"the forward on the meta device failed with the layers split for one tensor-parallel "
+            f"rank: {error}. HINT: tp must divide the model's attention (and key/value) heads"
+        ) from None
 
 
 def _activations_of(args: argparse.Namespace, model: Any, plan: Any) -> Any:
@@ -387,11 +521,14 @@ def _activations_of(args: argparse.Namespace, model: Any, plan: Any) -> Any:
     if args.world_size % nproc:
         raise ValueError(f"--nproc-per-node {nproc} does not divide --world-size {args.world_size}")
     if not plan.tp_within(nproc):
-        raise ValueError(f"--tp {args.tp} does not divide the {nproc} processes of a node: tensor parallel "
-                         "belongs inside a node")
+        raise ValueError(
+            f"--tp {args.tp} does not divide the {nproc} processes of a node: tensor parallel belongs inside a node"
+        )
     if args.input is None:
         if args.activation_checkpointing:
-            raise ValueError("--activation-checkpointing changes the activation estimate, which needs --input "
-                             "SHAPE[:DTYPE], e.g. --input 16x512")
+            raise ValueError(
+                "--activation-checkpointing changes the activation estimate, which needs --input "
+                "SHAPE[:DTYPE], e.g. --input 16x512"
+            )
         return None
     return _activations(args, model)

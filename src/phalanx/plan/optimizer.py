@@ -6,6 +6,7 @@ a script that runs SGD would be wrong by that much. The source is read, not run:
 `torch.optim.Adam(...)`, `optim.SGD(...)` or `AdamW(...)` names it. When the script builds none, or
 several, the plan says which it assumed.
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,8 +15,7 @@ from pathlib import Path
 
 DEFAULT = "adamw"
 # torch.optim class -> the name model/memory.py counts the state of
-CLASSES: dict[str, str] = {"Adam": "adam", "AdamW": "adamw", "SGD": "sgd", "Adagrad": "adagrad",
-                           "RMSprop": "rmsprop"}
+CLASSES: dict[str, str] = {"Adam": "adam", "AdamW": "adamw", "SGD": "sgd", "Adagrad": "adagrad", "RMSprop": "rmsprop"}
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,8 @@ def choose(given: str | None, model_spec: str) -> OptimizerChoice:
         classes = ", ".join(sorted({cls for cls, _ in found}))
         return OptimizerChoice(names[0], f"read from {path.name}: {classes}")
     if not names:
-        return OptimizerChoice(DEFAULT, f"assumed: {path.name} builds no torch.optim optimizer plan knows; "
-                                        "--optimizer NAME sets it")
+        return OptimizerChoice(
+            DEFAULT, f"assumed: {path.name} builds no torch.optim optimizer plan knows; --optimizer NAME sets it"
+        )
     listed = ", ".join(cls for cls, _ in found)
     return OptimizerChoice(DEFAULT, f"assumed: {path.name} builds several ({listed}); --optimizer NAME picks one")

@@ -3,6 +3,7 @@ pipeline rank's stages, the schedule's bubble, and with --input the activations 
 its peak: one microbatch's through its stages times the microbatches in flight the schedule keeps
 (strategies/pipeline/arithmetic.py). The strategies' table then plans the largest rank's stages
 over its data-parallel ranks."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,9 +28,15 @@ def _bytes(model: nn.Module, units: tuple[str, ...]) -> int:
     return sum(p.numel() * p.element_size() for u in units for p in model.get_submodule(u).parameters())
 
 
-def plan_pipeline(model: nn.Module, plan: ParallelPlan, schedule: str, microbatches: int | None,
-                  split: list[str] | None, measure: Callable[[list[nn.Module]], Any] | None,
-                  fb: Callable[[float], str]) -> PipelinePlan:
+def plan_pipeline(
+    model: nn.Module,
+    plan: ParallelPlan,
+    schedule: str,
+    microbatches: int | None,
+    split: list[str] | None,
+    measure: Callable[[list[nn.Module]], Any] | None,
+    fb: Callable[[float], str],
+) -> PipelinePlan:
     """The pipeline section of the report on `plan`'s pipeline ranks. `measure(units)`: the activation
     estimate of one rank's batch with those modules as units (plan/activations.py), or None without --input."""
     pp = plan.pp
@@ -45,11 +52,15 @@ def plan_pipeline(model: nn.Module, plan: ParallelPlan, schedule: str, microbatc
     if measure is not None:  # each unit's saved bytes for the whole batch; a microbatch is 1/m of it
         acts = measure([model.get_submodule(u) for u in chain.names])
         saved = dict(zip(chain.names, acts.unit_saved))
-        per_microbatch = [(sum(saved[u] for u in stage) + (acts.outside if i == len(stages) - 1 else 0)) // m
-                          for i, stage in enumerate(stages)]
+        per_microbatch = [
+            (sum(saved[u] for u in stage) + (acts.outside if i == len(stages) - 1 else 0)) // m
+            for i, stage in enumerate(stages)
+        ]
     bubble = f"{figures.bubble:.0%} of a step" if figures.bubble is not None else "not modelled for this schedule"
-    lines = [f"pipeline pp={pp}, {schedule}, {m} microbatches of each rank's batch, {per_rank} stage(s) per pipeline "
-             f"rank; bubble {bubble}:"]
+    lines = [
+        f"pipeline pp={pp}, {schedule}, {m} microbatches of each rank's batch, {per_rank} stage(s) per pipeline "
+        f"rank; bubble {bubble}:"
+    ]
     header = f"  {'rank':>4s}  {'stages':8s} {'parameters':>11s}"
     if per_microbatch is not None:
         header += f"  {'activations: per microbatch x in flight = peak':>46s}"
@@ -67,8 +78,9 @@ def plan_pipeline(model: nn.Module, plan: ParallelPlan, schedule: str, microbatc
             line += f"  {'(in flight: not modelled)':>46s}"
         lines.append(f"{line}  {_shorten(units)}")
     largest = max(range(pp), key=lambda r: _bytes(model, rank_units[r]))
-    lines.append(f"the strategies below hold pipeline rank {largest}'s stages (the most parameters) over its "
-                 "data-parallel ranks")
+    lines.append(
+        f"the strategies below hold pipeline rank {largest}'s stages (the most parameters) over its data-parallel ranks"
+    )
     return PipelinePlan(rank_units[largest], "\n".join(lines))
 
 

@@ -2,6 +2,7 @@
 (strategies/presets.py), and each row's per-rank bytes from the one memory model keyed by plan
 (strategies/memory_plan.py), not from a table of strategy names. Figures are one tensor-parallel rank's part of one pipeline rank's
 stages (`sizes`), spread over the plan's data-parallel ranks."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,13 +30,19 @@ def layouts(settings: Any, *, world_size: int, local_world_size: int) -> dict[st
         if plan.sharding is Sharding.OPTIMIZER:
             rows[name + PERSISTENT] = plan
         if plan.sharding >= Sharding.PARAMETERS and not presets.PRESETS[name].hybrid:
-            rows[name + OFFLOAD] = presets.build(name, settings, world_size=world_size,
-                                                 local_world_size=local_world_size, cpu_offload=True)
+            rows[name + OFFLOAD] = presets.build(
+                name, settings, world_size=world_size, local_world_size=local_world_size, cpu_offload=True
+            )
     return rows
 
 
-def table(sizes: list[ParamSize], rows: dict[str, ParallelPlan], optimizer: str = "adamw",
-          runtime: int = 0) -> dict[str, list[RankBytes]]:
+def table(
+    sizes: list[ParamSize], rows: dict[str, ParallelPlan], optimizer: str = "adamw", runtime: int = 0
+) -> dict[str, list[RankBytes]]:
     """Row name -> per-rank bytes, for `layouts`' rows."""
-    return {name: memory_plan.rank_bytes(sizes, plan, optimizer, persistent_gather=name.endswith(PERSISTENT), runtime=runtime)
-            for name, plan in rows.items()}
+    return {
+        name: memory_plan.rank_bytes(
+            sizes, plan, optimizer, persistent_gather=name.endswith(PERSISTENT), runtime=runtime
+        )
+        for name, plan in rows.items()
+    }

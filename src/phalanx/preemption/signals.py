@@ -10,6 +10,7 @@ Where something else already owns the wakeup fd (an asyncio loop), or takes it o
 script, a notebook's event loop), the handlers count instead. A second `SignalWatch` (a second
 `Phalanx()` in one process) replaces the first.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,12 @@ SAME_DELIVERY_S = 1.0
 class SignalWatch:
     """Calls `on_delivery(signum, count)` for each delivery of one of `signals` (count from 1)."""
 
-    def __init__(self, signals: tuple[signal.Signals, ...], on_delivery: Callable[[int, int], None],
-                 same_delivery_s: float = SAME_DELIVERY_S):
+    def __init__(
+        self,
+        signals: tuple[signal.Signals, ...],
+        on_delivery: Callable[[int, int], None],
+        same_delivery_s: float = SAME_DELIVERY_S,
+    ):
         self.signals = signals
         self.numbers = {int(s) for s in signals}
         self.on_delivery = on_delivery

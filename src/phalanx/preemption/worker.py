@@ -18,6 +18,7 @@ the store key the first rank writes, read by the watchdog's thread once a second
 heartbeat (with the watchdog off: at each boundary). Before any signal the cost per step is one
 attribute test at each boundary; no collective, no store call.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -52,9 +53,20 @@ _STARTED = itertools.count()  # preemptions started in this process: the same co
 class Preemption:
     """One rank's side of a preemption: hears signals, agrees on the step, saves, exits."""
 
-    def __init__(self, *, rank: int, world_size: int, checkpointer: Any, progress: StepTracker,
-                 cycle_idle: Callable[[], bool], busy: Callable[[str], Any], grace: float,
-                 agent: AgentEnv | None = None, poll_each_boundary: bool = False, generation: int = 0):
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        checkpointer: Any,
+        progress: StepTracker,
+        cycle_idle: Callable[[], bool],
+        busy: Callable[[str], Any],
+        grace: float,
+        agent: AgentEnv | None = None,
+        poll_each_boundary: bool = False,
+        generation: int = 0,
+    ):
         self.rank = rank
         self.world_size = world_size
         self.checkpointer = checkpointer
@@ -83,18 +95,28 @@ class Preemption:
         if count == 1:
             self.request(name)
         elif count == 2:
-            print(f"phalanx (rank {self.rank}): {name} again; still finishing step and checkpoint. "
-                  "A third signal exits at once, without them", file=sys.stderr, flush=True)
+            print(
+                f"phalanx (rank {self.rank}): {name} again; still finishing step and checkpoint. "
+                "A third signal exits at once, without them",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
-            print(f"phalanx (rank {self.rank}): third signal ({name}): exiting now; a checkpoint being "
-                  "written is not finished, the previous one stays the latest", file=sys.stderr, flush=True)
+            print(
+                f"phalanx (rank {self.rank}): third signal ({name}): exiting now; a checkpoint being "
+                "written is not finished, the previous one stays the latest",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(128 + signum)
 
     def request(self, name: str, reason: str | None = None) -> None:
         """Stop at the next agreed step boundary (idempotent: the first request wins)."""
         if self.requested is None:
             self.requested = (name, reason)
-            get_logger().debug("preemption: %s%s; stopping after an agreed step", name, f" ({reason})" if reason else "")
+            get_logger().debug(
+                "preemption: %s%s; stopping after an agreed step", name, f" ({reason})" if reason else ""
+            )
 
     def poll(self, store: dist.Store) -> None:
         """Learn of a signal another rank received (the watchdog's thread calls this once a second)."""
@@ -193,21 +215,40 @@ class Preemption:
             self.watch = None
 
 
-def start(*, signals: str, checkpointer: Any, rank: int, world_size: int, progress: StepTracker,
-          cycle_idle: Callable[[], bool], busy: Callable[[str], Any], grace: float,
-          watchdog: Any = None) -> Preemption | None:
+def start(
+    *,
+    signals: str,
+    checkpointer: Any,
+    rank: int,
+    world_size: int,
+    progress: StepTracker,
+    cycle_idle: Callable[[], bool],
+    busy: Callable[[str], Any],
+    grace: float,
+    watchdog: Any = None,
+) -> Preemption | None:
     """Preemption for this rank when it is on (checkpoint_dir set, signals not 'none'), else None."""
     numbers = kinds.signal_numbers(signals)
     if not numbers or checkpointer.directory is None:
         return None
-    preemption = Preemption(rank=rank, world_size=world_size, checkpointer=checkpointer, progress=progress,
-                            cycle_idle=cycle_idle, busy=busy, grace=grace, poll_each_boundary=watchdog is None,
-                            generation=next(_STARTED))
+    preemption = Preemption(
+        rank=rank,
+        world_size=world_size,
+        checkpointer=checkpointer,
+        progress=progress,
+        cycle_idle=cycle_idle,
+        busy=busy,
+        grace=grace,
+        poll_each_boundary=watchdog is None,
+        generation=next(_STARTED),
+    )
     preemption.watch = SignalWatch(numbers, preemption.on_delivery)
     if not preemption.watch.install():
         preemption.watch = None
-        get_logger().warning("preemption: Phalanx() was created outside the main thread, so signals cannot be "
-                             "caught here; a rank that receives one stops the others through the store")
+        get_logger().warning(
+            "preemption: Phalanx() was created outside the main thread, so signals cannot be "
+            "caught here; a rank that receives one stops the others through the store"
+        )
     progress.on_batch_request = preemption.before_batch
     checkpointer.step_listeners.append(preemption.after_step)
     if watchdog is not None and world_size > 1:
@@ -229,11 +270,15 @@ def _arm_time_limit(preemption: Preemption, grace: float) -> None:
         return
     left = end - time.time()
     if left <= grace:
-        get_logger().warning("preemption: the SLURM job ends in %.0f s, within preempt_grace (%.0f s): no save "
-                             "ahead of its time limit", left, grace)
+        get_logger().warning(
+            "preemption: the SLURM job ends in %.0f s, within preempt_grace (%.0f s): no save ahead of its time limit",
+            left,
+            grace,
+        )
         return
-    timer = threading.Timer(left - grace, preemption.request,
-                            args=("SIGUSR1", f"the SLURM job's time limit is {grace:.0f} s away"))
+    timer = threading.Timer(
+        left - grace, preemption.request, args=("SIGUSR1", f"the SLURM job's time limit is {grace:.0f} s away")
+    )
     timer.daemon = True
     timer.name = "phalanx-time-limit"
     timer.start()

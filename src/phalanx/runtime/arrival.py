@@ -6,6 +6,7 @@ The calls are counted per process and only when every rank arrived, so the count
 every rank: a call refused on one rank (its key withdrawn) leaves the next call on every rank meeting
 under one number.
 """
+
 from __future__ import annotations
 
 import datetime

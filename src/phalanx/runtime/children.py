@@ -6,13 +6,20 @@ and the kernel function it sleeps in (/proc's `wchan`: a lock's `futex_wait`, a 
 tell a deadlocked worker from one that waits for work or one that is still computing. Linux only;
 elsewhere the list is empty.
 """
+
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O", "Z": "a zombie (ended, not reaped)",
-          "T": "stopped", "t": "stopped by a tracer"}
+STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "in uninterruptible I/O",
+    "Z": "a zombie (ended, not reaped)",
+    "T": "stopped",
+    "t": "stopped by a tracer",
+}
 
 
 @dataclass(frozen=True)
@@ -44,8 +51,15 @@ def read_process(pid: int) -> ProcessFacts | None:
             uptime = float(f.read().split()[0])
     except (OSError, IndexError, ValueError):
         return None
-    return ProcessFacts(pid, int(fields[1]), fields[0], "" if wchan == "0" else wchan,
-                        (int(fields[11]) + int(fields[12])) / ticks, uptime - int(fields[19]) / ticks, command)
+    return ProcessFacts(
+        pid,
+        int(fields[1]),
+        fields[0],
+        "" if wchan == "0" else wchan,
+        (int(fields[11]) + int(fields[12])) / ticks,
+        uptime - int(fields[19]) / ticks,
+        command,
+    )
 
 
 def describe_children(pid: int | None = None) -> list[str]:

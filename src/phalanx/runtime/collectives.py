@@ -2,6 +2,7 @@
 
 Every function is a no-op identity in a world of one, so scripts run unchanged without a group.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -54,28 +55,33 @@ def as_tensors(data: Any, device: torch.device | str, verb: str) -> tuple[Any, C
     if isinstance(data, torch.Tensor):
         return data, lambda out: out
     if _is_number(data):
-        return torch.tensor(float(data), dtype=torch.float64, device=device), \
-            (lambda out: out.item()) if verb == "reduce" else (lambda out: out.tolist())
-    if isinstance(data, (list, tuple)) and data and all(_is_number(x) for x in data) \
-            and not hasattr(data, "_fields"):
+        return torch.tensor(float(data), dtype=torch.float64, device=device), (
+            lambda out: out.item()
+        ) if verb == "reduce" else (lambda out: out.tolist())
+    if isinstance(data, (list, tuple)) and data and all(_is_number(x) for x in data) and not hasattr(data, "_fields"):
         kind = type(data)
-        return torch.tensor([float(x) for x in data], dtype=torch.float64, device=device), \
-            lambda out: kind(out.tolist())
+        return torch.tensor([float(x) for x in data], dtype=torch.float64, device=device), lambda out: kind(
+            out.tolist()
+        )
     if isinstance(data, (list, tuple)):
         pairs = [as_tensors(x, device, verb) for x in data]
         make = (lambda xs: type(data)(*xs)) if hasattr(data, "_fields") else type(data)
         return make([t for t, _ in pairs]), lambda out: make([back(o) for (_, back), o in zip(pairs, out)])
     if isinstance(data, dict):
         parts = {k: as_tensors(v, device, verb) for k, v in data.items()}
-        return type(data)({k: t for k, (t, _) in parts.items()}), \
-            lambda out: type(data)({k: back(out[k]) for k, (_, back) in parts.items()})
-    raise TypeError(f"px.{verb} takes tensors and Python numbers (also in lists, tuples and dicts); got a "
-                    f"{type(data).__name__} ({data!r:.40}). HINT: for other objects use "
-                    f"{'px.gather_for_metrics on a list' if verb == 'gather' else 'a tensor or a number'}")
+        return type(data)({k: t for k, (t, _) in parts.items()}), lambda out: type(data)(
+            {k: back(out[k]) for k, (_, back) in parts.items()}
+        )
+    raise TypeError(
+        f"px.{verb} takes tensors and Python numbers (also in lists, tuples and dicts); got a "
+        f"{type(data).__name__} ({data!r:.40}). HINT: for other objects use "
+        f"{'px.gather_for_metrics on a list' if verb == 'gather' else 'a tensor or a number'}"
+    )
 
 
-def reduce(data: Any, reduction: str = "mean", debug: bool = False, group: Any = None,
-           device: torch.device | str = "cpu") -> Any:
+def reduce(
+    data: Any, reduction: str = "mean", debug: bool = False, group: Any = None, device: torch.device | str = "cpu"
+) -> Any:
     """All-reduce every tensor over `group` (default: every rank); every rank receives the result.
     Python numbers (alone, or in lists, tuples, dicts) are reduced too and come back as Python
     floats. Input tensors are not modified."""
@@ -92,8 +98,9 @@ def reduce(data: Any, reduction: str = "mean", debug: bool = False, group: Any =
             return out
         if reduction == "mean" and not out.is_floating_point():
             raise ValueError(f"reduce(..., 'mean') needs a floating-point tensor, got {out.dtype}")
-        op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM,
-              "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[reduction]
+        op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[
+            reduction
+        ]
         dist.all_reduce(out, op=op, group=group)
         if reduction == "mean":
             out /= world

@@ -1,4 +1,5 @@
 """Who this process is in the job: one explicit, immutable context built once from the env."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -106,8 +107,15 @@ class DistContext:
         return cls(rank, local_rank, world_size, local_world_size, node_rank, device, backend, init_method)
 
     @classmethod
-    def from_group(cls, rank: int, world_size: int, backend: str, env: Mapping[str, str] | None = None,
-                   cpu: bool = False, gpu_count: int | None = None) -> "DistContext":
+    def from_group(
+        cls,
+        rank: int,
+        world_size: int,
+        backend: str,
+        env: Mapping[str, str] | None = None,
+        cpu: bool = False,
+        gpu_count: int | None = None,
+    ) -> "DistContext":
         """Adopt an initialised process group: rank, size and backend are the group's.
 
         local_rank is LOCAL_RANK when set, else rank % the local world size (LOCAL_WORLD_SIZE,
@@ -155,10 +163,14 @@ class AgentEnv:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AgentEnv":
         env = os.environ if env is None else env
         port = env.get(envvars.MASTER_PORT, "")
-        return cls(env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True", env.get(envvars.MASTER_ADDR, ""),
-                   int(port) if port.isdigit() else 0,
-                   env.get(envvars.TORCHELASTIC_ERROR_FILE) or None, env.get(envvars.PHALANX_LAUNCHER) == "1",
-                   env.get(envvars.PHALANX_ATTEMPT) or env.get(envvars.TORCHELASTIC_RESTART_COUNT, "0"))
+        return cls(
+            env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True",
+            env.get(envvars.MASTER_ADDR, ""),
+            int(port) if port.isdigit() else 0,
+            env.get(envvars.TORCHELASTIC_ERROR_FILE) or None,
+            env.get(envvars.PHALANX_LAUNCHER) == "1",
+            env.get(envvars.PHALANX_ATTEMPT) or env.get(envvars.TORCHELASTIC_RESTART_COUNT, "0"),
+        )
 
 
 def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:
@@ -186,7 +198,9 @@ def parity_request(env: Mapping[str, str] | None = None) -> ParityRequest | None
     path = env.get(envvars.PHALANX_PARITY_RECORD)
     if not path:
         return None
-    return ParityRequest(path, _int(env, envvars.PHALANX_PARITY_STEPS, 3), _int(env, envvars.PHALANX_PARITY_BATCH_SCALE, 1))
+    return ParityRequest(
+        path, _int(env, envvars.PHALANX_PARITY_STEPS, 3), _int(env, envvars.PHALANX_PARITY_BATCH_SCALE, 1)
+    )
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -5,6 +5,7 @@ Costs one small all_gather_object per collective, so it is opt-in: `Phalanx(debu
 (or --debug / PHALANX_DEBUG=1). (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL does this for its own collectives but
 crashes when DDP is constructed under it on these machines.)
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -53,9 +54,16 @@ def check_collective(op: str, data: Any, ragged_dim0: bool = False) -> None:
         shown = ", ".join(f"shape {tuple(s)} {d}" for s, d in tensors) or "no tensors"
         lines.append(f"  rank {rank}: {o}({shown})")
     what = "different collectives" if len(ops) > 1 else f"{op} with mismatched tensors"
-    rule = "" if len(ops) > 1 else " (dims after the first must match)" if ragged_dim0 else " (shapes and dtypes must match)"
+    rule = (
+        ""
+        if len(ops) > 1
+        else " (dims after the first must match)"
+        if ragged_dim0
+        else " (shapes and dtypes must match)"
+    )
     raise RuntimeError(
-        f"phalanx debug: the ranks called {what}{rule}:\n" + "\n".join(lines) +
-        "\nHINT: every rank must call the same collectives in the same order with tensors of the same "
+        f"phalanx debug: the ranks called {what}{rule}:\n"
+        + "\n".join(lines)
+        + "\nHINT: every rank must call the same collectives in the same order with tensors of the same "
         "shape and dtype; look for rank-dependent branches or batch sizes before this call."
     )

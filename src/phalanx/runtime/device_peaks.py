@@ -1,6 +1,7 @@
 """Peak dense matmul throughput of known GPUs, for MFU. From the vendors' data sheets (dense, i.e.
 without 2:4 sparsity), in TFLOP/s. A device or precision not listed has no peak: no MFU, not a guess.
 """
+
 from __future__ import annotations
 
 import re

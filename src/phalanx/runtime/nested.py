@@ -1,5 +1,6 @@
 """Nested batches (tensors inside tuples, lists, dicts, namedtuples): one walk over them, shared by the
 collectives (collectives.py) and their debug checks (debug.py), so neither imports the other for it."""
+
 from __future__ import annotations
 
 from typing import Any, Callable

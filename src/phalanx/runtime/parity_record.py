@@ -10,6 +10,7 @@ global loss, the global gradient norm, each rank's own loss, and what the compar
 explain a difference (BatchNorm layers not synced, loaders not prepared, per-rank seeds). After
 PHALANX_PARITY_STEPS steps every rank leaves at once: `ParityStop`, a SystemExit(0).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -79,9 +80,17 @@ class ParityRecorder:
         if self.num_backward == 0:
             return
         norm = gradient_norm(params)
-        mine = {"loss_sum": self.loss_sum, "items": self.items_sum, "backward": self.num_backward,
-                "seed": torch.initial_seed(), "rng": self.rng_digest, "unsynced": self.unsynced,
-                "dropout_layers": self.dropout_layers, "loaders": self.prepared_loaders, "batch": self.batch_size}
+        mine = {
+            "loss_sum": self.loss_sum,
+            "items": self.items_sum,
+            "backward": self.num_backward,
+            "seed": torch.initial_seed(),
+            "rng": self.rng_digest,
+            "unsynced": self.unsynced,
+            "dropout_layers": self.dropout_layers,
+            "loaders": self.prepared_loaders,
+            "batch": self.batch_size,
+        }
         self.loss_sum, self.items_sum, self.num_backward = 0.0, 0.0, 0
         ranks = collectives.gather_object(mine)
         self.num_recorded += 1
@@ -108,11 +117,20 @@ def step_line(step: int, norm: float, ranks: list[dict[str, Any]], world_size: i
     else:
         rank_losses = [r["loss_sum"] / r["backward"] for r in ranks]
         loss = sum(rank_losses) / len(rank_losses)
-    return {"step": step, "loss": loss, "grad_norm": norm, "rank_losses": rank_losses, "world_size": world_size,
-            "batch_scale": batch_scale, "seeds": [r["seed"] for r in ranks], "rng": [r["rng"] for r in ranks],
-            "unsynced_batchnorm": ranks[0]["unsynced"], "dropout_layers": ranks[0]["dropout_layers"],
-            "prepared_loaders": ranks[0]["loaders"],
-            "global_batch": None if any(r.get("batch") is None for r in ranks) else sum(r["batch"] for r in ranks)}
+    return {
+        "step": step,
+        "loss": loss,
+        "grad_norm": norm,
+        "rank_losses": rank_losses,
+        "world_size": world_size,
+        "batch_scale": batch_scale,
+        "seeds": [r["seed"] for r in ranks],
+        "rng": [r["rng"] for r in ranks],
+        "unsynced_batchnorm": ranks[0]["unsynced"],
+        "dropout_layers": ranks[0]["dropout_layers"],
+        "prepared_loaders": ranks[0]["loaders"],
+        "global_batch": None if any(r.get("batch") is None for r in ranks) else sum(r["batch"] for r in ranks),
+    }
 
 
 def gradient_norm(params: Iterable[torch.Tensor]) -> float:
@@ -126,7 +144,7 @@ def gradient_norm(params: Iterable[torch.Tensor]) -> float:
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         squares += float(norm) ** 2
-    return squares ** 0.5
+    return squares**0.5
 
 
 def take_out_dropout() -> None:
@@ -138,8 +156,9 @@ def take_out_dropout() -> None:
     if getattr(attention, "_phalanx_no_dropout", False):
         return
 
-    def without_dropout(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-                        *args: Any, **kwargs: Any) -> Any:
+    def without_dropout(
+        query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0, *args: Any, **kwargs: Any
+    ) -> Any:
         return attention(query, key, value, attn_mask, 0.0, *args, **kwargs)
 
     without_dropout._phalanx_no_dropout = True  # type: ignore[attr-defined]

@@ -1,4 +1,5 @@
 """Process-group lifetime: init with the right backend and a short timeout, clean teardown."""
+
 from __future__ import annotations
 
 import atexit

@@ -6,6 +6,7 @@ accumulation (micro-steps belong to the optimizer step they lead to). Each trace
 `ProfilerStep#n` in the trace. The trace is written when step STOP-1 ends, or at exit if training
 stops inside the range, as Chrome/Perfetto JSON: RUN_DIR/profile/rank{N}.pt.trace.json.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -65,8 +66,11 @@ class StepProfiler:
     def _at_exit(self) -> None:
         self.finish()
         if not self.written:
-            get_logger().warning("profiler: no trace written: the run ended at optimizer step %d, before the "
-                                 "profiled range %s", self.current_step(), self.steps.text)
+            get_logger().warning(
+                "profiler: no trace written: the run ended at optimizer step %d, before the profiled range %s",
+                self.current_step(),
+                self.steps.text,
+            )
 
     def finish(self) -> None:
         """Stop and write the trace (idempotent; also called at exit)."""
@@ -77,5 +81,10 @@ class StepProfiler:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         profiler.export_chrome_trace(self.path)
         self.written = True
-        get_logger().info("profiler: trace of optimizer steps %s written to %s (one rank%s.pt.trace.json per rank; "
-                          "open in https://ui.perfetto.dev or chrome://tracing)", self.steps.text, self.path, "{N}")
+        get_logger().info(
+            "profiler: trace of optimizer steps %s written to %s (one rank%s.pt.trace.json per rank; "
+            "open in https://ui.perfetto.dev or chrome://tracing)",
+            self.steps.text,
+            self.path,
+            "{N}",
+        )

@@ -9,6 +9,7 @@ A user's `worker_init_fn` still runs after that, as with any DataLoader. A prepa
 with workers also seeds each sample from (seed, epoch, index) (`seed_sample`), so what a sample
 draws does not depend on the worker that loads it, and a mid-epoch resume is exact.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,9 +36,13 @@ def seed_everything(seed: int, workers: bool = True) -> int:
     """
     seed = check_seed(seed)
     if not workers:
-        warnings.warn("phalanx: seed_everything(..., workers=False) no longer changes how prepared loaders seed "
-                      "their workers. HINT: Phalanx(worker_seeds='shared') (PHALANX_WORKER_SEEDS=shared) gives "
-                      "every rank's workers the same seeds", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "phalanx: seed_everything(..., workers=False) no longer changes how prepared loaders seed "
+            "their workers. HINT: Phalanx(worker_seeds='shared') (PHALANX_WORKER_SEEDS=shared) gives "
+            "every rank's workers the same seeds",
+            FutureWarning,
+            stacklevel=2,
+        )
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # every device's generator too

@@ -3,6 +3,7 @@
 Written by the main thread at every phalanx call (plain attribute stores, ~100 ns), read by the
 watchdog thread. `ticks` changes at every transition, so "no tick for T seconds" means "stuck".
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,8 +50,17 @@ STEP = Phase.STEP
 class StepTracker:
     """The current step (batches taken from prepared loaders, from 0) and phase of this rank."""
 
-    __slots__ = ("step", "phase", "ticks", "busy", "on_batch_request", "batch_request_hooks", "mid_pass", "anatomy",
-                 "fed")
+    __slots__ = (
+        "step",
+        "phase",
+        "ticks",
+        "busy",
+        "on_batch_request",
+        "batch_request_hooks",
+        "mid_pass",
+        "anatomy",
+        "fed",
+    )
 
     def __init__(self) -> None:
         self.step = -1  # no batch yet

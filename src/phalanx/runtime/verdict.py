@@ -2,6 +2,7 @@
 
 A pure function of the observations (no store, no threads), so every case is unit-tested.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,8 +18,17 @@ _IN_SCRIPT = (Phase.START, Phase.STEP)  # phases in which a rank runs the user's
 # comm hook's future that never completes, a collective that never started). Loading data, saving,
 # loading and main_process_first can legitimately take that long, and are left out; so are forward
 # and the first step (step 0, or none yet), where torch.compile may compile for minutes.
-_COMMUNICATING = (Phase.BACKWARD, Phase.PIPELINE, Phase.OPTIMIZER, Phase.REDUCE, Phase.GATHER,
-                  Phase.GATHER_FOR_METRICS, Phase.BARRIER, Phase.JOIN, Phase.AGREE)
+_COMMUNICATING = (
+    Phase.BACKWARD,
+    Phase.PIPELINE,
+    Phase.OPTIMIZER,
+    Phase.REDUCE,
+    Phase.GATHER,
+    Phase.GATHER_FOR_METRICS,
+    Phase.BARRIER,
+    Phase.JOIN,
+    Phase.AGREE,
+)
 
 
 @dataclass
@@ -38,8 +48,14 @@ class Verdict:
     lines: list[str] = field(default_factory=list)
 
 
-def judge(peers: list[PeerView], now: float, timeout: float, me: int,
-          stuck_after: float | None = None, labels: Sequence[str] | None = None) -> Verdict | None:
+def judge(
+    peers: list[PeerView],
+    now: float,
+    timeout: float,
+    me: int,
+    stuck_after: float | None = None,
+    labels: Sequence[str] | None = None,
+) -> Verdict | None:
     """A verdict when nobody moved for `timeout` and the ranks are out of step (or one is silent),
     or when all of them sat in the same communicating phase for more than `stuck_after` seconds.
     `labels`: per rank, what else names it (its pipeline stage), said next to the rank."""
@@ -74,22 +90,36 @@ def judge(peers: list[PeerView], now: float, timeout: float, me: int,
         lines.append(f"  {name(r)}: {at_step(step)}, phase {phase!r}{note}")
     c = culprits[0]
     step, phase = peers[c].record[2], peers[c].record[3]  # type: ignore[index]
-    who = name(c) if len(culprits) == 1 else f"ranks {culprits}" + (
-        f" ({'; '.join(f'{r}: {labels[r]}' for r in culprits)})" if labels else "")
+    who = (
+        name(c)
+        if len(culprits) == 1
+        else f"ranks {culprits}" + (f" ({'; '.join(f'{r}: {labels[r]}' for r in culprits)})" if labels else "")
+    )
     if c in dead:
         what = f"{who} died (no heartbeat) at {at_step(step)}, phase {phase!r}"
     elif phase == LEFT_LOOP and step >= 0 and all(v.record[2] == step for v in peers):  # type: ignore[index]
-        what = _parted_within_a_step(who, step, [(name(r), v.record[3]) for r, v in enumerate(peers)  # type: ignore[index]
-                                                 if v.record[3] not in LEFT])  # type: ignore[index]
+        what = _parted_within_a_step(
+            who,
+            step,
+            [
+                (name(r), v.record[3])
+                for r, v in enumerate(peers)  # type: ignore[index]
+                if v.record[3] not in LEFT
+            ],
+        )  # type: ignore[index]
     elif phase == LEFT_LOOP:
-        what = (f"{who} left its training loop after {at_step(step)} while the others still wait: its data ran "
-                "out first. HINT: prepare the DataLoader with px.prepare (equal batch counts on every rank) "
-                "or wrap the loop in px.uneven_inputs(model)")
+        what = (
+            f"{who} left its training loop after {at_step(step)} while the others still wait: its data ran "
+            "out first. HINT: prepare the DataLoader with px.prepare (equal batch counts on every rank) "
+            "or wrap the loop in px.uneven_inputs(model)"
+        )
     elif phase == Phase.EXIT_MID_PASS:
-        what = (f"{who} exited after {at_step(step)} with batches of its prepared loader still unread (a break, "
-                "return or sys.exit in the script?) while the others still wait; it has no stack left to show. "
-                "HINT: end the loop at the same step on every rank (decide it with px.reduce, or wrap the loop "
-                "in px.uneven_inputs(model) when the data differs per rank)")
+        what = (
+            f"{who} exited after {at_step(step)} with batches of its prepared loader still unread (a break, "
+            "return or sys.exit in the script?) while the others still wait; it has no stack left to show. "
+            "HINT: end the loop at the same step on every rank (decide it with px.reduce, or wrap the loop "
+            "in px.uneven_inputs(model) when the data differs per rank)"
+        )
     elif phase in _IN_SCRIPT:
         what = f"{who} stalled at {at_step(step)} (phase {phase!r}: in the training script, between phalanx calls)"
     else:
@@ -102,30 +132,37 @@ def _parted_within_a_step(who: str, step: int, waiting: list[tuple[str, str]]) -
     """A rank left after the same number of prepared batches as the others: not a data length, but
     collectives made a different number of times within that step."""
     doing = ", ".join(f"{r} in phase {phase!r}" for r, phase in waiting)
-    return (f"{who} left its training loop after {at_step(step)}, the same batch count as the others, while "
-            f"{doing} still wait(s) in that step: the ranks made different numbers of collective calls in it (an "
-            "optimizer whose step calls the closure a different number of times on each rank, a backward, "
-            "px.reduce or gather only some ranks made). HINT: make every rank run the same collectives each "
-            "step; an optimizer that reads the closure's loss (LBFGS) must read the same loss on every rank "
-            "(phalanx averages it under ddp when the optimizer is prepared: see docs/optimizers.md)")
+    return (
+        f"{who} left its training loop after {at_step(step)}, the same batch count as the others, while "
+        f"{doing} still wait(s) in that step: the ranks made different numbers of collective calls in it (an "
+        "optimizer whose step calls the closure a different number of times on each rank, a backward, "
+        "px.reduce or gather only some ranks made). HINT: make every rank run the same collectives each "
+        "step; an optimizer that reads the closure's loss (LBFGS) must read the same loss on every rank "
+        "(phalanx averages it under ddp when the optimizer is prepared: see docs/optimizers.md)"
+    )
 
 
 def _namer(labels: Sequence[str] | None) -> Callable[[int], str]:
     return (lambda r: f"rank {r} ({labels[r]})") if labels else (lambda r: f"rank {r}")
 
 
-def _all_stuck(peers: list[PeerView], now: float, stuck_after: float | None,
-               name: Callable[[int], str]) -> Verdict | None:
+def _all_stuck(
+    peers: list[PeerView], now: float, stuck_after: float | None, name: Callable[[int], str]
+) -> Verdict | None:
     step, phase = peers[0].record[2], peers[0].record[3]  # type: ignore[index]
     waited = min(now - v.moved_at for v in peers)
     if stuck_after is None or phase not in _COMMUNICATING or step < 1 or waited <= stuck_after:
         return None
-    headline = (f"phalanx watchdog: every rank has been in phase {phase!r} at {at_step(step)} for {waited:.1f} s, "
-                f"longer than a collective may take (collective timeout + watchdog timeout = {stuck_after:g} s): "
-                "a communication that never completes and that torch's timeout does not cover (for example a "
-                "DDP comm hook whose future is never completed). HINT: the stacks below show where each rank waits")
-    lines = [f"  {name(r)}: {at_step(v.record[2])}, phase {v.record[3]!r}  <-- stuck"  # type: ignore[index]
-             for r, v in enumerate(peers)]
+    headline = (
+        f"phalanx watchdog: every rank has been in phase {phase!r} at {at_step(step)} for {waited:.1f} s, "
+        f"longer than a collective may take (collective timeout + watchdog timeout = {stuck_after:g} s): "
+        "a communication that never completes and that torch's timeout does not cover (for example a "
+        "DDP comm hook whose future is never completed). HINT: the stacks below show where each rank waits"
+    )
+    lines = [
+        f"  {name(r)}: {at_step(v.record[2])}, phase {v.record[3]!r}  <-- stuck"  # type: ignore[index]
+        for r, v in enumerate(peers)
+    ]
     return Verdict(list(range(len(peers))), [], headline, lines)
 
 

@@ -24,6 +24,7 @@ that backstop has no hold (every rank inside a communicating phase such as 'back
 something no collective timeout covers), the watchdog reports once the ranks have sat there longer
 than the collective timeout plus its own (`stuck_after`).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -51,9 +52,17 @@ EXIT_CODE = 3  # a rank stopped by the watchdog (1 stays "the script raised")
 class Watchdog:
     """The reporting thread of one rank. `start()` after the process group exists."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, progress: StepTracker, timeout: float,
-                 stuck_after: float | None = None, labels: list[str] | None = None,
-                 group_alive: Callable[[], bool] = lambda: True):
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        progress: StepTracker,
+        timeout: float,
+        stuck_after: float | None = None,
+        labels: list[str] | None = None,
+        group_alive: Callable[[], bool] = lambda: True,
+    ):
         self.store = store
         self.labels = labels  # per rank, what else names it in a report (its pipeline stage)
         self.group_alive = group_alive  # False once the watched group is destroyed: nothing left to watch
@@ -117,9 +126,12 @@ class Watchdog:
             except Exception as error:  # noqa: BLE001 - reported below, never hidden
                 if self._stop.is_set() or self.progress.phase in LEFT or not self.group_alive():
                     return  # the store's host finished first at exit, or the script ended its group
-                _stop_process(f"phalanx watchdog (rank {self.rank}): lost the rendezvous store: "
-                              f"{type(error).__name__}: {error}\nIts host (the launcher's agent, or rank 0 "
-                              "when started without one) has probably died; stopping this rank.", show=True)
+                _stop_process(
+                    f"phalanx watchdog (rank {self.rank}): lost the rendezvous store: "
+                    f"{type(error).__name__}: {error}\nIts host (the launcher's agent, or rank 0 "
+                    "when started without one) has probably died; stopping this rank.",
+                    show=True,
+                )
 
     def _publish(self) -> None:
         self._beat += 1
@@ -162,11 +174,17 @@ class Watchdog:
         self.store.set(store_keys.stack_name(self.rank), rank_snapshot())
         waiting_for = [r for r in range(self.world_size) if r != self.rank and r not in verdict.dead]
         deadline = time.monotonic() + max(3.0, 3 * self.interval)
-        while time.monotonic() < deadline and not all(self.store.check([store_keys.stack_name(r)]) for r in waiting_for):
+        while time.monotonic() < deadline and not all(
+            self.store.check([store_keys.stack_name(r)]) for r in waiting_for
+        ):
             time.sleep(0.05)
         stacks = []
         for r in range(self.world_size):
-            text = self.store.get(store_keys.stack_name(r)).decode() if self.store.check([store_keys.stack_name(r)]) else "(no stack: the rank did not answer)\n"
+            text = (
+                self.store.get(store_keys.stack_name(r)).decode()
+                if self.store.check([store_keys.stack_name(r)])
+                else "(no stack: the rank did not answer)\n"
+            )
             stacks.append(f"--- rank {r} (main thread, most recent call last) ---\n{text}")
         report = "\n".join([verdict.headline, *verdict.lines, "Python stack of each rank at that moment:", *stacks])
         self.store.set(store_keys.REPORT, report)
@@ -244,8 +262,10 @@ class Watchdog:
                 destroy(before_destroy=self.stop)
             except Exception as error:  # noqa: BLE001 - reported and turned into a failing exit code
                 self.stop()
-                _stop_process(f"phalanx (rank {self.rank}): leaving the process group failed: "
-                              f"{type(error).__name__}: {error}", show=True)
+                _stop_process(
+                    f"phalanx (rank {self.rank}): leaving the process group failed: {type(error).__name__}: {error}",
+                    show=True,
+                )
             self.stop()
 
 
@@ -270,7 +290,7 @@ def main_thread_stack() -> str:
     frames = traceback.extract_stack(frame)
     starts = [i for i, f in enumerate(frames) if f.filename == "<frozen runpy>" or f.filename.endswith("runpy.py")]
     if starts and starts[-1] + 1 < len(frames):
-        frames = frames[starts[-1] + 1:]
+        frames = frames[starts[-1] + 1 :]
     return "".join(traceback.format_list(frames))
 
 
@@ -322,15 +342,21 @@ def explain_failure(watchdog: Watchdog) -> str | None:
             key = store_keys.failed_name(rank)
             note = store_keys.parse(None, watchdog.store.get(key) if watchdog.store.check([key]) else None)
             if note.failed_at is not None and note.failed_at < mine:
-                failed.append(f"rank {rank} raised an exception at {at_step(int(step))}, "
-                              f"{mine - note.failed_at:.1f} s before this rank's error")
+                failed.append(
+                    f"rank {rank} raised an exception at {at_step(int(step))}, "
+                    f"{mine - note.failed_at:.1f} s before this rank's error"
+                )
         else:
-            silent.append(f"rank {rank} stopped sending heartbeats at {at_step(int(step))}, phase {phase!r} "
-                          "(killed by a signal? out of memory?)")
+            silent.append(
+                f"rank {rank} stopped sending heartbeats at {at_step(int(step))}, phase {phase!r} "
+                "(killed by a signal? out of memory?)"
+            )
     if not failed and not silent:
         return None
-    return (f"phalanx watchdog: {'; '.join(failed + silent)}. This rank's error "
-            f"(rank {watchdog.rank}) is most likely a consequence: look at that rank's own error first.")
+    return (
+        f"phalanx watchdog: {'; '.join(failed + silent)}. This rank's error "
+        f"(rank {watchdog.rank}) is most likely a consequence: look at that rank's own error first."
+    )
 
 
 def _explain_uncaught_errors(watchdog: Watchdog) -> None:
@@ -344,8 +370,15 @@ def _explain_uncaught_errors(watchdog: Watchdog) -> None:
     sys.excepthook = hook
 
 
-def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: float, destroy,
-                   collective_timeout: float | None = None, labels: list[str] | None = None) -> Watchdog | None:
+def start_watchdog(
+    rank: int,
+    world_size: int,
+    progress: StepTracker,
+    timeout: float,
+    destroy,
+    collective_timeout: float | None = None,
+    labels: list[str] | None = None,
+) -> Watchdog | None:
     """Start watching when there is a group and a timeout; `destroy` leaves the group at exit.
     With `collective_timeout`, ranks all stuck in a communicating phase for longer than it plus
     `timeout` are reported too. `labels`: per rank, named next to it in reports (pipeline stages)."""
@@ -361,8 +394,9 @@ def start_watchdog(rank: int, world_size: int, progress: StepTracker, timeout: f
     store = dist.PrefixStore(prefix, store_client(store_timeout))
     store.set_timeout(store_timeout)
     stuck_after = None if collective_timeout is None else collective_timeout + timeout
-    watchdog = Watchdog(store, rank, world_size, progress, timeout, stuck_after, labels,
-                        group_alive=dist.is_initialized).start()
+    watchdog = Watchdog(
+        store, rank, world_size, progress, timeout, stuck_after, labels, group_alive=dist.is_initialized
+    ).start()
     atexit.register(watchdog.leave, destroy)  # runs before the process group's own exit hook
     _explain_uncaught_errors(watchdog)
     _running.append(watchdog)

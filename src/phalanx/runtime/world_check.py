@@ -5,6 +5,7 @@ the data and prints everything N times, while nothing fails. When phalanx resolv
 `refuse_silent_world_of_one` looks for the signs of a multi-process launch and stops with what it
 saw and what to do. Pure functions over the environment, for unit tests with a fake env.
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -32,8 +33,9 @@ def multi_process_signs(env: Mapping[str, str], group_world_size: int | None = N
             signs.append(f"{envvars.WORLD_SIZE}={world}")
         return signs
     if env.get(envvars.LOCAL_RANK) is not None and envvars.RANK not in env:
-        signs.append(f"{envvars.LOCAL_RANK}={env[envvars.LOCAL_RANK]} is set without {envvars.RANK} "
-                     f"and {envvars.WORLD_SIZE}")
+        signs.append(
+            f"{envvars.LOCAL_RANK}={env[envvars.LOCAL_RANK]} is set without {envvars.RANK} and {envvars.WORLD_SIZE}"
+        )
     for key in (envvars.SLURM_STEP_NUM_TASKS, envvars.SLURM_NTASKS):
         tasks = _positive_int(env.get(key))
         if tasks is not None and tasks > 1 and env.get(envvars.PHALANX_SLURM) != "0":

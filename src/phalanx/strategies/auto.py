@@ -1,5 +1,6 @@
 """`auto`: ddp when the model state fits the per-device budget, else zero3. A decision, not a
 strategy: the facade asks once the model is known (at prepare) and builds the plan it names."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -33,8 +34,10 @@ def decide(model: nn.Module, ctx: DistContext, options: StrategyOptions, plan: P
         mine = pipeline_layout.largest_rank_units(model, plan, options)
         sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in mine)]
     if plan.pp > 1 and plan.grad_size == 1:
-        return presets.AUTO_CHOOSES[0], (f"pp={plan.pp}{f' x tp={plan.tp}' if plan.tp > 1 else ''} takes every "
-                                         "process: no data-parallel ranks to replicate or shard over")
+        return presets.AUTO_CHOOSES[0], (
+            f"pp={plan.pp}{f' x tp={plan.tp}' if plan.tp > 1 else ''} takes every "
+            "process: no data-parallel ranks to replicate or shard over"
+        )
     budget = budget_bytes(ctx, options)
     name, reason = memory_plan.recommend(sizes, plan, budget)
     if plan.pp > 1:

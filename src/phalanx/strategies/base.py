@@ -1,4 +1,5 @@
 """The narrow interface the facade talks to; strategies/strategy.py implements it for every plan."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, ContextManager, Iterable, Protocol
@@ -45,7 +46,9 @@ class Strategy(Protocol):
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's own module inside whatever wrapper the strategy added."""
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
         """Clip by the global norm over all ranks; return that norm (a plain tensor)."""
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@
 Settings were merged and checked once (phalanx.config, DeepSpeed JSON included); this only turns
 them into what the strategy registry and the optimizer wrapper take.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,7 +58,11 @@ def choose(resolved: Any, strategy_options: Mapping[str, Any] | StrategyOptions 
     options.pp_split = list(cfg.pp_split) if cfg.pp_split is not None else None
     given = tuple(name for name in DDP_SETTINGS if resolved.is_set(name))
     options.ddp = DDPOptions(**{name: getattr(cfg, name) for name in DDP_SETTINGS}, given=given)
-    return StrategyChoice(strategy=cfg.strategy, options=options, grad_accum_steps=cfg.grad_accum_steps,
-                          grad_accum_remainder=cfg.grad_accum_remainder,
-                          gradient_clipping=deepspeed.gradient_clipping if deepspeed is not None else None,
-                          deepspeed=deepspeed)
+    return StrategyChoice(
+        strategy=cfg.strategy,
+        options=options,
+        grad_accum_steps=cfg.grad_accum_steps,
+        grad_accum_remainder=cfg.grad_accum_remainder,
+        gradient_clipping=deepspeed.gradient_clipping if deepspeed is not None else None,
+        deepspeed=deepspeed,
+    )

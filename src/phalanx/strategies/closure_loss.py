@@ -8,6 +8,7 @@ closure a different number of times and hang in the gradients' all-reduce. With 
 (the gradients already are), every replica reads the global batch's loss and gradients, as one
 process would, and so takes the same step.
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,8 +44,9 @@ def agreeing(closure: Closure, group: Any, size: int) -> Closure:
     return reduced
 
 
-def closure_wrapper(optimizer: torch.optim.Optimizer, plan: ParallelPlan,
-                    group: Any) -> Callable[[Closure], Closure] | None:
+def closure_wrapper(
+    optimizer: torch.optim.Optimizer, plan: ParallelPlan, group: Any
+) -> Callable[[Closure], Closure] | None:
     """What wraps the closure passed to `optimizer.step`, or None where replicas cannot part on
     its loss: one replica, or an optimizer phalanx knows to read gradients only."""
     if plan.dp_size == 1:

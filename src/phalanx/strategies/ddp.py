@@ -1,5 +1,6 @@
 """DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets (ddp, and
 zero1 under its sharded-state optimizer)."""
+
 from __future__ import annotations
 
 import copy
@@ -49,7 +50,7 @@ class PreparedDDP(DistributedDataParallel):
                 flat = (reduced[0] if isinstance(reduced, (list, tuple)) else reduced).reshape(-1)
                 offset = 0
                 for param in bucket.parameters():  # laid out in the bucket in this order, dense
-                    part = flat[offset:offset + param.numel()].view_as(param)
+                    part = flat[offset : offset + param.numel()].view_as(param)
                     offset += param.numel()
                     if param.grad is None:
                         param.grad = part.clone()
@@ -57,8 +58,14 @@ class PreparedDDP(DistributedDataParallel):
                         param.grad.copy_(part)
 
 
-def apply(model: nn.Module, options: StrategyOptions, device: torch.device, group: Any = None,
-          find_unused_parameters: bool | None = None, scatter_grads: bool = False) -> nn.Module:
+def apply(
+    model: nn.Module,
+    options: StrategyOptions,
+    device: torch.device,
+    group: Any = None,
+    find_unused_parameters: bool | None = None,
+    scatter_grads: bool = False,
+) -> nn.Module:
     """`model` (on `device`) wrapped in DDP over `group` (None: every rank), with the comm hook
     the settings ask for; its state is kept on the wrapper for checkpoints. `find_unused_parameters`:
     what the layout requires whatever the settings say (a pipeline stage: True). `scatter_grads`

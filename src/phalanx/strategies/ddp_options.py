@@ -5,6 +5,7 @@ state: PowerSGD keeps per-rank error feedback and its low-rank memories, so `Hoo
 restores them with each rank's checkpoint file, and a resumed run compresses exactly as the
 uninterrupted one would.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,13 +45,17 @@ class DDPOptions:
             raise ValueError(f"comm_hook={self.comm_hook!r} is not one of {', '.join(COMM_HOOKS)}")
         if self.comm_hook == "powersgd" and self.powersgd_start_iter < 2:
             # torch: error feedback conflicts with DDP's bucket rebuild at iteration 1.
-            raise ValueError(f"powersgd_start_iter={self.powersgd_start_iter}: PowerSGD with error feedback "
-                             "needs at least 2 plain all-reduce steps first. HINT: powersgd_start_iter=2")
+            raise ValueError(
+                f"powersgd_start_iter={self.powersgd_start_iter}: PowerSGD with error feedback "
+                "needs at least 2 plain all-reduce steps first. HINT: powersgd_start_iter=2"
+            )
 
     def ddp_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"find_unused_parameters": self.find_unused_parameters,
-                                  "static_graph": self.static_graph,
-                                  "gradient_as_bucket_view": self.gradient_as_bucket_view}
+        kwargs: dict[str, Any] = {
+            "find_unused_parameters": self.find_unused_parameters,
+            "static_graph": self.static_graph,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+        }
         if self.bucket_cap_mb is not None:
             kwargs["bucket_cap_mb"] = self.bucket_cap_mb
         return kwargs
@@ -83,8 +88,12 @@ class HookState:
     the hook re-cuts them for whatever layout a bucket has when it runs (also when DDP rebuilds).
     """
 
-    def __init__(self, powersgd: powerSGD_hook.PowerSGDState | None = None,
-                 params: dict[int, tuple[str, torch.Size]] | None = None, one_bucket_at_a_time: bool = False):
+    def __init__(
+        self,
+        powersgd: powerSGD_hook.PowerSGDState | None = None,
+        params: dict[int, tuple[str, torch.Size]] | None = None,
+        one_bucket_at_a_time: bool = False,
+    ):
         self.powersgd = powersgd
         # gloo: torch's hook blocks in future callbacks (`.wait()` on its P and Q all-reduces), and
         # those callbacks run on gloo's 2 worker threads; two buckets in flight block both threads
@@ -151,8 +160,10 @@ class HookState:
         s = self.powersgd
         if s is None:
             return {}
-        per_param = {name: {k: t.cpu() for k, t in pieces.items()}
-                     for name, pieces in {**self.restored, **self._per_parameter()}.items()}
+        per_param = {
+            name: {k: t.cpu() for k, t in pieces.items()}
+            for name, pieces in {**self.restored, **self._per_parameter()}.items()
+        }
         kind, keys, pos, has_gauss, cached = s.rng.get_state()
         return {
             "iter": int(s.iter),
@@ -192,8 +203,11 @@ def register_comm_hook(model: nn.parallel.DistributedDataParallel, options: DDPO
     if options.comm_hook == "bf16":
         model.register_comm_hook(group, _bf16_hook_for(group))
         return HookState()
-    state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=options.powersgd_rank,
-                                        start_powerSGD_iter=options.powersgd_start_iter)
+    state = powerSGD_hook.PowerSGDState(
+        process_group=group,
+        matrix_approximation_rank=options.powersgd_rank,
+        start_powerSGD_iter=options.powersgd_start_iter,
+    )
     params = {id(p): (name, p.shape) for name, p in model.module.named_parameters()}
     hook_state = HookState(state, params, one_bucket_at_a_time=host_only.engages(dist.get_backend(group)))
 

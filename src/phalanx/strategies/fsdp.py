@@ -6,6 +6,7 @@ parallel (with `dp_shard` 1 it replicates, as DDP would).
 zero3 frees each unit's gathered parameters after its forward (gathered again in backward);
 zero2 keeps them from forward to backward (less communication, more memory during the step).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,6 +20,7 @@ from phalanx.strategies import fsdp_copy, sharded_embedding
 from phalanx.host_only.gloo_comms import use_gloo_collectives
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.parallel_plan import ParallelPlan
+
 
 def prefer_foreach(optimizer: torch.optim.Optimizer) -> None:
     """Use the multi-tensor (foreach) step where the user left `foreach` unset. torch picks the
@@ -38,9 +40,19 @@ def prefer_foreach(optimizer: torch.optim.Optimizer) -> None:
             group["foreach"] = True
 
 
-def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh: Any, options: StrategyOptions,
-          precision: Precision, device: torch.device, backend: str, roots: list[nn.Module] | None = None,
-          init_order: list[nn.Module] | None = None, fills: dict[tuple[int, str], Any] | None = None) -> None:
+def apply(
+    model: nn.Module,
+    units: list[nn.Module],
+    plan: ParallelPlan,
+    dp_mesh: Any,
+    options: StrategyOptions,
+    precision: Precision,
+    device: torch.device,
+    backend: str,
+    roots: list[nn.Module] | None = None,
+    init_order: list[nn.Module] | None = None,
+    fills: dict[tuple[int, str], Any] | None = None,
+) -> None:
     """`fully_shard` each unit, then the root, over `dp_mesh`; a meta model is allocated (this rank's
     shards only) and initialised afterwards. In place: the user's module is the model.
 
@@ -53,7 +65,8 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
     # a plain copy sharded again is the model only where FSDP alone laid it out (no tp DTensors, no
     # row-sharded tables, one root): there deepcopy(model) works (fsdp_copy), elsewhere it is refused
     copyable = (roots is None or list(roots) == [model]) and not any(
-        hasattr(p, "device_mesh") for p in model.parameters())
+        hasattr(p, "device_mesh") for p in model.parameters()
+    )
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if plan.cpu_offload else OffloadPolicy()
     kwargs: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": precision.fsdp_policy(), "offload_policy": offload}
     looked_up = _shard_embeddings(model, units, plan, dp_mesh, options, device)
@@ -76,8 +89,13 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
         fully_shard(root, reshard_after_forward=False, **kwargs)
     use_gloo_collectives(units, roots, backend)  # gloo: cheaper than its own reduce-scatter and all-gather
     if copyable and not looked_up and not kept:
-        fsdp_copy.remember(model, units, [reshard and i < len(units) - 1 for i in range(len(units))], kwargs,
-                           lambda us, rs: use_gloo_collectives(us, rs, backend))
+        fsdp_copy.remember(
+            model,
+            units,
+            [reshard and i < len(units) - 1 for i in range(len(units))],
+            kwargs,
+            lambda us, rs: use_gloo_collectives(us, rs, backend),
+        )
     prefetch = options.forward_prefetch is not False  # default on (see StrategyOptions)
     if prefetch and not nested and len(units) > 1 and len(roots) == 1:  # one stage: the units run in order
         for i in range(len(units) - 1):
@@ -86,13 +104,25 @@ def apply(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, dp_mesh:
             for i in range(1, len(units)):
                 units[i].set_modules_to_backward_prefetch([units[i - 1]])
     if meta:
-        meta_init.materialize(model, device, options.init_weights,
-                              param_device=torch.device("cpu") if plan.cpu_offload else None,
-                              order=init_order, roots=roots, fills=fills)
+        meta_init.materialize(
+            model,
+            device,
+            options.init_weights,
+            param_device=torch.device("cpu") if plan.cpu_offload else None,
+            order=init_order,
+            roots=roots,
+            fills=fills,
+        )
 
 
-def _shard_embeddings(model: nn.Module, units: list[nn.Module], plan: ParallelPlan, mesh: Any,
-                      options: StrategyOptions, device: torch.device) -> list[nn.Module]:
+def _shard_embeddings(
+    model: nn.Module,
+    units: list[nn.Module],
+    plan: ParallelPlan,
+    mesh: Any,
+    options: StrategyOptions,
+    device: torch.device,
+) -> list[nn.Module]:
     """Root-level embedding tables kept sharded by rows, looked up where the rows live; FSDP2
     leaves them alone. Only where the plan allows it (one data-parallel dim, no offload, no tp)."""
     from phalanx.config.names import Needs

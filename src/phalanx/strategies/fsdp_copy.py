@@ -7,6 +7,7 @@ the copy is made of the module alone (full weights gathered, FSDP's classes and 
 sharded again as `apply` sharded the model: the same units, mesh and policies, so its parameters are
 DTensors laid out as the model's, the average runs shard by shard and `copy(x)` gathers as the model does.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,8 +20,13 @@ from torch import nn
 _RESHARD: "weakref.WeakKeyDictionary[nn.Module, Callable[[nn.Module], None]]" = weakref.WeakKeyDictionary()
 
 
-def remember(model: nn.Module, units: list[nn.Module], reshard: list[bool], kwargs: dict[str, Any],
-             after: Callable[[list[nn.Module], list[nn.Module]], None]) -> None:
+def remember(
+    model: nn.Module,
+    units: list[nn.Module],
+    reshard: list[bool],
+    kwargs: dict[str, Any],
+    after: Callable[[list[nn.Module], list[nn.Module]], None],
+) -> None:
     """Record how `apply` sharded `model` (its units by name, each unit's reshard_after_forward, the
     fully_shard keywords, `after(units, roots)` for what follows), for `deepcopy_sharded`."""
     names = {id(m): n for n, m in model.named_modules()}
@@ -40,11 +46,13 @@ def remember(model: nn.Module, units: list[nn.Module], reshard: list[bool], kwar
 
 def refusal(layout: str) -> str:
     """What `copy.deepcopy(model)` says where the layout cannot be copied and sharded again."""
-    return (f"copy.deepcopy(model) (e.g. torch's AveragedModel for EMA/SWA): under {layout} phalanx copies only a "
-            "model FSDP alone sharded (zero2, zero3, hsdp without tp, pipeline or row-sharded embeddings); this "
-            "one is also split by tensor parallel, pipeline stages or sharded embedding rows. HINT: keep the "
-            "average of px.get_state_dict(model) yourself, or use zero2/zero3/hsdp without tp and pp "
-            "(embedding_exchange='params') for AveragedModel")
+    return (
+        f"copy.deepcopy(model) (e.g. torch's AveragedModel for EMA/SWA): under {layout} phalanx copies only a "
+        "model FSDP alone sharded (zero2, zero3, hsdp without tp, pipeline or row-sharded embeddings); this "
+        "one is also split by tensor parallel, pipeline stages or sharded embedding rows. HINT: keep the "
+        "average of px.get_state_dict(model) yourself, or use zero2/zero3/hsdp without tp and pp "
+        "(embedding_exchange='params') for AveragedModel"
+    )
 
 
 def can_copy(model: nn.Module) -> bool:

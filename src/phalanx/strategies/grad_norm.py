@@ -3,6 +3,7 @@ every rank after the all-reduce), FSDP2's sharded ones and tensor parallel's, wh
 possibly on different meshes (FSDP2 x TP: split layers on the 2-D mesh, norms on the data-parallel
 one alone). Each mesh's gradients get one norm computation with its collectives; the parts are
 combined here, so no rank's shard is counted twice or left out."""
+
 from __future__ import annotations
 
 import math

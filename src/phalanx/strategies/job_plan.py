@@ -11,6 +11,7 @@ auto then decides between replicas and shards of those degrees (presets.decided)
 
 Pure Python (no torch): the launcher imports it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,24 +23,42 @@ from phalanx.strategies import presets
 from phalanx.strategies.parallel_plan import DEGREES, ParallelPlan
 
 
-def inputs(strategy: str, settings: Any, *, world_size: int, local_world_size: int,
-           cpu_offload: bool = False, replicate_size: int | None = None,
-           shard_size: int | None = None) -> dict[str, Any]:
+def inputs(
+    strategy: str,
+    settings: Any,
+    *,
+    world_size: int,
+    local_world_size: int,
+    cpu_offload: bool = False,
+    replicate_size: int | None = None,
+    shard_size: int | None = None,
+) -> dict[str, Any]:
     """What `presets.build` makes the plan from, as JSON-able values: two equal inputs build equal plans.
     `settings`: the resolved PhalanxConfig (its mesh-dimension settings: tp, pp)."""
     name = presets.canonical(strategy)
-    return {"strategy": presets.AUTO_CHOOSES[0] if name == presets.AUTO else name,
-            **{dim: getattr(settings, dim) for dim in DEGREES if hasattr(settings, dim)},
-            "world_size": world_size, "local_world_size": local_world_size, "cpu_offload": bool(cpu_offload),
-            "replicate_size": replicate_size, "shard_size": shard_size}
+    return {
+        "strategy": presets.AUTO_CHOOSES[0] if name == presets.AUTO else name,
+        **{dim: getattr(settings, dim) for dim in DEGREES if hasattr(settings, dim)},
+        "world_size": world_size,
+        "local_world_size": local_world_size,
+        "cpu_offload": bool(cpu_offload),
+        "replicate_size": replicate_size,
+        "shard_size": shard_size,
+    }
 
 
 def build(strategy: str, settings: Any, **where: Any) -> ParallelPlan:
     """The plan of `inputs(strategy, settings, **where)` (auto: the plan of its degrees)."""
     given = inputs(strategy, settings, **where)
-    return presets.build(given["strategy"], settings, world_size=given["world_size"],
-                         local_world_size=given["local_world_size"], cpu_offload=given["cpu_offload"],
-                         replicate_size=given["replicate_size"], shard_size=given["shard_size"])
+    return presets.build(
+        given["strategy"],
+        settings,
+        world_size=given["world_size"],
+        local_world_size=given["local_world_size"],
+        cpu_offload=given["cpu_offload"],
+        replicate_size=given["replicate_size"],
+        shard_size=given["shard_size"],
+    )
 
 
 def hand_off(plans: Iterable[tuple[ParallelPlan, Mapping[str, Any]]]) -> str:
@@ -82,7 +101,9 @@ def plan_for(strategy: str, settings: Any, handed_text: str = "", **where: Any) 
 
 def differs(given: Mapping[str, Any], handed: list[dict[str, Any]]) -> str:
     """What this process asks that no handed plan was built from: `strategy zero3 (launcher: ddp)`."""
-    closest = min((entry["inputs"] for entry in handed),
-                  key=lambda other: sum(other.get(k) != v for k, v in given.items()))
-    return ", ".join(f"{key} {value} (launcher: {closest.get(key)})" for key, value in given.items()
-                     if closest.get(key) != value)
+    closest = min(
+        (entry["inputs"] for entry in handed), key=lambda other: sum(other.get(k) != v for k, v in given.items())
+    )
+    return ", ".join(
+        f"{key} {value} (launcher: {closest.get(key)})" for key, value in given.items() if closest.get(key) != value
+    )

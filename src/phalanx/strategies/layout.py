@@ -8,6 +8,7 @@ derived group spans it, to that entry here. Derived meshes are flattened the fir
 asked for (every rank asks at the same point of the same program), then kept: one group per set of
 ranks, as torch's collectives need every rank to build each group together.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,14 +28,22 @@ class Span:
 
 
 SPANS: dict[str, Span] = {
-    "dp": Span(("dp_replicate", "dp_shard"), "dp_shard",
-               "the ranks that read different data: loaders, px.reduce/gather, SyncBatchNorm"),
-    "grad": Span(("dp_replicate", "dp_shard", "cp"), "dp_replicate",
-                 "the ranks gradients are averaged over (data-parallel x cp): DDP, zero1, num_items"),
-    "dp_shard_cp": Span(("dp_shard", "cp"), "dp_shard",
-                        "FSDP2's shard dim: parameters are sharded over the cp ranks too (torchtitan's)"),
-    "stage_holders": Span(tuple(d for d in MESH_DIMS if d != "pp"), "tp",
-                          "the ranks that hold the same parameters: one pipeline stage's"),
+    "dp": Span(
+        ("dp_replicate", "dp_shard"),
+        "dp_shard",
+        "the ranks that read different data: loaders, px.reduce/gather, SyncBatchNorm",
+    ),
+    "grad": Span(
+        ("dp_replicate", "dp_shard", "cp"),
+        "dp_replicate",
+        "the ranks gradients are averaged over (data-parallel x cp): DDP, zero1, num_items",
+    ),
+    "dp_shard_cp": Span(
+        ("dp_shard", "cp"), "dp_shard", "FSDP2's shard dim: parameters are sharded over the cp ranks too (torchtitan's)"
+    ),
+    "stage_holders": Span(
+        tuple(d for d in MESH_DIMS if d != "pp"), "tp", "the ranks that hold the same parameters: one pipeline stage's"
+    ),
 }
 
 # Groups cut out of a derived group instead of flattened from dims, each sized by the plan's field of

@@ -12,6 +12,7 @@ a .module" (transformers' unwrap_model, `getattr(model, "module", model)`) keeps
 `.module` that returned the model itself would send such loops round forever. The model's class
 becomes a subclass of its own class (as FSDP2's `fully_shard` does) that answers only that name.
 """
+
 from __future__ import annotations
 
 import copyreg
@@ -32,16 +33,23 @@ _FULL_WEIGHTS: "weakref.WeakKeyDictionary[nn.Module, Callable[[], dict]]" = weak
 def module_message(layout: str, holds_part: bool) -> str:
     """What `model.module` says under `layout` (e.g. "zero3 (dp_shard=2)")."""
     if holds_part:
-        what = ("its state_dict() holds this rank's part only, not the whole model. HINT: px.get_state_dict(model) "
-                "gives the full weights on the main process (save those from rank 0 with torch.save)")
+        what = (
+            "its state_dict() holds this rank's part only, not the whole model. HINT: px.get_state_dict(model) "
+            "gives the full weights on the main process (save those from rank 0 with torch.save)"
+        )
     else:
-        what = "its state_dict() is the whole model. HINT: px.get_state_dict(model) gives the full weights in every layout"
-    return (f"model.module: under {layout} the prepared model is your own module, laid out in place (no DDP wrapper "
-            f"holds it); {what}, px.unwrap_model(model) gives the module itself")
+        what = (
+            "its state_dict() is the whole model. HINT: px.get_state_dict(model) gives the full weights in every layout"
+        )
+    return (
+        f"model.module: under {layout} the prepared model is your own module, laid out in place (no DDP wrapper "
+        f"holds it); {what}, px.unwrap_model(model) gives the module itself"
+    )
 
 
-def answer_module_attribute(model: nn.Module, layout: str, holds_part: bool,
-                            full_weights: Callable[[], dict] | None = None) -> nn.Module:
+def answer_module_attribute(
+    model: nn.Module, layout: str, holds_part: bool, full_weights: Callable[[], dict] | None = None
+) -> nn.Module:
     """Make `model.module` raise `module_message` (nothing changes if `model` has a `.module`; a
     model prepared again keeps its class and gets the new layout's message). `full_weights`
     (where `holds_part`): gathers the full weights; a `save_pretrained` of the model's writes them."""
@@ -79,9 +87,14 @@ def _answering_subclass(base: type) -> type:
             reduced = (copyreg._reconstructor, (base, object, None), *reduced[2:])
         return reduced
 
-    members: dict[str, Any] = {"__getattr__": __getattr__, "__reduce_ex__": __reduce_ex__,
-                               "__module__": base.__module__, "__qualname__": base.__qualname__}
+    members: dict[str, Any] = {
+        "__getattr__": __getattr__,
+        "__reduce_ex__": __reduce_ex__,
+        "__module__": base.__module__,
+        "__qualname__": base.__qualname__,
+    }
     if callable(getattr(base, "__deepcopy__", None)):  # FSDP2's refuses; AveragedModel (EMA) deep-copies
+
         def __deepcopy__(self: nn.Module, memo: dict[int, Any]) -> nn.Module:
             """A working copy sharded as the model is (strategies/fsdp_copy.py)."""
             if fsdp_copy.can_copy(self):
@@ -90,14 +103,14 @@ def _answering_subclass(base: type) -> type:
 
         members["__deepcopy__"] = __deepcopy__
     if callable(getattr(base, "save_pretrained", None)):
+
         def save_pretrained(self: nn.Module, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
             """transformers' save_pretrained; where this rank holds part of the weights, every rank
             calls it and the main process writes the full model (checkpoint/save_pretrained.py)."""
             full = _FULL_WEIGHTS.get(self)
             if full is None:
                 return base.save_pretrained(self, save_directory, *args, **kwargs)
-            return save_full(lambda *a, **k: base.save_pretrained(self, *a, **k), full, save_directory,
-                             *args, **kwargs)
+            return save_full(lambda *a, **k: base.save_pretrained(self, *a, **k), full, save_directory, *args, **kwargs)
 
         members["save_pretrained"] = save_pretrained
     return type(base.__name__, (base,), members)

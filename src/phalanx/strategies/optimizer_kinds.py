@@ -16,6 +16,7 @@ The kind of an optimizer, first match wins:
 
 docs/optimizers.md's table is generated from this module (`python -m tests.layouts.optimizers`).
 """
+
 from __future__ import annotations
 
 import enum
@@ -35,8 +36,20 @@ class StepKind(enum.Enum):
 
 
 # torch.optim classes by name (looked up on torch.optim, so a torch without one just lacks the row)
-TORCH_ELEMENTWISE: tuple[str, ...] = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
-                                      "Adadelta", "ASGD", "Rprop", "SparseAdam")
+TORCH_ELEMENTWISE: tuple[str, ...] = (
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Adagrad",
+    "Adadelta",
+    "ASGD",
+    "Rprop",
+    "SparseAdam",
+)
 TORCH_WHOLE_TENSOR: tuple[str, ...] = ("Muon", "Adafactor")
 TORCH_WHOLE_MODEL: tuple[str, ...] = ("LBFGS",)
 ATTRIBUTE = "phalanx_elementwise"  # the class attribute a user optimizer declares itself with
@@ -76,8 +89,11 @@ def classify(optimizer: torch.optim.Optimizer | type) -> Classified:
             kind = StepKind.ELEMENTWISE if own else StepKind.WHOLE_TENSOR
             return Classified(kind, True, f"{klass.__name__}.{ATTRIBUTE} = {bool(own)}")
     # torch's own classes, by exact class: a user subclass of Adam may change what its step reads
-    for names, kind in ((TORCH_ELEMENTWISE, StepKind.ELEMENTWISE), (TORCH_WHOLE_TENSOR, StepKind.WHOLE_TENSOR),
-                        (TORCH_WHOLE_MODEL, StepKind.WHOLE_MODEL)):
+    for names, kind in (
+        (TORCH_ELEMENTWISE, StepKind.ELEMENTWISE),
+        (TORCH_WHOLE_TENSOR, StepKind.WHOLE_TENSOR),
+        (TORCH_WHOLE_MODEL, StepKind.WHOLE_MODEL),
+    ):
         if cls in _torch_classes(names):
             return Classified(kind, True, f"torch.optim.{cls.__name__}")
     return Classified(StepKind.WHOLE_TENSOR, False, f"{cls.__module__}.{cls.__qualname__} is not one phalanx knows")
@@ -92,11 +108,13 @@ def reads_its_loss(kind: Classified) -> bool:
 def undeclared_warning(optimizer: torch.optim.Optimizer, layout: str) -> str:
     """The one warning at prepare for an optimizer phalanx cannot classify."""
     name = type(optimizer).__name__
-    return (f"phalanx does not know whether {name} (from {type(optimizer).__module__}) reads whole tensors or each element alone; under {layout} it "
-            f"steps each parameter whole on one owner rank (correct for either, slower than slices if {name} is "
-            f"element-wise). Check the run against one process with `phalanx parity`. HINT: declare it: "
-            f"phalanx.declare_optimizer({name}, elementwise=True/False), or a class attribute "
-            f"{ATTRIBUTE} = True/False")
+    return (
+        f"phalanx does not know whether {name} (from {type(optimizer).__module__}) reads whole tensors or each element alone; under {layout} it "
+        f"steps each parameter whole on one owner rank (correct for either, slower than slices if {name} is "
+        f"element-wise). Check the run against one process with `phalanx parity`. HINT: declare it: "
+        f"phalanx.declare_optimizer({name}, elementwise=True/False), or a class attribute "
+        f"{ATTRIBUTE} = True/False"
+    )
 
 
 def splits_tensors(plan: ParallelPlan) -> bool:
@@ -128,14 +146,16 @@ def route(kind: StepKind, plan: ParallelPlan, name: str = "this optimizer", decl
         raise ValueError(
             f"{name} reads every parameter of the model at once (one flat vector, a closure over the whole "
             f"model), but {layout} gives no rank the whole model. HINT: use strategy ddp without tp or pp "
-            "(every rank holds every parameter), or an optimizer that steps parameter by parameter")
+            "(every rank holds every parameter), or an optimizer that steps parameter by parameter"
+        )
     if kind is StepKind.WHOLE_MODEL and plan.cp > 1:
         raise ValueError(
             f"{name} calls the closure and reads its loss in its line search, but under {layout} each "
             "context-parallel rank computes the loss of its own part of every sequence: the ranks would read "
             "different losses, take different steps and hang. HINT: use strategy ddp without cp (each rank "
             "its share of the batch: phalanx averages the closure's loss over the replicas), or an optimizer "
-            "that steps from the gradients alone")
+            "that steps from the gradients alone"
+        )
     if not splits_tensors(plan):
         replicas = plan.dp_size > 1
         return Route.WHOLE_ON_OWNER if kind is StepKind.WHOLE_TENSOR and declared and replicas else Route.AS_GIVEN
@@ -145,5 +165,6 @@ def route(kind: StepKind, plan: ParallelPlan, name: str = "this optimizer", decl
         raise ValueError(
             f"{name} reads whole tensors, which phalanx gathers on one owner rank per parameter; with "
             f"cpu_offload ({layout}) the shards live in CPU memory and that gather is not built. HINT: turn "
-            "cpu_offload off, or use zero1 (optimizer state split by whole parameters)")
+            "cpu_offload off, or use zero1 (optimizer state split by whole parameters)"
+        )
     return Route.WHOLE_ON_OWNER

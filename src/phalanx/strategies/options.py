@@ -1,6 +1,7 @@
 """How a parallel plan is applied to a model: the options that are not degrees of the layout
 (which modules form units, how tables are exchanged, how the model is initialised, checkpointed,
 compiled, split by tensor parallel and cut into pipeline stages, DDP's options)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields

@@ -11,6 +11,7 @@ init / this setting?" is a property of the plan, so no list of strategy names ex
 Pure Python (no torch): `phalanx run` builds the plan and checks the settings against it before
 any worker starts.
 """
+
 from __future__ import annotations
 
 import enum
@@ -73,13 +74,17 @@ class ParallelPlan:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"parallel plan: {name}={value!r} must be a positive whole number")
         if not isinstance(self.ep, int) or self.ep < 1 or self.grad_size % self.ep:
-            raise ValueError(f"parallel plan: ep={self.ep!r} must be a positive whole number dividing the "
-                             f"{self.grad_size} data-parallel x cp ranks it takes its ranks from")
+            raise ValueError(
+                f"parallel plan: ep={self.ep!r} must be a positive whole number dividing the "
+                f"{self.grad_size} data-parallel x cp ranks it takes its ranks from"
+            )
         if self.sharding < Sharding.GRADIENTS and self.dp_shard > 1:
             # parameters and gradients stay whole: every data-parallel rank is a replica (zero1
             # splits only its optimizer state, over all of them)
-            raise ValueError(f"parallel plan: dp_shard={self.dp_shard} with sharding {self.sharding.name}: "
-                             "parameters are not sharded, so the data-parallel ranks are replicas (dp_replicate)")
+            raise ValueError(
+                f"parallel plan: dp_shard={self.dp_shard} with sharding {self.sharding.name}: "
+                "parameters are not sharded, so the data-parallel ranks are replicas (dp_replicate)"
+            )
 
     # ---- sizes -----------------------------------------------------------------------------
     @property
@@ -218,8 +223,13 @@ class ParallelPlan:
             return self.uses_fsdp
         if need is Needs.ROW_SHARDED_EMBEDDINGS:
             # one data-parallel mesh dim, shards in device memory, no tensor parallel
-            return (self.uses_fsdp and self.sharding >= Sharding.GRADIENTS and self.dp_replicate == 1
-                    and self.tp == 1 and not self.cpu_offload)
+            return (
+                self.uses_fsdp
+                and self.sharding >= Sharding.GRADIENTS
+                and self.dp_replicate == 1
+                and self.tp == 1
+                and not self.cpu_offload
+            )
         if need is Needs.SHARDED_OPTIMIZER:
             return self.shards_optimizer_only
         if need is Needs.TENSOR_PARALLEL:

@@ -6,6 +6,7 @@ Under pp > 1 the model is cut in place down to this rank's stages (strategies/pi
 and the data-parallel wrapping applies to each stage module, over the data-parallel ranks that hold
 the same stage; a `PipelineRunner` then drives the stages with the plan's schedule.
 """
+
 from __future__ import annotations
 
 import enum
@@ -46,31 +47,52 @@ class Parallelized:
     other_units: tuple[str, ...] = ()  # pp > 1: the units of the other pipeline ranks' stages
 
 
-def parallelize(model: nn.Module, layout: Layout, *, options: StrategyOptions, precision: Precision,
-                device: torch.device, backend: str) -> Parallelized:
+def parallelize(
+    model: nn.Module,
+    layout: Layout,
+    *,
+    options: StrategyOptions,
+    precision: Precision,
+    device: torch.device,
+    backend: str,
+) -> Parallelized:
     """The model laid out as `layout.plan` says, on `device`; in place except for the DDP/DataParallel
     wrapper it may come back in. Under pp > 1: this rank's stages, and the runner that drives them."""
     plan = layout.plan
     fills = init_replay.recorded_fills(model) if meta_init.is_meta(model) else {}  # before shards replace them
     cut = pipeline_layout.cut(model, plan, options, layout.mesh("pp").get_local_rank()) if plan.pp > 1 else None
     if cut is None and plan.grad_size > 1:  # an MoE router's load-balancing loss over the whole global batch
-        router_balance.globalise(model, layout.group("grad"), cut_padding=local_padding if plan.cp > 1 else None,
-                                 refusal=_router_refusal)
+        router_balance.globalise(
+            model, layout.group("grad"), cut_padding=local_padding if plan.cp > 1 else None, refusal=_router_refusal
+        )
     tp_layers: dict[str, str] = {}
     if plan.tp > 1:
         chosen = cut.tp_layers if cut is not None else tp_peft.choose(model, options.tp_plan)
         tp_fit.check(model, plan, chosen)  # before anything is split: the sizes, not a crash in forward
-        tp_layers = tensor_parallel.apply(model, layout.mesh("tp"), options.tp_plan, options.sequence_parallel,
-                                          chosen=chosen)
+        tp_layers = tensor_parallel.apply(
+            model, layout.mesh("tp"), options.tp_plan, options.sequence_parallel, chosen=chosen
+        )
     init_order = cut.init_order if cut is not None else None
     if plan.uses_fsdp:
-        units = transform_units(model, shard_units(model, options.shard_modules), options.activation_checkpointing,
-                                options.compile, device)
+        units = transform_units(
+            model, shard_units(model, options.shard_modules), options.activation_checkpointing, options.compile, device
+        )
         stages = cut.stage_modules() if cut is not None else (model,)
         # Not moved whole to the device first: fully_shard moves each unit's shards there, and a
         # meta model is allocated (shards only) and initialised after sharding.
-        fsdp.apply(model, units, plan, layout.mesh("fully_shard"), options, precision, device, backend,
-                   roots=list(stages), init_order=init_order, fills=fills)
+        fsdp.apply(
+            model,
+            units,
+            plan,
+            layout.mesh("fully_shard"),
+            options,
+            precision,
+            device,
+            backend,
+            roots=list(stages),
+            init_order=init_order,
+            fills=fills,
+        )
         return _done(model, stages, Wrapper.FSDP, tp_layers, cut, layout, device)
     if meta_init.is_meta(model):  # replicated (or split by tensor parallel alone): allocate, initialise
         meta_init.materialize(model, device, options.init_weights, order=init_order, fills=fills)
@@ -85,9 +107,12 @@ def parallelize(model: nn.Module, layout: Layout, *, options: StrategyOptions, p
         group = layout.group("grad")
         # zero1 outside pipelines, where asked: gradients reduce-scattered to their owners (zero1_grads.py)
         scatter = plan.shards_optimizer_only and cut is None and options.zero1_grads == "reduce_scatter"
-        stages = tuple(ddp.apply(m, options, device, group, find_unused_parameters=cut is not None or None,
-                                 scatter_grads=scatter)
-                       if pipeline_layout.has_params(m) else m for m in stages)
+        stages = tuple(
+            ddp.apply(m, options, device, group, find_unused_parameters=cut is not None or None, scatter_grads=scatter)
+            if pipeline_layout.has_params(m)
+            else m
+            for m in stages
+        )
         return _done(model, stages, Wrapper.DDP, tp_layers, cut, layout, device)
     return _done(model, stages, Wrapper.NONE, tp_layers, cut, layout, device)
 
@@ -99,21 +124,37 @@ def _router_refusal() -> str | None:
 
     if current_join() is None:
         return None
-    return ("an MoE model's router load-balancing loss (output_router_logits=True) sums its statistics over "
-            "the data-parallel ranks in every training forward, which torch's Join (px.uneven_inputs under "
-            "ddp or zero1) cannot shadow for a rank that ran out of batches. HINT: use "
-            "px.uneven_inputs(model, method='agree') (every rank stops at the shortest), or give every rank "
-            "as many batches (drop_last=True), or train without the router loss (output_router_logits=False).")
+    return (
+        "an MoE model's router load-balancing loss (output_router_logits=True) sums its statistics over "
+        "the data-parallel ranks in every training forward, which torch's Join (px.uneven_inputs under "
+        "ddp or zero1) cannot shadow for a rank that ran out of batches. HINT: use "
+        "px.uneven_inputs(model, method='agree') (every rank stops at the shortest), or give every rank "
+        "as many batches (drop_last=True), or train without the router loss (output_router_logits=False)."
+    )
 
 
-def _done(model: nn.Module, stages: tuple[nn.Module, ...], wrapper: Wrapper, tp_layers: dict[str, str],
-          cut: pipeline_layout.PipelineCut | None, layout: Layout, device: torch.device) -> Parallelized:
+def _done(
+    model: nn.Module,
+    stages: tuple[nn.Module, ...],
+    wrapper: Wrapper,
+    tp_layers: dict[str, str],
+    cut: pipeline_layout.PipelineCut | None,
+    layout: Layout,
+    device: torch.device,
+) -> Parallelized:
     """What prepare returns: the (wrapped) model, or under pp the rank's model with a runner over its
     stage modules (the wrapped model itself when this rank runs one stage)."""
     if cut is None:
         return Parallelized(stages[0], wrapper, tp_layers)
-    runner = PipelineRunner(stages, cut.rank.stage_indices, cut.rank.num_stages, layout.mesh("pp"), device, cut.schedule,
-                            cut.num_microbatches)
+    runner = PipelineRunner(
+        stages,
+        cut.rank.stage_indices,
+        cut.rank.num_stages,
+        layout.mesh("pp"),
+        device,
+        cut.schedule,
+        cut.num_microbatches,
+    )
     runner.refuse_direct_calls(model, hint=pipeline_layout.refuse_model_call_hint())
     if cut.outputs is not None:
         runner.model_output = cut.outputs.wrap

@@ -6,6 +6,7 @@ after them, and under pp each stage's parameters are what the preset replicates 
 Aliases are resolved where the setting is parsed (config/names.py); this is the one table that
 turns a canonical name into a plan. Pure Python, no torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,16 @@ def canonical(name: str) -> str:
     return key
 
 
-def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_world_size: int, cpu_offload: bool = False,
-          replicate_size: int | None = None, shard_size: int | None = None) -> ParallelPlan:
+def build(
+    name: str,
+    settings: config.PhalanxConfig,
+    *,
+    world_size: int,
+    local_world_size: int,
+    cpu_offload: bool = False,
+    replicate_size: int | None = None,
+    shard_size: int | None = None,
+) -> ParallelPlan:
     """The plan preset `name` stands for on `world_size` processes (`local_world_size` per node),
     with the model-parallel degrees `settings` (the resolved PhalanxConfig) ask for: its tp, pp and cp.
 
@@ -61,39 +70,55 @@ def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_w
         raise ValueError("strategy auto is decided from the model: call strategies.auto.decide first")
     preset = PRESETS[key]
     if preset.threads_over_gpus and tp > 1:
-        raise _one_process(f"tp={tp} needs {tp} processes per tensor-parallel group", "ddp, zero1, zero2, zero3 or hsdp with tp")
+        raise _one_process(
+            f"tp={tp} needs {tp} processes per tensor-parallel group", "ddp, zero1, zero2, zero3 or hsdp with tp"
+        )
     if preset.threads_over_gpus and settings.ep > 1:
-        raise _one_process(f"ep={settings.ep} splits the experts over {settings.ep} processes", "ddp, zero2 or zero3 with ep")
+        raise _one_process(
+            f"ep={settings.ep} splits the experts over {settings.ep} processes", "ddp, zero2 or zero3 with ep"
+        )
     if preset.threads_over_gpus and pp > 1:
         raise _one_process(f"pp={pp} needs a process per pipeline stage", "ddp, zero1, zero2, zero3 or hsdp with pp")
     if pp > 1 and world_size % (tp * pp):
-        raise _indivisible("pp", pp, world_size, tp, ": each data-parallel replica needs "
-                           f"{'pp x tp = ' if tp > 1 else 'pp = '}{tp * pp} of them")
+        raise _indivisible(
+            "pp",
+            pp,
+            world_size,
+            tp,
+            f": each data-parallel replica needs {'pp x tp = ' if tp > 1 else 'pp = '}{tp * pp} of them",
+        )
     if cp > 1:
         check_cp(key, cp, world_size=world_size, tp=tp, pp=pp)
     if world_size % tp:
-        raise ValueError(f"tp={tp} does not divide the {world_size} processes. HINT: choose tp among "
-                         f"{', '.join(map(str, divisors(world_size)))}, or run a multiple of {tp} processes")
+        raise ValueError(
+            f"tp={tp} does not divide the {world_size} processes. HINT: choose tp among "
+            f"{', '.join(map(str, divisors(world_size)))}, or run a multiple of {tp} processes"
+        )
     if preset.threads_over_gpus:
         if world_size > 1:
             raise ValueError(
                 f"strategy 'dp' runs in ONE process over the visible GPUs, but this job has "
                 f"world_size={world_size}. HINT: use strategy='ddp' with several processes, "
-                "or run the script with plain `python` for dp.")
+                "or run the script with plain `python` for dp."
+            )
         return ParallelPlan(preset=key, threads_over_gpus=True)
     if world_size == 1:
         return ParallelPlan(preset=SINGLE)
     dp = world_size // (tp * pp * cp)
     if preset.hybrid:
         if local_world_size % tp:
-            raise ValueError(f"hsdp with tp={tp}: each node's {local_world_size} processes do not split into "
-                             f"tensor-parallel groups, so replicas and shards cannot follow the nodes. HINT: choose "
-                             f"tp among {', '.join(map(str, divisors(local_world_size)))}")
+            raise ValueError(
+                f"hsdp with tp={tp}: each node's {local_world_size} processes do not split into "
+                f"tensor-parallel groups, so replicas and shards cannot follow the nodes. HINT: choose "
+                f"tp among {', '.join(map(str, divisors(local_world_size)))}"
+            )
         if local_world_size % (tp * cp):
-            raise ValueError(f"hsdp with cp={cp}{f' x tp={tp}' if tp > 1 else ''}: each node's {local_world_size} "
-                             "processes do not split into context-parallel groups, so replicas and shards cannot "
-                             f"follow the nodes. HINT: choose cp among "
-                             f"{', '.join(str(d) for d in divisors(local_world_size) if (local_world_size // d) % tp == 0)}")
+            raise ValueError(
+                f"hsdp with cp={cp}{f' x tp={tp}' if tp > 1 else ''}: each node's {local_world_size} "
+                "processes do not split into context-parallel groups, so replicas and shards cannot "
+                f"follow the nodes. HINT: choose cp among "
+                f"{', '.join(str(d) for d in divisors(local_world_size) if (local_world_size // d) % tp == 0)}"
+            )
         if pp > 1 and shard_size is None and replicate_size is None:
             # pp is the outermost dim: a stage's data-parallel ranks shard within a node, or, when
             # they are fewer than a node's processes, all of them (one replica).
@@ -106,8 +131,17 @@ def build(name: str, settings: config.PhalanxConfig, *, world_size: int, local_w
         replicate, shard = dp, 1
     if world_size % (tp * pp * settings.ep):
         raise _no_room_for_ep(settings, world_size)
-    return ParallelPlan(preset=key, dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, cp=cp, ep=settings.ep,
-                        sharding=Sharding(preset.stage), cpu_offload=cpu_offload and Sharding(preset.stage) >= Sharding.GRADIENTS)
+    return ParallelPlan(
+        preset=key,
+        dp_replicate=replicate,
+        dp_shard=shard,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=settings.ep,
+        sharding=Sharding(preset.stage),
+        cpu_offload=cpu_offload and Sharding(preset.stage) >= Sharding.GRADIENTS,
+    )
 
 
 def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> ParallelPlan:
@@ -119,8 +153,17 @@ def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> Para
         return plan
     stage = sharding(name)
     replicate, shard = (1, plan.dp_size) if stage >= Sharding.GRADIENTS else (plan.dp_size, 1)
-    return ParallelPlan(preset=name, dp_replicate=replicate, dp_shard=shard, tp=plan.tp, pp=plan.pp, cp=plan.cp,
-                        ep=plan.ep, sharding=stage, cpu_offload=cpu_offload and stage >= Sharding.GRADIENTS)
+    return ParallelPlan(
+        preset=name,
+        dp_replicate=replicate,
+        dp_shard=shard,
+        tp=plan.tp,
+        pp=plan.pp,
+        cp=plan.cp,
+        ep=plan.ep,
+        sharding=stage,
+        cpu_offload=cpu_offload and stage >= Sharding.GRADIENTS,
+    )
 
 
 def at_scale(name: str, settings: config.PhalanxConfig) -> ParallelPlan:
@@ -129,15 +172,17 @@ def at_scale(name: str, settings: config.PhalanxConfig) -> ParallelPlan:
     but the data-parallel ones: tp, pp, cp): a one-process run's settings are checked there (one script,
     every scale). Auto decides between presets of the same degrees, so its first choice checks them."""
     world = 2 * settings.ep * math.prod(getattr(settings, dim, 1) for dim in MESH_DIMS if dim not in DATA_PARALLEL_DIMS)
-    return build(AUTO_CHOOSES[0] if canonical(name) == AUTO else name, settings, world_size=world,
-                 local_world_size=world)
+    return build(
+        AUTO_CHOOSES[0] if canonical(name) == AUTO else name, settings, world_size=world, local_world_size=world
+    )
 
 
 def spread_over_stage(plan: ParallelPlan) -> ParallelPlan:
     """The parameter-sharding preset with one stage's state sharded over every rank of the stage
     (tp's too): the state auto's budget test takes zero3 at rest to hold (strategies/memory_plan.py)."""
-    return ParallelPlan(preset=AUTO_CHOOSES[-1], dp_shard=plan.stage_ranks, pp=plan.pp,
-                        sharding=sharding(AUTO_CHOOSES[-1]))
+    return ParallelPlan(
+        preset=AUTO_CHOOSES[-1], dp_shard=plan.stage_ranks, pp=plan.pp, sharding=sharding(AUTO_CHOOSES[-1])
+    )
 
 
 def larger_tp(plan: ParallelPlan, local_world_size: int) -> list[ParallelPlan]:
@@ -160,16 +205,22 @@ def check_flags(world_size: int, tp: int, pp: int, cp: int = 1) -> None:
     """`phalanx plan`'s --tp, --pp and --cp against --world-size, before any plan is built: ValueError
     naming the flags and the degrees that divide."""
     if tp < 1 or world_size % tp:
-        raise ValueError(f"--tp {tp} does not divide --world-size {world_size}. HINT: choose tp among "
-                         f"{', '.join(map(str, divisors(world_size)))}")
+        raise ValueError(
+            f"--tp {tp} does not divide --world-size {world_size}. HINT: choose tp among "
+            f"{', '.join(map(str, divisors(world_size)))}"
+        )
     if pp < 1 or world_size % (tp * pp):
         fits = [d for d in divisors(world_size) if world_size % (d * tp) == 0]
-        raise ValueError(f"--pp {pp} x --tp {tp} does not divide --world-size {world_size}. HINT: "
-                         f"choose pp among {', '.join(map(str, fits))}")
+        raise ValueError(
+            f"--pp {pp} x --tp {tp} does not divide --world-size {world_size}. HINT: "
+            f"choose pp among {', '.join(map(str, fits))}"
+        )
     if cp != 1 and (cp < 1 or world_size % (cp * tp * pp)):
         fits = [d for d in divisors(world_size) if world_size % (d * tp * pp) == 0]
-        raise ValueError(f"--cp {cp} x --tp {tp} x --pp {pp} does not divide --world-size {world_size}. HINT: "
-                         f"choose cp among {', '.join(map(str, fits))}")
+        raise ValueError(
+            f"--cp {cp} x --tp {tp} x --pp {pp} does not divide --world-size {world_size}. HINT: "
+            f"choose cp among {', '.join(map(str, fits))}"
+        )
 
 
 def restored(fields: Mapping[str, Any]) -> ParallelPlan:
@@ -184,8 +235,10 @@ def check_cp(key: str, cp: int, *, world_size: int, tp: int, pp: int) -> None:
     if PRESETS[key].threads_over_gpus:
         raise _one_process(f"cp={cp} cuts each sequence over {cp} processes", "ddp, zero1, zero2 or zero3 with cp")
     if pp > 1:
-        raise ValueError(f"cp={cp} with pp={pp}: context parallel is not composed with pipeline stages (a stage's "
-                         "microbatches would need their own cut). HINT: use cp with ddp, zero1, zero2, zero3 or tp, and pp=1")
+        raise ValueError(
+            f"cp={cp} with pp={pp}: context parallel is not composed with pipeline stages (a stage's "
+            "microbatches would need their own cut). HINT: use cp with ddp, zero1, zero2, zero3 or tp, and pp=1"
+        )
     if world_size > 1 and world_size % (cp * tp):
         raise _indivisible("cp", cp, world_size, tp)
 
@@ -196,10 +249,12 @@ def _no_room_for_ep(settings: config.PhalanxConfig, world_size: int) -> ValueErr
     ranks = world_size // others
     fits = ", ".join(str(d) for d in divisors(ranks) if d > 1) or "none (one data-parallel rank)"
     with_others = f" (the {world_size} processes / tp x pp = {others})" if others > 1 else ""
-    return ValueError(f"ep={settings.ep} does not divide the {ranks} data-parallel x cp ranks{with_others} it takes its "
-                      f"expert-parallel ranks from (ep does not add processes: the experts are split over ranks that "
-                      f"also hold the non-expert parameters data parallel). HINT: choose ep among {fits}, or run a "
-                      f"multiple of {settings.ep * others} processes")
+    return ValueError(
+        f"ep={settings.ep} does not divide the {ranks} data-parallel x cp ranks{with_others} it takes its "
+        f"expert-parallel ranks from (ep does not add processes: the experts are split over ranks that "
+        f"also hold the non-expert parameters data parallel). HINT: choose ep among {fits}, or run a "
+        f"multiple of {settings.ep * others} processes"
+    )
 
 
 def _one_process(what: str, instead: str) -> ValueError:
@@ -211,13 +266,16 @@ def _indivisible(dim: str, degree: int, world_size: int, tp: int, why: str = "")
     """A degree that, times tp, does not divide the world: the degrees that do, and the world sizes that fit."""
     with_tp = f" x tp={tp}" if tp > 1 else ""
     fits = [d for d in divisors(world_size) if (world_size // d) % tp == 0]
-    return ValueError(f"{dim}={degree}{with_tp} does not divide the {world_size} processes{why}. HINT: choose {dim} "
-                      f"among {', '.join(map(str, fits))}{f' (with tp={tp})' if tp > 1 else ''}, or run a multiple of "
-                      f"{degree * tp} processes")
+    return ValueError(
+        f"{dim}={degree}{with_tp} does not divide the {world_size} processes{why}. HINT: choose {dim} "
+        f"among {', '.join(map(str, fits))}{f' (with tp={tp})' if tp > 1 else ''}, or run a multiple of "
+        f"{degree * tp} processes"
+    )
 
 
-def hybrid_shape(dp_size: int, local_world_size: int, tp: int = 1, replicate_size: int | None = None,
-                 shard_size: int | None = None) -> tuple[int, int]:
+def hybrid_shape(
+    dp_size: int, local_world_size: int, tp: int = 1, replicate_size: int | None = None, shard_size: int | None = None
+) -> tuple[int, int]:
     """hsdp's (replicate, shard) degrees over `dp_size` data-parallel ranks; by default one replica
     per node, sharded over the node's processes (after tensor parallel took `tp` of them)."""
     for label, value in (("replicate_size", replicate_size), ("shard_size", shard_size)):
@@ -232,7 +290,8 @@ def hybrid_shape(dp_size: int, local_world_size: int, tp: int = 1, replicate_siz
         raise ValueError(
             f"hsdp: a mesh of replicate_size={replicate_size} x shard_size={shard_size} does not cover "
             f"the {dp_size} data-parallel ranks{with_tp} (local world size {local_world_size}). HINT: set "
-            f"strategy_options={{'replicate_size': R, 'shard_size': S}} with R * S == {dp_size} (world size / (tp x pp)).")
+            f"strategy_options={{'replicate_size': R, 'shard_size': S}} with R * S == {dp_size} (world size / (tp x pp))."
+        )
     return int(replicate_size), int(shard_size)
 
 

@@ -8,6 +8,7 @@ settings describe at scale: `strategy: zero3` with a DDP comm hook is refused ev
 python (the settings contradict each other), `strategy: ddp` with one is not (the same script then
 runs at every scale).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,8 +38,11 @@ def unmet(resolved: Resolved, plan: ParallelPlan | None) -> list[Setting]:
         if not asks(setting, getattr(cfg, setting.name)):
             continue
         if plan is None:
-            met = setting.needs in (Needs.AUTO, Needs.DDP, Needs.FSDP, Needs.ROW_SHARDED_EMBEDDINGS) or \
-                (setting.needs is Needs.TENSOR_PARALLEL and cfg.tp > 1) or (setting.needs is Needs.PIPELINE and cfg.pp > 1)
+            met = (
+                setting.needs in (Needs.AUTO, Needs.DDP, Needs.FSDP, Needs.ROW_SHARDED_EMBEDDINGS)
+                or (setting.needs is Needs.TENSOR_PARALLEL and cfg.tp > 1)
+                or (setting.needs is Needs.PIPELINE and cfg.pp > 1)
+            )
         else:
             met = plan.has(setting.needs)
         if not met:
@@ -72,8 +76,10 @@ def check(resolved: Resolved, plan: ParallelPlan | None, *, chose: str = "") -> 
         by_need.setdefault(setting.needs, []).append(setting)
     for need, settings in by_need.items():
         asked = ", ".join(f"{s.name}={getattr(resolved.config, s.name)!r}" for s in settings)
-        sources = sorted({resolved.origin[s.name] for s in settings} |
-                         ({resolved.origin["strategy"]} if "strategy" in resolved.origin else set()))
+        sources = sorted(
+            {resolved.origin[s.name] for s in settings}
+            | ({resolved.origin["strategy"]} if "strategy" in resolved.origin else set())
+        )
         where = f" (strategy auto chose {chose})" if chose else (f" (from {', '.join(sources)})" if sources else "")
         if need in _ADVISORY:
             warnings.append(f"{asked}{where}: read by {need.value} only; {_layout(resolved, plan)} ignores it")
@@ -99,27 +105,32 @@ def check_pipeline(resolved: Resolved, plan: ParallelPlan | None) -> None:
         raise ConfigError(
             f"pp_split={cfg.pp_split} names {len(cfg.pp_split)} cut point(s), which makes {len(cfg.pp_split) + 1} "
             f"stage(s), but pp={cfg.pp} runs {cfg.pp * per_rank} stage(s){each}. HINT: name "
-            f"{cfg.pp * per_rank - 1} module(s) to cut before, or drop pp_split to cut evenly by parameter count")
-    if (resolved.is_set("find_unused_parameters") and not cfg.find_unused_parameters
-            and (plan is None or plan.uses_ddp)):
+            f"{cfg.pp * per_rank - 1} module(s) to cut before, or drop pp_split to cut evenly by parameter count"
+        )
+    if resolved.is_set("find_unused_parameters") and not cfg.find_unused_parameters and (plan is None or plan.uses_ddp):
         raise ConfigError(
             f"find_unused_parameters=False with pp={cfg.pp}: DistributedDataParallel over a pipeline stage must "
             "look for unused parameters (torch's stage runs its first, shape-finding microbatch outside no_sync, "
             "and without it the next new input shape fails in DDP's reducer), so phalanx turns it on under pp. "
-            "HINT: drop the setting")
+            "HINT: drop the setting"
+        )
     if cfg.static_graph and (plan is None or plan.uses_ddp):
         raise ConfigError(
             f"static_graph=True with pp={cfg.pp}: a pipeline stage's DDP does not run a static graph (torch's stage "
             "runs a shape-finding microbatch, then the others under no_sync), and with it the gradients came out "
             "wrong, silently (measured: pp2 x ddp2 left one process's losses by 2e-3 in 3 steps). HINT: drop the "
-            "setting")
+            "setting"
+        )
 
 
 def _layout(resolved: Resolved, plan: ParallelPlan | None) -> str:
     name = plan.preset if plan is not None else presets.AUTO
     tp = plan.tp if plan is not None else resolved.config.tp
-    return f"strategy {name!r}" + (f" with tp={tp}" if tp > 1 else "") + \
-        (f" with pp={plan.pp}" if plan is not None and plan.pp > 1 else "")
+    return (
+        f"strategy {name!r}"
+        + (f" with tp={tp}" if tp > 1 else "")
+        + (f" with pp={plan.pp}" if plan is not None and plan.pp > 1 else "")
+    )
 
 
 def _refusal(need: Needs, resolved: Resolved, plan: ParallelPlan | None) -> str:
@@ -128,15 +139,21 @@ def _refusal(need: Needs, resolved: Resolved, plan: ParallelPlan | None) -> str:
     if need is Needs.DDP:
         engine = "DataParallel" if plan is not None and plan.threads_over_gpus else "FSDP2"
         why = " (tensor parallel composes with FSDP2)" if tp > 1 else ""
-        return (f"DistributedDataParallel options, but {layout} uses {engine}{why}, which has no DDP. HINT: use "
-                f"strategy ddp or zero1{' with tp=1' if tp > 1 else ''} for them, or drop them (zero2/zero3 need "
-                "no find_unused_parameters: FSDP2 handles unused parameters)")
+        return (
+            f"DistributedDataParallel options, but {layout} uses {engine}{why}, which has no DDP. HINT: use "
+            f"strategy ddp or zero1{' with tp=1' if tp > 1 else ''} for them, or drop them (zero2/zero3 need "
+            "no find_unused_parameters: FSDP2 handles unused parameters)"
+        )
     if need is Needs.ROW_SHARDED_EMBEDDINGS:
-        return (f"only zero2/zero3 on one data-parallel dimension, without CPU offload or tensor parallel, look "
-                f"embeddings up where their rows live, and {layout} is not that layout. HINT: drop the setting")
+        return (
+            f"only zero2/zero3 on one data-parallel dimension, without CPU offload or tensor parallel, look "
+            f"embeddings up where their rows live, and {layout} is not that layout. HINT: drop the setting"
+        )
     if need is Needs.SHARDED_OPTIMIZER:
-        return (f"only zero1 over more than one data-parallel rank gathers sharded optimizer updates, and {layout} "
-                "is not that layout (auto picks ddp or zero3). HINT: use strategy zero1, or drop the setting")
+        return (
+            f"only zero1 over more than one data-parallel rank gathers sharded optimizer updates, and {layout} "
+            "is not that layout (auto picks ddp or zero3). HINT: use strategy zero1, or drop the setting"
+        )
     if need is Needs.TENSOR_PARALLEL:
         return "a tensor-parallel setting, but tp is 1. HINT: set tp > 1 (e.g. --tp 2), or drop it"
     if need is Needs.PIPELINE:

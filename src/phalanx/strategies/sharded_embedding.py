@@ -16,6 +16,7 @@ Applies to plain `nn.Embedding` modules outside every sharding unit (the root's,
 sit) whose weight is not shared with another module and which use none of max_norm, sparse or
 scale_grad_by_freq; on a 1-D mesh without CPU offload. The rest stays with FSDP2.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,9 +58,16 @@ def eligible(model: nn.Module, units: list[nn.Module]) -> list[nn.Embedding]:
     uses: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         uses[id(p)] = uses.get(id(p), 0) + 1
-    return [m for m in model.modules()
-            if type(m) is nn.Embedding and id(m) not in in_units and uses.get(id(m.weight), 0) == 1
-            and m.max_norm is None and not m.sparse and not m.scale_grad_by_freq]
+    return [
+        m
+        for m in model.modules()
+        if type(m) is nn.Embedding
+        and id(m) not in in_units
+        and uses.get(id(m.weight), 0) == 1
+        and m.max_norm is None
+        and not m.sparse
+        and not m.scale_grad_by_freq
+    ]
 
 
 def shard(embedding: nn.Embedding, mesh: Any, device: torch.device) -> None:
@@ -70,7 +78,7 @@ def shard(embedding: nn.Embedding, mesh: Any, device: torch.device) -> None:
     full = embedding.weight
     group = mesh.get_group()
     layout = RowLayout(full.shape[0], dist.get_rank(group), dist.get_world_size(group))
-    local = full.detach()[layout.start:layout.stop]
+    local = full.detach()[layout.start : layout.stop]
     local = local if local.is_meta else local.to(device).clone()
     weight = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride())
     embedding.weight = nn.Parameter(weight, requires_grad=full.requires_grad)
@@ -96,8 +104,9 @@ class ShardedLookupEmbedding(nn.Embedding):
         counts = [count for count, _, _ in sizes]
         # Values each way (world x tokens x D, or V x D, in both passes): the same choice on every rank.
         self.phalanx_exchange = "rows" if layout.world_size * max(counts) < layout.num_rows else "table"
-        out = _Lookup.apply(tokens, self.weight.to_local(), layout, group, self.padding_idx,
-                            counts, self.phalanx_exchange)
+        out = _Lookup.apply(
+            tokens, self.weight.to_local(), layout, group, self.padding_idx, counts, self.phalanx_exchange
+        )
         return out.view(*input.shape, self.embedding_dim)
 
 
@@ -117,8 +126,16 @@ def _padded(tensor: torch.Tensor, rows: int) -> torch.Tensor:
 
 class _Lookup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tokens: torch.Tensor, local: torch.Tensor, layout: RowLayout, group: Any,
-                padding_idx: int | None, counts: list[int], exchange: str) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        tokens: torch.Tensor,
+        local: torch.Tensor,
+        layout: RowLayout,
+        group: Any,
+        padding_idx: int | None,
+        counts: list[int],
+        exchange: str,
+    ) -> torch.Tensor:
         world, most = layout.world_size, max(counts)
         ctx.layout, ctx.group, ctx.padding_idx, ctx.most, ctx.mode = layout, group, padding_idx, most, exchange
         if exchange == "rows":
@@ -135,8 +152,8 @@ class _Lookup(torch.autograd.Function):
                 found[every == padding_idx] = local[padding_idx - layout.start]  # looked up, never trained
             dist.all_reduce(found, group=group)
             ctx.save_for_backward(rows, mine)
-            return found[layout.rank, :tokens.numel()].clone()
-        table = _all_gather(_padded(local, layout.chunk), group, world).flatten(0, 1)[:layout.num_rows]
+            return found[layout.rank, : tokens.numel()].clone()
+        table = _all_gather(_padded(local, layout.chunk), group, world).flatten(0, 1)[: layout.num_rows]
         ctx.save_for_backward(tokens)
         return F.embedding(tokens, table, padding_idx)
 
@@ -156,15 +173,17 @@ class _Lookup(torch.autograd.Function):
             table_grad = grad.new_zeros((world * layout.chunk, grad.shape[-1]))
             table_grad.index_add_(0, tokens[keep], grad[keep])
             dist.all_reduce(table_grad, group=group)
-            local_grad = table_grad[layout.start:layout.stop].clone()
+            local_grad = table_grad[layout.start : layout.stop].clone()
         return None, local_grad.div_(world), None, None, None, None, None
 
 
 def _check_range(sizes: list[list[int]], num_rows: int) -> None:
     """Raise as F.embedding would for ids outside the table, naming the ranks that passed them."""
-    bad = [(rank, low, high) for rank, (count, low, high) in enumerate(sizes)
-           if count and (low < 0 or high >= num_rows)]
+    bad = [
+        (rank, low, high) for rank, (count, low, high) in enumerate(sizes) if count and (low < 0 or high >= num_rows)
+    ]
     if bad:
         where = "; ".join(f"rank {rank}: {low}..{high}" for rank, low, high in bad)
-        raise IndexError(f"index out of range in self: token ids must lie in [0, {num_rows}) for this "
-                         f"embedding, got {where}")
+        raise IndexError(
+            f"index out of range in self: token ids must lie in [0, {num_rows}) for this embedding, got {where}"
+        )

@@ -20,6 +20,7 @@ Checkpoints: `state_dict()` exposes each chunk's state as a DTensor sharded on d
 parameter, the layout zero3 (FSDP2) saves, so DCP checkpoints move between zero1, zero3, hsdp and
 ddp in both directions.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -36,6 +37,7 @@ from phalanx.config.names import ZERO1_GATHER_MODES as GATHER_MODES
 from phalanx.runtime.collectives import all_gather_single
 from phalanx.strategies import zero1_buckets
 from phalanx.strategies.zero1_buckets import dim0_chunk
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local tensor (tensor parallel's part of a parameter; the same storage), else `t`."""
@@ -61,7 +63,7 @@ class _Slot:
         self.chunk = nn.Parameter(self._rows(), requires_grad=param.requires_grad)
 
     def _rows(self) -> torch.Tensor:
-        return self.full if self.replicated else self.full[self.start:self.end]
+        return self.full if self.replicated else self.full[self.start : self.end]
 
     def follow_param(self) -> None:
         """Re-point the chunk at the parameter's storage if the script replaced it
@@ -76,7 +78,7 @@ class _Slot:
         if g is None:
             return None
         g = _local(g)
-        return g if self.replicated else g[self.start:self.end]
+        return g if self.replicated else g[self.start : self.end]
 
 
 class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
@@ -86,8 +88,15 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
     and DCP read); `optim` is the local optimizer over the chunks (what holds the state).
     """
 
-    def __init__(self, param_groups: list[dict[str, Any]], optimizer_class: type[torch.optim.Optimizer],
-                 process_group: Any = None, device_mesh: Any = None, gather: str = "bucketed", **defaults: Any):
+    def __init__(
+        self,
+        param_groups: list[dict[str, Any]],
+        optimizer_class: type[torch.optim.Optimizer],
+        process_group: Any = None,
+        device_mesh: Any = None,
+        gather: str = "bucketed",
+        **defaults: Any,
+    ):
         super().__init__(param_groups, defaults)
         Joinable.__init__(self)
         self.process_group = process_group
@@ -103,8 +112,10 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         device = _local(params[0]).device if params else torch.device("cpu")
         dtypes = {p.dtype for p in params}
         if len(dtypes) > 1:
-            raise ValueError(f"zero1 needs one parameter dtype, got {sorted(map(str, dtypes))}. HINT: cast "
-                             "the model to one dtype before px.prepare (mixed precision is a setting).")
+            raise ValueError(
+                f"zero1 needs one parameter dtype, got {sorted(map(str, dtypes))}. HINT: cast "
+                "the model to one dtype before px.prepare (mixed precision is a setting)."
+            )
         if gather not in GATHER_MODES:
             raise ValueError(f"zero1 gather {gather!r}: use one of {', '.join(GATHER_MODES)}")
         self.gather = gather
@@ -114,10 +125,19 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         self._slots: list[_Slot] = [_Slot(p, self.world_size, self.rank) for p in params]
         self._by_param: dict[nn.Parameter, _Slot] = {slot.param: slot for slot in self._slots}
         padded = sum(s.padded for s in self._slots)
-        bucket = padded if gather == "persistent" else max(1, zero1_buckets.bucket_bytes(
-            padded * self.world_size * self._dtype.itemsize) // (self.world_size * self._dtype.itemsize))
+        bucket = (
+            padded
+            if gather == "persistent"
+            else max(
+                1,
+                zero1_buckets.bucket_bytes(padded * self.world_size * self._dtype.itemsize)
+                // (self.world_size * self._dtype.itemsize),
+            )
+        )
         # gloo, bucketed: large parameters are gathered straight into their rows, the rest in buckets
-        self._direct = zero1_buckets.gathered_directly(self._slots, self.world_size, self._gloo and gather == "bucketed")
+        self._direct = zero1_buckets.gathered_directly(
+            self._slots, self.world_size, self._gloo and gather == "bucketed"
+        )
         direct = {id(s) for s in self._direct}
         self._buckets = zero1_buckets.plan_buckets([s for s in self._slots if id(s) not in direct], bucket)
         self._persistent: torch.Tensor | None = None
@@ -125,9 +145,15 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
             numel = self._buckets[0].numel if self._buckets else 0
             self._persistent = torch.zeros(numel * self.world_size, dtype=self._dtype, device=device)
         self.optim = optimizer_class(
-            [{**{k: v for k, v in g.items() if k != "params"},
-              "params": [self._by_param[p].chunk for p in g["params"]]}
-             for g in self.param_groups], **defaults)
+            [
+                {
+                    **{k: v for k, v in g.items() if k != "params"},
+                    "params": [self._by_param[p].chunk for p in g["params"]],
+                }
+                for g in self.param_groups
+            ],
+            **defaults,
+        )
 
     def buffer_bytes(self) -> int:
         """Bytes this optimizer holds beyond the model, its gradients and the optimizer state:
@@ -166,16 +192,26 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         """Every rank's updated chunks -> the full parameters on every rank (one all-gather per
         bucket, in place; one in all with the persistent buffer)."""
         zero1_buckets.gather_directly(self._direct, self.world_size, self.process_group)
-        zero1_buckets.gather(self._buckets, self.world_size, self.rank, self._dtype, self._device,
-                             self.process_group, self._persistent, gloo=self._gloo)
+        zero1_buckets.gather(
+            self._buckets,
+            self.world_size,
+            self.rank,
+            self._dtype,
+            self._device,
+            self.process_group,
+            self._persistent,
+            gloo=self._gloo,
+        )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if hasattr(self, "optim"):
-            raise NotImplementedError("zero1 shards the optimizer's parameters once, at px.prepare; "
-                                      "HINT: build the optimizer with every param group before prepare")
+            raise NotImplementedError(
+                "zero1 shards the optimizer's parameters once, at px.prepare; "
+                "HINT: build the optimizer with every param group before prepare"
+            )
         super().add_param_group(param_group)
 
     # ---- checkpoints: chunk state <-> DTensors over the full shapes -------------------------
@@ -183,8 +219,9 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         from torch.distributed.device_mesh import DeviceMesh
 
         if getattr(self, "_device_mesh", None) is None:
-            ranks = dist.get_process_group_ranks(self.process_group) if self.process_group else \
-                list(range(self.world_size))
+            ranks = (
+                dist.get_process_group_ranks(self.process_group) if self.process_group else list(range(self.world_size))
+            )
             self._device_mesh = DeviceMesh(self._device.type, ranks)
         return self._device_mesh
 
@@ -197,16 +234,23 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
         if slot.replicated or not isinstance(value, torch.Tensor) or value.shape != slot.chunk.shape:
             return value  # e.g. AdamW's scalar `step`: the same on every rank
         if not isinstance(slot.param, DTensor):
-            return DTensor.from_local(value, self._mesh(), [Shard(0)], run_check=False,
-                                      shape=slot.param.shape, stride=slot.param.stride())
+            return DTensor.from_local(
+                value, self._mesh(), [Shard(0)], run_check=False, shape=slot.param.shape, stride=slot.param.stride()
+            )
         if not gather:
             return value
         padded = value.new_zeros(slot.rows_per_rank, *value.shape[1:])
-        padded[:value.shape[0]] = value
+        padded[: value.shape[0]] = value
         rows = value.new_empty(slot.rows_per_rank * self.world_size, *value.shape[1:])
         all_gather_single(rows, padded, group=self.process_group)
-        return DTensor.from_local(rows[:slot.full.shape[0]], slot.param.device_mesh, slot.param.placements,
-                                  run_check=False, shape=slot.param.shape, stride=slot.param.stride())
+        return DTensor.from_local(
+            rows[: slot.full.shape[0]],
+            slot.param.device_mesh,
+            slot.param.placements,
+            run_check=False,
+            shape=slot.param.shape,
+            stride=slot.param.stride(),
+        )
 
     def _refresh_state(self, gather: bool = False) -> None:
         """`state`, keyed by the full parameters: the chunks' state tensors wrapped."""
@@ -233,10 +277,14 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
                 if isinstance(value, DTensor):
                     value = value.to_local()
                     if isinstance(slot.param, DTensor) and not slot.replicated:
-                        value = value[slot.start:slot.end]  # this rank's tensor-parallel part, whole
-                elif isinstance(value, torch.Tensor) and not slot.replicated and value.dim() > 0 \
-                        and value.shape == slot.param.shape:  # full tensors (from a ddp checkpoint)
-                    value = value[slot.start:slot.end]
+                        value = value[slot.start : slot.end]  # this rank's tensor-parallel part, whole
+                elif (
+                    isinstance(value, torch.Tensor)
+                    and not slot.replicated
+                    and value.dim() > 0
+                    and value.shape == slot.param.shape
+                ):  # full tensors (from a ddp checkpoint)
+                    value = value[slot.start : slot.end]
                 local[key] = value.clone() if isinstance(value, torch.Tensor) else value
             self.optim.state[slot.chunk] = local
         self._refresh_state()

@@ -1,6 +1,7 @@
 """A parallel plan applied: what the facade's verbs (prepare, backward, no_sync, clip, full weights)
 do in that layout. One class for every plan; it asks the plan, and what `parallelize` applied,
 instead of branching on strategy names."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,11 @@ from phalanx.strategies.pipeline import grads as pipeline_grads
 from phalanx.strategies.pipeline import save as pipeline_save
 from phalanx.strategies.pipeline import state as pipeline_state
 from phalanx.strategies.pipeline.runner import PipelineRunner
-from phalanx.strategies.sharded_optimizer import (ShardedStateOptimizer, constructor_defaults,
-                                                  refuse_optimizer_with_state)
+from phalanx.strategies.sharded_optimizer import (
+    ShardedStateOptimizer,
+    constructor_defaults,
+    refuse_optimizer_with_state,
+)
 from phalanx.strategies.zero1_grads import Zero1Grads
 
 
@@ -73,19 +77,31 @@ class ParallelStrategy:
         before = list(model.named_parameters(remove_duplicate=False))
         # ep: each MoE layer keeps this rank's experts and sends tokens to theirs (before DDP wraps it)
         experts = expert_parallel.apply(model, self.layout, self.ctx.device, self.options.ep_plan)
-        done = parallelize(model, self.layout, options=self.options, precision=self.precision,
-                           device=self.ctx.device, backend=self.ctx.backend)
+        done = parallelize(
+            model,
+            self.layout,
+            options=self.options,
+            precision=self.precision,
+            device=self.ctx.device,
+            backend=self.ctx.backend,
+        )
         self.wrapper = done.wrapper
         # by the names the model had: checkpointed blocks sit inside wrappers after it
-        after = {activation_ckpt.plain_name(name): p
-                 for name, p in self.unwrap(done.model).named_parameters(remove_duplicate=False)}
+        after = {
+            activation_ckpt.plain_name(name): p
+            for name, p in self.unwrap(done.model).named_parameters(remove_duplicate=False)
+        }
         self._prepared_params.update(id(p) for p in after.values())
         for name, old in before:
             if after.get(name) is not None and after[name] is not old:
                 self._rebind[id(old)] = (weakref.ref(old), after[name])
         for name, old in before:
-            if after.get(name) is None and done.pipeline is not None and id(old) not in self._rebind \
-                    and id(old) not in self._prepared_params:  # cut away: another rank's stage
+            if (
+                after.get(name) is None
+                and done.pipeline is not None
+                and id(old) not in self._rebind
+                and id(old) not in self._prepared_params
+            ):  # cut away: another rank's stage
                 self._elsewhere[id(old)] = weakref.ref(old)
         if experts is not None:  # clipping counts every rank's experts; full weights gather them
             self._experts[id(self.unwrap(done.model))] = experts
@@ -103,13 +119,23 @@ class ParallelStrategy:
             self._other_units = done.other_units
             pipeline_grads.route_torch_clip(self.unwrap(done.model), self._pipeline_norm)
             pipeline_save.answer_save_pretrained(self.unwrap(done.model), self.layout.mesh("pp"), self.plan.describe())
-            get_logger().info("pipeline rank %d of %d runs stage(s) %s of %d (%s), %s, %d microbatches per step",
-                              done.pipeline.pp_rank, done.pipeline.pp, list(done.stages.stage_indices),
-                              done.stages.num_stages, ", ".join(done.stages.units), done.pipeline.schedule,
-                              done.pipeline.num_microbatches)
+            get_logger().info(
+                "pipeline rank %d of %d runs stage(s) %s of %d (%s), %s, %d microbatches per step",
+                done.pipeline.pp_rank,
+                done.pipeline.pp,
+                list(done.stages.stage_indices),
+                done.stages.num_stages,
+                ", ".join(done.stages.units),
+                done.pipeline.schedule,
+                done.pipeline.num_microbatches,
+            )
         prepared = weakref.ref(done.model)  # kept beside the model: no reference that keeps it alive
-        return answer_module_attribute(done.model, self.plan.describe(), self.plan.shards_parameters or self.plan.pp > 1,
-                                       full_weights=lambda: self.full_state_dict(prepared()))
+        return answer_module_attribute(
+            done.model,
+            self.plan.describe(),
+            self.plan.shards_parameters or self.plan.pp > 1,
+            full_weights=lambda: self.full_state_dict(prepared()),
+        )
 
     def held_elsewhere(self, key: str) -> bool:
         """Whether a state-dict key belongs to a unit another pipeline rank holds (pp > 1)."""
@@ -133,16 +159,19 @@ class ParallelStrategy:
             return None
         runner = self._pipelines.get(id(model))
         if runner is None:
-            raise ValueError(f"pp={self.plan.pp}: this {type(model).__name__} is not a model px.prepare returned, "
-                             "so phalanx has no pipeline to run it with. HINT: pass the model px.prepare(model, ...) "
-                             "returned")
+            raise ValueError(
+                f"pp={self.plan.pp}: this {type(model).__name__} is not a model px.prepare returned, "
+                "so phalanx has no pipeline to run it with. HINT: pass the model px.prepare(model, ...) "
+                "returned"
+            )
         return runner
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         """The optimizer over the prepared parameters: its groups re-pointed at replaced parameters
         (same object, hyperparameters and groups), or zero1's sharded-state optimizer over them."""
-        if self.plan.shards_optimizer_only and (isinstance(optimizer, ShardedStateOptimizer)
-                                                or _is_zero_redundancy(optimizer)):
+        if self.plan.shards_optimizer_only and (
+            isinstance(optimizer, ShardedStateOptimizer) or _is_zero_redundancy(optimizer)
+        ):
             return optimizer  # a zero1 optimizer the script built itself
         kind = optimizer_kinds.classify(optimizer)
         if optimizer_kinds.route(kind.kind, self.plan, type(optimizer).__name__, kind.declared) is Route.WHOLE_ON_OWNER:
@@ -151,8 +180,9 @@ class ParallelStrategy:
             refuse_optimizer_with_state(optimizer, self.name)
             if self._rebind or self._elsewhere:
                 self._point_at_replacements(optimizer)
-            return whole_tensor_step.build(optimizer, self.layout.group("stage_holders"), self.plan,
-                                           constructor_defaults)
+            return whole_tensor_step.build(
+                optimizer, self.layout.group("stage_holders"), self.plan, constructor_defaults
+            )
         if self._rebind or self._elsewhere or self.plan.shards_optimizer_only:
             refuse_optimizer_with_state(optimizer, self.name)
         if self._rebind or self._elsewhere:
@@ -163,10 +193,14 @@ class ParallelStrategy:
             groups = [dict(group) for group in optimizer.param_groups]
             for grads in self._zero1_grads:  # stepped by chunks: their gradients may be reduce-scattered
                 grads.shard([p for group in groups for p in group["params"]])
-            return ShardedStateOptimizer(groups, optimizer_class=type(optimizer),
-                                         process_group=self.layout.group("grad"),
-                                         device_mesh=self.layout.mesh("grad") if self.mesh is not None else None,
-                                         gather=self.options.zero1_gather, **constructor_defaults(optimizer))
+            return ShardedStateOptimizer(
+                groups,
+                optimizer_class=type(optimizer),
+                process_group=self.layout.group("grad"),
+                device_mesh=self.layout.mesh("grad") if self.mesh is not None else None,
+                gather=self.options.zero1_gather,
+                **constructor_defaults(optimizer),
+            )
         return optimizer
 
     def _point_at_replacements(self, optimizer: torch.optim.Optimizer) -> None:
@@ -184,7 +218,8 @@ class ParallelStrategy:
                     raise ValueError(
                         f"the optimizer holds a parameter of shape {tuple(p.shape)} that belongs to no "
                         f"model prepared by {self.name!r}. HINT: build the optimizer from "
-                        "model.parameters() and pass the model to px.prepare(model, optimizer).")
+                        "model.parameters() and pass the model to px.prepare(model, optimizer)."
+                    )
                 params.append(new)
             group["params"] = params
 
@@ -207,11 +242,14 @@ class ParallelStrategy:
         for runner in self._pipelines.values():
             runner.sync_tied()
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
         if self.plan.pp > 1:  # this rank's stages' norm, combined with the other stages'
             counted_elsewhere = {id(p) for runner in self._pipelines.values() for p in runner.counted_elsewhere()}
-            return pipeline_grads.clip_grad_norm_(parameters, max_norm, norm_type, pp_group=self.layout.mesh("pp"),
-                                                  uncounted=counted_elsewhere)
+            return pipeline_grads.clip_grad_norm_(
+                parameters, max_norm, norm_type, pp_group=self.layout.mesh("pp"), uncounted=counted_elsewhere
+            )
         if self._experts:  # torch's clip, routed: the norm counts every rank's experts once
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type)
         return grad_norm.clip_(list(parameters), max_norm, norm_type)

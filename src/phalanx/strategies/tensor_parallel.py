@@ -6,6 +6,7 @@ plan (`model._tp_plan` and `config.base_model_tp_plan`, the dicts transformers s
 Qwen and friends), or a refusal naming the model class. A plan maps module-name patterns (`*`
 matches one name segment: `layers.*.self_attn.q_proj`) to styles in transformers' vocabulary.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,7 +34,8 @@ def model_plan(model: nn.Module, given: Mapping[str, str] | None) -> dict[str, s
         f"tp > 1, but {type(model).__name__} has no tensor-parallel plan: phalanx does not know which of its "
         "layers to split. HINT: give tp_plan={module name pattern: style}, e.g. "
         "{'layers.*.attn.q': 'colwise', 'layers.*.attn.out': 'rowwise'} (Phalanx(tp_plan=...), YAML tp_plan:, "
-        "or --tp-plan as JSON); transformers models with a base_model_tp_plan need none.")
+        "or --tp-plan as JSON); transformers models with a base_model_tp_plan need none."
+    )
 
 
 def _transformers_plan(model: nn.Module) -> dict[str, str]:
@@ -48,8 +50,9 @@ def _transformers_plan(model: nn.Module) -> dict[str, str]:
     plan.update(getattr(model, "_tp_plan", None) or {})
     # a plan covers every variant of its family (Qwen3-MoE's dense-MLP layers): keep what this model has
     targets = _targets(model)
-    return {k: names.TP_STYLE_ALIASES.get(v, v) for k, v in plan.items()
-            if any(_pattern(k).match(name) for name in targets)}
+    return {
+        k: names.TP_STYLE_ALIASES.get(v, v) for k, v in plan.items() if any(_pattern(k).match(name) for name in targets)
+    }
 
 
 def _targets(model: nn.Module) -> list[str]:
@@ -58,8 +61,11 @@ def _targets(model: nn.Module) -> list[str]:
 
 
 def _pattern(text: str) -> re.Pattern[str]:
-    return re.compile("^" + r"\.".join(".+" if part == "**" else "[^.]+" if part == "*" else re.escape(part)
-                                       for part in text.split(".")) + "$")
+    return re.compile(
+        "^"
+        + r"\.".join(".+" if part == "**" else "[^.]+" if part == "*" else re.escape(part) for part in text.split("."))
+        + "$"
+    )
 
 
 def match(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
@@ -69,14 +75,18 @@ def match(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
     chosen: dict[str, str] = {}
     for pattern, style in plan.items():
         if style not in names.TP_STYLES:
-            raise ValueError(f"tp_plan {pattern!r}: unknown style {style!r}; choose one of {', '.join(names.TP_STYLES)}")
+            raise ValueError(
+                f"tp_plan {pattern!r}: unknown style {style!r}; choose one of {', '.join(names.TP_STYLES)}"
+            )
         regex = _pattern(pattern)
         hits = [name for name in modules if regex.match(name)]
         if not hits:
             sample = ", ".join(modules[:8]) + (", ..." if len(modules) > 8 else "")
-            raise ValueError(f"tp_plan pattern {pattern!r} matches no module of {type(model).__name__} "
-                             f"(its modules: {sample}). HINT: write module names as named_modules() gives them, "
-                             "with * for one name segment (layers.*.attn.q)")
+            raise ValueError(
+                f"tp_plan pattern {pattern!r} matches no module of {type(model).__name__} "
+                f"(its modules: {sample}). HINT: write module names as named_modules() gives them, "
+                "with * for one name segment (layers.*.attn.q)"
+            )
         for name in hits:
             chosen[name] = style
     return chosen
@@ -105,8 +115,13 @@ def _style(style: str, sequence_parallel: bool) -> Any:
     return tp_replicate.replicate_style(style)  # None for local: left as it is
 
 
-def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequence_parallel: bool = False,
-          chosen: Mapping[str, str] | None = None) -> dict[str, str]:
+def apply(
+    model: nn.Module,
+    tp_mesh: Any,
+    plan: Mapping[str, str] | None,
+    sequence_parallel: bool = False,
+    chosen: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """Split the layers `plan` names over `tp_mesh`, in place; returns module name -> style applied.
     `chosen`: module name -> style, matched already (a pipeline stage's part of the whole model's plan).
 
@@ -121,9 +136,11 @@ def apply(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str] | None, sequen
     chosen = tied.compatible_styles(model, chosen, ties)
     on_modules, on_params = tp_experts.split_entries(model, chosen)
     if on_params and sequence_parallel:
-        raise ValueError(f"sequence_parallel with {type(model).__name__}'s expert parameters split by tp "
-                         f"({', '.join(sorted(set(on_params.values())))}): the experts take whole tokens. "
-                         "HINT: leave sequence_parallel off for this model")
+        raise ValueError(
+            f"sequence_parallel with {type(model).__name__}'s expert parameters split by tp "
+            f"({', '.join(sorted(set(on_params.values())))}): the experts take whole tokens. "
+            "HINT: leave sequence_parallel off for this model"
+        )
     tp_experts.apply_parameters(model, on_params, tp_mesh)
     styles = {name: _style(style, sequence_parallel) for name, style in on_modules.items()}
     if sequence_parallel:
@@ -170,9 +187,11 @@ def shrink_to_one_rank(model: nn.Module, tp_plan: Mapping[str, str] | None, plan
         else:  # rowwise, rowwise_split_input
             dim, full_out = 1, None
         if weight.shape[dim] % tp:
-            raise ValueError(f"tp={tp}: layer {name!r} ({type(module).__name__}) has {weight.shape[dim]} "
-                             f"{'rows' if dim == 0 else 'columns'} to split, not a multiple of {tp}. "
-                             f"HINT: choose tp among the divisors of {weight.shape[dim]}")
+            raise ValueError(
+                f"tp={tp}: layer {name!r} ({type(module).__name__}) has {weight.shape[dim]} "
+                f"{'rows' if dim == 0 else 'columns'} to split, not a multiple of {tp}. "
+                f"HINT: choose tp among the divisors of {weight.shape[dim]}"
+            )
         whole = tuple(weight.shape)
         _narrow(module, "weight", dim, tp)
         if isinstance(module, nn.Embedding):  # torch's embedding backward gives its gradient whole

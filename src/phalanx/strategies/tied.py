@@ -7,6 +7,7 @@ placements before the split (an output projection split by vocabulary rows, colw
 embedding split by rows too, `embedding_rowwise`: both Shard(0)); a tie no split can keep gets both
 modules replicated; after the split every holder is pointed at one parameter again.
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -56,7 +57,9 @@ def compatible_styles(model: nn.Module, chosen: Mapping[str, str], groups: list[
         if False not in kinds and all(isinstance(modules[n], (nn.Embedding, nn.Linear)) for n, _ in group):
             for name, _ in group:  # the whole ones split by rows too
                 if out.get(name) in _WHOLE:
-                    out[name] = "embedding_rowwise" if isinstance(modules[name], nn.Embedding) else "colwise_gather_output"
+                    out[name] = (
+                        "embedding_rowwise" if isinstance(modules[name], nn.Embedding) else "colwise_gather_output"
+                    )
             continue
         for name, _ in group:
             out[name] = "replicate"

@@ -12,6 +12,7 @@ parameters, not modules:
   the ranks in backward; its output is each rank's partial sum over the intermediate features,
   summed over the ranks in forward (transformers' `MoeExpertsParallel`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -83,15 +84,18 @@ def install_experts(module: nn.Module, mesh: Any) -> None:
 
     whole = [n for n, p in module.named_parameters(recurse=False) if not isinstance(p, DTensor)]
     if whole:  # its output would be every rank's whole result summed: tp times too large
-        raise ValueError(f"tp_plan: 'moe_tp_experts' on {type(module).__name__}, but its parameters {whole} are not "
-                         "split by the plan. HINT: give them 'packed_colwise' / 'rowwise' entries (as transformers' "
-                         "own plan does), or use strategy='zero3' instead of tp for this model")
+        raise ValueError(
+            f"tp_plan: 'moe_tp_experts' on {type(module).__name__}, but its parameters {whole} are not "
+            "split by the plan. HINT: give them 'packed_colwise' / 'rowwise' entries (as transformers' "
+            "own plan does), or use strategy='zero3' instead of tp for this model"
+        )
     group = mesh.get_group()
     whole_in, partial_out = _sum_over(group, forward=False), _sum_over(group, forward=True)
     inner = module.forward
 
-    def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(
+        hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
         with _local_parameters(module):
             out = inner(whole_in(hidden_states), top_k_index, whole_in(top_k_weights), *args, **kwargs)
         return partial_out(out)
@@ -109,12 +113,15 @@ def split_entries(model: nn.Module, chosen: Mapping[str, str]) -> tuple[dict[str
                 raise ValueError(
                     f"tp_plan: {type(model).__name__} gives the module {name!r} the style 'packed_colwise'; phalanx "
                     "splits packed weights only where the plan names the 3-D expert parameter itself. HINT: use "
-                    "strategy='zero3' or pp instead of tp for this model, or give tp_plan with that layer 'replicate'")
+                    "strategy='zero3' or pp instead of tp for this model, or give tp_plan with that layer 'replicate'"
+                )
             on_modules[name] = style
         else:
             if style not in PARAM_STYLES:
-                raise ValueError(f"tp_plan: style {style!r} on the parameter {name!r} of {type(model).__name__}: "
-                                 f"a parameter takes {', '.join(PARAM_STYLES)}. HINT: name its module instead")
+                raise ValueError(
+                    f"tp_plan: style {style!r} on the parameter {name!r} of {type(model).__name__}: "
+                    f"a parameter takes {', '.join(PARAM_STYLES)}. HINT: name its module instead"
+                )
             on_params[name] = style
     return on_modules, on_params
 

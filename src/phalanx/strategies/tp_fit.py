@@ -6,6 +6,7 @@ without a word, and a model that views its projections as heads (`view(..., -1, 
 fails in its first forward, far from the cause: a Llama with 2 key/value heads at tp 4 has
 k_proj rows that 4 divides, but half a head per rank.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,11 @@ from torch import nn
 from phalanx.strategies.parallel_plan import ParallelPlan
 
 # transformers' config fields that tensor parallel splits: the name a message uses for each
-_CONFIG_FIELDS = (("num_attention_heads", "attention heads"), ("num_key_value_heads", "key/value heads"),
-                  ("intermediate_size", "MLP width"))
+_CONFIG_FIELDS = (
+    ("num_attention_heads", "attention heads"),
+    ("num_key_value_heads", "key/value heads"),
+    ("intermediate_size", "MLP width"),
+)
 # Styles that leave a layer whole, or whose uneven split torch handles end to end (an embedding's
 # rows, a head whose output is gathered: a vocabulary of 50257 at tp 2 is fine).
 _NOT_CHECKED = ("replicate", "local", "sequence_parallel", "embedding_rowwise", "colwise_gather_output")
@@ -59,4 +63,5 @@ def check(model: nn.Module, plan: ParallelPlan, chosen: Mapping[str, str]) -> No
     fits = [d for d in range(1, common + 1) if common % d == 0 and d <= max(tp, 8)]
     raise ValueError(
         f"tp={tp} does not divide the model's {', '.join(bad)}: each tensor-parallel rank must hold whole heads and "
-        f"an equal part of every split layer. HINT: choose tp among {', '.join(map(str, fits))}")
+        f"an equal part of every split layer. HINT: choose tp among {', '.join(map(str, fits))}"
+    )

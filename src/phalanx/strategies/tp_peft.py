@@ -10,6 +10,7 @@ with a LoRA layer holding the original as `base_layer` beside `lora_A` (in -> r)
   activations; the r-wide result is all-reduced), `lora_B` whole: both terms come out whole.
 The sum `base_layer(x) + scaling * lora_B(lora_A(x))` is then what one process computes.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -49,9 +50,11 @@ def choose(model: nn.Module, given: Mapping[str, str] | None) -> dict[str, str]:
             expanded[name] = style
             continue
         if style not in _ADAPTED:
-            raise ValueError(f"tp_plan style {style!r} on the LoRA-adapted layer {name!r}: adapters follow colwise or "
-                             "rowwise layers only. HINT: leave that layer out of target_modules, or split it colwise "
-                             "or rowwise")
+            raise ValueError(
+                f"tp_plan style {style!r} on the LoRA-adapted layer {name!r}: adapters follow colwise or "
+                "rowwise layers only. HINT: leave that layer out of target_modules, or split it colwise "
+                "or rowwise"
+            )
         expanded[f"{name}.base_layer"] = style
         adapters: Any = getattr(module, _ADAPTED[style], {})
         for adapter in adapters:

@@ -13,6 +13,7 @@ plain tensors, so the modules around it see what they saw before. How an input i
   each rank holds its own heads, so the parameter's gradient is the sum of the ranks' parts,
   which DTensor reduces (a Partial gradient) when the gradient is read or stepped.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -43,12 +44,17 @@ def _make_style(shard_input: bool) -> Any:
             for bname, buf in list(module.named_buffers(recurse=False)):
                 if buf is not None and not isinstance(buf, DTensor) and buf.is_floating_point():
                     persistent = bname not in module._non_persistent_buffers_set
-                    module.register_buffer(bname, DTensor.from_local(buf, mesh, [Replicate()], run_check=False),
-                                           persistent=persistent)
+                    module.register_buffer(
+                        bname, DTensor.from_local(buf, mesh, [Replicate()], run_check=False), persistent=persistent
+                    )
 
         def _inputs(self, module: nn.Module, args: Any, mesh: Any) -> Any:
-            return tuple(DTensor.from_local(a, mesh, [self.input_layout], run_check=False)
-                         if isinstance(a, torch.Tensor) and not isinstance(a, DTensor) else a for a in args)
+            return tuple(
+                DTensor.from_local(a, mesh, [self.input_layout], run_check=False)
+                if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
+                else a
+                for a in args
+            )
 
         @staticmethod
         def _outputs(module: nn.Module, outputs: Any, mesh: Any) -> Any:

@@ -18,6 +18,7 @@ a fingerprint of its part with the one the last step left, and the ranks agree w
 Checkpoints: `state_dict()` gives every state tensor whole (broadcast from its owner) on every rank,
 the layout a one-process or ddp optimizer saves, so a checkpoint resumes under any layout.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -26,7 +27,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
-
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -88,8 +88,13 @@ class WholeTensorOptimizer(torch.optim.Optimizer, Joinable):
     read); `optim` (None on a rank that owns nothing) is the user's class over the owned ones.
     """
 
-    def __init__(self, param_groups: list[dict[str, Any]], optimizer_class: type[torch.optim.Optimizer],
-                 process_group: Any = None, **defaults: Any):
+    def __init__(
+        self,
+        param_groups: list[dict[str, Any]],
+        optimizer_class: type[torch.optim.Optimizer],
+        process_group: Any = None,
+        **defaults: Any,
+    ):
         super().__init__(param_groups, defaults)
         Joinable.__init__(self)
         self.optimizer_class = optimizer_class
@@ -120,8 +125,7 @@ class WholeTensorOptimizer(torch.optim.Optimizer, Joinable):
         for index, group in enumerate(self.param_groups):
             mine = [self._by_param[id(p)] for p in group["params"] if self._by_param[id(p)].owner == self.rank]
             if mine:
-                groups.append({**{k: v for k, v in group.items() if k != "params"},
-                               "params": [s.whole for s in mine]})
+                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": [s.whole for s in mine]})
                 self._inner_groups.append(index)
         if groups:
             self.optim = self.optimizer_class(groups, **self._defaults)
@@ -211,7 +215,7 @@ class WholeTensorOptimizer(torch.optim.Optimizer, Joinable):
             dist.broadcast(flat, src=self._global(owner), group=self.process_group)
             offset = 0
             for slot in slots:
-                full = flat[offset:offset + slot.param.numel()].view(slot.param.shape)
+                full = flat[offset : offset + slot.param.numel()].view(slot.param.shape)
                 offset += slot.param.numel()
                 if slot.sharded:
                     slot.local().copy_(_local_part(slot.param, full))
@@ -221,8 +225,10 @@ class WholeTensorOptimizer(torch.optim.Optimizer, Joinable):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if hasattr(self, "_slots"):
-            raise NotImplementedError("phalanx assigns each parameter an owner once, at px.prepare; "
-                                      "HINT: build the optimizer with every param group before prepare")
+            raise NotImplementedError(
+                "phalanx assigns each parameter an owner once, at px.prepare; "
+                "HINT: build the optimizer with every param group before prepare"
+            )
         super().add_param_group(param_group)
 
     # ---- Join (zero1): a rank out of data still takes part in the owners' broadcasts -------------
@@ -245,18 +251,25 @@ class WholeTensorOptimizer(torch.optim.Optimizer, Joinable):
             box: list[Any] = [None]
             if owner == self.rank:
                 box[0] = [self._owned_state(s) for s in slots]
-            dist.broadcast_object_list(box, src=self._global(owner), group=self.process_group,
-                                       device=self._device() if self._device().type != "cpu" else None)
+            dist.broadcast_object_list(
+                box,
+                src=self._global(owner),
+                group=self.process_group,
+                device=self._device() if self._device().type != "cpu" else None,
+            )
             for slot, state in zip(slots, box[0]):
-                self.state[slot.param] = {k: v.to(self._device()) if isinstance(v, torch.Tensor) else v
-                                          for k, v in state.items()}
+                self.state[slot.param] = {
+                    k: v.to(self._device()) if isinstance(v, torch.Tensor) else v for k, v in state.items()
+                }
         return super().state_dict()
 
     def _owned_state(self, slot: _Slot) -> dict[str, Any]:
         if self.optim is None or slot.whole is None:
             return {}
-        return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
-                for k, v in self.optim.state.get(slot.whole, {}).items()}
+        return {
+            k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+            for k, v in self.optim.state.get(slot.whole, {}).items()
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -282,8 +295,12 @@ class _BroadcastJoinHook(JoinHook):
         self.optimizer._scatter()
 
 
-def build(optimizer: torch.optim.Optimizer, holders: Any, plan: Any,
-          constructor_defaults: Callable[[torch.optim.Optimizer], dict[str, Any]]) -> WholeTensorOptimizer:
+def build(
+    optimizer: torch.optim.Optimizer,
+    holders: Any,
+    plan: Any,
+    constructor_defaults: Callable[[torch.optim.Optimizer], dict[str, Any]],
+) -> WholeTensorOptimizer:
     """A WholeTensorOptimizer with `optimizer`'s class, groups and hyperparameters, over `holders`:
     the process group of the ranks that hold the same parameters (the layout's "stage_holders")."""
     groups = [dict(group) for group in optimizer.param_groups]
@@ -296,6 +313,6 @@ def build(optimizer: torch.optim.Optimizer, holders: Any, plan: Any,
             f"{plan.describe()} steps {name} on whole tensors, one owner rank per parameter, and rebuilds it on "
             f"each owner as {name}(param_groups, **defaults); that failed: {error}. HINT: keep {name}'s "
             "constructor arguments in its defaults (super().__init__(params, defaults)), or, if its step is "
-            f"element-wise, declare it: phalanx.declare_optimizer({name}, elementwise=True)") from error
-    return WholeTensorOptimizer(groups, type(optimizer), process_group=holders,
-                                **defaults)
+            f"element-wise, declare it: phalanx.declare_optimizer({name}, elementwise=True)"
+        ) from error
+    return WholeTensorOptimizer(groups, type(optimizer), process_group=holders, **defaults)

@@ -12,6 +12,7 @@ while it is gathered. Measured on bench/memory.py's Llama (31.6 MB of fp32 param
 processes): with one 16 MiB bucket plus a send buffer and a reshaped copy, zero1's step peaked at
 39 MiB above its at-rest memory, above ddp's peak; with buckets of 1/16 of the model, at ~5 MiB.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,10 +63,10 @@ class Piece:
     def pack(self, send: torch.Tensor) -> None:
         """This rank's rows into `send` (this piece's part of the rank's slot in the buffer)."""
         chunk = self.slot.chunk
-        rows = (chunk if self.slot.replicated else chunk[self.lo:self.hi]).reshape(-1)  # a view: rows are contiguous
-        send[:rows.numel()].copy_(rows)
+        rows = (chunk if self.slot.replicated else chunk[self.lo : self.hi]).reshape(-1)  # a view: rows are contiguous
+        send[: rows.numel()].copy_(rows)
         if rows.numel() < send.numel():  # the short last chunk
-            send[rows.numel():].zero_()
+            send[rows.numel() :].zero_()
 
     def unpack(self, gathered: torch.Tensor, world_size: int) -> None:
         """Every rank's rows (`gathered`: world_size x padded) into the full parameter."""
@@ -76,7 +77,7 @@ class Piece:
             start, end = dim0_chunk(full.shape[0], world_size, r)
             a, b = start + self.lo, min(start + self.hi, end)
             if b > a:
-                part = gathered[r, :(b - a) * self.slot.row_numel]
+                part = gathered[r, : (b - a) * self.slot.row_numel]
                 full[a:b].copy_(part.view(b - a, *full.shape[1:]))
 
 
@@ -111,8 +112,11 @@ def plan_buckets(slots: list[Any], numel: int) -> list[Bucket]:
 
 def gathered_directly(slots: list[Any], world_size: int, gloo: bool) -> list[Any]:
     """The slots gathered straight into their parameters' rows (gloo, large, contiguous)."""
-    return [s for s in slots if gloo and not s.replicated and s.padded * world_size >= DIRECT_NUMEL
-            and s.full.is_contiguous()]
+    return [
+        s
+        for s in slots
+        if gloo and not s.replicated and s.padded * world_size >= DIRECT_NUMEL and s.full.is_contiguous()
+    ]
 
 
 def gather_directly(slots: list[Any], world_size: int, group: Any) -> None:
@@ -126,19 +130,28 @@ def gather_directly(slots: list[Any], world_size: int, group: Any) -> None:
     gloo_comms.broadcasts(parts, group)
 
 
-def gather(buckets: list[Bucket], world_size: int, rank: int, dtype: torch.dtype, device: torch.device,
-           group: Any, persistent: torch.Tensor | None = None, gloo: bool = False) -> None:
+def gather(
+    buckets: list[Bucket],
+    world_size: int,
+    rank: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    group: Any,
+    persistent: torch.Tensor | None = None,
+    gloo: bool = False,
+) -> None:
     """One in-place all-gather per bucket: this rank's rows out, every rank's rows into the
     parameters. `persistent`: one buffer for the single bucket, kept by the caller. `gloo`: one
     broadcast per rank straight into its rows of the buffer (gloo_comms: no buffer of gloo's own)."""
     for bucket in buckets:
-        received = persistent if persistent is not None else \
-            torch.empty(bucket.numel * world_size, dtype=dtype, device=device)
+        received = (
+            persistent if persistent is not None else torch.empty(bucket.numel * world_size, dtype=dtype, device=device)
+        )
         table = received.view(world_size, bucket.numel)
         send = table[rank]
         offset = 0
         for piece in bucket.pieces:
-            piece.pack(send[offset:offset + piece.padded])
+            piece.pack(send[offset : offset + piece.padded])
             offset += piece.padded
         if gloo:
             gloo_comms.gather_by_broadcasts(list(table), group)
@@ -146,6 +159,6 @@ def gather(buckets: list[Bucket], world_size: int, rank: int, dtype: torch.dtype
             all_gather_single(received, send, group=group)
         offset = 0
         for piece in bucket.pieces:
-            piece.unpack(table[:, offset:offset + piece.padded], world_size)
+            piece.unpack(table[:, offset : offset + piece.padded], world_size)
             offset += piece.padded
         del send, received, table  # a bucket's buffer goes before the next one's is made

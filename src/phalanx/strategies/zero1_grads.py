@@ -22,6 +22,7 @@ routed into torch's clip_grad_norm_ for the prepared model), and a bucket holdin
 no zero1 optimizer steps by chunks (another optimizer, whole-tensor steps) is all-reduced as DDP
 does; so is every bucket under a compression comm hook (strategies/ddp.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,9 @@ class _GradSlot:
 def _grad_slot(p: torch.Tensor, offset: int, world: int) -> _GradSlot:
     rows = p.shape[0] if p.dim() else 1
     row_numel = math.prod(p.shape[1:]) if p.dim() else 1
-    return _GradSlot(offset, p.numel(), rows, row_numel, rows if p.dim() == 0 else math.ceil(rows / world),
-                     p.dim() == 0)
+    return _GradSlot(
+        offset, p.numel(), rows, row_numel, rows if p.dim() == 0 else math.ceil(rows / world), p.dim() == 0
+    )
 
 
 class Zero1Grads:
@@ -115,38 +117,41 @@ class Zero1Grads:
         most = max(piece.numel for piece in plan)
         send, mine = flat.new_empty(self.world * most), flat.new_empty(most)
         for piece in plan:
-            self._reduce_scatter(flat, piece, send[:self.world * piece.numel].view(self.world, piece.numel),
-                                 mine[:piece.numel])
+            self._reduce_scatter(
+                flat, piece, send[: self.world * piece.numel].view(self.world, piece.numel), mine[: piece.numel]
+            )
         # on a GPU the future records the current stream, which the collectives and the writes ran on
         done: torch.futures.Future = torch.futures.Future(devices=[flat.device] if flat.is_cuda else None)
         done.set_result(flat)
         return done
 
-    def _reduce_scatter(self, flat: torch.Tensor, piece: zero1_buckets.Bucket, send: torch.Tensor,
-                        mine: torch.Tensor) -> None:
+    def _reduce_scatter(
+        self, flat: torch.Tensor, piece: zero1_buckets.Bucket, send: torch.Tensor, mine: torch.Tensor
+    ) -> None:
         """One piece of a bucket: every rank's rows packed, reduce-scattered, the mean of this
         rank's rows written back into `flat`."""
         at = 0
         for part in piece.pieces:
             for r in range(self.world):
                 a, b = part.slot.span(r, self.world, part.lo, part.hi)
-                region = send[r, at:at + part.padded]
-                region[:b - a].copy_(flat[a:b])
-                region[b - a:].zero_()  # the short last chunk
+                region = send[r, at : at + part.padded]
+                region[: b - a].copy_(flat[a:b])
+                region[b - a :].zero_()  # the short last chunk
             at += part.padded
         dist.reduce_scatter_tensor(mine, send.view(-1), group=self.group)
         at = 0
         for part in piece.pieces:
             a, b = part.slot.span(self.rank, self.world, part.lo, part.hi)
-            torch.div(mine[at:at + b - a], self.world, out=flat[a:b])
+            torch.div(mine[at : at + b - a], self.world, out=flat[a:b])
             at += part.padded
 
     def norm(self, grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
         """The global norm of `grads` (the prepared model's): each reduce-scattered gradient counted
         by its owner's rows (combined over the ranks, a scalar once), every other one whole."""
         norm_type = float(norm_type)
-        by_grad = {id(p.grad): p for p in (ref() for ref in self._sharded.values())
-                   if p is not None and p.grad is not None}
+        by_grad = {
+            id(p.grad): p for p in (ref() for ref in self._sharded.values()) if p is not None and p.grad is not None
+        }
         own, whole = [], []
         for g in grads:
             p = by_grad.get(id(g))
@@ -157,8 +162,9 @@ class Zero1Grads:
                 a, b = slot.span(self.rank, self.world, 0, slot.rows_per_rank)
                 own.append(g.detach().reshape(-1)[a:b])
         device = grads[0].device if grads else torch.device("cpu")
-        local = torch.stack([torch.linalg.vector_norm(t, norm_type).float() for t in own]
-                            or [torch.zeros((), device=device)])
+        local = torch.stack(
+            [torch.linalg.vector_norm(t, norm_type).float() for t in own] or [torch.zeros((), device=device)]
+        )
         if math.isinf(norm_type):
             total = local.max()
             dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.group)

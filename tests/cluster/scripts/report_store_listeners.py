@@ -1,6 +1,7 @@
 """Worker script: rank 0 prints the addresses listening on the store's port (MASTER_PORT), and
 whether a TCP connection to that port on each of the machine's non-loopback addresses is refused.
 With --init, after joining the process group (whose store the workers may open themselves)."""
+
 import os
 import socket
 import sys

@@ -2,6 +2,7 @@
 `phalanx parity --steps 3 ...`): a tiny transformers Llama, `model(input_ids=ids, labels=ids).loss`,
 `px.backward`, torch's `clip_grad_norm_`, AdamW; 4 rows per process (a fixed per-process batch, as
 `phalanx parity` wants)."""
+
 import torch
 import transformers
 from torch.utils.data import DataLoader, TensorDataset
@@ -10,8 +11,16 @@ from phalanx import Phalanx
 
 px = Phalanx()
 torch.manual_seed(0)
-config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+config = transformers.LlamaConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=64,
+)
 model = transformers.LlamaForCausalLM(config)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 rows = torch.randint(0, 64, (64, 16), generator=torch.Generator().manual_seed(1))

@@ -1,4 +1,5 @@
 """An unmodified HuggingFace Accelerate training script: it must run under `phalanx run`."""
+
 import json
 import sys
 
@@ -21,5 +22,11 @@ for x, y in loader:
 weights = accelerator.gather(accelerator.unwrap_model(model).weight.detach().reshape(1, -1))
 if accelerator.is_main_process:
     with open(sys.argv[1], "w") as f:
-        json.dump({"num_processes": accelerator.num_processes, "steps": steps,
-                   "ranks_agree": bool(torch.equal(weights[0], weights[1]))}, f)
+        json.dump(
+            {
+                "num_processes": accelerator.num_processes,
+                "steps": steps,
+                "ranks_agree": bool(torch.equal(weights[0], weights[1])),
+            },
+            f,
+        )

@@ -1,5 +1,6 @@
 """An unmodified Lightning Fabric training script, as Fabric's docs write one for `fabric run` (no
 `fabric.launch()`: the CLI made the processes): it must run under `phalanx run` as one world."""
+
 import json
 import sys
 
@@ -22,5 +23,12 @@ for x, y in loader:
 weights = fabric.all_gather(model.weight.detach().reshape(1, -1))
 if fabric.is_global_zero:
     with open(sys.argv[1], "w") as f:
-        json.dump({"world_size": fabric.world_size, "steps": steps, "precision": str(fabric._precision.precision),
-                   "ranks_agree": bool(torch.equal(weights[0], weights[-1]))}, f)
+        json.dump(
+            {
+                "world_size": fabric.world_size,
+                "steps": steps,
+                "precision": str(fabric._precision.precision),
+                "ranks_agree": bool(torch.equal(weights[0], weights[-1])),
+            },
+            f,
+        )

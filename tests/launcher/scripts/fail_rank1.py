@@ -1,4 +1,5 @@
 """Test worker: rank 1 raises after the process group is up; the others wait to be stopped."""
+
 import os
 import time
 

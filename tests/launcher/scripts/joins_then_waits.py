@@ -1,5 +1,6 @@
 """A plain torch script that joins its process group, then waits (at most 120 s) until the test
 writes OUT/go: a job still running while the launcher is expected to speak."""
+
 import sys
 import time
 from pathlib import Path

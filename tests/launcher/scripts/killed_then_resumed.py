@@ -1,6 +1,7 @@
 """Test worker: checkpoints every 2 optimizer steps; on the first attempt rank 1 is killed by SIGKILL
 after step 3 (watchdog step 2: its third batch), once its heartbeat has been published; the restarted
 group resumes from the checkpoint of step 2 and finishes. Rank 0 writes OUT/resumed.txt."""
+
 import os
 import signal
 import sys

@@ -1,4 +1,5 @@
 """A torch.distributed.launch-era script: argparse requires --local_rank."""
+
 import argparse
 import json
 import os
@@ -26,6 +27,14 @@ for x, y in loader:
     px.backward(torch.nn.functional.mse_loss(model(x), y))
     optimizer.step()
 with open(os.path.join(args.out, f"rank{px.rank}.json"), "w") as fp:
-    json.dump({"local_rank_arg": args.local_rank, "local_rank": px.local_rank, "world_size": px.world_size,
-               "seen": seen, "weight": px.unwrap_model(model).weight.item()}, fp)
+    json.dump(
+        {
+            "local_rank_arg": args.local_rank,
+            "local_rank": px.local_rank,
+            "world_size": px.world_size,
+            "seen": seen,
+            "weight": px.unwrap_model(model).weight.item(),
+        },
+        fp,
+    )
 px.print(f"trained on {px.world_size} ranks")

@@ -1,5 +1,6 @@
 """Worker script: after a barrier (so ranks print at the same time), print N lines to stdout and
 N // 10 to stderr, each `rank<R> <stream> <i> xxx...`: a merged or broken line cannot match that."""
+
 import os
 import sys
 

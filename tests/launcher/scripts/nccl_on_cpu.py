@@ -1,4 +1,5 @@
 """A GPU script's first line, run where no GPU is."""
+
 import torch.distributed as dist
 
 dist.init_process_group("nccl")

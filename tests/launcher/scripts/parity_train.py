@@ -1,6 +1,7 @@
 """A small training script for `phalanx parity`: correct by default; `--bug loss` multiplies the loss by
 the world size, `--batchnorm` puts BatchNorm in the model, `--stop-after M` ends after M steps,
 `--no-backward` never trains, `--batch-from-dp-size` sets the per-process batch from a global 8 // px.dp_size."""
+
 import argparse
 
 import torch
@@ -21,8 +22,11 @@ px = Phalanx(seed=0)
 g = torch.Generator().manual_seed(0)
 x = torch.randn(64, 6, generator=g) * 3 + 1
 y = (x.sum(1) > 3).long()
-layers = [nn.Linear(6, 16)] + ([nn.BatchNorm1d(16)] if args.batchnorm else []) + [nn.ReLU(), nn.Dropout(0.3),
-                                                                                   nn.Linear(16, 2)]
+layers = (
+    [nn.Linear(6, 16)]
+    + ([nn.BatchNorm1d(16)] if args.batchnorm else [])
+    + [nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 2)]
+)
 model = nn.Sequential(*layers)
 optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
 loader = DataLoader(TensorDataset(x, y), batch_size=8 // px.dp_size if args.batch_from_dp_size else 4, shuffle=True)

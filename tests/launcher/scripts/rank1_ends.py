@@ -1,5 +1,6 @@
 """Test worker: rank 1 ends with `sys.exit(N)` (argv[1] = N) or, with argv[1] = "kill", by SIGKILL;
 the other ranks wait to be stopped. No process group: the exit code path only."""
+
 import os
 import signal
 import sys

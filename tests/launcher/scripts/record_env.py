@@ -1,4 +1,5 @@
 """Test worker: writes its launcher-visible environment to OUTDIR/rank{RANK}.json after a barrier."""
+
 import json
 import os
 import sys
@@ -6,10 +7,24 @@ import sys
 import torch
 import torch.distributed as dist
 
-KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-        "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PHALANX_STRATEGY", "PHALANX_MIXED_PRECISION",
-        "PHALANX_WATCHDOG_TIMEOUT", "PHALANX_DEEPSPEED_CONFIG", "PHALANX_GRAD_ACCUM_STEPS", "ACCELERATE_USE_CPU",
-        "ACCELERATE_MIXED_PRECISION")
+KEYS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "PHALANX_STRATEGY",
+    "PHALANX_MIXED_PRECISION",
+    "PHALANX_WATCHDOG_TIMEOUT",
+    "PHALANX_DEEPSPEED_CONFIG",
+    "PHALANX_GRAD_ACCUM_STEPS",
+    "ACCELERATE_USE_CPU",
+    "ACCELERATE_MIXED_PRECISION",
+)
 
 out_dir = sys.argv[1]
 dist.init_process_group("gloo")

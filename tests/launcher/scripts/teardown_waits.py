@@ -3,6 +3,7 @@ finishes its training, then waits in the interpreter's teardown, as gloo's `~Asy
 can wait on the interpreter lock there: an object collected at finalization blocks for 180 s (the
 race made certain). `--linger S`: an exit handler also waits S seconds (a job a timeout stops
 after its last step). Each rank prints DONE when training is over."""
+
 import atexit
 import sys
 import time

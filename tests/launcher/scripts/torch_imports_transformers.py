@@ -1,5 +1,6 @@
 """A plain torch DDP script that imports transformers and accelerate (as nanoGPT's imports
 transformers) but never makes an Accelerator: no Accelerate script."""
+
 import accelerate  # noqa: F401  (imported, never used: what an import of transformers may do)
 import torch
 import torch.distributed as dist

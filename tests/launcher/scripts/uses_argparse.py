@@ -1,4 +1,5 @@
 """A script with argparse options of its own (--lr): a launcher flag after it is rejected there."""
+
 import argparse
 
 parser = argparse.ArgumentParser()

@@ -1,4 +1,5 @@
 """Test worker: joins the group, writes OUT/ready{rank} (argv[1] = OUT), then waits for Ctrl-C."""
+
 import os
 import sys
 import time

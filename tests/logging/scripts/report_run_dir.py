@@ -1,4 +1,5 @@
 """Test worker: prints the run dir it was given, logs through phalanx's logger, logs one metric."""
+
 import sys
 
 from phalanx import Phalanx

@@ -1,5 +1,6 @@
 """A short training run for the tracker and profiler tests: 8 optimizer steps of a tiny model,
 `px.log` of known values every step, hyper-parameters through `px.log_hyperparams`."""
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 

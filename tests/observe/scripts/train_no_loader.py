@@ -1,5 +1,6 @@
 """A loop no prepared loader feeds, as many scripts write it: `px.prepare(model, optimizer)` and
 the batches made in the loop. `--steps N` optimizer steps; every rank its own random batch."""
+
 import argparse
 import os
 

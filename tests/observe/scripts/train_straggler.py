@@ -1,6 +1,7 @@
 """A small DDP job for the observe tests: `--straggler data` makes rank 1's loader sleep DELAY ms per
 batch, `--straggler forward` makes rank 1's forward take DELAY ms longer; `--until FILE` keeps
 training (one epoch after another, up to --steps) until FILE exists."""
+
 import argparse
 import os
 import time
@@ -46,8 +47,9 @@ torch.manual_seed(0)
 px = Phalanx(strategy=args.strategy, seed=0)
 data = TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
 net = Net()
-model, opt, loader = px.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01),
-                                DataLoader(data, batch_size=4, collate_fn=collate))
+model, opt, loader = px.prepare(
+    net, torch.optim.SGD(net.parameters(), lr=0.01), DataLoader(data, batch_size=4, collate_fn=collate)
+)
 
 
 def told_to_stop(step):

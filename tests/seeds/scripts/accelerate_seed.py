@@ -3,6 +3,7 @@
 
     phalanx run --nproc-per-node 2 [--mixed-precision bf16] accelerate_seed.py OUT_DIR
 """
+
 import os
 import sys
 
@@ -40,9 +41,17 @@ def main(out_dir):
         for _x, _y, ids in validloader:
             gathered += accelerator.gather_for_metrics(ids).tolist()
     accelerator.print(f"num_processes {accelerator.num_processes}")
-    report(out_dir, "accelerate_seed", int(os.environ["RANK"]), seen=seen, gathered=gathered,
-           num_processes=accelerator.num_processes, is_main=accelerator.is_main_process,
-           mixed_precision=accelerator.mixed_precision, distributed_type=str(accelerator.distributed_type))
+    report(
+        out_dir,
+        "accelerate_seed",
+        int(os.environ["RANK"]),
+        seen=seen,
+        gathered=gathered,
+        num_processes=accelerator.num_processes,
+        is_main=accelerator.is_main_process,
+        mixed_precision=accelerator.mixed_precision,
+        distributed_type=str(accelerator.distributed_type),
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Seed 002's single-machine recipe: torch.nn.DataParallel, no process group at all.
 
-    phalanx run --nproc-per-node 2 data_parallel.py OUT_DIR
+phalanx run --nproc-per-node 2 data_parallel.py OUT_DIR
 """
+
 import os
 import sys
 

@@ -5,6 +5,7 @@ rank-0 `model.module` save stay as the seed wrote them.
 
     phalanx run --nproc-per-node 2 [--strategy zero3 | --tp 2] ddp_sampler.py OUT_DIR
 """
+
 import os
 import sys
 
@@ -80,5 +81,15 @@ except AttributeError as error:
 full = px.get_state_dict(model)
 if px.is_main_process:
     torch.save(full, os.path.join(out_dir, "full.pt"))
-report(out_dir, "ddp_sampler", px.rank, seen=seen, accs=accs, gathered=gathered, saved=saved,
-       module_error=module_error, dp_rank=px.dp_rank, dp_size=px.dp_size)
+report(
+    out_dir,
+    "ddp_sampler",
+    px.rank,
+    seen=seen,
+    accs=accs,
+    gathered=gathered,
+    saved=saved,
+    module_error=module_error,
+    dp_rank=px.dp_rank,
+    dp_size=px.dp_size,
+)

@@ -3,6 +3,7 @@ classification: TrainingArguments with a per-device batch, trainer.train().
 
     phalanx run --nproc-per-node 2 [--mixed-precision bf16] hf_trainer.py OUT_DIR
 """
+
 import os
 import sys
 
@@ -25,16 +26,35 @@ class Reviews(Dataset):
 
 
 def main(out_dir):
-    config = BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=8)
+    config = BertConfig(
+        vocab_size=32,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=8,
+    )
     model = BertForSequenceClassification(config)
-    args = TrainingArguments(output_dir=os.path.join(out_dir, "trainer"), per_device_train_batch_size=4,
-                             num_train_epochs=1, report_to=[], save_strategy="no", disable_tqdm=True,
-                             dataloader_num_workers=0)
+    args = TrainingArguments(
+        output_dir=os.path.join(out_dir, "trainer"),
+        per_device_train_batch_size=4,
+        num_train_epochs=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=Reviews())
     trainer.train()
-    report(out_dir, "hf_trainer", int(os.environ["RANK"]), seen=[SEEN], world_size=args.world_size,
-           steps=trainer.state.global_step, mixed_precision=trainer.accelerator.mixed_precision)
+    report(
+        out_dir,
+        "hf_trainer",
+        int(os.environ["RANK"]),
+        seen=[SEEN],
+        world_size=args.world_size,
+        steps=trainer.state.global_step,
+        mixed_precision=trainer.accelerator.mixed_precision,
+    )
 
 
 if __name__ == "__main__":

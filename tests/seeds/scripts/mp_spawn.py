@@ -4,6 +4,7 @@ port comes from the command line here (the seed fixes 12355; tests need a free o
 
     phalanx run --nproc-per-node 1 [--strategy zero3] mp_spawn.py OUT_DIR PORT
 """
+
 import os
 import sys
 
@@ -25,8 +26,9 @@ def ddp_setup(rank, world_size, port):
 
 
 def prepare_dataloader(dataset, batch_size):
-    return DataLoader(dataset, batch_size=batch_size, pin_memory=False, shuffle=False,
-                      sampler=DistributedSampler(dataset))
+    return DataLoader(
+        dataset, batch_size=batch_size, pin_memory=False, shuffle=False, sampler=DistributedSampler(dataset)
+    )
 
 
 def main(rank, world_size, total_epochs, batch_size, out_dir, port):

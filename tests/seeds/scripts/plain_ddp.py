@@ -3,6 +3,7 @@ DistributedSampler, no phalanx inside (gloo here: these machines have no GPU).
 
     phalanx run --nproc-per-node 2 plain_ddp.py OUT_DIR
 """
+
 import os
 import sys
 

@@ -1,5 +1,6 @@
 """The seeds' data, small: 64 training and 50 validation rows, each carrying its id so a test can
 count who read what. Shared by the seed-style scripts beside it."""
+
 import json
 import os
 
@@ -14,8 +15,10 @@ def datasets():
     x = torch.randn(NUM_TRAIN + NUM_VALID, 13, generator=g)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
     ids = torch.arange(NUM_TRAIN + NUM_VALID)
-    return (TensorDataset(x[:NUM_TRAIN], y[:NUM_TRAIN], ids[:NUM_TRAIN]),
-            TensorDataset(x[NUM_TRAIN:], y[NUM_TRAIN:], ids[NUM_TRAIN:] - NUM_TRAIN))
+    return (
+        TensorDataset(x[:NUM_TRAIN], y[:NUM_TRAIN], ids[:NUM_TRAIN]),
+        TensorDataset(x[NUM_TRAIN:], y[NUM_TRAIN:], ids[NUM_TRAIN:] - NUM_TRAIN),
+    )
 
 
 class SimpleNN(torch.nn.Module):

@@ -6,6 +6,7 @@ the allowed (query, key) pairs, comm.py holds the autograd Functions over torch'
 attention.py runs attention across the cut with Ulysses (all-to-all over heads) or an all-gather
 of keys and values. transformers models reach it through hf.py's attention function.
 """
+
 from phalanx.strategies.context.cut_attention import attention, choose_algorithm
 from phalanx.strategies.context.layout import SequenceLayout, active_layout, using_layout
 from phalanx.strategies.context.shard import shard_sequence

@@ -1,6 +1,7 @@
 """Autograd Functions over torch's collectives for attention across the cut: an all-gather along
 the sequence whose backward reduce-scatters the gradients, and the all-to-all Ulysses swaps heads
 for sequence with (its own transpose: the backward is the same exchange)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -8,6 +8,7 @@
 
 Both apply the mask from global positions (masks.py), so the result equals one process's.
 """
+
 from __future__ import annotations
 
 import enum
@@ -35,8 +36,10 @@ def choose_algorithm(num_kv_heads: int, cp_size: int, requested: str = "auto") -
         raise ValueError(f"context parallel: unknown attention algorithm {requested!r}; valid: {', '.join(ALGORITHMS)}")
     divisible = num_kv_heads % cp_size == 0
     if requested == Algorithm.ULYSSES.value and not divisible:
-        raise ValueError(f"context parallel: Ulysses splits the {num_kv_heads} key/value heads over cp={cp_size} "
-                         "ranks, which does not divide them. HINT: use algorithm 'allgather' (any head count) or 'auto'")
+        raise ValueError(
+            f"context parallel: Ulysses splits the {num_kv_heads} key/value heads over cp={cp_size} "
+            "ranks, which does not divide them. HINT: use algorithm 'allgather' (any head count) or 'auto'"
+        )
     if requested != "auto":
         return Algorithm(requested), "requested"
     if divisible:
@@ -44,9 +47,18 @@ def choose_algorithm(num_kv_heads: int, cp_size: int, requested: str = "auto") -
     return Algorithm.ALLGATHER, f"{num_kv_heads} key/value heads do not divide over cp={cp_size}"
 
 
-def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, causal: bool = True,
-              sliding_window: int | None = None, scale: float | None = None, softcap: float | None = None,
-              algorithm: str = "auto", layout: SequenceLayout | None = None) -> torch.Tensor:
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    algorithm: str = "auto",
+    layout: SequenceLayout | None = None,
+) -> torch.Tensor:
     """Scaled dot-product attention of this rank's queries [B, H, S_local, D] over the whole
     sequence, keys/values [B, H_kv, S_local, D] (H a multiple of H_kv); returns [B, H, S_local, D].
 
@@ -57,9 +69,12 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, ca
     """
     layout = layout if layout is not None else active_layout()
     scale = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
-    mask_of = dict(causal=causal, sliding_window=sliding_window,
-                   documents=None if layout is None else layout.documents,
-                   key_padding=None if layout is None else layout.key_padding)
+    mask_of = dict(
+        causal=causal,
+        sliding_window=sliding_window,
+        documents=None if layout is None else layout.documents,
+        key_padding=None if layout is None else layout.key_padding,
+    )
     if layout is None or layout.cp_size == 1:
         return _attend_whole(query, key, value, mask_of, scale, softcap)
     chosen, why = choose_algorithm(key.shape[1], layout.cp_size, algorithm)
@@ -73,23 +88,25 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, ca
         out = _attend_whole(q, k, v, mask_of, scale, softcap)
         return comm.sequence_to_heads(out.index_select(2, gathered), layout.group)
     k, v = (comm.gather_sequence(t, 2, layout.group) for t in (key, value))
-    return attend_masked(query, k, v, masks.allowed(layout.local.to(query.device), gathered, **mask_of), scale,
-                         softcap)
+    return attend_masked(query, k, v, masks.allowed(layout.local.to(query.device), gathered, **mask_of), scale, softcap)
 
 
-def _attend_whole(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_of: dict, scale: float,
-                  softcap: float | None) -> torch.Tensor:
+def _attend_whole(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_of: dict, scale: float, softcap: float | None
+) -> torch.Tensor:
     """Attention over whole sequences in natural order: SDPA's is_causal when the mask is only causal."""
     if softcap is None and all(mask_of[name] is None for name in ("sliding_window", "documents", "key_padding")):
         with sdpa_pause.paused():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=mask_of["causal"], scale=scale,
-                                                  enable_gqa=k.shape[1] != q.shape[1])
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=mask_of["causal"], scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+            )
     positions = torch.arange(q.shape[2], device=q.device)
     return attend_masked(q, k, v, masks.allowed(positions, positions, **mask_of), scale, softcap)
 
 
-def attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-                  softcap: float | None = None) -> torch.Tensor:
+def attend_masked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None = None
+) -> torch.Tensor:
     """Attention of q [B, H, Sq, D] over k, v [B, H_kv, Sk, D] where the bool `mask` allows;
     soft-capped scores (SDPA has no softcap) computed explicitly, as transformers' eager attention."""
     if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves a group of query heads

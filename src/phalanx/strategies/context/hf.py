@@ -8,6 +8,7 @@ its documents where transformers reads them (a causal mask, no attention_mask gi
 without a cache: masking_utils skips packed documents when a cache is given). Layer kinds
 whose mask or state this cannot rebuild (Llama4's chunked attention, linear/recurrent layers...)
 are refused at prepare."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,9 +35,11 @@ def route(model: nn.Module) -> None:
     AttentionInterface.register(NAME, _attention)
     AttentionMaskInterface.register(NAME, _no_mask)
     if not getattr(model, "_supports_attention_backend", False):
-        raise ValueError(f"context parallel: {type(model).__name__} does not take transformers' attention interface, "
-                         "so its attention cannot be sent across the cut. HINT: use a model whose attention goes "
-                         "through ALL_ATTENTION_FUNCTIONS (Llama, Mistral, Qwen...), or run it with cp=1")
+        raise ValueError(
+            f"context parallel: {type(model).__name__} does not take transformers' attention interface, "
+            "so its attention cannot be sent across the cut. HINT: use a model whose attention goes "
+            "through ALL_ATTENTION_FUNCTIONS (Llama, Mistral, Qwen...), or run it with cp=1"
+        )
     hf_arguments.check(model)  # an argument its attention takes that the cut would drop: refused here
     check_masks(model)
     model.set_attn_implementation(NAME)
@@ -73,8 +76,11 @@ def _runs_with_cache(module: nn.Module, kwargs: dict) -> bool:
     use_cache = kwargs.get("use_cache")
     if use_cache is None:
         use_cache = getattr(getattr(module, "config", None), "use_cache", None)
-    checkpointed = (module.training and torch.is_grad_enabled()
-                    and any(getattr(m, "gradient_checkpointing", False) is True for m in module.modules()))
+    checkpointed = (
+        module.training
+        and torch.is_grad_enabled()
+        and any(getattr(m, "gradient_checkpointing", False) is True for m in module.modules())
+    )
     return bool(use_cache) and not checkpointed
 
 
@@ -95,17 +101,28 @@ def check_masks(model: nn.Module) -> None:
             f"context parallel: {type(model).__name__} has layers of kind {', '.join(other)} ({said}), and the "
             "attention across the cut rebuilds only causal, bidirectional and sliding-window masks with packed "
             f"documents and padding, so those layers would attend differently from one process. HINT: run "
-            f"{type(model).__name__} with cp=1, or use a model whose layer_types are {' / '.join(_REBUILT)}")
+            f"{type(model).__name__} with cp=1, or use a model whose layer_types are {' / '.join(_REBUILT)}"
+        )
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError(
             f"context parallel: {type(model).__name__} is an encoder-decoder model, whose cross-attention reads "
-            "another sequence than the one cut. HINT: run it with cp=1")
+            "another sequence than the one cut. HINT: run it with cp=1"
+        )
 
 
-def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               attention_mask: Any, dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
-               sliding_window: int | None = None, softcap: float | None = None,
-               **kwargs: Any) -> tuple[torch.Tensor, None]:
+def _attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     from phalanx.strategies.context.cut_attention import attention
     from phalanx.strategies.context.layout import active_layout
 
@@ -115,28 +132,50 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
             return _whole_rows_softcapped(query, key, value, attention_mask, causal, sliding_window, scaling, softcap)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, sliding_window=sliding_window, **kwargs)
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
     dropped = sorted(name for name in hf_arguments.KNOWN_UNAPPLIED if kwargs.get(name) is not None)
     if dropped:  # prepare reads the families' source; this catches an attention that got them another way
-        raise ValueError(f"context parallel: {type(module).__name__} hands its attention {', '.join(dropped)}, which "
-                         "phalanx's attention across the cut does not apply. HINT: run this model with cp=1")
+        raise ValueError(
+            f"context parallel: {type(module).__name__} hands its attention {', '.join(dropped)}, which "
+            "phalanx's attention across the cut does not apply. HINT: run this model with cp=1"
+        )
     if dropout:
-        raise ValueError(f"context parallel: attention dropout {dropout} in {type(module).__name__} is not supported "
-                         "across the cut. HINT: set the config's attention_dropout to 0 under cp")
+        raise ValueError(
+            f"context parallel: attention dropout {dropout} in {type(module).__name__} is not supported "
+            "across the cut. HINT: set the config's attention_dropout to 0 under cp"
+        )
     layout = active_layout()
     if layout.documents is not None and (not causal or layout.attention_mask_given or layout.cached):
         # transformers reads packed documents from position_ids only for a causal mask with no attention_mask
         # and no cache (use_cache defaults to the config's True: one process then attends across documents)
         layout = dataclasses.replace(layout, documents=None)
-    out = attention(query, key, value, causal=causal, sliding_window=sliding_window, scale=scaling, softcap=softcap,
-                    layout=layout)
+    out = attention(
+        query, key, value, causal=causal, sliding_window=sliding_window, scale=scaling, softcap=softcap, layout=layout
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
-def _whole_rows_softcapped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
-                           causal: bool, sliding_window: int | None, scaling: float | None,
-                           softcap: float) -> tuple[torch.Tensor, None]:
+def _whole_rows_softcapped(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    causal: bool,
+    sliding_window: int | None,
+    scaling: float | None,
+    softcap: float,
+) -> tuple[torch.Tensor, None]:
     """Soft-capped attention over whole rows with transformers' mask (None: plain causal, the queries
     the last keys, as in generation with a cache)."""
     from phalanx.strategies.context import masks
@@ -144,8 +183,9 @@ def _whole_rows_softcapped(query: torch.Tensor, key: torch.Tensor, value: torch.
 
     if attention_mask is None:
         keys = torch.arange(key.shape[2], device=query.device)
-        attention_mask = masks.allowed(keys[key.shape[2] - query.shape[2]:], keys, causal=causal,
-                                       sliding_window=sliding_window)
+        attention_mask = masks.allowed(
+            keys[key.shape[2] - query.shape[2] :], keys, causal=causal, sliding_window=sliding_window
+        )
     elif attention_mask.dtype != torch.bool:  # an additive float mask: 0 where allowed
         attention_mask = attention_mask == 0
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5

@@ -2,6 +2,7 @@
 layers' source at prepare: each one phalanx's attention across the cut applies is listed in
 APPLIED; any other (GPT-OSS's sinks `s_aux`, T5's `position_bias`, a sparse attention's `indices`)
 would be dropped on cut batches, silently changing the model, so cp is refused for that model."""
+
 from __future__ import annotations
 
 import ast
@@ -36,10 +37,12 @@ def check(model: nn.Module) -> None:
     unapplied = unapplied_arguments(model)
     if unapplied:
         named = ", ".join(f"{arg!r} (from {layer})" for arg, layer in sorted(unapplied.items()))
-        raise ValueError(f"context parallel: {type(model).__name__} hands its attention {named}, which phalanx's "
-                         "attention across the cut does not apply: cut batches would train another model. HINT: "
-                         f"run {type(model).__name__} with cp=1 (ddp, zero2/zero3 or tp), or use a family whose "
-                         f"attention takes only {', '.join(sorted(APPLIED - {'attention_mask', 'position_ids'}))}")
+        raise ValueError(
+            f"context parallel: {type(model).__name__} hands its attention {named}, which phalanx's "
+            "attention across the cut does not apply: cut batches would train another model. HINT: "
+            f"run {type(model).__name__} with cp=1 (ddp, zero2/zero3 or tp), or use a family whose "
+            f"attention takes only {', '.join(sorted(APPLIED - {'attention_mask', 'position_ids'}))}"
+        )
 
 
 def _attention_call_keywords(cls: type) -> set[str]:

@@ -5,6 +5,7 @@ shifted over the whole row before the cut and handed to the model as `shift_labe
 ForCausalLMLoss takes them as they are), and `num_items_in_batch` makes each rank's loss its
 share of the whole row's mean: Σ its targets' losses / (the row's target count / cp). The cp ranks'
 mean (the gradient average, px.reduce) is then the whole row's mean loss, as one process's."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping

@@ -4,6 +4,7 @@ The load-balanced cut: the sequence is cut into 2 x cp equal chunks and rank i h
 2cp-1-i, so under a causal mask every rank has the same number of (query, key) pairs to compute.
 Positions stay global: every index here is a token's place in the whole sequence.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,14 +19,17 @@ def local_indices(seq_len: int, cp_size: int, cp_rank: int) -> torch.Tensor:
     if cp_size == 1:
         return torch.arange(seq_len)
     if seq_len % (2 * cp_size):
-        raise ValueError(f"context parallel: a sequence of {seq_len} tokens does not cut into 2 x cp = "
-                         f"{2 * cp_size} equal chunks. HINT: make the sequence length a multiple of "
-                         f"{2 * cp_size}, or pass pad=True to shard_sequence (padding is masked and its "
-                         "targets ignored)")
+        raise ValueError(
+            f"context parallel: a sequence of {seq_len} tokens does not cut into 2 x cp = "
+            f"{2 * cp_size} equal chunks. HINT: make the sequence length a multiple of "
+            f"{2 * cp_size}, or pass pad=True to shard_sequence (padding is masked and its "
+            "targets ignored)"
+        )
     chunk = seq_len // (2 * cp_size)
     first, second = cp_rank, 2 * cp_size - 1 - cp_rank
-    return torch.cat([torch.arange(first * chunk, (first + 1) * chunk),
-                      torch.arange(second * chunk, (second + 1) * chunk)])
+    return torch.cat(
+        [torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)]
+    )
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,21 @@
 (block-diagonal), a sliding window (back only when causal, Mistral; both ways when not, ModernBERT),
 padding. The same function serves one process and every rank of a cp group, so a cut can never
 change the mask."""
+
 from __future__ import annotations
 
 import torch
 
 
-def allowed(queries: torch.Tensor, keys: torch.Tensor, *, causal: bool = True, sliding_window: int | None = None,
-            documents: torch.Tensor | None = None, key_padding: torch.Tensor | None = None) -> torch.Tensor:
+def allowed(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    *,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    documents: torch.Tensor | None = None,
+    key_padding: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Bool [batch or 1, 1, len(queries), len(keys)]: True where the query at global position
     queries[i] may attend to the key at keys[j]."""
     q, k = queries[:, None], keys[None, :]

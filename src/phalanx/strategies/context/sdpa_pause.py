@@ -1,6 +1,7 @@
 """Phalanx's own attention calls SDPA: inside `paused()` those calls pass the cp routing (routing.py)
 untouched. A module of its own so the attention (cut_attention.py) and the routing that calls it
 (routing.py) do not import each other (no cycle)."""
+
 from __future__ import annotations
 
 import contextlib

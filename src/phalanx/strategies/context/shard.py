@@ -8,6 +8,7 @@ must be shifted already (targets[t] is the token after t, as transformers' `shif
 shift after the cut would pair a token with one held by another rank (a transformers causal LM's
 `labels=` in the inputs are shifted before the cut: labels.py).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -20,8 +21,17 @@ from phalanx.strategies.context.layout import SequenceLayout, local_indices, set
 IGNORE_INDEX = -100  # transformers' and cross_entropy's "no target here"
 
 
-def shard_sequence(inputs: Any, targets: Any = None, *, cp_size: int, cp_rank: int, group: Any = None,
-                   pad: bool = False, seq_dim: int = 1, activate: bool = True) -> tuple[Any, Any, SequenceLayout]:
+def shard_sequence(
+    inputs: Any,
+    targets: Any = None,
+    *,
+    cp_size: int,
+    cp_rank: int,
+    group: Any = None,
+    pad: bool = False,
+    seq_dim: int = 1,
+    activate: bool = True,
+) -> tuple[Any, Any, SequenceLayout]:
     """This rank's part of `inputs` and `targets`, and the layout attention reads (made active
     unless activate=False). pad=True pads a sequence that does not cut into 2 x cp chunks: padded
     keys are masked, padded targets IGNORE_INDEX."""
@@ -40,19 +50,27 @@ def shard_sequence(inputs: Any, targets: Any = None, *, cp_size: int, cp_rank: i
         positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, extra + 1, device=main.device)], 1)
         real = padding if padding is not None else torch.ones(batch, seq_len, dtype=torch.long, device=main.device)
         padding = torch.cat([real, real.new_zeros(batch, extra)], 1)
-        fields = {name: positions if name == "position_ids" else _grow(value, seq_len, extra, 0, seq_dim)
-                  for name, value in fields.items()}
+        fields = {
+            name: positions if name == "position_ids" else _grow(value, seq_len, extra, 0, seq_dim)
+            for name, value in fields.items()
+        }
         inputs = fields if isinstance(inputs, Mapping) else _grow(inputs, seq_len, extra, 0, seq_dim)
         targets = _grow(targets, seq_len, extra, IGNORE_INDEX, seq_dim)
         seq_len += extra
     index = local_indices(seq_len, cp_size, cp_rank).to(main.device)
     layout = SequenceLayout(
-        cp_size, cp_rank, group, seq_len, documents=masks.documents_of(positions),
+        cp_size,
+        cp_rank,
+        group,
+        seq_len,
+        documents=masks.documents_of(positions),
         key_padding=None if padding is None or bool(padding.all()) else padding.bool(),
-        attention_mask_given="attention_mask" in fields)
+        attention_mask_given="attention_mask" in fields,
+    )
     if isinstance(inputs, Mapping):
-        local: Any = {name: _cut(value, index, seq_len, seq_dim) for name, value in fields.items()
-                      if name != "attention_mask"}  # the layout carries the mask: the model's own would be local
+        local: Any = {
+            name: _cut(value, index, seq_len, seq_dim) for name, value in fields.items() if name != "attention_mask"
+        }  # the layout carries the mask: the model's own would be local
     else:
         local = _cut(inputs, index, seq_len, seq_dim)
     if activate:
@@ -70,8 +88,10 @@ def _main_tensor(inputs: Any) -> torch.Tensor:
         tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
         if tensors:
             return tensors[0]
-    raise ValueError(f"shard_sequence: inputs must be a tensor [batch, seq] or a dict of them (input_ids, "
-                     f"position_ids, attention_mask), not {type(inputs).__name__}")
+    raise ValueError(
+        f"shard_sequence: inputs must be a tensor [batch, seq] or a dict of them (input_ids, "
+        f"position_ids, attention_mask), not {type(inputs).__name__}"
+    )
 
 
 def _cut(value: Any, index: torch.Tensor, seq_len: int, seq_dim: int) -> Any:

@@ -1,5 +1,6 @@
 """What a training step does under cp, for the facade: cut the batch, route the model's attention,
 check that it went across the cut, and make the returned loss the whole row's."""
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,9 @@ class ContextParallel:
     cut: bool = False  # a batch was cut since the last backward: its loss is this rank's part of the rows
     shifts_labels: bool = False  # a transformers causal LM was prepared: its `labels=` are shifted before the cut
 
-    def shard(self, inputs: Any, targets: Any = None, *, pad: bool = False, seq_dim: int = 1,
-              activate: bool = True) -> tuple[Any, Any, SequenceLayout]:
+    def shard(
+        self, inputs: Any, targets: Any = None, *, pad: bool = False, seq_dim: int = 1, activate: bool = True
+    ) -> tuple[Any, Any, SequenceLayout]:
         """This rank's part of a batch (`px.shard_sequence`): inputs (a tensor [batch, seq] or a dict:
         input_ids, position_ids, attention_mask) and targets (shifted already) cut along the sequence
         with the load-balanced cut; positions stay global, the masks go to attention. pad=True pads
@@ -40,8 +42,16 @@ class ContextParallel:
         self.cut = self.size > 1
         if self.shifts_labels and self.size > 1:
             inputs = labels.shift_before_cut(inputs, self.size)
-        return shard_sequence(inputs, targets, cp_size=self.size, cp_rank=self.rank, group=self.group, pad=pad,
-                              seq_dim=seq_dim, activate=activate)
+        return shard_sequence(
+            inputs,
+            targets,
+            cp_size=self.size,
+            cp_rank=self.rank,
+            group=self.group,
+            pad=pad,
+            seq_dim=seq_dim,
+            activate=activate,
+        )
 
     def items_share(self, num_items: Any) -> Any:
         """This rank's share of `num_items`, the batch's count (every verb takes the batch's): a cut
@@ -65,7 +75,8 @@ class ContextParallel:
                 raise ValueError(
                     f"context parallel: {name or 'the model'} is an nn.MultiheadAttention, which computes attention "
                     "inside torch where phalanx cannot send it across the cut. HINT: compute attention with "
-                    "px.attention(q, k, v) or F.scaled_dot_product_attention(q, k, v, is_causal=True), or run cp=1")
+                    "px.attention(q, k, v) or F.scaled_dot_product_attention(q, k, v, is_causal=True), or run cp=1"
+                )
         if hf.is_transformers_model(model):
             hf.route(model)
             self.shifts_labels = self.shifts_labels or labels.shifts_labels(model)
@@ -81,15 +92,24 @@ class ContextParallel:
         except RuntimeError as error:  # a model with no sequence to cut (an MLP's features) fails on the cut
             if attention_module.last_used.get("calls", 0) == before:
                 self.end_batch()
-                raise ValueError(_no_attention(model, " before its forward failed on the cut batch (px.forward_backward "
-                                                      "cuts dim 1 of the inputs as the sequence)")) from error
+                raise ValueError(
+                    _no_attention(
+                        model,
+                        " before its forward failed on the cut batch (px.forward_backward "
+                        "cuts dim 1 of the inputs as the sequence)",
+                    )
+                ) from error
             raise
         if attention_module.last_used.get("calls", 0) == before:
             raise ValueError(_no_attention(model, ""))
         if not self.reported:
             self.reported = True
-            get_logger().info("context parallel: cp=%d, attention by %s (%s)", self.size,
-                              attention_module.last_used["algorithm"], attention_module.last_used["why"])
+            get_logger().info(
+                "context parallel: cp=%d, attention by %s (%s)",
+                self.size,
+                attention_module.last_used["algorithm"],
+                attention_module.last_used["why"],
+            )
 
     def whole_loss(self, loss: torch.Tensor, summed: bool) -> torch.Tensor:
         """The loss of the whole rows from each rank's part: the sum (summed losses) or the mean."""
@@ -100,8 +120,9 @@ class ContextParallel:
                 loss /= self.size
         return loss
 
-    def forward_backward(self, model: nn.Module, inputs: Any, targets: Any, loss_fn: Any, num_items: Any,
-                         call: Any, backward: Any) -> torch.Tensor:
+    def forward_backward(
+        self, model: nn.Module, inputs: Any, targets: Any, loss_fn: Any, num_items: Any, call: Any, backward: Any
+    ) -> torch.Tensor:
         """px.forward_backward over a cut batch: this rank's part through the model and the loss,
         backward (num_items, the batch's count, shared by px.backward: `items_share`), and the
         whole rows' loss returned. Without cp: the batch whole, through the model, the loss and backward."""
@@ -118,10 +139,12 @@ class ContextParallel:
 
 
 def _no_attention(model: nn.Module, when: str) -> str:
-    return (f"context parallel: no attention of {_model_name(model)} went across the cut{when}, so each rank "
-            "attended only to its own part of the sequence. HINT: compute attention with px.attention(q, k, v) or "
-            "F.scaled_dot_product_attention(q, k, v, is_causal=True) (no attn_mask), use a transformers model, or run "
-            "cp=1")
+    return (
+        f"context parallel: no attention of {_model_name(model)} went across the cut{when}, so each rank "
+        "attended only to its own part of the sequence. HINT: compute attention with px.attention(q, k, v) or "
+        "F.scaled_dot_product_attention(q, k, v, is_causal=True) (no attn_mask), use a transformers model, or run "
+        "cp=1"
+    )
 
 
 def _model_name(model: nn.Module) -> str:

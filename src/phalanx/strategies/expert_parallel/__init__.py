@@ -28,6 +28,7 @@ optimizer states follow. torch's
 together (pipeline/grads.py's route, grad_norm.total_norm); full weights (`px.get_state_dict`)
 gather each expert weight whole.
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -46,8 +47,9 @@ from phalanx.strategies.layout import Layout
 class ExpertParallel:
     """The experts of one prepared model, split over this rank's ep group."""
 
-    def __init__(self, model: nn.Module, layout: Layout, device: torch.device,
-                 user_plan: Mapping[str, str] | None = None):
+    def __init__(
+        self, model: nn.Module, layout: Layout, device: torch.device, user_plan: Mapping[str, str] | None = None
+    ):
         plan = layout.plan
         _refuse_compositions(model, layout)
         found = ep_plan.find(model, ep_plan.model_plan(model, user_plan), plan)
@@ -64,14 +66,17 @@ class ExpertParallel:
                 # this rank's experts, on the device (FSDP2 leaves the parameters it ignores where they
                 # are), as a DTensor of the one-process shape: checkpoints store every expert under its
                 # one-process name, and optimizer states follow the same layout
-                part = param.detach()[rank * local:(rank + 1) * local].to(device, copy=True)
-                split = nn.Parameter(DTensor.from_local(part, mesh, [Shard(0)], run_check=False),
-                                     requires_grad=param.requires_grad)
+                part = param.detach()[rank * local : (rank + 1) * local].to(device, copy=True)
+                split = nn.Parameter(
+                    DTensor.from_local(part, mesh, [Shard(0)], run_check=False), requires_grad=param.requires_grad
+                )
                 experts.module.register_parameter(name, split)
                 self.names.append(f"{experts.name}.{name}")
             if hasattr(experts.module, "num_experts"):
                 experts.module.num_experts = local  # the model's forward counts its local experts
-            experts.module.forward = Dispatch(experts.module, experts.params, self.group, self.ranks, local, self._reduce)
+            experts.module.forward = Dispatch(
+                experts.module, experts.params, self.group, self.ranks, local, self._reduce
+            )
         # DDP leaves them alone: their gradients are reduced here, over the ranks holding the same experts
         ignored = list(getattr(model, "_ddp_params_and_buffers_to_ignore", ())) + self.names
         model._ddp_params_and_buffers_to_ignore = ignored
@@ -104,21 +109,28 @@ def _refuse_compositions(model: nn.Module, layout: Layout) -> None:
     plan = layout.plan
     kind, where = type(model).__name__, plan.describe()
     if plan.tp > 1:
-        raise ValueError(f"ep={plan.ep} ({where}) with tp: expert parallel is not composed with tensor parallel yet, "
-                         f"so {kind}'s experts cannot be laid out. HINT: use ep with ddp, zero2/zero3 or pp (tp=1), "
-                         "or tp without ep")
+        raise ValueError(
+            f"ep={plan.ep} ({where}) with tp: expert parallel is not composed with tensor parallel yet, "
+            f"so {kind}'s experts cannot be laid out. HINT: use ep with ddp, zero2/zero3 or pp (tp=1), "
+            "or tp without ep"
+        )
     if any(p.is_meta for p in model.parameters()):
-        raise ValueError(f"ep={plan.ep} ({where}): {kind} is on the meta device (built under px.init_module()), and "
-                         "expert parallel takes each rank's experts from the materialized weights. HINT: under ep, "
-                         "build the model outside px.init_module() (prepare keeps this rank's experts and frees the rest)")
+        raise ValueError(
+            f"ep={plan.ep} ({where}): {kind} is on the meta device (built under px.init_module()), and "
+            "expert parallel takes each rank's experts from the materialized weights. HINT: under ep, "
+            "build the model outside px.init_module() (prepare keeps this rank's experts and frees the rest)"
+        )
     if plan.shards_optimizer_only:
-        raise ValueError(f"ep={plan.ep} ({where}): zero1 splits every parameter's optimizer state over the data-parallel "
-                         f"ranks as if each held the same ones, and under ep each holds other experts of {kind}. HINT: "
-                         "use strategy ddp, zero2 or zero3 with ep, or zero1 without ep")
+        raise ValueError(
+            f"ep={plan.ep} ({where}): zero1 splits every parameter's optimizer state over the data-parallel "
+            f"ranks as if each held the same ones, and under ep each holds other experts of {kind}. HINT: "
+            "use strategy ddp, zero2 or zero3 with ep, or zero1 without ep"
+        )
 
 
-def apply(model: nn.Module, layout: Layout, device: torch.device,
-          user_plan: Mapping[str, str] | None = None) -> ExpertParallel | None:
+def apply(
+    model: nn.Module, layout: Layout, device: torch.device, user_plan: Mapping[str, str] | None = None
+) -> ExpertParallel | None:
     """Split `model`'s experts over the layout's ep ranks, on `device` (before data parallel wraps the
     rest: DDP, or FSDP2 under zero2/zero3, both leaving the experts to this package); None when ep is 1."""
     if layout.plan.ep == 1:

@@ -4,6 +4,7 @@ step (`clip_grad._clip_grads_with_norm_`, one foreach multiply per device and dt
 mix ("got mixed torch.Tensor and DTensor"). Its norm is routed to the experts' (pipeline/grads.py's
 `route_torch_clip`); this makes its scaling take each kind apart, with the same norm. Gradients of one
 kind go to torch's own function unchanged."""
+
 from __future__ import annotations
 
 from typing import Any, Callable

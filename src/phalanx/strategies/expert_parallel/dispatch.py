@@ -9,6 +9,7 @@ by calling that forward with each received row as one top-1 choice of weight 1. 
 the split sizes differ by rank and step (exchanged first, one small all-to-all), and gloo and NCCL
 take uneven splits (measured on gloo: uneven and empty splits, with autograd).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,6 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 import torch.distributed as dist
+
 # torch's differentiable all-to-all (torch.distributed.nn.functional's is deprecated for it); its
 # backward is the reverse exchange. A private module path: used here only.
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
@@ -25,8 +27,15 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 class Dispatch:
     """The forward of one experts module holding `local` of the `ranks` x `local` experts."""
 
-    def __init__(self, module: nn.Module, params: tuple[str, ...], group: Any, ranks: int, local: int,
-                 reduce: Callable[[torch.Tensor], torch.Tensor]):
+    def __init__(
+        self,
+        module: nn.Module,
+        params: tuple[str, ...],
+        group: Any,
+        ranks: int,
+        local: int,
+        reduce: Callable[[torch.Tensor], torch.Tensor],
+    ):
         self.module = module
         self.forward = module.forward  # the module's own forward, over its local experts
         self.params = params  # its split weights: DTensors, handed to its forward as their local parts
@@ -35,8 +44,14 @@ class Dispatch:
         self.local = local
         self.reduce = reduce  # what each use's gradient of a local part goes through
 
-    def __call__(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                 *args: Any, **kwargs: Any) -> torch.Tensor:
+    def __call__(
+        self,
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         tokens, k = top_k_index.shape
         experts = top_k_index.reshape(-1)
         order = torch.argsort(experts, stable=True)  # pairs by expert, so by the rank holding it
@@ -52,8 +67,9 @@ class Dispatch:
             if received.shape[0] == 0:
                 # nothing for this rank's experts: one zero row keeps them (and the exchange) in backward,
                 # so every rank takes part in the same collectives; its zero gradient changes nothing
-                out = self.forward(received.sum(0, keepdim=True), ids.new_zeros(1, 1),
-                                   received.new_ones(1, 1), *args, **kwargs)[:0]
+                out = self.forward(
+                    received.sum(0, keepdim=True), ids.new_zeros(1, 1), received.new_ones(1, 1), *args, **kwargs
+                )[:0]
             else:
                 out = self.forward(received, ids, torch.ones_like(ids, dtype=received.dtype), *args, **kwargs)
         back = _exchange(out, send_sizes, receive_sizes, self.group)
@@ -63,8 +79,9 @@ class Dispatch:
 
 
 @contextlib.contextmanager
-def _local_parts(module: nn.Module, names: tuple[str, ...],
-                 reduce: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+def _local_parts(
+    module: nn.Module, names: tuple[str, ...], reduce: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[None]:
     """`module`'s DTensor weights `names` replaced by their local parts (differentiable: the gradient
     reaches the DTensor, through `reduce`) while its own forward runs, which indexes experts by local
     number. The hook sits on the part, not the parameter: a module moved with `.to()` may get new
@@ -83,5 +100,6 @@ def _local_parts(module: nn.Module, names: tuple[str, ...],
 
 def _exchange(rows: torch.Tensor, receive: list[int], send: list[int], group: Any) -> torch.Tensor:
     """`rows` split by `send` to each rank, `receive` from each; differentiable (backward: the reverse)."""
-    return wait_tensor(all_to_all_single_autograd(rows.contiguous(), receive, send,
-                                                  group if group is not None else dist.group.WORLD))
+    return wait_tensor(
+        all_to_all_single_autograd(rows.contiguous(), receive, send, group if group is not None else dist.group.WORLD)
+    )

@@ -8,6 +8,7 @@ patterns under the base model, e.g. Qwen3-MoE's):
 A user `ep_plan` (the same shape, full module names or the base model's) takes its place. Every
 refusal names the model, the numbers and the degrees that fit.
 """
+
 from __future__ import annotations
 
 import re
@@ -51,36 +52,49 @@ def find(model: nn.Module, plan: Mapping[str, str], layout: ParallelPlan) -> lis
     kind, ranks, where = type(model).__name__, layout.ep, layout.describe()
     unknown = sorted({style for style in plan.values() if style not in (PARAM_STYLE, MODULE_STYLE)})
     if unknown:
-        raise ValueError(f"ep={ranks} ({where}): the expert-parallel plan of {kind} gives the style(s) {unknown}, which "
-                         f"phalanx does not apply. HINT: give ep_plan with {MODULE_STYLE!r} on each experts module and "
-                         f"{PARAM_STYLE!r} on its 3-D weights")
+        raise ValueError(
+            f"ep={ranks} ({where}): the expert-parallel plan of {kind} gives the style(s) {unknown}, which "
+            f"phalanx does not apply. HINT: give ep_plan with {MODULE_STYLE!r} on each experts module and "
+            f"{PARAM_STYLE!r} on its 3-D weights"
+        )
     modules = [re_ for re_, style in ((_regex(p), s) for p, s in plan.items()) if style == MODULE_STYLE]
     params = [_regex(p) for p, s in plan.items() if s == PARAM_STYLE]
     found = []
     for name, module in model.named_modules():
         if not name or not any(r.match(name) for r in modules):
             continue
-        split = tuple(p for p, _ in module.named_parameters(recurse=False) if any(r.match(f"{name}.{p}") for r in params))
+        split = tuple(
+            p for p, _ in module.named_parameters(recurse=False) if any(r.match(f"{name}.{p}") for r in params)
+        )
         split = split or tuple(p for p, t in module.named_parameters(recurse=False) if t.dim() >= 2)
         counts = {module.get_parameter(p).shape[0] for p in split}
         if len(counts) != 1:
-            raise ValueError(f"ep={ranks} ({where}): the experts module {name} of {kind} has no 3-D weights of one number "
-                             f"of experts to split (dim 0 of {list(split)}: {sorted(counts)}). HINT: give ep_plan naming "
-                             f"its [experts, ...] parameters {PARAM_STYLE!r}")
+            raise ValueError(
+                f"ep={ranks} ({where}): the experts module {name} of {kind} has no 3-D weights of one number "
+                f"of experts to split (dim 0 of {list(split)}: {sorted(counts)}). HINT: give ep_plan naming "
+                f"its [experts, ...] parameters {PARAM_STYLE!r}"
+            )
         found.append(ExpertsModule(name, module, split, counts.pop()))
     if not found:
-        declared = "its config declares no base_model_ep_plan" if not plan else \
-            f"no module matches its expert-parallel plan {dict(plan)}"
-        raise ValueError(f"ep={ranks} ({where}): {kind} has no mixture-of-experts layer to split ({declared}), so there "
-                         f"is nothing to put on the expert-parallel ranks. HINT: use ep=1 for a dense model (data "
-                         f"parallel alone), or give ep_plan {{'layers.*.mlp.experts': '{MODULE_STYLE}', ...}} naming its "
-                         "experts modules")
+        declared = (
+            "its config declares no base_model_ep_plan"
+            if not plan
+            else f"no module matches its expert-parallel plan {dict(plan)}"
+        )
+        raise ValueError(
+            f"ep={ranks} ({where}): {kind} has no mixture-of-experts layer to split ({declared}), so there "
+            f"is nothing to put on the expert-parallel ranks. HINT: use ep=1 for a dense model (data "
+            f"parallel alone), or give ep_plan {{'layers.*.mlp.experts': '{MODULE_STYLE}', ...}} naming its "
+            "experts modules"
+        )
     for experts in found:
         if experts.num_experts % ranks:
             both = math.gcd(experts.num_experts, layout.grad_size)
             fits = [d for d in range(2, both + 1) if both % d == 0]
-            raise ValueError(f"ep={ranks} ({where}): {kind}'s MoE layers hold {experts.num_experts} experts each "
-                             f"({experts.name}), which {ranks} expert-parallel ranks cannot split evenly. HINT: choose ep "
-                             f"among {', '.join(map(str, fits)) or 'none'} (dividing both the {experts.num_experts} "
-                             f"experts and the {layout.grad_size} data-parallel x cp ranks), or ep=1")
+            raise ValueError(
+                f"ep={ranks} ({where}): {kind}'s MoE layers hold {experts.num_experts} experts each "
+                f"({experts.name}), which {ranks} expert-parallel ranks cannot split evenly. HINT: choose ep "
+                f"among {', '.join(map(str, fits)) or 'none'} (dividing both the {experts.num_experts} "
+                f"experts and the {layout.grad_size} data-parallel x cp ranks), or ep=1"
+            )
     return found

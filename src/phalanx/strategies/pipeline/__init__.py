@@ -12,6 +12,7 @@ schedules, composed with data parallelism per stage, checkpoints under the model
 The names below load their module on first use (PEP 562): `schedules` and `arithmetic` are pure
 Python, and `phalanx run` checks pipeline settings with them without importing torch.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,8 +24,16 @@ _HOMES = {
     "cut": ("PassThrough", "RankStages", "cut_model"),
     "grads": ("clip_grad_norm_",),
     "runner": ("PipelineRunner",),
-    "schedules": ("SCHEDULES", "check_microbatches", "default_microbatches", "last_stage_rank", "microbatches_for",
-                  "schedule_name", "stage_indices", "stages_per_rank"),
+    "schedules": (
+        "SCHEDULES",
+        "check_microbatches",
+        "default_microbatches",
+        "last_stage_rank",
+        "microbatches_for",
+        "schedule_name",
+        "stage_indices",
+        "stages_per_rank",
+    ),
     "split": ("Stages", "split_stages", "stage_params"),
     "state": ("OPTIONS", "gather_full_state_dict", "get_state", "set_state"),
 }

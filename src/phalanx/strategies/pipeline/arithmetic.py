@@ -12,6 +12,7 @@ before any backward (all microbatches); 1F1B lets pipeline rank r run pp - r for
 the microbatches); Interleaved1F1B runs its warm-up forwards, (v - 1) x (microbatches per round) +
 2 (pp - 1 - r), plus one; LoopedBFS all v x microbatches.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,20 +63,30 @@ class PipelineFigures:
     """in_flight x the bytes one stage-microbatch saves (when given)."""
 
 
-def pipeline_figures(stage_params: Sequence[int], schedule: str, pp: int, microbatches: int | None = None,
-                     bytes_per_param: int = 4, activation_bytes_per_stage_microbatch: int | None = None,
-                     ) -> PipelineFigures:
+def pipeline_figures(
+    stage_params: Sequence[int],
+    schedule: str,
+    pp: int,
+    microbatches: int | None = None,
+    bytes_per_param: int = 4,
+    activation_bytes_per_stage_microbatch: int | None = None,
+) -> PipelineFigures:
     """Figures for stages of `stage_params` parameters each (split.stage_params) run under `schedule`."""
     schedule = names.schedule_name(schedule)
     m = microbatches or names.default_microbatches(pp)
     per_rank = len(stage_params) // pp
     if per_rank * pp != len(stage_params) or per_rank != names.stages_per_rank(
-            schedule, per_rank if schedule in names.LOOPED else None):
+        schedule, per_rank if schedule in names.LOOPED else None
+    ):
         raise ValueError(f"pp_schedule={schedule} with pp={pp} does not run {len(stage_params)} stages")
     stage_bytes = tuple(p * bytes_per_param for p in stage_params)
     rank_bytes = tuple(sum(stage_bytes[i] for i in names.stage_indices(schedule, r, pp, per_rank)) for r in range(pp))
     flight = in_flight(schedule, pp, m, per_rank)
-    acts = (tuple(n * activation_bytes_per_stage_microbatch for n in flight)
-            if flight is not None and activation_bytes_per_stage_microbatch is not None else None)
-    return PipelineFigures(schedule, pp, m, per_rank, stage_bytes, rank_bytes,
-                           bubble_fraction(schedule, pp, m, per_rank), flight, acts)
+    acts = (
+        tuple(n * activation_bytes_per_stage_microbatch for n in flight)
+        if flight is not None and activation_bytes_per_stage_microbatch is not None
+        else None
+    )
+    return PipelineFigures(
+        schedule, pp, m, per_rank, stage_bytes, rank_bytes, bubble_fraction(schedule, pp, m, per_rank), flight, acts
+    )

@@ -9,6 +9,7 @@ units around them (the other children of the block list's ancestors), and checks
 that the forward is such a plain chain: each unit called once, on the previous unit's output alone,
 nothing computed in between. What it cannot cut, it refuses with the reason.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -51,7 +52,7 @@ class ModelChain:
         blocks = [n for n, u in zip(names, self.units) if u.is_block]
         if len(blocks) > 4:
             start, end = names.index(blocks[0]), names.index(blocks[-1])
-            names[start:end + 1] = [f"{blocks[0]} ... {blocks[-1]}"]
+            names[start : end + 1] = [f"{blocks[0]} ... {blocks[-1]}"]
         return ", ".join(names)
 
 
@@ -110,8 +111,10 @@ def _trace(model: nn.Module, units: set[str]) -> fx.Graph:
     params = list(inspect.signature(model.forward).parameters.values())
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if not positional:
-        raise ValueError(f"cannot cut {type(model).__name__} into pipeline stages: its forward takes no "
-                         "positional input (the pipeline feeds the first stage one tensor).")
+        raise ValueError(
+            f"cannot cut {type(model).__name__} into pipeline stages: its forward takes no "
+            "positional input (the pipeline feeds the first stage one tensor)."
+        )
     required = [p.name for p in positional[1:] if p.default is p.empty]
     if required:
         raise ValueError(
@@ -166,10 +169,12 @@ def _chain_calls(model: nn.Module, graph: fx.Graph, units: set[str]) -> list[str
             current = node
             continue
         after = f" after `{current.target}`" if current.op == "call_module" else " on the input"
-        hint = ("a block that returns a tuple is unpacked in forward; the pipeline sends one tensor between "
-                "stages, so the blocks must return the hidden state alone"
-                if node.op == "call_function" and getattr(node.target, "__name__", "") == "getitem"
-                else "move that computation into a module (e.g. the embedding's or the head's forward)")
+        hint = (
+            "a block that returns a tuple is unpacked in forward; the pipeline sends one tensor between "
+            "stages, so the blocks must return the hidden state alone"
+            if node.op == "call_function" and getattr(node.target, "__name__", "") == "getitem"
+            else "move that computation into a module (e.g. the embedding's or the head's forward)"
+        )
         raise ValueError(
             f"cannot cut {name} into pipeline stages: its forward computes {_describe(node)}{after}, which "
             "is not a call of one of its units on the previous output. Stages are cut by replacing the units "
@@ -178,8 +183,10 @@ def _chain_calls(model: nn.Module, graph: fx.Graph, units: set[str]) -> list[str
         )
     output = next(n for n in graph.nodes if n.op == "output")
     if output.args[0] is not current:
-        raise ValueError(f"cannot cut {name} into pipeline stages: its forward does not return the last "
-                         "unit's output alone (the last stage's output is what the loss receives).")
+        raise ValueError(
+            f"cannot cut {name} into pipeline stages: its forward does not return the last "
+            "unit's output alone (the last stage's output is what the loss receives)."
+        )
     return calls
 
 

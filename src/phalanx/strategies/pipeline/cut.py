@@ -11,6 +11,7 @@ the model's skeleton (root and the containers down to the blocks) whose units ar
 own modules for that stage and pass-throughs elsewhere. Parameters are shared, never copied: the
 rank model stays the one object for the optimizer and the state dict.
 """
+
 from __future__ import annotations
 
 import copy
@@ -65,6 +66,7 @@ def _check_boundary_output(stage: int):
                 "from stage to stage: the unit that ends this stage must return the hidden state alone "
                 "(a block returning a tuple cannot end a stage)."
             )
+
     return hook
 
 
@@ -78,8 +80,9 @@ def _view(model: nn.Module, stages: Stages, index: int) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def cut_model(model: nn.Module, chain: ModelChain, stages: Stages, stage_indices: Sequence[int],
-              views: bool = True) -> RankStages:
+def cut_model(
+    model: nn.Module, chain: ModelChain, stages: Stages, stage_indices: Sequence[int], views: bool = True
+) -> RankStages:
     """Cut `model` in place down to the stages `stage_indices`; returns the rank's stage modules.
     `views=False` leaves `stages` empty: build them with `stage_modules` once the units have been
     transformed (activation checkpointing and tensor parallel replace or change the unit modules)."""

@@ -14,6 +14,7 @@ by `clip_grad_norm_` at each call, however the script imported it) combine the n
 when the gradients it is given are a pipeline-prepared model's; other gradients get torch's own norm.
 Every rank of the pipeline must clip (each stage its own parameters), as one loop does.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,13 +34,18 @@ def pipeline_norm(local: torch.Tensor, norm_type: float, pp_group: Any) -> torch
     if math.isinf(norm_type):
         dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=group)
         return norm
-    norm = norm ** norm_type
+    norm = norm**norm_type
     dist.all_reduce(norm, op=dist.ReduceOp.SUM, group=group)
     return norm ** (1.0 / norm_type)
 
 
-def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
-                    pp_group: Any = None, uncounted: set[int] | None = None) -> torch.Tensor:
+def clip_grad_norm_(
+    parameters: Iterable[torch.Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    pp_group: Any = None,
+    uncounted: set[int] | None = None,
+) -> torch.Tensor:
     """Clip the gradients of `parameters` (this rank's stages) to the global norm `max_norm`;
     returns that norm before clipping, a plain tensor, the same on every rank. `uncounted`: ids of
     parameters clipped here but counted in the norm by another pipeline rank (tied copies)."""
@@ -75,19 +81,26 @@ def route_torch_clip(model: torch.nn.Module, norm: NormFn) -> None:
     _routes.append((weakref.ref(model), weakref.WeakMethod(norm)))  # type: ignore[arg-type]
 
 
-def _total_norm(tensors: Any, norm_type: float = 2.0, error_if_nonfinite: bool = False,
-                foreach: bool | None = None) -> torch.Tensor:
+def _total_norm(
+    tensors: Any, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach: bool | None = None
+) -> torch.Tensor:
     """torch's `_get_total_norm`, over the pipeline for a pipeline-prepared model's gradients."""
     assert _torch_norm is not None  # noqa: S101 - installed with the first route
     grads = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
     given = {id(g) for g in grads}
     for ref, method in _routes:
         model, norm_fn = ref(), method()
-        if model is not None and norm_fn is not None and any(id(p.grad) in given for p in model.parameters() if p.grad is not None):
+        if (
+            model is not None
+            and norm_fn is not None
+            and any(id(p.grad) in given for p in model.parameters() if p.grad is not None)
+        ):
             norm = norm_fn(grads, float(norm_type))
             if error_if_nonfinite and not bool(torch.isfinite(norm)):
-                raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is "
-                                   f"non-finite ({float(norm)}) over the pipeline's stages, so it cannot be clipped. "
-                                   "HINT: set error_if_nonfinite=False to scale the gradients by it anyway")
+                raise RuntimeError(
+                    f"The total norm of order {norm_type} for gradients from `parameters` is "
+                    f"non-finite ({float(norm)}) over the pipeline's stages, so it cannot be clipped. "
+                    "HINT: set error_if_nonfinite=False to scale the gradients by it anyway"
+                )
             return norm
     return _torch_norm(grads, norm_type, error_if_nonfinite, foreach)

@@ -7,6 +7,7 @@ matched against every module (a pattern for another stage's layers is no typo), 
 the meta device keeps the order of all its modules, so this stage's modules draw the initial
 values they draw in one process (model/meta_init.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -67,8 +68,11 @@ def cut(model: nn.Module, plan: ParallelPlan, options: StrategyOptions, pp_rank:
     rank = cut_model(model, chain, stages, schedules.stage_indices(schedule, pp_rank, plan.pp, per_rank), views=False)
     if tp_layers is not None:
         present, params = dict(model.named_modules()), dict(model.named_parameters())
-        tp_layers = {name: style for name, style in tp_layers.items()  # params: an MoE's 3-D expert weights
-                     if (name in present and not isinstance(present[name], PassThrough)) or name in params}
+        tp_layers = {
+            name: style
+            for name, style in tp_layers.items()  # params: an MoE's 3-D expert weights
+            if (name in present and not isinstance(present[name], PassThrough)) or name in params
+        }
     return PipelineCut(rank, stages, schedule, microbatches, order, tp_layers, tied, outputs)
 
 
@@ -91,5 +95,7 @@ def has_params(module: nn.Module) -> bool:
 
 
 def refuse_model_call_hint() -> str:
-    return ("HINT: under pp > 1 train with px.forward_backward(model, inputs, targets, loss_fn) and evaluate "
-            "with px.forward(model, inputs), which run the pipeline schedule over every stage")
+    return (
+        "HINT: under pp > 1 train with px.forward_backward(model, inputs, targets, loss_fn) and evaluate "
+        "with px.forward(model, inputs), which run the pipeline schedule over every stage"
+    )

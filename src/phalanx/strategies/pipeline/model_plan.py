@@ -17,6 +17,7 @@ The forward returns a ModelOutput; the pipeline sends one tensor, so the stage r
 forward does after the head layer, such as Gemma2's final logit softcapping, belongs to the last
 stage), and runs without a key/value cache. The loss function and px.forward get the logits back in the model's output class.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -54,7 +55,7 @@ def plan_chain(model: nn.Module) -> ModelChain:
     found = _declaring(model)
     assert found is not None  # noqa: S101 - has_plan was asked first
     outer, declaring = found
-    join = (lambda *parts: ".".join(p for p in parts if p))
+    join = lambda *parts: ".".join(p for p in parts if p)
     prefix = declaring.base_model_prefix
     base = join(outer, prefix) if isinstance(getattr(declaring, prefix, None), nn.Module) else outer
     units: list[Unit] = []
@@ -77,10 +78,13 @@ def plan_chain(model: nn.Module) -> ModelChain:
             f"cannot cut {type(model).__name__} into pipeline stages from its base_model_pp_plan: "
             f"{', '.join(outside[:4])}{' ...' if len(outside) > 4 else ''} lie outside the modules the plan "
             "names, so no stage would own them. HINT: name the cut points with pp_split on a model whose "
-            "forward is a plain chain of its modules, or train it without pp")
+            "forward is a plain chain of its modules, or train it without pp"
+        )
     if not blocks:
-        raise ValueError(f"cannot cut {type(model).__name__} into pipeline stages: its base_model_pp_plan names "
-                         "no list of layers to split between the stages")
+        raise ValueError(
+            f"cannot cut {type(model).__name__} into pipeline stages: its base_model_pp_plan names "
+            "no list of layers to split between the stages"
+        )
     return ModelChain(units=tuple(units), blocks=blocks)
 
 
@@ -145,10 +149,12 @@ def model_chain(model: nn.Module) -> ModelChain:
 def no_layout_message(model: nn.Module) -> str:
     """The refusal of a transformers model that declares no pipeline layout and is no plain chain."""
     name = type(model).__name__
-    return (f"pp: {name} declares no pipeline layout (transformers' `base_model_pp_plan` in the model's config, "
-            f"which phalanx cuts a transformers model's stages from; Llama-style decoders declare one, "
-            f"{name} does not), and its forward is not a plain chain of its modules that phalanx could cut "
-            "instead (it computes masks and other values between them), so the pp_split setting, which names "
-            f"the modules to cut such a chain before, cannot cut it either. HINT: train {name} without pp "
-            "(pp 1: a data-parallel strategy, or tp, or cp for long rows), or cut a model that declares "
-            "base_model_pp_plan")
+    return (
+        f"pp: {name} declares no pipeline layout (transformers' `base_model_pp_plan` in the model's config, "
+        f"which phalanx cuts a transformers model's stages from; Llama-style decoders declare one, "
+        f"{name} does not), and its forward is not a plain chain of its modules that phalanx could cut "
+        "instead (it computes masks and other values between them), so the pp_split setting, which names "
+        f"the modules to cut such a chain before, cannot cut it either. HINT: train {name} without pp "
+        "(pp 1: a data-parallel strategy, or tp, or cp for long rows), or cut a model that declares "
+        "base_model_pp_plan"
+    )

@@ -8,6 +8,7 @@ other. Here each stage asks peft for its own adapters (peft's names and filterin
 ranks gather them, and global rank 0 runs peft's own `save_pretrained` (config, README, selected
 adapters, safetensors) with peft's state-dict function answering the gathered whole.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -18,8 +19,9 @@ import torch.distributed as dist
 from torch import nn
 
 
-def answer_peft_save_pretrained(model: nn.Module, pp_group: Any, layout: str,
-                                check_every_rank_called: Callable[[str], None]) -> bool:
+def answer_peft_save_pretrained(
+    model: nn.Module, pp_group: Any, layout: str, check_every_rank_called: Callable[[str], None]
+) -> bool:
     """Give a pipeline rank's PeftModel the whole model's save_pretrained; False for any other model.
     `check_every_rank_called(layout)` (save.py's, passed in: save.py imports this module) refuses a call
     that not every rank made."""
@@ -35,8 +37,7 @@ def answer_peft_save_pretrained(model: nn.Module, pp_group: Any, layout: str,
 class PeftSavePretrained:
     """`save_pretrained` of a pipeline rank's PeftModel: peft's own, answered every stage's adapters."""
 
-    def __init__(self, model: nn.Module, pp_group: Any, layout: str,
-                 check_every_rank_called: Callable[[str], None]):
+    def __init__(self, model: nn.Module, pp_group: Any, layout: str, check_every_rank_called: Callable[[str], None]):
         self.model = model
         self.check_every_rank_called = check_every_rank_called
         self.group = pp_group.get_group() if hasattr(pp_group, "get_group") else pp_group
@@ -51,6 +52,7 @@ class PeftSavePretrained:
         whole = self._gathered({name: self._stage_adapter(name, embeddings) for name in names})
         result = None
         if dist.get_rank() == 0:
+
             def answer(model: nn.Module, state_dict: Any = None, adapter_name: str = "default", **_: Any) -> dict:
                 return whole[adapter_name]
 

@@ -10,6 +10,7 @@ torch's stages learn the shapes of what they send from a first microbatch (a for
 backward of it that touch no gradients), so one schedule is kept per input shape and mode; a new
 shape (a short last batch) builds another. Under a loop's usual fixed shapes that happens once.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,9 +39,11 @@ def _same(output: Any) -> Any:
 
 def _one_tensor(inputs: Any) -> None:
     if not isinstance(inputs, torch.Tensor):
-        raise TypeError(f"the pipeline's first stage takes one tensor, and the inputs are a {type(inputs).__name__}. "
-                        "HINT: pass the one tensor the model's forward takes; fold other inputs into it, or give "
-                        "them defaults in forward")
+        raise TypeError(
+            f"the pipeline's first stage takes one tensor, and the inputs are a {type(inputs).__name__}. "
+            "HINT: pass the one tensor the model's forward takes; fold other inputs into it, or give "
+            "them defaults in forward"
+        )
 
 
 class PipelineRunner:
@@ -53,9 +56,17 @@ class PipelineRunner:
     the samples it is given (the step's loss is the mean of the microbatches').
     """
 
-    def __init__(self, stages: nn.Module | Sequence[nn.Module], stage_index: int | Sequence[int], num_stages: int,
-                 group: Any, device: torch.device | str, schedule: str = names.DEFAULT_SCHEDULE,
-                 num_microbatches: int | None = None, loss_fn: LossFn | None = None):
+    def __init__(
+        self,
+        stages: nn.Module | Sequence[nn.Module],
+        stage_index: int | Sequence[int],
+        num_stages: int,
+        group: Any,
+        device: torch.device | str,
+        schedule: str = names.DEFAULT_SCHEDULE,
+        num_microbatches: int | None = None,
+        loss_fn: LossFn | None = None,
+    ):
         self.modules = (stages,) if isinstance(stages, nn.Module) else tuple(stages)
         self.stage_indices = (stage_index,) if isinstance(stage_index, int) else tuple(stage_index)
         self.group = _group(group)
@@ -66,8 +77,11 @@ class PipelineRunner:
         self.device = torch.device(device)
         per_rank = names.stages_per_rank(self.schedule, len(self.modules) if self.schedule in names.LOOPED else None)
         expected = names.stage_indices(self.schedule, self.pp_rank, self.pp, per_rank)
-        if len(self.modules) != len(self.stage_indices) or tuple(sorted(self.stage_indices)) != tuple(sorted(expected)) \
-                or num_stages != self.pp * per_rank:
+        if (
+            len(self.modules) != len(self.stage_indices)
+            or tuple(sorted(self.stage_indices)) != tuple(sorted(expected))
+            or num_stages != self.pp * per_rank
+        ):
             raise ValueError(
                 f"pp_schedule={self.schedule} on pipeline rank {self.pp_rank} of {self.pp} runs stages "
                 f"{list(expected)} of {self.pp * per_rank}, but was given {len(self.modules)} module(s) for "
@@ -102,7 +116,10 @@ class PipelineRunner:
     def refuse_direct_calls(self, model: nn.Module, hint: str | None = None) -> None:
         """Make a call of `model` outside this runner raise: a rank's model runs only its own stages'
         units, so `model(x)` would quietly compute something else than the whole model."""
-        hint = hint or "HINT: train with PipelineRunner.step(inputs, targets), evaluate with PipelineRunner.forward(inputs)"
+        hint = (
+            hint
+            or "HINT: train with PipelineRunner.step(inputs, targets), evaluate with PipelineRunner.forward(inputs)"
+        )
 
         def refuse(module: nn.Module, args: Any) -> None:
             if not self._running:
@@ -110,6 +127,7 @@ class PipelineRunner:
                     f"this model is pipeline stage(s) {list(self.stage_indices)} of {self.num_stages} (pipeline rank "
                     f"{self.pp_rank} of {self.pp}): calling it runs only those stages' units, not the whole model. {hint}"
                 )
+
         model.register_forward_pre_hook(refuse)
 
     def _run(self, schedule: Any, *args: Any, **kwargs: Any) -> Any:
@@ -129,8 +147,10 @@ class PipelineRunner:
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import get_schedule_class
 
-        stages = [PipelineStage(m, i, self.num_stages, self.device, group=self.group)
-                  for m, i in sorted(zip(self.modules, self.stage_indices), key=lambda mi: mi[1])]
+        stages = [
+            PipelineStage(m, i, self.num_stages, self.device, group=self.group)
+            for m, i in sorted(zip(self.modules, self.stage_indices), key=lambda mi: mi[1])
+        ]
         if training:
             cls, loss = get_schedule_class(self.schedule), self._scaled_loss
         else:  # forward only: GPipe's (or its looped form's) order, which any placement but a V runs
@@ -150,8 +170,14 @@ class PipelineRunner:
         return self._built[key]
 
     # ---- running -------------------------------------------------------------------------------
-    def step(self, inputs: torch.Tensor, targets: Any, loss_scale: float | torch.Tensor = 1.0,
-             loss_fn: LossFn | None = None, summed: bool = False) -> torch.Tensor:
+    def step(
+        self,
+        inputs: torch.Tensor,
+        targets: Any,
+        loss_scale: float | torch.Tensor = 1.0,
+        loss_fn: LossFn | None = None,
+        summed: bool = False,
+    ) -> torch.Tensor:
         """Forward and backward of one batch through the pipeline; the loss (mean over microbatches)
         on every pipeline rank. `loss_scale` multiplies the loss backward sees (accumulation's
         1/steps, fp16's scale), not the one returned. `loss_fn`: this step's (default: the runner's).
@@ -162,8 +188,10 @@ class PipelineRunner:
         if self.loss_fn is None:
             raise ValueError("this PipelineRunner has no loss_fn: give one to train, or call forward() to evaluate")
         if not torch.is_grad_enabled():
-            raise RuntimeError("a pipeline training step needs autograd: it was called under torch.no_grad(). "
-                               "HINT: evaluate with forward() instead.")
+            raise RuntimeError(
+                "a pipeline training step needs autograd: it was called under torch.no_grad(). "
+                "HINT: evaluate with forward() instead."
+            )
         _one_tensor(inputs)
         microbatches = names.microbatches_for(self.schedule, self.pp, self.num_microbatches, inputs.size(0))
         schedule = self._schedule_for(True, inputs, microbatches)
@@ -181,8 +209,16 @@ class PipelineRunner:
         dist.broadcast(loss, src=self._last, group=self.group)
         return loss
 
-    def train_step(self, inputs: torch.Tensor, targets: Any, loss_fn: LossFn, *, loss_scale: float | torch.Tensor,
-                   items: Any, num_items: Any = None) -> torch.Tensor:
+    def train_step(
+        self,
+        inputs: torch.Tensor,
+        targets: Any,
+        loss_fn: LossFn,
+        *,
+        loss_scale: float | torch.Tensor,
+        items: Any,
+        num_items: Any = None,
+    ) -> torch.Tensor:
         """`step` for px.forward_backward: without `num_items` the mean loss; with it every
         microbatch's summed loss over the common divisor of the step (`items`: loop/num_items.py's
         ItemCount), and the batch's sum returned."""
@@ -202,12 +238,13 @@ class PipelineRunner:
             raise ValueError(
                 f"pp_schedule={self.schedule} cannot run forward-only in torch {torch.__version__.split('+')[0]} "
                 "(its V placement has no forward-only schedule; torch's eval() fails with \"can't "
-                "steal_bwd_input\"). HINT: evaluate under 1F1B, GPipe or an interleaved schedule, or compute "
+                'steal_bwd_input"). HINT: evaluate under 1F1B, GPipe or an interleaved schedule, or compute '
                 "the evaluation loss with training steps' loss under torch's pipeline."
             )
         _one_tensor(inputs)
-        microbatches = max(d for d in range(1, min(self.num_microbatches, inputs.size(0)) + 1)
-                           if inputs.size(0) % d == 0)
+        microbatches = max(
+            d for d in range(1, min(self.num_microbatches, inputs.size(0)) + 1) if inputs.size(0) % d == 0
+        )
         schedule = self._schedule_for(False, inputs, microbatches)
         with torch.no_grad():
             output = self._run(schedule, *((inputs,) if self.is_first else ()))
@@ -216,8 +253,11 @@ class PipelineRunner:
     def _broadcast_output(self, output: Any) -> torch.Tensor:
         meta: list[Any] = [None]
         if self.is_last:
-            meta[0] = ((tuple(output.shape), output.dtype) if isinstance(output, torch.Tensor)
-                       else f"the last stage returned a {type(output).__name__}")
+            meta[0] = (
+                (tuple(output.shape), output.dtype)
+                if isinstance(output, torch.Tensor)
+                else f"the last stage returned a {type(output).__name__}"
+            )
         dist.broadcast_object_list(meta, src=self._last, group=self.group, device=self.device)
         if isinstance(meta[0], str):
             raise TypeError(f"{meta[0]}; PipelineRunner.forward returns one tensor to every pipeline rank")

@@ -10,6 +10,7 @@ every rank returns once the files are there. transformers' convention is to call
 called on some ranks only, the gather would wait forever for the others, so the ranks first check
 through the rendezvous store that all of them arrived (runtime/arrival.py), and refuse, naming px.get_state_dict, if not.
 """
+
 from __future__ import annotations
 
 import sys
@@ -49,13 +50,18 @@ class FullSavePretrained:
 
 def check_every_rank_called(layout: str) -> None:
     """Return once every rank called save_pretrained; ValueError naming the absent ranks if not."""
-    every_rank_called("save_pretrained", ARRIVAL_WAIT_S, lambda rank, absent: (
-        f"save_pretrained on rank {rank}: under {layout} each rank holds its own pipeline stages only, "
-        f"so writing the whole model gathers them from every rank, but rank(s) {absent} did not call "
-        f"save_pretrained within {ARRIVAL_WAIT_S:g} s. HINT: call model.save_pretrained(dir) on every rank "
-        "(transformers writes on rank 0 only), or gather the weights on every rank with "
-        "state = px.get_state_dict(model) and pass them on the main process: "
-        "model.save_pretrained(dir, state_dict=state)"))
+    every_rank_called(
+        "save_pretrained",
+        ARRIVAL_WAIT_S,
+        lambda rank, absent: (
+            f"save_pretrained on rank {rank}: under {layout} each rank holds its own pipeline stages only, "
+            f"so writing the whole model gathers them from every rank, but rank(s) {absent} did not call "
+            f"save_pretrained within {ARRIVAL_WAIT_S:g} s. HINT: call model.save_pretrained(dir) on every rank "
+            "(transformers writes on rank 0 only), or gather the weights on every rank with "
+            "state = px.get_state_dict(model) and pass them on the main process: "
+            "model.save_pretrained(dir, state_dict=state)"
+        ),
+    )
 
 
 def answer_save_pretrained(model: nn.Module, pp_group: Any, layout: str) -> None:

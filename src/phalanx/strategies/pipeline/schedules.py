@@ -5,6 +5,7 @@ r + pp, r + 2pp, ...): Interleaved1F1B, LoopedBFS, InterleavedZeroBubble. Two st
 placed in a V (rank r holds stages r and 2pp - 1 - r, so the last stage is on rank 0):
 ZBVZeroBubble, DualPipeV.
 """
+
 from __future__ import annotations
 
 from phalanx.config import names as setting_names
@@ -46,8 +47,10 @@ def stages_per_rank(schedule: str, requested: int | None = None) -> int:
             raise ValueError(f"pp_schedule={schedule} runs at least 2 stages per rank; got {requested!r}")
         return int(requested)
     if requested is not None and requested != fixed:
-        raise ValueError(f"pp_schedule={schedule} runs {fixed} stage(s) per rank; got {requested!r}. HINT: "
-                         f"for several stages per rank pick one of {', '.join(LOOPED)}")
+        raise ValueError(
+            f"pp_schedule={schedule} runs {fixed} stage(s) per rank; got {requested!r}. HINT: "
+            f"for several stages per rank pick one of {', '.join(LOOPED)}"
+        )
     return fixed
 
 
@@ -72,8 +75,10 @@ def check_microbatches(schedule: str, pp: int, microbatches: int, batch_size: in
             f"pp_microbatches to at least {pp} (default 2 x pp = {default_microbatches(pp)})."
         )
     if schedule == "DualPipeV" and microbatches < 2 * pp:
-        raise ValueError(f"pp_schedule=DualPipeV needs pp_microbatches >= its {2 * pp} stages; got "
-                         f"{microbatches}. HINT: set pp_microbatches to {2 * pp} or more.")
+        raise ValueError(
+            f"pp_schedule=DualPipeV needs pp_microbatches >= its {2 * pp} stages; got "
+            f"{microbatches}. HINT: set pp_microbatches to {2 * pp} or more."
+        )
     if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
         rounds = max(1, microbatches // pp)
         if microbatches % rounds:

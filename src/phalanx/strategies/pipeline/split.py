@@ -5,6 +5,7 @@ count, with what comes before the first block on the first stage and what comes 
 the last stage (torchtitan's cut of Llama): the largest stage holds as few parameters as any cut
 allows. `pp_split` names the units to cut before instead (`["layers.4"]` for two stages).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -101,8 +102,9 @@ def split_stages(chain: ModelChain, num_stages: int, pp_split: Sequence[str] | N
     return tuple(tuple(names[a:b]) for a, b in zip(bounds, bounds[1:]))
 
 
-def split_for_schedule(chain: ModelChain, plan: ParallelPlan, schedule: str,
-                       pp_split: Sequence[str] | None = None) -> Stages:
+def split_for_schedule(
+    chain: ModelChain, plan: ParallelPlan, schedule: str, pp_split: Sequence[str] | None = None
+) -> Stages:
     """The stages of the plan's pipeline ranks under `schedule` (pp x its stages per rank)."""
     pp = plan.pp
     per_rank = schedules.stages_per_rank(schedule)
@@ -111,8 +113,10 @@ def split_for_schedule(chain: ModelChain, plan: ParallelPlan, schedule: str,
     except ValueError as error:
         if per_rank == 1:
             raise
-        raise ValueError(f"pp={pp} with pp_schedule={schedules.schedule_name(schedule)} runs {per_rank} stages per "
-                         f"pipeline rank, {pp * per_rank} in all: {error}") from None
+        raise ValueError(
+            f"pp={pp} with pp_schedule={schedules.schedule_name(schedule)} runs {per_rank} stages per "
+            f"pipeline rank, {pp * per_rank} in all: {error}"
+        ) from None
 
 
 def stage_params(chain: ModelChain, stages: Stages) -> list[int]:

@@ -10,6 +10,7 @@ whole model the list names stage 1's parameters only). torch's loader then takes
 from the live optimizer, which happens to work when every stage's optimizer has the same groups;
 the flat form needs no such luck.
 """
+
 from __future__ import annotations
 
 from typing import Any

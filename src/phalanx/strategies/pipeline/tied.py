@@ -4,6 +4,7 @@ parameter keeps a copy (equal at the start: the same initialisation or the same 
 and before each optimizer step the copies' gradients are summed over the pipeline ranks holding
 them, so each copy takes the one-process gradient and the same step, and they stay equal.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ class TiedParam:
     """the pipeline ranks whose stages hold it."""
 
 
-def find_tied(model: nn.Module, chain: ModelChain, stages: Stages, schedule: str, plan: ParallelPlan) -> list[TiedParam]:
+def find_tied(
+    model: nn.Module, chain: ModelChain, stages: Stages, schedule: str, plan: ParallelPlan
+) -> list[TiedParam]:
     """The parameters of `model` (before the cut) that land on more than one of the plan's pipeline ranks."""
     pp = plan.pp
     per_rank = schedules.stages_per_rank(schedule)
@@ -57,8 +60,9 @@ class TiedGradients:
         self.model = model
         self.tied = tied
         # one group per set of pipeline ranks (each pipeline's own, made by all): the layout's
-        self.groups: dict[tuple[int, ...], Any] = {ranks: layout.pipeline_group(ranks)
-                                                   for ranks in sorted({t.pp_ranks for t in tied})}
+        self.groups: dict[tuple[int, ...], Any] = {
+            ranks: layout.pipeline_group(ranks) for ranks in sorted({t.pp_ranks for t in tied})
+        }
         self.pp_rank = layout.mesh("pp").get_local_rank()
 
     def _param(self, t: TiedParam) -> torch.Tensor | None:

@@ -1,4 +1,5 @@
 """`python -m recmod OUTDIR`: the record_env worker, run as a module (records this module's argv[0])."""
+
 import os
 import runpy
 import sys
