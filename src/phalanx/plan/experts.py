@@ -8,12 +8,12 @@ the data-parallel ranks, from which ep takes its ranks. The experts are found as
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from phalanx.model import memory
-from phalanx.model.memory import ParamSize
 from phalanx.strategies import presets
-from phalanx.strategies.expert_parallel import ep_plan
+
+if TYPE_CHECKING:
+    from phalanx.model.memory import ParamSize
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +32,10 @@ def report(
     """The lines to print under the table ('' without ep); ValueError as prepare would refuse."""
     if args.ep == 1:
         return ""
+    # torch-heavy: imported when a plan asks for ep, so `phalanx --help` and the launcher never import torch
+    from phalanx.model import memory
+    from phalanx.strategies.expert_parallel import ep_plan
+
     plan = presets.build(
         presets.AUTO_CHOOSES[0],
         presets.asking(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep),
