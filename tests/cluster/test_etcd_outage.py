@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -20,17 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist.harness import ROOT
+from tests.dist.harness import ROOT, free_port
 from tests.multinode.etcd_server import start_etcd, why_no_etcd
 from tests.server_process import stop
 
 SCRIPT = ROOT / "tests" / "multinode" / "elastic_train.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -46,7 +39,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["etcd-v2", "etcd"])
 def test_etcd_absent_at_start_is_refused_before_any_worker_starts(backend, tmp_path):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     script = tmp_path / "never.py"
     script.write_text("open('started', 'w').write('1')\n")
     started = time.monotonic()
@@ -126,7 +119,7 @@ def test_etcd_lost_mid_job_the_job_goes_on_and_otherwise_stops_with_a_checkpoint
         pytest.skip(reason)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     out.mkdir()
-    ports = _free_port(), _free_port()
+    ports = free_port(), free_port()
     log = open(tmp_path / "etcd.log", "ab")
     etcd = start_etcd(tmp_path, "127.0.0.1", *ports, log)
     where = f"etcd at 127.0.0.1:{ports[0]}"
