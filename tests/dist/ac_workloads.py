@@ -1,6 +1,7 @@
 """Activation checkpointing under zero2 and zero3 (issue 40): a 4-block MLP built as torch's docs
 build one, its optimizer made from model.parameters() before px.prepare, against the same loop in one
 process with no phalanx."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """A small conv net with BatchNorm2d and BatchNorm1d, trained with and without `sync_batchnorm` on
 every rank, and the one-process reference on the global batch (run in-process by the test)."""
+
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,16 @@ STEPS, PER_RANK = 3, 4
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(4 * 4 * 4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 4 * 4, 8),
+        nn.BatchNorm1d(8),
+        nn.ReLU(),
+        nn.Linear(8, 3),
+    )
 
 
 def make_data() -> TensorDataset:
@@ -42,8 +51,10 @@ def train(strategy: str, sync_batchnorm: bool) -> dict:
     loader = DataLoader(make_data(), batch_size=PER_RANK)
     model, optimizer, loader = px.prepare(model, optimizer, loader)
     inner = px.unwrap_model(model)
-    kinds = {"synced": sum(isinstance(m, CPUSyncBatchNorm) for m in inner.modules()),
-             "unsynced": unsynced_batchnorms(inner)}
+    kinds = {
+        "synced": sum(isinstance(m, CPUSyncBatchNorm) for m in inner.modules()),
+        "unsynced": unsynced_batchnorms(inner),
+    }
     for x, y in loader:
         px.backward(nn.functional.cross_entropy(model(x), y))
         optimizer.step()

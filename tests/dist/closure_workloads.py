@@ -1,6 +1,7 @@
 """Optimizers whose step calls the closure and reads its loss (LBFGS with a strong-Wolfe line search,
 a user's optimizer that does the same), trained as torch's docs write LBFGS, under ddp: each rank
 its half of the global batch; rank 0 also runs the one-process reference on the whole batch."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -53,17 +54,20 @@ def _optimizer(which: str, model: nn.Module, max_iter: int) -> torch.optim.Optim
     return LossReadingSGD(model.parameters())
 
 
-def _train(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-           steps: int) -> list[float]:
+def _train(
+    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, steps: int
+) -> list[float]:
     """The loop as torch's docs write LBFGS."""
     loss_fn = nn.MSELoss()
     losses = []
     for _ in range(steps):
+
         def closure():
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
             return loss
+
         losses.append(float(optimizer.step(closure)))
     return losses
 
@@ -81,6 +85,8 @@ def train(which: str, steps: int = 3, max_iter: int = 5, **settings: Any) -> dic
     out = {"losses": losses, "state": {k: v.detach().clone() for k, v in px.unwrap_model(model).state_dict().items()}}
     if px.rank == 0:
         reference = _model()
-        out["reference"] = {"losses": _train(reference, _optimizer(which, reference, max_iter), x, y, steps),
-                            "state": {k: v.detach().clone() for k, v in reference.state_dict().items()}}
+        out["reference"] = {
+            "losses": _train(reference, _optimizer(which, reference, max_iter), x, y, steps),
+            "state": {k: v.detach().clone() for k, v in reference.state_dict().items()},
+        }
     return out

@@ -3,6 +3,7 @@ a model and a set of features, 6 optimizer steps of a global batch of 8; the ref
 the same loop in plain torch/transformers in one process with no phalanx, on the same global batches.
 `world_of_one` is the phalanx loop with no layout settings (`python train.py`), which must equal
 `plain` bitwise."""
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,16 @@ IGNORE = -100
 def make_model(model: str) -> nn.Module:
     if model == "cnn-bn":  # no bias before a BatchNorm: its gradient is 0 up to rounding, which AdamW magnifies
         torch.manual_seed(0)
-        return nn.Sequential(nn.Conv2d(2, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
-                             nn.Linear(4 * 4 * 4, 8, bias=False), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+        return nn.Sequential(
+            nn.Conv2d(2, 4, 3, bias=False),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(4 * 4 * 4, 8, bias=False),
+            nn.BatchNorm1d(8),
+            nn.ReLU(),
+            nn.Linear(8, 3),
+        )
     from tests.layouts.families import build
 
     torch.manual_seed(0)
@@ -64,8 +73,9 @@ def _split(model: str, batch: Any, ignore_some: bool) -> tuple[torch.Tensor, tor
 
 def _loss(output: Any, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     logits = output.logits if hasattr(output, "logits") else output
-    return nn.functional.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE,
-                                       reduction=reduction)
+    return nn.functional.cross_entropy(
+        logits.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE, reduction=reduction
+    )
 
 
 def _summed_loss(output: Any, targets: torch.Tensor) -> torch.Tensor:
@@ -76,8 +86,16 @@ def _norm(value: Any) -> float:
     return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
 
 
-def _run(settings: dict[str, Any], model_name: str, features: tuple[str, ...], first: int, last: int,
-         load: str | None = None, save: str | None = None, preempt_dir: str | None = None) -> dict[str, Any]:
+def _run(
+    settings: dict[str, Any],
+    model_name: str,
+    features: tuple[str, ...],
+    first: int,
+    last: int,
+    load: str | None = None,
+    save: str | None = None,
+    preempt_dir: str | None = None,
+) -> dict[str, Any]:
     """Optimizer steps first..last (1-based) under `settings`; `load`: px.load_state from there first;
     `save`: px.save_state there after the last step; `preempt_dir`: checkpoint_dir, SIGTERM to this
     process after step STOP (the run ends there with the preemption's SystemExit)."""
@@ -162,8 +180,12 @@ def run_cell(name: str, tmp: str) -> dict[str, Any]:
         stopped = len(before["losses"])  # the agreed step: STOP or a later one
         assert latest.name.endswith(f"{stopped:08d}"), (latest, stopped)
         after = _run(settings, c.model, features, stopped + 1, STEPS, load=str(latest))
-        return {**after, "exit": 143, "losses": before["losses"] + after["losses"],
-                "norms": before["norms"] + after["norms"]}
+        return {
+            **after,
+            "exit": 143,
+            "losses": before["losses"] + after["losses"],
+            "norms": before["norms"] + after["norms"],
+        }
     return _run(settings, c.model, features, 1, STEPS)
 
 
@@ -203,7 +225,11 @@ def plain(model_name: str, features: tuple[str, ...]) -> dict[str, Any]:
             norms.append(float(torch.nn.utils.clip_grad_norm_(params, MAX_NORM)))
         optimizer.step()
         optimizer.zero_grad()
-    return {"losses": losses, "norms": norms, "state": {k: v.detach().float().clone() for k, v in model.state_dict().items()}}
+    return {
+        "losses": losses,
+        "norms": norms,
+        "state": {k: v.detach().float().clone() for k, v in model.state_dict().items()},
+    }
 
 
 def plain_references(keys: list[tuple[str, tuple[str, ...]]]) -> dict[tuple, dict]:
@@ -221,6 +247,5 @@ def cells(names: list[str], tmp: str) -> dict[str, dict]:
     out = {}
     for name in names:
         out[name] = run_cell(name, tmp)
-        print(f"cell done: {name}: {({k: v for k, v in out[name].items() if k != 'state'})}", flush=True)
+        print(f"cell done: {name}: { ({k: v for k, v in out[name].items() if k != 'state'}) }", flush=True)
     return out
-

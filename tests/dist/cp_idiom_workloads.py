@@ -2,6 +2,7 @@
 (no phalanx): `labels=` (the model shifts them), a plain token tensor (the model makes its own
 positions), and a family whose attention takes more than a mask (Gemma2's softcap). Each case: a few
 AdamW steps, loss and grad norm (torch's clip_grad_norm_) per step, the final weights."""
+
 from __future__ import annotations
 
 import torch
@@ -16,11 +17,25 @@ def tiny_lm(family: str) -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
-    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=4 * SEQ)
+    shape = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4 * SEQ,
+    )
     if family == "gemma2":
-        config = transformers.Gemma2Config(**shape, head_dim=8, attn_logit_softcapping=1.0, sliding_window=6,
-                                           initializer_range=0.1, query_pre_attn_scalar=8, attn_implementation="eager")
+        config = transformers.Gemma2Config(
+            **shape,
+            head_dim=8,
+            attn_logit_softcapping=1.0,
+            sliding_window=6,
+            initializer_range=0.1,
+            query_pre_attn_scalar=8,
+            attn_implementation="eager",
+        )
         return transformers.Gemma2ForCausalLM(config)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape, attn_implementation="sdpa"))
     if family == "llama-lora":  # a PEFT wrapper: its forward takes (*args, **kwargs)
@@ -101,14 +116,19 @@ def under_cp(px, family: str, idiom: str, path: str) -> dict:
 
 def compare(got: dict, want: dict) -> dict:
     """Largest relative differences: per-step loss and grad norm, final weights, a whole-row eval."""
+
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
     weights = max(rel(got["weights"][name].float(), w.float()) for name, w in want["weights"].items())
-    return {"loss": max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"], strict=True)),
-            "norm": max(abs(a - b) / abs(b) for a, b in zip(got["norms"], want["norms"], strict=True)),
-            "weights": weights, "whole_row": rel(got["whole_row"], want["whole_row"]),
-            "losses": (got["losses"], want["losses"]), "norms": (got["norms"], want["norms"])}
+    return {
+        "loss": max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"], strict=True)),
+        "norm": max(abs(a - b) / abs(b) for a, b in zip(got["norms"], want["norms"], strict=True)),
+        "weights": weights,
+        "whole_row": rel(got["whole_row"], want["whole_row"]),
+        "losses": (got["losses"], want["losses"]),
+        "norms": (got["norms"], want["norms"]),
+    }
 
 
 def train_idioms(cases: list[tuple[str, str, str]]) -> dict:
@@ -132,9 +152,18 @@ def refusals() -> dict:
     from phalanx import Phalanx
 
     px = Phalanx(strategy="ddp", cp=2)
-    config = transformers.GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
-                                       num_experts_per_tok=1, layer_types=["full_attention"])
+    config = transformers.GptOssConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        layer_types=["full_attention"],
+    )
     try:
         px.prepare(transformers.GptOssForCausalLM(config))
         return {"gpt_oss": "prepared"}

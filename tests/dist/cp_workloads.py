@@ -1,4 +1,5 @@
 """Workloads for context parallel tests: run on each rank by tests.dist.harness."""
+
 from __future__ import annotations
 
 import zlib
@@ -24,8 +25,9 @@ def batch_of(mask: str, batch: int = 2, seq: int = 16) -> dict[str, torch.Tensor
     return fields
 
 
-def attention_case(mask: str, algorithm: str, heads: int, kv_heads: int, cp_size: int, cp_rank: int,
-                   group: object) -> dict[str, torch.Tensor]:
+def attention_case(
+    mask: str, algorithm: str, heads: int, kv_heads: int, cp_size: int, cp_rank: int, group: object
+) -> dict[str, torch.Tensor]:
     """Output and q/k/v gradients of this rank's tokens (cp_size 1: the whole sequence)."""
     gen = torch.Generator().manual_seed(zlib.crc32(repr((mask, heads, kv_heads)).encode()))
     b, s, d = 2, 16, 8
@@ -62,8 +64,16 @@ def tiny_llama(kv_heads: int = 2, sliding_window: int | None = None) -> torch.nn
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
-    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=kv_heads, max_position_embeddings=4 * SEQ, attn_implementation="sdpa")
+    shape = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4 * SEQ,
+        attn_implementation="sdpa",
+    )
     if sliding_window is not None:
         return MistralForCausalLM(MistralConfig(**shape, sliding_window=sliding_window))
     return LlamaForCausalLM(LlamaConfig(**shape))
@@ -99,8 +109,9 @@ def mean_loss(output, targets):
 
 
 def summed_loss(output, targets):
-    return torch.nn.functional.cross_entropy(output.logits.flatten(0, 1).float(), targets.flatten(),
-                                             ignore_index=-100, reduction="sum")
+    return torch.nn.functional.cross_entropy(
+        output.logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum"
+    )
 
 
 def llm_reference(mask: str, global_batch: int, steps: int, num_items: bool, **model_args) -> list[float]:
@@ -125,9 +136,16 @@ def llm_reference(mask: str, global_batch: int, steps: int, num_items: bool, **m
     return losses
 
 
-def train_llm(mask: str, global_batch: int = 4, steps: int = 6, num_items: bool = False,
-              model_args: dict | None = None, save: tuple[int, str] | None = None, resume: str | None = None,
-              **settings) -> dict:
+def train_llm(
+    mask: str,
+    global_batch: int = 4,
+    steps: int = 6,
+    num_items: bool = False,
+    model_args: dict | None = None,
+    save: tuple[int, str] | None = None,
+    resume: str | None = None,
+    **settings,
+) -> dict:
     """`steps` AdamW steps of the tiny Llama through px.forward_backward in the layout `settings`
     describe (save=(step, path): a checkpoint after that many steps; resume: start from one, going
     on to `steps`); rank 0 also returns the one-process reference."""
@@ -143,19 +161,25 @@ def train_llm(mask: str, global_batch: int = 4, steps: int = 6, num_items: bool 
     if resume is not None:
         assert px.load_state(resume)
     losses = llm_steps(px, model, optimizer, loader, mask, num_items, steps - px.global_step, save)
-    result = {"losses": losses, "cp_size": px.cp_size, "cp_rank": px.cp_rank, "dp_size": px.dp_size,
-              "algorithm": attention_module.last_used.get("algorithm")}
+    result = {
+        "losses": losses,
+        "cp_size": px.cp_size,
+        "cp_rank": px.cp_rank,
+        "dp_size": px.dp_size,
+        "algorithm": attention_module.last_used.get("algorithm"),
+    }
     if px.rank == 0 and resume is None:
         result["reference"] = llm_reference(mask, global_batch, steps, num_items, **model_args)
     px.wait_for_everyone()
     return result
 
 
-def llm_steps(px, model, optimizer, loader, mask: str, num_items: bool, steps: int,
-              save: tuple[int, str] | None = None) -> list[float]:
+def llm_steps(
+    px, model, optimizer, loader, mask: str, num_items: bool, steps: int, save: tuple[int, str] | None = None
+) -> list[float]:
     """`steps` prepared steps through px.forward_backward; each step's whole-batch loss."""
     losses: list[float] = []
-    for tokens, in loader:
+    for (tokens,) in loader:
         if len(losses) == steps:
             break
         targets = llm_targets(mask, tokens)
@@ -175,8 +199,12 @@ def llm_steps(px, model, optimizer, loader, mask: str, num_items: bool, steps: i
 
 
 # each mask as the tests train it: (inputs' mask, model_args); the window is Mistral's sliding_window
-MASK_CASES = {"causal": ("causal", {}), "packed": ("packed", {}), "window": ("causal", {"sliding_window": 5}),
-              "padding": ("padding", {})}
+MASK_CASES = {
+    "causal": ("causal", {}),
+    "packed": ("packed", {}),
+    "window": ("causal", {"sliding_window": 5}),
+    "padding": ("padding", {}),
+}
 
 
 def train_llm_masks(global_batch: int = 4, steps: int = 6) -> dict:
@@ -194,8 +222,10 @@ def train_llm_masks(global_batch: int = 4, steps: int = 6) -> dict:
         loader = torch.utils.data.DataLoader(rows(), batch_size=global_batch // px.dp_size)
         model, optimizer, loader = px.prepare(model, optimizer, loader)
         attention_module.last_used.pop("algorithm", None)
-        result[name] = {"losses": llm_steps(px, model, optimizer, loader, mask, True, steps),
-                        "algorithm": attention_module.last_used.get("algorithm")}
+        result[name] = {
+            "losses": llm_steps(px, model, optimizer, loader, mask, True, steps),
+            "algorithm": attention_module.last_used.get("algorithm"),
+        }
         if px.rank == 0:
             result[name]["reference"] = llm_reference(mask, global_batch, steps, True, **model_args)
     px.wait_for_everyone()
@@ -226,7 +256,7 @@ class OwnAttentionLM(torch.nn.Module):
         if self.attend == "px":
             a = self.px.attention(q, k, v, causal=True)
         elif self.attend == "manual":
-            scores = (q @ k.transpose(-1, -2)) / 8 ** 0.5
+            scores = (q @ k.transpose(-1, -2)) / 8**0.5
             a = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf")).softmax(-1) @ v
         else:
             a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -264,8 +294,9 @@ def train_own_model(steps: int = 6) -> dict:
                 px.backward(loss)
                 losses.append(px.reduce(loss.detach()).item() if px.cp_size == 1 else _cp_mean(loss))
             else:
-                losses.append(px.forward_backward(model, {"input_ids": tokens[:, :-1]}, tokens[:, 1:],
-                                                  logits_loss).item())
+                losses.append(
+                    px.forward_backward(model, {"input_ids": tokens[:, :-1]}, tokens[:, 1:], logits_loss).item()
+                )
             optimizer.step()
             optimizer.zero_grad()
             ref_loss = logits_loss(reference(tokens[:, :-1]), tokens[:, 1:])
@@ -347,12 +378,13 @@ def _lm_mean_loss(model, tokens):
 def _hand_written_backward(px, model, tokens) -> None:
     """docs/long-sequences.md's loop: px.shard_sequence(pad=True), a summed loss, px.backward with
     num_items the batch's target count."""
-    targets = tokens[:, 1:]                       # shifted before the cut
-    num_items = (targets != -100).sum()           # the batch's count, before the cut
+    targets = tokens[:, 1:]  # shifted before the cut
+    num_items = (targets != -100).sum()  # the batch's count, before the cut
     inputs, targets = px.shard_sequence({"input_ids": tokens[:, :-1]}, targets, pad=True)
     logits = model(**inputs, use_cache=False).logits
-    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
-                                             reduction="sum")
+    loss = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+    )
     px.backward(loss, num_items=num_items)
 
 
@@ -370,14 +402,33 @@ def tiny_encoder(kind: str) -> torch.nn.Module:
     import transformers as tf
 
     torch.manual_seed(0)
-    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 attn_implementation="sdpa")
+    shape = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        attn_implementation="sdpa",
+    )
     if kind == "modernbert":  # layer 0 global, layer 1 a window of 8 (4 each way)
-        return tf.ModernBertForMaskedLM(tf.ModernBertConfig(
-            **shape, local_attention=8, global_attn_every_n_layers=2, max_position_embeddings=2 * ENC_SEQ,
-            pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2))
-    return tf.BertForMaskedLM(tf.BertConfig(**shape, max_position_embeddings=2 * ENC_SEQ, hidden_dropout_prob=0.0,
-                                            attention_probs_dropout_prob=0.0))
+        return tf.ModernBertForMaskedLM(
+            tf.ModernBertConfig(
+                **shape,
+                local_attention=8,
+                global_attn_every_n_layers=2,
+                max_position_embeddings=2 * ENC_SEQ,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+                cls_token_id=1,
+                sep_token_id=2,
+            )
+        )
+    return tf.BertForMaskedLM(
+        tf.BertConfig(
+            **shape, max_position_embeddings=2 * ENC_SEQ, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        )
+    )
 
 
 def encoder_batches(kind: str, steps: int, batch: int = 2) -> list[tuple[dict, torch.Tensor]]:

@@ -4,6 +4,7 @@
   batch 8, with a mean loss and with a summed loss + num_items: grad norms per step and final weights;
 - `datasets` streams the script split itself with `split_dataset_by_node`: the items each rank reads.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -88,8 +89,13 @@ def _train(px: Phalanx, kind: str, summed: bool) -> dict:
     for x, _ in loader:
         shapes.append(int(x.shape[0]))
         gathered += int(px.gather_for_metrics(x).shape[0])
-    return {"norms": norms, "losses": losses, "eval_shapes": shapes, "eval_gathered": gathered,
-            "weights": [p.detach().clone() for p in px.unwrap_model(model).parameters()]}
+    return {
+        "norms": norms,
+        "losses": losses,
+        "eval_shapes": shapes,
+        "eval_gathered": gathered,
+        "weights": [p.detach().clone() for p in px.unwrap_model(model).parameters()],
+    }
 
 
 def _presplit(px: Phalanx, shards: list[str], strategy: str, cache: str) -> dict:

@@ -3,6 +3,7 @@
 Each case records, per epoch, the items this rank read and, per step, the items
 `gather_for_metrics` returns (all data-parallel ranks' real items of that step, padding cut).
 """
+
 from __future__ import annotations
 
 import os
@@ -31,15 +32,19 @@ def sampler_loader(kind: str, batch: int) -> DataLoader:
 
 
 def _stream_loaders(shards: list[str], log: str) -> dict[str, DataLoader]:
-    loaders = {"shuffling": DataLoader(ShufflingFiles(N), batch_size=4, num_workers=2),
-               "sharded_stream": DataLoader(ShardedStream(shards, CountingReader(log), shuffle=True), batch_size=4,
-                                            num_workers=2)}
+    loaders = {
+        "shuffling": DataLoader(ShufflingFiles(N), batch_size=4, num_workers=2),
+        "sharded_stream": DataLoader(
+            ShardedStream(shards, CountingReader(log), shuffle=True), batch_size=4, num_workers=2
+        ),
+    }
     try:
         import datasets
     except ImportError:
         return loaders
-    hf = datasets.load_dataset("json", data_files=shards, split="train", streaming=True,
-                               cache_dir=log + "-hf").select_columns(["i"])
+    hf = datasets.load_dataset(
+        "json", data_files=shards, split="train", streaming=True, cache_dir=log + "-hf"
+    ).select_columns(["i"])
     loaders["hf_datasets"] = DataLoader(hf, batch_size=4, num_workers=2)
     return loaders
 
@@ -82,8 +87,13 @@ def _resume(px: Phalanx, folder: str) -> dict:
     resumed at the next one, a StatefulDataLoader saved on its epoch's last batch going on with the next."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    weighted = px.prepare(DataLoader(TensorDataset(torch.arange(N)), batch_size=4, sampler=WeightedRandomSampler(
-        torch.linspace(0.1, 1.0, N), N, generator=torch.Generator().manual_seed(9))))
+    weighted = px.prepare(
+        DataLoader(
+            TensorDataset(torch.arange(N)),
+            batch_size=4,
+            sampler=WeightedRandomSampler(torch.linspace(0.1, 1.0, N), N, generator=torch.Generator().manual_seed(9)),
+        )
+    )
     it = iter(weighted)
     done = [ids(next(it)) for _ in range(3)]
     px.save_state(os.path.join(folder, "weighted"))
@@ -109,8 +119,14 @@ def _resume(px: Phalanx, folder: str) -> dict:
     del it
     px.load_state(os.path.join(folder, "stateful"))
     epochs = [[i for b in stateful for i in ids(b)] for _ in range(2)]
-    return {"done": done, "rest": rest, "again": again, "next_epoch": next_epoch, "after_left": after_left,
-            "stateful_epochs": epochs}
+    return {
+        "done": done,
+        "rest": rest,
+        "again": again,
+        "next_epoch": next_epoch,
+        "after_left": after_left,
+        "stateful_epochs": epochs,
+    }
 
 
 def _nested(px: Phalanx) -> dict:

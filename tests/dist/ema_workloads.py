@@ -1,5 +1,6 @@
 """Rank functions: torch's EMA idiom (`AveragedModel` + `get_ema_multi_avg_fn`, update after each
 step) on the prepared model, compared with the same loop in one process, no phalanx."""
+
 from __future__ import annotations
 
 import torch
@@ -64,7 +65,8 @@ def ema_in_layouts(layouts: list[dict]) -> dict:
             "plan": px.plan.describe(),
             "keys": sorted(got) == sorted(expected),
             "weights": max(((got[k] - v).norm() / v.norm()).item() for k, v in expected.items()),
-            "output": ((out - expected_out).norm() / expected_out.norm()).item()}
+            "output": ((out - expected_out).norm() / expected_out.norm()).item(),
+        }
     return results
 
 

@@ -1,4 +1,5 @@
 """Rank functions for tests/dist/test_sharded_embedding.py: embeddings looked up where their rows live."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -67,9 +68,12 @@ def exchanges(directory: str) -> dict[str, Any]:
                 px = Phalanx(strategy=strategy, embedding_exchange=exchange)
                 model, used, losses = train(px, vocab, seqs)
                 out[(strategy, vocab, exchange)] = {
-                    "class": type(model.embed).__name__, "used": used, "losses": losses,
+                    "class": type(model.embed).__name__,
+                    "used": used,
+                    "losses": losses,
                     "local_rows": model.embed.weight.to_local().shape[0],
-                    "state": px.get_state_dict(model)}
+                    "state": px.get_state_dict(model),
+                }
     # A checkpoint saved with the table looked up resumes with it gathered by FSDP2, and back.
     saved = Phalanx(strategy="zero3", checkpoint_dir=directory)
     model, _, _ = train(saved, 101, (3, 5))
@@ -77,7 +81,9 @@ def exchanges(directory: str) -> dict[str, Any]:
     expected = saved.get_state_dict(model)
     resumed = Phalanx(strategy="zero3", embedding_exchange="params", checkpoint_dir=directory)
     torch.manual_seed(1)
-    other = resumed.prepare(Tagger(101), )
+    other = resumed.prepare(
+        Tagger(101),
+    )
     out["resumed_loaded"] = resumed.load_state()
     got = resumed.get_state_dict(other)
     out["resumed_equal"] = None if not got else all(torch.equal(got[k], expected[k]) for k in expected)

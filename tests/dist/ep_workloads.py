@@ -3,6 +3,7 @@ as transformers' docs write the loop (`labels=`, `loss.backward()`, torch's `cli
 under `Phalanx(ep=2, ...)`, and the same loop in one process with no phalanx, computed in rank 0 on
 the same global batches. The router's load-balancing loss is off (`output_router_logits=False`)
 unless a case asks for it (`aux`: its coefficient; model/router_balance.py makes it the global batch's)."""
+
 from __future__ import annotations
 
 import copy
@@ -22,28 +23,60 @@ def make_model(family: str, experts: int = 4, aux: float = 0.0) -> nn.Module:
     import transformers as tf
 
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  num_experts_per_tok=2, output_router_logits=aux > 0, max_position_embeddings=2 * SEQ,
-                  attn_implementation="eager", **({"router_aux_loss_coef": aux} if aux else {}))
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts_per_tok=2,
+        output_router_logits=aux > 0,
+        max_position_embeddings=2 * SEQ,
+        attn_implementation="eager",
+        **({"router_aux_loss_coef": aux} if aux else {}),
+    )
     if family == "qwen3_moe":
-        config = tf.Qwen3MoeConfig(num_experts=4, moe_intermediate_size=16, intermediate_size=64, head_dim=8,
-                                   decoder_sparse_step=1, **common)
+        config = tf.Qwen3MoeConfig(
+            num_experts=4, moe_intermediate_size=16, intermediate_size=64, head_dim=8, decoder_sparse_step=1, **common
+        )
         return tf.Qwen3MoeForCausalLM(config)
     if family == "olmoe":
         return tf.OlmoeForCausalLM(tf.OlmoeConfig(num_experts=4, intermediate_size=16, **common))
     if family == "gpt_oss":
-        config = tf.GptOssConfig(num_local_experts=4, intermediate_size=16, head_dim=8, sliding_window=SEQ,
-                                 layer_types=["sliding_attention", "full_attention"], **common)
+        config = tf.GptOssConfig(
+            num_local_experts=4,
+            intermediate_size=16,
+            head_dim=8,
+            sliding_window=SEQ,
+            layer_types=["sliding_attention", "full_attention"],
+            **common,
+        )
         return tf.GptOssForCausalLM(config)
     if family == "deepseek_v3":  # shared experts beside the routed ones
-        config = tf.DeepseekV3Config(n_routed_experts=4, n_shared_experts=1, moe_intermediate_size=16,
-                                     intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=0,
-                                     kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=4,
-                                     v_head_dim=8, num_mtp_layers=0, **{**common, "num_key_value_heads": 4})
+        config = tf.DeepseekV3Config(
+            n_routed_experts=4,
+            n_shared_experts=1,
+            moe_intermediate_size=16,
+            intermediate_size=32,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=0,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            num_mtp_layers=0,
+            **{**common, "num_key_value_heads": 4},
+        )
         return tf.DeepseekV3ForCausalLM(config)
     if family == "dense":
-        return tf.LlamaForCausalLM(tf.LlamaConfig(**{k: v for k, v in common.items() if "exp" not in k
-                                                      and k != "output_router_logits"}, intermediate_size=32))
+        return tf.LlamaForCausalLM(
+            tf.LlamaConfig(
+                **{k: v for k, v in common.items() if "exp" not in k and k != "output_router_logits"},
+                intermediate_size=32,
+            )
+        )
     return tf.MixtralForCausalLM(tf.MixtralConfig(num_local_experts=experts, intermediate_size=16, **common))
 
 
@@ -68,14 +101,22 @@ def _loop(model: nn.Module, optimizer: Any, batches: Any, steps: int = STEPS) ->
 
 def _exp_avg(optimizer: Any) -> list[torch.Tensor]:
     """This rank's part of each expert weight's AdamW exp_avg."""
-    return [optimizer.state[p]["exp_avg"].to_local().clone() for group in optimizer.param_groups
-            for p in group["params"] if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state]
+    return [
+        optimizer.state[p]["exp_avg"].to_local().clone()
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state
+    ]
 
 
 def _moments(optimizer: Any) -> list[torch.Tensor]:
     """This rank's part of each expert weight's AdamW exp_avg_sq (the second moment)."""
-    return [optimizer.state[p]["exp_avg_sq"].to_local().clone() for group in optimizer.param_groups
-            for p in group["params"] if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state]
+    return [
+        optimizer.state[p]["exp_avg_sq"].to_local().clone()
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state
+    ]
 
 
 def _saved(px: Phalanx, optimizer: Any, path: str) -> dict[str, Any]:
@@ -84,18 +125,25 @@ def _saved(px: Phalanx, optimizer: Any, path: str) -> dict[str, Any]:
 
     saved = px.save_state(path)
     px.wait_for_everyone()
-    return {"one_process": {k: v.float() for k, v in export.full_state_dict(saved).items()}, "exp_avg": _exp_avg(optimizer),
-            "exp_avg_sq": _moments(optimizer)}
+    return {
+        "one_process": {k: v.float() for k, v in export.full_state_dict(saved).items()},
+        "exp_avg": _exp_avg(optimizer),
+        "exp_avg_sq": _moments(optimizer),
+    }
 
 
 def resume(px: Phalanx, family: str, path: str) -> dict[str, Any]:
     """A fresh model under this layout resumed from the checkpoint at `path`: its weights and optimizer state."""
     model = make_model(family)
-    model, optimizer, loader = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
-                                          DataLoader(_data(), batch_size=BATCH // px.dp_size))
+    model, optimizer, loader = px.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH // px.dp_size)
+    )
     px.load_state(path)
-    out: dict[str, Any] = {"state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
-                           "exp_avg": _exp_avg(optimizer), "exp_avg_sq": _moments(optimizer)}
+    out: dict[str, Any] = {
+        "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+        "exp_avg": _exp_avg(optimizer),
+        "exp_avg_sq": _moments(optimizer),
+    }
     # one more step: the saving loop left its pass (`break`), so the loader resumes at the next
     # pass's first batch; one process does the same after its STEPS steps
     out["next"] = _loop(model, optimizer, loader, steps=1)
@@ -113,8 +161,9 @@ def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux:
     start = make_model(family, experts, aux)
     model = copy.deepcopy(start)
     try:
-        model, optimizer, loader = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
-                                              DataLoader(_data(), batch_size=BATCH // px.dp_size))
+        model, optimizer, loader = px.prepare(
+            model, torch.optim.AdamW(model.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH // px.dp_size)
+        )
     except ValueError as error:
         return {"refused": str(error)}
     out: dict[str, Any] = _loop(model, optimizer, loader)
@@ -127,7 +176,9 @@ def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux:
     if checkpoint:
         out["checkpoint"] = _saved(px, optimizer, checkpoint)
     if px.rank == 0:
-        out["reference"] = _loop(start, torch.optim.AdamW(start.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH))
+        out["reference"] = _loop(
+            start, torch.optim.AdamW(start.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH)
+        )
         out["reference"]["state"] = {k: v.detach().clone().float() for k, v in start.state_dict().items()}
     return out
 
@@ -155,8 +206,9 @@ def ep_pp(steps: int = 4, strategy: str = "ddp") -> dict[str, Any]:
     px = Phalanx(strategy=strategy, pp=2, ep=2)
     start = make_model("qwen3_moe")
     model = copy.deepcopy(start)
-    model, optimizer, loader = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR),
-                                          DataLoader(_data(), batch_size=BATCH // px.dp_size))
+    model, optimizer, loader = px.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH // px.dp_size)
+    )
     losses, norms = [], []
     for (batch,) in loader:
         loss = px.forward_backward(model, batch[:, :-1], batch[:, 1:], _ce)
@@ -167,8 +219,13 @@ def ep_pp(steps: int = 4, strategy: str = "ddp") -> dict[str, Any]:
         if len(losses) == steps:
             break
     named = list(px.unwrap_model(model).named_parameters())
-    out: dict[str, Any] = {"losses": losses, "norms": norms, "local_experts": [
-        tuple(p.to_local().shape) for n, p in named if ".experts.gate_up" in n and hasattr(p, "to_local")][:1]}
+    out: dict[str, Any] = {
+        "losses": losses,
+        "norms": norms,
+        "local_experts": [
+            tuple(p.to_local().shape) for n, p in named if ".experts.gate_up" in n and hasattr(p, "to_local")
+        ][:1],
+    }
     if px.rank == 0:
         one = torch.optim.AdamW(start.parameters(), lr=LR)
         ref = {"losses": [], "norms": []}

@@ -1,4 +1,5 @@
 """Rank functions that fail on purpose: a rank that raises, sleeps, dies or leaves its loop early."""
+
 from __future__ import annotations
 
 import os
@@ -72,8 +73,11 @@ def stuck_loader_worker(watchdog_timeout: float) -> None:
     """Train with 2 DataLoader workers per rank until rank 1's first worker stops delivering."""
     px = Phalanx(strategy="ddp", watchdog_timeout=watchdog_timeout)
     model = nn.Linear(3, 1)
-    model, optimizer, loader = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                          DataLoader(StuckInRank1Worker(), batch_size=2, num_workers=2))
+    model, optimizer, loader = px.prepare(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(StuckInRank1Worker(), batch_size=2, num_workers=2),
+    )
     for x in loader:
         optimizer.zero_grad()
         px.backward(model(x).sum())

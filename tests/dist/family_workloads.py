@@ -5,6 +5,7 @@ with a one-process reference computed in rank 0 on the same global batches.
 The loop clips with torch's own `torch.nn.utils.clip_grad_norm_` on the prepared model's parameters,
 as hand-written loops do: under tensor parallel every parameter is a DTensor, so it works and its
 norm is the one-process norm; under pp phalanx routes torch's norm over the pipeline's stages."""
+
 from __future__ import annotations
 
 import copy
@@ -33,8 +34,9 @@ def _norm(value: Any) -> float:
 CLIP_VALUE = 0.05  # below some gradients' entries: clip_grad_value_ acts
 
 
-def reference(family: str, global_batch: int, steps: int, lr: float, start: nn.Module,
-              clip_value: bool = False) -> dict[str, Any]:
+def reference(
+    family: str, global_batch: int, steps: int, lr: float, start: nn.Module, clip_value: bool = False
+) -> dict[str, Any]:
     """One process, no Phalanx: the losses, norms and weights the layouts must reproduce."""
     model = start
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -53,9 +55,17 @@ def reference(family: str, global_batch: int, steps: int, lr: float, start: nn.M
     return {"losses": losses, "norms": norms}
 
 
-def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, checkpoint: str | None = None,
-          resume: str | None = None, late_optimizer: bool = False, clip_value: bool = False,
-          **settings: Any) -> dict[str, Any]:
+def train(
+    family: str,
+    global_batch: int = 8,
+    steps: int = 6,
+    lr: float = 1e-2,
+    checkpoint: str | None = None,
+    resume: str | None = None,
+    late_optimizer: bool = False,
+    clip_value: bool = False,
+    **settings: Any,
+) -> dict[str, Any]:
     """`steps` AdamW steps in the layout `settings` describe, or what prepare refused; `checkpoint`:
     px.save_state there at the end; `resume`: px.load_state from there first (the reference then
     covers the steps before it too, and `losses` are the ones after). `late_optimizer`: the optimizer
@@ -92,9 +102,13 @@ def train(family: str, global_batch: int = 8, steps: int = 6, lr: float = 1e-2, 
             if checkpoint is not None:
                 px.save_state(checkpoint)  # inside the epoch: a resume goes on with its next batch
             break
-    out: dict[str, Any] = {"plan": px.plan.describe(), "losses": losses, "norms": norms,
-                           "keys": sorted(px.get_state_dict(model)),
-                           "state_dict": sorted(px.unwrap_model(model).state_dict())}
+    out: dict[str, Any] = {
+        "plan": px.plan.describe(),
+        "losses": losses,
+        "norms": norms,
+        "keys": sorted(px.get_state_dict(model)),
+        "state_dict": sorted(px.unwrap_model(model).state_dict()),
+    }
     if px.rank == 0:
         ref = reference(family, global_batch, done + steps, lr, start, clip_value)
         out["reference"] = {what: values[done:] for what, values in ref.items()}

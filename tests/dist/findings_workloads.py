@@ -1,5 +1,6 @@
 """Rank functions for the probed findings of issue 26: each a feature right alone and wrong beside
 another. One launch runs several of them in turn (tests.dist.harness_calls)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,6 +27,7 @@ def _steps(px: Phalanx, model: nn.Module, optimizer: torch.optim.Optimizer, load
 def resume_then_train(strategy: str, checkpoint: str) -> dict[str, Any]:
     """3 steps, save, 3 more; then a fresh run (other initial weights) loads the checkpoint and takes
     the same 3 steps: its losses and weights must be the first run's."""
+
     def build(seed: int):
         px = Phalanx(strategy=strategy, seed=0)
         model = make_model(seed)
@@ -40,8 +42,12 @@ def resume_then_train(strategy: str, checkpoint: str) -> dict[str, Any]:
     px2, model2, optimizer2, loader2 = build(1)
     assert px2.load_state(checkpoint)
     resumed = _steps(px2, model2, optimizer2, iter(loader2), 3)
-    return {"losses": after, "resumed_losses": resumed,
-            "weights": px.get_state_dict(model), "resumed_weights": px2.get_state_dict(model2)}
+    return {
+        "losses": after,
+        "resumed_losses": resumed,
+        "weights": px.get_state_dict(model),
+        "resumed_weights": px2.get_state_dict(model2),
+    }
 
 
 def python_values() -> dict[str, Any]:
@@ -49,10 +55,12 @@ def python_values() -> dict[str, Any]:
     px = Phalanx()
     r = px.rank
     out: dict[str, Any] = {
-        "mean": px.reduce(float(r + 1)), "sum": px.reduce(r + 1, "sum"),
+        "mean": px.reduce(float(r + 1)),
+        "sum": px.reduce(r + 1, "sum"),
         "list": px.reduce([1.0 * r, 2.0 * r], "sum"),
         "dict": px.reduce({"acc": 0.5 + r / 4, "n": [r, 1]}, "sum"),
-        "gather": px.gather(float(r)), "gather_list": px.gather([r, r + 10]),
+        "gather": px.gather(float(r)),
+        "gather_list": px.gather([r, r + 10]),
     }
     try:
         px.reduce("text")
@@ -72,8 +80,9 @@ def _masked(tokens: torch.Tensor) -> torch.Tensor:
 
 
 def summed_lm_loss(output: Any, targets: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(output.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
-                                       reduction="sum")
+    return nn.functional.cross_entropy(
+        output.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum"
+    )
 
 
 def pp_reference(num_items: bool) -> dict[str, Any]:
@@ -102,22 +111,26 @@ def pp_epoch(num_items: bool) -> dict[str, Any]:
 
     px = Phalanx(strategy="ddp", pp=2)
     model = p.make_model(2)
-    model, optimizer, loader = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                          DataLoader(p.make_data(), batch_size=PP_BATCH))
+    model, optimizer, loader = px.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(p.make_data(), batch_size=PP_BATCH)
+    )
     losses = []
     for (batch,) in loader:
         if num_items:
             targets = _masked(batch[:, 1:])
-            loss = px.forward_backward(model, batch[:, :-1], targets, summed_lm_loss,
-                                       num_items=(targets != -100).sum())
+            loss = px.forward_backward(model, batch[:, :-1], targets, summed_lm_loss, num_items=(targets != -100).sum())
         else:
             loss = px.forward_backward(model, batch[:, :-1], batch[:, 1:], p.lm_loss)
         losses.append(loss.item())
         optimizer.step()
         optimizer.zero_grad()
     evaluated = px.forward(model, p.make_data().tensors[0][:7, :-1])  # an eval batch of any size
-    return {"losses": losses, "state": px.get_state_dict(model), "eval_rows": evaluated.shape[0],
-            "global_step": px.global_step}
+    return {
+        "losses": losses,
+        "state": px.get_state_dict(model),
+        "eval_rows": evaluated.shape[0],
+        "global_step": px.global_step,
+    }
 
 
 def tp_refusal() -> str:
@@ -125,8 +138,14 @@ def tp_refusal() -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     px = Phalanx(strategy="ddp", tp=2)
-    config = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=6, num_key_value_heads=3)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+    )
     try:
         px.prepare(LlamaForCausalLM(config))
     except ValueError as error:
@@ -143,8 +162,9 @@ def batchnorm_layout(settings: dict) -> dict[str, Any]:
     px = Phalanx(sync_batchnorm=True, seed=0, **settings)
     model = b.make_model()
     try:
-        model, optimizer, loader = px.prepare(model, torch.optim.SGD(model.parameters(), lr=0.3),
-                                              DataLoader(b.make_data(), batch_size=b.PER_RANK))
+        model, optimizer, loader = px.prepare(
+            model, torch.optim.SGD(model.parameters(), lr=0.3), DataLoader(b.make_data(), batch_size=b.PER_RANK)
+        )
     except ValueError as error:  # pp: refused (statistics of one microbatch are not the global batch's)
         return {"refused": str(error)}
     for x, y in loader:
@@ -164,8 +184,10 @@ def lora_llama() -> nn.Module:
 
     from tests.dist.tp_workloads import make_model
 
-    model = get_peft_model(make_model("llama"), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
-                                                           target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        make_model("llama"),
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"),
+    )
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -202,11 +224,15 @@ def lora_train(tp: int, steps: int = 3) -> dict[str, Any]:
     out: dict[str, Any] = {"losses": losses}
     if px is not None:  # how each part of an adapted layer is split: "Shard(0)", "Shard(1)", or "whole"
         attn = px.unwrap_model(model).base_model.model.model.layers[0].self_attn
-        out["layouts"] = {f"{proj}.{part}": str(list(getattr(w, "placements", ["whole"])))
-                          for proj in ("q_proj", "o_proj") for part, w in (
-                              ("base_layer", getattr(attn, proj).base_layer.weight),
-                              ("lora_A", getattr(attn, proj).lora_A["default"].weight),
-                              ("lora_B", getattr(attn, proj).lora_B["default"].weight))}
+        out["layouts"] = {
+            f"{proj}.{part}": str(list(getattr(w, "placements", ["whole"])))
+            for proj in ("q_proj", "o_proj")
+            for part, w in (
+                ("base_layer", getattr(attn, proj).base_layer.weight),
+                ("lora_A", getattr(attn, proj).lora_A["default"].weight),
+                ("lora_B", getattr(attn, proj).lora_B["default"].weight),
+            )
+        }
     if px is None or px.is_main_process:
         out["merged"] = merged(model, {k: v.detach().float() for k, v in state.items()})
     return out

@@ -5,6 +5,7 @@ torchrun's variables set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT on loop
 the function in each and returns each rank's return value (anything torch.save can write).
 A rank that fails or outlives the timeout fails the test with every rank's output.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,16 +30,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_env(rank: int, world_size: int, port: int, extra: dict[str, str] | None = None,
-             local_world_size: int | None = None) -> dict[str, str]:
+def rank_env(
+    rank: int, world_size: int, port: int, extra: dict[str, str] | None = None, local_world_size: int | None = None
+) -> dict[str, str]:
     """torchrun's variables for `rank`; `local_world_size` < world_size plays several nodes."""
     env = dict(os.environ)
     local = local_world_size or world_size
     env.update(
-        RANK=str(rank), LOCAL_RANK=str(rank % local), WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(local), GROUP_RANK=str(rank // local),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-        GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+        RANK=str(rank),
+        LOCAL_RANK=str(rank % local),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(local),
+        GROUP_RANK=str(rank // local),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
     )
     env.update(extra or {})
@@ -49,8 +56,14 @@ class RanksFailed(AssertionError):
     pass
 
 
-def run_ranks(target: str, world_size: int = 2, args: Sequence[Any] = (), timeout: float = 120.0,
-              env: dict[str, str] | None = None, local_world_size: int | None = None) -> list[Any]:
+def run_ranks(
+    target: str,
+    world_size: int = 2,
+    args: Sequence[Any] = (),
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+    local_world_size: int | None = None,
+) -> list[Any]:
     with tempfile.TemporaryDirectory(prefix="phalanx-test-") as tmp:
         out = Path(tmp)
         torch.save(tuple(args), out / "args.pt")
@@ -59,8 +72,18 @@ def run_ranks(target: str, world_size: int = 2, args: Sequence[Any] = (), timeou
         for rank in range(world_size):
             log = open(out / f"rank{rank}.log", "w+")
             cmd = [sys.executable, "-m", "tests.dist.worker", target, str(out)]
-            procs.append((subprocess.Popen(cmd, cwd=ROOT, env=rank_env(rank, world_size, port, env, local_world_size),
-                                           stdout=log, stderr=subprocess.STDOUT), log))
+            procs.append(
+                (
+                    subprocess.Popen(
+                        cmd,
+                        cwd=ROOT,
+                        env=rank_env(rank, world_size, port, env, local_world_size),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    ),
+                    log,
+                )
+            )
         deadline = time.monotonic() + timeout
         timed_out = False
         while any(p.poll() is None for p, _ in procs):
@@ -83,8 +106,9 @@ def run_ranks(target: str, world_size: int = 2, args: Sequence[Any] = (), timeou
         return [torch.load(out / f"result{rank}.pt", weights_only=False) for rank in range(world_size)]
 
 
-def run_command(command: Sequence[str], env: dict[str, str], timeout: float, cwd: Path = ROOT
-                ) -> subprocess.CompletedProcess:
+def run_command(
+    command: Sequence[str], env: dict[str, str], timeout: float, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
     """`subprocess.run(command, capture_output=True, text=True)` for a launcher. One that has not
     finished within `timeout` (its output not closed: a process it started may hold it) fails the
     test with its output so far and each process still holding that output, which are then killed."""
@@ -101,9 +125,10 @@ def run_command(command: Sequence[str], env: dict[str, str], timeout: float, cwd
             except OSError:
                 pass
         out, err = proc.communicate()  # all of it: communicate keeps what it read before the timeout
-        raise RanksFailed(f"{' '.join(command)}: no end within {timeout:.0f} s (the launcher {launcher}); "
-                          f"processes holding its output:\n{table}\n--- its stderr, last part ---\n{err[-6000:]}"
-                          ) from None
+        raise RanksFailed(
+            f"{' '.join(command)}: no end within {timeout:.0f} s (the launcher {launcher}); "
+            f"processes holding its output:\n{table}\n--- its stderr, last part ---\n{err[-6000:]}"
+        ) from None
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
@@ -127,4 +152,6 @@ def _describe(pid: int) -> str:
     facts = read_process(pid)
     if facts is None:
         return f"{pid}: ended"
-    return f"{pid} (parent {facts.ppid}, state {facts.state}, waiting in {facts.wchan or '-'}): {facts.command_text[:300]}"
+    return (
+        f"{pid} (parent {facts.ppid}, state {facts.state}, waiting in {facts.wchan or '-'}): {facts.command_text[:300]}"
+    )

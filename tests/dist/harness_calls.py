@@ -1,4 +1,5 @@
 """Several workload calls, in order, in one rank launch (one process group for all of them)."""
+
 from __future__ import annotations
 
 import importlib

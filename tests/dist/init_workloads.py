@@ -2,6 +2,7 @@
 with the same seed in a layout (on meta where the layout shards or cuts, materialised at prepare)
 and in one process with no phalanx; rank 0 compares the gathered weights and the generator's next
 draw (dropout and shuffles after the build must match too)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,11 +19,19 @@ def build() -> nn.Module:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     model = LlamaForCausalLM(config)
-    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
-                                            target_modules=["q_proj", "v_proj", "up_proj"]))
+    return get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"])
+    )
 
 
 def _one_process() -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -45,8 +54,13 @@ def initial(settings: dict[str, Any]) -> dict[str, Any]:
     reference, reference_after = _one_process()
     differ = sorted(k for k, v in reference.items() if k not in state or not torch.equal(state[k].float(), v.float()))
     lora_a = next(k for k in reference if ".lora_A." in k)
-    return {"on_meta": on_meta, "differ": differ, "count": len(reference), "next_draw_equal": torch.equal(after, reference_after),
-            "lora_a": (float(state[lora_a].float().abs().sum()), float(reference[lora_a].abs().sum()))}
+    return {
+        "on_meta": on_meta,
+        "differ": differ,
+        "count": len(reference),
+        "next_draw_equal": torch.equal(after, reference_after),
+        "lora_a": (float(state[lora_a].float().abs().sum()), float(reference[lora_a].abs().sum())),
+    }
 
 
 def matrix(cases: dict[str, dict]) -> dict[str, dict]:

@@ -1,5 +1,6 @@
 """Rank functions: torch's idioms inside `px.uneven_inputs(model)` (torch's Join) under ddp and
 zero1, against the same loop in one process with no phalanx (issue 40)."""
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,10 @@ def _model() -> nn.Module:
 
 def _batches(rank: int, count: int | None = None, seed: int = 100) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed + rank)
-    return [(torch.randn(BATCH, DIM, generator=g), torch.randint(0, 3, (BATCH,), generator=g))
-            for _ in range(NUM_BATCHES[rank] if count is None else count)]
+    return [
+        (torch.randn(BATCH, DIM, generator=g), torch.randint(0, 3, (BATCH,), generator=g))
+        for _ in range(NUM_BATCHES[rank] if count is None else count)
+    ]
 
 
 def reference() -> dict:
@@ -60,8 +63,10 @@ def uneven_loop(strategy: str, verbs: bool = True) -> dict:
             reduced.append(mean.item())
             gathered.append(px.gather(loss.detach()).tolist())
             px.log({"loss": mean.item()})
-    params = [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-              for p in px.unwrap_model(model).parameters()]
+    params = [
+        (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for p in px.unwrap_model(model).parameters()
+    ]
     return {"reduced": reduced, "gathered": gathered, "norms": norms, "params": params}
 
 
@@ -69,7 +74,7 @@ EVEN_BATCHES = 2  # the second epoch: both ranks have as many
 
 
 def _schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 ** step)  # closed form: reads its own count
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)  # closed form: reads its own count
 
 
 def two_epochs_reference() -> dict:

@@ -2,6 +2,7 @@
 2, `output_router_logits=True`, router_aux_loss_coef 0.1) trained with transformers' own loop
 (`labels=`, torch's `clip_grad_norm_`, AdamW) in a layout, and the same loop in one process with no
 phalanx on the whole batches, computed in rank 0."""
+
 from __future__ import annotations
 
 import copy
@@ -51,8 +52,9 @@ def _norm(value: Any) -> float:
     return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
 
 
-def _loop(model: nn.Module, optimizer: Any, batches: Any, backward: Any, mean: Any,
-          cut: Any = lambda batch: batch) -> dict[str, list[float]]:
+def _loop(
+    model: nn.Module, optimizer: Any, batches: Any, backward: Any, mean: Any, cut: Any = lambda batch: batch
+) -> dict[str, list[float]]:
     losses, norms, aux = [], [], []
     for batch in batches:
         out = model(**cut(batch))
@@ -101,8 +103,9 @@ def train(family: str, padded: bool = False, join: bool = False, **settings: Any
     loader = DataLoader(Rows(padded), batch_size=BATCH // px.dp_size)
     model, optimizer, loader = px.prepare(model, optimizer, loader)
     if px.cp_size > 1:  # the docs' hand-written cp loop: this rank's part of the rows, labels= kept
-        out: dict[str, Any] = _loop(model, optimizer, loader, px.backward, _world_mean,
-                                    cut=lambda batch: px.shard_sequence(batch)[0])
+        out: dict[str, Any] = _loop(
+            model, optimizer, loader, px.backward, _world_mean, cut=lambda batch: px.shard_sequence(batch)[0]
+        )
     else:
         out = _loop(model, optimizer, loader, px.backward, lambda loss: px.reduce(loss, "mean"))
     if px.rank == 0:

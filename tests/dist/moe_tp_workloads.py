@@ -2,6 +2,7 @@
 experts, top 2, the router's load-balancing loss in the loss) trained with transformers' own loop
 (`labels=`, `loss.backward()`, torch's `clip_grad_norm_`) under `--tp 2`, with the same loop in one
 process and no phalanx computed in rank 0 on the same batches."""
+
 from __future__ import annotations
 
 import copy
@@ -21,12 +22,22 @@ def make_model(family: str) -> nn.Module:
     from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.02,
-                  max_position_embeddings=32, attn_implementation="eager")
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+        max_position_embeddings=32,
+        attn_implementation="eager",
+    )
     if family == "qwen3_moe":
-        config = Qwen3MoeConfig(num_experts=4, moe_intermediate_size=32, intermediate_size=64, head_dim=8,
-                                decoder_sparse_step=1, **common)
+        config = Qwen3MoeConfig(
+            num_experts=4, moe_intermediate_size=32, intermediate_size=64, head_dim=8, decoder_sparse_step=1, **common
+        )
         return Qwen3MoeForCausalLM(config)
     return MixtralForCausalLM(MixtralConfig(num_local_experts=4, intermediate_size=64, **common))
 
@@ -61,8 +72,11 @@ def train(family: str, **settings: Any) -> dict[str, Any]:
     except ValueError as error:
         return {"refused": str(error)}
     out: dict[str, Any] = _loop(model, optimizer, loader, px.backward, lambda loss: px.reduce(loss, "mean"))
-    out["placements"] = {n: [repr(pl) for pl in p.placements] for n, p in
-                         px.unwrap_model(model).named_parameters() if hasattr(p, "placements")}
+    out["placements"] = {
+        n: [repr(pl) for pl in p.placements]
+        for n, p in px.unwrap_model(model).named_parameters()
+        if hasattr(p, "placements")
+    }
     out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
     if px.rank == 0:
         ref_opt = torch.optim.AdamW(start.parameters(), lr=LR)

@@ -1,6 +1,7 @@
 """Whole-tensor optimizers (torch's Muon and Adafactor, a user-written trust ratio) trained through
 `px.forward_backward` in any layout, with a one-process reference computed in rank 0 on the same
 global batches; Newton-Schulz calls counted in every rank."""
+
 from __future__ import annotations
 
 import copy
@@ -73,8 +74,11 @@ def make_optimizers(model: nn.Module, which: str) -> list[torch.optim.Optimizer]
 
 
 def num_matrices(which: str) -> int:
-    return len([n for n, p in make_model().named_parameters() if n.startswith("layers.") and p.dim() == 2]) \
-        if which == "muon" else 0
+    return (
+        len([n for n, p in make_model().named_parameters() if n.startswith("layers.") and p.dim() == 2])
+        if which == "muon"
+        else 0
+    )
 
 
 def _edit(model: nn.Module) -> None:
@@ -102,8 +106,15 @@ def reference(which: str, global_batch: int, steps: int, edit_at: int | None = N
     return {"losses": losses, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
-def train(which: str, steps: int = 6, global_batch: int = 8, checkpoint: str | None = None,
-          resume: str | None = None, edit_at: int | None = None, **settings: Any) -> dict[str, Any]:
+def train(
+    which: str,
+    steps: int = 6,
+    global_batch: int = 8,
+    checkpoint: str | None = None,
+    resume: str | None = None,
+    edit_at: int | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
     """`steps` steps of `which` in the layout `settings` describe (a resume first restores
     `resume`); rank 0 also returns the one-process reference over the same batches from the start."""
     if settings.get("tp", 1) > 1:
@@ -136,10 +147,15 @@ def train(which: str, steps: int = 6, global_batch: int = 8, checkpoint: str | N
             break
     else:
         ns_calls = NS_CALLS[0]
-    out = {"plan": px.plan.describe(), "losses": losses, "ns_calls": ns_calls, "steps": len(losses),
-           "warnings": [str(w.message) for w in caught],
-           "kinds": [type(getattr(o, "optimizer", o)).__name__ for o in optimizers],
-           "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}}
+    out = {
+        "plan": px.plan.describe(),
+        "losses": losses,
+        "ns_calls": ns_calls,
+        "steps": len(losses),
+        "warnings": [str(w.message) for w in caught],
+        "kinds": [type(getattr(o, "optimizer", o)).__name__ for o in optimizers],
+        "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+    }
     if px.rank == 0:
         out["reference"] = reference(which, global_batch, done + len(losses), edit_at)
     return out
@@ -160,11 +176,13 @@ def checkpoint_chain(zero3_dir: str, zero1_dir: str) -> dict[str, dict]:
     """Muon: 3 steps under zero3, saved, resumed under ddp and under zero2 (each owner takes its
     matrices' state) for 3 more; Adafactor: 3 steps under zero1, saved, resumed under zero3 (a one-process
     run resumes it too)."""
-    return {"muon zero3 saved": train("muon", 3, checkpoint=zero3_dir, strategy="zero3"),
-            "muon ddp resumed": train("muon", 3, resume=zero3_dir, strategy="ddp"),
-            "muon zero2 resumed": train("muon", 3, resume=zero3_dir, strategy="zero2"),
-            "adafactor zero1 saved": train("adafactor", 3, checkpoint=zero1_dir, strategy="zero1"),
-            "adafactor zero3 resumed": train("adafactor", 3, resume=zero1_dir, strategy="zero3")}
+    return {
+        "muon zero3 saved": train("muon", 3, checkpoint=zero3_dir, strategy="zero3"),
+        "muon ddp resumed": train("muon", 3, resume=zero3_dir, strategy="ddp"),
+        "muon zero2 resumed": train("muon", 3, resume=zero3_dir, strategy="zero2"),
+        "adafactor zero1 saved": train("adafactor", 3, checkpoint=zero1_dir, strategy="zero1"),
+        "adafactor zero3 resumed": train("adafactor", 3, resume=zero1_dir, strategy="zero3"),
+    }
 
 
 def uneven_join(method: str = "join") -> dict[str, Any]:

@@ -9,6 +9,7 @@ ranks that hold the same stage (the data-parallel submesh at this pipeline rank)
 `no_sync()` and reduces on the last; under FSDP2 it turns gradient sync and resharding off for the
 microbatches and reduce-scatters once after them.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,12 +38,14 @@ def apply_ddp(rank: RankStages, dp_group: Any, **ddp_kwargs: Any) -> tuple[nn.Mo
 
     group = dp_group.get_group() if hasattr(dp_group, "get_group") else dp_group
     ddp_kwargs.setdefault("find_unused_parameters", True)
-    return tuple(DistributedDataParallel(m, process_group=group, **ddp_kwargs) if _has_params(m) else m
-                 for m in rank.stages)
+    return tuple(
+        DistributedDataParallel(m, process_group=group, **ddp_kwargs) if _has_params(m) else m for m in rank.stages
+    )
 
 
-def apply_fsdp(rank: RankStages, dp_mesh: Any, *, reshard_after_forward: bool = False,
-               **fsdp_kwargs: Any) -> tuple[nn.Module, ...]:
+def apply_fsdp(
+    rank: RankStages, dp_mesh: Any, *, reshard_after_forward: bool = False, **fsdp_kwargs: Any
+) -> tuple[nn.Module, ...]:
     """FSDP2 over `dp_mesh`: each unit of this rank (block, embedding, head) sharded on its own, each
     stage module the root over what is left.
 

@@ -1,6 +1,7 @@
 """Workloads for pipeline parallelism (strategies/pipeline): a model of embedding + a ModuleList of
 blocks + norm + head whose forward is a plain loop, trained on a (pp, dp) mesh and, in every rank,
 side by side with one process training the whole model on the same global batch."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -90,8 +91,16 @@ def _full(value: torch.Tensor) -> torch.Tensor:
 class Layout:
     """A (pp, dp) layout on this job's ranks: the cut model, its stage modules, runner and optimizer."""
 
-    def __init__(self, pp: int, dp: int, dp_kind: str = "none", schedule: str = "1F1B",
-                 microbatches: int | None = None, mp: bool = False, num_blocks: int = 4):
+    def __init__(
+        self,
+        pp: int,
+        dp: int,
+        dp_kind: str = "none",
+        schedule: str = "1F1B",
+        microbatches: int | None = None,
+        mp: bool = False,
+        num_blocks: int = 4,
+    ):
         dim = "dp_replicate" if dp_kind == "ddp" else "dp_shard"
         self.mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", dim))
         self.dp_group = self.mesh[dim].get_group()
@@ -113,12 +122,20 @@ class Layout:
             modules = self.rank.stages
         self.model = self.rank.model
         self.optimizer = make_optimizer(self.model, LR)
-        self.runner = pipe.PipelineRunner(modules, self.rank.stage_indices, self.rank.num_stages, self.mesh["pp"],
-                                          "cpu", schedule, microbatches, loss_fn)
+        self.runner = pipe.PipelineRunner(
+            modules,
+            self.rank.stage_indices,
+            self.rank.num_stages,
+            self.mesh["pp"],
+            "cpu",
+            schedule,
+            microbatches,
+            loss_fn,
+        )
 
     def shard(self, x: torch.Tensor) -> torch.Tensor:
         size = x.size(0) // self.dp
-        return x[self.dp_rank * size:(self.dp_rank + 1) * size]
+        return x[self.dp_rank * size : (self.dp_rank + 1) * size]
 
     def step(self, step: int, pieces: int = 1) -> tuple[float, float]:
         x, y = (self.shard(t) for t in batch(step))
@@ -206,14 +223,17 @@ def pp_dp(steps: int, tmp: str) -> dict[str, Any]:
     _init()
     results: dict[str, Any] = {}
     for name, pp, kind, schedule, mp, blocks, accumulate in (
-            ("ddp", 2, "ddp", "1F1B", False, 4, True), ("zero3", 2, "zero3", "1F1B", False, 4, True),
-            ("zero3_interleaved", 2, "zero3", "Interleaved1F1B", False, 4, False),
-            ("zero3_bf16", 2, "zero3", "1F1B", True, 4, False),
-            ("pp4", 4, "none", "1F1B", False, 4, False), ("pp4_interleaved", 4, "none", "Interleaved1F1B", False, 8, False)):
+        ("ddp", 2, "ddp", "1F1B", False, 4, True),
+        ("zero3", 2, "zero3", "1F1B", False, 4, True),
+        ("zero3_interleaved", 2, "zero3", "Interleaved1F1B", False, 4, False),
+        ("zero3_bf16", 2, "zero3", "1F1B", True, 4, False),
+        ("pp4", 4, "none", "1F1B", False, 4, False),
+        ("pp4_interleaved", 4, "none", "Interleaved1F1B", False, 8, False),
+    ):
         layout = Layout(pp, 4 // pp, kind, schedule, 2 if accumulate else None, mp, blocks)  # 2 halves of 4 samples
         dtypes: list[torch.dtype] = []
         if layout.pp_rank == 0:  # what stage 0 sends to stage 1
-            layout.rank.stages[0].register_forward_hook(lambda m, a, out: dtypes.append(out.dtype))
+            layout.rank.stages[0].register_forward_hook(lambda m, a, out, dtypes=dtypes: dtypes.append(out.dtype))
         result = _train_side_by_side(layout, steps, accumulate)
         result["sent_dtypes"] = sorted({str(d) for d in dtypes})
         result.pop("ref")
@@ -278,8 +298,10 @@ def load_whole(checkpoint: str) -> dict[str, torch.Tensor]:
     state = pipe.get_state(model, optimizer)
     dcp.load(state, checkpoint_id=checkpoint)
     pipe.set_state(model, optimizer, state)
-    return {"params": {n: v.clone() for n, v in model.state_dict().items()},
-            "exp_avg": {n: optimizer.state[p]["exp_avg"].clone() for n, p in model.named_parameters()}}
+    return {
+        "params": {n: v.clone() for n, v in model.state_dict().items()},
+        "exp_avg": {n: optimizer.state[p]["exp_avg"].clone() for n, p in model.named_parameters()},
+    }
 
 
 def reference_run(steps: int) -> tuple[list[float], dict[str, torch.Tensor], Reference]:

@@ -1,6 +1,7 @@
 """A transformers loop written as transformers' and torch's docs write it (a `loss_fn` reading
 `out.logits`, `torch.nn.utils.clip_grad_norm_` on the model's parameters, `save_pretrained` on every
 rank), run under pp 2 and in one process with no phalanx, on a tiny Llama built from its config."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,9 +18,16 @@ def make_model() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -37,8 +45,7 @@ def loss_fn(out: Any, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten())
 
 
-def _loop(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
-          forward_backward: Any) -> dict[str, Any]:
+def _loop(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Any, forward_backward: Any) -> dict[str, Any]:
     """STEPS steps: `forward_backward(x, y)` (the loss, after its backward), torch's own clip on the
     model's parameters, the optimizer's step."""
     losses, norms = [], []

@@ -1,6 +1,7 @@
 """Pipeline parallel through Phalanx's settings and `px.forward_backward`: the same loop in every
 layout (accumulation, clipping by the global norm, two parameter groups, an optimizer built before
 prepare), with a one-process reference computed in rank 0 on the same global batches."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,17 +32,29 @@ def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     """AdamW in three groups: the embedding alone at half the rate (a group that is empty on every
     stage but the first), then weight decay on the other matrices only."""
     named = [(n, p) for n, p in model.named_parameters() if n != "embed.weight"]
-    return torch.optim.AdamW([{"params": [model.embed.weight], "lr": lr / 2, "weight_decay": 0.0},
-                              {"params": [p for _, p in named if p.dim() >= 2], "weight_decay": 0.1},
-                              {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0}], lr=lr)
+    return torch.optim.AdamW(
+        [
+            {"params": [model.embed.weight], "lr": lr / 2, "weight_decay": 0.0},
+            {"params": [p for _, p in named if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=lr,
+    )
 
 
 def eval_inputs() -> torch.Tensor:
     return make_data().tensors[0][:EVAL_SAMPLES, :-1]
 
 
-def reference(layers: int, global_batch: int, steps: int, accum: int = 1, lr: float = 1e-2,
-              start: nn.Module | None = None, mixed_precision: str | None = None) -> dict[str, Any]:
+def reference(
+    layers: int,
+    global_batch: int,
+    steps: int,
+    accum: int = 1,
+    lr: float = 1e-2,
+    start: nn.Module | None = None,
+    mixed_precision: str | None = None,
+) -> dict[str, Any]:
     """One process, no Phalanx: `steps` optimizer steps, each over `accum` global batches; with
     mixed_precision "bf16" the forward runs under autocast(bf16), as each stage's does."""
     import contextlib
@@ -66,13 +79,26 @@ def reference(layers: int, global_batch: int, steps: int, accum: int = 1, lr: fl
         optimizer.zero_grad()
     with torch.no_grad(), autocast():
         evaluated = model(eval_inputs())
-    return {"losses": losses, "norms": norms, "eval": evaluated,
-            "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    return {
+        "losses": losses,
+        "norms": norms,
+        "eval": evaluated,
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+    }
 
 
-def train(layers: int = 2, global_batch: int = 8, steps: int = 5, accum: int = 1, lr: float = 1e-2,
-          checkpoint: str | None = None, resume: str | None = None, meta: bool = False, evaluate: bool = True,
-          **settings: Any) -> dict[str, Any]:
+def train(
+    layers: int = 2,
+    global_batch: int = 8,
+    steps: int = 5,
+    accum: int = 1,
+    lr: float = 1e-2,
+    checkpoint: str | None = None,
+    resume: str | None = None,
+    meta: bool = False,
+    evaluate: bool = True,
+    **settings: Any,
+) -> dict[str, Any]:
     """`steps` optimizer steps through px.forward_backward in the layout `settings` describe (a
     resume first restores `resume` and goes on from its position); rank 0 also returns the one-process
     reference over the same batches, from the start."""
@@ -110,17 +136,26 @@ def train(layers: int = 2, global_batch: int = 8, steps: int = 5, accum: int = 1
         if evaluate:
             raise
         evaluated = str(error)
-    out = {"strategy": px.strategy_name, "plan": px.plan.describe(), "dp": (px.dp_rank, px.dp_size),
-           "losses": losses, "norms": norms, "seen": seen, "global_step": px.global_step, "eval": evaluated,
-           "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
-           "own": sorted(n for n, _ in px.unwrap_model(model).named_parameters())}
+    out = {
+        "strategy": px.strategy_name,
+        "plan": px.plan.describe(),
+        "dp": (px.dp_rank, px.dp_size),
+        "losses": losses,
+        "norms": norms,
+        "seen": seen,
+        "global_step": px.global_step,
+        "eval": evaluated,
+        "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+        "own": sorted(n for n, _ in px.unwrap_model(model).named_parameters()),
+    }
     try:
         model(batch[:, :-1])
     except RuntimeError as error:
         out["direct_call"] = str(error)
     if px.rank == 0:
-        out["reference"] = reference(layers, global_batch, done + steps, accum, lr, start,
-                                     settings.get("mixed_precision"))
+        out["reference"] = reference(
+            layers, global_batch, done + steps, accum, lr, start, settings.get("mixed_precision")
+        )
     return out
 
 
@@ -183,8 +218,10 @@ def load_weights(path: str) -> dict[str, Any]:
     model = px.prepare(make_model(2))
     result = px.load_model(model, path)
     out: dict[str, Any] = {"loaded": sorted(result.loaded), "state": dict(px.unwrap_model(model).state_dict())}
-    for case, source in (("torch file", path.replace(".safetensors", ".pt")),
-                         ("unexpected", path.replace("model.safetensors", "extra.safetensors"))):
+    for case, source in (
+        ("torch file", path.replace(".safetensors", ".pt")),
+        ("unexpected", path.replace("model.safetensors", "extra.safetensors")),
+    ):
         try:
             px.load_model(model, source)
         except ValueError as error:

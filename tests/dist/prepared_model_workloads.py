@@ -1,5 +1,6 @@
 """Rank functions: the prepared model answers the user's module's own methods (generate, config,
 save_pretrained), each compared with the same module in one process, no phalanx."""
+
 from __future__ import annotations
 
 import torch
@@ -15,9 +16,16 @@ def tiny_llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=2 * DIM, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4 * SEQ,
-                         attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=DIM,
+        intermediate_size=2 * DIM,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4 * SEQ,
+        attn_implementation="eager",
+    )
     return LlamaForCausalLM(config)
 
 
@@ -48,8 +56,12 @@ def generate(settings: dict) -> dict:
     model.eval()
     with torch.no_grad():
         got = model.generate(PROMPT, max_new_tokens=6, do_sample=False)
-    return {"expected": expected, "got": got, "vocab": model.config.vocab_size,
-            "has_save_pretrained": callable(getattr(model, "save_pretrained", None))}
+    return {
+        "expected": expected,
+        "got": got,
+        "vocab": model.config.vocab_size,
+        "has_save_pretrained": callable(getattr(model, "save_pretrained", None)),
+    }
 
 
 def save_pretrained(settings: dict, directory: str, every_rank: bool) -> dict:
@@ -84,5 +96,8 @@ def save_pretrained(settings: dict, directory: str, every_rank: bool) -> dict:
         return {}
     loaded = LlamaForCausalLM.from_pretrained(directory).state_dict()
     expected = reference.state_dict()
-    return {"refused": refused, "keys": sorted(loaded) == sorted(expected),
-            "max_rel": max(((loaded[k] - v).norm() / v.norm()).item() for k, v in expected.items())}
+    return {
+        "refused": refused,
+        "keys": sorted(loaded) == sorted(expected),
+        "max_rel": max(((loaded[k] - v).norm() / v.norm()).item() for k, v in expected.items()),
+    }

@@ -1,5 +1,6 @@
 """Workloads for zero1's balance: a model whose embedding is most of its bytes (as in
 bench/strategies.py), one step under ddp and zero1, each rank's model-state bytes reported."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,6 +26,8 @@ def one_step_bytes(strategies: tuple[str, ...] = ("ddp", "zero1")) -> dict[str, 
         x, y = torch.randint(0, 4096, (8, 4), generator=g), torch.randint(0, 4, (8,), generator=g)
         px.backward(nn.functional.cross_entropy(model(x), y))
         optimizer.step()
-        out[strategy] = {"bytes": vars(px.memory_report(model, optimizer)).copy(),
-                         "weights": {k: v.clone() for k, v in px.get_state_dict(model).items()}}
+        out[strategy] = {
+            "bytes": vars(px.memory_report(model, optimizer)).copy(),
+            "weights": {k: v.clone() for k, v in px.get_state_dict(model).items()},
+        }
     return out

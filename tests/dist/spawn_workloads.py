@@ -1,5 +1,6 @@
 """What every way of starting ranks runs (mp.spawn, phalanx.spawn, mpiexec): one short job that
 reports the layout Phalanx() resolved, the data shard this rank saw and the strategy it chose."""
+
 from __future__ import annotations
 
 import atexit
@@ -41,8 +42,14 @@ def shard_report(run_exit_handlers: bool = False) -> dict:
     sys.stdout.flush()
     if run_exit_handlers:
         atexit._run_exitfuncs()
-    return {"rank": px.rank, "local_rank": px.local_rank, "world_size": px.world_size,
-            "strategy": px.strategy_name, "seen": seen, "group_alive": dist.is_initialized()}
+    return {
+        "rank": px.rank,
+        "local_rank": px.local_rank,
+        "world_size": px.world_size,
+        "strategy": px.strategy_name,
+        "seen": seen,
+        "group_alive": dist.is_initialized(),
+    }
 
 
 def write_report(out_dir: str, report: dict) -> None:

@@ -4,6 +4,7 @@
 reference; `matrix(cases)` runs many cases in ONE 2-rank launch (one process group, many
 strategies in sequence) to keep spawn costs down.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -51,8 +52,9 @@ def make_model(seed: int = 0) -> nn.Module:
 
 def make_data(seed: int = 0) -> TensorDataset:
     g = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g),
-                         torch.randint(0, CLASSES, (SAMPLES,), generator=g))
+    return TensorDataset(
+        torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g), torch.randint(0, CLASSES, (SAMPLES,), generator=g)
+    )
 
 
 def make_optimizer(model: nn.Module, lr: float = 1e-2) -> torch.optim.Optimizer:
@@ -62,15 +64,30 @@ def make_optimizer(model: nn.Module, lr: float = 1e-2) -> torch.optim.Optimizer:
     return torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
 
 
-def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, accum: int | None = None,
-          clip: float | None = None, mixed_precision: str | None = None, options: dict | None = None,
-          deepspeed: dict | None = None, lr: float = 1e-2, checkpoint: str | None = None,
-          full_optimizer: bool = False) -> dict[str, Any]:
+def train(
+    strategy: str | None = None,
+    global_batch: int = 16,
+    epochs: int = 2,
+    accum: int | None = None,
+    clip: float | None = None,
+    mixed_precision: str | None = None,
+    options: dict | None = None,
+    deepspeed: dict | None = None,
+    lr: float = 1e-2,
+    checkpoint: str | None = None,
+    full_optimizer: bool = False,
+) -> dict[str, Any]:
     """AdamW on TinyNet; returns the full weights, losses, clip norms and model-state bytes.
     With `checkpoint`, also saves there and reports whether a fresh run restores the same state."""
+
     def build(seed: int = 0):
-        px = Phalanx(strategy=strategy, mixed_precision=mixed_precision, grad_accum_steps=accum,
-                     deepspeed=deepspeed, strategy_options=options)
+        px = Phalanx(
+            strategy=strategy,
+            mixed_precision=mixed_precision,
+            grad_accum_steps=accum,
+            deepspeed=deepspeed,
+            strategy_options=options,
+        )
         model = make_model(seed)
         optimizer = make_optimizer(model, lr)
         micro = global_batch // (px.world_size * px.grad_accum_steps)
@@ -103,15 +120,23 @@ def train(strategy: str | None = None, global_batch: int = 16, epochs: int = 2, 
         px2, model2, optimizer2, _ = build(seed=1)  # different initial weights, then restored
         assert px2.load_state(checkpoint)
         mine, theirs = px.get_state_dict(model), px2.get_state_dict(model2)
-        restored = {"global_step": (px.global_step, px2.global_step), "manifest_strategy": px2.strategy_name,
-                    "weights_equal": mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine),
-                    "optimizer_equal": _optimizer_states_equal(optimizer, optimizer2)}
+        restored = {
+            "global_step": (px.global_step, px2.global_step),
+            "manifest_strategy": px2.strategy_name,
+            "weights_equal": mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine),
+            "optimizer_equal": _optimizer_states_equal(optimizer, optimizer2),
+        }
     return {
         "strategy": px.strategy_name,
         "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
-        "losses": losses, "norms": norms, "unsynced": unsynced, "exchanged": exchanged, "bytes": vars(held).copy(),
+        "losses": losses,
+        "norms": norms,
+        "unsynced": unsynced,
+        "exchanged": exchanged,
+        "bytes": vars(held).copy(),
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
-        "is_optimizer": isinstance(optimizer, torch.optim.Optimizer), "restored": restored,
+        "is_optimizer": isinstance(optimizer, torch.optim.Optimizer),
+        "restored": restored,
         "optim_full": full_optimizer_state(model, optimizer) if full_optimizer else None,
     }
 
@@ -130,8 +155,10 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     from phalanx.checkpoint.state import base_optimizer
 
     state = get_optimizer_state_dict(model, base_optimizer(optimizer), options=StateDictOptions(full_state_dict=True))
-    return {name: {k: v.detach().clone().float() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
-            for name, values in state["state"].items()}
+    return {
+        name: {k: v.detach().clone().float() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+        for name, values in state["state"].items()
+    }
 
 
 def resume_under(strategy: str, checkpoint: str, options: dict | None = None, global_batch: int = 16) -> dict[str, Any]:
@@ -143,9 +170,12 @@ def resume_under(strategy: str, checkpoint: str, options: dict | None = None, gl
     loader = DataLoader(make_data(), batch_size=global_batch // px.world_size, shuffle=True)
     model, optimizer, loader = px.prepare(model, optimizer, loader)
     assert px.load_state(checkpoint)
-    return {"strategy": px.strategy_name, "global_step": px.global_step,
-            "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
-            "optim_full": full_optimizer_state(model, optimizer)}
+    return {
+        "strategy": px.strategy_name,
+        "global_step": px.global_step,
+        "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+        "optim_full": full_optimizer_state(model, optimizer),
+    }
 
 
 def _optimizer_states_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
@@ -153,8 +183,7 @@ def _optimizer_states_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) 
         return t.to_local() if hasattr(t, "to_local") else t
 
     sa, sb = list(a.state.values()), list(b.state.values())
-    return len(sa) == len(sb) > 0 and all(
-        torch.equal(local(x[k]), local(y[k])) for x, y in zip(sa, sb) for k in x)
+    return len(sa) == len(sb) > 0 and all(torch.equal(local(x[k]), local(y[k])) for x, y in zip(sa, sb) for k in x)
 
 
 def matrix(cases: dict[str, dict]) -> dict[str, dict]:

@@ -2,6 +2,7 @@
 made from model.parameters() before px.prepare, was refused ("the optimizer holds a parameter of
 shape (16, 16) that belongs to no model prepared by 'zero3'": the checkpoint wrappers renamed the
 parameters FSDP2 replaced)."""
+
 import pytest
 import torch
 
@@ -18,8 +19,9 @@ def test_activation_checkpointing_under_zero2_and_zero3_equals_one_process():
         for strategy in ("zero2", "zero3"):
             got = rank[strategy]
             assert "refused" not in got, got
-            torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(reference["losses"]), rtol=2e-4,
-                                       atol=1e-6)
+            torch.testing.assert_close(
+                torch.tensor(got["losses"]), torch.tensor(reference["losses"]), rtol=2e-4, atol=1e-6
+            )
     for key, value in reference["weights"].items():  # the main process holds the full weights
         for strategy in ("zero2", "zero3"):
             torch.testing.assert_close(ranks[0][strategy]["weights"][key], value, rtol=2e-4, atol=1e-6, msg=key)

@@ -2,6 +2,7 @@
 line search; a user's undeclared optimizer that does the same) under ddp on 2 ranks, each with half
 the global batch, written as torch's docs write LBFGS: every rank takes one process's step (losses
 and final weights within 2e-4 of one process on the whole batch) and no rank hangs."""
+
 from __future__ import annotations
 
 import pytest

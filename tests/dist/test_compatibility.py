@@ -9,6 +9,7 @@ The references run in one launch of one process; the cells in one launch per pro
 preemption stops a run with SystemExit in the middle of the launch; the next cell's Phalanx() starts
 afresh, and its preemption agrees under store keys of its own: preemption/worker.py). The unmarked
 test runs a representative subset; the whole matrix is marked slow."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,9 @@ def run_matrix(cells: list[Cell], tmp: str) -> tuple[dict, dict[str, list[dict]]
         group = [c for c in cells if layout(c.layout).processes == processes]
         if not group:
             continue
-        ranks = run_ranks(f"{WORKLOADS}:cells", processes, args=([c.name for c in group], tmp), timeout=900,
-                          local_world_size=2)
+        ranks = run_ranks(
+            f"{WORKLOADS}:cells", processes, args=([c.name for c in group], tmp), timeout=900, local_world_size=2
+        )
         for c in group:
             results[c.name] = [rank[c.name] for rank in ranks]
     return refs, results
@@ -45,7 +47,9 @@ def run_matrix(cells: list[Cell], tmp: str) -> tuple[dict, dict[str, list[dict]]
 def check(c: Cell, refs: dict, ranks: list[dict]) -> None:
     for rank in ranks:
         if c.refused is not None:
-            assert c.refused in rank.get("refused", ""), f"{c.name}: expected a refusal naming {c.refused!r}, got {rank}"
+            assert c.refused in rank.get("refused", ""), (
+                f"{c.name}: expected a refusal naming {c.refused!r}, got {rank}"
+            )
             continue
         assert "refused" not in rank, f"{c.name} was refused: {rank['refused']}"
         ref = refs[_reference_key(c)]
@@ -54,23 +58,39 @@ def check(c: Cell, refs: dict, ranks: list[dict]) -> None:
         for what in ("losses", "norms"):
             assert len(rank[what]) == len(ref[what]), f"{c.name} {what}: {rank[what]} vs one process {ref[what]}"
             for step, (got, want) in enumerate(zip(rank[what], ref[what]), 1):
-                assert abs(got - want) <= c.tolerance[what] * abs(want), f"{c.name} {what} step {step}: {got} vs one process {want}"
+                assert abs(got - want) <= c.tolerance[what] * abs(want), (
+                    f"{c.name} {what} step {step}: {got} vs one process {want}"
+                )
     if c.refused is None:
         state, want, tol = ranks[0]["state"], refs[_reference_key(c)]["state"], c.tolerance
         assert sorted(state) == sorted(want), c.name
         for key in want:
             if "weights_atol" in tol:
-                torch.testing.assert_close(state[key], want[key], rtol=tol["weights"], atol=tol["weights_atol"],
-                                           msg=lambda m: f"{c.name} {key}: {m}")
+                torch.testing.assert_close(
+                    state[key],
+                    want[key],
+                    rtol=tol["weights"],
+                    atol=tol["weights_atol"],
+                    msg=lambda m, key=key: f"{c.name} {key}: {m}",
+                )
             else:  # bf16: tensor by tensor
                 off = (state[key] - want[key]).norm() / want[key].norm().clamp_min(1e-12)
                 assert off <= tol["weights"], f"{c.name} {key}: off by {off:.3g} of its norm"
 
 
-FAST = [cell(name) for name in ("zero3 / llama / num_items+clip+accum2", "tp 2 / llama / bf16+clip",
-                                "pp 2 / llama-lora / clip", "ddp / cnn-bn / clip", "pp 2 / cnn-bn / clip",
-                                "zero1 / llama / clip+resume from ddp", "pp 2 / llama / clip+preempt",
-                                "tp 2 / llama / clip+preempt")]
+FAST = [
+    cell(name)
+    for name in (
+        "zero3 / llama / num_items+clip+accum2",
+        "tp 2 / llama / bf16+clip",
+        "pp 2 / llama-lora / clip",
+        "ddp / cnn-bn / clip",
+        "pp 2 / cnn-bn / clip",
+        "zero1 / llama / clip+resume from ddp",
+        "pp 2 / llama / clip+preempt",
+        "tp 2 / llama / clip+preempt",
+    )
+]
 
 
 BITWISE = [("llama", ("clip",)), ("llama-lora", ("clip",)), ("cnn-bn", ("clip",)), ("llama", ("bf16", "clip"))]

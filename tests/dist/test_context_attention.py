@@ -1,5 +1,6 @@
 """Attention across a context-parallel cut equals one process's: outputs and q/k/v gradients, for
 each mask (causal, packed documents, sliding window, padding) and both algorithms, on 2 gloo ranks."""
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,9 @@ def naive(case: tuple) -> dict[str, torch.Tensor]:
     mask_name, _, heads, kv_heads = case
     gen = torch.Generator().manual_seed(zlib.crc32(repr((mask_name, heads, kv_heads)).encode()))
     b, s, d = 2, 16, 8
-    q, k, v, up = (torch.randn(b, h, s, d, generator=gen, dtype=torch.float64)
-                   for h in (heads, kv_heads, kv_heads, heads))
+    q, k, v, up = (
+        torch.randn(b, h, s, d, generator=gen, dtype=torch.float64) for h in (heads, kv_heads, kv_heads, heads)
+    )
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     i = torch.arange(s)
     allowed = (i[None, :] <= i[:, None]).expand(b, s, s).clone()
@@ -70,6 +72,7 @@ def test_cp2_equals_one_process(two_ranks: list[dict], case: tuple) -> None:
 
 def test_load_balanced_cut() -> None:
     from phalanx.strategies.context.layout import local_indices
+
     assert local_indices(8, 2, 0).tolist() == [0, 1, 6, 7]
     assert local_indices(8, 2, 1).tolist() == [2, 3, 4, 5]
     with pytest.raises(ValueError, match="multiple of 4"):
@@ -80,8 +83,9 @@ def test_shard_sequence_pads_to_the_cut_and_keeps_positions_global() -> None:
     from phalanx.strategies.context import shard_sequence
 
     tokens = torch.arange(14).expand(2, 14)
-    local, targets, layout = shard_sequence({"input_ids": tokens}, tokens + 100, cp_size=2, cp_rank=1, pad=True,
-                                            activate=False)
+    local, targets, layout = shard_sequence(
+        {"input_ids": tokens}, tokens + 100, cp_size=2, cp_rank=1, pad=True, activate=False
+    )
     assert layout.seq_len == 16 and layout.local.tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
     assert local["input_ids"][0].tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
     assert local["position_ids"][0].tolist() == [4, 5, 6, 7, 8, 9, 10, 11]

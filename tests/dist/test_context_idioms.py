@@ -1,13 +1,20 @@
 """transformers' own idioms at cp 2 equal the same loop in plain transformers in one process:
 loss and grad norm per step and final weights within 2e-4 relative (issue 40's cp items)."""
+
 from __future__ import annotations
 
 import pytest
 
 from tests.dist.harness import run_ranks
 
-CASES = [("llama", "labels", "fb"), ("llama", "labels", "hand"), ("llama", "tensor", "fb"),
-         ("llama", "tensor", "hand"), ("llama-lora", "tensor", "fb"), ("gemma2", "labels", "fb")]
+CASES = [
+    ("llama", "labels", "fb"),
+    ("llama", "labels", "hand"),
+    ("llama", "tensor", "fb"),
+    ("llama", "tensor", "hand"),
+    ("llama-lora", "tensor", "fb"),
+    ("gemma2", "labels", "fb"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ equals one process: per-step loss within 2e-4 relative over 6 steps, for each ma
 attention algorithms; every mask at cp 2 x dp 2 and at cp 2 x tp 2 on 4 processes (slow). Encoders
 (ModernBERT's two-sided window, BERT with padding) and the docs' hand-written loop (px.shard_sequence,
 px.backward with num_items) against plain transformers in one process: loss, grad norm, weights."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,13 @@ CP2 = {"PHALANX_CP": "2"}
 
 def train(mask: str, world_size: int = 2, env: dict | None = None, **kwargs) -> list[dict]:
     args = (mask, kwargs.pop("global_batch", 4), 6, kwargs.pop("num_items", False), kwargs.pop("model_args", None))
-    return run_ranks("tests.dist.cp_workloads:train_llm", world_size=world_size, args=args, timeout=420,
-                     env={**CP2, "PHALANX_STRATEGY": "ddp", **(env or {})})
+    return run_ranks(
+        "tests.dist.cp_workloads:train_llm",
+        world_size=world_size,
+        args=args,
+        timeout=420,
+        env={**CP2, "PHALANX_STRATEGY": "ddp", **(env or {})},
+    )
 
 
 def assert_equal_to_one_process(ranks: list[dict], algorithm: str) -> None:
@@ -88,8 +94,10 @@ def test_attention_that_cannot_be_routed_is_refused(own_model: list[dict]) -> No
         assert "no attention of OwnAttentionLM went across the cut" in rank["manual"]
         # an MLP through px.forward_backward: its features cut as a sequence broke its first matmul ("mat1 and
         # mat2 shapes cannot be multiplied (4x4 and 8x16)"), now the same refusal, naming the cut and the way
-        assert rank["mlp"].startswith("ValueError: context parallel: no attention of Sequential went across the cut "
-                                      "before its forward failed on the cut batch"), rank["mlp"]
+        assert rank["mlp"].startswith(
+            "ValueError: context parallel: no attention of Sequential went across the cut "
+            "before its forward failed on the cut batch"
+        ), rank["mlp"]
         assert "cp=1" in rank["mlp"]
 
 
@@ -124,13 +132,19 @@ def test_encoder_masks_equal_one_process(kind: str) -> None:
 def test_checkpoint_at_cp2_dp2_resumes_at_dp4_and_one_process(tmp_path) -> None:
     path = str(tmp_path / "ckpt")
     args = ("packed", 8, 6, False, None)
-    saved = run_ranks("tests.dist.cp_workloads:train_llm", world_size=4, args=(*args, (3, path)), timeout=420,
-                      env={**CP2, "PHALANX_STRATEGY": "zero3"})
+    saved = run_ranks(
+        "tests.dist.cp_workloads:train_llm",
+        world_size=4,
+        args=(*args, (3, path)),
+        timeout=420,
+        env={**CP2, "PHALANX_STRATEGY": "zero3"},
+    )
     assert_equal_to_one_process(saved, "ulysses")
     after = saved[0]["losses"][3:]
     for world_size, env in ((4, {"PHALANX_CP": "1", "PHALANX_STRATEGY": "ddp"}), (1, {"PHALANX_CP": "1"})):
-        resumed = run_ranks("tests.dist.cp_workloads:train_llm", world_size=world_size, args=(*args, None, path),
-                            timeout=420, env=env)
+        resumed = run_ranks(
+            "tests.dist.cp_workloads:train_llm", world_size=world_size, args=(*args, None, path), timeout=420, env=env
+        )
         for rank in resumed:
             assert len(rank["losses"]) == 3
             for got, want in zip(rank["losses"], after, strict=True):
@@ -146,8 +160,14 @@ def test_zero1_cp2_dp2_causal() -> None:
 @pytest.mark.slow
 def test_hsdp_cp2_two_nodes_packed() -> None:
     # 2 "nodes" of 2 processes: a replica per node, parameters sharded over its cp ranks
-    ranks = run_ranks("tests.dist.cp_workloads:train_llm", world_size=4, local_world_size=2, timeout=420,
-                      args=("packed", 8, 6, False, None), env={**CP2, "PHALANX_STRATEGY": "hsdp"})
+    ranks = run_ranks(
+        "tests.dist.cp_workloads:train_llm",
+        world_size=4,
+        local_world_size=2,
+        timeout=420,
+        args=("packed", 8, 6, False, None),
+        env={**CP2, "PHALANX_STRATEGY": "hsdp"},
+    )
     assert [r["dp_size"] for r in ranks] == [2] * 4
     assert_equal_to_one_process(ranks, "ulysses")
 
@@ -162,16 +182,19 @@ def test_cp2_tp2_causal_mean_loss() -> None:
 # ---- every mask at cp 2 x dp 2 and cp 2 x tp 2: one 4-process launch per layout trains all four ----
 # layout: (env, global batch, dp size, algorithm); tp 2 leaves each rank one of the two key/value
 # heads, so the all-gather runs there
-LAYOUTS = {"cp2_dp2": ({"PHALANX_STRATEGY": "ddp"}, 8, 2, "ulysses"),
-           "cp2_tp2": ({"PHALANX_STRATEGY": "ddp", "PHALANX_TP": "2"}, 4, 1, "allgather")}
+LAYOUTS = {
+    "cp2_dp2": ({"PHALANX_STRATEGY": "ddp"}, 8, 2, "ulysses"),
+    "cp2_tp2": ({"PHALANX_STRATEGY": "ddp", "PHALANX_TP": "2"}, 4, 1, "allgather"),
+}
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def layout_run(request) -> tuple[str, list[dict]]:
     """Each rank's result of train_llm_masks at one layout, launched once for the module."""
     env, global_batch, _, _ = LAYOUTS[request.param]
-    return request.param, run_ranks("tests.dist.cp_workloads:train_llm_masks", world_size=4, timeout=840,
-                                    args=(global_batch, 6), env={**CP2, **env})
+    return request.param, run_ranks(
+        "tests.dist.cp_workloads:train_llm_masks", world_size=4, timeout=840, args=(global_batch, 6), env={**CP2, **env}
+    )
 
 
 @pytest.mark.slow

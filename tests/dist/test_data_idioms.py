@@ -5,6 +5,7 @@ One launch of 2 gloo ranks (tests/dist/data_idiom_workloads.py) for every check:
   items, padding repeats by none, so grad norms per step and final weights equal one process's;
 - a `datasets` stream the script already split with `split_dataset_by_node` is read as it is.
 """
+
 import pytest
 import torch
 
@@ -24,8 +25,7 @@ def ranks(tmp_path_factory):
     for strategy, num_shards in (("shards", 2), ("examples", 3)):
         (folder / strategy).mkdir()
         shard_sets[strategy] = write_jsonl_shards(folder / strategy, N_STREAM, num_shards)
-    return run_ranks("tests.dist.data_idiom_workloads:suite", 2, args=(shard_sets, str(folder / "cache")),
-                     timeout=300)
+    return run_ranks("tests.dist.data_idiom_workloads:suite", 2, args=(shard_sets, str(folder / "cache")), timeout=300)
 
 
 @pytest.mark.timeout(360)

@@ -1,9 +1,9 @@
 """Every loader kind of issue #30 on real ranks, counted item by item: 2 ranks, and 2 x 2 (dp 2 x tp 2: the
 tp ranks of a pair read the same items). One launch per layout runs all the cases in sequence."""
+
 import os
 
 import pytest
-import torch
 
 from phalanx.data.loader import PreparedLoader
 from phalanx.runtime.context import DistContext

@@ -1,4 +1,5 @@
 """2-rank DDP training equals one process on the same global batches."""
+
 import pytest
 import torch
 
@@ -17,5 +18,6 @@ def test_two_ranks_equal_single_process_on_the_same_global_batches():
     for name, expected in reference["state"].items():
         torch.testing.assert_close(results[0]["state"][name], expected, rtol=1e-5, atol=1e-5)
         assert torch.equal(results[0]["state"][name], results[1]["state"][name]), "ranks diverged"
-    torch.testing.assert_close(torch.tensor(results[0]["losses"]), torch.tensor(reference["losses"]),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(results[0]["losses"]), torch.tensor(reference["losses"]), rtol=1e-5, atol=1e-5
+    )

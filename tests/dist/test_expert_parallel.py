@@ -7,6 +7,7 @@ saved under ep 2 reads in one process with one-process names and resumes under e
 zero3's under ep 2), the next step equal to one process. Under pp 2 x ep 2 (4 ranks) each stage's
 data-parallel ranks split its experts, equal to one process. What ep cannot
 lay out is refused at prepare."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,23 +26,41 @@ CASES = {
     "dense model": {"family": "dense", "settings": EP2},
     "3 experts": {"family": "mixtral", "experts": 3, "settings": EP2},
 }
-MORE = {"mixtral": {"family": "mixtral", "settings": EP2}, "olmoe": {"family": "olmoe", "settings": EP2},
-        "gpt_oss": {"family": "gpt_oss", "settings": EP2},
-        "deepseek_v3": {"family": "deepseek_v3", "settings": EP2},  # shared experts beside the routed ones
-        "qwen3_moe cp2": {"family": "qwen3_moe", "settings": {**EP2, "cp": 2}},  # ep's ranks are the cp ranks
-        "user ep_plan": {"family": "qwen3_moe", "settings": {**EP2, "strategy_options": {"ep_plan": {  # layer 0 only
-            "model.layers.0.mlp.experts": "ep_dispatch_experts", "model.layers.0.mlp.experts.*": "grouped_gemm"}}}}}
-COPIES = {"mixtral ddp": {"family": "mixtral", "settings": EP2},  # on 4 ranks: 2 copies of each expert
-          "mixtral zero3": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 2}},
-          "mixtral ep4": {"family": "mixtral", "settings": {"strategy": "ddp", "ep": 4}},  # one expert per rank
-          "mixtral zero3 ep4": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 4}}}
+MORE = {
+    "mixtral": {"family": "mixtral", "settings": EP2},
+    "olmoe": {"family": "olmoe", "settings": EP2},
+    "gpt_oss": {"family": "gpt_oss", "settings": EP2},
+    "deepseek_v3": {"family": "deepseek_v3", "settings": EP2},  # shared experts beside the routed ones
+    "qwen3_moe cp2": {"family": "qwen3_moe", "settings": {**EP2, "cp": 2}},  # ep's ranks are the cp ranks
+    "user ep_plan": {
+        "family": "qwen3_moe",
+        "settings": {
+            **EP2,
+            "strategy_options": {
+                "ep_plan": {  # layer 0 only
+                    "model.layers.0.mlp.experts": "ep_dispatch_experts",
+                    "model.layers.0.mlp.experts.*": "grouped_gemm",
+                }
+            },
+        },
+    },
+}
+COPIES = {
+    "mixtral ddp": {"family": "mixtral", "settings": EP2},  # on 4 ranks: 2 copies of each expert
+    "mixtral zero3": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 2}},
+    "mixtral ep4": {"family": "mixtral", "settings": {"strategy": "ddp", "ep": 4}},  # one expert per rank
+    "mixtral zero3 ep4": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 4}},
+}
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     saved = str(tmp_path_factory.mktemp("ep") / "checkpoint")
-    cases = {**CASES, "qwen3_moe": {**CASES["qwen3_moe"], "checkpoint": saved},
-             "resumed": {"family": "qwen3_moe", "settings": EP2, "resume": saved}}
+    cases = {
+        **CASES,
+        "qwen3_moe": {**CASES["qwen3_moe"], "checkpoint": saved},
+        "resumed": {"family": "qwen3_moe", "settings": EP2, "resume": saved},
+    }
     return run_ranks("tests.dist.ep_workloads:matrix", 2, args=(cases,), timeout=400)
 
 
@@ -128,10 +147,12 @@ def _resumed_as_saved(ranks: list[dict], saved: str, resumed: str) -> None:
 def test_a_checkpoint_moves_between_ep2_and_zero3(tmp_path):
     """Saved under ddp ep 2, resumed under zero3 without ep; saved under zero3, resumed under ep 2."""
     zero3 = {"strategy": "zero3"}
-    cases = {"ep2 saved": {"family": "qwen3_moe", "settings": EP2, "checkpoint": str(tmp_path / "ep2")},
-             "zero3 saved": {"family": "qwen3_moe", "settings": zero3, "checkpoint": str(tmp_path / "zero3")},
-             "zero3 from ep2": {"family": "qwen3_moe", "settings": zero3, "resume": str(tmp_path / "ep2")},
-             "ep2 from zero3": {"family": "qwen3_moe", "settings": EP2, "resume": str(tmp_path / "zero3")}}
+    cases = {
+        "ep2 saved": {"family": "qwen3_moe", "settings": EP2, "checkpoint": str(tmp_path / "ep2")},
+        "zero3 saved": {"family": "qwen3_moe", "settings": zero3, "checkpoint": str(tmp_path / "zero3")},
+        "zero3 from ep2": {"family": "qwen3_moe", "settings": zero3, "resume": str(tmp_path / "ep2")},
+        "ep2 from zero3": {"family": "qwen3_moe", "settings": EP2, "resume": str(tmp_path / "zero3")},
+    }
     ranks = run_ranks("tests.dist.ep_workloads:matrix", 2, args=(cases,), timeout=500)
     _resumed_as_saved(ranks, "ep2 saved", "zero3 from ep2")
     _resumed_as_saved(ranks, "zero3 saved", "ep2 from zero3")

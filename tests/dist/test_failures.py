@@ -1,4 +1,5 @@
 """A rank that raises, hangs, dies or leaves early: the job ends fast and says which rank, where."""
+
 import re
 import time
 
@@ -29,9 +30,20 @@ def rank_output(text: str, rank: int) -> str:
 
 def launch(how: str) -> tuple[Result, float]:
     """The same job through `python -m phalanx run --watchdog-timeout 5` (fork mode, agent's store)."""
-    result = run_cli(["run", "--nproc-per-node", "2", "--watchdog-timeout", str(WATCHDOG_S),
-                      str(ROOT / "tests/dist/scripts/misbehave.py"), how],
-                     cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, timeout=120)
+    result = run_cli(
+        [
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--watchdog-timeout",
+            str(WATCHDOG_S),
+            str(ROOT / "tests/dist/scripts/misbehave.py"),
+            how,
+        ],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
     ended = time.time()
     started = float(re.search(r"misbehaves \(\w+\) at step 3 at t=([\d.]+)", result.stdout).group(1))
     return result, ended - started
@@ -42,7 +54,7 @@ def test_rank_that_raises_ends_the_job_within_30s_with_its_traceback():
     assert seconds < 30, result.stderr
     assert result.returncode != 0
     assert "phalanx: rank 1 (local rank 1 on node 0) failed with exit code 1" in result.stderr, result.stderr[-3000:]
-    summary = result.stderr[result.stderr.index("phalanx: rank 1 (local rank 1 on node 0) failed with exit code 1"):]
+    summary = result.stderr[result.stderr.index("phalanx: rank 1 (local rank 1 on node 0) failed with exit code 1") :]
     assert "Traceback (most recent call last)" in summary
     assert 'misbehave_at_step_3\n    raise ValueError("rank 1 fails on purpose at step 3")' in summary
     assert "ValueError: rank 1 fails on purpose at step 3" in summary
@@ -55,8 +67,10 @@ def test_rank_that_hangs_is_named_with_its_step_and_every_stack():
     text = result.stderr
     # The launcher's summary shows the report, whichever rank it names (with the fork start method
     # torch's agent names only one failed rank, the lowest of those already gone).
-    assert re.search(r"^phalanx: rank \d \(local rank \d on node 0\) failed with exit code 3$", text, re.M), text[-3000:]
-    summary = text[re.search(r"^phalanx: rank \d \(local", text, re.M).start():]
+    assert re.search(r"^phalanx: rank \d \(local rank \d on node 0\) failed with exit code 3$", text, re.M), text[
+        -3000:
+    ]
+    summary = text[re.search(r"^phalanx: rank \d \(local", text, re.M).start() :]
     assert summary.count("phalanx watchdog: rank 1 stalled at step 3") == 1
     assert "(timeout 5 s)" in summary  # `phalanx run --watchdog-timeout 5` reached the workers
     assert text.count("phalanx watchdog: rank 1 stalled at step 3 (phase 'step'") == 1, "one report"
@@ -93,8 +107,10 @@ def test_rank_that_leaves_its_loop_early_is_named():
     text, seconds = misbehave("leave")
     assert seconds < WATCHDOG_S + 30, text
     # it broke out of its loop (as sys.exit would leave): not "its data ran out first", which it did not
-    assert ("phalanx watchdog: rank 1 exited after step 3 with batches of its prepared loader still unread (a break, "
-            "return or sys.exit in the script?)") in text
+    assert (
+        "phalanx watchdog: rank 1 exited after step 3 with batches of its prepared loader still unread (a break, "
+        "return or sys.exit in the script?)"
+    ) in text
     assert "data ran out" not in text and "px.uneven_inputs" in text
     assert "(exit 0)" not in text, "no rank of a stopped job may report success"
 

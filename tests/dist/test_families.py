@@ -5,6 +5,7 @@ the reason the table in docs/models.md quotes. One launch per layout runs every 
 
 The unmarked test runs a representative subset (tied embeddings under zero3, tp and pp; Gemma3's
 own tp plan style; refusals under tp and pp) in one 2-process launch; the whole sweep is marked slow."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,11 +37,18 @@ def _check(ranks: list[dict], name: str, steps: int = 6) -> None:
                 assert abs(got - want) <= RTOL * abs(want), f"{name} {what} step {step}: {got} vs one process {want}"
 
 
-FAST = {**_cases("tp 2", ["llama-tied", "gemma3", "gpt2"]), **_cases("pp 2", ["llama-tied", "gpt2"]),
-        **_cases("zero3", ["qwen2"]),
-        # torch's own utilities on the prepared model: clip_grad_value_, an optimizer built after prepare
-        "llama / tp 2 / torch utilities": {"family": "llama", **LAYOUTS["tp 2"].settings, "late_optimizer": True,
-                                           "clip_value": True}}
+FAST = {
+    **_cases("tp 2", ["llama-tied", "gemma3", "gpt2"]),
+    **_cases("pp 2", ["llama-tied", "gpt2"]),
+    **_cases("zero3", ["qwen2"]),
+    # torch's own utilities on the prepared model: clip_grad_value_, an optimizer built after prepare
+    "llama / tp 2 / torch utilities": {
+        "family": "llama",
+        **LAYOUTS["tp 2"].settings,
+        "late_optimizer": True,
+        "clip_value": True,
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,4 +74,3 @@ def test_every_family_in_every_layout_equals_one_process_or_is_refused(layout):
     ranks = run_ranks("tests.dist.family_workloads:matrix", processes(layout), args=(cases,), timeout=850)
     for name in cases:
         _check(ranks, name)
-

@@ -1,4 +1,5 @@
 """Findings of issue 26 part 6, each a silent wrong answer or a crash before its fix."""
+
 import pytest
 import torch
 
@@ -10,11 +11,18 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("findings")
-    return run_ranks("tests.dist.harness_calls:calls", 2, args=([
-        ("tests.dist.findings_workloads:resume_then_train", ("zero1", str(tmp / "zero1"))),
-        ("tests.dist.findings_workloads:python_values", ()),
-        ("tests.dist.findings_workloads:tp_refusal", ()),
-    ],), timeout=240)
+    return run_ranks(
+        "tests.dist.harness_calls:calls",
+        2,
+        args=(
+            [
+                ("tests.dist.findings_workloads:resume_then_train", ("zero1", str(tmp / "zero1"))),
+                ("tests.dist.findings_workloads:python_values", ()),
+                ("tests.dist.findings_workloads:tp_refusal", ()),
+            ],
+        ),
+        timeout=240,
+    )
 
 
 def test_zero1_resume_is_not_undone_by_the_first_step(runs):
@@ -43,10 +51,17 @@ def test_tp_that_does_not_divide_the_key_value_heads_is_refused_at_prepare(runs)
 
 @pytest.fixture(scope="module")
 def pp_runs():
-    return run_ranks("tests.dist.harness_calls:calls", 2, args=([
-        ("tests.dist.findings_workloads:pp_epoch", (False,)),
-        ("tests.dist.findings_workloads:pp_epoch", (True,)),
-    ],), timeout=240)
+    return run_ranks(
+        "tests.dist.harness_calls:calls",
+        2,
+        args=(
+            [
+                ("tests.dist.findings_workloads:pp_epoch", (False,)),
+                ("tests.dist.findings_workloads:pp_epoch", (True,)),
+            ],
+        ),
+        timeout=240,
+    )
 
 
 @pytest.mark.parametrize("num_items", [False, True], ids=["mean loss", "num_items"])
@@ -65,8 +80,11 @@ def test_pp_trains_the_short_last_batch_and_num_items_like_one_process(pp_runs, 
         torch.testing.assert_close(state[key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
-@pytest.mark.parametrize("settings", [{"strategy": "ddp", "tp": 2, "tp_plan": {"7": "replicate"}},
-                                      {"strategy": "ddp", "pp": 2, "pp_microbatches": 2}], ids=["tp2", "pp2"])
+@pytest.mark.parametrize(
+    "settings",
+    [{"strategy": "ddp", "tp": 2, "tp_plan": {"7": "replicate"}}, {"strategy": "ddp", "pp": 2, "pp_microbatches": 2}],
+    ids=["tp2", "pp2"],
+)
 def test_sync_batchnorm_reduces_over_the_data_parallel_ranks_only(settings):
     """It reduced over the world: under pp the stage without the layer never joined (deadlock), under
     tp each sample was counted once per tp rank (the running variance's n / (n - 1) came out wrong).
@@ -100,8 +118,13 @@ def test_lora_under_tp_follows_the_base_models_plan_and_merges_like_one_process(
         # colwise q: base and B by rows; rowwise o: base and A by columns; the other adapter whole on each
         # tp rank (a Replicate() DTensor: under tp every parameter is one, #28)
         assert rank["layouts"] == {
-            "q_proj.base_layer": "[Shard(dim=0)]", "q_proj.lora_A": "[Replicate()]", "q_proj.lora_B": "[Shard(dim=0)]",
-            "o_proj.base_layer": "[Shard(dim=1)]", "o_proj.lora_A": "[Shard(dim=1)]", "o_proj.lora_B": "[Replicate()]"}
+            "q_proj.base_layer": "[Shard(dim=0)]",
+            "q_proj.lora_A": "[Replicate()]",
+            "q_proj.lora_B": "[Shard(dim=0)]",
+            "o_proj.base_layer": "[Shard(dim=1)]",
+            "o_proj.lora_A": "[Shard(dim=1)]",
+            "o_proj.lora_B": "[Replicate()]",
+        }
     merged = ranks[0]["merged"]
     assert merged.keys() == ref["merged"].keys()
     for key, value in ref["merged"].items():

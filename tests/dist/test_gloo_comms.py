@@ -2,6 +2,7 @@
 gradient reduce-scatter (an all-to-all and a local sum) for SUM and AVG, and the parameter all-gather
 (a broadcast per rank into the output) bit for bit, its input a chunk of the output as FSDP2 hands it or
 a tensor apart."""
+
 from __future__ import annotations
 
 import pytest
@@ -40,7 +41,9 @@ def compare_with_gloos_own() -> list[tuple[str, bool, float]]:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_the_all_to_all_reduce_scatter_equals_gloos_own(world_size):
-    for rank, results in enumerate(run_ranks("tests.dist.test_gloo_comms:compare_with_gloos_own", world_size, timeout=90)):
+    for rank, results in enumerate(
+        run_ranks("tests.dist.test_gloo_comms:compare_with_gloos_own", world_size, timeout=90)
+    ):
         assert len(results) == (4 if rank % 2 == 0 else 2), results
         for case, equal, largest in results:
             if world_size == 2 or case.startswith("evens"):  # two summands: a + b in either order
@@ -77,7 +80,9 @@ def gather_like_gloos_own() -> list[tuple[str, bool]]:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_the_broadcast_all_gather_equals_gloos_own(world_size):
-    for rank, results in enumerate(run_ranks("tests.dist.test_gloo_comms:gather_like_gloos_own", world_size, timeout=90)):
+    for rank, results in enumerate(
+        run_ranks("tests.dist.test_gloo_comms:gather_like_gloos_own", world_size, timeout=90)
+    ):
         assert len(results) == (4 if rank % 2 else 2), results
         assert all(equal for _, equal in results), (rank, results)
 
@@ -113,8 +118,13 @@ def train_with_step_buffers() -> dict[str, object]:
             px.backward(model(torch.randn(8, 96, generator=g)).pow(2).mean())
             optimizer.step()
             kept.append(len(made[-1]))
-        out[name] = {"params": [p.full_tensor() for p in model.parameters()], "kept": kept,
-                     "fresh": made[-1].fresh, "reused": made[-1].reused, "pools": len(made)}
+        out[name] = {
+            "params": [p.full_tensor() for p in model.parameters()],
+            "kept": kept,
+            "fresh": made[-1].fresh,
+            "reused": made[-1].reused,
+            "pools": len(made),
+        }
     dist.destroy_process_group()
     return out
 

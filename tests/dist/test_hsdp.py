@@ -1,6 +1,7 @@
 """hsdp on 2 "nodes" x 2 processes (4 CPU ranks, LOCAL_WORLD_SIZE=2) equals one process on the same
 global batches, and its checkpoint resumes under zero3 on 2 ranks; zero1's balanced optimizer
 checkpoint resumes under zero3 and ddp. Two launches in all: the 4-rank one, then the 2-rank one."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
 def _close(actual: dict, expected: dict) -> None:
     assert actual.keys() == expected.keys()
     for name, value in expected.items():
-        torch.testing.assert_close(actual[name], value, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(actual[name], value, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def _optim_equal(actual: dict, expected: dict) -> None:
@@ -31,19 +32,43 @@ def _optim_equal(actual: dict, expected: dict) -> None:
 def runs(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("hsdp")
     hsdp_ckpt, zero1_ckpt = str(tmp / "hsdp"), str(tmp / "zero1")
-    four = run_ranks("tests.dist.strategy_workloads:matrix", 4, local_world_size=2, timeout=300, args=({
-        "hsdp": {"strategy": "hsdp", "checkpoint": hsdp_ckpt, "full_optimizer": True},
-    },))
-    two = run_ranks("tests.dist.harness_calls:calls", 2, timeout=300, args=([
-        ("tests.dist.strategy_workloads:matrix",
-         ({"zero1": {"strategy": "zero1", "checkpoint": zero1_ckpt, "full_optimizer": True}},)),
-        ("tests.dist.shard_workloads:one_step_bytes", ()),
-    ],))
-    resumed = run_ranks("tests.dist.harness_calls:calls", 2, timeout=300, args=([
-        ("tests.dist.strategy_workloads:resume_under", ("zero3", hsdp_ckpt)),
-        ("tests.dist.strategy_workloads:resume_under", ("zero3", zero1_ckpt)),
-        ("tests.dist.strategy_workloads:resume_under", ("ddp", zero1_ckpt)),
-    ],))
+    four = run_ranks(
+        "tests.dist.strategy_workloads:matrix",
+        4,
+        local_world_size=2,
+        timeout=300,
+        args=(
+            {
+                "hsdp": {"strategy": "hsdp", "checkpoint": hsdp_ckpt, "full_optimizer": True},
+            },
+        ),
+    )
+    two = run_ranks(
+        "tests.dist.harness_calls:calls",
+        2,
+        timeout=300,
+        args=(
+            [
+                (
+                    "tests.dist.strategy_workloads:matrix",
+                    ({"zero1": {"strategy": "zero1", "checkpoint": zero1_ckpt, "full_optimizer": True}},),
+                ),
+                ("tests.dist.shard_workloads:one_step_bytes", ()),
+            ],
+        ),
+    )
+    resumed = run_ranks(
+        "tests.dist.harness_calls:calls",
+        2,
+        timeout=300,
+        args=(
+            [
+                ("tests.dist.strategy_workloads:resume_under", ("zero3", hsdp_ckpt)),
+                ("tests.dist.strategy_workloads:resume_under", ("zero3", zero1_ckpt)),
+                ("tests.dist.strategy_workloads:resume_under", ("ddp", zero1_ckpt)),
+            ],
+        ),
+    )
     return {"four": four, "two": two, "resumed": resumed}
 
 
@@ -53,8 +78,9 @@ def test_hsdp_on_two_nodes_of_two_equals_one_process(runs):
         assert result["hsdp"]["strategy"] == "hsdp"
         if rank == 0:  # full weights are gathered on the main process only
             _close(result["hsdp"]["state"], ref["state"])
-            torch.testing.assert_close(torch.tensor(result["hsdp"]["losses"]), torch.tensor(ref["losses"]),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                torch.tensor(result["hsdp"]["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-5
+            )
         restored = result["hsdp"]["restored"]
         assert restored["global_step"] == (8, 8) and restored["manifest_strategy"] == "hsdp"
         assert restored["optimizer_equal"], rank

@@ -2,6 +2,7 @@
 a transformers Llama with a peft LoRA adapter built on meta under zero3 (and tp 2) and materialised at
 prepare equals, bitwise, the same model built in one process with no phalanx (LoRA's A included), and
 the generator is left where one process's construction leaves it."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,5 +23,7 @@ def ranks() -> list[dict]:
 def test_init_module_builds_one_process_weights(ranks, name):
     run = ranks[0][name]
     assert run["on_meta"]  # built on meta, materialised at prepare
-    assert run["differ"] == [], f"{len(run['differ'])} of {run['count']} tensors differ from one process: {run['differ'][:5]}"
+    assert run["differ"] == [], (
+        f"{len(run['differ'])} of {run['count']} tensors differ from one process: {run['differ'][:5]}"
+    )
     assert run["next_draw_equal"]

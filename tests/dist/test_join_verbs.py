@@ -1,6 +1,7 @@
 """Inside `px.uneven_inputs(model)` under ddp and zero1 (torch's Join): px.reduce, px.gather and
 px.log work over the ranks still stepping, and every rank's chunk keeps being stepped; compared
 with the same loop in one process, no phalanx (issue 40)."""
+
 import pytest
 import torch
 

@@ -5,6 +5,7 @@ at a step's peak, measured by bench/memory.py on a transformers Llama (2 CPU pro
 within 15% of what each layout holds at rest, so its advice holds. Live bytes, because resident
 memory also depends on where freed blocks land, which `host_mmap_threshold` decides (issue 44: no
 setting trades speed for a reading)."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,13 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(1500)]
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("memory") / "memory.json"
-    done = subprocess.run([sys.executable, "bench/memory.py", "--layouts", *LAYOUTS, "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1400)
+    done = subprocess.run(
+        [sys.executable, "bench/memory.py", "--layouts", *LAYOUTS, "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(out.read_text())
 
@@ -109,9 +115,27 @@ def test_a_fake_world_measures_what_two_processes_hold(measured, tmp_path):
     11% apart) while its live bytes read 120.4 against 121.1 (ddp 148.5/149.1, zero3 86.1/87.0,
     tp2 94.6/95.6)."""
     out = tmp_path / "fake.json"
-    done = subprocess.run([sys.executable, "bench/memory.py", "--fake-world", "--layouts", "ddp", "zero1", "zero3", "tp2",
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/memory.py",
+            "--fake-world",
+            "--layouts",
+            "ddp",
+            "zero1",
+            "zero3",
+            "tp2",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     fake = {name: runs[0]["in_use"] for name, runs in json.loads(out.read_text())["runs"].items()}
     real = _figure(measured, "in_use")
-    assert all(abs(fake[name] - real[name]) <= 0.1 * real[name] for name in fake), f"fake world {fake}: " + _whole(measured)
+    assert all(abs(fake[name] - real[name]) <= 0.1 * real[name] for name in fake), f"fake world {fake}: " + _whole(
+        measured
+    )

@@ -3,6 +3,7 @@
 aux loss and grad norm equal one process with no phalanx (Qwen3-MoE and Mixtral, with and without
 padding, under ddp, zero3 and cp 2 (the docs' hand-written cut, whose padding the model never sees);
 zero3 x tp 2 and zero3 x cp 2 on 4 ranks in the second tier)."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,10 @@ TWO = {
     "qwen3_moe cp2 padded": {"family": "qwen3_moe", "strategy": "ddp", "cp": 2, "padded": True},
 }
 JOIN = {"qwen3_moe ddp in Join": {"family": "qwen3_moe", "strategy": "ddp", "join": True}}
-FOUR = {"qwen3_moe zero3 x tp2": {"family": "qwen3_moe", "strategy": "zero3", "tp": 2},
-        "mixtral zero3 x cp2 padded": {"family": "mixtral", "strategy": "zero3", "cp": 2, "padded": True}}
+FOUR = {
+    "qwen3_moe zero3 x tp2": {"family": "qwen3_moe", "strategy": "zero3", "tp": 2},
+    "mixtral zero3 x cp2 padded": {"family": "mixtral", "strategy": "zero3", "cp": 2, "padded": True},
+}
 
 
 def _equal(ranks: list[dict], name: str) -> None:
@@ -28,8 +31,13 @@ def _equal(ranks: list[dict], name: str) -> None:
     for rank in ranks:
         run = rank[name]
         for key in ("losses", "aux", "norms"):
-            torch.testing.assert_close(torch.tensor(run[key]), torch.tensor(ref[key]), rtol=2e-4, atol=0,
-                                       msg=lambda m, key=key: f"{name} {key}: {m}")
+            torch.testing.assert_close(
+                torch.tensor(run[key]),
+                torch.tensor(ref[key]),
+                rtol=2e-4,
+                atol=0,
+                msg=lambda m, key=key: f"{name} {key}: {m}",
+            )
 
 
 @pytest.fixture(scope="module")

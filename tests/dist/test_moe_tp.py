@@ -2,6 +2,7 @@
 expert weights, `rowwise` on the down ones, `moe_tp_experts` on the experts module) under `--tp 2`:
 Qwen3-MoE and Mixtral with the router's load-balancing loss train equal to one process (loss and
 grad norm per step, final weights), and what tp cannot split is refused at prepare."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,10 +15,18 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(600)]
 CASES = {
     "qwen3_moe ddp tp2": {"family": "qwen3_moe", "strategy": "ddp", "tp": 2},
     "mixtral ddp tp2": {"family": "mixtral", "strategy": "ddp", "tp": 2},
-    "packed_colwise on a module": {"family": "mixtral", "strategy": "ddp", "tp": 2,
-                                   "tp_plan": {"model.layers.*.mlp.experts": "packed_colwise"}},
-    "moe_tp_experts with whole weights": {"family": "qwen3_moe", "strategy": "ddp", "tp": 2,
-                                          "tp_plan": {"model.layers.*.mlp.experts": "moe_tp_experts"}},
+    "packed_colwise on a module": {
+        "family": "mixtral",
+        "strategy": "ddp",
+        "tp": 2,
+        "tp_plan": {"model.layers.*.mlp.experts": "packed_colwise"},
+    },
+    "moe_tp_experts with whole weights": {
+        "family": "qwen3_moe",
+        "strategy": "ddp",
+        "tp": 2,
+        "tp_plan": {"model.layers.*.mlp.experts": "moe_tp_experts"},
+    },
     "experts with sequence parallel": {"family": "qwen3_moe", "strategy": "ddp", "tp": 2, "sequence_parallel": True},
 }
 TRAINED = [name for name in CASES if "tp2" in name]

@@ -1,6 +1,7 @@
 """Pipeline parallelism equals one process on the same global batches (AdamW, clipping by the global
 norm active every step), under torch's schedules, with DDP and FSDP2 per stage, and its checkpoints
 move between layouts by parameter name (tests/dist/pipeline_workloads.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,8 +44,9 @@ def pp2():
 
 
 @pytest.mark.timeout(480)
-@pytest.mark.parametrize("schedule", ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
-                                      "ZBVZeroBubble", "DualPipeV"])
+@pytest.mark.parametrize(
+    "schedule", ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+)
 def test_pp2_equals_one_process(pp2, schedule):
     assert_layout_equals_one_process(pp2, schedule)
 
@@ -52,8 +54,11 @@ def test_pp2_equals_one_process(pp2, schedule):
 @pytest.mark.timeout(480)
 def test_stages_keep_the_models_parameter_names(pp2):
     r0, r1 = (r["1F1B"]["params"] for r in pp2)
-    assert set(r0) == {"embed.weight"} | {f"layers.{i}.{p}" for i in (0, 1) for p in
-                                          ("norm.weight", "norm.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")}
+    assert set(r0) == {"embed.weight"} | {
+        f"layers.{i}.{p}"
+        for i in (0, 1)
+        for p in ("norm.weight", "norm.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+    }
     assert "layers.3.fc2.weight" in r1 and "head.weight" in r1 and "embed.weight" not in r1
 
 
@@ -94,8 +99,10 @@ def test_bf16_autocast_per_stage(pp2):
 @pytest.mark.timeout(480)
 def test_calling_a_stage_model_directly_is_refused(pp2):
     for rank, r in enumerate(pp2):
-        assert r["direct_call"].startswith(f"this model is pipeline stage(s) [{rank}] of 2 (pipeline rank {rank} of "
-                                           "2): calling it runs only those stages' units, not the whole model. HINT:")
+        assert r["direct_call"].startswith(
+            f"this model is pipeline stage(s) [{rank}] of 2 (pipeline rank {rank} of "
+            "2): calling it runs only those stages' units, not the whole model. HINT:"
+        )
 
 
 @pytest.mark.timeout(480)
@@ -183,12 +190,13 @@ def test_pp_checkpoint_loads_into_the_whole_model_in_one_process(pp2_dp2, checkp
 @pytest.mark.timeout(600)
 def test_pp2_ddp2_checkpoint_resumes_under_zero3_and_back_under_pp2(pp2_dp2, checkpoints):
     more = 2
-    results = run_ranks("tests.dist.pipeline_workloads:resume_moves", 2, args=(str(checkpoints), STEPS, more),
-                        timeout=420)
+    results = run_ranks(
+        "tests.dist.pipeline_workloads:resume_moves", 2, args=(str(checkpoints), STEPS, more), timeout=420
+    )
     losses, params, _ = w.reference_run(STEPS + 2 * more)
     for r in results:
-        torch.testing.assert_close(r["zero3_losses"], losses[STEPS:STEPS + more], **LOSS_TOL)
-        torch.testing.assert_close(r["pp_losses"], losses[STEPS + more:], **LOSS_TOL)
+        torch.testing.assert_close(r["zero3_losses"], losses[STEPS : STEPS + more], **LOSS_TOL)
+        torch.testing.assert_close(r["pp_losses"], losses[STEPS + more :], **LOSS_TOL)
         for name, value in r["pp_params"].items():
             torch.testing.assert_close(value, params[name], **PARAM_TOL, msg=name)
     assert set(results[0]["pp_params"]) | set(results[1]["pp_params"]) == set(params)

@@ -3,6 +3,7 @@ one process with no phalanx (tests/dist/pp_idiom_workloads.py): `loss_fn` reads 
 own `clip_grad_norm_` gives and applies the global norm, and `save_pretrained` on every rank writes the
 whole model (on one rank only it is refused, naming px.get_state_dict); peft's `save_pretrained` of a
 LoRA model writes every stage's adapters, as one process does."""
+
 from __future__ import annotations
 
 import pytest
@@ -54,8 +55,9 @@ def test_save_pretrained_on_every_rank_writes_one_process_model(runs):
 def test_save_pretrained_on_one_rank_is_refused_naming_get_state_dict(runs):
     ranks, _, _ = runs
     message = ranks[0]["one_rank"]["refused"]
-    assert message.startswith("save_pretrained on rank 0: under ddp: pp 2 (2 process(es)) each rank holds its own "
-                              "pipeline stages only"), message
+    assert message.startswith(
+        "save_pretrained on rank 0: under ddp: pp 2 (2 process(es)) each rank holds its own pipeline stages only"
+    ), message
     assert "rank(s) [1] did not call save_pretrained" in message and "px.get_state_dict(model)" in message
     assert ranks[1]["one_rank"] == {}
 
@@ -86,6 +88,14 @@ def test_torch_clip_grad_norm_measures_the_unscaled_gradients_under_fp16(runs):
         for layout, norms in rank["fp16"].items():
             # a step whose scaled gradients overflow is nan for both (the scaler skips it)
             assert any(n == n for n in norms["torch"]), f"{layout}: no step's gradients were finite {norms}"
-            assert all(n < 1e3 for n in norms["torch"] if n == n), f"{layout}: torch's clip measured the scaled gradients {norms}"
-            torch.testing.assert_close(torch.tensor(norms["torch"]), torch.tensor(norms["px"]), rtol=2e-4, atol=0,
-                                       equal_nan=True, msg=lambda m, layout=layout: f"{layout}: {m}")
+            assert all(n < 1e3 for n in norms["torch"] if n == n), (
+                f"{layout}: torch's clip measured the scaled gradients {norms}"
+            )
+            torch.testing.assert_close(
+                torch.tensor(norms["torch"]),
+                torch.tensor(norms["px"]),
+                rtol=2e-4,
+                atol=0,
+                equal_nan=True,
+                msg=lambda m, layout=layout: f"{layout}: {m}",
+            )

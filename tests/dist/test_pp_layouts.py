@@ -3,6 +3,7 @@ px.forward_backward / px.forward, alone and composed with ddp, zero1/2/3 and ten
 one process on the same global batches (AdamW in three groups, clipping by the global norm on every
 step); checkpoints that move from pp2 x ddp2 to zero3 and back to pp2; refusals at prepare
 (tests/dist/pp_workloads.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,7 +37,12 @@ def _four(checkpoint: str) -> dict[str, dict]:
         "pp2 x zero3 (meta, accumulation)": {"strategy": "zero3", "accum": 2, "meta": True},
         "pp2 x tp2": {"strategy": "ddp", "tp": 2, "tp_plan": TINY_LM_PLAN},
         "pp2 x zero1 (accumulation)": {"strategy": "zero1", "accum": 2, "steps": 3},
-        "pp2 x zero2, Interleaved1F1B": {"strategy": "zero2", "layers": 4, "pp_schedule": "Interleaved1F1B", "steps": 3},
+        "pp2 x zero2, Interleaved1F1B": {
+            "strategy": "zero2",
+            "layers": 4,
+            "pp_schedule": "Interleaved1F1B",
+            "steps": 3,
+        },
     }
 
 
@@ -67,7 +73,9 @@ def assert_equal_to_one_process(ranks: list[dict], name: str, tol: dict = LOSS_T
         torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), **tol)
         torch.testing.assert_close(torch.tensor(run["norms"]), torch.tensor(ref["norms"]), **tol)
         if isinstance(run["eval"], torch.Tensor):  # px.forward: the last stage's output on every rank
-            torch.testing.assert_close(run["eval"].float(), ref["eval"], **(STATE_TOL if tol is LOSS_TOL else EVAL_LOW_TOL))
+            torch.testing.assert_close(
+                run["eval"].float(), ref["eval"], **(STATE_TOL if tol is LOSS_TOL else EVAL_LOW_TOL)
+            )
     assert min(ref["norms"]) > w.MAX_NORM, "clipping must act on every step for the norms to say anything"
     state = ranks[0][name]["state"]  # px.get_state_dict: the whole model, on the main process
     assert state.keys() == ref["state"].keys()
@@ -105,8 +113,9 @@ def test_bf16_per_stage_equals_one_process_under_the_same_autocast(two):
     for key, value in ref["state"].items():
         # an AdamW step is lr-sized (1e-2) where a tiny gradient's sign turns on a bf16 rounding: a weight
         # or two per run differ by up to one step (measured 1e-4 to 1e-2), so the weights stay at 3e-2
-        torch.testing.assert_close(two[0][name]["state"][key], value.float(), **LOW_PRECISION_TOL,
-                                   msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(
+            two[0][name]["state"][key], value.float(), **LOW_PRECISION_TOL, msg=lambda m, key=key: f"{key}: {m}"
+        )
 
 
 def test_fp16_per_stage_follows_the_fp32_reference(two):
@@ -120,8 +129,10 @@ def test_calling_the_model_directly_under_pp_is_refused_with_the_hint(two):
     for rank, r in enumerate(two):
         message = r["pp2 (strategy auto)"]["direct_call"]
         assert message.startswith(f"this model is pipeline stage(s) [{rank}] of 2 (pipeline rank {rank} of 2)")
-        assert "HINT: under pp > 1 train with px.forward_backward(model, inputs, targets, loss_fn) and evaluate " \
-               "with px.forward(model, inputs)" in message
+        assert (
+            "HINT: under pp > 1 train with px.forward_backward(model, inputs, targets, loss_fn) and evaluate "
+            "with px.forward(model, inputs)" in message
+        )
 
 
 def test_px_forward_under_a_v_schedule_is_refused_with_the_reason(two):
@@ -136,8 +147,7 @@ def test_pp2_composed_on_four_processes_equals_one_process(four, name):
     assert_equal_to_one_process(ranks, name)
 
 
-@pytest.mark.parametrize("name, dp", [("pp2 x ddp2", [(0, 2), (1, 2), (0, 2), (1, 2)]),
-                                      ("pp2 x tp2", [(0, 1)] * 4)])
+@pytest.mark.parametrize("name, dp", [("pp2 x ddp2", [(0, 2), (1, 2), (0, 2), (1, 2)]), ("pp2 x tp2", [(0, 1)] * 4)])
 def test_data_follows_the_data_parallel_dims_only(four, name, dp):
     ranks, _, _ = four
     assert [r[name]["dp"] for r in ranks] == dp  # pp outermost: ranks 0, 1 are stage 0, ranks 2, 3 stage 1
@@ -158,8 +168,12 @@ def test_checkpoint_of_pp2_x_ddp2_resumes_under_zero3_then_pp2_and_continues_equ
     saved = ranks[0]["pp2 x ddp2"]
     assert saved["global_step"] == 5
     zero3, pp2 = resumed[0]["zero3"], resumed[0]["pp2"]
-    assert (zero3["strategy"], zero3["global_step"], pp2["plan"], pp2["global_step"]) == \
-        ("zero3", 7, "ddp: pp 2 (2 process(es))", 9)
+    assert (zero3["strategy"], zero3["global_step"], pp2["plan"], pp2["global_step"]) == (
+        "zero3",
+        7,
+        "ddp: pp 2 (2 process(es))",
+        9,
+    )
     ref = pp2["reference"]  # one process, 9 steps straight
     torch.testing.assert_close(torch.tensor(ref["losses"][:5]), torch.tensor(saved["losses"]), **LOSS_TOL)
     for rank in resumed:
@@ -187,13 +201,17 @@ def test_phalanx_export_of_a_pp_checkpoint_gives_the_whole_model(four, tmp_path)
 def test_what_the_model_or_the_batch_shows_wrong_is_refused_at_prepare_on_every_rank():
     ranks = run_ranks("tests.dist.pp_workloads:refusals", 2, timeout=300)
     for r in ranks:
-        assert r["unknown split"].startswith("pp_split names 'layers.7', which is not a unit the pipeline can cut "
-                                             "before. The units, in the order forward calls them, are: embed, "
-                                             "layers.0, layers.1, norm, head")
+        assert r["unknown split"].startswith(
+            "pp_split names 'layers.7', which is not a unit the pipeline can cut "
+            "before. The units, in the order forward calls them, are: embed, "
+            "layers.0, layers.1, norm, head"
+        )
         assert r["too few blocks"].startswith("pp=2 needs at least 2 blocks to give each stage one, but layers holds 1")
-        assert r["batch below pp"].startswith("a training batch of 1 sample(s) cannot be cut into equal microbatches "
-                                              "that pp_schedule=1F1B with pp=2 can run (at least 2). HINT: drop the "
-                                              "short last batch (DataLoader(..., drop_last=True))")
+        assert r["batch below pp"].startswith(
+            "a training batch of 1 sample(s) cannot be cut into equal microbatches "
+            "that pp_schedule=1F1B with pp=2 can run (at least 2). HINT: drop the "
+            "short last batch (DataLoader(..., drop_last=True))"
+        )
         assert r["dict inputs"].startswith("the pipeline's first stage takes one tensor, and the inputs are a dict")
 
 
@@ -214,12 +232,16 @@ def test_load_model_under_pp_loads_each_ranks_stages_from_safetensors(tmp_path):
     save_file(whole, str(tmp_path / "model.safetensors"))
     torch.save(whole, tmp_path / "model.pt")
     save_file({**whole, "layers.7.up.weight": torch.zeros(2)}, str(tmp_path / "extra.safetensors"))
-    ranks = run_ranks("tests.dist.pp_workloads:load_weights", 2, args=(str(tmp_path / "model.safetensors"),),
-                      timeout=300)
+    ranks = run_ranks(
+        "tests.dist.pp_workloads:load_weights", 2, args=(str(tmp_path / "model.safetensors"),), timeout=300
+    )
     assert set(ranks[0]["loaded"]) | set(ranks[1]["loaded"]) == set(whole)
     assert not set(ranks[0]["loaded"]) & set(ranks[1]["loaded"])
     for r in ranks:
         for key, value in r["state"].items():
             assert torch.equal(value, whole[key]), key
-        assert r["torch file"].startswith("px.load_model(") and "under pipeline parallel reads safetensors only" in r["torch file"]
+        assert (
+            r["torch file"].startswith("px.load_model(")
+            and "under pipeline parallel reads safetensors only" in r["torch file"]
+        )
         assert "unexpected in the checkpoint (1): layers.7.up.weight" in r["unexpected"], r["unexpected"]

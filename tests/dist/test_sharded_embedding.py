@@ -1,4 +1,5 @@
 """zero2/zero3 embeddings looked up where their rows live: equal to one process in both exchanges."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,13 @@ def one_process(vocab: int, seqs: tuple[int, int]) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     directory = tmp_path_factory.mktemp("ckpt")
-    return run_ranks("tests.dist.embedding_workloads:exchanges", 2, args=(str(directory),), timeout=300,
-                     env={"PHALANX_RUN_DIR": str(tmp_path_factory.mktemp("run"))})
+    return run_ranks(
+        "tests.dist.embedding_workloads:exchanges",
+        2,
+        args=(str(directory),),
+        timeout=300,
+        env={"PHALANX_RUN_DIR": str(tmp_path_factory.mktemp("run"))},
+    )
 
 
 @pytest.mark.timeout(400)
@@ -54,5 +60,6 @@ def test_checkpoint_moves_between_exchanges_and_bad_ids_raise_on_every_rank(rank
     assert [r["resumed_loaded"] for r in ranks] == [True, True]
     assert ranks[0]["resumed_equal"] is True
     for r in ranks:
-        assert r["out_of_range"] == ("index out of range in self: token ids must lie in [0, 101) for this "
-                                     "embedding, got rank 1: 3..101")
+        assert r["out_of_range"] == (
+            "index out of range in self: token ids must lie in [0, 101) for this embedding, got rank 1: 3..101"
+        )

@@ -1,4 +1,5 @@
 """Prepared loaders: disjoint and complete shards, per-epoch reshuffling, exact metric gathering."""
+
 import pytest
 
 from tests.dist.harness import run_ranks

@@ -1,6 +1,7 @@
 """Ranks started without `phalanx run`: mp.spawn with the script's own process group,
 phalanx.spawn from a script and from a Jupyter kernel, and mpiexec. Each must give Phalanx() a
 world of 2 with disjoint shards covering the data, and one print."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,8 +23,11 @@ pytestmark = pytest.mark.dist
 
 def script_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]))
+    env.update(
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]),
+    )
     return env
 
 
@@ -85,7 +89,8 @@ def shards(n):
     loader = px.prepare(DataLoader(TensorDataset(torch.arange(n)), batch_size=2, shuffle=True))
     seen = [i for (batch,) in loader for i in batch.tolist()]
     px.print("%s")
-    return {"rank": px.rank, "world_size": px.world_size, "seen": seen, "strategy": "ddp"}""" % PRINTED,
+    return {"rank": px.rank, "world_size": px.world_size, "seen": seen, "strategy": "ddp"}"""
+    % PRINTED,
     "results = phalanx.spawn(shards, %d)\nprint('RESULTS', results)" % NUM_SAMPLES,
 ]
 
@@ -95,7 +100,7 @@ def test_phalanx_spawn_in_a_jupyter_kernel(tmp_path, monkeypatch):
 
     stdout = run_cells(NOTEBOOK_CELLS, tmp_path, monkeypatch, script_env())
     results_line = next(line for line in stdout.splitlines() if line.startswith("RESULTS "))
-    reports = eval(results_line[len("RESULTS "):])  # the repr of a list of dicts of ints and strings
+    reports = eval(results_line[len("RESULTS ") :])  # the repr of a list of dicts of ints and strings
     check_two_rank_reports(reports, stdout)
 
 
@@ -104,8 +109,10 @@ def mpiexec() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
-@pytest.mark.skipif(mpiexec() is None or importlib.util.find_spec("mpi4py") is None,
-                    reason="no MPI: pip install mpich mpi4py (the `mpi` and `test` extras)")
+@pytest.mark.skipif(
+    mpiexec() is None or importlib.util.find_spec("mpi4py") is None,
+    reason="no MPI: pip install mpich mpi4py (the `mpi` and `test` extras)",
+)
 def test_mpiexec_gives_a_world_of_two(tmp_path):
     proc = run([mpiexec(), "-n", "2", sys.executable, str(SCRIPTS / "mpi_job.py"), str(tmp_path)], tmp_path)
     reports = read_reports(tmp_path)

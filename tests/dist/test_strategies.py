@@ -3,6 +3,7 @@
 ONE 2-rank launch runs the whole matrix (plain, accumulation, clipping, bf16, DeepSpeed config,
 auto); the single-process references run in the test process. Each test asserts on one slice.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,14 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 SHARDED = ("zero2", "zero3", "offload", "hsdp")
 ALL = ("ddp", "zero1", "zero2", "zero3", "offload", "hsdp")
 CLIP = 0.05  # small enough that clipping binds on every step
-DS_CONFIG = {"zero_optimization": {"stage": 3}, "gradient_accumulation_steps": 2, "gradient_clipping": CLIP,
-             "train_micro_batch_size_per_gpu": 4, "train_batch_size": 16, "bf16": {"enabled": False}}
+DS_CONFIG = {
+    "zero_optimization": {"stage": 3},
+    "gradient_accumulation_steps": 2,
+    "gradient_clipping": CLIP,
+    "train_micro_batch_size_per_gpu": 4,
+    "train_batch_size": 16,
+    "bf16": {"enabled": False},
+}
 
 
 def _kwargs(name: str) -> dict:
@@ -66,7 +73,7 @@ def refs() -> dict:
 def _assert_state_equal(actual: dict, expected: dict) -> None:
     assert actual.keys() == expected.keys()
     for name, value in expected.items():
-        torch.testing.assert_close(actual[name], value, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(actual[name], value, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -76,8 +83,7 @@ def test_strategy_equals_single_process(runs, refs, name):
     assert refs["plain"]["strategy"] == "single"
     assert len(r0["losses"]) == len(refs["plain"]["losses"]) == 8
     _assert_state_equal(r0["state"], refs["plain"]["state"])
-    torch.testing.assert_close(torch.tensor(r0["losses"]), torch.tensor(refs["plain"]["losses"]),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(r0["losses"]), torch.tensor(refs["plain"]["losses"]), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -144,8 +150,10 @@ def test_plan_matches_the_bytes_measured_on_real_ranks(runs):
             for part in ("params", "grads", "optimizer"):
                 assert abs(getattr(planned, part) - held[part]) <= 0.1 * held[part], (name, rank, part)
     offload = runs["rank0"]["plain-offload"]["bytes"]
-    assert abs(table["zero3-offload"][0].host - (offload["params"] + offload["grads"] + offload["optimizer"])) \
+    assert (
+        abs(table["zero3-offload"][0].host - (offload["params"] + offload["grads"] + offload["optimizer"]))
         <= 0.1 * table["zero3-offload"][0].host
+    )
 
 
 @pytest.mark.parametrize("name", ("ddp", "zero3"))

@@ -1,5 +1,6 @@
 """examples/wine.py under `phalanx run --strategy zero3` (and `--deepspeed` with ZeRO stage 3)
 trains exactly as under ddp."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,18 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
 
 def _run(*flags: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", *flags, "examples/wine.py",
-           "--epochs", "30"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        "--nproc-per-node",
+        "2",
+        *flags,
+        "examples/wine.py",
+        "--epochs",
+        "30",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc

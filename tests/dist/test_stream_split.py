@@ -4,6 +4,7 @@ that shuffle inside __iter__ partitioned, sources with shards split by shard (ea
 Each rank's view is built in this process from an explicit context (`stream_for_rank`), read by real
 DataLoader workers; the ranks' per-step agreement is tested on real ranks in test_data_kinds.py.
 """
+
 import os
 import tarfile
 import warnings
@@ -17,8 +18,16 @@ from phalanx.data.loader import PreparedLoader
 from phalanx.data.streaming import ShardedStream, tar_samples
 from phalanx.data.streams import stream_for_rank
 from phalanx.runtime.context import DistContext
-from tests.data_counts import (CountingReader, SelfSharding, ShufflingFiles, bytes_logged, counts, exact, ids,
-                               write_jsonl_shards)
+from tests.data_counts import (
+    CountingReader,
+    SelfSharding,
+    ShufflingFiles,
+    bytes_logged,
+    counts,
+    exact,
+    ids,
+    write_jsonl_shards,
+)
 
 N = 40
 
@@ -103,8 +112,11 @@ def test_webdataset_style_tar_shards(tmp_path):
                     member.write_bytes(payload)
                     tar.add(member, arcname=f"{i:04d}.{ext}")
         paths.append(str(path))
-    samples = [s for rank in range(2) for s in stream_for_rank(ShardedStream(paths, tar_samples),
-                                                               DistContext(rank=rank, world_size=2), 0, 0)]
+    samples = [
+        s
+        for rank in range(2)
+        for s in stream_for_rank(ShardedStream(paths, tar_samples), DistContext(rank=rank, world_size=2), 0, 0)
+    ]
     assert counts([int(s["cls"]) for s in samples], N) == exact(N)
     assert all(s["txt"] == b"item %d" % int(s["__key__"]) for s in samples)
 
@@ -115,8 +127,9 @@ def test_hugging_face_streaming_dataset_is_split_by_shard(tmp_path, num_files, m
     monkeypatch.setattr(iterable, "_warned", set())
     datasets = pytest.importorskip("datasets", reason="the `datasets` extra: pip install phalanx[datasets]")
     paths = write_jsonl_shards(tmp_path, N, num_files)
-    stream = datasets.load_dataset("json", data_files=paths, split="train", streaming=True,
-                                   cache_dir=str(tmp_path / "cache")).select_columns(["i"])
+    stream = datasets.load_dataset(
+        "json", data_files=paths, split="train", streaming=True, cache_dir=str(tmp_path / "cache")
+    ).select_columns(["i"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         items = job_items(stream, 2, 2 if num_files == 4 else 1)
@@ -152,7 +165,7 @@ def test_a_stream_with_workers_resumes_with_the_next_batch(kind, tmp_path):
     resumed = make()
     resumed.load_state_dict(first.state_dict())
     assert done + [ids(b) for _ in range(2) for b in resumed] == expected
-    assert [counts([i for b in expected[k * 10:(k + 1) * 10] for i in b], N) for k in range(2)] == [exact(N)] * 2
+    assert [counts([i for b in expected[k * 10 : (k + 1) * 10] for i in b], N) for k in range(2)] == [exact(N)] * 2
 
 
 def test_a_per_rank_stream_position_on_another_world_size_is_refused_with_the_choices():
@@ -174,11 +187,18 @@ def test_hugging_face_parquet_files_map_style_and_streaming(tmp_path):
         paths.append(str(tmp_path / f"part-{s}.parquet"))
         pq.write_table(pa.table({"i": list(range(s, N, 4))}), paths[-1])
     table = datasets.load_dataset("parquet", data_files=paths, split="train", cache_dir=str(tmp_path / "cache"))
-    ranks = [PreparedLoader(DataLoader(table.with_format("torch"), batch_size=4, shuffle=True),
-                            DistContext(rank=r, world_size=2), seed=1) for r in range(2)]
+    ranks = [
+        PreparedLoader(
+            DataLoader(table.with_format("torch"), batch_size=4, shuffle=True),
+            DistContext(rank=r, world_size=2),
+            seed=1,
+        )
+        for r in range(2)
+    ]
     assert counts([i for loader in ranks for b in loader for i in ids(b)], N) == exact(N)
-    stream = datasets.load_dataset("parquet", data_files=paths, split="train", streaming=True,
-                                   cache_dir=str(tmp_path / "cache"))
+    stream = datasets.load_dataset(
+        "parquet", data_files=paths, split="train", streaming=True, cache_dir=str(tmp_path / "cache")
+    )
     assert counts(job_items(stream, 2, 2), N) == exact(N)
 
 
@@ -187,8 +207,13 @@ def test_a_datasets_stream_split_for_other_ranks_is_refused_with_the_fix(tmp_pat
     datasets = pytest.importorskip("datasets", reason="the `datasets` extra: pip install phalanx[datasets]")
     from datasets.distributed import split_dataset_by_node
 
-    stream = datasets.load_dataset("json", data_files=write_jsonl_shards(tmp_path, 8, 4), split="train",
-                                   streaming=True, cache_dir=str(tmp_path / "cache"))
+    stream = datasets.load_dataset(
+        "json",
+        data_files=write_jsonl_shards(tmp_path, 8, 4),
+        split="train",
+        streaming=True,
+        cache_dir=str(tmp_path / "cache"),
+    )
     assert stream_for_rank(split_dataset_by_node(stream, 0, 2), DistContext(rank=0, world_size=2), 0, 0) is None
     with pytest.raises(ValueError, match=r"rank 1 of 4.*rank 0 of 2.*HINT: split it with split_dataset_by_node"):
         stream_for_rank(split_dataset_by_node(stream, 1, 4), DistContext(rank=0, world_size=2), 0, 0)

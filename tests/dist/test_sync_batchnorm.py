@@ -1,5 +1,6 @@
 """`sync_batchnorm=True`: BatchNorm statistics over both ranks' samples, on CPU over gloo, so 2 ranks
 equal one process on the global batch (weights and running statistics); without it they do not."""
+
 import pytest
 import torch
 
@@ -8,15 +9,19 @@ from tests.dist.harness import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
-CASES = {"ddp": {"strategy": "ddp", "sync_batchnorm": True},
-         "zero3": {"strategy": "zero3", "sync_batchnorm": True},
-         "ddp_unsynced": {"strategy": "ddp", "sync_batchnorm": False}}
+CASES = {
+    "ddp": {"strategy": "ddp", "sync_batchnorm": True},
+    "zero3": {"strategy": "zero3", "sync_batchnorm": True},
+    "ddp_unsynced": {"strategy": "ddp", "sync_batchnorm": False},
+}
 
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    return {"ranks": run_ranks("tests.dist.batchnorm_workloads:matrix", 2, args=(CASES,), timeout=240),
-            "reference": w.reference()}
+    return {
+        "ranks": run_ranks("tests.dist.batchnorm_workloads:matrix", 2, args=(CASES,), timeout=240),
+        "reference": w.reference(),
+    }
 
 
 @pytest.mark.parametrize("case", ["ddp", "zero3"])
@@ -25,7 +30,9 @@ def test_synced_batchnorm_on_two_cpu_ranks_equals_one_process(runs, case):
     assert result["kinds"] == {"synced": 2, "unsynced": []}
     assert result["state"].keys() == runs["reference"].keys()  # same state dict as the BatchNorm model
     for key, value in runs["reference"].items():
-        torch.testing.assert_close(result["state"][key], value, rtol=1e-5, atol=1e-5, msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(
+            result["state"][key], value, rtol=1e-5, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}"
+        )
 
 
 def test_unsynced_batchnorm_differs_from_one_process(runs):

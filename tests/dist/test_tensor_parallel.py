@@ -1,5 +1,6 @@
 """Tensor parallel, alone and composed with the data-parallel presets, equal to one process on the
 same global batches (AdamW, through px.forward_backward); checkpoints moving between layouts."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,13 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 TWO_RANKS = {
     "llama tp2": {"kind": "llama", "strategy": "ddp", "tp": 2},
     "user plan tp2": {"kind": "tinylm", "strategy": "ddp", "tp": 2, "tp_plan": TINY_LM_PLAN},
-    "user plan tp2 + sequence parallel": {"kind": "tinylm", "strategy": "zero3", "tp": 2, "tp_plan": TINY_LM_PLAN,
-                                          "sequence_parallel": True},
+    "user plan tp2 + sequence parallel": {
+        "kind": "tinylm",
+        "strategy": "zero3",
+        "tp": 2,
+        "tp_plan": TINY_LM_PLAN,
+        "sequence_parallel": True,
+    },
 }
 
 
@@ -35,8 +41,13 @@ def two(tmp_path_factory) -> list[dict]:
 def four(tmp_path_factory) -> tuple[list[dict], list[dict]]:
     checkpoint = str(tmp_path_factory.mktemp("tp") / "zero3-tp2")
     ranks = run_ranks("tests.dist.tp_workloads:matrix", 4, args=(_four_ranks(checkpoint),), timeout=500)
-    resumed = run_ranks("tests.dist.tp_workloads:train", 2, args=("llama", 8, 3, 1e-2, None, checkpoint),
-                        timeout=300, env={"PHALANX_STRATEGY": "ddp"})
+    resumed = run_ranks(
+        "tests.dist.tp_workloads:train",
+        2,
+        args=("llama", 8, 3, 1e-2, None, checkpoint),
+        timeout=300,
+        env={"PHALANX_STRATEGY": "ddp"},
+    )
     return ranks, resumed
 
 
@@ -62,8 +73,11 @@ def test_tensor_parallel_on_two_ranks_equals_one_process(two, name):
     for rank, run in enumerate(two):  # every rank's own part, against that part of one process's weights
         for key, (placements, local) in run[name]["local"].items():
             assert len(placements) == 1 and placements[0].startswith(("Shard(dim=", "Replicate")), (key, placements)
-            part = ref[key].float() if placements[0].startswith("Replicate") else \
-                torch.chunk(ref[key].float(), 2, dim=int(placements[0][len("Shard(dim="):-1]))[rank]
+            part = (
+                ref[key].float()
+                if placements[0].startswith("Replicate")
+                else torch.chunk(ref[key].float(), 2, dim=int(placements[0][len("Shard(dim=") : -1]))[rank]
+            )
             torch.testing.assert_close(local, part, rtol=1e-4, atol=1e-4, msg=f"rank {rank}: {key}")
 
 
@@ -95,7 +109,9 @@ def test_checkpoint_of_zero3_x_tp2_resumes_under_ddp_on_two_ranks_and_continues_
         assert rank["strategy"] == "ddp" and rank["global_step"] == 8
     ref = resumed[0]["reference"]  # one process, 8 steps straight
     torch.testing.assert_close(torch.tensor(ref["losses"][:5]), torch.tensor(saved["losses"]), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(torch.tensor(resumed[0]["losses"]), torch.tensor(ref["losses"][5:]), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(resumed[0]["losses"]), torch.tensor(ref["losses"][5:]), rtol=1e-4, atol=1e-5
+    )
     for key, value in ref["state"].items():
         torch.testing.assert_close(resumed[0]["state"][key], value.float(), rtol=1e-4, atol=1e-4, msg=key)
 
@@ -105,5 +121,7 @@ def test_models_tensor_parallel_cannot_split_are_refused_at_prepare_on_every_ran
     for rank in ranks:
         assert rank["no plan"].startswith("tp > 1, but TinyNet has no tensor-parallel plan")
         assert "HINT: give tp_plan={module name pattern: style}" in rank["no plan"]
-        assert rank["no match"].startswith("tp_plan pattern 'layers.*.attn.qq' matches no module of TinyLM "
-                                           "(its modules: embed, layers, layers.0, layers.0.attn_norm")
+        assert rank["no match"].startswith(
+            "tp_plan pattern 'layers.*.attn.qq' matches no module of TinyLM "
+            "(its modules: embed, layers, layers.0, layers.0.attn_norm"
+        )

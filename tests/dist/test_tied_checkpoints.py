@@ -4,6 +4,7 @@ in every layout: under pp 2 the last stage, which holds it as `lm_head.weight` o
 that name too and loads it back from there. So a checkpoint moves between pp 2 and the layouts
 where the parameter is one, both ways, and the 3 steps after the resume equal one process's steps
 4-6. `phalanx export` writes both names, as the model's own state_dict holds them."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,8 +29,13 @@ CANONICAL, ALIAS = "model.embed_tokens.weight", "lm_head.weight"
 
 def _train(layout: str, save: str | None = None, resume: str | None = None) -> list[dict]:
     processes, settings = LAYOUTS[layout]
-    return run_ranks("tests.dist.family_workloads:train", processes,
-                     args=("llama-tied", 8, 3, 1e-2, save, resume), env=_env(settings), timeout=400)
+    return run_ranks(
+        "tests.dist.family_workloads:train",
+        processes,
+        args=("llama-tied", 8, 3, 1e-2, save, resume),
+        env=_env(settings),
+        timeout=400,
+    )
 
 
 def _env(settings: dict) -> dict[str, str]:
@@ -89,8 +95,9 @@ def test_every_layout_stores_the_tied_weight_once(tmp_path, layout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source,target", [("pp 2", "ddp"), ("pp 2", "zero3"), ("pp 2", "tp 2"), ("pp 2", "pp 2"),
-                                           ("ddp", "one process")])
+@pytest.mark.parametrize(
+    "source,target", [("pp 2", "ddp"), ("pp 2", "zero3"), ("pp 2", "tp 2"), ("pp 2", "pp 2"), ("ddp", "one process")]
+)
 def test_a_tied_checkpoint_resumes_in_every_layout(saved, source, target):
     resumed = _train(target, resume=str(saved[source]))
     _check([{"llama-tied / resume": r} for r in resumed], "llama-tied / resume", steps=3)

@@ -1,4 +1,5 @@
 """Equal step counts for any size/batch/drop_last, pre-split data, uneven user loops: nothing hangs."""
+
 import itertools
 
 import pytest

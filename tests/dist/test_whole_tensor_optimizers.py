@@ -4,6 +4,7 @@ exactly one Newton-Schulz per matrix per step in the whole job, split over the r
 optimizer warns once, and their checkpoints move between layouts and world sizes.
 
 The unmarked launches are a representative subset; the full matrix is `slow`."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,21 +25,32 @@ FAST = {
     "trust zero1": {"which": "trust", "strategy": "zero1"},
     "lbfgs zero3": {"which": "lbfgs", "strategy": "zero3"},
 }
-SLOW_TWO = {f"{which} {name}": {"which": which, **settings}
-            for which in ("muon", "adafactor", "trust")
-            for name, settings in {"ddp": {"strategy": "ddp"}, "zero1": {"strategy": "zero1"},
-                                   "zero2": {"strategy": "zero2"}, "zero3": {"strategy": "zero3"},
-                                   "tp2": {"strategy": "ddp", "tp": 2}, "pp2": {"strategy": "ddp", "pp": 2}}.items()
-            if f"{which} {name}" not in FAST}
+SLOW_TWO = {
+    f"{which} {name}": {"which": which, **settings}
+    for which in ("muon", "adafactor", "trust")
+    for name, settings in {
+        "ddp": {"strategy": "ddp"},
+        "zero1": {"strategy": "zero1"},
+        "zero2": {"strategy": "zero2"},
+        "zero3": {"strategy": "zero3"},
+        "tp2": {"strategy": "ddp", "tp": 2},
+        "pp2": {"strategy": "ddp", "pp": 2},
+    }.items()
+    if f"{which} {name}" not in FAST
+}
 HSDP_2X2 = {"strategy": "hsdp", "strategy_options": {"replicate_size": 2, "shard_size": 2}}
-SLOW_FOUR = {f"{which} {name}": {"which": which, **settings}
-             for which in ("muon", "adafactor", "trust")
-             for name, settings in {"hsdp 2x2": HSDP_2X2, "zero3 x tp2": {"strategy": "zero3", "tp": 2}}.items()}
-SLOW_FOUR.update({  # pipeline stages composed: the owners are the ranks that hold the same stage
-    "muon pp2 x zero1": {"which": "muon", "strategy": "zero1", "pp": 2},
-    "adafactor pp2 x zero3": {"which": "adafactor", "strategy": "zero3", "pp": 2},
-    "muon pp2 x tp2": {"which": "muon", "strategy": "ddp", "pp": 2, "tp": 2},
-})
+SLOW_FOUR = {
+    f"{which} {name}": {"which": which, **settings}
+    for which in ("muon", "adafactor", "trust")
+    for name, settings in {"hsdp 2x2": HSDP_2X2, "zero3 x tp2": {"strategy": "zero3", "tp": 2}}.items()
+}
+SLOW_FOUR.update(
+    {  # pipeline stages composed: the owners are the ranks that hold the same stage
+        "muon pp2 x zero1": {"which": "muon", "strategy": "zero1", "pp": 2},
+        "adafactor pp2 x zero3": {"which": "adafactor", "strategy": "zero3", "pp": 2},
+        "muon pp2 x tp2": {"which": "muon", "strategy": "ddp", "pp": 2, "tp": 2},
+    }
+)
 WORKLOAD = "tests.dist.optimizer_workloads"
 
 
@@ -48,12 +60,20 @@ def fast(tmp_path_factory) -> dict:
     same launch; Adafactor zero1 on 2 ranks -> one process, a second launch)."""
     tmp = tmp_path_factory.mktemp("whole-tensor")
     zero3, zero1 = str(tmp / "muon-zero3"), str(tmp / "adafactor-zero1")
-    ranks = run_ranks("tests.dist.harness_calls:calls", 2, timeout=800, args=([
-        (f"{WORKLOAD}:matrix", (FAST,)), (f"{WORKLOAD}:checkpoint_chain", (zero3, zero1)),
-        (f"{WORKLOAD}:uneven_join", ())],))
+    ranks = run_ranks(
+        "tests.dist.harness_calls:calls",
+        2,
+        timeout=800,
+        args=(
+            [
+                (f"{WORKLOAD}:matrix", (FAST,)),
+                (f"{WORKLOAD}:checkpoint_chain", (zero3, zero1)),
+                (f"{WORKLOAD}:uneven_join", ()),
+            ],
+        ),
+    )
     one = run_ranks(f"{WORKLOAD}:train", 1, args=("adafactor", 3, 8, None, zero1), timeout=300)
-    return {"matrix": [r[0] for r in ranks], "chain": [r[1] for r in ranks], "join": [r[2] for r in ranks],
-            "one": one}
+    return {"matrix": [r[0] for r in ranks], "chain": [r[1] for r in ranks], "join": [r[2] for r in ranks], "one": one}
 
 
 def _assert_equal_to_one_process(ranks: list[dict], name: str) -> None:
@@ -126,8 +146,9 @@ def test_adafactor_saved_by_zero1_resumes_under_zero3_and_continues_equal(fast):
 def test_adafactor_saved_by_zero1_on_two_ranks_resumes_in_one_process_and_continues_equal(fast):
     (one,) = fast["one"]
     assert one["plan"].startswith("single") and one["steps"] == 3
-    torch.testing.assert_close(torch.tensor(one["losses"]), torch.tensor(one["reference"]["losses"][3:]),
-                               rtol=2e-4, atol=0)
+    torch.testing.assert_close(
+        torch.tensor(one["losses"]), torch.tensor(one["reference"]["losses"][3:]), rtol=2e-4, atol=0
+    )
     for key, value in one["reference"]["state"].items():
         torch.testing.assert_close(one["state"][key], value, rtol=1e-4, atol=1e-5, msg=key)
 

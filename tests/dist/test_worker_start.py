@@ -1,5 +1,6 @@
 """A DataLoader worker stuck in its fork (CPython gh-112275, before 3.11.10) is replaced, not waited on
 forever: 2 ranks, rank 1's chosen forks never start; every rank still reads what it reads without them."""
+
 import re
 
 import pytest
@@ -16,8 +17,9 @@ HANG = {"global_rng": [0, 1], "own_generator": [1, 2]}  # (epoch, n-th fork of i
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stuck-fork")
-    return run_ranks("tests.dist.worker_start_workloads:stuck_fork", 2, args=(HANG, TIMEOUT_S, str(folder)),
-                     timeout=200)
+    return run_ranks(
+        "tests.dist.worker_start_workloads:stuck_fork", 2, args=(HANG, TIMEOUT_S, str(folder)), timeout=200
+    )
 
 
 def test_each_stuck_worker_is_named_and_replaced(ranks):

@@ -1,6 +1,7 @@
 """zero1 keeps no copy of the parameters: its chunks are views of their rows, gathered through
 transient buckets by default (or one persistent buffer, counted by memory_report and the plan);
 both equal one process, and a checkpoint loaded into zero1 is what the next step starts from."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,10 +19,17 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     checkpoints = tmp_path_factory.mktemp("zero1-ckpt")
-    return run_ranks("tests.dist.harness_calls:calls", 2, timeout=280, args=([
-        ("tests.dist.zero1_workloads:gathers", ()),
-        ("tests.dist.zero1_workloads:load_then_step", (str(checkpoints),)),
-    ],))
+    return run_ranks(
+        "tests.dist.harness_calls:calls",
+        2,
+        timeout=280,
+        args=(
+            [
+                ("tests.dist.zero1_workloads:gathers", ()),
+                ("tests.dist.zero1_workloads:load_then_step", (str(checkpoints),)),
+            ],
+        ),
+    )
 
 
 @pytest.mark.parametrize("case", ["tiny buckets", "persistent", "direct", "scattered, clipped"])
@@ -29,14 +37,21 @@ def test_every_gather_and_reduce_scatter_equals_one_process(runs, case):
     clipped = case == "scattered, clipped"
     ref = w.train(clip=zero1_workloads.CLIP) if clipped else w.train()
     for rank, (gathered, _) in enumerate(runs):
-        torch.testing.assert_close(torch.tensor(gathered[case]["losses"]), torch.tensor(ref["losses"]),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(gathered[case]["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6
+        )
         if clipped:  # the norm torch's clip_grad_norm_ gives: the owners' rows combined over the ranks
-            torch.testing.assert_close(torch.tensor(gathered[case]["norms"]), torch.tensor(ref["norms"]),
-                                       rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(
+                torch.tensor(gathered[case]["norms"]), torch.tensor(ref["norms"]), rtol=1e-5, atol=1e-6
+            )
         for name, value in ref["state"].items():  # full weights on every rank
-            torch.testing.assert_close(gathered[case]["state"][name], value, rtol=1e-5, atol=1e-5,
-                                       msg=lambda m: f"rank {rank} {case} {name}: {m}")
+            torch.testing.assert_close(
+                gathered[case]["state"][name],
+                value,
+                rtol=1e-5,
+                atol=1e-5,
+                msg=lambda m, rank=rank, name=name: f"rank {rank} {case} {name}: {m}",
+            )
 
 
 def test_chunks_are_views_of_the_parameters_and_buckets_hold_nothing_between_steps(runs):
@@ -69,5 +84,10 @@ def test_a_checkpoint_loaded_into_zero1_is_what_its_next_step_starts_from(runs, 
     for rank, (_, loaded) in enumerate(runs):
         case = loaded[saved_by]
         for name, value in case["expected"].items():
-            torch.testing.assert_close(case["resumed"][name], value, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"rank {rank} {name}: {m}")
+            torch.testing.assert_close(
+                case["resumed"][name],
+                value,
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m, rank=rank, name=name: f"rank {rank} {name}: {m}",
+            )

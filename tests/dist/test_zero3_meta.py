@@ -1,6 +1,7 @@
 """ZeRO-3 for models bigger than one device, on 2 CPU ranks: a 1.6 GB model built on the meta
 device never materialised whole, weights drawn as a normal construction draws them, px.load_model
 reading only each rank's slices, activation checkpointing and compile equal to the plain run."""
+
 from __future__ import annotations
 
 import math
@@ -65,8 +66,13 @@ def test_training_steps_run_on_the_meta_built_model(big):
 # ---- small models: init equal to normal construction, load_model, activation checkpointing --------
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    return run_ranks("tests.dist.zero3_workloads:both", 2, args=(str(tmp_path_factory.mktemp("load")),), timeout=300,
-                     env=_quiet(tmp_path_factory))
+    return run_ranks(
+        "tests.dist.zero3_workloads:both",
+        2,
+        args=(str(tmp_path_factory.mktemp("load")),),
+        timeout=300,
+        env=_quiet(tmp_path_factory),
+    )
 
 
 @pytest.mark.timeout(400)
@@ -98,16 +104,21 @@ def test_load_model_safetensors_and_torch_file_equal_the_file(small):
 
 
 def test_load_model_bad_keys_load_nothing_and_name_every_problem(small):
-    expected = ("nothing loaded; missing in the checkpoint (1): head.bias; unexpected in the checkpoint (1): "
-                "extra.weight; shape mismatch (1): blocks.0.fc1.weight: checkpoint (5, 5) vs model (32, 16). "
-                "HINT: fix the checkpoint or the model, or pass strict=False to load the keys that match.")
+    expected = (
+        "nothing loaded; missing in the checkpoint (1): head.bias; unexpected in the checkpoint (1): "
+        "extra.weight; shape mismatch (1): blocks.0.fc1.weight: checkpoint (5, 5) vs model (32, 16). "
+        "HINT: fix the checkpoint or the model, or pass strict=False to load the keys that match."
+    )
     for result in small:
         load = result["load"]
         assert load["bad_st_error"].endswith(expected) and load["bad_dict_error"].endswith(expected)
         assert load["bad_loaded_nothing"] is True
-        assert load["lenient"] == {"missing": ["head.bias"], "unexpected": ["extra.weight"],
-                                   "mismatched": ["blocks.0.fc1.weight: checkpoint (5, 5) vs model (32, 16)"],
-                                   "loaded": 25}
+        assert load["lenient"] == {
+            "missing": ["head.bias"],
+            "unexpected": ["extra.weight"],
+            "mismatched": ["blocks.0.fc1.weight: checkpoint (5, 5) vs model (32, 16)"],
+            "loaded": 25,
+        }
     assert small[0]["load"]["lenient_fc2_loaded"] is True and small[0]["load"]["lenient_head_bias_kept"] is True
 
 

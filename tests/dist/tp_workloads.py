@@ -1,5 +1,6 @@
 """Training runs for the tensor-parallel tests: the same `px.forward_backward` loop in any layout,
 with a one-process reference computed in the same rank on the same global batches."""
+
 from __future__ import annotations
 
 import copy
@@ -61,17 +62,30 @@ class TinyLM(nn.Module):
         return self.head(self.norm(h))
 
 
-TINY_LM_PLAN = {"layers.*.attn.q": "colwise", "layers.*.attn.k": "colwise", "layers.*.attn.v": "colwise",
-                "layers.*.attn.out": "rowwise", "layers.*.up": "colwise", "layers.*.down": "rowwise",
-                "head": "colwise_gather_output"}
+TINY_LM_PLAN = {
+    "layers.*.attn.q": "colwise",
+    "layers.*.attn.k": "colwise",
+    "layers.*.attn.v": "colwise",
+    "layers.*.attn.out": "rowwise",
+    "layers.*.up": "colwise",
+    "layers.*.down": "rowwise",
+    "head": "colwise_gather_output",
+}
 
 
 def tiny_llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=2 * DIM, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2 * SEQ,
-                         attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=DIM,
+        intermediate_size=2 * DIM,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2 * SEQ,
+        attn_implementation="eager",
+    )
     return LlamaForCausalLM(config)
 
 
@@ -94,8 +108,9 @@ def _inputs(kind: str, batch: torch.Tensor) -> Any:
     return {"input_ids": batch[:, :-1]} if kind == "llama" else batch[:, :-1]
 
 
-def reference(kind: str, global_batch: int, steps: int, lr: float = 1e-2, start: nn.Module | None = None,
-              skip: int = 0) -> dict[str, Any]:
+def reference(
+    kind: str, global_batch: int, steps: int, lr: float = 1e-2, start: nn.Module | None = None, skip: int = 0
+) -> dict[str, Any]:
     """One process, no Phalanx: the losses and weights the layouts must reproduce."""
     model = start if start is not None else make_model(kind)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -113,8 +128,15 @@ def reference(kind: str, global_batch: int, steps: int, lr: float = 1e-2, start:
     return {"losses": losses, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
-def train(kind: str, global_batch: int = 8, steps: int = 5, lr: float = 1e-2, checkpoint: str | None = None,
-          resume: str | None = None, **settings: Any) -> dict[str, Any]:
+def train(
+    kind: str,
+    global_batch: int = 8,
+    steps: int = 5,
+    lr: float = 1e-2,
+    checkpoint: str | None = None,
+    resume: str | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
     """`steps` AdamW steps through px.forward_backward in the layout `settings` describe (a resume
     first restores `resume`); rank 0 also returns the one-process reference on the same batches."""
     px = Phalanx(**settings)
@@ -138,16 +160,28 @@ def train(kind: str, global_batch: int = 8, steps: int = 5, lr: float = 1e-2, ch
             if checkpoint is not None:
                 px.save_state(checkpoint)  # inside the epoch: a resume goes on with its next batch
             break
-    out = {"strategy": px.strategy_name, "plan": px.plan.describe(), "dp": (px.dp_rank, px.dp_size),
-           "losses": losses, "seen": seen, "global_step": px.global_step,
-           "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
-           "dtensors": sorted(n for n, p in px.unwrap_model(model).named_parameters() if hasattr(p, "device_mesh")),
-           "placements": {n: [type(x).__name__ for x in p.placements] for n, p in
-                          px.unwrap_model(model).named_parameters() if hasattr(p, "placements")},
-           "params": sorted(n for n, _ in px.unwrap_model(model).named_parameters()),
-           # this rank's own part of each split parameter, and how it is split (each rank's, not rank 0's only)
-           "local": {n: ([repr(pl) for pl in p.placements], p.to_local().detach().clone().float())
-                     for n, p in px.unwrap_model(model).named_parameters() if hasattr(p, "device_mesh")}}
+    out = {
+        "strategy": px.strategy_name,
+        "plan": px.plan.describe(),
+        "dp": (px.dp_rank, px.dp_size),
+        "losses": losses,
+        "seen": seen,
+        "global_step": px.global_step,
+        "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+        "dtensors": sorted(n for n, p in px.unwrap_model(model).named_parameters() if hasattr(p, "device_mesh")),
+        "placements": {
+            n: [type(x).__name__ for x in p.placements]
+            for n, p in px.unwrap_model(model).named_parameters()
+            if hasattr(p, "placements")
+        },
+        "params": sorted(n for n, _ in px.unwrap_model(model).named_parameters()),
+        # this rank's own part of each split parameter, and how it is split (each rank's, not rank 0's only)
+        "local": {
+            n: ([repr(pl) for pl in p.placements], p.to_local().detach().clone().float())
+            for n, p in px.unwrap_model(model).named_parameters()
+            if hasattr(p, "device_mesh")
+        },
+    }
     if px.rank == 0:
         out["reference"] = reference(kind, global_batch, done + len(losses), lr, start)
     return out
@@ -163,8 +197,10 @@ def refusals() -> dict[str, str]:
     from tests.dist.strategy_workloads import TinyNet
 
     out = {}
-    for name, settings, model in (("no plan", {"tp": 2}, TinyNet()),
-                                  ("no match", {"tp": 2, "tp_plan": {"layers.*.attn.qq": "colwise"}}, TinyLM())):
+    for name, settings, model in (
+        ("no plan", {"tp": 2}, TinyNet()),
+        ("no match", {"tp": 2, "tp_plan": {"layers.*.attn.qq": "colwise"}}, TinyLM()),
+    ):
         px = Phalanx(strategy="ddp", **settings)
         try:
             px.prepare(model)

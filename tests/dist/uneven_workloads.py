@@ -1,4 +1,5 @@
 """Rank functions for the lockstep-safety tests: equal step counts, uneven inputs, failures."""
+
 from __future__ import annotations
 
 import itertools
@@ -98,8 +99,11 @@ def _rank_items(rank: int, num_batches: int, batch: int) -> TensorDataset:
 def presplit_suite(strategy: str) -> dict:
     """presplit_train with padding, with drop_last, and prepared with shard=True (the warning)."""
     px = Phalanx(strategy=strategy)
-    return {"pad": presplit_train(px, False), "drop": presplit_train(px, True),
-            "resharded": presplit_train(px, False, shard=True)}
+    return {
+        "pad": presplit_train(px, False),
+        "drop": presplit_train(px, True),
+        "resharded": presplit_train(px, False, shard=True),
+    }
 
 
 def presplit_train(px: Phalanx, drop_last: bool, shard: bool = False) -> dict:
@@ -120,10 +124,14 @@ def presplit_train(px: Phalanx, drop_last: bool, shard: bool = False) -> dict:
         optimizer.step()
         gathered += px.gather_for_metrics(ids).tolist()
         steps += 1
-    params = [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
-              for p in model.parameters()]
-    return {"steps": steps, "len": len(loader), "gathered": gathered, "params": params,
-            "warnings": [str(w.message) for w in caught if "phalanx" in str(w.message)]}
+    params = [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in model.parameters()]
+    return {
+        "steps": steps,
+        "len": len(loader),
+        "gathered": gathered,
+        "params": params,
+        "warnings": [str(w.message) for w in caught if "phalanx" in str(w.message)],
+    }
 
 
 def user_loop_suite(strategy: str, methods: tuple[str, ...]) -> dict:
@@ -155,8 +163,7 @@ def user_loop_uneven(px: Phalanx, method: str, model_only: bool = False) -> dict
             optimizer.step()
             steps, rows = steps + 1, rows + len(x)
     px.wait_for_everyone()
-    params = [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
-              for p in model.parameters()]
+    params = [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in model.parameters()]
     return {"steps": steps, "rows": rows, "method": uneven.method, "params": params}
 
 

@@ -1,4 +1,5 @@
 """Entry point of one rank started by tests.dist.harness: call the target, save its result."""
+
 import importlib
 import os
 import sys

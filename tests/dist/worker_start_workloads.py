@@ -4,6 +4,7 @@
 any of the worker's code: what CPython's fork deadlock (gh-112275) leaves, on demand. The child
 adds its pid to a file first, so the test can tell the workers phalanx replaced from any others.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,10 @@ def loaders() -> dict[str, DataLoader]:
     data = TensorDataset(torch.arange(N))
     weighted = WeightedRandomSampler(torch.linspace(0.1, 1.0, N), N)
     own = RandomSampler(data, generator=torch.Generator().manual_seed(11))
-    return {"global_rng": DataLoader(data, batch_size=4, sampler=weighted, num_workers=2),
-            "own_generator": DataLoader(data, batch_size=4, sampler=own, num_workers=2)}
+    return {
+        "global_rng": DataLoader(data, batch_size=4, sampler=weighted, num_workers=2),
+        "own_generator": DataLoader(data, batch_size=4, sampler=own, num_workers=2),
+    }
 
 
 def _read(px: Phalanx, hang: dict[str, tuple[int, int]]) -> dict:
@@ -79,5 +82,10 @@ def stuck_fork(hang_on_rank1: dict[str, list[int]], timeout: float, folder: str)
         seconds = time.monotonic() - started
     replaced = [str(w.message) for w in caught if "did not start" in str(w.message)]
     hung = open(_hung_file[0]).read().split() if os.path.exists(_hung_file[0]) else []
-    return {"reference": reference, "guarded": guarded, "replaced": replaced, "hung": [int(p) for p in hung],
-            "seconds": seconds}
+    return {
+        "reference": reference,
+        "guarded": guarded,
+        "replaced": replaced,
+        "hung": [int(p) for p in hung],
+        "seconds": seconds,
+    }

@@ -1,4 +1,5 @@
 """Functions run on every rank by tests.dist.harness (and in-process as world-of-one references)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +46,7 @@ def train(global_batch: int, epochs: int, shuffle: bool = True, strategy: str | 
 def indices_seen(n: int, batch_size: int, shuffle: bool, drop_last: bool, epochs: int) -> dict:
     """Which dataset indices this rank sees per epoch, and what gather_for_metrics returns."""
     px = Phalanx()
-    loader = DataLoader(TensorDataset(torch.arange(n)), batch_size=batch_size, shuffle=shuffle,
-                        drop_last=drop_last)
+    loader = DataLoader(TensorDataset(torch.arange(n)), batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
     loader = px.prepare(loader)
     per_epoch, gathered, num_batches = [], [], []
     for _ in range(epochs):

@@ -1,5 +1,6 @@
 """zero1's memory and gathers: chunks that are views of the parameters, gathers in many small
 buckets or one persistent buffer, and checkpoints loaded into zero1 that the first step keeps."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,11 +20,15 @@ CLIP = 0.05  # binds on every step (test_strategies.py's)
 def _held(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     inner = unwrap_optimizer(optimizer)
     slots = inner._slots
-    return {"buckets": len(inner._buckets), "buffer_bytes": inner.buffer_bytes(),
-            "padded_numel": sum(s.padded for s in slots),
-            # every chunk the optimizer steps lives inside its parameter's own storage
-            "chunks_share_params": all(
-                s.chunk.untyped_storage().data_ptr() == s.full.untyped_storage().data_ptr() for s in slots)}
+    return {
+        "buckets": len(inner._buckets),
+        "buffer_bytes": inner.buffer_bytes(),
+        "padded_numel": sum(s.padded for s in slots),
+        # every chunk the optimizer steps lives inside its parameter's own storage
+        "chunks_share_params": all(
+            s.chunk.untyped_storage().data_ptr() == s.full.untyped_storage().data_ptr() for s in slots
+        ),
+    }
 
 
 def gathers() -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Rank functions for tests/dist/test_zero3_big.py: meta-device models, px.load_model, activation
 checkpointing and compile on 2 CPU ranks. Each function groups many checks into one launch."""
+
 from __future__ import annotations
 
 import gc
@@ -47,10 +48,17 @@ def _shard_stats(model: nn.Module) -> dict[str, dict[str, Any]]:
     stats = {}
     for name, p in model.named_parameters():
         local = p.to_local().detach().double()
-        stats[name] = {"numel": local.numel(), "zeros": int((local == 0).sum()), "min": float(local.min()),
-                       "max": float(local.max()), "mean": float(local.mean()), "std": float(local.std()),
-                       "finite": bool(torch.isfinite(local).all()), "sum": float(local.sum()),
-                       "head": local.flatten()[:8].tolist()}
+        stats[name] = {
+            "numel": local.numel(),
+            "zeros": int((local == 0).sum()),
+            "min": float(local.min()),
+            "max": float(local.max()),
+            "mean": float(local.mean()),
+            "std": float(local.std()),
+            "finite": bool(torch.isfinite(local).all()),
+            "sum": float(local.sum()),
+            "head": local.flatten()[:8].tolist(),
+        }
     return stats
 
 
@@ -60,11 +68,12 @@ def _build_and_prepare(how: str, train_steps: int) -> dict[str, Any]:
     gc.collect()
     out: dict[str, Any] = {"baseline": peak_rss_bytes()}
     torch.manual_seed(1234)
-    with (px.init_module() if how == "init_module" else torch.device("meta")):
+    with px.init_module() if how == "init_module" else torch.device("meta"):
         model = BigNet()
     out["model_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    out["largest_module_bytes"] = max(sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
-                                      for m in model.modules())
+    out["largest_module_bytes"] = max(
+        sum(p.numel() * p.element_size() for p in m.parameters(recurse=False)) for m in model.modules()
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     model, optimizer = px.prepare(model, optimizer)
     out["peak_after_prepare"] = peak_rss_bytes()
@@ -100,7 +109,7 @@ def _meta_equals_normal(strategy: str, how: str) -> bool | None:
     px = Phalanx(strategy=strategy)
     reference = _normal(5).state_dict()
     torch.manual_seed(5)
-    with (px.init_module() if how == "init_module" else torch.device("meta")):
+    with px.init_module() if how == "init_module" else torch.device("meta"):
         model = TinyNet(num_blocks=4)
     model = px.prepare(model)
     full = px.get_state_dict(model)
@@ -110,8 +119,7 @@ def _meta_equals_normal(strategy: str, how: str) -> bool | None:
 
 
 def _local_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().clone()
-            for k, v in model.state_dict().items()}
+    return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().clone() for k, v in model.state_dict().items()}
 
 
 def _save_file_checkpoint(path: str, seed: int) -> dict[str, torch.Tensor]:
@@ -171,6 +179,7 @@ class _ReadSpy:
             def __getitem__(self, index: Any) -> torch.Tensor:
                 reads.append((key, tuple((i.start, i.stop) for i in index)))
                 return view[index]
+
         return Slice()
 
 
@@ -191,6 +200,7 @@ def load_checks(tmp: str) -> dict[str, Any]:
             model = TinyNet(num_blocks=4)
         model = px.prepare(model)
         import safetensors
+
         _ReadSpy.real, _ReadSpy.reads, real = safetensors.safe_open, [], safetensors.safe_open
         safetensors.safe_open = _ReadSpy
         try:
@@ -231,6 +241,7 @@ def load_checks(tmp: str) -> dict[str, Any]:
     bad_path = os.path.join(tmp, "bad.safetensors")
     if px.rank == 0:
         from safetensors.torch import save_file
+
         save_file({k: v.contiguous() for k, v in bad.items()}, bad_path)
     torch.distributed.barrier()
     out["bad_st_error"] = _try(lambda: px.load_model(model, bad_path))
@@ -238,8 +249,12 @@ def load_checks(tmp: str) -> dict[str, Any]:
     after = _local_params(model)
     out["bad_loaded_nothing"] = all(torch.equal(before[k], after[k]) for k in before)
     report = px.load_model(model, bad_path, strict=False)
-    out["lenient"] = {"missing": report.missing, "unexpected": report.unexpected, "mismatched": report.mismatched,
-                      "loaded": len(report.loaded)}
+    out["lenient"] = {
+        "missing": report.missing,
+        "unexpected": report.unexpected,
+        "mismatched": report.mismatched,
+        "loaded": len(report.loaded),
+    }
     full = px.get_state_dict(model)
     if full:
         out["lenient_fc2_loaded"] = torch.equal(full["blocks.0.fc2.weight"], bad["blocks.0.fc2.weight"])
@@ -256,8 +271,9 @@ def _grads(strategy: str, activation_checkpointing: Any) -> dict[str, torch.Tens
     loss = model(tokens).pow(2).mean()
     px.backward(loss)
     inner = px.unwrap_model(model)
-    return {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).clone()
-            for n, p in inner.named_parameters()}
+    return {
+        n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).clone() for n, p in inner.named_parameters()
+    }
 
 
 def checkpointing_grads() -> dict[str, Any]:
@@ -291,7 +307,10 @@ def compiled_losses() -> dict[str, Any]:
             model, optimizer = px.prepare(model, optimizer)
             losses = []
             for step in range(20):
-                tokens, labels = data.tensors[0][step % 8 * 8:(step % 8 + 1) * 8], data.tensors[1][step % 8 * 8:(step % 8 + 1) * 8]
+                tokens, labels = (
+                    data.tensors[0][step % 8 * 8 : (step % 8 + 1) * 8],
+                    data.tensors[1][step % 8 * 8 : (step % 8 + 1) * 8],
+                )
                 optimizer.zero_grad()
                 loss = nn.functional.cross_entropy(model(tokens), labels)
                 px.backward(loss)
@@ -300,6 +319,9 @@ def compiled_losses() -> dict[str, Any]:
             inner = px.unwrap_model(model)
             compiled = [type(getattr(b, "forward", None)).__name__ for b in inner.blocks]
             frames = counters["frames"]["ok"]  # frames dynamo compiled so far in this process
-            out[f"{strategy}_{'compiled' if compile_ else 'eager'}"] = {"losses": losses, "forward_types": compiled,
-                                                                        "frames_compiled": frames}
+            out[f"{strategy}_{'compiled' if compile_ else 'eager'}"] = {
+                "losses": losses,
+                "forward_types": compiled,
+                "frames_compiled": frames,
+            }
     return out

@@ -1,4 +1,5 @@
 """A training script for `phalanx run`: rank 1 misbehaves at step 3 (argv[1]: raise/sleep/kill/leave)."""
+
 import sys
 
 from tests.dist.failure_workloads import misbehave_at_step_3

@@ -1,4 +1,5 @@
 """`mpiexec -n 2 python mpi_job.py OUT_DIR`: Phalanx() takes rank and size from MPI."""
+
 import sys
 
 from tests.dist.spawn_workloads import shard_report, write_report

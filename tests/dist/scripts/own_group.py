@@ -1,7 +1,8 @@
 """The seed's pattern: mp.spawn, the script's own init_process_group, then Phalanx().
 
-    python own_group.py INIT_FILE OUT_DIR
+python own_group.py INIT_FILE OUT_DIR
 """
+
 import sys
 
 import torch.distributed as dist

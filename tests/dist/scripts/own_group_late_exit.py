@@ -5,6 +5,7 @@ Phalanx(); the script ends the group, rank 0 exits at once and rank 1 only some 
 Rank 1's watchdog must not take the store's host going away after the script ended the group for a
 lost rendezvous store: both ranks exit 0.
 """
+
 import os
 import sys
 import time

@@ -3,6 +3,7 @@
     python spawn_job.py OUT_DIR START_METHOD
 Writes each rank's report (returned to the caller), then the error a failing rank raises.
 """
+
 import json
 import sys
 from pathlib import Path
