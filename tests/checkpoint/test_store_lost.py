@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -83,13 +84,11 @@ def test_a_save_to_a_stopped_store_ends_in_one_phalanx_message_on_every_rank(tmp
     for rank in ranks:  # bounded: botocore's retries of the one failed call, the store not asked again
         assert rank["seconds"] < 60, rank
         assert rank["intact"] and rank["step"] == 3 and rank["after"] == 4, rank
-    report = (
-        stderr[
-            stderr.index("phalanx: rank ") if "phalanx watchdog" not in stderr else stderr.index("phalanx watchdog") :
-        ]
-        .strip()
-        .splitlines()
-    )
+    # the report starts at the watchdog's verdict or the first failed rank's line (`phalanx: rank R (local
+    # rank ...`), never at rank 0's start banner (`phalanx: rank 0 of 2 on cpu ...`), which is there too
+    start = re.search(r"phalanx watchdog|phalanx: rank \d+ \(local rank", stderr)
+    assert start, stderr[-4000:]
+    report = stderr[start.start() :].strip().splitlines()
     assert len(report) <= 12, "\n".join(report)
     assert "CheckpointWriteError: saving checkpoint step 3" in stderr
     for library in ("botocore", "aiohttp", "s3fs", 'Traceback (most recent call last):\n  File "/'):
