@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from phalanx import Phalanx
 
 VOCAB, SEQ, SAMPLES, STEPS, BATCH, LR, MAX_NORM = 64, 8, 48, 5, 8, 1e-3, 1.0
+ACCUM = 2  # micro-batches per optimizer step in the accumulation cases
 
 
 def make_model(family: str, experts: int = 4, aux: float = 0.0) -> nn.Module:
@@ -156,7 +157,41 @@ def resume(px: Phalanx, family: str, path: str) -> dict[str, Any]:
     return out
 
 
-def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux: float = 0.0) -> dict[str, Any]:
+def _accumulated(model: nn.Module, optimizer: Any, batches: Any, px: Phalanx | None = None) -> dict[str, list[float]]:
+    """STEPS optimizer steps of ACCUM micro-batches each. `px` with grad_accum_steps=ACCUM: the loop
+    phalanx's docs write (`px.accumulate`, `px.backward`, clipping on the syncing micro-step); None:
+    torch's own (each micro-batch's loss divided by ACCUM, `loss.backward()`, then one step). The loss
+    of a step is the mean of its micro-batches'."""
+    losses, norms, micro = [], [], []
+    for (batch,) in batches:
+        if px is not None:
+            with px.accumulate(model):
+                loss = model(input_ids=batch, labels=batch).loss
+                px.backward(loss)
+                if px.sync_gradients:
+                    norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+                optimizer.step()
+                optimizer.zero_grad()
+        else:
+            loss = model(input_ids=batch, labels=batch).loss
+            (loss / ACCUM).backward()
+        micro.append(loss.item())
+        if len(micro) < ACCUM:
+            continue
+        if px is None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(sum(micro) / ACCUM)
+        micro = []
+        if len(losses) == STEPS:
+            break
+    return {"losses": losses, "norms": norms}
+
+
+def train(
+    px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux: float = 0.0, accum: str = ""
+) -> dict[str, Any]:
     """STEPS AdamW steps of `family` prepared by `px`, or what prepare refused; rank 0 adds one process's."""
     start = make_model(family, experts, aux)
     model = copy.deepcopy(start)
@@ -166,7 +201,10 @@ def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux:
         )
     except ValueError as error:
         return {"refused": str(error)}
-    out: dict[str, Any] = _loop(model, optimizer, loader)
+    if accum:  # ACCUM micro-batches a step: phalanx's px.accumulate, or torch's own accumulation
+        out: dict[str, Any] = _accumulated(model, optimizer, loader, px if accum == "px" else None)
+    else:
+        out = _loop(model, optimizer, loader)
     out["losses"] = [float(px.reduce(torch.tensor(x), "mean")) for x in out["losses"]]
     named = list(px.unwrap_model(model).named_parameters())
     out["local_experts"] = [tuple(getattr(p, "to_local", p.detach)().shape) for n, p in named if ".experts." in n][:1]
@@ -176,9 +214,9 @@ def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux:
     if checkpoint:
         out["checkpoint"] = _saved(px, optimizer, checkpoint)
     if px.rank == 0:
-        out["reference"] = _loop(
-            start, torch.optim.AdamW(start.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH)
-        )
+        one = torch.optim.AdamW(start.parameters(), lr=LR)
+        whole = DataLoader(_data(), batch_size=BATCH)
+        out["reference"] = _accumulated(start, one, whole) if accum else _loop(start, one, whole)
         out["reference"]["state"] = {k: v.detach().clone().float() for k, v in start.state_dict().items()}
     return out
 
@@ -191,7 +229,14 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
         if "resume" in case:
             out[name] = resume(px, case["family"], case["resume"])
             continue
-        out[name] = train(px, case["family"], case.get("experts", 4), case.get("checkpoint", ""), case.get("aux", 0.0))
+        out[name] = train(
+            px,
+            case["family"],
+            case.get("experts", 4),
+            case.get("checkpoint", ""),
+            case.get("aux", 0.0),
+            case.get("accum", ""),
+        )
     return out
 
 

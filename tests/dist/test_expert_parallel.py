@@ -22,6 +22,9 @@ CASES = {
     "qwen3_moe": {"family": "qwen3_moe", "settings": EP2},
     "qwen3_moe zero3": {"family": "qwen3_moe", "settings": {"strategy": "zero3", "ep": 2}},
     "qwen3_moe aux": {"family": "qwen3_moe", "settings": EP2, "aux": 0.05},  # the router's load-balancing loss
+    # 2 micro-batches a step: px.accumulate (no_sync on the first), and torch's own (each loss / 2)
+    "qwen3_moe accum": {"family": "qwen3_moe", "settings": {**EP2, "grad_accum_steps": 2}, "accum": "px"},
+    "qwen3_moe torch accum": {"family": "qwen3_moe", "settings": EP2, "accum": "torch"},
     "zero1": {"family": "qwen3_moe", "settings": {"strategy": "zero1", "ep": 2}},
     "dense model": {"family": "dense", "settings": EP2},
     "3 experts": {"family": "mixtral", "experts": 3, "settings": EP2},
@@ -31,6 +34,11 @@ MORE = {
     "olmoe": {"family": "olmoe", "settings": EP2},
     "gpt_oss": {"family": "gpt_oss", "settings": EP2},
     "deepseek_v3": {"family": "deepseek_v3", "settings": EP2},  # shared experts beside the routed ones
+    "qwen3_moe zero3 accum": {
+        "family": "qwen3_moe",
+        "settings": {"strategy": "zero3", "ep": 2, "grad_accum_steps": 2},
+        "accum": "px",
+    },
     "qwen3_moe cp2": {"family": "qwen3_moe", "settings": {**EP2, "cp": 2}},  # ep's ranks are the cp ranks
     "user ep_plan": {
         "family": "qwen3_moe",
@@ -84,6 +92,14 @@ def _equal_to_one_process(ranks: list[dict], name: str) -> None:
 @pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe zero3", "qwen3_moe aux"])
 def test_ep2_equals_one_process(ranks, name):
     _equal_to_one_process(ranks, name)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe accum", "qwen3_moe torch accum"])
+def test_ep2_gradient_accumulation_equals_one_process(ranks, name):
+    """grad_accum_steps=2 with px.accumulate, and torch's accumulation (two backwards, one step), under
+    ddp ep 2: one process accumulating the same 2 global micro-batches a step (3 steps)."""
+    _equal_to_one_process(ranks, name)
+    assert len(ranks[0][name]["norms"]) == len(ranks[0][name]["reference"]["norms"]) == 3
 
 
 @pytest.mark.slow
