@@ -7,6 +7,7 @@ unless a case asks for it (`aux`: its coefficient; model/router_balance.py makes
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
@@ -229,6 +230,11 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
         if "resume" in case:
             out[name] = resume(px, case["family"], case["resume"])
             continue
+        options = case["settings"].get("strategy_options", {})
+        factor = options.get("capacity_factor", options.get("ep_plan", {}).get("capacity_factor"))
+        if factor:  # (0 is refused at prepare: train says so)
+            out[name] = capacity(px, factor)
+            continue
         out[name] = train(
             px,
             case["family"],
@@ -290,3 +296,68 @@ def ep_pp(steps: int = 4, strategy: str = "ddp") -> dict[str, Any]:
 def ep_pp_layouts() -> dict[str, dict[str, Any]]:
     """`ep_pp` under ddp and zero3, one process group for both."""
     return {strategy: ep_pp(strategy=strategy) for strategy in ("ddp", "zero3")}
+
+
+def _capped(experts: nn.Module, factor: float, drops: dict[str, int], name: str) -> None:
+    """`experts` (one process's, whole) computing only the choices a capacity keeps, written plainly:
+    each expert takes its first ceil(factor x choices / experts) choices, token by token, each token's
+    in top-k order (the global batch is the ranks' rows in rank order); the others get weight 0.
+    Their count per layer is added to `drops`."""
+    forward = experts.forward
+
+    def capped(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        flat = index.reshape(-1)
+        count = experts.gate_up_proj.shape[0]
+        capacity = math.ceil(factor * flat.numel() / count)
+        kept = torch.zeros_like(flat, dtype=torch.bool)
+        for expert in range(count):
+            kept[(flat == expert).nonzero().squeeze(1)[:capacity]] = True
+        drops[name] = drops.get(name, 0) + int((~kept).sum())
+        return forward(hidden, index, weights * kept.view_as(weights))
+
+    experts.forward = capped
+
+
+def capacity(px: Phalanx, factor: float) -> dict[str, Any]:
+    """STEPS steps of tiny Qwen3-MoE under ep with a capacity `factor`: losses, norms, final weights and
+    `px.moe_dropped_tokens` after each step; rank 0 adds one process's on the ranks' rows in rank order,
+    its experts capped by `_capped` (drops counted there)."""
+    import logging
+
+    start = make_model("qwen3_moe")
+    model = copy.deepcopy(start)
+    model, optimizer, loader = px.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH // px.dp_size)
+    )
+    said: list[str] = []  # what the main process logs after each step
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("phalanx.expert_parallel").addHandler(handler)
+    out: dict[str, Any] = {"losses": [], "norms": [], "drops": [], "batches": [], "said": said}
+    for (batch,) in loader:
+        out["batches"].append(px.gather(batch))  # the global batch, the ranks' rows in rank order
+        step = _loop(model, optimizer, [(batch,)], steps=1)
+        out["losses"].append(float(px.reduce(torch.tensor(step["losses"][0]), "mean")))
+        out["norms"] += step["norms"]
+        out["drops"].append(px.moe_dropped_tokens)
+        if len(out["losses"]) == STEPS:
+            break
+    logging.getLogger("phalanx.expert_parallel").removeHandler(handler)
+    out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
+    if px.rank == 0:
+        drops: dict[str, int] = {}
+        for name, module in start.named_modules():
+            if name.endswith("mlp.experts"):
+                _capped(module, factor, drops, name)
+        one = torch.optim.AdamW(start.parameters(), lr=LR)
+        ref: dict[str, Any] = {"losses": [], "norms": [], "drops": []}
+        for batch in out["batches"]:
+            step = _loop(start, one, [(batch,)], steps=1)
+            ref["losses"] += step["losses"]
+            ref["norms"] += step["norms"]
+            ref["drops"].append(dict(drops))
+            drops.clear()
+        ref["state"] = {k: v.detach().clone().float() for k, v in start.state_dict().items()}
+        out["reference"] = ref
+    del out["batches"]
+    return out
