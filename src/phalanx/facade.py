@@ -434,6 +434,12 @@ class Phalanx:
             context.end_batch()  # a batch cut by px.shard_sequence ends with its backward
 
     @property
+    def moe_dropped_tokens(self) -> dict[str, int]:
+        """ep with a capacity factor: the token-choices each MoE layer dropped in the last optimizer
+        step (its micro-steps and every copy of the experts summed); {} without one (docs/moe.md)."""
+        return self.strategy.dropped_tokens()
+
+    @property
     def step_loss(self) -> float | None:
         """Σ loss / Σ num_items of the last optimizer step over all ranks and micro-steps (the global
         token-weighted mean, free: it rides on the step's one all-reduce); None until a step used

@@ -7,6 +7,7 @@ unless a case asks for it (`aux`: its coefficient; model/router_balance.py makes
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from phalanx import Phalanx
 
 VOCAB, SEQ, SAMPLES, STEPS, BATCH, LR, MAX_NORM = 64, 8, 48, 5, 8, 1e-3, 1.0
+ACCUM = 2  # micro-batches per optimizer step in the accumulation cases
 
 
 def make_model(family: str, experts: int = 4, aux: float = 0.0) -> nn.Module:
@@ -156,7 +158,41 @@ def resume(px: Phalanx, family: str, path: str) -> dict[str, Any]:
     return out
 
 
-def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux: float = 0.0) -> dict[str, Any]:
+def _accumulated(model: nn.Module, optimizer: Any, batches: Any, px: Phalanx | None = None) -> dict[str, list[float]]:
+    """STEPS optimizer steps of ACCUM micro-batches each. `px` with grad_accum_steps=ACCUM: the loop
+    phalanx's docs write (`px.accumulate`, `px.backward`, clipping on the syncing micro-step); None:
+    torch's own (each micro-batch's loss divided by ACCUM, `loss.backward()`, then one step). The loss
+    of a step is the mean of its micro-batches'."""
+    losses, norms, micro = [], [], []
+    for (batch,) in batches:
+        if px is not None:
+            with px.accumulate(model):
+                loss = model(input_ids=batch, labels=batch).loss
+                px.backward(loss)
+                if px.sync_gradients:
+                    norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+                optimizer.step()
+                optimizer.zero_grad()
+        else:
+            loss = model(input_ids=batch, labels=batch).loss
+            (loss / ACCUM).backward()
+        micro.append(loss.item())
+        if len(micro) < ACCUM:
+            continue
+        if px is None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(sum(micro) / ACCUM)
+        micro = []
+        if len(losses) == STEPS:
+            break
+    return {"losses": losses, "norms": norms}
+
+
+def train(
+    px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux: float = 0.0, accum: str = ""
+) -> dict[str, Any]:
     """STEPS AdamW steps of `family` prepared by `px`, or what prepare refused; rank 0 adds one process's."""
     start = make_model(family, experts, aux)
     model = copy.deepcopy(start)
@@ -166,7 +202,10 @@ def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux:
         )
     except ValueError as error:
         return {"refused": str(error)}
-    out: dict[str, Any] = _loop(model, optimizer, loader)
+    if accum:  # ACCUM micro-batches a step: phalanx's px.accumulate, or torch's own accumulation
+        out: dict[str, Any] = _accumulated(model, optimizer, loader, px if accum == "px" else None)
+    else:
+        out = _loop(model, optimizer, loader)
     out["losses"] = [float(px.reduce(torch.tensor(x), "mean")) for x in out["losses"]]
     named = list(px.unwrap_model(model).named_parameters())
     out["local_experts"] = [tuple(getattr(p, "to_local", p.detach)().shape) for n, p in named if ".experts." in n][:1]
@@ -176,9 +215,9 @@ def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux:
     if checkpoint:
         out["checkpoint"] = _saved(px, optimizer, checkpoint)
     if px.rank == 0:
-        out["reference"] = _loop(
-            start, torch.optim.AdamW(start.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH)
-        )
+        one = torch.optim.AdamW(start.parameters(), lr=LR)
+        whole = DataLoader(_data(), batch_size=BATCH)
+        out["reference"] = _accumulated(start, one, whole) if accum else _loop(start, one, whole)
         out["reference"]["state"] = {k: v.detach().clone().float() for k, v in start.state_dict().items()}
     return out
 
@@ -191,7 +230,19 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
         if "resume" in case:
             out[name] = resume(px, case["family"], case["resume"])
             continue
-        out[name] = train(px, case["family"], case.get("experts", 4), case.get("checkpoint", ""), case.get("aux", 0.0))
+        options = case["settings"].get("strategy_options", {})
+        factor = options.get("capacity_factor", options.get("ep_plan", {}).get("capacity_factor"))
+        if factor:  # (0 is refused at prepare: train says so)
+            out[name] = capacity(px, factor)
+            continue
+        out[name] = train(
+            px,
+            case["family"],
+            case.get("experts", 4),
+            case.get("checkpoint", ""),
+            case.get("aux", 0.0),
+            case.get("accum", ""),
+        )
     return out
 
 
@@ -245,3 +296,68 @@ def ep_pp(steps: int = 4, strategy: str = "ddp") -> dict[str, Any]:
 def ep_pp_layouts() -> dict[str, dict[str, Any]]:
     """`ep_pp` under ddp and zero3, one process group for both."""
     return {strategy: ep_pp(strategy=strategy) for strategy in ("ddp", "zero3")}
+
+
+def _capped(experts: nn.Module, factor: float, drops: dict[str, int], name: str) -> None:
+    """`experts` (one process's, whole) computing only the choices a capacity keeps, written plainly:
+    each expert takes its first ceil(factor x choices / experts) choices, token by token, each token's
+    in top-k order (the global batch is the ranks' rows in rank order); the others get weight 0.
+    Their count per layer is added to `drops`."""
+    forward = experts.forward
+
+    def capped(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        flat = index.reshape(-1)
+        count = experts.gate_up_proj.shape[0]
+        capacity = math.ceil(factor * flat.numel() / count)
+        kept = torch.zeros_like(flat, dtype=torch.bool)
+        for expert in range(count):
+            kept[(flat == expert).nonzero().squeeze(1)[:capacity]] = True
+        drops[name] = drops.get(name, 0) + int((~kept).sum())
+        return forward(hidden, index, weights * kept.view_as(weights))
+
+    experts.forward = capped
+
+
+def capacity(px: Phalanx, factor: float) -> dict[str, Any]:
+    """STEPS steps of tiny Qwen3-MoE under ep with a capacity `factor`: losses, norms, final weights and
+    `px.moe_dropped_tokens` after each step; rank 0 adds one process's on the ranks' rows in rank order,
+    its experts capped by `_capped` (drops counted there)."""
+    import logging
+
+    start = make_model("qwen3_moe")
+    model = copy.deepcopy(start)
+    model, optimizer, loader = px.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH // px.dp_size)
+    )
+    said: list[str] = []  # what the main process logs after each step
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("phalanx.expert_parallel").addHandler(handler)
+    out: dict[str, Any] = {"losses": [], "norms": [], "drops": [], "batches": [], "said": said}
+    for (batch,) in loader:
+        out["batches"].append(px.gather(batch))  # the global batch, the ranks' rows in rank order
+        step = _loop(model, optimizer, [(batch,)], steps=1)
+        out["losses"].append(float(px.reduce(torch.tensor(step["losses"][0]), "mean")))
+        out["norms"] += step["norms"]
+        out["drops"].append(px.moe_dropped_tokens)
+        if len(out["losses"]) == STEPS:
+            break
+    logging.getLogger("phalanx.expert_parallel").removeHandler(handler)
+    out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
+    if px.rank == 0:
+        drops: dict[str, int] = {}
+        for name, module in start.named_modules():
+            if name.endswith("mlp.experts"):
+                _capped(module, factor, drops, name)
+        one = torch.optim.AdamW(start.parameters(), lr=LR)
+        ref: dict[str, Any] = {"losses": [], "norms": [], "drops": []}
+        for batch in out["batches"]:
+            step = _loop(start, one, [(batch,)], steps=1)
+            ref["losses"] += step["losses"]
+            ref["norms"] += step["norms"]
+            ref["drops"].append(dict(drops))
+            drops.clear()
+        ref["state"] = {k: v.detach().clone().float() for k, v in start.state_dict().items()}
+        out["reference"] = ref
+    del out["batches"]
+    return out

@@ -22,6 +22,13 @@ CASES = {
     "qwen3_moe": {"family": "qwen3_moe", "settings": EP2},
     "qwen3_moe zero3": {"family": "qwen3_moe", "settings": {"strategy": "zero3", "ep": 2}},
     "qwen3_moe aux": {"family": "qwen3_moe", "settings": EP2, "aux": 0.05},  # the router's load-balancing loss
+    # 2 micro-batches a step: px.accumulate (no_sync on the first), and torch's own (each loss / 2)
+    "qwen3_moe accum": {"family": "qwen3_moe", "settings": {**EP2, "grad_accum_steps": 2}, "accum": "px"},
+    "qwen3_moe torch accum": {"family": "qwen3_moe", "settings": EP2, "accum": "torch"},
+    # a capacity per expert: ceil(factor x 64 tokens x 2 / 4); 4.0 keeps every choice, 0.75 drops some
+    "capacity 4.0": {"family": "qwen3_moe", "settings": {**EP2, "strategy_options": {"capacity_factor": 4.0}}},
+    "capacity 0.75": {"family": "qwen3_moe", "settings": {**EP2, "strategy_options": {"capacity_factor": 0.75}}},
+    "capacity 0": {"family": "qwen3_moe", "settings": {**EP2, "strategy_options": {"capacity_factor": 0}}},
     "zero1": {"family": "qwen3_moe", "settings": {"strategy": "zero1", "ep": 2}},
     "dense model": {"family": "dense", "settings": EP2},
     "3 experts": {"family": "mixtral", "experts": 3, "settings": EP2},
@@ -31,6 +38,15 @@ MORE = {
     "olmoe": {"family": "olmoe", "settings": EP2},
     "gpt_oss": {"family": "gpt_oss", "settings": EP2},
     "deepseek_v3": {"family": "deepseek_v3", "settings": EP2},  # shared experts beside the routed ones
+    "qwen3_moe zero3 accum": {
+        "family": "qwen3_moe",
+        "settings": {"strategy": "zero3", "ep": 2, "grad_accum_steps": 2},
+        "accum": "px",
+    },
+    "capacity 0.75 zero3 ep_plan": {  # given in the ep plan's options, under zero3
+        "family": "qwen3_moe",
+        "settings": {"strategy": "zero3", "ep": 2, "strategy_options": {"ep_plan": {"capacity_factor": 0.75}}},
+    },
     "qwen3_moe cp2": {"family": "qwen3_moe", "settings": {**EP2, "cp": 2}},  # ep's ranks are the cp ranks
     "user ep_plan": {
         "family": "qwen3_moe",
@@ -86,10 +102,23 @@ def test_ep2_equals_one_process(ranks, name):
     _equal_to_one_process(ranks, name)
 
 
+@pytest.mark.parametrize("name", ["qwen3_moe accum", "qwen3_moe torch accum"])
+def test_ep2_gradient_accumulation_equals_one_process(ranks, name):
+    """grad_accum_steps=2 with px.accumulate, and torch's accumulation (two backwards, one step), under
+    ddp ep 2: one process accumulating the same 2 global micro-batches a step (3 steps)."""
+    _equal_to_one_process(ranks, name)
+    assert len(ranks[0][name]["norms"]) == len(ranks[0][name]["reference"]["norms"]) == 3
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(MORE))
+@pytest.mark.parametrize("name", [name for name in MORE if not name.startswith("capacity")])
 def test_ep2_equals_one_process_more_families(name):
     _equal_to_one_process(_spawned(MORE), name)
+
+
+@pytest.mark.slow
+def test_a_capacity_factor_in_the_ep_plan_under_zero3():
+    _capacity_as_one_process(_spawned(MORE), "capacity 0.75 zero3 ep_plan")
 
 
 @pytest.mark.slow
@@ -107,6 +136,35 @@ def _spawned(cases: dict, world: int = 2) -> list[dict]:
     if id(cases) not in _spawns:
         _spawns[id(cases)] = run_ranks("tests.dist.ep_workloads:matrix", world, args=(cases,), timeout=500)
     return _spawns[id(cases)]
+
+
+@pytest.mark.parametrize("name", ["capacity 4.0", "capacity 0.75"])
+def test_a_capacity_factor_drops_counts_and_equals_one_process_dropping_alike(ranks, name):
+    """Each expert takes at most ceil(factor x tokens x top_k / experts) of its group's token-choices,
+    in the ranks' order: one process capping its experts by the same rule (written plainly in the
+    workload) trains alike, and drops the same choices per layer and step as px.moe_dropped_tokens says."""
+    _capacity_as_one_process(ranks, name)
+
+
+def _capacity_as_one_process(ranks: list[dict], name: str) -> None:
+    ref = ranks[0][name]["reference"]
+    dropped = sum(n for step in ref["drops"] for n in step.values())
+    assert (dropped == 0) == name.startswith("capacity 4.0"), ref["drops"]  # 0.75: some drop at every step
+    for rank in ranks:
+        run = rank[name]
+        torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
+        torch.testing.assert_close(torch.tensor(run["norms"]), torch.tensor(ref["norms"]), rtol=2e-4, atol=0)
+        assert run["drops"] == ref["drops"]  # per step, per layer, exact
+    assert len(ref["drops"]) == 5 and set(ref["drops"][0]) == {f"model.layers.{i}.mlp.experts" for i in range(2)}
+    said = ranks[0][name]["said"]  # one line a step on the main process
+    assert said == [
+        f"moe/dropped_tokens {sum(step.values())} (" + ", ".join(f"{k}: {v}" for k, v in sorted(step.items())) + ")"
+        for step in ref["drops"]
+    ], said
+    assert ranks[1][name]["said"] == []
+    state = ranks[0][name]["state"]
+    for key, value in ref["state"].items():
+        torch.testing.assert_close(state[key], value, rtol=2e-4, atol=1e-5, msg=key)
 
 
 def test_a_checkpoint_saved_under_ep2_loads_in_one_process_and_resumes(ranks):
@@ -180,5 +238,7 @@ def test_what_ep_cannot_lay_out_is_refused_at_prepare(ranks):
         assert "ep=2" in dense and "LlamaForCausalLM has no mixture-of-experts layer" in dense and "HINT" in dense
         odd = rank["3 experts"]["refused"]
         assert "hold 3 experts each" in odd and "model.layers.0.mlp.experts" in odd and "HINT: choose ep among" in odd
+        zero = rank["capacity 0"]["refused"]
+        assert "capacity_factor=0 is not a positive number" in zero and "HINT" in zero
         zero1 = rank["zero1"]["refused"]
         assert "ep=2" in zero1 and "zero1 splits" in zero1 and "HINT: use strategy ddp, zero2 or zero3 with ep" in zero1

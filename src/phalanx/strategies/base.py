@@ -54,6 +54,9 @@ class Strategy(Protocol):
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full, unsharded weights (on CPU for sharded strategies) on the main process."""
 
+    def dropped_tokens(self) -> dict[str, int]:
+        """ep with a capacity factor: each MoE layer's token-choices dropped in the last optimizer step."""
+
     def before_step(self) -> None:
         """Once per optimizer step, before clipping (pp: gradients of weights tied across stages summed)."""
 

@@ -47,7 +47,11 @@ class StrategyOptions:
     """tp > 1: {module name pattern: style}; None: the model's own transformers plan."""
     ep_plan: dict[str, str] | None = None
     """ep > 1: {module or parameter name pattern: ep_dispatch_experts | grouped_gemm}; None: the model's
-    own transformers `base_model_ep_plan`."""
+    own transformers `base_model_ep_plan`. It may hold `capacity_factor` too (below)."""
+    capacity_factor: float | None = None
+    """ep > 1: each expert takes at most ceil(capacity_factor x tokens x top_k / experts) token-choices
+    of its ep group per layer and forward, the rest dropped and counted (px.moe_dropped_tokens); None:
+    none dropped (docs/moe.md)."""
     sequence_parallel: bool = False
     """tp > 1: activations between the split layers stay split along the sequence."""
     pp_schedule: str = "1F1B"

@@ -76,7 +76,9 @@ class ParallelStrategy:
         # every name of a tied parameter: a pipeline stage may hold it under one of them only
         before = list(model.named_parameters(remove_duplicate=False))
         # ep: each MoE layer keeps this rank's experts and sends tokens to theirs (before DDP wraps it)
-        experts = expert_parallel.apply(model, self.layout, self.ctx.device, self.options.ep_plan)
+        experts = expert_parallel.apply(
+            model, self.layout, self.ctx.device, self.options.ep_plan, self.options.capacity_factor
+        )
         done = parallelize(
             model,
             self.layout,
@@ -189,6 +191,8 @@ class ParallelStrategy:
             self._point_at_replacements(optimizer)
         if self.plan.shards_parameters or self._experts:  # (ep: DTensor experts beside plain parameters)
             fsdp.prefer_foreach(optimizer)
+        for experts in self._experts.values():  # a capacity's drops are read after each step
+            experts.count_steps(optimizer)
         if self.plan.shards_optimizer_only:
             groups = [dict(group) for group in optimizer.param_groups]
             for grads in self._zero1_grads:  # stepped by chunks: their gradients may be reduce-scattered
@@ -273,6 +277,10 @@ class ParallelStrategy:
         while hasattr(model, "module") and isinstance(model.module, nn.Module):
             model = model.module
         return model
+
+    def dropped_tokens(self) -> dict[str, int]:
+        """ep with a capacity factor: the token-choices each MoE layer dropped in the last optimizer step."""
+        return {layer: n for experts in self._experts.values() for layer, n in experts.drops.last.items()}
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full weights. Sharded parameters are gathered on the main process (on CPU) and other

@@ -31,14 +31,15 @@ gather each expert weight whole.
 
 from __future__ import annotations
 
-from typing import Mapping
+import functools
+from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from phalanx.strategies.expert_parallel import ep_plan
+from phalanx.strategies.expert_parallel import capacity, ep_plan
 from phalanx.strategies.expert_parallel.dispatch import Dispatch
 from phalanx.strategies.grad_norm import total_norm
 from phalanx.strategies.layout import Layout
@@ -48,7 +49,12 @@ class ExpertParallel:
     """The experts of one prepared model, split over this rank's ep group."""
 
     def __init__(
-        self, model: nn.Module, layout: Layout, device: torch.device, user_plan: Mapping[str, str] | None = None
+        self,
+        model: nn.Module,
+        layout: Layout,
+        device: torch.device,
+        user_plan: Mapping[str, Any] | None = None,
+        capacity_factor: float | None = None,
     ):
         plan = layout.plan
         _refuse_compositions(model, layout)
@@ -56,6 +62,10 @@ class ExpertParallel:
         self.ranks = plan.ep
         self.group = layout.group("ep")
         self.copies = layout.group("ep_replicate") if plan.ep_replicate > 1 else None
+        self.capacity_factor = capacity.factor(capacity_factor, user_plan, plan.describe())
+        # the token-choices a capacity dropped, per layer and step (counted only under a capacity factor)
+        self.drops = capacity.Drops(device, self.copies, log=layout.root.get_rank() == 0)
+        self._counting = False  # an optimizer's steps end the drops' steps
         mesh = layout.mesh("ep")
         rank = mesh.get_local_rank()
         self.names: list[str] = []  # full names (in `model`) of the split weights
@@ -75,11 +85,25 @@ class ExpertParallel:
             if hasattr(experts.module, "num_experts"):
                 experts.module.num_experts = local  # the model's forward counts its local experts
             experts.module.forward = Dispatch(
-                experts.module, experts.params, self.group, self.ranks, local, self._reduce
+                experts.module,
+                experts.params,
+                self.group,
+                self.ranks,
+                local,
+                self._reduce,
+                rank,
+                self.capacity_factor,
+                functools.partial(self.drops.add, experts.name),
             )
         # DDP leaves them alone: their gradients are reduced here, over the ranks holding the same experts
         ignored = list(getattr(model, "_ddp_params_and_buffers_to_ignore", ())) + self.names
         model._ddp_params_and_buffers_to_ignore = ignored
+
+    def count_steps(self, optimizer: torch.optim.Optimizer) -> None:
+        """Under a capacity factor, the drops are the step's from `optimizer`'s steps on (the first one given)."""
+        if self.capacity_factor is not None and not self._counting:
+            self._counting = True
+            optimizer.register_step_post_hook(self.drops.end_step)
 
     def _reduce(self, grad: torch.Tensor) -> torch.Tensor:
         """The gradient of one use of this rank's part of a split weight, as one process's (above)."""
@@ -129,13 +153,18 @@ def _refuse_compositions(model: nn.Module, layout: Layout) -> None:
 
 
 def apply(
-    model: nn.Module, layout: Layout, device: torch.device, user_plan: Mapping[str, str] | None = None
+    model: nn.Module,
+    layout: Layout,
+    device: torch.device,
+    user_plan: Mapping[str, Any] | None = None,
+    capacity_factor: float | None = None,
 ) -> ExpertParallel | None:
     """Split `model`'s experts over the layout's ep ranks, on `device` (before data parallel wraps the
-    rest: DDP, or FSDP2 under zero2/zero3, both leaving the experts to this package); None when ep is 1."""
+    rest: DDP, or FSDP2 under zero2/zero3, both leaving the experts to this package); None when ep is 1
+    (the model's own experts compute every token: a capacity factor drops nothing there)."""
     if layout.plan.ep == 1:
         return None
-    return ExpertParallel(model, layout, device, user_plan)
+    return ExpertParallel(model, layout, device, user_plan, capacity_factor)
 
 
 __all__ = ["ExpertParallel", "apply"]

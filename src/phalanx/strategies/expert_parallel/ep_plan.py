@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 import math
-from typing import Mapping
+from typing import Any, Mapping
 
 from torch import nn
 
@@ -39,10 +39,12 @@ def _regex(pattern: str) -> re.Pattern[str]:
     return re.compile(r"^(?:[^.]+\.)?" + r"\.".join(parts) + "$")
 
 
-def model_plan(model: nn.Module, user_plan: Mapping[str, str] | None) -> dict[str, str]:
-    """The plan to apply: the user's, else the model's `config.base_model_ep_plan` (empty when none)."""
-    if user_plan:
-        return dict(user_plan)
+def model_plan(model: nn.Module, user_plan: Mapping[str, Any] | None) -> dict[str, str]:
+    """The plan to apply: the user's (less its `capacity_factor`, an option: capacity.py), else the
+    model's `config.base_model_ep_plan` (empty when none)."""
+    patterns = {k: v for k, v in (user_plan or {}).items() if k != "capacity_factor"}
+    if patterns:
+        return patterns
     return dict(getattr(getattr(model, "config", None), "base_model_ep_plan", None) or {})
 
 
