@@ -121,6 +121,7 @@ def _saved(px: Phalanx, model: nn.Module, optimizer: Any, path: str) -> dict[str
     saved = px.save_state(path)
     px.wait_for_everyone()
     return {
+        "path": str(saved),
         "one_process": {k: v.float() for k, v in export.full_state_dict(saved).items()},
         "moments": _moments(px.unwrap_model(model), optimizer),
     }

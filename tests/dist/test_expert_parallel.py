@@ -4,7 +4,8 @@ process with no phalanx: per-step loss and grad norm (torch's clip_grad_norm_) w
 weights gathered to their one-process names and shapes; the non-expert parameters data parallel
 (ddp) or sharded (zero3) over the same ranks; on 4 ranks, 2 copies of each expert. A checkpoint
 saved under ep 2 reads in one process with one-process names and resumes under ep 2, zero3, ep 4 (4
-ranks) or tp 2 (and theirs under ep 2), the next step equal to one process. Under pp 2 x ep 2 (4 ranks) each stage's
+ranks) or tp 2 (and theirs under ep 2), the next step equal to one process; `phalanx export` of it
+is the one-process model's transformers directory. Under pp 2 x ep 2 (4 ranks) each stage's
 data-parallel ranks split its experts, equal to one process. What ep cannot
 lay out is refused at prepare."""
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.dist.ep_workloads import make_model
 from tests.dist.harness import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
@@ -145,6 +147,39 @@ def _resumed_as_saved(ranks: list[dict], saved: str, resumed: str, saved_in: lis
         nxt = rank[resumed]["next"]
         torch.testing.assert_close(torch.tensor(nxt["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
         torch.testing.assert_close(torch.tensor(nxt["norms"]), torch.tensor(ref["norms"]), rtol=2e-4, atol=0)
+
+
+def test_phalanx_export_of_an_ep2_checkpoint_is_the_one_process_models_transformers_directory(ranks, tmp_path):
+    """`phalanx export --format hf --config-from` of the checkpoint saved under ddp ep 2: the files
+    save_pretrained writes for the one-process model (each expert apart), which from_pretrained
+    loads to the same weights and which generates the same tokens."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from phalanx import cli
+
+    trained = ranks[0]["qwen3_moe"]["state"]
+    one = make_model("qwen3_moe")  # the one-process model holding the trained weights
+    one.load_state_dict(trained)
+    one.save_pretrained(tmp_path / "saved")  # what transformers writes: config.json and the weights
+    out = tmp_path / "exported"
+    checkpoint = ranks[0]["qwen3_moe"]["checkpoint"]["path"]
+    assert cli.main(["export", checkpoint, str(out), "--format", "hf", "--config-from", str(tmp_path / "saved")]) == 0
+    keys = {}
+    for folder in ("saved", "exported"):
+        keys[folder] = set()
+        for file in (tmp_path / folder).glob("*.safetensors"):
+            with safe_open(str(file), framework="pt") as f:
+                keys[folder] |= set(f.keys())
+    assert keys["exported"] == keys["saved"] and "model.layers.0.mlp.experts.3.gate_proj.weight" in keys["exported"]
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    state = loaded.state_dict()
+    assert state.keys() == one.state_dict().keys()
+    for key, value in one.state_dict().items():
+        assert torch.equal(state[key], value), key
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    settings = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(loaded.generate(prompt, **settings), one.generate(prompt, **settings))
 
 
 @pytest.mark.slow
