@@ -101,36 +101,31 @@ def _loop(model: nn.Module, optimizer: Any, batches: Any, steps: int = STEPS) ->
     return {"losses": losses, "norms": norms}
 
 
-def _exp_avg(optimizer: Any) -> list[torch.Tensor]:
-    """This rank's part of each expert weight's AdamW exp_avg."""
-    return [
-        optimizer.state[p]["exp_avg"].to_local().clone()
-        for group in optimizer.param_groups
-        for p in group["params"]
-        if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state
-    ]
+def _moments(model: nn.Module, optimizer: Any) -> dict[str, dict[str, torch.Tensor]]:
+    """Each expert weight's AdamW moments (exp_avg, exp_avg_sq), whole (every rank joins the gathers),
+    by its one-process name: comparable between layouts that split the experts differently."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.dim() == 3 and p in optimizer.state:
+                state = optimizer.state[p]
+                out[names[id(p)]] = {
+                    k: getattr(state[k], "full_tensor", state[k].detach)().clone() for k in ("exp_avg", "exp_avg_sq")
+                }
+    return out
 
 
-def _moments(optimizer: Any) -> list[torch.Tensor]:
-    """This rank's part of each expert weight's AdamW exp_avg_sq (the second moment)."""
-    return [
-        optimizer.state[p]["exp_avg_sq"].to_local().clone()
-        for group in optimizer.param_groups
-        for p in group["params"]
-        if hasattr(p, "device_mesh") and p.dim() == 3 and p in optimizer.state
-    ]
-
-
-def _saved(px: Phalanx, optimizer: Any, path: str) -> dict[str, Any]:
+def _saved(px: Phalanx, model: nn.Module, optimizer: Any, path: str) -> dict[str, Any]:
     """Save under this layout and read it back in one process (no group: `phalanx export`'s reader)."""
     from phalanx.checkpoint import export
 
     saved = px.save_state(path)
     px.wait_for_everyone()
     return {
+        "path": str(saved),
         "one_process": {k: v.float() for k, v in export.full_state_dict(saved).items()},
-        "exp_avg": _exp_avg(optimizer),
-        "exp_avg_sq": _moments(optimizer),
+        "moments": _moments(px.unwrap_model(model), optimizer),
     }
 
 
@@ -143,8 +138,7 @@ def resume(px: Phalanx, family: str, path: str) -> dict[str, Any]:
     px.load_state(path)
     out: dict[str, Any] = {
         "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
-        "exp_avg": _exp_avg(optimizer),
-        "exp_avg_sq": _moments(optimizer),
+        "moments": _moments(px.unwrap_model(model), optimizer),
     }
     # one more step: the saving loop left its pass (`break`), so the loader resumes at the next
     # pass's first batch; one process does the same after its STEPS steps
@@ -213,7 +207,7 @@ def train(
     out["sharded"] = sorted(n for n, p in named if hasattr(p, "device_mesh") and ".experts." not in n)
     out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
     if checkpoint:
-        out["checkpoint"] = _saved(px, optimizer, checkpoint)
+        out["checkpoint"] = _saved(px, model, optimizer, checkpoint)
     if px.rank == 0:
         one = torch.optim.AdamW(start.parameters(), lr=LR)
         whole = DataLoader(_data(), batch_size=BATCH)

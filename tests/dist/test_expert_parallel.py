@@ -3,8 +3,9 @@ split over 2 gloo ranks (2 of 4 each) and tokens sent to them by all-to-all, tra
 process with no phalanx: per-step loss and grad norm (torch's clip_grad_norm_) within 2e-4, final
 weights gathered to their one-process names and shapes; the non-expert parameters data parallel
 (ddp) or sharded (zero3) over the same ranks; on 4 ranks, 2 copies of each expert. A checkpoint
-saved under ep 2 reads in one process with one-process names and resumes under ep 2 or zero3 (and
-zero3's under ep 2), the next step equal to one process. Under pp 2 x ep 2 (4 ranks) each stage's
+saved under ep 2 reads in one process with one-process names and resumes under ep 2, zero3, ep 4 (4
+ranks) or tp 2 (and theirs under ep 2), the next step equal to one process; `phalanx export` of it
+is the one-process model's transformers directory. Under pp 2 x ep 2 (4 ranks) each stage's
 data-parallel ranks split its experts, equal to one process. What ep cannot
 lay out is refused at prepare."""
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.dist.ep_workloads import make_model
 from tests.dist.harness import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
@@ -177,28 +179,65 @@ def test_a_checkpoint_saved_under_ep2_loads_in_one_process_and_resumes(ranks):
         for key, value in trained.items():
             assert torch.equal(one[key], value), key
         resumed = rank["resumed"]
-        assert len(resumed["exp_avg"]) == len(saved["exp_avg"]) == 4  # each rank's part of the 4 expert weights
-        for before, after in zip(saved["exp_avg"], resumed["exp_avg"]):
-            assert torch.equal(before, after)
+        assert saved["moments"].keys() == resumed["moments"].keys()
+        assert len(saved["moments"]) == 4  # the 4 expert weights (2 layers x gate_up, down), whole
+        for name, moments in saved["moments"].items():
+            for moment, value in moments.items():
+                assert torch.equal(resumed["moments"][name][moment], value), (name, moment)
     for key, value in trained.items():
         assert torch.equal(ranks[0]["resumed"]["state"][key], value), key
     _resumed_as_saved(ranks, "qwen3_moe", "resumed")
 
 
-def _resumed_as_saved(ranks: list[dict], saved: str, resumed: str) -> None:
-    """`resumed` holds `saved`'s weights and AdamW moments (bitwise, or 1e-6) and its next step is one process's."""
-    for key, value in ranks[0][saved]["state"].items():
+def _resumed_as_saved(ranks: list[dict], saved: str, resumed: str, saved_in: list[dict] | None = None) -> None:
+    """`resumed` holds `saved`'s weights and AdamW moments (1e-6) and its next step is one process's;
+    `saved_in`: the ranks that saved, when another spawn (another world size) did."""
+    saved_in = saved_in or ranks
+    for key, value in saved_in[0][saved]["state"].items():
         torch.testing.assert_close(ranks[0][resumed]["state"][key], value, rtol=1e-6, atol=1e-6, msg=key)
     ref = ranks[0][resumed]["reference"]  # one process's step after its STEPS
     for rank in ranks:
-        for moment in ("exp_avg", "exp_avg_sq"):  # each rank's 2 of the 4 experts, under both layouts
-            before, after = rank[saved]["checkpoint"][moment], rank[resumed][moment]
-            assert len(before) == len(after) == 4, (moment, len(before), len(after))
-            for b, a in zip(before, after):
-                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        before, after = saved_in[0][saved]["checkpoint"]["moments"], rank[resumed]["moments"]
+        assert before.keys() == after.keys() and len(before) == 4, (sorted(before), sorted(after))
+        for name, moments in before.items():  # each expert weight's, whole, however either layout split it
+            for moment, value in moments.items():
+                torch.testing.assert_close(after[name][moment], value, rtol=1e-6, atol=1e-6, msg=f"{name} {moment}")
         nxt = rank[resumed]["next"]
         torch.testing.assert_close(torch.tensor(nxt["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
         torch.testing.assert_close(torch.tensor(nxt["norms"]), torch.tensor(ref["norms"]), rtol=2e-4, atol=0)
+
+
+def test_phalanx_export_of_an_ep2_checkpoint_is_the_one_process_models_transformers_directory(ranks, tmp_path):
+    """`phalanx export --format hf --config-from` of the checkpoint saved under ddp ep 2: the files
+    save_pretrained writes for the one-process model (each expert apart), which from_pretrained
+    loads to the same weights and which generates the same tokens."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from phalanx import cli
+
+    trained = ranks[0]["qwen3_moe"]["state"]
+    one = make_model("qwen3_moe")  # the one-process model holding the trained weights
+    one.load_state_dict(trained)
+    one.save_pretrained(tmp_path / "saved")  # what transformers writes: config.json and the weights
+    out = tmp_path / "exported"
+    checkpoint = ranks[0]["qwen3_moe"]["checkpoint"]["path"]
+    assert cli.main(["export", checkpoint, str(out), "--format", "hf", "--config-from", str(tmp_path / "saved")]) == 0
+    keys = {}
+    for folder in ("saved", "exported"):
+        keys[folder] = set()
+        for file in (tmp_path / folder).glob("*.safetensors"):
+            with safe_open(str(file), framework="pt") as f:
+                keys[folder] |= set(f.keys())
+    assert keys["exported"] == keys["saved"] and "model.layers.0.mlp.experts.3.gate_proj.weight" in keys["exported"]
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    state = loaded.state_dict()
+    assert state.keys() == one.state_dict().keys()
+    for key, value in one.state_dict().items():
+        assert torch.equal(state[key], value), key
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    settings = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(loaded.generate(prompt, **settings), one.generate(prompt, **settings))
 
 
 @pytest.mark.slow
@@ -214,6 +253,32 @@ def test_a_checkpoint_moves_between_ep2_and_zero3(tmp_path):
     ranks = run_ranks("tests.dist.ep_workloads:matrix", 2, args=(cases,), timeout=500)
     _resumed_as_saved(ranks, "ep2 saved", "zero3 from ep2")
     _resumed_as_saved(ranks, "zero3 saved", "ep2 from zero3")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_moves_between_ep2_ep4_and_tp2(tmp_path):
+    """Saved under ddp ep 2 (2 ranks), resumed under ep 4 (4 ranks) and under tp 2 (no ep, the experts
+    split by transformers' MoE tp styles); saved under ep 4 and under tp 2, resumed under ep 2."""
+    tp2, ep4 = {"strategy": "ddp", "tp": 2}, {"strategy": "ddp", "ep": 4}
+    path = {name: str(tmp_path / name) for name in ("ep2", "tp2", "ep4")}
+    two = {
+        "ep2 saved": {"family": "qwen3_moe", "settings": EP2, "checkpoint": path["ep2"]},
+        "tp2 saved": {"family": "qwen3_moe", "settings": tp2, "checkpoint": path["tp2"]},
+        "tp2 from ep2": {"family": "qwen3_moe", "settings": tp2, "resume": path["ep2"]},
+        "ep2 from tp2": {"family": "qwen3_moe", "settings": EP2, "resume": path["tp2"]},
+    }
+    saved_by_two = run_ranks("tests.dist.ep_workloads:matrix", 2, args=(two,), timeout=500)
+    four = {  # the 4-rank cases in one spawn
+        "ep4 from ep2": {"family": "qwen3_moe", "settings": ep4, "resume": path["ep2"]},
+        "ep4 saved": {"family": "qwen3_moe", "settings": ep4, "checkpoint": path["ep4"]},
+    }
+    by_four = run_ranks("tests.dist.ep_workloads:matrix", 4, args=(four,), timeout=500)
+    back = {"ep2 from ep4": {"family": "qwen3_moe", "settings": EP2, "resume": path["ep4"]}}
+    by_two = run_ranks("tests.dist.ep_workloads:matrix", 2, args=(back,), timeout=500)
+    _resumed_as_saved(saved_by_two, "ep2 saved", "tp2 from ep2")
+    _resumed_as_saved(saved_by_two, "tp2 saved", "ep2 from tp2")
+    _resumed_as_saved(by_four, "ep2 saved", "ep4 from ep2", saved_in=saved_by_two)
+    _resumed_as_saved(by_two, "ep4 saved", "ep2 from ep4", saved_in=by_four)
 
 
 @pytest.mark.slow

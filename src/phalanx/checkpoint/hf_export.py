@@ -6,6 +6,13 @@ decides which tensor goes to which shard (in order, each shard at most `max_shar
 tensor alone is larger, as `transformers`' `save_pretrained` does). `from_pretrained` also needs
 `config.json`: `config_from` names a directory (e.g. one written by `model.config.save_pretrained`
 and `tokenizer.save_pretrained`) whose config and tokenizer files are copied next to the weights.
+
+With that config, the tensors are written in the layout the model's own `save_pretrained` writes:
+transformers 5 holds a mixture-of-experts layer's experts fused (`mlp.experts.gate_up_proj`
+[E, 2I, H]) and saves them one tensor per expert (`mlp.experts.3.gate_proj.weight`, Mixtral's
+`block_sparse_moe.experts.3.w1.weight`) through its conversion mapping reversed; the same code
+(`revert_weight_conversion`) runs here, so the directory is the one-process model's, whatever layout
+(ep, tp, zero3) saved the checkpoint.
 """
 
 from __future__ import annotations
@@ -100,6 +107,8 @@ def write(
             "HINT: export to a new directory (stale shards would mix with the new ones)"
         )
     out.mkdir(parents=True, exist_ok=True)
+    if config_from is not None:
+        state = transformers_layout(state, config_from)
     state = {name: tensor.contiguous() for name, tensor in state.items()}
     writer = HuggingFaceStorageWriter(str(out), fqn_to_index_mapping=shard_plan(state, max_bytes))
     with warnings.catch_warnings():
@@ -108,3 +117,27 @@ def write(
     if config_from is not None:
         copy_config(config_from, out)
     return out
+
+
+def transformers_layout(state: dict[str, Any], config_from: str | Path) -> dict[str, Any]:
+    """`state` (the model's own names) as the model of `config_from`'s config.json saves it with
+    `save_pretrained` (transformers' conversion mapping reversed: the experts one tensor each);
+    `state` unchanged where transformers is absent or knows no such model."""
+    try:
+        import transformers
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # no transformers: the model's own names are all there is
+        return state
+    import torch
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(config_from))
+    except (ValueError, KeyError, OSError):  # a model_type transformers does not know (remote code)
+        return state
+    arch = getattr(transformers, (getattr(config, "architectures", None) or [""])[0], None)
+    with torch.device("meta"):  # only its module tree and config: which mapping applies
+        try:
+            model = arch(config) if arch is not None else transformers.AutoModelForCausalLM.from_config(config)
+        except ValueError:  # no causal LM class for this config: its names as they are
+            return state
+    return revert_weight_conversion(model, state)

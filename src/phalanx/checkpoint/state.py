@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from phalanx.checkpoint import tied_names
+from phalanx.checkpoint import strided, tied_names
 
 
 def base_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -66,6 +66,7 @@ class ModelAndOptimizers(Stateful):
     flat: bool = True
     tied: Mapping[str, str] = field(default_factory=dict)
     _live_keys: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _strided: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)  # part -> key -> placements
 
     def _options(self) -> StateDictOptions:
         return StateDictOptions(flatten_optimizer_state_dict=self.flat)
@@ -80,13 +81,17 @@ class ModelAndOptimizers(Stateful):
                 live["optim"] = get_optimizer_state_dict(self.model, self.optimizers, options=self._options())
         # DCP asks for this dict on load too (the keys to read): remember what each part holds here
         self._live_keys = {part: list(values) for part, values in live.items()}
-        return {part: tied_names.to_saved(values, self._tied()) for part, values in live.items()}
+        saveable = {part: strided.to_saveable(values) for part, values in live.items()}
+        self._strided = {part: kept for part, (_, kept) in saveable.items()}
+        return {part: tied_names.to_saved(values, self._tied()) for part, (values, _) in saveable.items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self._live_keys:
             self.state_dict()
         live = {
-            part: tied_names.from_saved(values, self._live_keys[part], self._tied())
+            part: strided.from_saveable(
+                tied_names.from_saved(values, self._live_keys[part], self._tied()), self._strided.get(part, {})
+            )
             for part, values in state_dict.items()
         }
         set_model_state_dict(self.model, live["model"], options=StateDictOptions(strict=True))
