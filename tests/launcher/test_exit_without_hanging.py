@@ -4,7 +4,8 @@ Under `--start-method spawn` a script that leaves its gloo process group to the 
 finalization (Accelerate's, many torch scripts) could hang there after its last step (gloo's
 `~AsyncAllgatherWork` waiting on the interpreter lock; torchrun hangs the same way), and the
 timeout that finally stopped it printed "preempted by SIGTERM: nothing was saved". The spawned
-worker now ends as a forked one does: exit handlers, flushed output, then os._exit. A job a
+worker now ends as a forked one does: exit handlers, flushed output, then os._exit (under
+`--run-path`, where torch's agent runs the script as a function, once its wrapper is done). A job a
 timeout stops after its last step says so.
 """
 
@@ -26,7 +27,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "teardown_waits.py"
 pytestmark = [pytest.mark.dist]
 
 
-def _launch(tmp_path: Path, start_method: str, *script_args: str) -> tuple[subprocess.Popen, list[tuple[float, str]]]:
+def _launch(
+    tmp_path: Path, start_method: str, *script_args: str, flags: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, list[tuple[float, str]]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
@@ -41,6 +44,7 @@ def _launch(tmp_path: Path, start_method: str, *script_args: str) -> tuple[subpr
             start_method,
             "--run-dir",
             str(tmp_path / "run"),
+            *flags,
             str(SCRIPT),
             *script_args,
         ],
@@ -81,15 +85,30 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("start_method", ["spawn", "fork"])
-def test_a_finished_job_never_waits_on_the_interpreter_s_teardown(start_method, tmp_path):
-    proc, lines = _launch(tmp_path, start_method)
+@pytest.mark.parametrize(
+    "start_method, flags",
+    [("spawn", ()), ("fork", ()), ("spawn", ("--run-path",))],
+    ids=["spawn", "fork", "spawn-run-path"],
+)
+def test_a_finished_job_never_waits_on_the_interpreter_s_teardown(start_method, flags, tmp_path):
+    proc, lines = _launch(tmp_path, start_method, flags=flags)
     code = _wait(proc, timeout=90)  # before: held for the 180 s of the teardown, under spawn
     ended = time.monotonic()
     text = "\n".join(line for _, line in lines)
     assert code == 0, text[-3000:]
     done = _done(lines)
     assert done is not None and ended - done < 30, text[-3000:]
+
+
+@pytest.mark.timeout(240)
+def test_a_script_s_exit_code_under_run_path_ends_its_rank_with_that_code_and_no_teardown(tmp_path):
+    """--run-path runs the script in torch's function entrypoint: the worker ends at multiprocessing's
+    threading shutdown, with the status it would have had (the script's sys.exit code)."""
+    proc, lines = _launch(tmp_path, "spawn", "--exit", "3", flags=("--run-path",))
+    code = _wait(proc, timeout=90)
+    text = "\n".join(line for _, line in lines)
+    assert code == 3 and _done(lines) is not None, text[-3000:]
+    assert "rank 1" in text and "exit code 3" in text, text[-3000:]
 
 
 @pytest.mark.timeout(240)

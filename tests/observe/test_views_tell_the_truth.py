@@ -5,7 +5,10 @@ runs, the records it writes, the dashboard's routes through starlette's test cli
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
 import time
 
 import pytest
@@ -13,6 +16,7 @@ import pytest
 from phalanx.observe import records, table
 from phalanx.observe.anatomy import StepAnatomy
 from phalanx.observe.exchange import Exchange
+from tests.observe.observe_helpers import CHROMIUM, browser_page
 
 VERDICT = "phalanx watchdog: rank 1 (local rank 1 on node 0) went silent at step 40: its process is gone"
 
@@ -109,3 +113,71 @@ def test_earlier_attempts_are_listed_with_the_watchdog_s_verdict(tmp_path, views
     assert page["earlier"]["0"]["verdict"] == VERDICT  # before: empty, read once at the switch
     assert [r["state"] for r in page["earlier"]["0"]["ranks"]] == ["stopped", "stopped"]  # before: "running"
     assert f"attempt 0 (earlier): {VERDICT}" in top
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="no chromium: scripts/ci-chromium-deps installs it (root, apt-get)"
+)
+def test_the_page_in_chromium_shows_each_state_as_it_is(tmp_path):
+    """One browser session through a job's life: an attempt stopped by the watchdog, the resumed
+    attempt at the job's step with a NaN loss, the end, and a status that stopped coming."""
+    pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    pytest.importorskip("uvicorn", reason="the dashboard extra")
+    from phalanx.observe.dashboard import Dashboard
+
+    run_dir = str(tmp_path / "run")
+    board = Dashboard(run_dir, "127.0.0.1:0")
+
+    def write(status: dict, age_s: float = -3600) -> None:  # fresh for an hour: a slow browser start
+        records.write_json(run_dir, records.STATUS, {**status, "time": time.time() - age_s})
+
+    def show(status: dict, wait_for: str, age_s: float = -3600) -> None:
+        write(status, age_s)
+        board.history.sample()
+        page.wait_for_function(f"() => document.body.innerText.includes({json.dumps(wait_for)})", timeout=15_000)
+
+    def rows(selector: str) -> list[list[str]]:
+        return page.eval_on_selector_all(
+            f"#ranks {selector}", "trs => trs.map(tr => [...tr.children].map(td => td.textContent))"
+        )
+
+    first = _exchange(run_dir, job_step=40, batches=40)
+    write({**first.status(), "attempt": "0"})
+    board.start()
+    try:
+        with browser_page(f"http://127.0.0.1:{board.port}/", tmp_path / "profile") as (page, errors):
+            page.wait_for_function("() => document.getElementById('job').textContent.includes('step 40')")
+            assert [r[3] for r in rows("tr.rank")] == ["running", "running"]
+            # the watchdog stopped attempt 0; attempt 1 resumed from step 168, this process read 152
+            # batches, the job is at step 320, and its loss went NaN
+            resumed = _exchange(run_dir, job_step=320, batches=152).status()
+            show({**resumed, "metrics": {"step": 320, "loss": math.nan}}, "loss nan")
+            records.write_text(run_dir, records.verdict_name("0"), VERDICT)
+            board.history.sample()
+            page.wait_for_function("() => document.getElementById('verdict').textContent.length > 0")
+            job = page.text_content("#job")
+            assert job.startswith("running: attempt 1, 2 ranks, step 320, loss nan"), job
+            assert page.text_content("#metrics") == "loss nan"
+            assert [(r[0], r[3], r[4]) for r in rows("tr.rank")] == [("0", "running", "320"), ("1", "running", "320")]
+            assert [(r[0], r[3], r[4]) for r in rows("tr.earlier")] == [
+                ("0", "attempt 0: stopped", "40"),
+                ("1", "attempt 0: stopped", "40"),
+            ]
+            assert page.text_content("#verdict") == f"attempt 0: {VERDICT}\n"
+            # the job ended: no rank reads running, and nothing is marked wrong
+            ended = _exchange(run_dir, job_step=330, batches=162)
+            ended.ended = True
+            show(ended.status(), "ended: attempt 1")
+            assert [(r[3], r[4]) for r in rows("tr.rank")] == [("ended", "330")] * 2
+            assert page.eval_on_selector_all("#ranks tr.rank", "trs => trs.map(tr => tr.className)") == ["rank"] * 2
+            # a status that stopped coming (a killed node): no rank reads running either
+            stale = _exchange(run_dir, job_step=340, batches=172).status()
+            show(stale, "not running (last status", age_s=60)
+            assert [r[3] for r in rows("tr.rank")] == ["stopped (last seen running)"] * 2
+            assert re.match(
+                r"not running \(last status 6\d s old\): attempt 1, 2 ranks, step 340", page.text_content("#job")
+            )
+            assert "running" not in "".join(r[3] for r in rows("tr.earlier"))
+            assert errors == []
+    finally:
+        board.stop()

@@ -18,7 +18,7 @@ import sys
 
 from phalanx import envvars, refusal
 from phalanx.launch import worker_notes
-from phalanx.launch.worker_exit import exit_now
+from phalanx.launch.worker_exit import end_at_thread_shutdown, exit_now
 
 
 def run_target(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
@@ -319,9 +319,11 @@ def run_forked(target: str, is_module: bool, *args: str) -> None:
 
 def run_in_process(target: str, is_module: bool, *args: str) -> None:
     """Entry for `--run-path` with the spawn/forkserver start methods: a fresh interpreter runs the
-    script with runpy (torchrun's run_path); nothing inherited to undo, exit handlers run as usual."""
+    script with runpy (torchrun's run_path); nothing inherited to undo. Once torch's wrapper has
+    handed back the return value, the process ends as a spawned worker's does (`exit_now`: exit
+    handlers, flushed output, no interpreter teardown, where gloo can hang)."""
     line_buffered_output()
-    run_explained(target, is_module, args)
+    end_at_thread_shutdown(lambda: run_explained(target, is_module, args))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ PAGE = """<!doctype html>
 
 SCRIPT = """const TOKEN = new URLSearchParams(location.search).get("token");
 const QS = TOKEN ? "?token=" + encodeURIComponent(TOKEN) : "";
+const OK_STATES = ["running", "ended"];  // a rank of a job that ended well is not marked wrong
 function cell(row, text) { const td = document.createElement("td"); td.textContent = text; row.appendChild(td); }
 function state(r) {
   if (r.state === "silent") return "silent " + Math.round(r.silent_s) + " s (" + r.phase + ", step " + r.step + ")";
@@ -69,7 +70,7 @@ function render(page) {
   const slow = s.straggler ? s.straggler.rank : null;
   s.ranks.forEach(r => {
     const tr = document.createElement("tr");
-    tr.className = "rank" + (r.rank === slow ? " straggler" : "") + (r.state && r.state !== "running" ? " bad" : "");
+    tr.className = "rank" + (r.rank === slow ? " straggler" : "") + (r.state && !OK_STATES.includes(r.state) ? " bad" : "");
     tr.dataset.rank = r.rank;
     [r.rank, r.host ?? "-", r.local_rank ?? "-", state(r), r.step ?? "-", r.steps_per_s ? num(r.steps_per_s, 2) : "-",
      ...phases.map(p => r.phases && p in r.phases ? num(r.phases[p], 1) : "-"), mem(r.memory)].forEach(v => cell(tr, v));
@@ -79,7 +80,7 @@ function render(page) {
   Object.entries(page.earlier).forEach(([attempt, past]) => {
     past.ranks.forEach(r => {
       const tr = document.createElement("tr"); tr.className = "earlier";
-      [r.rank, r.host ?? "-", r.local_rank ?? "-", "attempt " + attempt + " ended (" + state(r) + ")", r.step ?? "-", "-",
+      [r.rank, r.host ?? "-", r.local_rank ?? "-", "attempt " + attempt + ": " + state(r), r.step ?? "-", "-",
        ...phases.map(() => ""), mem(r.memory)].forEach(v => cell(tr, v));
       body.appendChild(tr);
     });

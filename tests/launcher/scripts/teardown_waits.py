@@ -2,7 +2,8 @@
 finishes its training, then waits in the interpreter's teardown, as gloo's `~AsyncAllgatherWork`
 can wait on the interpreter lock there: an object collected at finalization blocks for 180 s (the
 race made certain). `--linger S`: an exit handler also waits S seconds (a job a timeout stops
-after its last step). Each rank prints DONE when training is over."""
+after its last step). `--exit N`: rank 1 then ends with sys.exit(N). Each rank prints DONE when
+training is over."""
 
 import atexit
 import sys
@@ -27,7 +28,11 @@ for _ in range(4):
     optimizer.step()
 gathered = [torch.zeros(1) for _ in range(dist.get_world_size())]
 dist.all_gather(gathered, torch.ones(1), async_op=True).wait()
-held = HeldAtTeardown()  # a module global: collected only when the interpreter tears down
+# held by a module: collected only when the interpreter tears down, also when runpy runs this file
+# (--run-path), whose globals are dropped when it returns
+torch.distributed._held_at_teardown = HeldAtTeardown()
 if "--linger" in sys.argv:
     atexit.register(time.sleep, float(sys.argv[sys.argv.index("--linger") + 1]))
 print("DONE", dist.get_rank(), flush=True)
+if "--exit" in sys.argv and dist.get_rank() == 1:
+    sys.exit(int(sys.argv[sys.argv.index("--exit") + 1]))
