@@ -82,6 +82,12 @@ _PP_CALL = Refused(
     "calling it runs only those stages' units",
     "under pp the model is one stage: the loop must call `px.forward_backward` (the HINT says so)",
 )
+_PP_REPLICAS = Refused(
+    "px.uneven_inputs under pipeline parallel with 2 data-parallel replicas",
+    "under pp x dp a replica out of data cannot meet the others' gradient reductions through its stages: "
+    "`px.uneven_inputs` is refused at the call, where it stopped at the shortest replica's data (the HINT: "
+    "even shards)",
+)
 _NO_TP_PLAN = Refused(
     "has no tensor-parallel plan", "an `nn.Sequential` MLP has no tensor-parallel plan (the HINT: give `tp_plan`)"
 )
@@ -98,6 +104,7 @@ EXPECTED: dict[tuple[str, str], Any] = {
     **{("labels", layout): _PP_CALL for layout in _PP},
     **{("generate", layout): _PP_CALL for layout in _PP},
     **{(idiom, layout): _PP_CALL for idiom in _MODEL_CALL for layout in _PP},
+    ("uneven-reduce", "pp 2 x ddp 2"): _PP_REPLICAS,
     **{(idiom, layout): _NO_TP_PLAN for idiom in (*_MODEL_CALL, "ema") for layout in _TP},
     **{("ema", layout): _CP_NO_SEQUENCE for layout in ("cp 2", "cp 2 x dp 2")},
 }

@@ -4,7 +4,9 @@ layouts and idioms it needs (the whole corpus is test_corpus.py's second tier):
   the shortest one (16 of 20 items trained, 16 of 32 under hsdp; weights 12-15% off torch's Join).
   A rank out of data now runs on batches of no rows (data/shadow_batches.py).
 - `short-last-batch` under hsdp 2 x 2: the rank whose last batch is all padding counted its one
-  repeated item (20 of 19)."""
+  repeated item (20 of 19).
+- `uneven-reduce` under pp 2 x ddp 2: the step-level agreement stopped both replicas at the shorter
+  one's data; `px.uneven_inputs` is now refused at the call, naming even shards as the way out."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 from tests.dist.harness import run_ranks
 from tests.idioms.check import outcome
 from tests.idioms.corpus import write_shards
-from tests.idioms.table import EQUAL, LAYOUTS
+from tests.idioms.table import EQUAL, LAYOUTS, Refused
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
@@ -36,7 +38,7 @@ def _cells(layouts: list[str], idioms: list[str], root: str) -> dict[tuple[str, 
         for idiom in idioms:
             cell = [rank[(layout, idiom)] for rank in ranks]
             key = (idiom, cell[0].get("dp_size")) if idiom == "uneven-reduce" else idiom
-            got, why = outcome(cell, references[key])
+            got, why = outcome(cell, references.get(key))  # None for a refused cell
             out[(layout, idiom)] = got, why, {r.get("dp_rank"): r.get("items") for r in cell}
     return out
 
@@ -57,3 +59,12 @@ def test_hsdp_trains_every_uneven_item_and_counts_the_short_last_batch_exactly(t
     assert sum(items.values()) == 32 and got == EQUAL, f"{got}: {why} ({items})"
     got, why, items = cells[("hsdp 2 x 2", "short-last-batch")]
     assert sum(items.values()) == 19 and got == EQUAL, f"{got}: {why} ({items})"  # the padded rank counts 0
+
+
+@pytest.mark.slow
+def test_uneven_inputs_under_pp_x_ddp_is_refused_at_the_call(tmp_path) -> None:
+    cells = _cells(["pp 2 x ddp 2"], ["uneven-reduce"], str(tmp_path))
+    got, why, _ = cells[("pp 2 x ddp 2", "uneven-reduce")]
+    assert isinstance(got, Refused), f"{got}: {why}"
+    assert "px.uneven_inputs under pipeline parallel with 2 data-parallel replicas" in got.says, got.says
+    assert "HINT: give every data-parallel rank as many batches" in got.says, got.says

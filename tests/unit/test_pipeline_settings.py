@@ -376,8 +376,28 @@ def test_uneven_inputs_under_pp_agree_step_by_step_and_join_is_refused():
     from phalanx.runtime.context import DistContext
     from phalanx.data.uneven import choose_method
 
-    ctx = DistContext(rank=0, world_size=2)
+    ctx = DistContext(rank=0, world_size=2, dp_size=1)  # pp 2: one replica, its stages read the same data
     ddp_like = [nn.Linear(2, 2)]  # what Join would take under ddp is not what decides under pp
     assert choose_method(ddp_like, ctx, "auto", pipeline=True) == "agree"
     with pytest.raises(ValueError, match=r"^phalanx: torch's Join cannot run pipeline stages \(pp > 1\)"):
         choose_method(ddp_like, ctx, "join", pipeline=True)
+
+
+def test_uneven_inputs_under_pp_with_data_parallel_replicas_is_refused_at_the_call():
+    """pp 2 x ddp 2: the step-level agreement stopped every replica at the shortest one's data, the
+    longer ones' extra batches silently untrained (one process trains them all); refused, naming the
+    way out, unless `method="agree"` asks for that stop."""
+    from torch import nn
+
+    from phalanx.data.uneven import uneven_inputs
+    from phalanx.runtime.context import DistContext
+
+    ctx = DistContext(rank=0, world_size=4, dp_size=2)
+    with pytest.raises(ValueError) as refused:
+        uneven_inputs([nn.Linear(2, 2)], ctx, pipeline=True, layout="ddp: pp 2 x dp 2")
+    message = str(refused.value)
+    assert message.startswith(
+        "phalanx: px.uneven_inputs under pipeline parallel with 2 data-parallel replicas (ddp: pp 2 x dp 2)"
+    ), message
+    assert "HINT: give every data-parallel rank as many batches" in message and 'method="agree"' in message
+    assert uneven_inputs([nn.Linear(2, 2)], ctx, method="agree", pipeline=True).method == "agree"

@@ -8,9 +8,13 @@ Two mechanisms behind one context manager, chosen by what the prepared objects s
   rank out of data is handed batches of no rows until every rank is out (data/shadow_batches.py),
   so its forward, backward and step meet its peers' collectives with zero gradients. Every batch
   of every rank is trained on, as under Join.
-- "agree": a step-level agreement for what neither covers (pipeline stages, no model named, or
-  `method="agree"`): before each step all ranks say whether they have a batch, and all stop
-  together as soon as one has none. The longer ranks' extra batches are skipped.
+- "agree": a step-level agreement for what neither covers (pipeline stages of one replica, no
+  model named, or `method="agree"`): before each step all ranks say whether they have a batch, and
+  all stop together as soon as one has none. The longer ranks' extra batches are skipped.
+
+Pipeline stages with several data-parallel replicas (pp x dp) are refused unless `method="agree"`
+asks for that skipping: a replica out of data would have to keep meeting its peers' gradient
+reductions, and Join shadows DDP's all-reduces only, not a stage's sends and receives.
 
     with px.uneven_inputs(model) as uneven:
         for batch in uneven.iter(my_rank_dependent_batches):
@@ -108,18 +112,33 @@ class UnevenInputs:
 _END = object()
 
 
+_PIPELINE_REPLICAS = (
+    "phalanx: px.uneven_inputs under pipeline parallel with {dp} data-parallel replicas{layout}: a replica "
+    "that runs out of data would have to go on meeting the others' gradient reductions through all its "
+    "stages, which torch's Join cannot do (it shadows DDP's all-reduces, not a stage's sends and receives) "
+    "and phalanx does not do under pp. Agreeing step by step would stop every replica at the shortest "
+    "one's data and silently leave the longer ones' extra batches untrained, unlike one process. "
+    "HINT: give every data-parallel rank as many batches (px.prepare(loader) splits a dataset evenly, "
+    "drop_last=True drops the remainder, or cut a stream into equal shards) and drop px.uneven_inputs; "
+    'or pass method="agree" to stop at the shortest replica\'s data on purpose'
+)
+
+
 def choose_method(
     objects: Sequence[Any], ctx: DistContext, method: str = "auto", pipeline: bool = False, layout: str | None = None
 ) -> str:
     """'join' when every model among `objects` is Joinable (ddp), 'shadow' when one is not (FSDP2),
     'agree' when asked or no model is named; 'none' alone.
-    Under pipeline parallel always 'agree': a rank out of data cannot shadow its neighbour stages'
-    point-to-point exchanges, which Join knows nothing of."""
+    Under pipeline parallel 'agree' for one replica (its stages read the same data); with several
+    data-parallel replicas refused unless asked: a replica out of data cannot shadow its peers'
+    reductions through its stages' point-to-point exchanges, which Join knows nothing of."""
     if method not in METHODS:
         raise ValueError(f"uneven_inputs method must be one of {METHODS}, got {method!r}")
     if not ctx.is_distributed:
         return "none"
     if pipeline:
+        if method == "auto" and ctx.dp_size > 1:
+            raise ValueError(_PIPELINE_REPLICAS.format(dp=ctx.dp_size, layout=f" ({layout})" if layout else ""))
         if method == "join":
             raise ValueError(
                 "phalanx: torch's Join cannot run pipeline stages (pp > 1): a rank that ran out of data "
