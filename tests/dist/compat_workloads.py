@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from phalanx import Phalanx
 from tests.layouts import layout as find_layout
-from tests.layouts.compatibility import cell as find_cell
+from tests.layouts.compatibility import COMPILE, cell as find_cell
 from tests.dist.tp_workloads import VOCAB, make_data as lm_data
 
 STEPS, GLOBAL, STOP, MAX_NORM, LR = 6, 8, 3, 1.0, 1e-2
@@ -105,6 +105,12 @@ def _run(
         extra["mixed_precision"] = "bf16"
     if model_name == "cnn-bn":
         extra["sync_batchnorm"] = True
+    if "ac" in features:
+        extra["activation_checkpointing"] = True
+    if "compile" in features:
+        torch._dynamo.reset()  # a fresh process's compile: the cells before compiled the same code
+        extra["compile"] = dict(COMPILE)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     if preempt_dir is not None:
         extra["checkpoint_dir"] = preempt_dir
     try:
@@ -144,6 +150,8 @@ def _run(
             raise AssertionError("SIGTERM did not stop the run")
     except SystemExit as stop:
         out["exit"] = stop.code
+    if "compile" in features:  # what dynamo captured: none would mean the run was eager
+        out["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
     if save is not None:
         px.save_state(save)
     state = px.get_state_dict(model)

@@ -24,7 +24,7 @@ WORKLOADS = "tests.dist.compat_workloads"
 
 
 def _reference_key(c: Cell) -> tuple[str, tuple[str, ...]]:
-    return c.model, tuple(f for f in c.features if f not in ("resume", "preempt"))
+    return c.model, tuple(f for f in c.features if f not in ("resume", "preempt", "ac", "compile"))
 
 
 def run_matrix(cells: list[Cell], tmp: str) -> tuple[dict, dict[str, list[dict]]]:
@@ -55,6 +55,8 @@ def check(c: Cell, refs: dict, ranks: list[dict]) -> None:
         ref = refs[_reference_key(c)]
         if "preempt" in c.features:
             assert rank["exit"] == 143
+        if "compile" in c.features:
+            assert rank["graphs"] > 0, f"{c.name}: torch.compile captured no graph: the run was eager"
         for what in ("losses", "norms"):
             assert len(rank[what]) == len(ref[what]), f"{c.name} {what}: {rank[what]} vs one process {ref[what]}"
             for step, (got, want) in enumerate(zip(rank[what], ref[what]), 1):
@@ -89,6 +91,9 @@ FAST = [
         "zero1 / llama / clip+resume from ddp",
         "pp 2 / llama / clip+preempt",
         "tp 2 / llama / clip+preempt",
+        "zero3 / llama / ac+clip",
+        "zero2 / llama / compile+clip",
+        "tp 2 / llama / compile+clip",
     )
 ]
 

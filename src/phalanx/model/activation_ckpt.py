@@ -8,8 +8,9 @@ torchtitan does). The wrapper's state-dict hooks strip its name from keys, so ch
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
+import torch
 from torch import nn
 
 # True: every sharding unit; module classes or class names; or a predicate on the module.
@@ -94,6 +95,27 @@ def plain_name(name: str) -> str:
     return name.replace(WRAPPED, "")
 
 
+_CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "layer_past")
+"""the names transformers' blocks take their key/value cache under"""
+
+
+def _no_cache_while_training(
+    wrapper: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """A transformers block appends its keys and values to the cache it is given: the recompute in
+    backward would append them again and attend to twice the keys (Llama: "size of tensor a (16)
+    must match ... (8)"). transformers' own checkpointing (GradientCheckpointingLayer) drops the
+    cache for a training forward that will be recomputed; the wrapper does the same."""
+    if not (wrapper.training and torch.is_grad_enabled()):
+        return None
+    changed = dict(kwargs)
+    if changed.get("use_cache"):
+        changed["use_cache"] = False
+    if not getattr(wrapper._checkpoint_wrapped_module, "_can_checkpoint_with_cache", False):
+        changed.update({name: None for name in _CACHE_ARGUMENTS if changed.get(name) is not None})
+    return args, changed
+
+
 def apply(model: nn.Module, spec: CheckpointSpec, units: list[nn.Module]) -> list[nn.Module]:
     """Wrap the chosen modules in non-reentrant checkpoint wrappers; return `units` with each
     wrapped unit replaced by its wrapper (the wrapper is what gets compiled and sharded)."""
@@ -105,6 +127,7 @@ def apply(model: nn.Module, spec: CheckpointSpec, units: list[nn.Module]) -> lis
         if module is model:
             raise ValueError("activation_checkpointing cannot wrap the root module; name its blocks instead")
         wrapper = checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        wrapper.register_forward_pre_hook(_no_cache_while_training, with_kwargs=True)
         replace_module(model, module, wrapper)
         wrapped[id(module)] = wrapper
     return [wrapped.get(id(u), u) for u in units]
