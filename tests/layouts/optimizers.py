@@ -24,7 +24,7 @@ from phalanx.strategies.optimizer_kinds import (
     reads_its_loss,
     route,
 )
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from tests.layouts import Layout, layouts
 
 COMMAND = "python -m tests.layouts.optimizers docs/optimizers.md"

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,7 @@ ORDER = [
     "data",  # samplers, streams, the prepared loader, uneven inputs
     "checkpoint",  # save / load / resume, export
     "observe",  # step anatomy, stragglers; `phalanx top`, the dashboard
-    "strategies",  # the parallel plan, its presets, parallelize, the Strategy
+    "strategies",  # plan/ (arithmetic), then applying it (parallelize, the Strategy), optimizers/
     "preemption",  # the worker's side of preemption: signals, an agreed step, its checkpoint
     "launch",  # the launcher process (never the runtime: test_launcher_imports)
     "parity",  # `phalanx parity`
@@ -116,6 +118,37 @@ def test_no_cycles():
 
     for room in sorted(graph):
         visit(room, ())
+
+
+# strategies/ by concern, each room a subpackage: the plan's arithmetic (pure Python: the launcher and
+# `phalanx plan` import it without torch), applying a plan (strategies/ itself and one package per
+# dimension: context/, pipeline/, expert_parallel/), and the optimizers that step what it applied.
+PLAN_ROOM = SRC / "strategies" / "plan"
+
+
+def test_the_plan_room_imports_no_torch():
+    modules = sorted(_module(path) for path in PLAN_ROOM.glob("*.py"))
+    code = (
+        f"import sys, importlib\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\nassert not bad, bad[:3]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_plan_room_imports_nothing_that_applies_a_plan():
+    """Below the appliers: strategies/plan/ imports from strategies/ only itself and the pipeline's
+    pure-Python schedule arithmetic (pipeline/__init__ loads it without torch)."""
+    allowed = {"phalanx.strategies.pipeline", "phalanx.strategies.pipeline.schedules"}
+    modules = {_module(path) for path in SRC.rglob("*.py")}
+    wrong = {
+        _module(path): sorted(
+            m
+            for m in _module_imports(path, modules) - allowed
+            if m.startswith("phalanx.strategies.") and not m.startswith("phalanx.strategies.plan")
+        )
+        for path in sorted(PLAN_ROOM.glob("*.py"))
+    }
+    assert not {m: found for m, found in wrong.items() if found}
 
 
 def _module(path: Path) -> str:

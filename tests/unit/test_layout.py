@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from phalanx.strategies import presets
+from phalanx.strategies.plan import presets
 from phalanx.strategies.layout import SPANS, Layout
-from phalanx.strategies.parallel_plan import MESH_DIMS
+from phalanx.strategies.plan.parallel_plan import MESH_DIMS
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "phalanx"
 

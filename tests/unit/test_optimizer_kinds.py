@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.strategies import optimizer_kinds, presets
+from phalanx.strategies import optimizer_kinds
+from phalanx.strategies.plan import presets
 from phalanx.strategies.optimizer_kinds import Route, StepKind, classify, route
 from phalanx.strategies.whole_tensor_step import balanced_owners
 

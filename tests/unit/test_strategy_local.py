@@ -15,7 +15,8 @@ from phalanx.plan import command as plan_command
 from phalanx.model import memory
 from phalanx.loop.accumulation import Accumulator, PreparedOptimizer
 from phalanx.loop.precision import Precision
-from phalanx.strategies import memory_plan, presets
+from phalanx.strategies import memory_plan
+from phalanx.strategies.plan import presets
 from tests.plan_reference import by_preset, zero1_owners
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from phalanx.strategies import optimizer_kinds
 from phalanx.strategies.optimizer_kinds import Route
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 Closure = Callable[[], Any]
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from phalanx import config
 from phalanx.config import names
-from phalanx.strategies.parallel_plan import MESH_DIMS, ParallelPlan, Sharding
+from phalanx.strategies.plan.parallel_plan import MESH_DIMS, ParallelPlan, Sharding
 
 DATA_PARALLEL_DIMS = ("dp_replicate", "dp_shard")  # what a preset gives the processes the other dims leave
 
