@@ -32,7 +32,7 @@ from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
 from phalanx.loop.callbacks import LoopCallbacks
-from phalanx.strategies.closure_loss import closure_wrapper
+from phalanx.strategies.optimizers.closure_loss import closure_wrapper
 from phalanx.loop.num_items import ItemCount
 from phalanx.strategies import auto, ddp_options
 from phalanx.strategies.plan import job_plan, presets, settings_check

@@ -135,18 +135,25 @@ def test_the_plan_room_imports_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_the_plan_room_imports_nothing_that_applies_a_plan():
-    """Below the appliers: strategies/plan/ imports from strategies/ only itself and the pipeline's
-    pure-Python schedule arithmetic (pipeline/__init__ loads it without torch)."""
-    allowed = {"phalanx.strategies.pipeline", "phalanx.strategies.pipeline.schedules"}
+# What each lower room of strategies/ may import from strategies/ besides itself: nothing that applies a plan
+ROOM_DOORS = {
+    # the pipeline's pure-Python schedule arithmetic (pipeline/__init__ loads it without torch)
+    "plan": {"phalanx.strategies.pipeline", "phalanx.strategies.pipeline.schedules"},
+    "optimizers": {"phalanx.strategies.plan", "phalanx.strategies.plan.parallel_plan"},
+}
+
+
+@pytest.mark.parametrize("room", sorted(ROOM_DOORS))
+def test_a_lower_room_of_strategies_imports_nothing_that_applies_a_plan(room):
     modules = {_module(path) for path in SRC.rglob("*.py")}
+    home = f"phalanx.strategies.{room}"
     wrong = {
         _module(path): sorted(
             m
-            for m in _module_imports(path, modules) - allowed
-            if m.startswith("phalanx.strategies.") and not m.startswith("phalanx.strategies.plan")
+            for m in _module_imports(path, modules) - ROOM_DOORS[room]
+            if m.startswith("phalanx.strategies.") and not (m == home or m.startswith(home + "."))
         )
-        for path in sorted(PLAN_ROOM.glob("*.py"))
+        for path in sorted((SRC / "strategies" / room).glob("*.py"))
     }
     assert not {m: found for m, found in wrong.items() if found}
 

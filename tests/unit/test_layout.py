@@ -22,7 +22,7 @@ MAKES_GROUPS = re.compile(
 ELSEWHERE = {
     "data/join_collectives.py": "the ranks still stepping under torch's Join: known at run time, not from the plan",
     "checkpoint/manager.py": "a gloo side channel over the world for async saves (a room below strategies/)",
-    "strategies/sharded_optimizer.py": "a zero1 optimizer the script built itself: a mesh over its own group's ranks",
+    "strategies/optimizers/sharded_optimizer.py": "a zero1 optimizer the script built itself: a mesh over its own group's ranks",
 }
 
 

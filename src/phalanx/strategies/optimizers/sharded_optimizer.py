@@ -35,8 +35,8 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from phalanx import host_only
 from phalanx.config.names import ZERO1_GATHER_MODES as GATHER_MODES
 from phalanx.runtime.collectives import all_gather_single
-from phalanx.strategies import zero1_buckets
-from phalanx.strategies.zero1_buckets import dim0_chunk
+from phalanx.strategies.optimizers import zero1_buckets
+from phalanx.strategies.optimizers.zero1_buckets import dim0_chunk
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.strategies import zero1_buckets
-from phalanx.strategies.zero1_buckets import dim0_chunk
+from phalanx.strategies.optimizers import zero1_buckets
+from phalanx.strategies.optimizers.zero1_buckets import dim0_chunk
 
 
 @dataclass(frozen=True)
