@@ -1,6 +1,6 @@
 """zero1's gradients reduce-scattered into each rank's own dim-0 chunk, not all-reduced (NCCL).
 
-ZeRO-1 steps each rank's chunk of every parameter (strategies/sharded_optimizer.py), so a rank needs
+ZeRO-1 steps each rank's chunk of every parameter (strategies/optimizers/sharded_optimizer.py), so a rank needs
 the reduced gradient of its own rows only. DDP's comm hook here packs each bucket rank by rank
 (every parameter's rows of chunk r, padded to equal chunks: the layout zero1_buckets gathers the
 updated chunks in) and reduce-scatters it; each rank receives the sums of its own rows and writes

@@ -224,7 +224,7 @@ def check_flags(world_size: int, tp: int, pp: int, cp: int = 1) -> None:
 
 
 def restored(fields: Mapping[str, Any]) -> ParallelPlan:
-    """The plan whose fields `phalanx run` handed over (strategies/job_plan.py), unchanged."""
+    """The plan whose fields `phalanx run` handed over (strategies/plan/job_plan.py), unchanged."""
     fields = dict(fields)
     fields["sharding"] = Sharding(fields["sharding"])
     return ParallelPlan(**fields)
