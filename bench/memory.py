@@ -182,7 +182,8 @@ def planned(args: argparse.Namespace) -> dict[str, int]:
 
     from phalanx.model import memory
     from phalanx.plan import sharding
-    from phalanx.strategies import memory_plan, presets, tensor_parallel
+    from phalanx.strategies import memory_plan, tensor_parallel
+    from phalanx.strategies.plan import presets
 
     def build():
         config = LlamaConfig(

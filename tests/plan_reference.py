@@ -7,8 +7,8 @@ from typing import Any
 
 from phalanx.config import ConfigError, Resolved
 from phalanx.model.memory import ParamSize
-from phalanx.strategies import presets, settings_check
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan import presets, settings_check
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 
 def intended_plan(

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from phalanx.launch.spawn import spawn
     from phalanx.facade import Phalanx
     from phalanx.runtime.seeding import seed_everything
-    from phalanx.strategies.optimizer_kinds import declare_optimizer
+    from phalanx.strategies.optimizers.optimizer_kinds import declare_optimizer
 
 
 def __getattr__(name: str):
@@ -32,7 +32,7 @@ def __getattr__(name: str):
 
         return seed_everything
     if name == "declare_optimizer":  # declare_optimizer(MyOpt, elementwise=...): docs/optimizers.md
-        from phalanx.strategies.optimizer_kinds import declare_optimizer
+        from phalanx.strategies.optimizers.optimizer_kinds import declare_optimizer
 
         return declare_optimizer
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

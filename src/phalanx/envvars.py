@@ -54,7 +54,7 @@ PHALANX_LAUNCHER = "PHALANX_LAUNCHER"
 # (torch's TORCHELASTIC_RESTART_COUNT is per node: a node that joins an elastic job later counts from 0)
 PHALANX_ATTEMPT = "PHALANX_ATTEMPT"
 # set by `phalanx run` for its workers: the job's parallel plan, built once by the launcher, with the
-# inputs it was built from (strategies/job_plan.py); a worker whose settings ask the same adopts it
+# inputs it was built from (strategies/plan/job_plan.py); a worker whose settings ask the same adopts it
 PHALANX_PLAN = "PHALANX_PLAN"
 # set by `phalanx parity` for the workers of its two runs (runtime/parity_record.py):
 PHALANX_PARITY_RECORD = "PHALANX_PARITY_RECORD"  # the JSON-lines file rank 0 writes each step's figures to

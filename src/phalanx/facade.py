@@ -32,14 +32,15 @@ from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import Accumulator, wrap_optimizer
 from phalanx.loop.callbacks import LoopCallbacks
-from phalanx.strategies.closure_loss import closure_wrapper
+from phalanx.strategies.optimizers.closure_loss import closure_wrapper
 from phalanx.loop.num_items import ItemCount
-from phalanx.strategies import auto, ddp_options, job_plan, presets, settings_check
+from phalanx.strategies import auto, ddp_options
+from phalanx.strategies.plan import job_plan, presets, settings_check
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import choose
 from phalanx.strategies.layout import Layout
 from phalanx.strategies.options import StrategyOptions
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.context import attention as cp_attention
 from phalanx.strategies.strategy import ParallelStrategy
 

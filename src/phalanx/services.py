@@ -18,7 +18,7 @@ from phalanx.runtime.context import AgentEnv, DistContext
 from phalanx.runtime.process_group import destroy_process_group
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.step_tracker import StepTracker
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import schedules as pipeline_schedules
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from phalanx.model import memory
-from phalanx.strategies.presets import hybrid_shape
+from phalanx.strategies.plan.presets import hybrid_shape
 from tests.dist import strategy_workloads as w
 from tests.dist.harness import run_ranks
 from tests.plan_reference import by_preset, zero1_owners

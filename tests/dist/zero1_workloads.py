@@ -10,7 +10,7 @@ from torch import nn
 
 from phalanx import Phalanx
 from phalanx.loop.accumulation import unwrap_optimizer
-from phalanx.strategies import zero1_buckets
+from phalanx.strategies.optimizers import zero1_buckets
 from tests.dist import strategy_workloads as w
 
 

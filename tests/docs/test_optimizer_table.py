@@ -1,4 +1,4 @@
-"""docs/optimizers.md is what the code's classification generates (strategies/optimizer_kinds.py,
+"""docs/optimizers.md is what the code's classification generates (strategies/optimizers/optimizer_kinds.py,
 routed over the presets' layouts), so the table cannot drift from what prepare does."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "optimizers.md"
 
 def test_the_committed_page_is_what_the_classification_generates():
     assert PAGE.read_text() == optimizer_table.table_text(), (
-        f"docs/optimizers.md is out of date with src/phalanx/strategies/optimizer_kinds.py. "
+        f"docs/optimizers.md is out of date with src/phalanx/strategies/optimizers/optimizer_kinds.py. "
         f"HINT: run {optimizer_table.COMMAND}"
     )
 

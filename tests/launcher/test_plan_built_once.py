@@ -16,7 +16,7 @@ import json, os, sys
 
 import torch
 
-from phalanx.strategies import presets
+from phalanx.strategies.plan import presets
 
 builds = []
 build = presets.build

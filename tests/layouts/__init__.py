@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.strategies import presets
-from phalanx.strategies.parallel_plan import MESH_DIMS, ParallelPlan
+from phalanx.strategies.plan import presets
+from phalanx.strategies.plan.parallel_plan import MESH_DIMS, ParallelPlan
 
 
 @dataclass(frozen=True)

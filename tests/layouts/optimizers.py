@@ -1,4 +1,4 @@
-"""docs/optimizers.md, generated from the classification the code uses (strategies/optimizer_kinds.py):
+"""docs/optimizers.md, generated from the classification the code uses (strategies/optimizers/optimizer_kinds.py):
 each optimizer's kind, and `route(kind, plan)` over the plans the presets build for the layouts of
 tests/layouts/__init__.py, the one list.
 
@@ -13,7 +13,7 @@ import sys
 import torch
 
 from phalanx.config import generated_page
-from phalanx.strategies.optimizer_kinds import (
+from phalanx.strategies.optimizers.optimizer_kinds import (
     ATTRIBUTE,
     TORCH_ELEMENTWISE,
     TORCH_WHOLE_MODEL,
@@ -24,7 +24,7 @@ from phalanx.strategies.optimizer_kinds import (
     reads_its_loss,
     route,
 )
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from tests.layouts import Layout, layouts
 
 COMMAND = "python -m tests.layouts.optimizers docs/optimizers.md"
@@ -38,7 +38,7 @@ CELLS = {Route.AS_GIVEN: "as given", Route.SLICES: "slices", Route.WHOLE_ON_OWNE
 
 INTRO = f"""# Optimizers
 
-<!-- Generated from src/phalanx/strategies/optimizer_kinds.py by `{COMMAND}`; do not edit by hand. -->
+<!-- Generated from src/phalanx/strategies/optimizers/optimizer_kinds.py by `{COMMAND}`; do not edit by hand. -->
 
 Layouts that split tensors hand an optimizer slices: zero1 its flat chunks of each parameter, zero2,
 zero3 and hsdp FSDP2's row shards, tensor parallel its column or row blocks. For an **element-wise**

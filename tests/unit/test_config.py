@@ -131,7 +131,7 @@ def test_every_choice_is_accepted_by_every_source_and_the_same_list_is_offered()
 
 def test_strategy_choices_are_the_presets_and_their_aliases():
     from phalanx.config.names import STRATEGY_ALIASES
-    from phalanx.strategies import presets
+    from phalanx.strategies.plan import presets
 
     assert set(_choices(config.BY_NAME["strategy"])) == {*presets.PRESETS, *STRATEGY_ALIASES, presets.AUTO}
 

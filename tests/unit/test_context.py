@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from phalanx.runtime.context import DistContext
-from phalanx.strategies import presets
+from phalanx.strategies.plan import presets
 
 
 def test_no_launcher_variables_is_a_world_of_one():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from phalanx import config
-from phalanx.strategies import job_plan, presets, settings_check
+from phalanx.strategies.plan import job_plan, presets, settings_check
 from phalanx.strategies.expert_parallel import ep_plan
 from tests.dist.ep_workloads import make_model
 

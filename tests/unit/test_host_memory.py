@@ -10,7 +10,7 @@ import pytest
 from phalanx import Phalanx
 from phalanx.config import kinds
 from phalanx.host_only import host_memory
-from phalanx.strategies import presets
+from phalanx.strategies.plan import presets
 
 
 def _plan(name: str, world: int = 2, tp: int = 1):

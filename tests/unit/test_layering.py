@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,7 @@ ORDER = [
     "data",  # samplers, streams, the prepared loader, uneven inputs
     "checkpoint",  # save / load / resume, export
     "observe",  # step anatomy, stragglers; `phalanx top`, the dashboard
-    "strategies",  # the parallel plan, its presets, parallelize, the Strategy
+    "strategies",  # plan/ (arithmetic), then applying it (parallelize, the Strategy), optimizers/
     "preemption",  # the worker's side of preemption: signals, an agreed step, its checkpoint
     "launch",  # the launcher process (never the runtime: test_launcher_imports)
     "parity",  # `phalanx parity`
@@ -116,6 +118,44 @@ def test_no_cycles():
 
     for room in sorted(graph):
         visit(room, ())
+
+
+# strategies/ by concern, each room a subpackage: the plan's arithmetic (pure Python: the launcher and
+# `phalanx plan` import it without torch), applying a plan (strategies/ itself and one package per
+# dimension: context/, pipeline/, expert_parallel/), and the optimizers that step what it applied.
+PLAN_ROOM = SRC / "strategies" / "plan"
+
+
+def test_the_plan_room_imports_no_torch():
+    modules = sorted(_module(path) for path in PLAN_ROOM.glob("*.py"))
+    code = (
+        f"import sys, importlib\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\nassert not bad, bad[:3]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# What each lower room of strategies/ may import from strategies/ besides itself: nothing that applies a plan
+ROOM_DOORS = {
+    # the pipeline's pure-Python schedule arithmetic (pipeline/__init__ loads it without torch)
+    "plan": {"phalanx.strategies.pipeline", "phalanx.strategies.pipeline.schedules"},
+    "optimizers": {"phalanx.strategies.plan", "phalanx.strategies.plan.parallel_plan"},
+}
+
+
+@pytest.mark.parametrize("room", sorted(ROOM_DOORS))
+def test_a_lower_room_of_strategies_imports_nothing_that_applies_a_plan(room):
+    modules = {_module(path) for path in SRC.rglob("*.py")}
+    home = f"phalanx.strategies.{room}"
+    wrong = {
+        _module(path): sorted(
+            m
+            for m in _module_imports(path, modules) - ROOM_DOORS[room]
+            if m.startswith("phalanx.strategies.") and not (m == home or m.startswith(home + "."))
+        )
+        for path in sorted((SRC / "strategies" / room).glob("*.py"))
+    }
+    assert not {m: found for m, found in wrong.items() if found}
 
 
 def _module(path: Path) -> str:

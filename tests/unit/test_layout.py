@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from phalanx.strategies import presets
+from phalanx.strategies.plan import presets
 from phalanx.strategies.layout import SPANS, Layout
-from phalanx.strategies.parallel_plan import MESH_DIMS
+from phalanx.strategies.plan.parallel_plan import MESH_DIMS
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "phalanx"
 
@@ -22,7 +22,7 @@ MAKES_GROUPS = re.compile(
 ELSEWHERE = {
     "data/join_collectives.py": "the ranks still stepping under torch's Join: known at run time, not from the plan",
     "checkpoint/manager.py": "a gloo side channel over the world for async saves (a room below strategies/)",
-    "strategies/sharded_optimizer.py": "a zero1 optimizer the script built itself: a mesh over its own group's ranks",
+    "strategies/optimizers/sharded_optimizer.py": "a zero1 optimizer the script built itself: a mesh over its own group's ranks",
 }
 
 

@@ -4,7 +4,8 @@ plan (strategies/memory_plan.py), with the figures the name-keyed table gave."""
 from __future__ import annotations
 
 from phalanx.model.memory import ParamSize
-from phalanx.strategies import memory_plan, presets
+from phalanx.strategies import memory_plan
+from phalanx.strategies.plan import presets
 
 SIZES = [ParamSize("w", (1000, 1000), 4)]  # 4 MB of parameters
 MB = 1000 * 1000

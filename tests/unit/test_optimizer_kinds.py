@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.strategies import optimizer_kinds, presets
-from phalanx.strategies.optimizer_kinds import Route, StepKind, classify, route
-from phalanx.strategies.whole_tensor_step import balanced_owners
+from phalanx.strategies.optimizers import optimizer_kinds
+from phalanx.strategies.plan import presets
+from phalanx.strategies.optimizers.optimizer_kinds import Route, StepKind, classify, route
+from phalanx.strategies.optimizers.whole_tensor_step import balanced_owners
 
 
 def _plan(name: str, world: int = 2, tp: int = 1, pp: int = 1, **kw):
@@ -105,8 +106,8 @@ def test_owners_are_balanced_by_size_and_the_same_on_every_rank():
 
 
 def test_an_optimizer_that_cannot_be_rebuilt_on_the_owners_is_refused_at_prepare():
-    from phalanx.strategies.sharded_optimizer import constructor_defaults
-    from phalanx.strategies.whole_tensor_step import build
+    from phalanx.strategies.optimizers.sharded_optimizer import constructor_defaults
+    from phalanx.strategies.optimizers.whole_tensor_step import build
 
     class NeedsWidth(torch.optim.Optimizer):  # a constructor argument kept outside its defaults
         def __init__(self, params, width):

@@ -10,9 +10,10 @@ from torch import nn
 from phalanx import config
 from phalanx.config.names import Needs
 from phalanx.launch import run_command
-from phalanx.strategies import job_plan, presets, settings_check, tensor_parallel
+from phalanx.strategies import tensor_parallel
+from phalanx.strategies.plan import job_plan, presets, settings_check
 from tests.plan_reference import intended_plan
-from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
+from phalanx.strategies.plan.parallel_plan import ParallelPlan, Sharding
 
 
 def build(name, world=4, local=4, tp=1, pp=1, cp=1, **kw):

@@ -170,7 +170,7 @@ def test_a_cut_on_the_meta_device_allocates_nothing():
 
 
 def test_tied_weights_across_stages_are_held_by_both_ranks_and_found_for_the_gradient_sum():
-    from phalanx.strategies.parallel_plan import ParallelPlan
+    from phalanx.strategies.plan.parallel_plan import ParallelPlan
     from phalanx.strategies.pipeline.tied import find_tied
 
     model = new_model()

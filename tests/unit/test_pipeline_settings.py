@@ -14,10 +14,10 @@ from phalanx import Phalanx, config
 from phalanx.launch import run_command
 from phalanx.model import meta_init
 from phalanx.runtime.verdict import PeerView, judge
-from phalanx.strategies import presets, settings_check
+from phalanx.strategies.plan import presets, settings_check
 from tests.plan_reference import intended_plan
 from phalanx.strategies.options import StrategyOptions
-from phalanx.strategies.parallel_plan import Sharding
+from phalanx.strategies.plan.parallel_plan import Sharding
 from phalanx.strategies.pipeline import layout, schedules
 from tests.dist.tp_workloads import TinyLM
 

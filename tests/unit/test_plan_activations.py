@@ -15,7 +15,7 @@ import pytest
 from phalanx.plan import activations
 from phalanx.plan import command as plan_command
 from phalanx.model import memory
-from phalanx.strategies import presets
+from phalanx.strategies.plan import presets
 from tests.plan_reference import by_preset
 
 ROOT = Path(__file__).resolve().parents[2]

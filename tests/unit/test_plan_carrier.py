@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.strategies import job_plan, presets
+from phalanx.strategies.plan import job_plan, presets
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "phalanx"
 
@@ -35,11 +35,11 @@ ARITHMETIC = {
     "strategies/pipeline/schedules.py:check_microbatches": "the pp_microbatches setting against pp",
     "strategies/pipeline/schedules.py:microbatches_for": "microbatches that split a batch",
     # the plan's builders: their inputs are what a plan is made from
-    "strategies/presets.py:hybrid_shape": "hsdp's replicas x shards of the data-parallel ranks, inside build",
+    "strategies/plan/presets.py:hybrid_shape": "hsdp's replicas x shards of the data-parallel ranks, inside build",
     "plan/command.py:_plan": "`phalanx plan` tries tp degrees larger than --tp; each becomes a plan there",
-    "strategies/presets.py:check_cp": "the cp degree against the others, inside build, before the plan exists",
-    "strategies/presets.py:_indivisible": "the refusal of a degree x tp that does not divide the world, inside build",
-    "strategies/presets.py:check_flags": "`phalanx plan`'s --tp/--pp/--cp against --world-size, before any plan",
+    "strategies/plan/presets.py:check_cp": "the cp degree against the others, inside build, before the plan exists",
+    "strategies/plan/presets.py:_indivisible": "the refusal of a degree x tp that does not divide the world, inside build",
+    "strategies/plan/presets.py:check_flags": "`phalanx plan`'s --tp/--pp/--cp against --world-size, before any plan",
     # context parallel's cut of one row over one cp group (ContextParallel passes plan.cp, plan.cp_rank(rank))
     "strategies/context/layout.py:local_indices": "the token positions cp rank i holds: chunks i and 2cp-1-i",
     "strategies/context/shard.py:shard_sequence": "a batch cut over its cp group: that group's size and this rank's index",
@@ -67,7 +67,7 @@ def test_no_function_takes_the_degrees_as_loose_integers():
 
 
 # Where degree arithmetic belongs: the plan's own properties, and the presets that build plans
-PLAN_HOMES = {"strategies/parallel_plan.py", "strategies/presets.py"}
+PLAN_HOMES = {"strategies/plan/parallel_plan.py", "strategies/plan/presets.py"}
 WORLD = {"world_size", "local_world_size", "nproc", "nproc_per_node", "nnodes"}
 
 
@@ -147,7 +147,7 @@ def test_plans_are_made_in_presets_only():
             if called == "replace" and node.args and "plan" in (_name(node.args[0]) or "").lower():
                 replaced.add(where)  # dataclasses.replace(plan, ...): a plan made elsewhere
     # presets.build makes every plan (presets.restored: the launcher's, from its fields, unchanged)
-    assert makers == {"strategies/presets.py"}
+    assert makers == {"strategies/plan/presets.py"}
     assert replaced == set(), "make the plan in presets (e.g. presets.decided)"
 
 

@@ -7,8 +7,9 @@ import pytest
 
 from phalanx.model.memory import ParamSize
 from phalanx.plan import sharding
-from phalanx.strategies import memory_plan, presets
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies import memory_plan
+from phalanx.strategies.plan import presets
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 SIZES = [
     ParamSize("embed", (10, 3), 4),

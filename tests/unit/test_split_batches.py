@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from phalanx.data.loader import PreparedLoader
 from phalanx.data.split_batches import not_dividing_message, per_rank_batch_size
 from phalanx.runtime.context import DistContext
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 
 def split_loaders(world: int, batch_size: int = 12, n: int = 48, **ctx_kw) -> list[PreparedLoader]:

@@ -9,7 +9,7 @@ import pytest
 
 from phalanx.runtime.context import DistContext
 from phalanx import config
-from phalanx.strategies import presets
+from phalanx.strategies.plan import presets
 from phalanx.config import deepspeed as deepspeed_config
 from phalanx.strategies.choice import choose
 from phalanx.strategies.options import StrategyOptions

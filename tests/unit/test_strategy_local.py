@@ -15,7 +15,8 @@ from phalanx.plan import command as plan_command
 from phalanx.model import memory
 from phalanx.loop.accumulation import Accumulator, PreparedOptimizer
 from phalanx.loop.precision import Precision
-from phalanx.strategies import memory_plan, presets
+from phalanx.strategies import memory_plan
+from phalanx.strategies.plan import presets
 from tests.plan_reference import by_preset, zero1_owners
 
 
@@ -198,7 +199,7 @@ def test_default_sharding_units_are_the_blocks_else_top_level_children_and_can_b
 
 
 def test_sharding_strategies_refuse_an_optimizer_that_already_has_state():
-    from phalanx.strategies.sharded_optimizer import refuse_optimizer_with_state
+    from phalanx.strategies.optimizers.sharded_optimizer import refuse_optimizer_with_state
 
     model = nn.Linear(2, 1)
     opt = torch.optim.AdamW(model.parameters())

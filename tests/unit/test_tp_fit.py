@@ -4,7 +4,7 @@ at prepare with the numbers (a Llama with 2 key/value heads at tp 4 crashed in i
 import pytest
 
 from phalanx.strategies import tensor_parallel, tp_fit
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 
 def _llama(heads: int, kv_heads: int, width: int):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from phalanx.strategies import zero1_buckets
-from phalanx.strategies.sharded_optimizer import _Slot
+from phalanx.strategies.optimizers import zero1_buckets
+from phalanx.strategies.optimizers.sharded_optimizer import _Slot
 
 SHAPES = [(10, 3), (7,), (), (1, 4), (5, 2, 2)]
 

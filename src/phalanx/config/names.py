@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Preset:
-    """What a strategy name stands for: a point of the parallel plan (strategies/presets.py builds it)."""
+    """What a strategy name stands for: a point of the parallel plan (strategies/plan/presets.py builds it)."""
 
     stage: int  # the ZeRO stage: what the data-parallel shard dim splits (parallel_plan.Sharding)
     holds: str  # what each rank holds, for the docs and `phalanx plan`
@@ -111,7 +111,7 @@ def canonical_pp_schedule(name: str) -> str:
 
 class Needs(str, enum.Enum):
     """What a setting needs from the parallel layout to do anything. The plan answers whether it
-    has it (strategies/parallel_plan.py); a setting given where its need is missing is refused or
+    has it (strategies/plan/parallel_plan.py); a setting given where its need is missing is refused or
     warned by name, never silently ignored."""
 
     ALWAYS = "always"

@@ -145,10 +145,10 @@ def check_layout(spec: LaunchSpec, nproc: int) -> str | None:
     must divide the processes, hsdp's replicas must fit the nodes, settings the layout would ignore are
     refused. Also DeepSpeed's batch identity, which counts data-parallel ranks. Returns the plan of
     each membership the job may have (every node count of an elastic job) as the workers'
-    PHALANX_PLAN (strategies/job_plan.py), each built once here."""
+    PHALANX_PLAN (strategies/plan/job_plan.py), each built once here."""
     if spec.settings is None:
         return None
-    from phalanx.strategies import job_plan, settings_check
+    from phalanx.strategies.plan import job_plan, settings_check
 
     cfg = spec.settings.config
     deepspeed = spec.settings.deepspeed

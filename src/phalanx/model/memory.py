@@ -4,7 +4,7 @@ in bytes of parameters, gradients and optimizer state.
 
 The per-rank model laid over a layout, keyed by the parallel plan, is strategies/memory_plan.py:
 ddp replicates everything; zero1 keeps full parameters and gradients and splits every parameter's
-optimizer state along dim 0 over the ranks (strategies/sharded_optimizer.py), with `zero1_gather
+optimizer state along dim 0 over the ranks (strategies/optimizers/sharded_optimizer.py), with `zero1_gather
 persistent` also a gather buffer of the whole model kept between steps (`buffers`); zero2/zero3 split
 every parameter along dim 0 into chunks (as FSDP2 does). Activations and transient communication
 buffers are not counted here.

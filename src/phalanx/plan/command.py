@@ -21,7 +21,7 @@ from typing import Any, Callable
 from phalanx import config
 from phalanx.plan import context, experts
 from phalanx.plan import optimizer as optimizer_choice
-from phalanx.strategies import presets
+from phalanx.strategies.plan import presets
 
 _FACTORY_NAMES = ("make_model", "build_model", "get_model", "create_model")
 

@@ -23,7 +23,7 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
 def cut_input(args: argparse.Namespace) -> str:
     """Check --cp against the layout and turn --input into one cp rank's part; the line to print
     under the table ('' without cp). ValueError with the fix."""
-    from phalanx.strategies import presets
+    from phalanx.strategies.plan import presets
 
     cp = args.cp
     if cp == 1:
@@ -76,7 +76,8 @@ def longest_sequence(model: Any, args: argparse.Namespace, sizes: list, optimize
 def _longest(model: Any, args: argparse.Namespace, sizes: list, optimizer: str, budget: int, cp: int) -> int:
     from phalanx.model.units import default_units
     from phalanx.plan import activations
-    from phalanx.strategies import memory_plan, presets
+    from phalanx.strategies import memory_plan
+    from phalanx.strategies.plan import presets
 
     shape, dtype = activations.parse_input(args.input)
     # zero3, the most sharded, over the data-parallel and cp ranks (which shard model state alike)

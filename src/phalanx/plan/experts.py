@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any, Callable
 
-from phalanx.strategies import presets
+from phalanx.strategies.plan import presets
 
 if TYPE_CHECKING:
     from phalanx.model.memory import ParamSize

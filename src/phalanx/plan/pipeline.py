@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import arithmetic, schedules
 from phalanx.strategies.pipeline.model_plan import model_chain
 from phalanx.strategies.pipeline.split import split_for_schedule, stage_params

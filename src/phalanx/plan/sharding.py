@@ -1,5 +1,5 @@
 """`phalanx plan`'s rows as parallel plans: every multi-process preset built over the same degrees
-(strategies/presets.py), and each row's per-rank bytes from the one memory model keyed by plan
+(strategies/plan/presets.py), and each row's per-rank bytes from the one memory model keyed by plan
 (strategies/memory_plan.py), not from a table of strategy names. Figures are one tensor-parallel rank's part of one pipeline rank's
 stages (`sizes`), spread over the plan's data-parallel ranks."""
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from phalanx.model.memory import ParamSize, RankBytes
-from phalanx.strategies import memory_plan, presets
-from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
+from phalanx.strategies import memory_plan
+from phalanx.strategies.plan import presets
+from phalanx.strategies.plan.parallel_plan import ParallelPlan, Sharding
 
 PERSISTENT = "-persistent"  # zero1 with zero1_gather persistent: its gather buffers kept between steps
 OFFLOAD = "-offload"  # the preset with cpu_offload (the parameter-sharding presets only)

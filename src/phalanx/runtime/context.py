@@ -16,7 +16,7 @@ from phalanx.runtime.world_check import refuse_silent_world_of_one
 
 
 class DataParallelLayout(Protocol):
-    """What a context needs of a parallel plan (strategies/parallel_plan.py, a room above)."""
+    """What a context needs of a parallel plan (strategies/plan/parallel_plan.py, a room above)."""
 
     @property
     def dp_size(self) -> int: ...
@@ -179,7 +179,7 @@ def launcher_settings(env: Mapping[str, str] | None = None) -> config.Layer:
 
 
 def handed_plan(env: Mapping[str, str] | None = None) -> str:
-    """The parallel plan `phalanx run` built for its workers (strategies/job_plan.py); "" without one."""
+    """The parallel plan `phalanx run` built for its workers (strategies/plan/job_plan.py); "" without one."""
     return (os.environ if env is None else env).get(envvars.PHALANX_PLAN, "")
 
 

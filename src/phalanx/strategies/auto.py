@@ -8,9 +8,10 @@ from torch import nn
 from phalanx.model import memory
 from phalanx.model.units import default_units
 from phalanx.runtime.context import DistContext
-from phalanx.strategies import memory_plan, presets
+from phalanx.strategies import memory_plan
+from phalanx.strategies.plan import presets
 from phalanx.strategies.options import StrategyOptions
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 
 def budget_bytes(ctx: DistContext, options: StrategyOptions) -> int:

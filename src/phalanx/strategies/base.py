@@ -10,7 +10,7 @@ from torch import nn
 from phalanx.loop.precision import Precision
 from phalanx.strategies.context.step import ContextParallel
 from phalanx.strategies.layout import Layout
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 
 class Strategy(Protocol):

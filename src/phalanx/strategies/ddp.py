@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.strategies.ddp_options import register_comm_hook
 from phalanx.strategies.options import StrategyOptions
-from phalanx.strategies import zero1_grads
+from phalanx.strategies.optimizers import zero1_grads
 
 
 class PreparedDDP(DistributedDataParallel):
@@ -70,7 +70,7 @@ def apply(
     the settings ask for; its state is kept on the wrapper for checkpoints. `find_unused_parameters`:
     what the layout requires whatever the settings say (a pipeline stage: True). `scatter_grads`
     (zero1): without a compression hook, gradients are reduce-scattered to their chunks' owners, as
-    the zero1_grads setting asks (strategies/zero1_grads.py, kept on the wrapper as `phalanx_zero1_grads`)."""
+    the zero1_grads setting asks (strategies/optimizers/zero1_grads.py, kept on the wrapper as `phalanx_zero1_grads`)."""
     device_ids = [device.index] if device.type == "cuda" else None
     # find_unused_parameters, static_graph, bucket_cap_mb, gradient_as_bucket_view (default on:
     # gradients live in the communication buckets, one copy fewer per step); ddp_kwargs win.

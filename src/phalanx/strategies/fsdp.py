@@ -19,7 +19,7 @@ from phalanx.model import meta_init
 from phalanx.strategies import fsdp_copy, sharded_embedding
 from phalanx.host_only.gloo_comms import use_gloo_collectives
 from phalanx.strategies.options import StrategyOptions
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 
 def prefer_foreach(optimizer: torch.optim.Optimizer) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from phalanx.config import names
 from phalanx.model import memory
 from phalanx.model.memory import ParamSize, RankBytes
-from phalanx.strategies import presets
-from phalanx.strategies.parallel_plan import ParallelPlan, Sharding
+from phalanx.strategies.plan import presets
+from phalanx.strategies.plan.parallel_plan import ParallelPlan, Sharding
 
 
 def rank_bytes(

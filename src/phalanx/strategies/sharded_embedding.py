@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from phalanx.runtime.collectives import all_gather_single
-from phalanx.strategies.sharded_optimizer import dim0_chunk
+from phalanx.strategies.optimizers.sharded_optimizer import dim0_chunk
 
 
 @dataclass(frozen=True)

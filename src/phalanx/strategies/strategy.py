@@ -16,9 +16,10 @@ from phalanx.loop.precision import Precision
 from phalanx.model import activation_ckpt, sync_batchnorm
 from phalanx.runtime.context import DistContext
 from phalanx.logging.rank_log import get_logger
-from phalanx.strategies import expert_parallel, fsdp, grad_norm, optimizer_kinds, whole_tensor_step
+from phalanx.strategies import expert_parallel, fsdp
+from phalanx.strategies.optimizers import grad_norm, optimizer_kinds, whole_tensor_step
 from phalanx.strategies.module_attr import answer_module_attribute
-from phalanx.strategies.optimizer_kinds import Route
+from phalanx.strategies.optimizers.optimizer_kinds import Route
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.context.step import ContextParallel
 from phalanx.strategies.expert_parallel import clip as expert_clip
@@ -28,12 +29,12 @@ from phalanx.strategies.pipeline import grads as pipeline_grads
 from phalanx.strategies.pipeline import save as pipeline_save
 from phalanx.strategies.pipeline import state as pipeline_state
 from phalanx.strategies.pipeline.runner import PipelineRunner
-from phalanx.strategies.sharded_optimizer import (
+from phalanx.strategies.optimizers.sharded_optimizer import (
     ShardedStateOptimizer,
     constructor_defaults,
     refuse_optimizer_with_state,
 )
-from phalanx.strategies.zero1_grads import Zero1Grads
+from phalanx.strategies.optimizers.zero1_grads import Zero1Grads
 
 
 class ParallelStrategy:

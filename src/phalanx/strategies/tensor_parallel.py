@@ -17,7 +17,7 @@ from torch import nn
 from phalanx.config import names
 from phalanx.model import memory
 from phalanx.strategies import tied, tp_experts, tp_replicate
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 _NORMS = ("LayerNorm", "RMSNorm")  # class-name endings of the modules sequence parallel splits
 

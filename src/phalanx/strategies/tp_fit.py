@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 # transformers' config fields that tensor parallel splits: the name a message uses for each
 _CONFIG_FIELDS = (

@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from phalanx.strategies.expert_parallel import capacity, ep_plan
 from phalanx.strategies.expert_parallel.dispatch import Dispatch
-from phalanx.strategies.grad_norm import total_norm
+from phalanx.strategies.optimizers.grad_norm import total_norm
 from phalanx.strategies.layout import Layout
 
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 PARAM_STYLE, MODULE_STYLE = "grouped_gemm", "ep_dispatch_experts"
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from phalanx.strategies.grad_norm import total_norm
+from phalanx.strategies.optimizers.grad_norm import total_norm
 
 
 def pipeline_norm(local: torch.Tensor, norm_type: float, pp_group: Any) -> torch.Tensor:

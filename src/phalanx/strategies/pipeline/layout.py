@@ -16,7 +16,7 @@ from torch import nn
 from phalanx.model import meta_init
 from phalanx.strategies import tp_peft
 from phalanx.strategies.options import StrategyOptions
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import schedules
 from phalanx.strategies import tied as tp_tied
 from phalanx.strategies.pipeline import model_plan

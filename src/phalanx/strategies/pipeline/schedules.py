@@ -9,7 +9,7 @@ ZBVZeroBubble, DualPipeV.
 from __future__ import annotations
 
 from phalanx.config import names as setting_names
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 SINGLE = ("1F1B", "GPipe")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import schedules
 from phalanx.strategies.pipeline.chain import ModelChain
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from phalanx.strategies.layout import Layout
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import schedules
 from phalanx.strategies.pipeline.chain import ModelChain, shared_parameters
 from phalanx.strategies.pipeline.split import Stages

@@ -15,8 +15,8 @@ from typing import Any
 
 from phalanx.config import ConfigError, Resolved, Setting, RUNTIME
 from phalanx.config.names import Needs
-from phalanx.strategies import presets
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan import presets
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import schedules
 
 _ADVISORY = {Needs.AUTO}  # read by one preset only, harmless elsewhere: a warning, not an error

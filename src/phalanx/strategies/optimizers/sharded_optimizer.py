@@ -5,13 +5,13 @@ embedding is most of its bytes leaves that rank holding nearly all the optimizer
 rank owns the same dim-0 chunk of every parameter (torch.chunk's split, as FSDP2 shards), steps
 the user's optimizer class on those chunks only, then all-gathers the updated chunks so every rank
 holds the full parameters again. Gradients: on NCCL reduce-scattered to their chunks' owners (the
-bytes of one all-reduce per step, with the gather; strategies/zero1_grads.py); on gloo DDP
+bytes of one all-reduce per step, with the gather; strategies/optimizers/zero1_grads.py); on gloo DDP
 all-reduces them, which costs less CPU there than packing them for a reduce-scatter.
 
 Memory: a chunk is a view of its parameter's own rows, so zero1 keeps no copy of the parameters;
 what a rank holds at rest is the model, its gradients and 1/N of the optimizer state. The gather
 goes through transient buckets (`gather="bucketed"`: 1/16 of the parameters' bytes each, within
-1-64 MiB, cut by rows where a parameter is larger; strategies/zero1_buckets.py; on gloo a parameter
+1-64 MiB, cut by rows where a parameter is larger; strategies/optimizers/zero1_buckets.py; on gloo a parameter
 of 64Ki elements or more goes straight into its rows, one broadcast per rank), or through one
 persistent buffer of the whole model, gathered in one collective (`gather="persistent"`: a little
 faster, at the parameters' bytes (padded to N equal chunks) held for good).
@@ -35,8 +35,8 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from phalanx import host_only
 from phalanx.config.names import ZERO1_GATHER_MODES as GATHER_MODES
 from phalanx.runtime.collectives import all_gather_single
-from phalanx.strategies import zero1_buckets
-from phalanx.strategies.zero1_buckets import dim0_chunk
+from phalanx.strategies.optimizers import zero1_buckets
+from phalanx.strategies.optimizers.zero1_buckets import dim0_chunk
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,8 @@ import json
 from typing import Any, Iterable, Mapping
 
 from phalanx.logging.rank_log import get_logger
-from phalanx.strategies import presets
-from phalanx.strategies.parallel_plan import DEGREES, ParallelPlan
+from phalanx.strategies.plan import presets
+from phalanx.strategies.plan.parallel_plan import DEGREES, ParallelPlan
 
 
 def inputs(

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from phalanx import config
 from phalanx.config import names
-from phalanx.strategies.parallel_plan import MESH_DIMS, ParallelPlan, Sharding
+from phalanx.strategies.plan.parallel_plan import MESH_DIMS, ParallelPlan, Sharding
 
 DATA_PARALLEL_DIMS = ("dp_replicate", "dp_shard")  # what a preset gives the processes the other dims leave
 
@@ -224,7 +224,7 @@ def check_flags(world_size: int, tp: int, pp: int, cp: int = 1) -> None:
 
 
 def restored(fields: Mapping[str, Any]) -> ParallelPlan:
-    """The plan whose fields `phalanx run` handed over (strategies/job_plan.py), unchanged."""
+    """The plan whose fields `phalanx run` handed over (strategies/plan/job_plan.py), unchanged."""
     fields = dict(fields)
     fields["sharding"] = Sharding(fields["sharding"])
     return ParallelPlan(**fields)

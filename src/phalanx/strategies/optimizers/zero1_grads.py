@@ -1,6 +1,6 @@
 """zero1's gradients reduce-scattered into each rank's own dim-0 chunk, not all-reduced (NCCL).
 
-ZeRO-1 steps each rank's chunk of every parameter (strategies/sharded_optimizer.py), so a rank needs
+ZeRO-1 steps each rank's chunk of every parameter (strategies/optimizers/sharded_optimizer.py), so a rank needs
 the reduced gradient of its own rows only. DDP's comm hook here packs each bucket rank by rank
 (every parameter's rows of chunk r, padded to equal chunks: the layout zero1_buckets gathers the
 updated chunks in) and reduce-scatters it; each rank receives the sums of its own rows and writes
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.strategies import zero1_buckets
-from phalanx.strategies.zero1_buckets import dim0_chunk
+from phalanx.strategies.optimizers import zero1_buckets
+from phalanx.strategies.optimizers.zero1_buckets import dim0_chunk
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ A layout is a point in a space of dimensions, as torchtitan's `ParallelDims` and
 shards (dp_shard), and tensor-parallel ranks (tp), whose product is the number of processes; plus
 what the data-parallel dims shard (nothing, the optimizer state, + gradients, + parameters), and the
 options of that sharding. Strategy names (ddp, zero1, zero2, zero3, hsdp, dp) are presets that
-build a plan (strategies/presets.py). Every question "does this layout use DDP / FSDP2 / meta
+build a plan (strategies/plan/presets.py). Every question "does this layout use DDP / FSDP2 / meta
 init / this setting?" is a property of the plan, so no list of strategy names exists elsewhere.
 
 Pure Python (no torch): `phalanx run` builds the plan and checks the settings against it before

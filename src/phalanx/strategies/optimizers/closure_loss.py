@@ -17,9 +17,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from phalanx.strategies import optimizer_kinds
-from phalanx.strategies.optimizer_kinds import Route
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.optimizers import optimizer_kinds
+from phalanx.strategies.optimizers.optimizer_kinds import Route
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 Closure = Callable[[], Any]
 

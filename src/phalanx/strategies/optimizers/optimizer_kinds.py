@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 
 class StepKind(enum.Enum):
