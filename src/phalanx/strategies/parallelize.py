@@ -21,7 +21,7 @@ from phalanx.model import init_replay, meta_init, router_balance
 from phalanx.model.units import default_units, shard_units, transform_units
 from phalanx.strategies import ddp, dp, fsdp, tensor_parallel, tp_fit, tp_peft
 from phalanx.strategies.options import StrategyOptions
-from phalanx.strategies.parallel_plan import ParallelPlan
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.context.layout import local_padding
 from phalanx.strategies.layout import Layout
 from phalanx.strategies.pipeline import layout as pipeline_layout
