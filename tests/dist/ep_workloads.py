@@ -224,6 +224,9 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
         if "resume" in case:
             out[name] = resume(px, case["family"], case["resume"])
             continue
+        if "lora" in case:  # the experts' fused weights named in case["lora"] get adapters too
+            out[name] = lora(px, tuple(case["lora"]))
+            continue
         options = case["settings"].get("strategy_options", {})
         factor = options.get("capacity_factor", options.get("ep_plan", {}).get("capacity_factor"))
         if factor:  # (0 is refused at prepare: train says so)
@@ -354,4 +357,38 @@ def capacity(px: Phalanx, factor: float) -> dict[str, Any]:
         ref["state"] = {k: v.detach().clone().float() for k, v in start.state_dict().items()}
         out["reference"] = ref
     del out["batches"]
+    return out
+
+
+def lora(px: Phalanx, target_parameters: tuple[str, ...] = ()) -> dict[str, Any]:
+    """STEPS steps of a peft LoRA (q_proj, v_proj; `target_parameters`: on the experts' fused weights
+    too) of tiny Qwen3-MoE prepared by `px`, or what prepare refused; rank 0 adds the same peft model's
+    steps in one process. `state`: the adapter weights."""
+    import peft
+
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], target_parameters=list(target_parameters)
+    )
+    start = peft.get_peft_model(make_model("qwen3_moe"), config)
+    for name, p in start.named_parameters():  # B nonzero: the adapters change the loss from the first step
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(len(name)))
+    model = copy.deepcopy(start)
+    try:
+        model, optimizer, loader = px.prepare(
+            model,
+            torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR),
+            DataLoader(_data(), batch_size=BATCH // px.dp_size),
+        )
+    except ValueError as error:
+        return {"refused": str(error)}
+    out: dict[str, Any] = _loop(model, optimizer, loader)
+    out["losses"] = [float(px.reduce(torch.tensor(x), "mean")) for x in out["losses"]]
+    out["state"] = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items() if "lora_" in k}
+    if px.rank == 0:
+        one = torch.optim.AdamW([p for p in start.parameters() if p.requires_grad], lr=LR)
+        out["reference"] = _loop(start, one, DataLoader(_data(), batch_size=BATCH))
+        out["reference"]["state"] = {
+            k: v.detach().clone().float() for k, v in start.state_dict().items() if "lora_" in k
+        }
     return out

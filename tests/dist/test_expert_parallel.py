@@ -32,6 +32,13 @@ CASES = {
     "capacity 0.75": {"family": "qwen3_moe", "settings": {**EP2, "strategy_options": {"capacity_factor": 0.75}}},
     "capacity 0": {"family": "qwen3_moe", "settings": {**EP2, "strategy_options": {"capacity_factor": 0}}},
     "zero1": {"family": "qwen3_moe", "settings": {"strategy": "zero1", "ep": 2}},
+    # a peft LoRA on q_proj and v_proj; and on the experts' fused weights too (peft's target_parameters)
+    "lora": {"family": "qwen3_moe", "settings": EP2, "lora": []},
+    "lora experts": {
+        "family": "qwen3_moe",
+        "settings": EP2,
+        "lora": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    },
     "dense model": {"family": "dense", "settings": EP2},
     "3 experts": {"family": "mixtral", "experts": 3, "settings": EP2},
 }
@@ -167,6 +174,25 @@ def _capacity_as_one_process(ranks: list[dict], name: str) -> None:
     state = ranks[0][name]["state"]
     for key, value in ref["state"].items():
         torch.testing.assert_close(state[key], value, rtol=2e-4, atol=1e-5, msg=key)
+
+
+def test_a_peft_lora_under_ep2_equals_the_same_peft_model_in_one_process(ranks):
+    """peft's get_peft_model (LoRA r 4 on q_proj, v_proj) of tiny Qwen3-MoE under ddp ep 2: the
+    experts (frozen) split and found under peft's prefix; loss, grad norm, adapter weights one process's.
+    LoRA on the experts' fused weights (target_parameters) is refused at prepare."""
+    ref = ranks[0]["lora"]["reference"]
+    for rank in ranks:
+        run = rank["lora"]
+        assert "refused" not in run, run.get("refused")
+        torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
+        torch.testing.assert_close(torch.tensor(run["norms"]), torch.tensor(ref["norms"]), rtol=2e-4, atol=0)
+        experts = rank["lora experts"]["refused"]
+        assert "ep=2" in experts and "peft adapts the experts' fused weights" in experts, experts
+        assert "HINT: under ep, give LoRA target_modules outside the experts" in experts
+    state = ranks[0]["lora"]["state"]
+    assert state.keys() == ref["state"].keys() and len(state) == 8  # A and B of q_proj, v_proj in 2 layers
+    for key, value in ref["state"].items():
+        torch.testing.assert_close(state[key], value, rtol=2e-4, atol=1e-6, msg=key)
 
 
 def test_a_checkpoint_saved_under_ep2_loads_in_one_process_and_resumes(ranks):

@@ -88,6 +88,24 @@ def test_the_models_own_plan_or_the_users_names_the_experts():
         ep_plan.find(model, {"model.layers.0.mlp.experts": "colwise"}, build("ddp", 2, 2))
 
 
+def test_a_capacity_factor_is_read_once_checked_and_kept_out_of_the_patterns():
+    from phalanx.strategies.expert_parallel import capacity
+    from phalanx.strategies.options import StrategyOptions
+
+    assert StrategyOptions.from_dict({"capacity_factor": 1.25}).capacity_factor == 1.25
+    assert capacity.factor(None, None, "ddp") is None  # the default: nothing dropped
+    assert capacity.factor(1.25, None, "ddp") == capacity.factor(None, {"capacity_factor": 1.25}, "ddp") == 1.25
+    with pytest.raises(ValueError, match="capacity_factor is given twice, 1.25 in strategy_options and 2 in"):
+        capacity.factor(1.25, {"capacity_factor": 2}, "ddp")
+    for bad in (0, -1.0, True, "1.25", float("inf")):
+        with pytest.raises(ValueError, match="is not a positive number. HINT"):
+            capacity.factor(bad, None, "ddp")
+    model = make_model("qwen3_moe")
+    assert ep_plan.model_plan(model, {"capacity_factor": 1.25}) == dict(model.config.base_model_ep_plan)
+    user = {"model.layers.0.mlp.experts": "ep_dispatch_experts", "capacity_factor": 1.25}
+    assert ep_plan.model_plan(model, user) == {"model.layers.0.mlp.experts": "ep_dispatch_experts"}
+
+
 def test_phalanx_plan_ep_shows_expert_and_other_bytes_per_rank():
     import argparse
 

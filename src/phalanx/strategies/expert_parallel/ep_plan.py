@@ -34,9 +34,10 @@ class ExpertsModule:
 
 
 def _regex(pattern: str) -> re.Pattern[str]:
-    """A plan pattern as a regex over full names: `*` one name part, the base model's prefix optional."""
+    """A plan pattern as a regex over full names: `*` one name part, any prefix optional (the base
+    model's, or a wrapper's: peft's `base_model.model.model.`)."""
     parts = [r"[^.]+" if part == "*" else re.escape(part) for part in pattern.split(".")]
-    return re.compile(r"^(?:[^.]+\.)?" + r"\.".join(parts) + "$")
+    return re.compile(r"^(?:.+\.)?" + r"\.".join(parts) + "$")
 
 
 def model_plan(model: nn.Module, user_plan: Mapping[str, Any] | None) -> dict[str, str]:
@@ -65,6 +66,7 @@ def find(model: nn.Module, plan: Mapping[str, str], layout: ParallelPlan) -> lis
     for name, module in model.named_modules():
         if not name or not any(r.match(name) for r in modules):
             continue
+        _refuse_adapted(module, name, kind, ranks, where)
         split = tuple(
             p for p, _ in module.named_parameters(recurse=False) if any(r.match(f"{name}.{p}") for r in params)
         )
@@ -100,3 +102,15 @@ def find(model: nn.Module, plan: Mapping[str, str], layout: ParallelPlan) -> lis
                 f"experts and the {layout.grad_size} data-parallel x cp ranks), or ep=1"
             )
     return found
+
+
+def _refuse_adapted(module: nn.Module, name: str, kind: str, ranks: int, where: str) -> None:
+    """ValueError for experts whose fused weights peft adapted (LoRA `target_parameters`): its factors
+    hold every expert's rows in one matrix (lora_A [r x experts, in]), which ep does not split."""
+    if hasattr(module, "base_layer") and hasattr(module, "parameter_name"):
+        raise ValueError(
+            f"ep={ranks} ({where}): peft adapts the experts' fused weights of {name} in {kind} (LoRA "
+            "target_parameters), and its factors hold every expert in one matrix (lora_A [r x experts, in]), "
+            "which expert parallel does not split with the experts. HINT: under ep, give LoRA target_modules "
+            "outside the experts (e.g. ['q_proj', 'v_proj']); for LoRA on the experts use ddp or zero3 without ep"
+        )
