@@ -150,6 +150,25 @@ def resume(px: Phalanx, family: str, path: str) -> dict[str, Any]:
     return out
 
 
+def load_pretrained(px: Phalanx, family: str, path: str) -> dict[str, Any]:
+    """A model of other weights prepared under this layout, then `px.load_model` of the transformers
+    directory at `path` (written by `save_pretrained`: one tensor per expert): its weights, gathered
+    whole, and the bytes this rank read."""
+    model = make_model(family)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    model = px.prepare(model)
+    result = px.load_model(model, path)
+    return {
+        "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+        "bytes_read": result.bytes_read,
+        "local_experts": [
+            tuple(p.to_local().shape) for n, p in px.unwrap_model(model).named_parameters() if ".experts.gate_up" in n
+        ][:1],
+    }
+
+
 def train(px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux: float = 0.0) -> dict[str, Any]:
     """STEPS AdamW steps of `family` prepared by `px`, or what prepare refused; rank 0 adds one process's."""
     start = make_model(family, experts, aux)
@@ -184,6 +203,9 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
         px = Phalanx(**case["settings"])
         if "resume" in case:
             out[name] = resume(px, case["family"], case["resume"])
+            continue
+        if "pretrained" in case:
+            out[name] = load_pretrained(px, case["family"], case["pretrained"])
             continue
         out[name] = train(px, case["family"], case.get("experts", 4), case.get("checkpoint", ""), case.get("aux", 0.0))
     return out
