@@ -184,6 +184,25 @@ def _accumulated(model: nn.Module, optimizer: Any, batches: Any, px: Phalanx | N
     return {"losses": losses, "norms": norms}
 
 
+def load_pretrained(px: Phalanx, family: str, path: str) -> dict[str, Any]:
+    """A model of other weights prepared under this layout, then `px.load_model` of the transformers
+    directory at `path` (written by `save_pretrained`: one tensor per expert): its weights, gathered
+    whole, and the bytes this rank read."""
+    model = make_model(family)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    model = px.prepare(model)
+    result = px.load_model(model, path)
+    return {
+        "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()},
+        "bytes_read": result.bytes_read,
+        "local_experts": [
+            tuple(p.to_local().shape) for n, p in px.unwrap_model(model).named_parameters() if ".experts.gate_up" in n
+        ][:1],
+    }
+
+
 def train(
     px: Phalanx, family: str, experts: int = 4, checkpoint: str = "", aux: float = 0.0, accum: str = ""
 ) -> dict[str, Any]:
@@ -223,6 +242,9 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
         px = Phalanx(**case["settings"])
         if "resume" in case:
             out[name] = resume(px, case["family"], case["resume"])
+            continue
+        if "pretrained" in case:
+            out[name] = load_pretrained(px, case["family"], case["pretrained"])
             continue
         if "lora" in case:  # the experts' fused weights named in case["lora"] get adapters too
             out[name] = lora(px, tuple(case["lora"]))

@@ -5,7 +5,8 @@ weights gathered to their one-process names and shapes; the non-expert parameter
 (ddp) or sharded (zero3) over the same ranks; on 4 ranks, 2 copies of each expert. A checkpoint
 saved under ep 2 reads in one process with one-process names and resumes under ep 2, zero3, ep 4 (4
 ranks) or tp 2 (and theirs under ep 2), the next step equal to one process; `phalanx export` of it
-is the one-process model's transformers directory. Under pp 2 x ep 2 (4 ranks) each stage's
+is the one-process model's transformers directory, and `px.load_model` reads that directory (one
+tensor per expert) under ep 2. Under pp 2 x ep 2 (4 ranks) each stage's
 data-parallel ranks split its experts, equal to one process. What ep cannot
 lay out is refused at prepare."""
 
@@ -81,10 +82,13 @@ COPIES = {
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     saved = str(tmp_path_factory.mktemp("ep") / "checkpoint")
+    pretrained = tmp_path_factory.mktemp("pretrained")
+    make_model("qwen3_moe").save_pretrained(pretrained)  # transformers' files: one tensor per expert
     cases = {
         **CASES,
         "qwen3_moe": {**CASES["qwen3_moe"], "checkpoint": saved},
         "resumed": {"family": "qwen3_moe", "settings": EP2, "resume": saved},
+        "load_model": {"family": "qwen3_moe", "settings": EP2, "pretrained": str(pretrained)},
     }
     return run_ranks("tests.dist.ep_workloads:matrix", 2, args=(cases,), timeout=400)
 
@@ -266,6 +270,26 @@ def test_phalanx_export_of_an_ep2_checkpoint_is_the_one_process_models_transform
     assert torch.equal(loaded.generate(prompt, **settings), one.generate(prompt, **settings))
 
 
+def test_load_model_reads_transformers_per_expert_files_under_ep2(ranks, tmp_path):
+    """`px.load_model` of a `save_pretrained` directory (experts.N.gate_proj.weight, ...) under ep 2:
+    the model's own transformers conversion fuses them, each rank reading its own experts only."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    make_model("qwen3_moe").save_pretrained(tmp_path)
+    pretrained = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        sizes = {k: f.get_tensor(k).numel() * 4 for k in f.keys()}
+    experts = sum(v for k, v in sizes.items() if ".experts." in k)
+    for rank in ranks:
+        run = rank["load_model"]
+        assert run["local_experts"] == [(2, 32, 32)]
+        assert run["state"].keys() == pretrained.keys()
+        for key, value in pretrained.items():
+            assert torch.equal(run["state"][key], value), key
+        assert run["bytes_read"] == sum(sizes.values()) - experts // 2, (run["bytes_read"], sum(sizes.values()))
+
+
 @pytest.mark.slow
 def test_a_checkpoint_moves_between_ep2_and_zero3(tmp_path):
     """Saved under ddp ep 2, resumed under zero3 without ep; saved under zero3, resumed under ep 2."""
@@ -285,15 +309,31 @@ def test_a_checkpoint_moves_between_ep2_and_zero3(tmp_path):
 def test_a_checkpoint_moves_between_ep2_ep4_and_tp2(tmp_path):
     """Saved under ddp ep 2 (2 ranks), resumed under ep 4 (4 ranks) and under tp 2 (no ep, the experts
     split by transformers' MoE tp styles); saved under ep 4 and under tp 2, resumed under ep 2."""
+    from safetensors.torch import save_file
+
     tp2, ep4 = {"strategy": "ddp", "tp": 2}, {"strategy": "ddp", "ep": 4}
     path = {name: str(tmp_path / name) for name in ("ep2", "tp2", "ep4")}
+    make_model("qwen3_moe").save_pretrained(tmp_path / "pretrained")  # one tensor per expert
+    save_file(make_model("qwen3_moe").state_dict(), str(tmp_path / "fused.safetensors"))  # the model's own names
     two = {
         "ep2 saved": {"family": "qwen3_moe", "settings": EP2, "checkpoint": path["ep2"]},
         "tp2 saved": {"family": "qwen3_moe", "settings": tp2, "checkpoint": path["tp2"]},
         "tp2 from ep2": {"family": "qwen3_moe", "settings": tp2, "resume": path["ep2"]},
         "ep2 from tp2": {"family": "qwen3_moe", "settings": EP2, "resume": path["tp2"]},
+        # px.load_model under tp 2, where packed_colwise gives each rank two blocks of gate_up_proj
+        "tp2 load_model": {"family": "qwen3_moe", "settings": tp2, "pretrained": str(tmp_path / "pretrained")},
+        "tp2 load_model fused": {
+            "family": "qwen3_moe",
+            "settings": tp2,
+            "pretrained": str(tmp_path / "fused.safetensors"),
+        },
     }
     saved_by_two = run_ranks("tests.dist.ep_workloads:matrix", 2, args=(two,), timeout=500)
+    start = make_model("qwen3_moe").state_dict()
+    for name in ("tp2 load_model", "tp2 load_model fused"):  # gathered from both ranks' parts to the main process
+        assert saved_by_two[0][name]["state"].keys() == start.keys()
+        for key, value in start.items():
+            assert torch.equal(saved_by_two[0][name]["state"][key], value), (name, key)
     four = {  # the 4-rank cases in one spawn
         "ep4 from ep2": {"family": "qwen3_moe", "settings": ep4, "resume": path["ep2"]},
         "ep4 saved": {"family": "qwen3_moe", "settings": ep4, "checkpoint": path["ep4"]},

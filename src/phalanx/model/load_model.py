@@ -14,6 +14,7 @@ mismatched names fail together in one message; `strict=False` loads the matches 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from phalanx.logging.rank_log import get_logger
+from phalanx.model import hf_layout
 
 
 @dataclass
@@ -113,11 +115,16 @@ def _refuse_or_warn(result: LoadResult, strict: bool, what: str) -> None:
     if not problems:
         return
     if strict:
-        raise ValueError(
-            f"px.load_model({what}): nothing loaded; "
-            + "; ".join(problems)
-            + ". HINT: fix the checkpoint or the model, or pass strict=False to load the keys that match."
+        per_expert = [k for k in result.unexpected if _PER_EXPERT.search(k)]
+        hint = (
+            f"the checkpoint stores each expert apart ({per_expert[0]}, ...) where the model holds fused "
+            "experts, and transformers has no conversion mapping that fuses them for this model (px.load_model "
+            "applies the model's own, as from_pretrained does). HINT: load the checkpoint with the model's "
+            "from_pretrained before px.prepare, or fuse the experts into the model's names yourself"
+            if per_expert and result.missing
+            else "HINT: fix the checkpoint or the model, or pass strict=False to load the keys that match"
         )
+        raise ValueError(f"px.load_model({what}): nothing loaded; " + "; ".join(problems) + f". {hint}.")
     get_logger().warning(
         "px.load_model(%s) with strict=False: loaded %d tensor(s), left %s",
         what,
@@ -134,10 +141,10 @@ def _read_local(f: Any, key: str, target: torch.Tensor, result: LoadResult) -> t
 
     from phalanx.model.meta_init import local_index
 
-    if not isinstance(target, DTensor):
+    if not isinstance(target, DTensor) or not _blocks(target):
         tensor = f.get_tensor(key)
         result.bytes_read += tensor.numel() * tensor.element_size()
-        return tensor.to(device=target.device, dtype=target.dtype)
+        return hf_layout.part(tensor, target)
     index = local_index(target)
     local = f.get_slice(key)[index] if index else f.get_tensor(key)
     result.bytes_read += local.numel() * local.element_size()
@@ -145,6 +152,14 @@ def _read_local(f: Any, key: str, target: torch.Tensor, result: LoadResult) -> t
     return DTensor.from_local(
         local, target.device_mesh, target.placements, shape=target.shape, stride=target.stride(), run_check=False
     )
+
+
+def _blocks(target: Any) -> bool:
+    """Each rank's part of the DTensor `target` is one block of the full tensor (`local_index`): not
+    so for tp's `packed_colwise` experts (`_StridedShard`: gate rows r and up rows r, two blocks)."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return not any(isinstance(p, _StridedShard) for p in target.placements)
 
 
 def _load_safetensors(
@@ -155,16 +170,32 @@ def _load_safetensors(
     result: LoadResult,
     model_key: Mapping[str, str],
     alias: Mapping[str, str],
+    fused: Mapping[str, hf_layout.Fused],
 ) -> None:
     """One tensor at a time through set_model_state_dict: a rank holds its shards plus one slice.
-    `alias`: checkpoint name -> the name the file stores it under (a tied weight, stored once)."""
+    `alias`: checkpoint name -> the name the file stores it under (a tied weight, stored once, or a
+    name transformers renames on load); `fused`: names built from several of the file's tensors."""
     from safetensors import safe_open
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     options = StateDictOptions(full_state_dict=not _is_sharded(model), strict=False)
+    if fused:
+        with contextlib.ExitStack() as stack:
+            opened: dict[str, Any] = {}
+
+            def read(key: str) -> torch.Tensor:
+                if files[key] not in opened:
+                    opened[files[key]] = stack.enter_context(safe_open(files[key], framework="pt"))
+                return opened[files[key]].get_tensor(key)
+
+            for key in [k for k in keys if k in fused]:
+                tensor, read_bytes = hf_layout.read_part(fused[key], read, model, key, model_sd[key])
+                result.bytes_read += read_bytes
+                set_model_state_dict(model, {model_key[key]: tensor}, options=options)
     by_file: dict[str, list[str]] = {}
     for key in keys:
-        by_file.setdefault(files[alias.get(key, key)], []).append(key)
+        if key not in fused:
+            by_file.setdefault(files[alias.get(key, key)], []).append(key)
     for path, names in by_file.items():
         with safe_open(path, framework="pt") as f:
             for key in names:
@@ -180,6 +211,8 @@ def _full_on_rank0(source: Any) -> Mapping[str, torch.Tensor] | None:
     return torch.load(os.fspath(source), map_location="cpu", mmap=True, weights_only=True)
 
 
+# one expert's tensor (transformers' files: experts.3.gate_proj.weight)
+_PER_EXPERT = re.compile(r"(?:^|\.)experts\.\d+\.")
 _ADAPTER = re.compile(r"\.lora_[A-Za-z_]+\.")  # peft's LoRA tensors (lora_A, lora_B, lora_magnitude_vector...)
 
 
@@ -237,24 +270,36 @@ def load_model(
         )
     if files is not None:  # every rank reads headers, then its own slices
         found = _safetensors_shapes(files)
+        matched = hf_layout.match(model, found, expected)  # transformers' per-expert files: its own mapping
+        found = hf_layout.shapes(matched, found, model)
         alias = {
             target: source
             for target, source in tied_keys(model).items()
             if target in expected and target not in found and source in found
         }
         found.update({target: found[source] for target, source in alias.items()})
+        alias.update(matched.renamed)
         if elsewhere is not None:  # asked by the model's names (a peft model's carry its prefix)
             prefix = "base_model.model." if hasattr(model, "peft_config") else ""
             found = {k: v for k, v in found.items() if k in expected or not elsewhere(prefix + k)}
         result = compare(expected, found)
         _refuse_or_warn(result, strict, what)
         _load_safetensors(
-            model, files, result.loaded, {n: model_sd[model_key[n]] for n in result.loaded}, result, model_key, alias
+            model,
+            files,
+            result.loaded,
+            {n: model_sd[model_key[n]] for n in result.loaded},
+            result,
+            model_key,
+            alias,
+            matched.fused,
         )
         return result
     # torch file / state dict: rank 0 reads it, checks it and broadcasts tensor by tensor
     broadcast = _distributed()
     state = _full_on_rank0(source) if rank == 0 or not broadcast else None
+    if state is not None:  # transformers' per-expert tensors fused as the model holds them
+        state = hf_layout.convert(state, expected, model)
     if not broadcast and state is None:
         raise ValueError("px.load_model: no state dict given (None)")
     shapes = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)} if state is not None else None
