@@ -6,8 +6,9 @@ weights gathered to their one-process names and shapes; the non-expert parameter
 saved under ep 2 reads in one process with one-process names and resumes under ep 2, zero3, ep 4 (4
 ranks) or tp 2 (and theirs under ep 2), the next step equal to one process; `phalanx export` of it
 is the one-process model's transformers directory, and `px.load_model` reads that directory (one
-tensor per expert) under ep 2. Under pp 2 x ep 2 (4 ranks) each stage's
-data-parallel ranks split its experts, equal to one process. What ep cannot
+tensor per expert) under ep 2. Under pp 2 x ep 2 (4 ranks) each stage's data-parallel ranks split
+its experts, and under ep 2 x tp 2 (4 ranks) each ep rank's experts are split over its tp ranks,
+equal to one process. What ep cannot
 lay out is refused at prepare."""
 
 from __future__ import annotations
@@ -78,6 +79,14 @@ COPIES = {
     "mixtral zero3 ep4": {"family": "mixtral", "settings": {"strategy": "zero3", "ep": 4}},
 }
 
+EP_TP = {"strategy": "ddp", "ep": 2, "tp": 2}
+TENSOR = {  # ep 2 x tp 2 on 4 ranks: each ep rank's experts split over its 2 tp ranks (transformers' MoE tp plan)
+    "qwen3_moe ep2 tp2": {"family": "qwen3_moe", "settings": EP_TP},
+    "mixtral ep2 tp2": {"family": "mixtral", "settings": EP_TP},
+    "qwen3_moe zero3 ep2 tp2": {"family": "qwen3_moe", "settings": {**EP_TP, "strategy": "zero3"}},
+    "mixtral zero3 ep2 tp2": {"family": "mixtral", "settings": {**EP_TP, "strategy": "zero3"}},
+}
+
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
@@ -139,6 +148,28 @@ def test_a_capacity_factor_in_the_ep_plan_under_zero3():
 def test_ep_on_4_ranks_equals_one_process(name):
     """ep 2 (2 copies of each expert, averaged) and ep 4 (one expert per rank) on 4 ranks."""
     _equal_to_one_process(_spawned(COPIES, 4), name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TENSOR))
+def test_ep2_x_tp2_equals_one_process(name):
+    """ep 2 x tp 2 on 4 ranks, ddp and zero3: tokens go by all-to-all to the ep ranks sharing their tp
+    coordinate; each expert held there is split over tp as transformers' MoE tp plan says
+    (`packed_colwise` gate_up_proj, `rowwise` down_proj, `moe_tp_experts`: partial outputs summed over tp)."""
+    ranks = _spawned(TENSOR, 4)
+    assert "refused" not in ranks[0][name], ranks[0][name]["refused"]  # before: "not composed with tensor parallel yet"
+    ref = ranks[0][name]["reference"]
+    for rank in ranks:
+        run = rank[name]
+        assert "refused" not in run, run.get("refused")
+        # 2 of the 4 experts, each with its tp rank's half of the 2 x 16 gate/up rows: [4, 32, 32] -> [2, 16, 32]
+        assert run["local_experts"] == [(2, 16, 32)], run["local_experts"]
+        torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), rtol=2e-4, atol=0)
+        torch.testing.assert_close(torch.tensor(run["norms"]), torch.tensor(ref["norms"]), rtol=2e-4, atol=0)
+    state = ranks[0][name]["state"]
+    assert state.keys() == ref["state"].keys()
+    for key, value in ref["state"].items():  # every expert whole again, under its one-process name
+        torch.testing.assert_close(state[key], value, rtol=2e-4, atol=1e-5, msg=key)
 
 
 _spawns: dict[int, list[dict]] = {}

@@ -28,7 +28,7 @@ def test_every_family_and_layout_has_a_cell_and_every_refusal_its_note():
 def test_every_equal_moe_cell_names_a_case_the_expert_parallel_test_runs():
     from tests.dist import test_expert_parallel as ep
 
-    cases = {**ep.CASES, **ep.MORE, **ep.COPIES}
+    cases = {**ep.CASES, **ep.MORE, **ep.COPIES, **ep.TENSOR}
     for fam in families.MOE_FAMILIES:
         for layout, case in fam.cases.items():
             if case.startswith("pp "):  # test_ep2_under_pp2_equals_one_process: Qwen3-MoE, pp 2 x ep 2, 4 ranks
@@ -39,4 +39,5 @@ def test_every_equal_moe_cell_names_a_case_the_expert_parallel_test_runs():
             settings = cases[case]["settings"]
             assert f"ep {settings['ep']}" in layout and settings["strategy"] == layout.split()[0], (layout, settings)
             assert ("cp" in layout) == ("cp" in settings) and ("aux" in layout) == ("aux" in cases[case])
+            assert ("tp 2" in layout) == (settings.get("tp") == 2) == (case in ep.TENSOR), (layout, settings)
             assert ("copies" in layout or "ep 4" in layout) == (case in ep.COPIES)

@@ -78,7 +78,7 @@ class MoeFamily:
     name: str
     model_class: str
     cases: dict[str, str]
-    """MOE_LAYOUTS column -> the case name in test_expert_parallel's CASES, MORE or COPIES ("pp ddp",
+    """MOE_LAYOUTS column -> the case name in test_expert_parallel's CASES, MORE, COPIES or TENSOR ("pp ddp",
     "pp zero3": the strategies of its pp 2 x ep 2 test, ep_workloads.ep_pp_layouts)."""
 
 
@@ -93,10 +93,11 @@ MOE_LAYOUTS: dict[str, str] = {
     "zero3 ep 4": "4 processes",
     "ddp pp 2 x ep 2": "4 processes",
     "zero3 pp 2 x ep 2": "4 processes",
-    "ep 2 x tp 2": "",
+    "ddp ep 2 x tp 2": "4 processes",
+    "zero3 ep 2 x tp 2": "4 processes",
 }
 """the expert-parallel table's columns: name -> its processes."""
-MOE_REFUSED = {"ep 2 x tp 2": "expert parallel is not composed with tensor parallel yet"}
+MOE_REFUSED: dict[str, str] = {}
 """columns every MoE family is refused in at prepare: what the refusal says."""
 MOE_FAMILIES: tuple[MoeFamily, ...] = (
     MoeFamily(
@@ -109,6 +110,8 @@ MOE_FAMILIES: tuple[MoeFamily, ...] = (
             "ddp cp 2 x ep 2": "qwen3_moe cp2",
             "ddp pp 2 x ep 2": "pp ddp",
             "zero3 pp 2 x ep 2": "pp zero3",
+            "ddp ep 2 x tp 2": "qwen3_moe ep2 tp2",
+            "zero3 ep 2 x tp 2": "qwen3_moe zero3 ep2 tp2",
         },
     ),
     MoeFamily(
@@ -120,6 +123,8 @@ MOE_FAMILIES: tuple[MoeFamily, ...] = (
             "zero3 ep 2, 2 copies": "mixtral zero3",
             "ddp ep 4": "mixtral ep4",
             "zero3 ep 4": "mixtral zero3 ep4",
+            "ddp ep 2 x tp 2": "mixtral ep2 tp2",
+            "zero3 ep 2 x tp 2": "mixtral zero3 ep2 tp2",
         },
     ),
     MoeFamily("olmoe", "OlmoeForCausalLM", {"ddp ep 2": "olmoe"}),
@@ -203,7 +208,8 @@ Each MoE family from a small config of its own class (4 experts, top 2, 2 layers
 AdamW steps with transformers' loop (`labels=`, torch's `clip_grad_norm_`) under `Phalanx(ep=2, ...)` by
 `tests/dist/test_expert_parallel.py` against the same loop in one process ([mixture of experts](moe.md)).
 **equal**: every step's loss and grad norm within 2e-4 relative, every final weight too. "2 copies":
-4 processes, each expert on 2 of them. "aux loss": the router's load-balancing loss on
+4 processes, each expert on 2 of them. "ep 2 x tp 2": each ep rank's experts split over its 2 tp ranks as
+transformers' MoE tp plan says. "aux loss": the router's load-balancing loss on
 (`output_router_logits=True`, `router_aux_loss_coef=0.05`). **not tested**: no test runs it yet.
 
 """

@@ -54,6 +54,9 @@ PARTS: dict[str, str] = {
     "ep": "the ranks one MoE layer's experts are split over: tokens go to their expert's rank (all-to-all)",
     "ep_replicate": "the ranks that hold the same experts: their gradients are averaged over them",
 }
+# Meshes made of two named ones side by side (torch's `_concatenate`: no new group): under ep x tp, an
+# expert weight is split over the ep ranks (dim 0) and, within each, over the tp ranks as tp's plan says.
+JOINED: dict[str, tuple[str, str]] = {"ep_tp": ("ep", "tp")}
 
 
 class Layout:
@@ -65,7 +68,7 @@ class Layout:
         self._flat: dict[tuple[str, ...], Any] = {}  # dims flattened -> their mesh (one per set of ranks)
         self._pipelines: dict[tuple[int, ...], Any] = {}  # pipeline ranks -> this rank's group of them
         self._groups: dict[str, Any] = {}  # name -> its group: px.reduce asks on every call
-        self._parts: dict[str, Any] = {}  # "experts" -> "grad" unflattened into PARTS' dims
+        self._parts: dict[str, Any] = {}  # "experts" -> "grad" unflattened into PARTS' dims; JOINED's meshes
 
     @classmethod
     def build(cls, plan: ParallelPlan, device_type: str) -> "Layout":
@@ -78,7 +81,8 @@ class Layout:
         return cls(plan, init_device_mesh(device_type, tuple(degrees.values()), mesh_dim_names=tuple(degrees)))
 
     def mesh(self, name: str) -> Any:
-        """The 1-D mesh of a dim of `MESH_DIMS`, of a derived group of `SPANS` or of `PARTS`; "fully_shard": the mesh
+        """The 1-D mesh of a dim of `MESH_DIMS`, of a derived group of `SPANS` or of `PARTS`; the 2-D mesh of
+        a `JOINED` entry; "fully_shard": the mesh
         FSDP2 works over (dp_shard_cp alone, or dp_replicate x dp_shard_cp for replicas)."""
         if name in MESH_DIMS:
             return self.root[name]
@@ -87,6 +91,12 @@ class Layout:
                 sizes = tuple(getattr(self.plan, part) for part in PARTS)
                 self._parts["experts"] = self.mesh("grad")._unflatten(0, sizes, tuple(PARTS))
             return self._parts["experts"][name]
+        if name in JOINED:
+            if name not in self._parts:
+                from torch.distributed.device_mesh import DeviceMesh
+
+                self._parts[name] = DeviceMesh._concatenate([self.mesh(part) for part in JOINED[name]])
+            return self._parts[name]
         if name == "fully_shard":
             shard = self._flatten(self._dims("dp_shard_cp", keep="dp_shard"))
             return self.root["dp_replicate", shard] if self.plan.dp_replicate > 1 else self.root[shard]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -57,9 +58,11 @@ def parallelize(
     precision: Precision,
     device: torch.device,
     backend: str,
+    after_tp: Callable[[nn.Module], None] | None = None,
 ) -> Parallelized:
     """The model laid out as `layout.plan` says, on `device`; in place except for the DDP/DataParallel
-    wrapper it may come back in. Under pp > 1: this rank's stages, and the runner that drives them."""
+    wrapper it may come back in. Under pp > 1: this rank's stages, and the runner that drives them.
+    `after_tp`: what runs on the model between tensor parallel and data parallel (ep x tp's split)."""
     plan = layout.plan
     if plan.tp > 1:  # before the model is cut or split
         _refuse_compile(options.compile, plan)
@@ -76,6 +79,8 @@ def parallelize(
         tp_layers = tensor_parallel.apply(
             model, layout.mesh("tp"), options.tp_plan, options.sequence_parallel, chosen=chosen
         )
+    if after_tp is not None:
+        after_tp(model)
     init_order = cut.init_order if cut is not None else None
     if plan.uses_fsdp:
         units = transform_units(

@@ -76,10 +76,19 @@ class ParallelStrategy:
         self.context.prepare(model)  # cp: the model's attention sent across the cut, or refused
         # every name of a tied parameter: a pipeline stage may hold it under one of them only
         before = list(model.named_parameters(remove_duplicate=False))
-        # ep: each MoE layer keeps this rank's experts and sends tokens to theirs (before DDP wraps it)
-        experts = expert_parallel.apply(
-            model, self.layout, self.ctx.device, self.options.ep_plan, self.options.capacity_factor
-        )
+        # ep: each MoE layer keeps this rank's experts and sends tokens to theirs (before DDP wraps it);
+        # under tp, of the parts tensor parallel split first (parallelize calls it after tp)
+        split: list[expert_parallel.ExpertParallel | None] = []
+
+        def split_experts(m: nn.Module) -> None:
+            split.append(
+                expert_parallel.apply(
+                    m, self.layout, self.ctx.device, self.options.ep_plan, self.options.capacity_factor
+                )
+            )
+
+        if not expert_parallel.after_tp(self.plan):
+            split_experts(model)
         done = parallelize(
             model,
             self.layout,
@@ -87,7 +96,9 @@ class ParallelStrategy:
             precision=self.precision,
             device=self.ctx.device,
             backend=self.ctx.backend,
+            after_tp=split_experts if expert_parallel.after_tp(self.plan) else None,
         )
+        experts = split[0] if split else None
         self.wrapper = done.wrapper
         # by the names the model had: checkpointed blocks sit inside wrappers after it
         after = {

@@ -20,6 +20,14 @@ expert is split before the model is cut into stages, each stage's ranks run the 
 so their all-to-alls pair up; torch's clip_grad_norm_ takes the pipeline's norm (each stage's, DTensor
 experts included, summed over the stages).
 
+Under tp (innermost), the ep ranks are the gradient ranks sharing a tp coordinate: the tp ranks of
+an ep rank hold the same tokens, route them alike and send them to the ep ranks of their own tp
+coordinate. Tensor parallel splits the experts first (tp_experts.py, transformers' `packed_colwise`,
+`rowwise` and `moe_tp_experts`, whose forward sums the partial outputs over tp); the split here runs
+after it (`after_tp`) and keeps this rank's experts of its tp part, on the 2-D mesh ep x tp
+(`layout.mesh("ep_tp")`). Dispatch calls tp's forward on the received rows; the tp parts are different
+weights, so the gradients reduce as above, over the ep ranks of one tp coordinate and their copies.
+
 The split weights are DTensors of the one-process shape, sharded on dim 0 over the ep ranks (the
 experts forward runs on their local parts): a DCP checkpoint stores every expert under its
 one-process name (read in one process with no group, resumed under the same layout: tested), and
@@ -43,6 +51,7 @@ from phalanx.strategies.expert_parallel import capacity, ep_plan
 from phalanx.strategies.expert_parallel.dispatch import Dispatch
 from phalanx.strategies.optimizers.grad_norm import total_norm
 from phalanx.strategies.layout import Layout
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 
 class ExpertParallel:
@@ -66,19 +75,19 @@ class ExpertParallel:
         # the token-choices a capacity dropped, per layer and step (counted only under a capacity factor)
         self.drops = capacity.Drops(device, self.copies, log=layout.root.get_rank() == 0)
         self._counting = False  # an optimizer's steps end the drops' steps
-        mesh = layout.mesh("ep")
-        rank = mesh.get_local_rank()
+        rank = layout.mesh("ep").get_local_rank()
         self.names: list[str] = []  # full names (in `model`) of the split weights
         for experts in found:
             local = experts.num_experts // self.ranks
             for name in experts.params:
                 param = experts.module.get_parameter(name)
+                mesh, placements, whole = _laid_out(param, layout, f"{experts.name}.{name}", kind=type(model).__name__)
                 # this rank's experts, on the device (FSDP2 leaves the parameters it ignores where they
                 # are), as a DTensor of the one-process shape: checkpoints store every expert under its
                 # one-process name, and optimizer states follow the same layout
-                part = param.detach()[rank * local : (rank + 1) * local].to(device, copy=True)
+                part = whole[rank * local : (rank + 1) * local].to(device, copy=True)
                 split = nn.Parameter(
-                    DTensor.from_local(part, mesh, [Shard(0)], run_check=False), requires_grad=param.requires_grad
+                    DTensor.from_local(part, mesh, placements, run_check=False), requires_grad=param.requires_grad
                 )
                 experts.module.register_parameter(name, split)
                 self.names.append(f"{experts.name}.{name}")
@@ -128,15 +137,34 @@ class ExpertParallel:
         return state
 
 
+def _laid_out(param: torch.Tensor, layout: Layout, name: str, kind: str) -> tuple[Any, list[Any], torch.Tensor]:
+    """(mesh, placements, this rank's tensor to take the experts from) of one expert weight: under tp,
+    tensor parallel split it already (transformers' `packed_colwise` / `rowwise`, tp_experts.py), so each
+    ep rank keeps its experts of the tp rank's part, on the 2-D mesh ep x tp; else the whole weight
+    on the ep mesh."""
+    if not isinstance(param, DTensor):
+        return layout.mesh("ep"), [Shard(0)], param.detach()
+    tp_split = [p for p in param.placements if hasattr(p, "dim")]  # Shard, or packed_colwise's _StridedShard
+    if not tp_split or any(p.dim == 0 for p in tp_split):
+        raise ValueError(
+            f"ep={layout.plan.ep} ({layout.plan.describe()}) with tp: {kind}'s expert weight {name} is "
+            f"{'replicated' if not tp_split else 'split on its experts dim'} by tensor parallel "
+            f"({list(param.placements)}), so ep cannot split its experts over the ranks of each tp part. "
+            "HINT: give tp_plan its experts 'packed_colwise' / 'rowwise' and the experts module "
+            "'moe_tp_experts' (as transformers' own plans do), or use ep without tp"
+        )
+    return layout.mesh("ep_tp"), [Shard(0), *param.placements], param.to_local().detach()
+
+
 def _refuse_compositions(model: nn.Module, layout: Layout) -> None:
     """ValueError for the layouts ep is not composed with yet (each with what runs instead)."""
     plan = layout.plan
     kind, where = type(model).__name__, plan.describe()
-    if plan.tp > 1:
+    if plan.tp > 1 and plan.pp > 1:
         raise ValueError(
-            f"ep={plan.ep} ({where}) with tp: expert parallel is not composed with tensor parallel yet, "
-            f"so {kind}'s experts cannot be laid out. HINT: use ep with ddp, zero2/zero3 or pp (tp=1), "
-            "or tp without ep"
+            f"ep={plan.ep} ({where}) with tp and pp together: expert parallel is composed with tensor "
+            f"parallel or with pipeline stages, not both yet, so {kind}'s experts cannot be laid out. "
+            "HINT: use ep with tp (pp=1) or ep with pp (tp=1)"
         )
     if any(p.is_meta for p in model.parameters()):
         raise ValueError(
@@ -150,6 +178,12 @@ def _refuse_compositions(model: nn.Module, layout: Layout) -> None:
             f"ranks as if each held the same ones, and under ep each holds other experts of {kind}. HINT: "
             "use strategy ddp, zero2 or zero3 with ep, or zero1 without ep"
         )
+
+
+def after_tp(plan: ParallelPlan) -> bool:
+    """Whether the experts are split after tensor parallel (ep x tp: each ep rank keeps its experts of
+    its tp part) rather than before anything (the model whole)."""
+    return plan.ep > 1 and plan.tp > 1
 
 
 def apply(
@@ -167,4 +201,4 @@ def apply(
     return ExpertParallel(model, layout, device, user_plan, capacity_factor)
 
 
-__all__ = ["ExpertParallel", "apply"]
+__all__ = ["ExpertParallel", "after_tp", "apply"]
