@@ -129,14 +129,19 @@ def parallelize(
 def _refuse_compile(spec: object, plan: ParallelPlan) -> None:
     """torch.compile of tensor-parallel blocks fails in the first backward (inductor and aot_eager
     alike, torch 2.13, a transformers Llama at tp 2): a gradient reaches DTensor's Redistribute
-    backward as a plain tensor. Refused here, before anything is split, not at the first step."""
+    backward as a plain tensor, in a Redistribute that ran eagerly (outside the compiled graphs).
+    Not a torch limitation as such: plain torch (parallelize_module with Colwise/RowwiseParallel,
+    norms made Replicate() by tp_replicate, each block's forward compiled with aot_eager) trains on
+    2 gloo ranks; it is specific to the transformers Llama decoder block under phalanx's regional
+    compile (cause not yet pinned down). Refused here, before anything is split, not at the first step."""
     if compile_units.options_of(spec) is None:  # type: ignore[arg-type]
         return
     raise ValueError(
         f"compile={spec!r} with tp={plan.tp}: torch.compile of the tensor-parallel blocks fails in the first "
         "backward (\"'Tensor' object has no attribute '_local_tensor'\" in DTensor's Redistribute backward, "
-        "torch " + torch.__version__.split("+")[0] + "). HINT: leave compile off under tensor parallel, or "
-        "compile under a layout without tp (ddp, zero1/2/3, hsdp, pp)."
+        "torch " + torch.__version__.split("+")[0] + "): a gradient of an eagerly run redistribution comes back "
+        "from the compiled transformer blocks as a plain tensor, not a DTensor. HINT: leave compile off under "
+        "tensor parallel, or compile under a layout without tp (ddp, zero1/2/3, hsdp, pp)."
     )
 
 
