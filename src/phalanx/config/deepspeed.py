@@ -163,12 +163,3 @@ def _read_precision(raw: Mapping[str, Any], out: DeepSpeedConfig) -> None:
         section = raw.get(name)
         if isinstance(section, Mapping):
             out.unsupported += [f"{name}.{k}" for k in sorted(section) if k != "enabled"]
-
-
-def merge(setting: str, explicit: Any, from_config: Any, source: str) -> Any:
-    """The explicit value if given, else the config's; a conflict between them is an error."""
-    if explicit is not None and from_config is not None and explicit != from_config:
-        raise ValueError(
-            f"{setting}={explicit!r} was passed but the {source} says {from_config!r}. HINT: drop one of them."
-        )
-    return explicit if explicit is not None else from_config

@@ -129,7 +129,7 @@ def grouped(*items: Group | Setting) -> tuple[Setting, ...]:
     return tuple(rows)
 
 
-L, R = Scope.LAUNCHER, Scope.RUNTIME
+L = Scope.LAUNCHER
 
 SETTINGS: tuple[Setting, ...] = grouped(
     LAUNCH,

@@ -113,9 +113,6 @@ class TensorBoardSink:
         self.writer.close()
 
 
-SINKS: dict[str, Callable[[str], Sink]] = {"csv": CSVSink, "jsonl": JSONLSink, "tensorboard": TensorBoardSink}
-
-
 @dataclass(frozen=True)
 class Destination:
     """One name `log_sinks` / `trackers` accept: how to build it and which package it needs."""

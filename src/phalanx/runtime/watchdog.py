@@ -45,7 +45,6 @@ from phalanx.runtime.context import AgentEnv
 from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.runtime.verdict import LEFT, LEFT_LOOP, PeerView, Verdict, at_step, judge
 
-DEFAULT_WATCHDOG_TIMEOUT_S = 60.0
 EXIT_CODE = 3  # a rank stopped by the watchdog (1 stays "the script raised")
 
 

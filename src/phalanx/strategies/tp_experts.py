@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 PARAM_STYLES = ("packed_colwise", "colwise", "rowwise")  # styles a plan may give a parameter
-MODULE_STYLES = ("moe_tp_experts",)
 
 
 def _sum_over(group: Any, forward: bool) -> Any:
