@@ -24,8 +24,6 @@ class Strategy(Protocol):
     """The DeviceMesh with the plan's named dims; None in a world of one."""
     dp_group: Any
     """The process group of the ranks that read different data (None: every rank)."""
-    grad_group: Any
-    """The process group gradients are averaged over: data-parallel x cp (None: every rank)."""
     layout: Layout
     """The mesh and every named group of the plan (strategies/layout.py)."""
     context: ContextParallel

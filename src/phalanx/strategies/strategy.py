@@ -48,7 +48,6 @@ class ParallelStrategy:
         self.options = options or StrategyOptions()
         self.mesh = layout.root
         self.dp_group = layout.group("dp")  # the data-parallel ranks' group (None: every rank)
-        self.grad_group = layout.group("grad")  # the ranks gradients are averaged over: data-parallel x cp
         # cp: this rank's part of each row (size 1: no cut), applied by setup_model as pp's cut is
         self.context = ContextParallel(self.plan.cp, self.plan.cp_rank(ctx.rank), layout.group("cp"))
         self.precision = Precision(self.options.mixed_precision, ctx.device, sharded=self.plan.partial_gradients)
