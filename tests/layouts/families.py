@@ -127,9 +127,11 @@ MOE_FAMILIES: tuple[MoeFamily, ...] = (
             "zero3 ep 2 x tp 2": "mixtral zero3 ep2 tp2",
         },
     ),
-    MoeFamily("olmoe", "OlmoeForCausalLM", {"ddp ep 2": "olmoe"}),
+    MoeFamily("olmoe", "OlmoeForCausalLM", {"ddp ep 2": "olmoe", "ddp ep 2 x tp 2": "olmoe ep2 tp2"}),
     MoeFamily("gpt_oss", "GptOssForCausalLM", {"ddp ep 2": "gpt_oss"}),
-    MoeFamily("deepseek_v3", "DeepseekV3ForCausalLM", {"ddp ep 2": "deepseek_v3"}),
+    MoeFamily(
+        "deepseek_v3", "DeepseekV3ForCausalLM", {"ddp ep 2": "deepseek_v3", "ddp ep 2 x tp 2": "deepseek_v3 ep2 tp2"}
+    ),
 )
 
 
