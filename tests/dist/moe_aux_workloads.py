@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from phalanx import Phalanx
-from tests.dist.moe_tp_workloads import make_model
+from tests.dist.ep_workloads import make_model
 
 STEPS, BATCH, LR, MAX_NORM, COEF = 4, 8, 1e-2, 1.0, 0.1
 SAMPLES, SEQ, VOCAB = 32, 12, 64
@@ -43,8 +43,7 @@ class Rows(Dataset):
 
 
 def _model(family: str) -> nn.Module:
-    model = make_model(family)
-    model.router_aux_loss_coef = COEF  # read from the config at construction: a larger share of the loss
+    model = make_model(family, aux=COEF)
     return model
 
 

@@ -13,33 +13,15 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from phalanx import Phalanx
-from tests.dist.tp_workloads import VOCAB, make_data
+from tests.dist import ep_workloads
+from tests.dist.tp_workloads import make_data
 
-STEPS, BATCH, LR, MAX_NORM = 4, 8, 1e-2, 1.0
+STEPS, BATCH, LR, MAX_NORM, AUX = 4, 8, 1e-2, 1.0, 0.02
 
 
 def make_model(family: str) -> nn.Module:
-    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(0)
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_experts_per_tok=2,
-        output_router_logits=True,
-        router_aux_loss_coef=0.02,
-        max_position_embeddings=32,
-        attn_implementation="eager",
-    )
-    if family == "qwen3_moe":
-        config = Qwen3MoeConfig(
-            num_experts=4, moe_intermediate_size=32, intermediate_size=64, head_dim=8, decoder_sparse_step=1, **common
-        )
-        return Qwen3MoeForCausalLM(config)
-    return MixtralForCausalLM(MixtralConfig(num_local_experts=4, intermediate_size=64, **common))
+    """The tiny MoE model of the ep tests, its router's load-balancing loss in the loss (coefficient 0.02)."""
+    return ep_workloads.make_model(family, aux=AUX)
 
 
 def _norm(value: Any) -> float:

@@ -314,11 +314,11 @@ def test_one_tensor_parallel_rank_holds_its_part_of_each_fused_expert_weight():
     from tests.dist.moe_tp_workloads import make_model
 
     with torch.device("meta"):
-        moe = make_model("qwen3_moe")  # gate_up [4, 64, 32] packed_colwise, down [4, 32, 32] rowwise
+        moe = make_model("qwen3_moe")  # gate_up [4, 32, 32] packed_colwise, down [4, 32, 16] rowwise
     chosen = tensor_parallel.shrink_to_one_rank(moe, None, build("ddp", world=2, local=2, tp=2))
     experts = moe.model.layers[0].mlp.experts
     assert chosen["model.layers.0.mlp.experts"] == "moe_tp_experts"
-    assert experts.gate_up_proj.shape == (4, 32, 32) and experts.down_proj.shape == (4, 32, 16)
+    assert experts.gate_up_proj.shape == (4, 16, 32) and experts.down_proj.shape == (4, 32, 8)
     assert not any(name.endswith("mlp.gate_proj") for name in chosen)  # the plan's dense-MLP rows: no such layer
 
 
