@@ -97,12 +97,9 @@ _RESUME_FROM = {
 }
 
 
-_COMPILE_TP = "with tp=2: torch.compile of the tensor-parallel blocks fails in the first backward"
 _BN_PP = "sync_batchnorm with pp=2: a pipeline runs each microbatch through"
 _BN_TP = "Sequential has no tensor-parallel plan: phalanx does not know which of its layers to split"
 INSTEAD = {
-    _COMPILE_TP: "a gradient reaches DTensor's Redistribute backward as a plain tensor (inductor and aot_eager "
-    "alike); compile under a layout without tp, or leave compile off under tp",
     _BN_PP: "BatchNorm's statistics would cover one microbatch, not the global batch; train it under a "
     "data-parallel layout (ddp, zero1/2/3, hsdp), or use GroupNorm / LayerNorm to use pp",
     _BN_TP: "give `tp_plan` (module name pattern -> colwise / rowwise / ...), or use a data-parallel layout",
@@ -128,7 +125,7 @@ def _cells() -> tuple[tuple[Cell, ...], tuple[tuple[str, str, str], ...]]:
             Cell(layout.name, "llama", ("clip", "preempt")),
             Cell(layout.name, "llama", ("ac", "clip")),
             Cell(layout.name, "llama-lora", ("ac", "clip")),
-            Cell(layout.name, "llama", ("compile", "clip"), refused=_COMPILE_TP if "tp" in layout.settings else None),
+            Cell(layout.name, "llama", ("compile", "clip")),
         ]
     return tuple(cells), tuple(pending)
 

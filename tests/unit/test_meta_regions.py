@@ -169,6 +169,34 @@ def test_compile_replaces_each_unit_forward_and_rejects_bad_values():
         Phalanx(compile="fast")  # refused before any group is joined
 
 
+class _AsyncOutput(torch.autograd.Function):
+    """What tensor parallel's embedding hands a block: RowwiseParallel's async all-reduce, taken
+    local before it is waited (an AsyncCollectiveTensor that requires grad)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+        return AsyncCollectiveTensor(x.clone())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def test_a_compiled_unit_passes_the_gradient_to_an_async_collective_input():
+    """torch 2.13's compile unwraps such an input without its requires_grad: the gradient behind it
+    came back zero here (under tp 2, a plain tensor in DTensor's Redistribute backward)."""
+    torch.manual_seed(0)
+    unit, x = nn.Linear(3, 3), torch.randn(2, 3, requires_grad=True)
+    unit(x).square().sum().backward()
+    want = x.grad.clone()
+    x.grad = None
+    compile_units.apply([unit], {"backend": "aot_eager"}, torch.device("cpu"))
+    unit(_AsyncOutput.apply(x)).square().sum().backward()
+    torch.testing.assert_close(x.grad, want)
+
+
 def _choice(env=None, **kwargs):
     return choose(config.resolve(config.from_env(env or {}), config.from_kwargs(kwargs)))
 

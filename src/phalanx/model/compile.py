@@ -4,6 +4,15 @@ does), so graph breaks at unit boundaries are by design and FSDP's hooks stay ou
 Compiling `module.forward` in place keeps parameter names (no `_orig_mod.` in state dicts). On CPU
 inductor needs a C++ compiler: without one phalanx says so once and runs eager instead of failing
 at the first step.
+
+Under tensor parallel a unit's input can be an `AsyncCollectiveTensor`: the embedding's
+`RowwiseParallel` all-reduces its output with `async_op=True` and hands back the local tensor before
+the collective is waited. torch 2.13's compile unwraps such an input with `trigger_wait()`, which
+drops its `requires_grad` (pytorch/pytorch#179849's unwrap; #191113 restores it): the graph is
+traced without that input's gradient, which arrives at the eager redistribution as a plain tensor
+("'Tensor' object has no attribute '_local_tensor'" in DTensor's Redistribute backward) or not at
+all (zero). Each compiled unit therefore waits such inputs itself, keeping their autograd edge,
+before its compiled forward sees them.
 """
 
 from __future__ import annotations
@@ -57,4 +66,31 @@ def apply(units: list[nn.Module], spec: CompileSpec, device: torch.device) -> li
         return []
     for unit in units:
         unit.forward = torch.compile(unit.forward, **options)
+        unit.register_forward_pre_hook(_wait_async_inputs, with_kwargs=True)
     return units
+
+
+class _Waited(torch.autograd.Function):
+    """An `AsyncCollectiveTensor`'s waited value as a plain tensor, with the gradient passed through
+    to it (its own `trigger_wait()` returns the inner tensor, which is outside the autograd graph)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        waited = tensor.trigger_wait()  # type: ignore[attr-defined]
+        return waited.view_as(waited)  # a fresh tensor object: autograd's metadata is set on it
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad
+
+
+def _wait_async_inputs(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook of a compiled unit: its `AsyncCollectiveTensor` inputs waited (see above)."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.utils._pytree import tree_any, tree_map_only
+
+    if not tree_any(lambda x: isinstance(x, AsyncCollectiveTensor), (args, kwargs)):
+        return None
+    return tree_map_only(AsyncCollectiveTensor, _Waited.apply, (args, kwargs))

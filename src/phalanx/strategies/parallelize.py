@@ -17,12 +17,10 @@ import torch
 from torch import nn
 
 from phalanx.loop.precision import Precision
-from phalanx.model import compile as compile_units
 from phalanx.model import init_replay, meta_init, router_balance
 from phalanx.model.units import default_units, shard_units, transform_units
 from phalanx.strategies import ddp, dp, fsdp, tensor_parallel, tp_fit, tp_peft
 from phalanx.strategies.options import StrategyOptions
-from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.context.layout import local_padding
 from phalanx.strategies.layout import Layout
 from phalanx.strategies.pipeline import layout as pipeline_layout
@@ -64,8 +62,6 @@ def parallelize(
     wrapper it may come back in. Under pp > 1: this rank's stages, and the runner that drives them.
     `after_tp`: what runs on the model between tensor parallel and data parallel (ep x tp's split)."""
     plan = layout.plan
-    if plan.tp > 1:  # before the model is cut or split
-        _refuse_compile(options.compile, plan)
     fills = init_replay.recorded_fills(model) if meta_init.is_meta(model) else {}  # before shards replace them
     cut = pipeline_layout.cut(model, plan, options, layout.mesh("pp").get_local_rank()) if plan.pp > 1 else None
     if cut is None and plan.grad_size > 1:  # an MoE router's load-balancing loss over the whole global batch
@@ -124,25 +120,6 @@ def parallelize(
         )
         return _done(model, stages, Wrapper.DDP, tp_layers, cut, layout, device)
     return _done(model, stages, Wrapper.NONE, tp_layers, cut, layout, device)
-
-
-def _refuse_compile(spec: object, plan: ParallelPlan) -> None:
-    """torch.compile of tensor-parallel blocks fails in the first backward (inductor and aot_eager
-    alike, torch 2.13, a transformers Llama at tp 2): a gradient reaches DTensor's Redistribute
-    backward as a plain tensor, in a Redistribute that ran eagerly (outside the compiled graphs).
-    Not a torch limitation as such: plain torch (parallelize_module with Colwise/RowwiseParallel,
-    norms made Replicate() by tp_replicate, each block's forward compiled with aot_eager) trains on
-    2 gloo ranks; it is specific to the transformers Llama decoder block under phalanx's regional
-    compile (cause not yet pinned down). Refused here, before anything is split, not at the first step."""
-    if compile_units.options_of(spec) is None:  # type: ignore[arg-type]
-        return
-    raise ValueError(
-        f"compile={spec!r} with tp={plan.tp}: torch.compile of the tensor-parallel blocks fails in the first "
-        "backward (\"'Tensor' object has no attribute '_local_tensor'\" in DTensor's Redistribute backward, "
-        "torch " + torch.__version__.split("+")[0] + "): a gradient of an eagerly run redistribution comes back "
-        "from the compiled transformer blocks as a plain tensor, not a DTensor. HINT: leave compile off under "
-        "tensor parallel, or compile under a layout without tp (ddp, zero1/2/3, hsdp, pp)."
-    )
 
 
 def _router_refusal() -> str | None:
