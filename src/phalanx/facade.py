@@ -17,7 +17,6 @@ from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.logging.rank_log import get_logger
 from phalanx import services
 from phalanx.config.names import Needs
-from phalanx.host_only import host_memory
 from phalanx.runtime import device_peaks, parity_record, seeding
 from phalanx.runtime.context import DistContext, handed_plan, launcher_settings, mark_phalanx_created, parity_request
 from phalanx.checkpoint.state import base_optimizer
@@ -34,15 +33,12 @@ from phalanx.loop.accumulation import Accumulator, wrap_optimizer
 from phalanx.loop.callbacks import LoopCallbacks
 from phalanx.strategies.optimizers.closure_loss import closure_wrapper
 from phalanx.loop.num_items import ItemCount
-from phalanx.strategies import auto, ddp_options
-from phalanx.strategies.plan import job_plan, presets, settings_check
+from phalanx.strategies import ddp_options, setup
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import choose
-from phalanx.strategies.layout import Layout
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.context import attention as cp_attention
-from phalanx.strategies.strategy import ParallelStrategy
 
 
 class Phalanx:
@@ -81,23 +77,13 @@ class Phalanx:
         self._resolved = resolved
         # the job's one plan: the launcher's when these settings ask for it, else built here, once;
         # strategy auto's is the plan of its degrees until it decides (at prepare, from the model)
-        self._plan = job_plan.plan_for(
-            self.settings.strategy,
-            cfg,
-            handed_plan(),
-            world_size=self.ctx.world_size,
-            local_world_size=self.ctx.local_world_size,
-            cpu_offload=self.settings.options.cpu_offload,
-            **self._hybrid(),
-        )
-        for warning in settings_check.check(resolved, settings_check.checked_plan(resolved, self._plan)):
-            get_logger().warning("%s", warning)
+        self._plan = setup.job_plan_for(self.settings, resolved, self.ctx, handed_plan())
         self.debug = cfg.debug  # check each collective's shapes across ranks first
         init_process_group(self.ctx, cfg.collective_timeout)
         self._strategy: Strategy | None = None
         self.ctx = self.ctx.with_data_parallel(self._plan)  # auto's replicas or shards: the same data shards
-        if not self._undecided():
-            self._adopt_plan(self._plan)
+        if not setup.undecided(self.settings, self._plan):
+            self._adopt(setup.adopt(self._plan, self.ctx, cfg, self.settings, self._before_clip))
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_records = BatchRecords()  # each prepared loader's own record of its last batch
@@ -146,7 +132,7 @@ class Phalanx:
             self.world_size,
             self.device,
             "auto (decided at prepare(model), when the model is known)"
-            if self.strategy_name == presets.AUTO
+            if self.strategy_name == setup.AUTO
             else self.strategy_name,
             self.run_dir,
             self._logging.open_hint,
@@ -188,7 +174,7 @@ class Phalanx:
     @property
     def strategy_name(self) -> str:
         """The strategy in use; "auto" until prepare(model) has decided."""
-        return presets.AUTO if self._strategy is None else self._strategy.name
+        return setup.AUTO if self._strategy is None else self._strategy.name
 
     @property
     def plan(self) -> ParallelPlan:
@@ -245,24 +231,14 @@ class Phalanx:
         """A group of the strategy's layout ("dp", "grad"); None (every rank) until auto decides."""
         return None if self._strategy is None else self._strategy.layout.group(name)
 
-    def _undecided(self) -> bool:
-        """Strategy auto, still to decide from the model (a world of one has nothing to decide)."""
-        return presets.canonical(self.settings.strategy) == presets.AUTO and self._plan.is_distributed
+    def _adopt(self, strategy: Strategy) -> None:
+        """Run `strategy` (its plan's mesh and groups built by every rank together, strategies/setup.py)."""
+        self._plan, self._strategy = strategy.plan, strategy
 
-    def _hybrid(self) -> dict[str, Any]:
-        """hsdp's shape options, from strategy_options."""
-        return {"replicate_size": self.settings.options.replicate_size, "shard_size": self.settings.options.shard_size}
-
-    def _adopt_plan(self, plan: ParallelPlan) -> None:
-        """Build the mesh (every rank, together) and the strategy for `plan`; loaders read the
-        data-parallel shard it gives this rank."""
-        self._plan = plan
-        # tensors in host memory (gloo): zero2/zero3's freed blocks go back to the system
-        host_memory.fix_for(self.ctx.backend, self.config.host_mmap_threshold, plan.frees_gathered_blocks)
-        layout = Layout.build(plan, self.ctx.device.type)  # the mesh and every group, asked by name
-        self._strategy = ParallelStrategy(layout, self.ctx, self.settings.options)
-        # torch's clip_grad_norm_ on a prepared model prepares the gradients as px.clip_grad_norm_ (on its syncing step)
-        self._strategy.before_clip = lambda: self._accumulator.sync_gradients and self._ready_to_clip()
+    def _before_clip(self) -> None:
+        """torch's clip_grad_norm_ on a prepared model prepares the gradients as px.clip_grad_norm_ (on its syncing step)."""
+        if self._accumulator.sync_gradients:
+            self._ready_to_clip()
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
@@ -313,15 +289,9 @@ class Phalanx:
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if self._strategy is None:  # auto: sized from this model, then replicas or shards of its degrees
-            name, reason = auto.decide(model, self.ctx, self.settings.options, self._plan)
-            plan = presets.decided(self._plan, name, cpu_offload=self.settings.options.cpu_offload)
-            settings_check.check(
-                self._resolved,
-                settings_check.checked_plan(self._resolved, plan, decided=True),
-                chose=f"{name}: {reason}",
+            self._adopt(
+                setup.decide(model, self.ctx, self.config, self.settings, self._plan, self._resolved, self._before_clip)
             )
-            self._adopt_plan(plan)
-            get_logger().info("strategy auto chose %s: %s", name, reason)
         if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
             model = self.strategy.convert_sync_batchnorm(model)
         shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
