@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -15,7 +15,7 @@ from phalanx import across_ranks, config, refusal
 from phalanx.data.batch_records import BatchRecords
 from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.logging.rank_log import get_logger
-from phalanx import services
+from phalanx import services, stepping
 from phalanx.config.names import Needs
 from phalanx.runtime import device_peaks, parity_record, seeding
 from phalanx.runtime.context import DistContext, handed_plan, launcher_settings, mark_phalanx_created, parity_request
@@ -29,10 +29,9 @@ from phalanx.model import memory
 from phalanx.model import flops, meta_init
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
-from phalanx.loop.accumulation import Accumulator, wrap_optimizer
+from phalanx.loop.accumulation import wrap_optimizer
 from phalanx.loop.callbacks import LoopCallbacks
 from phalanx.strategies.optimizers.closure_loss import closure_wrapper
-from phalanx.loop.num_items import ItemCount
 from phalanx.strategies import ddp_options, setup
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import choose
@@ -87,18 +86,21 @@ class Phalanx:
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_records = BatchRecords()  # each prepared loader's own record of its last batch
-        self._items = ItemCount(
-            self._plan.grad_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._group("grad")
-        )
-        self._accumulator = Accumulator(
-            self.settings.grad_accum_steps,
-            self.settings.grad_accum_remainder,
-            batches_left=lambda: self._batch_records.current().left,
-            on_cycle_start=self._items.discard,
-        )
-        self._optimizers: list[torch.optim.Optimizer] = []
-        self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
+        self._step = stepping.Stepping(
+            strategy=lambda: self.strategy,
+            decided=lambda: self._strategy,
+            grad_size=self._plan.grad_size,
+            device=self.ctx.device,
+            accumulation=(self.settings.grad_accum_steps, self.settings.grad_accum_remainder),
+            records=self._batch_records,
+            progress=self._step_progress,
+            next_step=lambda: self.global_step + 1,
+            notify=lambda *args: self._callbacks.notify(*args),
+        )
+        self._items, self._accumulator = self._step.items, self._step.accumulator
+        self._optimizers = self._step.optimizers
+        self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._talk = across_ranks.RankTalk(
             self._step_progress,
             self._batch_records,
@@ -223,10 +225,6 @@ class Phalanx:
             )
         return self._strategy
 
-    def _pipeline(self, model: nn.Module) -> Any:
-        """The pipeline runner of a prepared model (pp > 1); None in other layouts."""
-        return self.strategy.pipeline(model) if self._strategy is not None else None
-
     def _group(self, name: str) -> Any:
         """A group of the strategy's layout ("dp", "grad"); None (every rank) until auto decides."""
         return None if self._strategy is None else self._strategy.layout.group(name)
@@ -237,8 +235,7 @@ class Phalanx:
 
     def _before_clip(self) -> None:
         """torch's clip_grad_norm_ on a prepared model prepares the gradients as px.clip_grad_norm_ (on its syncing step)."""
-        if self._accumulator.sync_gradients:
-            self._ready_to_clip()
+        self._step.before_clip()
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
@@ -308,7 +305,7 @@ class Phalanx:
         self._checkpointer.strategy_name = self.strategy.name
         self._callbacks.notify("on_model", self.unwrap_model(model))
         self._prepared.append(model)
-        if self._pipeline(model) is None:  # a pipeline step marks its own phase
+        if self._step.pipeline(model) is None:  # a pipeline step marks its own phase
             watch_module(self._step_progress, model)
         return model
 
@@ -324,14 +321,14 @@ class Phalanx:
         scaler = self.strategy.precision.scaler  # known once `auto` has decided, at prepare
         if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
             self._checkpointer.register(scaler)  # fp16: the loss scale is training state too
-        inner.register_step_pre_hook(lambda *_: self._before_step())
+        inner.register_step_pre_hook(lambda *_: self._step.before_step())
         optimizer = self._checkpointer.track(
             wrap_optimizer(
                 inner,
                 self._accumulator,
                 self.strategy,
                 self.settings.gradient_clipping,
-                before_step=self._before_step,
+                before_step=self._step.before_step,
                 wrap_closure=closure_wrapper(optimizer, self.strategy.plan, self.strategy.dp_group),
             )
         )
@@ -390,19 +387,7 @@ class Phalanx:
         one process would on the whole global batch (`px.step_loss` is that mean, for logging).
         After px.shard_sequence it is still the batch's count, as in px.forward_backward.
         """
-        context = self.strategy.context
-        # the short last step: each rank weighs by its real items, padding by none (data/batch_records.py)
-        loss, num_items = self._batch_records.current().weigh(loss, num_items)
-        num_items = context.items_share(num_items)  # cp: this rank's part of a cut batch
-        with self._step_progress.during(Phase.BACKWARD):
-            scaled = self._accumulator.scale_loss(loss)  # first: it may start a new cycle
-            if num_items is None:
-                self._items.add_plain()
-            else:
-                scaled = self._items.add(loss, num_items, scaled)
-            self._callbacks.notify("on_backward", loss, num_items)
-            self.strategy.backward(scaled)
-            context.end_batch()  # a batch cut by px.shard_sequence ends with its backward
+        self._step.backward(loss, num_items)
 
     @property
     def moe_dropped_tokens(self) -> dict[str, int]:
@@ -416,21 +401,6 @@ class Phalanx:
         token-weighted mean, free: it rides on the step's one all-reduce); None until a step used
         `px.backward(loss, num_items=...)`."""
         return self._items.step_loss
-
-    def _before_step(self) -> None:
-        """Once per optimizer step, before clipping and stepping: the num_items rescale (and under
-        `phalanx parity`, the step's record)."""
-        self.strategy.before_step()  # pp: gradients of weights tied across stages summed
-        self._items.finish(self._optimized_params(), self._accumulator.cycle_len)
-        self._callbacks.notify("before_step", self.global_step + 1, self._optimized_params())
-
-    def _optimized_params(self) -> list[torch.Tensor]:
-        seen: dict[int, torch.Tensor] = {}
-        for opt in self._optimizers:
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    seen.setdefault(id(p), p)
-        return list(seen.values())
 
     def forward_backward(
         self,
@@ -454,26 +424,14 @@ class Phalanx:
         `num_items` (as in `px.backward`, every layout, pp included): `loss_fn` *sums* over the items
         (target tokens) it is given and `num_items` counts this batch's; the step then uses Σ loss /
         Σ num_items over every rank and micro-step. The returned loss is the batch's sum."""
-        pipeline = self._pipeline(model)
-        if pipeline is not None:
-            with self._step_progress.during(Phase.PIPELINE):
-                scale = self.strategy.precision.loss_scale() / self._accumulator.loss_divisor()
-                return pipeline.train_step(
-                    inputs, targets, loss_fn, loss_scale=scale, items=self._items, num_items=num_items
-                )
-        # under cp each rank runs its part of every row; without it, the batch whole
-        return self.strategy.context.forward_backward(model, inputs, targets, loss_fn, num_items, _call, self.backward)
+        return self._step.forward_backward(model, inputs, targets, loss_fn, num_items)
 
     def forward(self, model: nn.Module, inputs: Any) -> Any:
         """`model(inputs)` (a tuple unpacked, a dict passed as keywords) in every layout, for
         evaluation. Under pp > 1: the last stage's output, computed without gradients over the
         pipeline's stages, on every rank of the pipeline (any batch size: it is cut into as many
         equal microbatches as divide it, up to pp_microbatches); the V schedules cannot run it."""
-        pipeline = self._pipeline(model)
-        if pipeline is not None:
-            with self._step_progress.during(Phase.PIPELINE):
-                return pipeline.forward(inputs)
-        return _call(model, inputs)
+        return self._step.forward(model, inputs)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         return self.strategy.no_sync(model)
@@ -481,18 +439,7 @@ class Phalanx:
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip by the global gradient norm over all ranks (sharded strategies too) and return
         it as a plain tensor; None on non-final accumulation micro-steps (nothing to clip yet)."""
-        if isinstance(parameters, nn.Module):
-            parameters = parameters.parameters()
-        return self._accumulator.when_syncing(self._clip, list(parameters), max_norm, norm_type)
-
-    def _clip(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
-        self._ready_to_clip()
-        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
-
-    def _ready_to_clip(self) -> None:
-        for opt in self._optimizers:  # fp16: clip the true gradients, not the scaled ones
-            self.strategy.precision.unscale_(opt)
-        self._before_step()  # num_items: clip the gradients of the global mean
+        return self._step.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)
@@ -500,7 +447,7 @@ class Phalanx:
     # ---- strategies: accumulation, clipping, precision, full weights ------------------------
     def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """One micro-step: gradients sync (and the optimizer steps) on every grad_accum_steps-th."""
-        return self._accumulator.accumulate(lambda: self.strategy.no_sync(model))
+        return self._step.accumulate(model)
 
     @property
     def sync_gradients(self) -> bool:
@@ -654,14 +601,6 @@ class Phalanx:
         """Iterate with a progress bar (steps/s, ETA, latest logged metrics) on the main process
         when stdout is a terminal; elsewhere just iterate. kwargs: total, desc, enabled, tqdm's."""
         return self._logging.progress(iterable, **kwargs)
-
-
-def _call(model: nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, Mapping):
-        return model(**inputs)
-    if isinstance(inputs, tuple):
-        return model(*inputs)
-    return model(inputs)
 
 
 # `Phalanx`'s signature as help() and IDEs show it: the fixed arguments, then every runtime setting
