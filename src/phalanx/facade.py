@@ -11,28 +11,24 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from phalanx import across_ranks, config, refusal
+from phalanx import across_ranks, config
 from phalanx.data.batch_records import BatchRecords
-from phalanx.data.loader import PreparedLoader, scale_batch
+from phalanx.data.loader import PreparedLoader
 from phalanx.logging.rank_log import get_logger
-from phalanx import services, stepping
+from phalanx import preparing, services, stepping
 from phalanx.config.names import Needs
-from phalanx.runtime import device_peaks, parity_record, seeding
+from phalanx.runtime import parity_record, seeding
 from phalanx.runtime.context import DistContext, handed_plan, launcher_settings, mark_phalanx_created, parity_request
-from phalanx.checkpoint.state import base_optimizer
-from phalanx.checkpoint.tied_names import tied_names
 from phalanx.runtime.process_group import init_process_group
-from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch_optimizer
+from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.data import uneven
 from phalanx.data.uneven import UnevenInputs
 from phalanx.model import memory
-from phalanx.model import flops, meta_init
+from phalanx.model import meta_init
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
-from phalanx.loop.accumulation import wrap_optimizer
 from phalanx.loop.callbacks import LoopCallbacks
-from phalanx.strategies.optimizers.closure_loss import closure_wrapper
-from phalanx.strategies import ddp_options, setup
+from phalanx.strategies import setup
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import choose
 from phalanx.strategies.options import StrategyOptions
@@ -100,7 +96,6 @@ class Phalanx:
         )
         self._items, self._accumulator = self._step.items, self._step.accumulator
         self._optimizers = self._step.optimizers
-        self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._talk = across_ranks.RankTalk(
             self._step_progress,
             self._batch_records,
@@ -109,7 +104,6 @@ class Phalanx:
             group=lambda: self._group("dp"),
             debug=lambda: self.debug,
         )
-        self._prepared: list[Any] = []  # models, optimizers and schedulers, for join()/uneven_inputs()
         running = services.start(
             self.ctx,
             cfg,
@@ -128,6 +122,24 @@ class Phalanx:
         self._callbacks = LoopCallbacks(
             parity_record.from_request(parity_request(), self.rank, self.world_size), self._logging.throughput
         )
+        self._preparing = preparing.Preparing(
+            strategy=lambda: self.strategy,
+            decide=self._decide,
+            plan=lambda: self._plan,
+            config=cfg,
+            choice=self.settings,
+            ctx=self.ctx,
+            seed=self.seed,
+            device_placement=lambda: self.device_placement,
+            step=self._step,
+            records=self._batch_records,
+            progress=self._step_progress,
+            checkpointer=self._checkpointer,
+            callbacks=self._callbacks,
+            throughput=self._logging.throughput,
+            profiler=self._profiler,
+        )
+        self._prepared = self._preparing.prepared  # models, optimizers and schedulers, for join()/uneven_inputs()
         get_logger().info(
             "rank %d of %d on %s, strategy %s, run dir %s%s",
             self.rank,
@@ -233,6 +245,13 @@ class Phalanx:
         """Run `strategy` (its plan's mesh and groups built by every rank together, strategies/setup.py)."""
         self._plan, self._strategy = strategy.plan, strategy
 
+    def _decide(self, model: nn.Module) -> None:
+        """Strategy auto: sized from this model, then replicas or shards of its degrees (once)."""
+        if self._strategy is None:
+            self._adopt(
+                setup.decide(model, self.ctx, self.config, self.settings, self._plan, self._resolved, self._before_clip)
+            )
+
     def _before_clip(self) -> None:
         """torch's clip_grad_norm_ on a prepared model prepares the gradients as px.clip_grad_norm_ (on its syncing step)."""
         self._step.before_clip()
@@ -246,25 +265,7 @@ class Phalanx:
         `shard=False`: the loaders hold data already split per rank (or a stream that splits itself in a
         way phalanx does not see); use it as is (docs/data.md).
         """
-        prepared: list[Any] = list(objects)
-        models = [i for i, o in enumerate(objects) if isinstance(o, nn.Module)]
-        for i in models:
-            with refusal.refusing():  # a layout this model cannot take: said once, not per rank (phalanx/refusal.py)
-                prepared[i] = self.prepare_model(objects[i])
-        for i, obj in enumerate(objects):
-            if isinstance(obj, torch.optim.Optimizer):
-                model = prepared[models[0]] if len(models) == 1 else None
-                prepared[i] = self.prepare_optimizer(obj, model)
-            elif isinstance(obj, DataLoader):
-                prepared[i] = self.prepare_data_loader(obj, shard=shard)
-        for i, obj in enumerate(objects):  # after the optimizers, which schedulers may need rebinding to
-            if lr_scheduler.is_scheduler(obj):
-                prepared[i] = self.prepare_scheduler(obj)
-            elif not isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) and hasattr(
-                obj, "load_state_dict"
-            ):  # a grad scaler, the user's own state
-                self.register_for_checkpointing(obj)
-        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+        return self._preparing.prepare(objects, shard)
 
     def init_module(self) -> contextlib.AbstractContextManager[None]:
         """Build the model inside: on the meta device when the plan shards parameters (zero2, zero3,
@@ -285,98 +286,24 @@ class Phalanx:
             )
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        if self._strategy is None:  # auto: sized from this model, then replicas or shards of its degrees
-            self._adopt(
-                setup.decide(model, self.ctx, self.config, self.settings, self._plan, self._resolved, self._before_clip)
-            )
-        if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
-            model = self.strategy.convert_sync_batchnorm(model)
-        shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
-        self._logging.throughput.set_model(
-            shape and shape.flops_per_token,
-            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
-            share=self._plan.flops_share,
-        )  # tp, cp and pp split the FLOPs
-        tied = tied_names(model)  # before a pipeline cut leaves this rank one of a tied parameter's names
-        model = self._checkpointer.track(self.strategy.setup_model(model), tied=tied)
-        hook_state = ddp_options.hook_state_of(model)
-        if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
-            self._checkpointer.register(hook_state, per_rank=True)
-        self._checkpointer.strategy_name = self.strategy.name
-        self._callbacks.notify("on_model", self.unwrap_model(model))
-        self._prepared.append(model)
-        if self._step.pipeline(model) is None:  # a pipeline step marks its own phase
-            watch_module(self._step_progress, model)
-        return model
+        """The model through the strategy (strategy auto decides from it first)."""
+        return self._preparing.model(model)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None
     ) -> torch.optim.Optimizer:
         """The strategy's optimizer (rebound to sharded parameters under zero2/zero3, a
         ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
-        inner = self.strategy.setup_optimizer(optimizer, model)
-        if inner is not optimizer:
-            self._replaced_optimizers[id(optimizer)] = inner
-        self._optimizers.append(inner)
-        scaler = self.strategy.precision.scaler  # known once `auto` has decided, at prepare
-        if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
-            self._checkpointer.register(scaler)  # fp16: the loss scale is training state too
-        inner.register_step_pre_hook(lambda *_: self._step.before_step())
-        optimizer = self._checkpointer.track(
-            wrap_optimizer(
-                inner,
-                self._accumulator,
-                self.strategy,
-                self.settings.gradient_clipping,
-                before_step=self._step.before_step,
-                wrap_closure=closure_wrapper(optimizer, self.strategy.plan, self.strategy.dp_group),
-            )
-        )
-        self._prepared.append(optimizer)
-        watch_optimizer(self._step_progress, optimizer)
-        if self._profiler is not None:  # after the step counter's hook: it reads global_step
-            self._profiler.attach(base_optimizer(optimizer))
-        return optimizer
+        return self._preparing.optimizer(optimizer, model)
 
     def prepare_scheduler(self, scheduler: Any) -> lr_scheduler.PreparedScheduler:
         """The scheduler, bound to the prepared optimizer, stepping only after a real optimizer step
         (accumulation boundaries, fp16 steps not skipped); checkpointed with the rest."""
-        lr_scheduler.rebind(scheduler, self._replaced_optimizers)
-        prepared = lr_scheduler.PreparedScheduler(scheduler)
-        self.register_for_checkpointing(prepared)
-        self._prepared.append(prepared)  # under Join it leaves with the last joiner's state (data/join_state.py)
-        return prepared
-
-    def _training(self) -> bool:
-        """Whether a prepared model trains (one in train mode). No prepared model (a loader read on its
-        own, an evaluation with a model of the script's): not, so batches keep DistributedSampler's shapes."""
-        return any(m.training for m in self._prepared if isinstance(m, nn.Module))
+        return self._preparing.scheduler(scheduler)
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
-        per_rank = loader.batch_size  # as the script wrote it (split_batches: divided below)
-        loader = scale_batch(
-            loader, self._callbacks.loader_scale(self.config.split_batches)
-        )  # parity: the global batch
-        prepared = PreparedLoader(
-            loader,
-            self.ctx,
-            seed=self.seed,
-            device_placement=self.device_placement,
-            batch_records=self._batch_records,
-            shard=shard,
-            progress=self._step_progress,
-            rank_aware_workers=self.config.worker_seeds == "per_rank",
-            on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
-            split_batches=self.config.split_batches,
-            training=self._training,
-            empty_padding=lambda: not self._plan.has(Needs.PIPELINE),
-        )
-        rank_batch = prepared.batch_size if self.config.split_batches else per_rank
-        self._callbacks.notify("on_loader", prepared.batch_size if self.config.split_batches else loader.batch_size)
-        if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
-            self.settings.deepspeed.check_loader(rank_batch)
-        return self._checkpointer.track(prepared)
+        return self._preparing.data_loader(loader, shard)
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, *, num_items: int | torch.Tensor | None = None) -> None:
