@@ -356,7 +356,7 @@ def main(args: argparse.Namespace) -> int:
     choice = optimizer_choice.choose(args.optimizer, args.model)
     sizes = memory.model_sizes(model)
     try:
-        ep_lines = experts.report(args, model, sizes, choice.name, memory.format_bytes)
+        expert_lines = experts.report(args, model, sizes, choice.name, memory.format_bytes)
     except ValueError as error:
         print(f"phalanx plan: error: {error}", file=sys.stderr)
         return 2
@@ -380,8 +380,8 @@ def main(args: argparse.Namespace) -> int:
             runtime=args.runtime,
         )
     )
-    if ep_lines:
-        print(ep_lines)
+    if expert_lines:
+        print(expert_lines)
     if cp_line:
         print(cp_line)
         longest = context.longest_sequence(model, args, sizes, choice.name, budget) if pipeline is None else ""
