@@ -8,13 +8,22 @@ whose norm counts every stage's), hands it each optimizer, and lets it complete 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import argparse
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
 
+from phalanx.strategies.expert_parallel import plan_report
 from phalanx.strategies.expert_parallel.dimension import ExpertDimension
+from phalanx.strategies.expert_parallel.options import ExpertOptions
 from phalanx.strategies.layout import Layout
+
+
+@dataclass
+class DimensionOptions(ExpertOptions):
+    """Every per-model dimension's options (`strategy_options` keys), gathered: `StrategyOptions` has them."""
 
 
 class Applied(Protocol):
@@ -46,3 +55,11 @@ class ModelDimension(Protocol):
 def per_model(layout: Layout, device: torch.device, options: Any) -> list[ModelDimension]:
     """The dimensions applied to each model prepared in `layout`."""
     return [ExpertDimension(layout, device, options)]
+
+
+def plan_lines(
+    args: argparse.Namespace, model: Any, sizes: list[Any], optimizer: str, fb: Callable[[float], str]
+) -> str:
+    """`phalanx plan`'s lines under its table for the per-model dimensions its flags ask for ('' for
+    none); ValueError as prepare would refuse."""
+    return "\n".join(text for text in [plan_report.report(args, model, sizes, optimizer, fb)] if text)
