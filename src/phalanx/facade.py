@@ -5,44 +5,35 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from phalanx import across_ranks, config, refusal
+from phalanx import across_ranks, config
 from phalanx.data.batch_records import BatchRecords
-from phalanx.data.loader import PreparedLoader, scale_batch
+from phalanx.data.loader import PreparedLoader
 from phalanx.logging.rank_log import get_logger
-from phalanx import services
+from phalanx import preparing, services, stepping
 from phalanx.config.names import Needs
-from phalanx.host_only import host_memory
-from phalanx.runtime import device_peaks, parity_record, seeding
+from phalanx.runtime import parity_record, seeding
 from phalanx.runtime.context import DistContext, handed_plan, launcher_settings, mark_phalanx_created, parity_request
-from phalanx.checkpoint.state import base_optimizer
-from phalanx.checkpoint.tied_names import tied_names
 from phalanx.runtime.process_group import init_process_group
-from phalanx.runtime.step_tracker import Phase, StepTracker, watch_module, watch_optimizer
+from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.data import uneven
 from phalanx.data.uneven import UnevenInputs
 from phalanx.model import memory
-from phalanx.model import flops, meta_init
+from phalanx.model import meta_init
 from phalanx.model import load_model as model_loading
 from phalanx.loop import scheduler as lr_scheduler
-from phalanx.loop.accumulation import Accumulator, wrap_optimizer
 from phalanx.loop.callbacks import LoopCallbacks
-from phalanx.strategies.optimizers.closure_loss import closure_wrapper
-from phalanx.loop.num_items import ItemCount
-from phalanx.strategies import auto, ddp_options
-from phalanx.strategies.plan import job_plan, presets, settings_check
+from phalanx.strategies import setup
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import choose
-from phalanx.strategies.layout import Layout
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.context import attention as cp_attention
-from phalanx.strategies.strategy import ParallelStrategy
 
 
 class Phalanx:
@@ -81,38 +72,30 @@ class Phalanx:
         self._resolved = resolved
         # the job's one plan: the launcher's when these settings ask for it, else built here, once;
         # strategy auto's is the plan of its degrees until it decides (at prepare, from the model)
-        self._plan = job_plan.plan_for(
-            self.settings.strategy,
-            cfg,
-            handed_plan(),
-            world_size=self.ctx.world_size,
-            local_world_size=self.ctx.local_world_size,
-            cpu_offload=self.settings.options.cpu_offload,
-            **self._hybrid(),
-        )
-        for warning in settings_check.check(resolved, settings_check.checked_plan(resolved, self._plan)):
-            get_logger().warning("%s", warning)
+        self._plan = setup.job_plan_for(self.settings, resolved, self.ctx, handed_plan())
         self.debug = cfg.debug  # check each collective's shapes across ranks first
         init_process_group(self.ctx, cfg.collective_timeout)
         self._strategy: Strategy | None = None
         self.ctx = self.ctx.with_data_parallel(self._plan)  # auto's replicas or shards: the same data shards
-        if not self._undecided():
-            self._adopt_plan(self._plan)
+        if not setup.undecided(self.settings, self._plan):
+            self._adopt(setup.adopt(self._plan, self.ctx, cfg, self.settings, self._before_clip))
         if self.settings.deepspeed is not None:  # its batch identity counts data-parallel ranks
             self.settings.deepspeed.check_world(self.ctx.dp_size)
         self._batch_records = BatchRecords()  # each prepared loader's own record of its last batch
-        self._items = ItemCount(
-            self._plan.grad_size, self.ctx.device, lambda: self.global_step + 1, lambda: self._group("grad")
-        )
-        self._accumulator = Accumulator(
-            self.settings.grad_accum_steps,
-            self.settings.grad_accum_remainder,
-            batches_left=lambda: self._batch_records.current().left,
-            on_cycle_start=self._items.discard,
-        )
-        self._optimizers: list[torch.optim.Optimizer] = []
-        self._replaced_optimizers: dict[int, torch.optim.Optimizer] = {}  # user's -> the strategy's
         self._step_progress = StepTracker()  # step and phase of this rank, read by the watchdog
+        self._step = stepping.Stepping(
+            strategy=lambda: self.strategy,
+            decided=lambda: self._strategy,
+            grad_size=self._plan.grad_size,
+            device=self.ctx.device,
+            accumulation=(self.settings.grad_accum_steps, self.settings.grad_accum_remainder),
+            records=self._batch_records,
+            progress=self._step_progress,
+            next_step=lambda: self.global_step + 1,
+            notify=lambda *args: self._callbacks.notify(*args),
+        )
+        self._items, self._accumulator = self._step.items, self._step.accumulator
+        self._optimizers = self._step.optimizers
         self._talk = across_ranks.RankTalk(
             self._step_progress,
             self._batch_records,
@@ -121,7 +104,6 @@ class Phalanx:
             group=lambda: self._group("dp"),
             debug=lambda: self.debug,
         )
-        self._prepared: list[Any] = []  # models, optimizers and schedulers, for join()/uneven_inputs()
         running = services.start(
             self.ctx,
             cfg,
@@ -140,13 +122,31 @@ class Phalanx:
         self._callbacks = LoopCallbacks(
             parity_record.from_request(parity_request(), self.rank, self.world_size), self._logging.throughput
         )
+        self._preparing = preparing.Preparing(
+            strategy=lambda: self.strategy,
+            decide=self._decide,
+            plan=lambda: self._plan,
+            config=cfg,
+            choice=self.settings,
+            ctx=self.ctx,
+            seed=self.seed,
+            device_placement=lambda: self.device_placement,
+            step=self._step,
+            records=self._batch_records,
+            progress=self._step_progress,
+            checkpointer=self._checkpointer,
+            callbacks=self._callbacks,
+            throughput=self._logging.throughput,
+            profiler=self._profiler,
+        )
+        self._prepared = self._preparing.prepared  # models, optimizers and schedulers, for join()/uneven_inputs()
         get_logger().info(
             "rank %d of %d on %s, strategy %s, run dir %s%s",
             self.rank,
             self.world_size,
             self.device,
             "auto (decided at prepare(model), when the model is known)"
-            if self.strategy_name == presets.AUTO
+            if self.strategy_name == setup.AUTO
             else self.strategy_name,
             self.run_dir,
             self._logging.open_hint,
@@ -188,7 +188,7 @@ class Phalanx:
     @property
     def strategy_name(self) -> str:
         """The strategy in use; "auto" until prepare(model) has decided."""
-        return presets.AUTO if self._strategy is None else self._strategy.name
+        return setup.AUTO if self._strategy is None else self._strategy.name
 
     @property
     def plan(self) -> ParallelPlan:
@@ -237,32 +237,24 @@ class Phalanx:
             )
         return self._strategy
 
-    def _pipeline(self, model: nn.Module) -> Any:
-        """The pipeline runner of a prepared model (pp > 1); None in other layouts."""
-        return self.strategy.pipeline(model) if self._strategy is not None else None
-
     def _group(self, name: str) -> Any:
         """A group of the strategy's layout ("dp", "grad"); None (every rank) until auto decides."""
         return None if self._strategy is None else self._strategy.layout.group(name)
 
-    def _undecided(self) -> bool:
-        """Strategy auto, still to decide from the model (a world of one has nothing to decide)."""
-        return presets.canonical(self.settings.strategy) == presets.AUTO and self._plan.is_distributed
+    def _adopt(self, strategy: Strategy) -> None:
+        """Run `strategy` (its plan's mesh and groups built by every rank together, strategies/setup.py)."""
+        self._plan, self._strategy = strategy.plan, strategy
 
-    def _hybrid(self) -> dict[str, Any]:
-        """hsdp's shape options, from strategy_options."""
-        return {"replicate_size": self.settings.options.replicate_size, "shard_size": self.settings.options.shard_size}
+    def _decide(self, model: nn.Module) -> None:
+        """Strategy auto: sized from this model, then replicas or shards of its degrees (once)."""
+        if self._strategy is None:
+            self._adopt(
+                setup.decide(model, self.ctx, self.config, self.settings, self._plan, self._resolved, self._before_clip)
+            )
 
-    def _adopt_plan(self, plan: ParallelPlan) -> None:
-        """Build the mesh (every rank, together) and the strategy for `plan`; loaders read the
-        data-parallel shard it gives this rank."""
-        self._plan = plan
-        # tensors in host memory (gloo): zero2/zero3's freed blocks go back to the system
-        host_memory.fix_for(self.ctx.backend, self.config.host_mmap_threshold, plan.frees_gathered_blocks)
-        layout = Layout.build(plan, self.ctx.device.type)  # the mesh and every group, asked by name
-        self._strategy = ParallelStrategy(layout, self.ctx, self.settings.options)
-        # torch's clip_grad_norm_ on a prepared model prepares the gradients as px.clip_grad_norm_ (on its syncing step)
-        self._strategy.before_clip = lambda: self._accumulator.sync_gradients and self._ready_to_clip()
+    def _before_clip(self) -> None:
+        """torch's clip_grad_norm_ on a prepared model prepares the gradients as px.clip_grad_norm_ (on its syncing step)."""
+        self._step.before_clip()
 
     # ---- preparing -------------------------------------------------------------------------
     def prepare(self, *objects: Any, shard: bool = True) -> Any:
@@ -273,25 +265,7 @@ class Phalanx:
         `shard=False`: the loaders hold data already split per rank (or a stream that splits itself in a
         way phalanx does not see); use it as is (docs/data.md).
         """
-        prepared: list[Any] = list(objects)
-        models = [i for i, o in enumerate(objects) if isinstance(o, nn.Module)]
-        for i in models:
-            with refusal.refusing():  # a layout this model cannot take: said once, not per rank (phalanx/refusal.py)
-                prepared[i] = self.prepare_model(objects[i])
-        for i, obj in enumerate(objects):
-            if isinstance(obj, torch.optim.Optimizer):
-                model = prepared[models[0]] if len(models) == 1 else None
-                prepared[i] = self.prepare_optimizer(obj, model)
-            elif isinstance(obj, DataLoader):
-                prepared[i] = self.prepare_data_loader(obj, shard=shard)
-        for i, obj in enumerate(objects):  # after the optimizers, which schedulers may need rebinding to
-            if lr_scheduler.is_scheduler(obj):
-                prepared[i] = self.prepare_scheduler(obj)
-            elif not isinstance(obj, (nn.Module, torch.optim.Optimizer, DataLoader)) and hasattr(
-                obj, "load_state_dict"
-            ):  # a grad scaler, the user's own state
-                self.register_for_checkpointing(obj)
-        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+        return self._preparing.prepare(objects, shard)
 
     def init_module(self) -> contextlib.AbstractContextManager[None]:
         """Build the model inside: on the meta device when the plan shards parameters (zero2, zero3,
@@ -312,104 +286,24 @@ class Phalanx:
             )
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        if self._strategy is None:  # auto: sized from this model, then replicas or shards of its degrees
-            name, reason = auto.decide(model, self.ctx, self.settings.options, self._plan)
-            plan = presets.decided(self._plan, name, cpu_offload=self.settings.options.cpu_offload)
-            settings_check.check(
-                self._resolved,
-                settings_check.checked_plan(self._resolved, plan, decided=True),
-                chose=f"{name}: {reason}",
-            )
-            self._adopt_plan(plan)
-            get_logger().info("strategy auto chose %s: %s", name, reason)
-        if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
-            model = self.strategy.convert_sync_batchnorm(model)
-        shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
-        self._logging.throughput.set_model(
-            shape and shape.flops_per_token,
-            device_peaks.device_peak(self.device, self.settings.options.mixed_precision),
-            share=self._plan.flops_share,
-        )  # tp, cp and pp split the FLOPs
-        tied = tied_names(model)  # before a pipeline cut leaves this rank one of a tied parameter's names
-        model = self._checkpointer.track(self.strategy.setup_model(model), tied=tied)
-        hook_state = ddp_options.hook_state_of(model)
-        if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
-            self._checkpointer.register(hook_state, per_rank=True)
-        self._checkpointer.strategy_name = self.strategy.name
-        self._callbacks.notify("on_model", self.unwrap_model(model))
-        self._prepared.append(model)
-        if self._pipeline(model) is None:  # a pipeline step marks its own phase
-            watch_module(self._step_progress, model)
-        return model
+        """The model through the strategy (strategy auto decides from it first)."""
+        return self._preparing.model(model)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None
     ) -> torch.optim.Optimizer:
         """The strategy's optimizer (rebound to sharded parameters under zero2/zero3, a
         ZeroRedundancyOptimizer under zero1) inside a wrapper that steps once per accumulation cycle."""
-        inner = self.strategy.setup_optimizer(optimizer, model)
-        if inner is not optimizer:
-            self._replaced_optimizers[id(optimizer)] = inner
-        self._optimizers.append(inner)
-        scaler = self.strategy.precision.scaler  # known once `auto` has decided, at prepare
-        if scaler is not None and not any(obj is scaler for obj in self._checkpointer.objects):
-            self._checkpointer.register(scaler)  # fp16: the loss scale is training state too
-        inner.register_step_pre_hook(lambda *_: self._before_step())
-        optimizer = self._checkpointer.track(
-            wrap_optimizer(
-                inner,
-                self._accumulator,
-                self.strategy,
-                self.settings.gradient_clipping,
-                before_step=self._before_step,
-                wrap_closure=closure_wrapper(optimizer, self.strategy.plan, self.strategy.dp_group),
-            )
-        )
-        self._prepared.append(optimizer)
-        watch_optimizer(self._step_progress, optimizer)
-        if self._profiler is not None:  # after the step counter's hook: it reads global_step
-            self._profiler.attach(base_optimizer(optimizer))
-        return optimizer
+        return self._preparing.optimizer(optimizer, model)
 
     def prepare_scheduler(self, scheduler: Any) -> lr_scheduler.PreparedScheduler:
         """The scheduler, bound to the prepared optimizer, stepping only after a real optimizer step
         (accumulation boundaries, fp16 steps not skipped); checkpointed with the rest."""
-        lr_scheduler.rebind(scheduler, self._replaced_optimizers)
-        prepared = lr_scheduler.PreparedScheduler(scheduler)
-        self.register_for_checkpointing(prepared)
-        self._prepared.append(prepared)  # under Join it leaves with the last joiner's state (data/join_state.py)
-        return prepared
-
-    def _training(self) -> bool:
-        """Whether a prepared model trains (one in train mode). No prepared model (a loader read on its
-        own, an evaluation with a model of the script's): not, so batches keep DistributedSampler's shapes."""
-        return any(m.training for m in self._prepared if isinstance(m, nn.Module))
+        return self._preparing.scheduler(scheduler)
 
     def prepare_data_loader(self, loader: DataLoader, shard: bool = True) -> PreparedLoader:
         """This rank's shard of `loader`; with split_batches, `loader.batch_size` is the global batch."""
-        per_rank = loader.batch_size  # as the script wrote it (split_batches: divided below)
-        loader = scale_batch(
-            loader, self._callbacks.loader_scale(self.config.split_batches)
-        )  # parity: the global batch
-        prepared = PreparedLoader(
-            loader,
-            self.ctx,
-            seed=self.seed,
-            device_placement=self.device_placement,
-            batch_records=self._batch_records,
-            shard=shard,
-            progress=self._step_progress,
-            rank_aware_workers=self.config.worker_seeds == "per_rank",
-            on_batch=self._logging.throughput.count_batch if self.is_main_process else None,
-            split_batches=self.config.split_batches,
-            training=self._training,
-            empty_padding=lambda: not self._plan.has(Needs.PIPELINE),
-        )
-        rank_batch = prepared.batch_size if self.config.split_batches else per_rank
-        self._callbacks.notify("on_loader", prepared.batch_size if self.config.split_batches else loader.batch_size)
-        if self.settings.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
-            self.settings.deepspeed.check_loader(rank_batch)
-        return self._checkpointer.track(prepared)
+        return self._preparing.data_loader(loader, shard)
 
     # ---- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, *, num_items: int | torch.Tensor | None = None) -> None:
@@ -420,19 +314,7 @@ class Phalanx:
         one process would on the whole global batch (`px.step_loss` is that mean, for logging).
         After px.shard_sequence it is still the batch's count, as in px.forward_backward.
         """
-        context = self.strategy.context
-        # the short last step: each rank weighs by its real items, padding by none (data/batch_records.py)
-        loss, num_items = self._batch_records.current().weigh(loss, num_items)
-        num_items = context.items_share(num_items)  # cp: this rank's part of a cut batch
-        with self._step_progress.during(Phase.BACKWARD):
-            scaled = self._accumulator.scale_loss(loss)  # first: it may start a new cycle
-            if num_items is None:
-                self._items.add_plain()
-            else:
-                scaled = self._items.add(loss, num_items, scaled)
-            self._callbacks.notify("on_backward", loss, num_items)
-            self.strategy.backward(scaled)
-            context.end_batch()  # a batch cut by px.shard_sequence ends with its backward
+        self._step.backward(loss, num_items)
 
     @property
     def moe_dropped_tokens(self) -> dict[str, int]:
@@ -446,21 +328,6 @@ class Phalanx:
         token-weighted mean, free: it rides on the step's one all-reduce); None until a step used
         `px.backward(loss, num_items=...)`."""
         return self._items.step_loss
-
-    def _before_step(self) -> None:
-        """Once per optimizer step, before clipping and stepping: the num_items rescale (and under
-        `phalanx parity`, the step's record)."""
-        self.strategy.before_step()  # pp: gradients of weights tied across stages summed
-        self._items.finish(self._optimized_params(), self._accumulator.cycle_len)
-        self._callbacks.notify("before_step", self.global_step + 1, self._optimized_params())
-
-    def _optimized_params(self) -> list[torch.Tensor]:
-        seen: dict[int, torch.Tensor] = {}
-        for opt in self._optimizers:
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    seen.setdefault(id(p), p)
-        return list(seen.values())
 
     def forward_backward(
         self,
@@ -484,26 +351,14 @@ class Phalanx:
         `num_items` (as in `px.backward`, every layout, pp included): `loss_fn` *sums* over the items
         (target tokens) it is given and `num_items` counts this batch's; the step then uses Σ loss /
         Σ num_items over every rank and micro-step. The returned loss is the batch's sum."""
-        pipeline = self._pipeline(model)
-        if pipeline is not None:
-            with self._step_progress.during(Phase.PIPELINE):
-                scale = self.strategy.precision.loss_scale() / self._accumulator.loss_divisor()
-                return pipeline.train_step(
-                    inputs, targets, loss_fn, loss_scale=scale, items=self._items, num_items=num_items
-                )
-        # under cp each rank runs its part of every row; without it, the batch whole
-        return self.strategy.context.forward_backward(model, inputs, targets, loss_fn, num_items, _call, self.backward)
+        return self._step.forward_backward(model, inputs, targets, loss_fn, num_items)
 
     def forward(self, model: nn.Module, inputs: Any) -> Any:
         """`model(inputs)` (a tuple unpacked, a dict passed as keywords) in every layout, for
         evaluation. Under pp > 1: the last stage's output, computed without gradients over the
         pipeline's stages, on every rank of the pipeline (any batch size: it is cut into as many
         equal microbatches as divide it, up to pp_microbatches); the V schedules cannot run it."""
-        pipeline = self._pipeline(model)
-        if pipeline is not None:
-            with self._step_progress.during(Phase.PIPELINE):
-                return pipeline.forward(inputs)
-        return _call(model, inputs)
+        return self._step.forward(model, inputs)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         return self.strategy.no_sync(model)
@@ -511,18 +366,7 @@ class Phalanx:
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip by the global gradient norm over all ranks (sharded strategies too) and return
         it as a plain tensor; None on non-final accumulation micro-steps (nothing to clip yet)."""
-        if isinstance(parameters, nn.Module):
-            parameters = parameters.parameters()
-        return self._accumulator.when_syncing(self._clip, list(parameters), max_norm, norm_type)
-
-    def _clip(self, parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
-        self._ready_to_clip()
-        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
-
-    def _ready_to_clip(self) -> None:
-        for opt in self._optimizers:  # fp16: clip the true gradients, not the scaled ones
-            self.strategy.precision.unscale_(opt)
-        self._before_step()  # num_items: clip the gradients of the global mean
+        return self._step.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)
@@ -530,7 +374,7 @@ class Phalanx:
     # ---- strategies: accumulation, clipping, precision, full weights ------------------------
     def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """One micro-step: gradients sync (and the optimizer steps) on every grad_accum_steps-th."""
-        return self._accumulator.accumulate(lambda: self.strategy.no_sync(model))
+        return self._step.accumulate(model)
 
     @property
     def sync_gradients(self) -> bool:
@@ -684,14 +528,6 @@ class Phalanx:
         """Iterate with a progress bar (steps/s, ETA, latest logged metrics) on the main process
         when stdout is a terminal; elsewhere just iterate. kwargs: total, desc, enabled, tqdm's."""
         return self._logging.progress(iterable, **kwargs)
-
-
-def _call(model: nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, Mapping):
-        return model(**inputs)
-    if isinstance(inputs, tuple):
-        return model(*inputs)
-    return model(inputs)
 
 
 # `Phalanx`'s signature as help() and IDEs show it: the fixed arguments, then every runtime setting

@@ -112,7 +112,7 @@ def test_phalanx_plan_ep_shows_expert_and_other_bytes_per_rank():
     import torch
 
     from phalanx.model import memory
-    from phalanx.plan import experts
+    from phalanx.strategies.expert_parallel import plan_report as experts
 
     with torch.device("meta"):
         model = make_model("qwen3_moe")

@@ -43,6 +43,8 @@ ORDER = [
     "doctor",  # `phalanx doctor`
     "services",  # what runs beside the loop, wired for the facade
     "across_ranks",  # px.print / reduce / gather / gather_for_metrics / barriers, bound by the facade
+    "stepping",  # the step's wiring behind px.backward / forward_backward / clip / accumulate
+    "preparing",  # px.prepare's wiring: models, optimizers, schedulers, loaders
     "facade",  # `Phalanx`
     "config_command",  # `phalanx config`
     "cli",  # the `phalanx` command

@@ -19,9 +19,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phalanx import config
-from phalanx.plan import context, experts
+from phalanx.plan import context
 from phalanx.plan import optimizer as optimizer_choice
+from phalanx.config.schema import BY_NAME
 from phalanx.strategies.plan import presets
+from phalanx.strategies.plan.parallel_plan import DEGREES, MESH_DIMS
+
+# degrees that take their ranks from others (no mesh dim: ep): a flag each, their lines under the table
+# from the dimension that applies them (strategies/dimensions.py)
+BORROWED = tuple(degree for degree in DEGREES if degree not in MESH_DIMS)
 
 _FACTORY_NAMES = ("make_model", "build_model", "get_model", "create_model")
 
@@ -95,7 +101,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "activations in flight); the strategies span world size / (tp x pp) ranks (default 1)",
     )
     context.add_argument(parser)
-    experts.add_argument(parser)
+    for degree in BORROWED:
+        parser.add_argument(
+            f"--{degree}",
+            type=int,
+            default=1,
+            help=f"{BY_NAME[degree].help}; prints its bytes per rank under the table (default 1)",
+        )
     parser.add_argument(
         "--pp-schedule",
         "--pp_schedule",
@@ -356,7 +368,7 @@ def main(args: argparse.Namespace) -> int:
     choice = optimizer_choice.choose(args.optimizer, args.model)
     sizes = memory.model_sizes(model)
     try:
-        ep_lines = experts.report(args, model, sizes, choice.name, memory.format_bytes)
+        expert_lines = _dimension_lines(args, model, sizes, choice.name, memory.format_bytes)
     except ValueError as error:
         print(f"phalanx plan: error: {error}", file=sys.stderr)
         return 2
@@ -380,8 +392,8 @@ def main(args: argparse.Namespace) -> int:
             runtime=args.runtime,
         )
     )
-    if ep_lines:
-        print(ep_lines)
+    if expert_lines:
+        print(expert_lines)
     if cp_line:
         print(cp_line)
         longest = context.longest_sequence(model, args, sizes, choice.name, budget) if pipeline is None else ""
@@ -532,3 +544,13 @@ def _activations_of(args: argparse.Namespace, model: Any, plan: Any) -> Any:
             )
         return None
     return _activations(args, model)
+
+
+def _dimension_lines(args: argparse.Namespace, model: Any, sizes: list[Any], optimizer: str, fb: Any) -> str:
+    """The per-model dimensions' lines under the table ('' when no --<degree> of BORROWED asks)."""
+    if all(getattr(args, degree) == 1 for degree in BORROWED):
+        return ""
+    # torch-heavy: imported when a plan asks for one, so `phalanx --help` and the launcher never import torch
+    from phalanx.strategies import dimensions
+
+    return dimensions.plan_lines(args, model, sizes, optimizer, fb)

@@ -11,11 +11,14 @@ from torch import nn
 
 from phalanx.model.units import ShardSpec
 from phalanx.strategies.ddp_options import DDPOptions
+from phalanx.strategies.dimensions import DimensionOptions
 
 
 @dataclass
-class StrategyOptions:
-    """Settings a strategy may use; strategies ignore what does not apply to them."""
+class StrategyOptions(DimensionOptions):
+    """Settings a strategy may use; strategies ignore what does not apply to them. The options of the
+    dimensions applied to each model (ep's ep_plan and capacity_factor) are declared with them and
+    gathered in `DimensionOptions` (strategies/dimensions.py)."""
 
     mixed_precision: str = "no"
     """'no', 'bf16' or 'fp16'."""
@@ -45,13 +48,6 @@ class StrategyOptions:
     """True or a dict of torch.compile options: compile each sharding unit's forward."""
     tp_plan: dict[str, str] | None = None
     """tp > 1: {module name pattern: style}; None: the model's own transformers plan."""
-    ep_plan: dict[str, str] | None = None
-    """ep > 1: {module or parameter name pattern: ep_dispatch_experts | grouped_gemm}; None: the model's
-    own transformers `base_model_ep_plan`. It may hold `capacity_factor` too (below)."""
-    capacity_factor: float | None = None
-    """ep > 1: each expert takes at most ceil(capacity_factor x tokens x top_k / experts) token-choices
-    of its ep group per layer and forward, the rest dropped and counted (px.moe_dropped_tokens); None:
-    none dropped (docs/moe.md)."""
     sequence_parallel: bool = False
     """tp > 1: activations between the split layers stay split along the sequence."""
     pp_schedule: str = "1F1B"

@@ -17,13 +17,12 @@ from phalanx.loop.precision import Precision
 from phalanx.model import activation_ckpt, sync_batchnorm
 from phalanx.runtime.context import DistContext
 from phalanx.logging.rank_log import get_logger
-from phalanx.strategies import expert_parallel, fsdp
+from phalanx.strategies import dimensions, fsdp
 from phalanx.strategies.optimizers import fused_step, grad_norm, optimizer_kinds, whole_tensor_step
 from phalanx.strategies.module_attr import answer_module_attribute
 from phalanx.strategies.optimizers.optimizer_kinds import Route
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.context.step import ContextParallel
-from phalanx.strategies.expert_parallel import clip as expert_clip
 from phalanx.strategies.layout import Layout
 from phalanx.strategies.parallelize import Wrapper, parallelize
 from phalanx.strategies.pipeline import grads as pipeline_grads
@@ -65,7 +64,10 @@ class ParallelStrategy:
         # sets its own: tied gradients summed, num_items' rescale)
         self.before_clip: Callable[[], None] = self.before_step
         self._zero1_grads: list[Zero1Grads] = []  # zero1: the prepared models' reduce-scatter hooks
-        self._experts: dict[int, expert_parallel.ExpertParallel] = {}  # id(prepared model) -> its split experts
+        # the dimensions applied to each model beside parallelize's steps (ep), and what each applied:
+        # id(prepared model) -> those of its dimensions whose degree is over 1
+        self._dimensions = dimensions.per_model(layout, ctx.device, self.options)
+        self._applied: dict[int, list[dimensions.Applied]] = {}
 
     @property
     def name(self) -> str:
@@ -76,19 +78,13 @@ class ParallelStrategy:
         self.context.prepare(model)  # cp: the model's attention sent across the cut, or refused
         # every name of a tied parameter: a pipeline stage may hold it under one of them only
         before = list(model.named_parameters(remove_duplicate=False))
-        # ep: each MoE layer keeps this rank's experts and sends tokens to theirs (before DDP wraps it);
-        # under tp, of the parts tensor parallel split first (parallelize calls it after tp)
-        split: list[expert_parallel.ExpertParallel | None] = []
+        # each dimension applied to the model before anything, or between tensor and data parallel
+        applied: list[dimensions.Applied] = []
 
-        def split_experts(m: nn.Module) -> None:
-            split.append(
-                expert_parallel.apply(
-                    m, self.layout, self.ctx.device, self.options.ep_plan, self.options.capacity_factor
-                )
-            )
+        def apply_after_tp(m: nn.Module) -> None:
+            applied.extend(a for d in self._dimensions if d.after_tp for a in [d.apply(m)] if a is not None)
 
-        if not expert_parallel.after_tp(self.plan):
-            split_experts(model)
+        applied.extend(a for d in self._dimensions if not d.after_tp for a in [d.apply(model)] if a is not None)
         done = parallelize(
             model,
             self.layout,
@@ -96,9 +92,8 @@ class ParallelStrategy:
             precision=self.precision,
             device=self.ctx.device,
             backend=self.ctx.backend,
-            after_tp=split_experts if expert_parallel.after_tp(self.plan) else None,
+            after_tp=apply_after_tp if any(d.after_tp for d in self._dimensions) else None,
         )
-        experts = split[0] if split else None
         self.wrapper = done.wrapper
         # by the names the model had: checkpointed blocks sit inside wrappers after it
         after = {
@@ -117,11 +112,11 @@ class ParallelStrategy:
                 and id(old) not in self._prepared_params
             ):  # cut away: another rank's stage
                 self._elsewhere[id(old)] = weakref.ref(old)
-        if experts is not None:  # clipping counts every rank's experts; full weights gather them
-            self._experts[id(self.unwrap(done.model))] = experts
-            if done.pipeline is None:  # under pp, the pipeline's norm counts them (each stage's, summed over stages)
-                pipeline_grads.route_torch_clip(self.unwrap(done.model), experts.norm)
-            expert_clip.scale_each_kind()
+        if applied:  # clipping counts every rank's split parameters (ep: experts); full weights gather them
+            self._applied[id(self.unwrap(done.model))] = applied
+            for each in applied:
+                if done.pipeline is None:  # under pp, the pipeline's norm counts them (each stage's, summed)
+                    pipeline_grads.route_torch_clip(self.unwrap(done.model), each.norm)
         scattered = getattr(done.model, "phalanx_zero1_grads", None)
         if scattered is not None:  # zero1: clipping combines the owners' norms
             self._zero1_grads.append(scattered)
@@ -201,12 +196,12 @@ class ParallelStrategy:
             refuse_optimizer_with_state(optimizer, self.name)
         if self._rebind or self._elsewhere:
             self._point_at_replacements(optimizer)
-        if self.plan.shards_parameters or self._experts:  # (ep: DTensor experts beside plain parameters)
+        if self.plan.shards_parameters or self._applied:  # (ep: DTensor experts beside plain parameters)
             fsdp.prefer_foreach(optimizer)
         elif self.plan.uses_ddp:  # ddp, zero1 (a world of one steps as the script wrote it, bit for bit)
             fused_step.prefer_fused(optimizer)
-        for experts in self._experts.values():  # a capacity's drops are read after each step
-            experts.count_steps(optimizer)
+        for each in self._each_applied():  # ep: a capacity's drops are read after each step
+            each.count_steps(optimizer)
         if self.plan.shards_optimizer_only:
             groups = [dict(group) for group in optimizer.param_groups]
             for grads in self._zero1_grads:  # stepped by chunks: their gradients may be reduce-scattered
@@ -268,7 +263,7 @@ class ParallelStrategy:
             return pipeline_grads.clip_grad_norm_(
                 parameters, max_norm, norm_type, pp_group=self.layout.mesh("pp"), uncounted=counted_elsewhere
             )
-        if self._experts:  # torch's clip, routed: the norm counts every rank's experts once
+        if self._applied:  # torch's clip, routed: the norm counts every rank's split parameters once
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type)
         return grad_norm.clip_(list(parameters), max_norm, norm_type)
 
@@ -293,8 +288,12 @@ class ParallelStrategy:
         return model
 
     def dropped_tokens(self) -> dict[str, int]:
-        """ep with a capacity factor: the token-choices each MoE layer dropped in the last optimizer step."""
-        return {layer: n for experts in self._experts.values() for layer, n in experts.drops.last.items()}
+        """What each dimension applied to the models dropped in the last optimizer step (ep with a
+        capacity factor: each MoE layer's token-choices)."""
+        return {layer: n for each in self._each_applied() for layer, n in each.dropped_tokens().items()}
+
+    def _each_applied(self) -> list[dimensions.Applied]:
+        return [each for applied in self._applied.values() for each in applied]
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full weights. Sharded parameters are gathered on the main process (on CPU) and other
@@ -303,14 +302,15 @@ class ParallelStrategy:
         among them), on CPU; the other ranks get {}."""
         if self.plan.pp > 1:  # every rank takes part: each stage's shards, then the stages
             return pipeline_state.gather_full_state_dict(self.unwrap(model), self.layout.mesh("pp"))
-        experts = self._experts.get(id(self.unwrap(model)))
         if not self.plan.shards_parameters:
             state = {k: v.detach() for k, v in self.unwrap(model).state_dict().items()}
         else:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return experts.full(state, self.unwrap(model)) if experts is not None else state
+        for each in self._applied.get(id(self.unwrap(model)), ()):  # ep: each expert weight gathered whole
+            state = each.full(state, self.unwrap(model))
+        return state
 
 
 @contextlib.contextmanager

@@ -114,6 +114,10 @@ class ExpertParallel:
             self._counting = True
             optimizer.register_step_post_hook(self.drops.end_step)
 
+    def dropped_tokens(self) -> dict[str, int]:
+        """Under a capacity factor, each MoE layer's token-choices dropped in the last optimizer step."""
+        return dict(self.drops.last)
+
     def _reduce(self, grad: torch.Tensor) -> torch.Tensor:
         """The gradient of one use of this rank's part of a split weight, as one process's (above)."""
         grad = grad / self.ranks

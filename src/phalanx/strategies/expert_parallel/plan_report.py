@@ -1,4 +1,5 @@
-"""`phalanx plan --ep N`: what expert parallel puts on each rank, beside the strategies' rows.
+"""`phalanx plan --ep N`: what expert parallel puts on each rank, beside the strategies' rows (the
+flag comes from the plan's DEGREES, these lines through strategies/dimensions.py's `plan_lines`).
 
 Under ep each MoE layer's experts are split over N ranks (their dim 0, the expert index), and the
 rest of the model is laid out as the strategy says (whole under ddp, sharded under zero2/zero3) over
@@ -16,23 +17,12 @@ if TYPE_CHECKING:
     from phalanx.model.memory import ParamSize
 
 
-def add_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--ep",
-        type=int,
-        default=1,
-        help="expert-parallel degree: the MoE layers' experts split over ep of the data-parallel "
-        "ranks; prints expert and non-expert bytes per rank under the table (default 1)",
-    )
-
-
 def report(
     args: argparse.Namespace, model: Any, sizes: list[ParamSize], optimizer: str, fb: Callable[[float], str]
 ) -> str:
     """The lines to print under the table ('' without ep); ValueError as prepare would refuse."""
     if args.ep == 1:
         return ""
-    # torch-heavy: imported when a plan asks for ep, so `phalanx --help` and the launcher never import torch
     from phalanx.model import memory
     from phalanx.strategies.expert_parallel import ep_plan
 
