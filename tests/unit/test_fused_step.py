@@ -1,4 +1,4 @@
-"""What ddp and zero1 do to the script's optimizer beyond DDP(model): torch's fused Adam/AdamW CPU
+"""What every data-parallel layout does to the script's optimizer beyond wrapping the model: torch's fused Adam/AdamW CPU
 kernel where the script left the choice to torch (strategies/optimizers/fused_step.py), and no import of
 torch.distributed.optim to recognise a ZeroRedundancyOptimizer (its TorchScript compilation held
 3.2 MiB for good)."""

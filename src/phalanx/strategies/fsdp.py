@@ -22,24 +22,6 @@ from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 
-def prefer_foreach(optimizer: torch.optim.Optimizer) -> None:
-    """Use the multi-tensor (foreach) step where the user left `foreach` unset. torch picks the
-    per-parameter loop on CPU, and over FSDP2's DTensor parameters every one of its ~8 ops per
-    parameter pays DTensor's dispatch: measured on bench/strategies.py's encoder (51 parameters),
-    AdamW's step went from 21 to 13 ms CPU. An explicit foreach=False is kept.
-
-    A group that mixes DTensors with plain tensors (tensor parallel alone leaves the layers outside
-    its plan whole) cannot take a multi-tensor step at all: it steps per parameter."""
-    if "foreach" not in optimizer.defaults:
-        return
-    for group in optimizer.param_groups:
-        kinds = {hasattr(p, "device_mesh") for p in group["params"]}
-        if len(kinds) > 1:
-            group["foreach"] = False
-        elif group.get("foreach") is None:
-            group["foreach"] = True
-
-
 def apply(
     model: nn.Module,
     units: list[nn.Module],

@@ -197,9 +197,9 @@ class ParallelStrategy:
         if self._rebind or self._elsewhere:
             self._point_at_replacements(optimizer)
         if self.plan.shards_parameters or self._applied:  # (ep: DTensor experts beside plain parameters)
-            fsdp.prefer_foreach(optimizer)
+            fused_step.choose(optimizer, sharded=True)
         elif self.plan.uses_ddp:  # ddp, zero1 (a world of one steps as the script wrote it, bit for bit)
-            fused_step.prefer_fused(optimizer)
+            fused_step.choose(optimizer, sharded=False)
         for each in self._each_applied():  # ep: a capacity's drops are read after each step
             each.count_steps(optimizer)
         if self.plan.shards_optimizer_only:
