@@ -347,3 +347,18 @@ def test_the_launcher_hands_each_membership_of_an_elastic_job_its_plan(tmp_path)
     for world in (2, 4, 6):
         given = job_plan.inputs("zero3", spec.settings.config, world_size=world, local_world_size=2)
         assert job_plan.received(given, handed).dp_shard == world
+
+
+def test_sequence_parallel_under_pp_x_tp_is_refused_before_the_model_is_cut():
+    from types import SimpleNamespace
+
+    from phalanx.loop.precision import Precision
+    from phalanx.strategies.options import StrategyOptions
+    from phalanx.strategies.parallelize import parallelize
+
+    layout = SimpleNamespace(plan=build("ddp", world=4, local=4, tp=2, pp=2))
+    options = StrategyOptions(sequence_parallel=True)
+    with pytest.raises(ValueError, match=r"sequence_parallel with pp=2 x tp=2: .* HINT: leave sequence_parallel off"):
+        parallelize(
+            nn.Linear(2, 2), layout, options=options, precision=Precision(), device=torch.device("cpu"), backend="gloo"
+        )

@@ -63,6 +63,12 @@ def parallelize(
     `after_tp`: what runs on the model between tensor parallel and data parallel (ep x tp's split)."""
     plan = layout.plan
     fills = init_replay.recorded_fills(model) if meta_init.is_meta(model) else {}  # before shards replace them
+    if plan.pp > 1 and plan.tp > 1 and options.sequence_parallel:  # before the model is cut
+        raise ValueError(
+            f"sequence_parallel with pp={plan.pp} x tp={plan.tp}: a pipeline stage's first block would take the "
+            "previous stage's sequence-split activations as whole ones (not built nor tested). HINT: leave "
+            "sequence_parallel off under pp, or use tp with a data-parallel layout for sequence parallel"
+        )
     cut = pipeline_layout.cut(model, plan, options, layout.mesh("pp").get_local_rank()) if plan.pp > 1 else None
     if cut is None and plan.grad_size > 1:  # an MoE router's load-balancing loss over the whole global batch
         router_balance.globalise(

@@ -16,6 +16,7 @@ from torch import nn
 
 from phalanx.config import names
 from phalanx.model import memory
+from phalanx.model.units import default_units
 from phalanx.strategies import tied, tp_experts, tp_replicate
 from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
@@ -106,8 +107,8 @@ def _style(style: str, sequence_parallel: bool) -> Any:
         return RowwiseParallel(output_layouts=seq) if sequence_parallel else RowwiseParallel()
     if style == "rowwise_split_input":
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate())
-    if style == "embedding_rowwise":
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate())
+    if style == "embedding_rowwise":  # whole rows out: the model reads positions and masks from them
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if style == "sequence_parallel":
         return SequenceParallel()
     if style == "moe_tp_experts":
@@ -126,10 +127,10 @@ def apply(
     `chosen`: module name -> style, matched already (a pipeline stage's part of the whole model's plan).
 
     With `sequence_parallel`, activations between the split layers stay split along the sequence
-    (dim 1): norms get SequenceParallel, and the embedding's output is split by the sequence too.
+    (dim 1): norms get SequenceParallel, and the first block splits its input by the sequence.
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import PrepareModuleOutput, SequenceParallel, parallelize_module
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel, parallelize_module
 
     chosen = dict(chosen) if chosen is not None else match(model, model_plan(model, plan))
     ties = tied.tied_groups(model)
@@ -149,9 +150,10 @@ def apply(
             inside = any(name == s or name.startswith(s + ".") for s in split)
             if name and not inside and type(module).__name__.endswith(_NORMS):
                 styles[name] = SequenceParallel()
-        for name, module in model.named_modules():
-            if isinstance(module, nn.Embedding) and name not in chosen:
-                styles[name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+        first = _first_block(model)
+        styles[first] = PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+        )
     for name, style in styles.items():  # one module at a time: names are not patterns here
         if style == "experts":
             tp_experts.install_experts(model.get_submodule(name), tp_mesh)
@@ -160,6 +162,15 @@ def apply(
     tp_replicate.replicate_rest(model, tp_mesh, skip={n for n, s in chosen.items() if s == "local"})
     tied.retie(model, ties)
     return chosen
+
+
+def _first_block(model: nn.Module) -> str:
+    """The name of the first transformer block, where sequence parallel starts splitting the
+    activations by the sequence. Not at the embedding's output: a transformers model reads its
+    positions (rotary cos/sin) and its attention mask from the embedded sequence's length, which
+    must stay whole; each block then gathers the sequence before attention and the MLP."""
+    block = default_units(model)[0]
+    return next(name for name, module in model.named_modules() if module is block)
 
 
 def shrink_to_one_rank(model: nn.Module, tp_plan: Mapping[str, str] | None, plan: ParallelPlan) -> dict[str, str]:
