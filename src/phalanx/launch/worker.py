@@ -313,6 +313,11 @@ def run_forked(target: str, is_module: bool, *args: str) -> None:
     try:
         run_explained(target, is_module, args)
     finally:
+        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            # Ctrl-C reaches a worker twice (the terminal's, then the agent's as it stops the
+            # job): the second must not land inside an exit handler (a KeyboardInterrupt
+            # traceback from atexit). Ignored from here, before any handler runs, not inside each.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         # multiprocessing ends a forked child with os._exit, which skips atexit: run them here.
         atexit._run_exitfuncs()
 
