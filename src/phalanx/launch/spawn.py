@@ -159,17 +159,15 @@ def _launch(fn: Callable[..., Any], args: tuple, kwargs: dict, nprocs: int, meth
 
 def run_in_worker(fn: Callable[..., Any], args: tuple, kwargs: dict, forked: bool) -> Any:
     """The agent's entrypoint in every worker: a forked one first drops what it inherited."""
-    import atexit
-
-    from phalanx.launch.worker import reset_inherited_process_state
+    from phalanx.launch.worker import reset_inherited_process_state, run_exit_handlers
 
     if forked:
         reset_inherited_process_state()
     try:
         return fn(*args, **kwargs)
     finally:
-        if forked:  # multiprocessing ends a forked child with os._exit, which skips atexit
-            atexit._run_exitfuncs()
+        if forked:
+            run_exit_handlers()
 
 
 @contextlib.contextmanager

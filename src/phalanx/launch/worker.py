@@ -307,19 +307,24 @@ def reset_inherited_process_state() -> None:
 
 def run_forked(target: str, is_module: bool, *args: str) -> None:
     """Entry for forked workers (a function entrypoint of torch's elastic agent)."""
-    import atexit
-
     reset_inherited_process_state()
     try:
         run_explained(target, is_module, args)
     finally:
-        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
-            # Ctrl-C reaches a worker twice (the terminal's, then the agent's as it stops the
-            # job): the second must not land inside an exit handler (a KeyboardInterrupt
-            # traceback from atexit). Ignored from here, before any handler runs, not inside each.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-        # multiprocessing ends a forked child with os._exit, which skips atexit: run them here.
-        atexit._run_exitfuncs()
+        run_exit_handlers()
+
+
+def run_exit_handlers() -> None:
+    """A forked worker's exit handlers, run by hand: multiprocessing ends a forked child with
+    os._exit, which skips atexit. Called from a `finally`. When Ctrl-C is what ends the worker,
+    SIGINT is ignored first: Ctrl-C reaches a worker twice (the terminal's, then the agent's as it
+    stops the job), and the second must not land inside an exit handler (a KeyboardInterrupt
+    traceback from atexit). Ignored here, before any handler runs, not inside each."""
+    import atexit
+
+    if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    atexit._run_exitfuncs()
 
 
 def run_in_process(target: str, is_module: bool, *args: str) -> None:
