@@ -67,13 +67,13 @@ def _cpu_ms(fn: Callable[[], None], reps: int) -> float:
 
 def comm_ms(model: nn.Module, batch: int, seq: int, reps: int = 5) -> tuple[float, float]:
     """(zero3's collectives and copies, ddp's all-reduce) per step, CPU ms, timed alone."""
-    from phalanx.host_only.gloo_comms import AllToAllReduceScatter, BroadcastAllGather
+    from phalanx.host_only.gloo_comms import AllToAllReduceScatter, PeerAllGather
     from phalanx.host_only.step_buffers import StepBuffers
 
     world, rank = dist.get_world_size(), dist.get_rank()
     units, root, embedding = _units(model)
     buffers = StepBuffers()  # as zero3 gathers and reduces on gloo
-    gather_comm, reduce_comm = BroadcastAllGather(buffers), AllToAllReduceScatter(buffers)
+    gather_comm, reduce_comm = PeerAllGather(buffers), AllToAllReduceScatter(buffers)
 
     shards = {n: torch.randn(math.ceil(n / world)) for n in set(units + [root])}  # this rank's parameters
     grads = {n: torch.randn(n) for n in set(units + [root])}  # autograd's unsharded gradients (ddp's too)

@@ -109,11 +109,11 @@ def wrap_collectives() -> None:
             return _original(*args, **kwargs)
 
         setattr(dist, name, counted)
-    # on gloo phalanx hands FSDP2 its own all-gather (broadcasts) and reduce-scatter (an all-to-all)
+    # on gloo phalanx hands FSDP2 its own all-gather (sends into place) and reduce-scatter (an all-to-all)
     from phalanx.host_only import gloo_comms
 
     for cls, kind, share in (
-        (getattr(gloo_comms, "BroadcastAllGather", None), "all-gather", lambda n: n - 1),
+        (getattr(gloo_comms, "PeerAllGather", None), "all-gather", lambda n: n - 1),
         (getattr(gloo_comms, "AllToAllReduceScatter", None), "reduce-scatter", lambda n: (n - 1) / n),
     ):
         if cls is None:

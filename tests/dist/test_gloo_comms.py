@@ -1,6 +1,6 @@
 """zero2/zero3's collectives on gloo give what gloo's own give, on 2 and 4 ranks and on a subgroup: the
 gradient reduce-scatter (an all-to-all and a local sum) for SUM and AVG, and the parameter all-gather
-(a broadcast per rank into the output) bit for bit, its input a chunk of the output as FSDP2 hands it or
+(each rank's chunk sent point to point into the output) bit for bit, its input a chunk of the output as FSDP2 hands it or
 a tensor apart."""
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ def test_the_all_to_all_reduce_scatter_equals_gloos_own(world_size):
 def gather_like_gloos_own() -> list[tuple[str, bool]]:
     """(case, bit-equal to all_gather_into_tensor) on the world and on the odd ranks (a group whose
     ranks are not the global ones), with the input inside the output or apart from it."""
-    from phalanx.host_only.gloo_comms import BroadcastAllGather
+    from phalanx.host_only.gloo_comms import PeerAllGather
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     odds = dist.new_group(list(range(1, world, 2)))
-    comm, results = BroadcastAllGather(), []
+    comm, results = PeerAllGather(), []
     for group, name in ((None, "world"), (odds, "odds")):
         if group is odds and rank % 2 == 0:
             continue

@@ -7,8 +7,9 @@ device) runs torch's own code instead. Each module asks `engages(backend)` (the 
 group, or the one the device chooses) before doing anything, and `tests/unit/test_host_only.py`
 asks each one with the backend a CUDA device gets, nccl, on CPU:
 
-- `gloo_comms.py`: FSDP2's reduce-scatter and all-gather replaced, on gloo, by an all-to-all and a
-  broadcast per rank (gloo's own cost twice the bytes moved); zero1's gather too;
+- `gloo_comms.py`: FSDP2's reduce-scatter and all-gather replaced, on gloo, by an all-to-all and
+  each rank's chunk sent point to point into its place (gloo's own cost twice the bytes moved, and
+  a collective costs a thread handoff a send does not); zero1's gather too;
 - `step_buffers.py`: those collectives' buffers handed from one unit to the next within a step
   (fresh host pages are faulted in and zeroed for every unit otherwise); used by gloo_comms only;
 - `host_memory.py`: glibc's mmap threshold fixed where a step frees whole gathered blocks, so host

@@ -10,10 +10,15 @@ torch 2.13, CPU time per call):
   reduced.
 - Parameters: gloo's all_gather_into_tensor gathers into a buffer of its own, allocated by its
   worker thread, and copies that into the output (twice the page faults of the output alone):
-  4 MiB gathered, 4.2 ms; 16 MiB, 18.7 ms. One broadcast per rank, each straight into that rank's
-  chunk of the output, moves the same bytes with no second buffer: 2.4 and 10.7 ms. A zero3 step
-  of the small-vocab encoder: 202.2 -> 191.0 ms (median of 8 alternating rounds), the parameters
-  after it bit-equal. zero1's gather of its updated chunks does the same (zero1_buckets.py).
+  4 MiB gathered, 4.2 ms; 16 MiB, 18.7 ms. Each rank's chunk sent straight into its place on every
+  peer moves the same bytes with no second buffer: 2.4 and 10.7 ms (as one broadcast per rank). A
+  zero3 step of the small-vocab encoder: 202.2 -> 191.0 ms (median of 8 alternating rounds), the
+  parameters after it bit-equal. zero1's gather of its updated chunks does the same (zero1_buckets.py).
+  The chunks go point to point (`isend`/`irecv`), not by broadcasts: gloo runs a collective on its
+  worker threads, a handoff that costs ~0.2 ms of CPU per call on these 2-core machines whatever
+  its size, where a send is posted from the calling thread (34 one-element calls: 6.4-9.9 ms as
+  broadcasts, 0.9-2.0 ms as sends and receives; zero1's gather of the encoder's 17 large
+  parameters, 16.8 MB: 5.6-7.7 ms as broadcasts, 3.9-5.9 ms point to point).
 
 Both draw their buffers from one `StepBuffers` per model, which hands a unit's freed buffer on to the
 next unit of its size within a step (host_only/step_buffers.py).
@@ -61,7 +66,7 @@ if ReduceScatter is not None:
                 return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
             world = dist.get_world_size(group)
             copies = self.allocate(input_tensor.shape, dtype=input_tensor.dtype, device=input_tensor.device)
-            dist.all_to_all_single(copies, input_tensor, group=group)
+            all_to_all(copies.view(world, -1), input_tensor.view(world, -1), group)
             torch.sum(copies.view(world, *output_tensor.shape), 0, out=output_tensor)
             if op == dist.ReduceOp.AVG:
                 output_tensor.div_(world)
@@ -70,8 +75,8 @@ if ReduceScatter is not None:
 
 if AllGather is not None:
 
-    class BroadcastAllGather(_Buffered, AllGather):  # type: ignore[misc,valid-type]
-        """all_gather(output, input) as one broadcast per rank, each straight into its chunk of the
+    class PeerAllGather(_Buffered, AllGather):  # type: ignore[misc,valid-type]
+        """all_gather(output, input) as each rank's chunk sent straight into its place in every peer's
         output (FSDP2's input is already this rank's chunk of it). It returns when the gather is done,
         async_op or not: FSDP2 waits only on a c10d Work, and on CPU the ranks' compute and gloo's
         threads share the cores, so a prefetch overlaps little (the step above is with it)."""
@@ -83,32 +88,59 @@ if AllGather is not None:
             chunks = output_tensor.chunk(world)
             if chunks[rank].data_ptr() != input_tensor.data_ptr():
                 chunks[rank].copy_(input_tensor)
-            gather_by_broadcasts(chunks, group)
+            gather_in_place(chunks, group)
             return None
 
 
-def gather_by_broadcasts(chunks: Sequence[torch.Tensor], group: Any) -> None:
+def all_to_all(output: torch.Tensor, input: torch.Tensor, group: Any) -> None:
+    """all_to_all_single over equal rows (`input[r]` to rank r, `output[r]` from rank r), point to
+    point: as gloo's, without its worker-thread handoff."""
+    me, world = dist.get_rank(group), dist.get_world_size(group)
+    output[me].copy_(input[me])
+    works = []
+    for r in range(world):
+        if r != me:
+            peer = dist.get_global_rank(group, r) if group is not None else r
+            works += [dist.isend(input[r], dst=peer, group=group), dist.irecv(output[r], src=peer, group=group)]
+    for work in works:
+        work.wait()
+
+
+def gather_in_place(chunks: Sequence[torch.Tensor], group: Any) -> None:
     """An all-gather as gloo does it cheaply: rank i's chunk (already in `chunks[i]` on rank i)
-    broadcast from each rank straight into its place, no buffer of gloo's own; returns when done."""
-    broadcasts(((chunk, i) for i, chunk in enumerate(chunks)), group)
+    sent from each rank straight into its place on every peer, no buffer of gloo's own; returns
+    when done."""
+    exchange(((chunk, i) for i, chunk in enumerate(chunks)), group)
 
 
-def broadcasts(parts: Iterable[tuple[torch.Tensor, int]], group: Any) -> None:
-    """Each (tensor, source rank in `group`) broadcast in place, all started, then all waited for."""
-    works = [dist.broadcast(tensor, group=group, group_src=src, async_op=True) for tensor, src in parts]
+def exchange(parts: Iterable[tuple[torch.Tensor, int]], group: Any) -> None:
+    """Each (tensor, owner's rank in `group`): the owner's values sent into every peer's tensor, in
+    place, point to point; all posted, then all waited for. Every rank passes the same parts in the
+    same order (the sends and receives between two ranks pair up in the order they are posted);
+    an empty tensor is skipped on every rank alike."""
+    me, world = dist.get_rank(group), dist.get_world_size(group)
+    peers = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
+    works = []
+    for tensor, owner in parts:
+        if tensor.numel() == 0:
+            continue
+        if owner == me:
+            works += [dist.isend(tensor, dst=peers[r], group=group) for r in range(world) if r != me]
+        else:
+            works.append(dist.irecv(tensor, src=peers[owner], group=group))
     for work in works:
         work.wait()
 
 
 def use_gloo_collectives(units: Iterable[Any], roots: Iterable[Any], backend: str) -> bool:
     """On gloo, make each fully_shard-ed module (units and roots) reduce its gradients with
-    AllToAllReduceScatter and gather its parameters with BroadcastAllGather, both reusing one
+    AllToAllReduceScatter and gather its parameters with PeerAllGather, both reusing one
     StepBuffers, emptied when a root's forward ends and when the backward ends. Nothing on any other
     backend (host_only.engages): NCCL's own collectives are used there."""
     if not engages(backend) or ReduceScatter is None or AllGather is None:
         return False
     buffers = StepBuffers()
-    reduce, gather = AllToAllReduceScatter(buffers), BroadcastAllGather(buffers)
+    reduce, gather = AllToAllReduceScatter(buffers), PeerAllGather(buffers)
     roots = list(roots)
     for module in [*units, *roots]:
         module.set_custom_reduce_scatter(reduce)

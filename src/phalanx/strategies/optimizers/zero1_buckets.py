@@ -30,8 +30,8 @@ GATHER_MIN_BUCKET_BYTES = 2**20
 """bucketed: buckets are 1/16 of the parameters' bytes, but no smaller than this (fewer collectives)."""
 MODEL_FRACTION = 16
 DIRECT_NUMEL = 2**16
-"""gloo, bucketed: a parameter of this many elements or more is gathered straight into its rows, one
-broadcast per rank, without a bucket: on CPU, packing a bucket and unpacking it cost as much as the
+"""gloo, bucketed: a parameter of this many elements or more is gathered straight into its rows (each
+rank's rows sent to every peer), without a bucket: on CPU, packing a bucket and unpacking it cost as much as the
 collective (4.2M fp32 parameters on 2 gloo ranks: 12 ms of a 26 ms gather)."""
 
 
@@ -120,14 +120,14 @@ def gathered_directly(slots: list[Any], world_size: int, gloo: bool) -> list[Any
 
 
 def gather_directly(slots: list[Any], world_size: int, group: Any) -> None:
-    """Every rank's rows of each slot's parameter broadcast by that rank straight into them."""
+    """Every rank's rows of each slot's parameter sent by that rank straight into them on every peer."""
     parts = []
     for slot in slots:
         for r in range(world_size):
             start, end = dim0_chunk(slot.full.shape[0], world_size, r)
             if end > start:
                 parts.append((slot.full[start:end], r))
-    gloo_comms.broadcasts(parts, group)
+    gloo_comms.exchange(parts, group)
 
 
 def gather(
@@ -141,8 +141,8 @@ def gather(
     gloo: bool = False,
 ) -> None:
     """One in-place all-gather per bucket: this rank's rows out, every rank's rows into the
-    parameters. `persistent`: one buffer for the single bucket, kept by the caller. `gloo`: one
-    broadcast per rank straight into its rows of the buffer (gloo_comms: no buffer of gloo's own)."""
+    parameters. `persistent`: one buffer for the single bucket, kept by the caller. `gloo`: each
+    rank's rows sent straight into its place in every peer's buffer (gloo_comms: no buffer of gloo's own)."""
     for bucket in buckets:
         received = (
             persistent if persistent is not None else torch.empty(bucket.numel * world_size, dtype=dtype, device=device)
@@ -154,7 +154,7 @@ def gather(
             piece.pack(send[offset : offset + piece.padded])
             offset += piece.padded
         if gloo:
-            gloo_comms.gather_by_broadcasts(list(table), group)
+            gloo_comms.gather_in_place(list(table), group)
         else:
             all_gather_single(received, send, group=group)
         offset = 0
