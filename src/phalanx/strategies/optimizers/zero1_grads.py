@@ -10,11 +10,12 @@ all-reduce plus the gather move half as much again. A bucket goes in pieces of t
 size (1/16 of the parameters' bytes, 1-64 MiB), through two buffers of that size per hook call.
 
 An opt-in (`zero1_grads: reduce_scatter`), not the default: on gloo the reduce-scatter (an
-all-to-all and a local sum, gloo_comms) plus packing costs more CPU than DDP's in-place all-reduce
-(bench/guard.py's encoder, 4.2M fp32 parameters, 2 CPU ranks, 5 alternated rounds, load ~4: a zero1
-step took 216.8 ms of CPU with it, 198.0 with DDP's all-reduce, phalanx ddp 201.7; gloo gathers large
-parameters straight into their rows instead, zero1_buckets.gather_directly), it is not yet measured
-on GPUs, and it changes what `.grad` holds (below), which code reading whole gradients would not see.
+all-to-all and a local sum, host_only/gloo_comms: gloo's own reduce_scatter_tensor costs a whole
+all-reduce) plus the packing costs more CPU than DDP's in-place all-reduce (bench/guard.py's encoder,
+4.2M fp32 parameters, 2 CPU ranks, 5 alternated rounds: a zero1 step took 165.8 ms of CPU with it,
+146.5 with DDP's all-reduce, phalanx ddp 152.8; with gloo's reduce_scatter_tensor it took 0.71-0.79 of
+ddp's speed), it is not yet measured on GPUs, and it changes what `.grad` holds (below), which code
+reading whole gradients would not see.
 
 The other ranks' rows of `param.grad` keep this rank's own unreduced contribution: only the owner's
 rows are the gradient. So gradient clipping combines the owners' norms over the ranks (`norm`,
@@ -33,6 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx import host_only
+from phalanx.host_only import gloo_comms
 from phalanx.strategies.optimizers import zero1_buckets
 from phalanx.strategies.optimizers.zero1_buckets import dim0_chunk
 
@@ -77,6 +80,7 @@ class Zero1Grads:
         self._scattered: dict[int, bool] = {}  # id(param) -> whether its last reduction scattered it
         self._plans: dict[tuple[int, ...], list[zero1_buckets.Bucket] | None] = {}
         self._piece_numel = 1  # per rank: the gather's bucket size
+        self._gloo = host_only.engages(dist.get_backend(group))  # host-only: an all-to-all and a sum
 
     def shard(self, params: list[torch.Tensor]) -> None:
         """`params` are stepped by their owners' chunks (a zero1 optimizer over them): their
@@ -138,7 +142,12 @@ class Zero1Grads:
                 region[: b - a].copy_(flat[a:b])
                 region[b - a :].zero_()  # the short last chunk
             at += part.padded
-        dist.reduce_scatter_tensor(mine, send.view(-1), group=self.group)
+        if self._gloo:  # gloo's reduce-scatter costs a whole all-reduce (host_only/gloo_comms.py)
+            copies = torch.empty_like(send)
+            gloo_comms.all_to_all(copies, send, self.group)
+            torch.sum(copies, 0, out=mine)
+        else:
+            dist.reduce_scatter_tensor(mine, send.view(-1), group=self.group)
         at = 0
         for part in piece.pieces:
             a, b = part.slot.span(self.rank, self.world, part.lo, part.hi)
