@@ -5,9 +5,9 @@ torch 2.13, CPU time per call):
   all_reduce of the whole input does (12 MiB: 9.6 and 9.0 ms; 24 MiB: 19.7 and 19.9 ms), although it
   needs only half the data moved. An all-to-all of FSDP2's reduce-scatter input (laid out rank by
   rank) hands each rank every peer's copy of its own chunk, moving what a reduce-scatter moves;
-  summing those copies here gives the same sums (on 2 ranks bit for bit: a + b either way) for 5.5
-  and 11.7 ms. The price is a transient buffer of the input's size while the unit's gradients are
-  reduced.
+  summing those copies with this rank's own, in rank order, gives the same sums (on 2 ranks bit for
+  bit: a + b either way) for 5.5 and 11.7 ms. The price is a transient buffer of the peers' copies
+  ((world - 1) / world of the input) while the unit's gradients are reduced.
 - Parameters: gloo's all_gather_into_tensor gathers into a buffer of its own, allocated by its
   worker thread, and copies that into the output (twice the page faults of the output alone):
   4 MiB gathered, 4.2 ms; 16 MiB, 18.7 ms. Each rank's chunk sent straight into its place on every
@@ -56,18 +56,37 @@ class _Buffered:
 if ReduceScatter is not None:
 
     class AllToAllReduceScatter(_Buffered, ReduceScatter):  # type: ignore[misc,valid-type]
-        """reduce_scatter(output, input) computed as all_to_all(input), then the sum of the copies
-        of this rank's chunk (divided by the world for AVG)."""
+        """reduce_scatter(output, input) computed as an all-to-all of `input` (each peer's copy of this
+        rank's chunk received into a buffer of the peers' copies only), then their sum with this
+        rank's own, in rank order (divided by the world for AVG)."""
 
         def __call__(
             self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any, async_op: bool = False
         ) -> Any:
             if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):  # e.g. a pre-multiplied sum
                 return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
-            world = dist.get_world_size(group)
-            copies = self.allocate(input_tensor.shape, dtype=input_tensor.dtype, device=input_tensor.device)
-            all_to_all(copies.view(world, -1), input_tensor.view(world, -1), group)
-            torch.sum(copies.view(world, *output_tensor.shape), 0, out=output_tensor)
+            world, me = dist.get_world_size(group), dist.get_rank(group)
+            rows = input_tensor.view(world, -1)
+            out = output_tensor.view(-1)
+            if world == 1:
+                out.copy_(rows[0])
+            else:  # every peer's copy of this rank's chunk received; this rank's own read where it is
+                peers = self.allocate(((world - 1) * out.numel(),), dtype=out.dtype, device=out.device)
+                received = list(peers.view(world - 1, -1))
+                received.insert(me, rows[me])
+                works = []
+                for r in range(world):
+                    if r != me:
+                        peer = dist.get_global_rank(group, r) if group is not None else r
+                        works += [
+                            dist.isend(rows[r], dst=peer, group=group),
+                            dist.irecv(received[r], src=peer, group=group),
+                        ]
+                for work in works:
+                    work.wait()
+                torch.add(received[0], received[1], out=out)  # summed in rank order, as gloo's own does
+                for part in received[2:]:
+                    out.add_(part)
             if op == dist.ReduceOp.AVG:
                 output_tensor.div_(world)
             return None
