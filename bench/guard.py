@@ -52,6 +52,16 @@ VARIANTS = {
 }
 # (variant, the variant it is compared with, the floor the docs promise)
 FLOORS = (("phalanx ddp", HAND, 1.10), ("phalanx zero1", "phalanx ddp", 0.95), ("phalanx zero3", "phalanx ddp", 0.80))
+ONE = "one process"
+"""The same step in one process, no DDP (the model, batch 16x32 and fused AdamW phalanx ddp steps):
+rank 0 runs it while rank 1 waits, so twice its samples/s is what 2 processes could reach at best."""
+SCALING_FLOOR = 0.80  # phalanx ddp's samples/s over twice one process's
+
+
+def one_process() -> tuple:
+    model = strategies.make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    return model, optimizer, strategies.plain_step(model)
 
 
 def _median_ratio(per_round: dict[str, list[float]], name: str, base: str, inverse: bool = False) -> float:
@@ -81,21 +91,28 @@ def worker(rounds: int, warmup: int, budget: float) -> None:
     names = list(VARIANTS)
     data = strategies.batches(8)
     built = {name: VARIANTS[name]() for name in names}  # side by side for the whole run
-    for name in names:
+    built[ONE] = one_process()
+    timed = [*names, ONE]
+    alone = dist.get_rank() == 0  # the one-process step runs on rank 0 only
+    for name in timed:
         for i in range(warmup):
-            _step(built[name], data[i % len(data)])
-    cpu: dict[str, list[float]] = {n: [] for n in names}
-    wall: dict[str, list[float]] = {n: [] for n in names}
+            if name != ONE or alone:
+                _step(built[name], data[i % len(data)])
+    cpu: dict[str, list[float]] = {n: [] for n in timed}
+    wall: dict[str, list[float]] = {n: [] for n in timed}
     done = 0
     while done < rounds and (done < MIN_ROUNDS or _in_budget(started, done, budget)):
         batch = data[done % len(data)]
-        for name in names if done % 2 == 0 else names[::-1]:
+        for name in timed if done % 2 == 0 else timed[::-1]:
             dist.barrier()  # both ranks start the step together: its wall time is the step's
+            if name == ONE and not alone:
+                continue  # rank 1 waits in the next barrier while rank 0 steps alone
             wall_start, cpu_start = time.perf_counter(), time.process_time()  # this process, all its threads
             _step(built[name], batch)
             cpu[name].append((time.process_time() - cpu_start) * 1000)
             wall[name].append((time.perf_counter() - wall_start) * 1000)
         done += 1
+    dist.barrier()
     if dist.get_rank() != 0:
         return
     params = sum(p.numel() for p in strategies.make_model().parameters())
@@ -118,6 +135,12 @@ def worker(rounds: int, warmup: int, budget: float) -> None:
             f"  {name:14s} vs {base:16s} {cpu_speed:5.2f}x (CPU time per step; wall time {speed:4.2f}x)   "
             f"floor {floor:.2f}x  {verdict}"
         )
+    scaling = _median_ratio(wall, "phalanx ddp", ONE, inverse=True)  # 2 x 16 samples in its time, 16 in one's
+    one = strategies.BATCH * 1000 / statistics.median(wall[ONE])
+    print(
+        f"  phalanx ddp    vs 2 x one process   {scaling:5.2f}  (samples/s over twice one process's, "
+        f"{one:.1f} samples/s)   floor {SCALING_FLOOR:.2f}   {'ok' if scaling >= SCALING_FLOOR else 'BELOW'}"
+    )
 
 
 def main() -> None:
