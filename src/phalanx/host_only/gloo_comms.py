@@ -74,16 +74,7 @@ if ReduceScatter is not None:
                 peers = self.allocate(((world - 1) * out.numel(),), dtype=out.dtype, device=out.device)
                 received = list(peers.view(world - 1, -1))
                 received.insert(me, rows[me])
-                works = []
-                for r in range(world):
-                    if r != me:
-                        peer = dist.get_global_rank(group, r) if group is not None else r
-                        works += [
-                            dist.isend(rows[r], dst=peer, group=group),
-                            dist.irecv(received[r], src=peer, group=group),
-                        ]
-                for work in works:
-                    work.wait()
+                all_to_all(received, list(rows), group)
                 torch.add(received[0], received[1], out=out)  # summed in rank order, as gloo's own does
                 for part in received[2:]:
                     out.add_(part)
@@ -111,16 +102,18 @@ if AllGather is not None:
             return None
 
 
-def all_to_all(output: torch.Tensor, input: torch.Tensor, group: Any) -> None:
-    """all_to_all_single over equal rows (`input[r]` to rank r, `output[r]` from rank r), point to
-    point: as gloo's, without its worker-thread handoff."""
+def all_to_all(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], group: Any) -> None:
+    """all_to_all_single over equal parts (`inputs[r]` to rank r, `outputs[r]` from rank r; this
+    rank's own part copied unless it is the same tensor), point to point: as gloo's, without its
+    worker-thread handoff."""
     me, world = dist.get_rank(group), dist.get_world_size(group)
-    output[me].copy_(input[me])
+    if outputs[me] is not inputs[me]:
+        outputs[me].copy_(inputs[me])
     works = []
     for r in range(world):
         if r != me:
             peer = dist.get_global_rank(group, r) if group is not None else r
-            works += [dist.isend(input[r], dst=peer, group=group), dist.irecv(output[r], src=peer, group=group)]
+            works += [dist.isend(inputs[r], dst=peer, group=group), dist.irecv(outputs[r], src=peer, group=group)]
     for work in works:
         work.wait()
 

@@ -144,7 +144,7 @@ class Zero1Grads:
             at += part.padded
         if self._gloo:  # gloo's reduce-scatter costs a whole all-reduce (host_only/gloo_comms.py)
             copies = torch.empty_like(send)
-            gloo_comms.all_to_all(copies, send, self.group)
+            gloo_comms.all_to_all(list(copies), list(send), self.group)
             torch.sum(copies, 0, out=mine)
         else:
             dist.reduce_scatter_tensor(mine, send.view(-1), group=self.group)
