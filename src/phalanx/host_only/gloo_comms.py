@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from phalanx.host_only import engages
 from phalanx.host_only.step_buffers import StepBuffers
+from phalanx.runtime import collectives
 
 try:  # FSDP2's pluggable collectives (torch >= 2.8)
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
@@ -65,19 +66,10 @@ if ReduceScatter is not None:
         ) -> Any:
             if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):  # e.g. a pre-multiplied sum
                 return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
-            world, me = dist.get_world_size(group), dist.get_rank(group)
-            rows = input_tensor.view(world, -1)
-            out = output_tensor.view(-1)
-            if world == 1:
-                out.copy_(rows[0])
-            else:  # every peer's copy of this rank's chunk received; this rank's own read where it is
-                peers = self.allocate(((world - 1) * out.numel(),), dtype=out.dtype, device=out.device)
-                received = list(peers.view(world - 1, -1))
-                received.insert(me, rows[me])
-                all_to_all(received, list(rows), group)
-                torch.add(received[0], received[1], out=out)  # summed in rank order, as gloo's own does
-                for part in received[2:]:
-                    out.add_(part)
+            world = dist.get_world_size(group)
+            size = ((world - 1) * output_tensor.numel(),)
+            peers = self.allocate(size, dtype=input_tensor.dtype, device=input_tensor.device) if world > 1 else None
+            reduce_scatter_single(output_tensor, input_tensor, group, peers)
             if op == dist.ReduceOp.AVG:
                 output_tensor.div_(world)
             return None
@@ -94,12 +86,47 @@ if AllGather is not None:
         def __call__(
             self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
         ) -> Any:
-            world, rank = dist.get_world_size(group), dist.get_rank(group)
-            chunks = output_tensor.chunk(world)
-            if chunks[rank].data_ptr() != input_tensor.data_ptr():
-                chunks[rank].copy_(input_tensor)
-            gather_in_place(chunks, group)
+            all_gather_single(output_tensor, input_tensor, group)
             return None
+
+
+def all_gather_single(output: torch.Tensor, input: torch.Tensor, group: Any) -> None:
+    """torch's all_gather_single (`output`: the ranks' equal chunks along dim 0, `input`: this rank's),
+    returning when done; on gloo each rank's chunk sent straight into its place on every peer (`input`
+    may already be this rank's chunk of `output`: no copy then)."""
+    if not engages(dist.get_backend(group)):
+        collectives.all_gather_single(output, input, group=group)
+        return
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    chunks = output.chunk(world)
+    if chunks[me].data_ptr() != input.data_ptr():
+        chunks[me].copy_(input.view_as(chunks[me]))
+    gather_in_place(chunks, group)
+
+
+def reduce_scatter_single(
+    output: torch.Tensor, input: torch.Tensor, group: Any, peers: torch.Tensor | None = None
+) -> None:
+    """torch's reduce_scatter_single with SUM (`input`: the ranks' equal chunks along dim 0, `output`:
+    the sum of every rank's copy of this rank's chunk), returning when done. On gloo an all-to-all
+    point to point: every peer's copy of this rank's chunk received (into `peers`, (world - 1) x the
+    output's elements, where given), then summed with this rank's own in rank order."""
+    if not engages(dist.get_backend(group)):
+        collectives.reduce_scatter_single(output, input, group=group)
+        return
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    rows, out = input.reshape(world, -1), output.view(-1)
+    if world == 1:
+        out.copy_(rows[0])
+        return
+    if peers is None:
+        peers = out.new_empty((world - 1) * out.numel())
+    received = list(peers.view(world - 1, -1))
+    received.insert(me, rows[me])
+    all_to_all(received, list(rows), group)
+    torch.add(received[0], received[1], out=out)  # summed in rank order, as gloo's own does
+    for part in received[2:]:
+        out.add_(part)
 
 
 def all_to_all(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], group: Any) -> None:

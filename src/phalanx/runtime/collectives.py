@@ -15,8 +15,10 @@ from phalanx.runtime.debug import check_collective
 from phalanx.runtime.nested import map_tensors
 
 REDUCTIONS = ("mean", "sum", "max", "min")
-# all_gather_into_tensor's new name (torch >= 2.13 warns on the old one; older torch lacks the new).
+# all_gather_into_tensor's and reduce_scatter_tensor's new names (torch >= 2.13 warns on the old
+# ones; older torch lacks the new).
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def move_to_device(data: Any, device: torch.device) -> Any:

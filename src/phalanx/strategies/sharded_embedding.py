@@ -5,12 +5,15 @@ values a step, although a batch touches only its own tokens. Here each rank keep
 Shard(0) DTensor, as FSDP2 would) and each forward exchanges whichever is smaller, decided alike on
 every rank from the batch sizes:
 - the looked-up rows (world x tokens < V): every rank's token ids are gathered, each rank looks up
-  the rows it holds for all of them, and one all-reduce of world x tokens x D values hands every rank
-  its batch's embeddings; backward all-gathers the output gradients and each rank adds them into
-  its own rows;
+  the rows it holds for all of them, and one reduce-scatter of world x tokens x D values hands every
+  rank its batch's embeddings (each row is held by one rank, the others add zeros: the sum is exact
+  in any order); backward all-gathers the output gradients and each rank adds them into its own
+  rows;
 - the table: all-gathered and looked up as usual; backward all-reduces the table's gradient and
   keeps this rank's rows.
 Either way a rank's gradient is its rows' gradient averaged over ranks, as FSDP2 gives it.
+
+On gloo the gathers and the reduce-scatter go point to point (host_only/gloo_comms.py).
 
 Applies to plain `nn.Embedding` modules outside every sharding unit (the root's, where embeddings
 sit) whose weight is not shared with another module and which use none of max_norm, sparse or
@@ -27,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.runtime.collectives import all_gather_single
+from phalanx.host_only import gloo_comms
 from phalanx.strategies.optimizers.sharded_optimizer import dim0_chunk
 
 
@@ -113,7 +116,7 @@ class ShardedLookupEmbedding(nn.Embedding):
 def _all_gather(tensor: torch.Tensor, group: Any, world: int) -> torch.Tensor:
     """(world, *tensor.shape): every rank's `tensor` (same shape everywhere)."""
     out = torch.empty((world * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    all_gather_single(out, tensor.contiguous(), group=group)
+    gloo_comms.all_gather_single(out, tensor.contiguous(), group)
     return out.view(world, *tensor.shape)
 
 
@@ -150,9 +153,10 @@ class _Lookup(torch.autograd.Function):
             found = found * mine.unsqueeze(-1).to(found.dtype)
             if padding_idx is not None and layout.start <= padding_idx < layout.stop:
                 found[every == padding_idx] = local[padding_idx - layout.start]  # looked up, never trained
-            dist.all_reduce(found, group=group)
+            own = found.new_empty(found.shape[1:])  # the sums of this rank's tokens' rows over the holders
+            gloo_comms.reduce_scatter_single(own, found, group)
             ctx.save_for_backward(rows, mine)
-            return found[layout.rank, : tokens.numel()].clone()
+            return own[: tokens.numel()]
         table = _all_gather(_padded(local, layout.chunk), group, world).flatten(0, 1)[: layout.num_rows]
         ctx.save_for_backward(tokens)
         return F.embedding(tokens, table, padding_idx)

@@ -200,7 +200,6 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
             self._device,
             self.process_group,
             self._persistent,
-            gloo=self._gloo,
         )
 
     def zero_grad(self, set_to_none: bool = True) -> None:

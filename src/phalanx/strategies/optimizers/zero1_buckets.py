@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from phalanx.runtime.collectives import all_gather_single
 from phalanx.host_only import gloo_comms
 
 GATHER_BUCKET_BYTES = 64 * 2**20
@@ -138,11 +137,10 @@ def gather(
     device: torch.device,
     group: Any,
     persistent: torch.Tensor | None = None,
-    gloo: bool = False,
 ) -> None:
     """One in-place all-gather per bucket: this rank's rows out, every rank's rows into the
-    parameters. `persistent`: one buffer for the single bucket, kept by the caller. `gloo`: each
-    rank's rows sent straight into its place in every peer's buffer (gloo_comms: no buffer of gloo's own)."""
+    parameters. `persistent`: one buffer for the single bucket, kept by the caller. On gloo each
+    rank's rows go straight into its place in every peer's buffer (gloo_comms: no buffer of gloo's own)."""
     for bucket in buckets:
         received = (
             persistent if persistent is not None else torch.empty(bucket.numel * world_size, dtype=dtype, device=device)
@@ -153,10 +151,7 @@ def gather(
         for piece in bucket.pieces:
             piece.pack(send[offset : offset + piece.padded])
             offset += piece.padded
-        if gloo:
-            gloo_comms.gather_in_place(list(table), group)
-        else:
-            all_gather_single(received, send, group=group)
+        gloo_comms.all_gather_single(received, send, group)  # on gloo: each rank's rows sent into place
         offset = 0
         for piece in bucket.pieces:
             piece.unpack(table[:, offset : offset + piece.padded], world_size)

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx import host_only
 from phalanx.host_only import gloo_comms
 from phalanx.strategies.optimizers import zero1_buckets
 from phalanx.strategies.optimizers.zero1_buckets import dim0_chunk
@@ -80,7 +79,6 @@ class Zero1Grads:
         self._scattered: dict[int, bool] = {}  # id(param) -> whether its last reduction scattered it
         self._plans: dict[tuple[int, ...], list[zero1_buckets.Bucket] | None] = {}
         self._piece_numel = 1  # per rank: the gather's bucket size
-        self._gloo = host_only.engages(dist.get_backend(group))  # host-only: an all-to-all and a sum
 
     def shard(self, params: list[torch.Tensor]) -> None:
         """`params` are stepped by their owners' chunks (a zero1 optimizer over them): their
@@ -142,12 +140,7 @@ class Zero1Grads:
                 region[: b - a].copy_(flat[a:b])
                 region[b - a :].zero_()  # the short last chunk
             at += part.padded
-        if self._gloo:  # gloo's reduce-scatter costs a whole all-reduce (host_only/gloo_comms.py)
-            copies = torch.empty_like(send)
-            gloo_comms.all_to_all(list(copies), list(send), self.group)
-            torch.sum(copies, 0, out=mine)
-        else:
-            dist.reduce_scatter_tensor(mine, send.view(-1), group=self.group)
+        gloo_comms.reduce_scatter_single(mine, send.view(-1), self.group)  # gloo: an all-to-all and a sum
         at = 0
         for part in piece.pieces:
             a, b = part.slot.span(self.rank, self.world, part.lo, part.hi)
