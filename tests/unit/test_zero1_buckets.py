@@ -44,23 +44,38 @@ def test_packed_rows_land_in_the_full_parameters(world_size, numel):
     # each rank's slots see the same parameters; rank r packs its rows, "gathered" by stacking
     expected = [s.full.clone() for s in _slots(world_size, 0)]
     ranks = [_slots(world_size, r) for r in range(world_size)]
-    receiver = _slots(world_size, 0, fill=-1.0)  # a rank whose parameters are stale
     plans = [zero1_buckets.plan_buckets(slots, numel) for slots in ranks]
-    for b, bucket in enumerate(zero1_buckets.plan_buckets(receiver, numel)):
-        table = torch.full((world_size, bucket.numel), float("nan"))
-        for r in range(world_size):
-            offset = 0
-            for piece in plans[r][b].pieces:
-                piece.pack(table[r, offset : offset + piece.padded])
-                offset += piece.padded
-        offset = 0
-        for piece in bucket.pieces:
-            piece.unpack(table[:, offset : offset + piece.padded], world_size)
-            offset += piece.padded
-    for slot, want in zip(receiver, expected):
-        if slot.replicated:  # every rank steps a scalar itself: not gathered
-            continue
-        torch.testing.assert_close(slot.full, want, rtol=0, atol=0)
+    for me in range(world_size):
+        receiver = _slots(world_size, me, fill=-1.0)  # stale, but for its own rows: stepped in place
+        for slot, want in zip(receiver, expected):
+            if not slot.replicated:
+                slot.full[slot.start : slot.end] = want[slot.start : slot.end]
+        for b, bucket in enumerate(zero1_buckets.plan_buckets(receiver, numel)):
+            table = torch.full((world_size, bucket.numel), float("nan"))
+            for r in range(world_size):
+                plans[r][b].pack(table[r], world_size, r)
+            assert not table.isnan().any()  # a short last chunk sends zeros after its rows
+            bucket.unpack(table, world_size, me)
+        for slot, want in zip(receiver, expected):
+            if slot.replicated:  # every rank steps a scalar itself: not gathered
+                continue
+            torch.testing.assert_close(slot.full, want, rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_a_replaced_parameter_storage_makes_the_copies_again():
+    world_size = 2
+    ranks = [_slots(world_size, r) for r in range(world_size)]
+    buckets = [zero1_buckets.plan_buckets(slots, 1000)[0] for slots in ranks]
+    table = torch.zeros(world_size, buckets[0].numel)
+    for r in range(world_size):
+        buckets[r].pack(table[r], world_size, r)
+    slot = ranks[1][0]  # rank 1's first parameter, replaced as `param.data = ...` does
+    slot.param.data = torch.full_like(slot.param, 7.0)
+    slot.follow_param()
+    buckets[1].pack(table[1], world_size, 1)
+    rows = slot.end - slot.start
+    assert torch.equal(table[1, : rows * slot.row_numel], torch.full((rows * slot.row_numel,), 7.0))
 
 
 def test_bucket_bytes_follow_the_model_within_bounds():

@@ -61,6 +61,7 @@ class _Slot:
         self.start, self.end = (0, 1) if self.replicated else dim0_chunk(rows, world_size, rank)
         self.padded = self.rows_per_rank * self.row_numel  # numel this slot takes in a gather
         self.chunk = nn.Parameter(self._rows(), requires_grad=param.requires_grad)
+        self._storage = self.full.data_ptr()  # what the chunk views
 
     def _rows(self) -> torch.Tensor:
         return self.full if self.replicated else self.full[self.start : self.end]
@@ -69,8 +70,8 @@ class _Slot:
         """Re-point the chunk at the parameter's storage if the script replaced it
         (`param.data = ...`): the optimizer keeps its state, keyed by the same chunk."""
         current = _local(self.param)
-        if current is not self.full and current.data_ptr() != self.full.data_ptr():
-            self.full = current
+        if current.data_ptr() != self._storage:  # (a plain parameter is its own `full`: its data moved)
+            self.full, self._storage = current, current.data_ptr()
             self.chunk.data = self._rows()
 
     def grad_chunk(self) -> torch.Tensor | None:

@@ -16,7 +16,7 @@ processes): with one 16 MiB bucket plus a send buffer and a reshaped copy, zero1
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,31 +59,70 @@ class Piece:
     def padded(self) -> int:
         return (self.hi - self.lo) * self.slot.row_numel
 
-    def pack(self, send: torch.Tensor) -> None:
-        """This rank's rows into `send` (this piece's part of the rank's slot in the buffer)."""
+    def mine(self) -> torch.Tensor:
+        """This rank's rows of the piece, flat (a view of the parameter: rows are contiguous); shorter
+        than `padded` where this rank's chunk is the short last one."""
         chunk = self.slot.chunk
-        rows = (chunk if self.slot.replicated else chunk[self.lo : self.hi]).reshape(-1)  # a view: rows are contiguous
-        send[: rows.numel()].copy_(rows)
-        if rows.numel() < send.numel():  # the short last chunk
-            send[rows.numel() :].zero_()
+        return (chunk if self.slot.replicated else chunk[self.lo : self.hi]).reshape(-1)
 
-    def unpack(self, gathered: torch.Tensor, world_size: int) -> None:
-        """Every rank's rows (`gathered`: world_size x padded) into the full parameter."""
+    def theirs(self, world_size: int, rank: int) -> torch.Tensor | None:
+        """Rank `rank`'s rows of the piece in the full parameter, flat (None: it has none here, or
+        the parameter is a scalar every rank stepped itself)."""
         full = self.slot.full
-        if self.slot.replicated:  # a scalar every rank stepped itself
-            return
-        for r in range(world_size):
-            start, end = dim0_chunk(full.shape[0], world_size, r)
-            a, b = start + self.lo, min(start + self.hi, end)
-            if b > a:
-                part = gathered[r, : (b - a) * self.slot.row_numel]
-                full[a:b].copy_(part.view(b - a, *full.shape[1:]))
+        if self.slot.replicated:
+            return None
+        start, end = dim0_chunk(full.shape[0], world_size, rank)
+        a, b = start + self.lo, min(start + self.hi, end)
+        return full[a:b].view(-1) if b > a else None
+
+
+@dataclass
+class _Copies:
+    """A bucket's copies between the parameters and its buffer, made once per parameter storage:
+    one foreach copy packs this rank's rows, one per peer unpacks its rows (on a GPU, a launch each
+    instead of one per piece and rank; on CPU the guard encoder's 34 small parameters, 2.7 -> 1.2 ms)."""
+
+    key: tuple[int, ...]  # the parameters' storage: a `param.data = ...` makes them again
+    sizes: list[int]  # each piece's padded elements in a rank's slot of the buffer
+    mine: list[torch.Tensor]  # this rank's rows of each piece
+    theirs: list[list[tuple[int, torch.Tensor]]]  # per rank: (piece, that rank's rows in the parameter)
 
 
 @dataclass
 class Bucket:
     pieces: list[Piece]
     numel: int  # per rank
+    _copies: _Copies | None = field(default=None, repr=False, compare=False)
+
+    def copies(self, world_size: int, rank: int) -> _Copies:
+        key = tuple(piece.slot.full.data_ptr() for piece in self.pieces)
+        if self._copies is None or self._copies.key != key:
+            theirs = [
+                [(i, rows) for i, piece in enumerate(self.pieces) if (rows := piece.theirs(world_size, r)) is not None]
+                for r in range(world_size)
+            ]
+            self._copies = _Copies(key, [p.padded for p in self.pieces], [p.mine() for p in self.pieces], theirs)
+        return self._copies
+
+    def pack(self, send: torch.Tensor, world_size: int, rank: int) -> None:
+        """This rank's rows of every piece into `send` (its slot of the buffer); zeros after a short chunk."""
+        copies = self.copies(world_size, rank)
+        parts = send.split(copies.sizes)
+        torch._foreach_copy_([part[: rows.numel()] for part, rows in zip(parts, copies.mine)], copies.mine)
+        for part, rows in zip(parts, copies.mine):
+            if rows.numel() < part.numel():  # the short last chunk
+                part[rows.numel() :].zero_()
+
+    def unpack(self, table: torch.Tensor, world_size: int, rank: int) -> None:
+        """Every peer's rows (`table`: world_size x numel) into the parameters; this rank's are there."""
+        copies = self.copies(world_size, rank)
+        for r in range(world_size):
+            if r == rank or not copies.theirs[r]:
+                continue
+            parts = table[r].split(copies.sizes)
+            torch._foreach_copy_(
+                [rows for _, rows in copies.theirs[r]], [parts[i][: rows.numel()] for i, rows in copies.theirs[r]]
+            )
 
 
 def plan_buckets(slots: list[Any], numel: int) -> list[Bucket]:
@@ -147,13 +186,7 @@ def gather(
         )
         table = received.view(world_size, bucket.numel)
         send = table[rank]
-        offset = 0
-        for piece in bucket.pieces:
-            piece.pack(send[offset : offset + piece.padded])
-            offset += piece.padded
+        bucket.pack(send, world_size, rank)
         gloo_comms.all_gather_single(received, send, group)  # on gloo: each rank's rows sent into place
-        offset = 0
-        for piece in bucket.pieces:
-            piece.unpack(table[:, offset : offset + piece.padded], world_size)
-            offset += piece.padded
+        bucket.unpack(table, world_size, rank)
         del send, received, table  # a bucket's buffer goes before the next one's is made
