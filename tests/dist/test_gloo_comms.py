@@ -141,3 +141,38 @@ def test_zero3_reuses_its_collectives_buffers_within_a_step_and_keeps_none_after
         # (at least 4 of the 23 takes a step)
         assert reused["reused"] >= 3 * 4 and reused["fresh"] + reused["reused"] == 3 * 23, (rank, reused)
         assert (per_use["fresh"], per_use["reused"]) == (0, 0), (rank, per_use)
+
+
+def single_ops_like_torchs(engaged: bool) -> list[tuple[str, bool]]:
+    """gloo_comms.all_gather_single and reduce_scatter_single against torch's own, on the shapes
+    their callers pass (a flat buffer, and the sharded embedding's (world, tokens, D) lookups), with
+    the point-to-point path engaged (gloo) or not (what NCCL takes: torch's op, here run on gloo)."""
+    from phalanx.host_only import gloo_comms
+
+    dist.init_process_group("gloo")
+    gloo_comms.engages = lambda backend: engaged  # the module's own name: what its functions ask
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(rank)
+    results = []
+    for shape in ((world * 6,), (world, 5, 3)):
+        full = torch.randn(shape, generator=g)
+        expected = torch.empty(full.shape[0] // world if len(shape) == 1 else shape[1:])
+        dist.reduce_scatter_tensor(expected.view(-1), full.clone().view(-1))
+        got = torch.full_like(expected, float("nan"))
+        gloo_comms.reduce_scatter_single(got, full, None)
+        results.append((f"reduce-scatter {shape}", torch.allclose(got, expected, rtol=0, atol=1e-6)))
+        mine = torch.randn(expected.shape, generator=g)
+        gathered, want = torch.full_like(full, float("nan")), torch.empty_like(full)
+        dist.all_gather_into_tensor(want.view(-1), mine.view(-1))
+        gloo_comms.all_gather_single(gathered, mine, None)
+        results.append((f"all-gather {shape}", torch.equal(gathered, want)))
+    dist.destroy_process_group()
+    return results
+
+
+@pytest.mark.parametrize("engaged", [True, False])
+def test_the_single_ops_equal_torchs_with_and_without_the_host_only_path(engaged):
+    for rank, results in enumerate(
+        run_ranks("tests.dist.test_gloo_comms:single_ops_like_torchs", 2, args=(engaged,), timeout=90)
+    ):
+        assert len(results) == 4 and all(ok for _, ok in results), (rank, results)

@@ -95,7 +95,7 @@ def all_gather_single(output: torch.Tensor, input: torch.Tensor, group: Any) -> 
     returning when done; on gloo each rank's chunk sent straight into its place on every peer (`input`
     may already be this rank's chunk of `output`: no copy then)."""
     if not engages(dist.get_backend(group)):
-        collectives.all_gather_single(output, input, group=group)
+        collectives.all_gather_single(output.view(-1), input.reshape(-1), group=group)  # flat: any shapes
         return
     world, me = dist.get_world_size(group), dist.get_rank(group)
     chunks = output.chunk(world)
@@ -112,7 +112,7 @@ def reduce_scatter_single(
     point to point: every peer's copy of this rank's chunk received (into `peers`, (world - 1) x the
     output's elements, where given), then summed with this rank's own in rank order."""
     if not engages(dist.get_backend(group)):
-        collectives.reduce_scatter_single(output, input, group=group)
+        collectives.reduce_scatter_single(output.view(-1), input.reshape(-1), group=group)  # flat: any shapes
         return
     world, me = dist.get_world_size(group), dist.get_rank(group)
     rows, out = input.reshape(world, -1), output.view(-1)
