@@ -101,7 +101,7 @@ def all_gather_single(output: torch.Tensor, input: torch.Tensor, group: Any) -> 
     chunks = output.chunk(world)
     if chunks[me].data_ptr() != input.data_ptr():
         chunks[me].copy_(input.view_as(chunks[me]))
-    gather_in_place(chunks, group)
+    exchange(((chunk, i) for i, chunk in enumerate(chunks)), group)  # rank i's chunk from rank i
 
 
 def reduce_scatter_single(
@@ -139,17 +139,12 @@ def all_to_all(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], 
     works = []
     for r in range(world):
         if r != me:
-            peer = dist.get_global_rank(group, r) if group is not None else r
-            works += [dist.isend(inputs[r], dst=peer, group=group), dist.irecv(outputs[r], src=peer, group=group)]
+            works += [
+                dist.isend(inputs[r], group=group, group_dst=r),
+                dist.irecv(outputs[r], group=group, group_src=r),
+            ]
     for work in works:
         work.wait()
-
-
-def gather_in_place(chunks: Sequence[torch.Tensor], group: Any) -> None:
-    """An all-gather as gloo does it cheaply: rank i's chunk (already in `chunks[i]` on rank i)
-    sent from each rank straight into its place on every peer, no buffer of gloo's own; returns
-    when done."""
-    exchange(((chunk, i) for i, chunk in enumerate(chunks)), group)
 
 
 def exchange(parts: Iterable[tuple[torch.Tensor, int]], group: Any) -> None:
@@ -158,15 +153,14 @@ def exchange(parts: Iterable[tuple[torch.Tensor, int]], group: Any) -> None:
     same order (the sends and receives between two ranks pair up in the order they are posted);
     an empty tensor is skipped on every rank alike."""
     me, world = dist.get_rank(group), dist.get_world_size(group)
-    peers = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
     works = []
     for tensor, owner in parts:
         if tensor.numel() == 0:
             continue
         if owner == me:
-            works += [dist.isend(tensor, dst=peers[r], group=group) for r in range(world) if r != me]
+            works += [dist.isend(tensor, group=group, group_dst=r) for r in range(world) if r != me]
         else:
-            works.append(dist.irecv(tensor, src=peers[owner], group=group))
+            works.append(dist.irecv(tensor, group=group, group_src=owner))
     for work in works:
         work.wait()
 
