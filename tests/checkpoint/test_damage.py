@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from phalanx import Phalanx
-from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, verify
+from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged
+from phalanx.checkpoint.safe_io import verify
 from tests.checkpoint.resumable import build, load_report
 from tests.dist.harness import run_ranks
 

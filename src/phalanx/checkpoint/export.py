@@ -79,7 +79,8 @@ def main(args: argparse.Namespace) -> int:
 def resolve(checkpoint: str | Path) -> Path:
     """A checkpoint directory, or the newest intact one under a checkpoint root (verified)."""
     from phalanx.checkpoint import atomic
-    from phalanx.checkpoint.manifest import CheckpointDamaged, verify
+    from phalanx.checkpoint.manifest import CheckpointDamaged
+    from phalanx.checkpoint.safe_io import verify
     from phalanx.checkpoint.object_path import location
 
     path = location(checkpoint)

@@ -9,13 +9,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "checkpoint", metavar="CKPT", help="a checkpoint directory, or a checkpoint root (shows its latest)"
     )
-    parser.add_argument("--verify", action="store_true", help="also check every file's size and sha256")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="also check every file's size and sha256, and read .metadata and the side files with the safe readers",
+    )
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
     from phalanx.checkpoint import atomic
-    from phalanx.checkpoint.manifest import CheckpointDamaged, read_manifest, verify_files
+    from phalanx.checkpoint.manifest import CheckpointDamaged, read_manifest
     from phalanx.checkpoint.object_path import location
 
     path = location(args.checkpoint)
@@ -42,7 +46,9 @@ def main(args: argparse.Namespace) -> int:
         for name, entry in sorted(manifest.files.items()):
             print(f"    {name:<24} {entry.size:>12}  sha256 {entry.sha256[:16]}")
     if args.verify:
-        problems = verify_files(path, manifest)
+        from phalanx.checkpoint.safe_io import file_problems  # imports torch: only when asked
+
+        problems = file_problems(path, manifest)
         print("  verify: " + ("OK" if not problems else "DAMAGED: " + "; ".join(problems)))
         return 1 if problems else 0
     return 0

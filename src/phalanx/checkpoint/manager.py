@@ -36,11 +36,10 @@ from phalanx.checkpoint.manifest import (
     Manifest,
     hash_files,
     read_manifest,
-    verify_files,
     write_manifest,
 )
 from phalanx.checkpoint.save_attempt import SaveAttempt
-from phalanx.checkpoint.safe_io import SafeLoadPlanner, check_plain, load_plain
+from phalanx.checkpoint.safe_io import SafeLoadPlanner, check_plain, file_problems, load_plain
 from phalanx.checkpoint.state import base_optimizer, group_by_model, rng_state, seed_all, set_rng_state
 
 COMMON_NAME = "common.pt"
@@ -430,7 +429,7 @@ class Checkpointer:
             problems = [str(error)]
         else:
             names = sorted(manifest.files)[collectives.rank() :: collectives.world_size()]
-            problems = verify_files(directory, manifest, names)
+            problems = file_problems(directory, manifest, names)
         return sorted({p for part in collectives.gather_object(problems) for p in part})
 
 

@@ -119,12 +119,3 @@ def verify_files(directory: Path, manifest: Manifest, names: Iterable[str] | Non
         if actual != entry.sha256:
             problems.append(f"{path}: sha256 {actual[:12]}..., the manifest says {entry.sha256[:12]}... (corrupted)")
     return problems
-
-
-def verify(directory: Path) -> Manifest:
-    """Read the manifest and check every file; raise CheckpointDamaged naming the bad files."""
-    manifest = read_manifest(directory)
-    problems = verify_files(directory, manifest)
-    if problems:
-        raise CheckpointDamaged("damaged checkpoint: " + "; ".join(problems))
-    return manifest
