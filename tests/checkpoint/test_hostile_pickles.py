@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from phalanx import Phalanx
+from phalanx.cli import main as cli_main
 from phalanx.checkpoint import export, inspect_command
 from phalanx.checkpoint.manager import CheckpointFallbackWarning
 from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, hash_file, read_manifest, write_manifest
@@ -157,6 +158,10 @@ def test_no_payload_runs_and_resume_falls_back(good_root, tmp_path, victim, kind
     assert export.resolve(root) == root / "step-00000001"
     with pytest.raises(CheckpointDamaged, match=name.replace(".", r"\.")):
         export.resolve(root / "step-00000002")
+    assert cli_main(["export", str(root / "step-00000002"), str(tmp_path / "out.safetensors")]) == 1
+    err = capsys.readouterr().err
+    assert "phalanx export: error: " in err and name in err and "Traceback" not in err, err
+    assert not (tmp_path / "out.safetensors").exists()
 
     # `phalanx inspect --verify` names the file and exits 1 (the manifest's own damage: before verify)
     args = argparse.Namespace(checkpoint=str(root / "step-00000002"), verify=True, json=False)

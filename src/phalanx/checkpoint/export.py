@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.checkpoint import hf_export
+from phalanx.checkpoint.manifest import CheckpointDamaged
 from phalanx.checkpoint.hf_export import DEFAULT_MAX_SHARD_SIZE
 
 FORMATS = ("safetensors", "hf", "torch")
@@ -72,6 +73,9 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"phalanx export: error: {error}", file=sys.stderr)
         return 2
+    except CheckpointDamaged as error:  # damaged, or a file the safe readers refuse: nothing was written
+        print(f"phalanx export: error: {error}", file=sys.stderr)
+        return 1
     print(f"phalanx export: wrote {path}")
     return 0
 
@@ -79,7 +83,6 @@ def main(args: argparse.Namespace) -> int:
 def resolve(checkpoint: str | Path) -> Path:
     """A checkpoint directory, or the newest intact one under a checkpoint root (verified)."""
     from phalanx.checkpoint import atomic
-    from phalanx.checkpoint.manifest import CheckpointDamaged
     from phalanx.checkpoint.safe_io import verify
     from phalanx.checkpoint.object_path import location
 
