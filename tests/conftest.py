@@ -238,7 +238,35 @@ def _fail_session(session, title: str, message: str) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_runtest_logreport(report):
+    """Each test file's time: its tests' setup, call and teardown (a module's shared spawn is in its
+    first test's setup), summed for the report at the session's end."""
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+    if report.when == "call":
+        _file_tests[path] = _file_tests.get(path, 0) + 1
+
+
+FILE_SHARE = 0.04
+"""A test file over this share of the run's time is named in the report: the suite must fit CI's
+budget (both tiers within 45 minutes on 2 cores), and a file that grows is where to look first."""
+
+
+def _file_report(terminalreporter) -> None:
+    if len(_file_seconds) < 2:
+        return
+    total = sum(_file_seconds.values())
+    ranked = sorted(_file_seconds.items(), key=lambda item: -item[1])
+    terminalreporter.write_sep("=", f"time per test file: {len(ranked)} files, {total:.0f} s in all (the 15 longest)")
+    for path, seconds in ranked[:15]:
+        flag = f"  over {FILE_SHARE:.0%} of the run" if seconds > FILE_SHARE * total else ""
+        terminalreporter.write_line(
+            f"{seconds:8.1f} s {seconds / total:6.1%}  {_file_tests.get(path, 0):4d} tests  {path}{flag}"
+        )
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    _file_report(terminalreporter)
     for title, message in _session_failures:
         terminalreporter.write_sep("=", title, red=True)
         terminalreporter.write_line(message, red=True)
@@ -248,3 +276,5 @@ _before_key = pytest.StashKey[set]()
 _tmp_key = pytest.StashKey[tuple]()
 _resource_warnings: list[str] = []
 _session_failures: list[tuple[str, str]] = []
+_file_seconds: dict[str, float] = {}
+_file_tests: dict[str, int] = {}
