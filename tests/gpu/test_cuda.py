@@ -166,3 +166,30 @@ def test_zero_stages_order_by_the_allocators_memory_on_the_gpu(tmp_path):
     assert all(runs[name]["peak"] <= runs["ddp"]["peak"] for name in ("zero1", "zero2", "zero3")), runs
     plan = json.loads(out.read_text())["plan"]  # the plan's bytes, cuBLAS's workspaces included
     assert all(abs(plan[name] - rest[name]) <= 0.15 * rest[name] for name in rest), (rest, plan)
+
+
+def test_host_only_collectives_take_torchs_own_path_on_nccl(tmp_path):
+    """host_only/gloo_comms' single ops on a real NCCL group (one rank: one GPU cannot hold two NCCL
+    ranks): the host-only path does not engage, torch's own ops run on CUDA tensors, and the results
+    are what a reduce-scatter and an all-gather of one rank give, on a flat buffer and on the sharded
+    embedding's (world, tokens, D) shapes (issue 53 item 5: the CPU suite only names 'nccl')."""
+    import torch.distributed as dist
+
+    from phalanx import host_only
+    from phalanx.host_only import gloo_comms
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    try:
+        group = dist.group.WORLD
+        assert dist.get_backend(group) == "nccl" and not host_only.engages(dist.get_backend(group))
+        for shape in [(12,), (1, 5, 8)]:
+            source = torch.randn(shape, device="cuda")
+            gathered = torch.empty_like(source)
+            gloo_comms.all_gather_single(gathered, source, group)
+            reduced = torch.empty_like(source)
+            gloo_comms.reduce_scatter_single(reduced, source, group)
+            torch.cuda.synchronize()
+            assert torch.equal(gathered, source) and torch.equal(reduced, source), shape
+    finally:
+        dist.destroy_process_group()
