@@ -4,9 +4,14 @@ plan's named dims (`MESH_DIMS`, outermost first) and every group derived from it
 torchtitan's `ParallelDims` in phalanx's words: nothing else in phalanx makes a process group or
 flattens a sub-mesh (tests/unit/test_layout.py finds any other). A derived group is one entry of
 `SPANS` (the mesh dims it spans), so a new mesh dimension adds its name to `MESH_DIMS` and, where a
-derived group spans it, to that entry here. Derived meshes are flattened the first time one is
-asked for (every rank asks at the same point of the same program), then kept: one group per set of
-ranks, as torch's collectives need every rank to build each group together.
+derived group spans it, to that entry here. Every derived mesh and group the plan needs is built in
+`build`, in one fixed order on every rank (as torchtitan's ParallelDims builds its meshes): torch's
+collectives need every rank to build each group together, and a group made on first request would
+hang a job whose ranks asked in different orders. Afterwards `mesh` and `group` only look up.
+
+torch 2.13 has no public way to flatten, unflatten or concatenate a DeviceMesh's dims
+(`DeviceMesh._flatten`, `_unflatten`, `_concatenate`; torchtitan uses the same three): this module is
+the one place that calls them, and tests/unit/test_layout.py pins them to the installed torch.
 """
 
 from __future__ import annotations
@@ -78,7 +83,22 @@ class Layout:
         from torch.distributed.device_mesh import init_device_mesh
 
         degrees = plan.degrees()
-        return cls(plan, init_device_mesh(device_type, tuple(degrees.values()), mesh_dim_names=tuple(degrees)))
+        layout = cls(plan, init_device_mesh(device_type, tuple(degrees.values()), mesh_dim_names=tuple(degrees)))
+        for name in layout.derived():
+            layout.mesh(name)
+            if name in SPANS or name in PARTS:
+                layout.group(name)
+        return layout
+
+    def derived(self) -> tuple[str, ...]:
+        """The derived meshes this plan needs, in the order `build` makes them (the same on every rank):
+        every span, FSDP2's mesh where it shards, and expert parallel's parts where ep > 1."""
+        names: tuple[str, ...] = tuple(SPANS)
+        if self.plan.uses_fsdp:
+            names += ("fully_shard",)
+        if self.plan.ep > 1:
+            names += tuple(PARTS) + (tuple(JOINED) if self.plan.tp > 1 else ())
+        return names
 
     def mesh(self, name: str) -> Any:
         """The 1-D mesh of a dim of `MESH_DIMS`, of a derived group of `SPANS` or of `PARTS`; the 2-D mesh of
@@ -100,7 +120,11 @@ class Layout:
         if name == "fully_shard":
             shard = self._flatten(self._dims("dp_shard_cp", keep="dp_shard"))
             return self.root["dp_replicate", shard] if self.plan.dp_replicate > 1 else self.root[shard]
-        return self.root[self._flatten(self._dims(name))]
+        dims = self._dims(name)
+        if len(dims) == 1:
+            return self.root[dims[0]]
+        self._flatten(dims)
+        return self._flat[dims]  # kept, not sliced from the root by name (torch deprecates that)
 
     def group(self, name: str) -> Any:
         """The process group of `mesh(name)`; None when it holds every rank (torch's default group:
