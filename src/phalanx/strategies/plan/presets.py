@@ -62,13 +62,44 @@ def build(
 
     ValueError naming the settings and the valid values when the layout cannot be built.
     """
-    tp, pp, cp = settings.tp, settings.pp, settings.cp
     key = canonical(name)
     if key == AUTO and world_size == 1:
         key = SINGLE
     if key == AUTO:
         raise ValueError("strategy auto is decided from the model: call strategies.auto.decide first")
     preset = PRESETS[key]
+    _check_degrees(key, preset, settings, world_size)
+    if preset.threads_over_gpus:
+        return ParallelPlan(preset=key, threads_over_gpus=True)
+    if world_size == 1:
+        return ParallelPlan(preset=SINGLE)
+    tp, pp, cp = settings.tp, settings.pp, settings.cp
+    dp = world_size // (tp * pp * cp)
+    if preset.hybrid:
+        replicate, shard = _hsdp_shape(settings, world_size, local_world_size, replicate_size, shard_size)
+    elif Sharding(preset.stage) >= Sharding.GRADIENTS:
+        replicate, shard = 1, dp
+    else:
+        replicate, shard = dp, 1
+    if world_size % (tp * pp * settings.ep):
+        raise _no_room_for_ep(settings, world_size)
+    return ParallelPlan(
+        preset=key,
+        dp_replicate=replicate,
+        dp_shard=shard,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=settings.ep,
+        sharding=Sharding(preset.stage),
+        cpu_offload=cpu_offload and Sharding(preset.stage) >= Sharding.GRADIENTS,
+    )
+
+
+def _check_degrees(key: str, preset: Any, settings: config.PhalanxConfig, world_size: int) -> None:
+    """ValueError when the degrees `settings` ask for cannot be laid over `world_size` processes
+    under the preset `key` (dp's one process among them)."""
+    tp, pp, cp = settings.tp, settings.pp, settings.cp
     if preset.threads_over_gpus and tp > 1:
         raise _one_process(
             f"tp={tp} needs {tp} processes per tensor-parallel group", "ddp, zero1, zero2, zero3 or hsdp with tp"
@@ -94,54 +125,43 @@ def build(
             f"tp={tp} does not divide the {world_size} processes. HINT: choose tp among "
             f"{', '.join(map(str, divisors(world_size)))}, or run a multiple of {tp} processes"
         )
-    if preset.threads_over_gpus:
-        if world_size > 1:
-            raise ValueError(
-                f"strategy 'dp' runs in ONE process over the visible GPUs, but this job has "
-                f"world_size={world_size}. HINT: use strategy='ddp' with several processes, "
-                "or run the script with plain `python` for dp."
-            )
-        return ParallelPlan(preset=key, threads_over_gpus=True)
-    if world_size == 1:
-        return ParallelPlan(preset=SINGLE)
+    if preset.threads_over_gpus and world_size > 1:
+        raise ValueError(
+            f"strategy 'dp' runs in ONE process over the visible GPUs, but this job has "
+            f"world_size={world_size}. HINT: use strategy='ddp' with several processes, "
+            "or run the script with plain `python` for dp."
+        )
+
+
+def _hsdp_shape(
+    settings: config.PhalanxConfig,
+    world_size: int,
+    local_world_size: int,
+    replicate_size: int | None,
+    shard_size: int | None,
+) -> tuple[int, int]:
+    """hsdp's (replicas, shards) of the data-parallel ranks of `world_size` processes: shards follow the nodes."""
+    tp, pp, cp = settings.tp, settings.pp, settings.cp
     dp = world_size // (tp * pp * cp)
-    if preset.hybrid:
-        if local_world_size % tp:
-            raise ValueError(
-                f"hsdp with tp={tp}: each node's {local_world_size} processes do not split into "
-                f"tensor-parallel groups, so replicas and shards cannot follow the nodes. HINT: choose "
-                f"tp among {', '.join(map(str, divisors(local_world_size)))}"
-            )
-        if local_world_size % (tp * cp):
-            raise ValueError(
-                f"hsdp with cp={cp}{f' x tp={tp}' if tp > 1 else ''}: each node's {local_world_size} "
-                "processes do not split into context-parallel groups, so replicas and shards cannot "
-                f"follow the nodes. HINT: choose cp among "
-                f"{', '.join(str(d) for d in divisors(local_world_size) if (local_world_size // d) % tp == 0)}"
-            )
-        if pp > 1 and shard_size is None and replicate_size is None:
-            # pp is the outermost dim: a stage's data-parallel ranks shard within a node, or, when
-            # they are fewer than a node's processes, all of them (one replica).
-            shard_size = min(local_world_size // tp, dp)
-        # a node's processes hold shard x cp x tp ranks (cp and tp inside a node, as the mesh lays them)
-        replicate, shard = hybrid_shape(dp, local_world_size, tp * cp, replicate_size, shard_size)
-    elif Sharding(preset.stage) >= Sharding.GRADIENTS:
-        replicate, shard = 1, dp
-    else:
-        replicate, shard = dp, 1
-    if world_size % (tp * pp * settings.ep):
-        raise _no_room_for_ep(settings, world_size)
-    return ParallelPlan(
-        preset=key,
-        dp_replicate=replicate,
-        dp_shard=shard,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        ep=settings.ep,
-        sharding=Sharding(preset.stage),
-        cpu_offload=cpu_offload and Sharding(preset.stage) >= Sharding.GRADIENTS,
-    )
+    if local_world_size % tp:
+        raise ValueError(
+            f"hsdp with tp={tp}: each node's {local_world_size} processes do not split into "
+            f"tensor-parallel groups, so replicas and shards cannot follow the nodes. HINT: choose "
+            f"tp among {', '.join(map(str, divisors(local_world_size)))}"
+        )
+    if local_world_size % (tp * cp):
+        raise ValueError(
+            f"hsdp with cp={cp}{f' x tp={tp}' if tp > 1 else ''}: each node's {local_world_size} "
+            "processes do not split into context-parallel groups, so replicas and shards cannot "
+            f"follow the nodes. HINT: choose cp among "
+            f"{', '.join(str(d) for d in divisors(local_world_size) if (local_world_size // d) % tp == 0)}"
+        )
+    if pp > 1 and shard_size is None and replicate_size is None:
+        # pp is the outermost dim: a stage's data-parallel ranks shard within a node, or, when
+        # they are fewer than a node's processes, all of them (one replica).
+        shard_size = min(local_world_size // tp, dp)
+    # a node's processes hold shard x cp x tp ranks (cp and tp inside a node, as the mesh lays them)
+    return hybrid_shape(dp, local_world_size, tp * cp, replicate_size, shard_size)
 
 
 def decided(plan: ParallelPlan, name: str, *, cpu_offload: bool = False) -> ParallelPlan:
