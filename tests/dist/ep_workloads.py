@@ -427,8 +427,9 @@ def lora(px: Phalanx, target_parameters: tuple[str, ...] = ()) -> dict[str, Any]
 
 
 def save_pretrained(px: Phalanx, family: str, path: str) -> dict[str, Any]:
-    """STEPS steps of `family` prepared by `px`, then `model.save_pretrained(path)` on every rank
-    (transformers' convention, docs/checkpoints.md); the main process reads the directory back with
+    """STEPS steps of `family` prepared by `px`, then `model.save_pretrained(path)` on the main
+    process alone (refused: `refused`), then on every rank (transformers' convention,
+    docs/checkpoints.md); the main process reads the directory back with
     `from_pretrained` in this process (no phalanx in the way) and gives both: the trained full weights
     and the ones read."""
     start = make_model(family)
@@ -438,8 +439,18 @@ def save_pretrained(px: Phalanx, family: str, path: str) -> dict[str, Any]:
     )
     _loop(model, optimizer, loader)
     trained = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
-    model.save_pretrained(path)
-    out: dict[str, Any] = {"keys": sorted(start.state_dict())}
+    out: dict[str, Any] = {"keys": sorted(start.state_dict()), "refused": None}
+    from phalanx.checkpoint import save_pretrained as saving
+
+    saving.AGREE_SECONDS, agree = 3.0, saving.AGREE_SECONDS  # the main process alone first: refused after 3 s
+    if px.is_main_process:
+        try:
+            model.save_pretrained(path)
+        except ValueError as error:
+            out["refused"] = str(error)
+    px.wait_for_everyone()
+    saving.AGREE_SECONDS = agree
+    model.save_pretrained(path)  # then every rank, as transformers' convention asks
     if px.rank == 0:
         read = type(start).from_pretrained(path)
         out["trained"], out["read"] = trained, {k: v.detach().clone().float() for k, v in read.state_dict().items()}

@@ -437,9 +437,12 @@ def test_what_ep_cannot_lay_out_is_refused_at_prepare(ranks):
 def test_save_pretrained_on_every_rank_under_ep2_writes_one_process_model(ranks):
     """`model.save_pretrained(d)` on every rank (transformers' convention) under ddp ep 2 failed on
     rank 0 ("Attempted to access the data pointer on an invalid python storage": the experts are
-    DTensors); now the main process writes the full model, and `from_pretrained` in one process reads
+    DTensors), and on the main process alone gloo aborted; now the lone call is refused naming the
+    way, and on every rank the main process writes the full model, and `from_pretrained` in one process reads
     the trained weights, every expert under its one-process name, equal to one process's training."""
     saved = ranks[0]["save_pretrained"]
+    # the main process alone first (gloo aborted): refused, naming the way; nothing written then
+    assert "did not call save_pretrained" in saved["refused"] and "px.get_state_dict" in saved["refused"]
     assert sorted(saved["read"]) == saved["keys"] == sorted(saved["trained"])
     for key, value in saved["trained"].items():
         torch.testing.assert_close(saved["read"][key], value, rtol=0, atol=0, msg=key)
