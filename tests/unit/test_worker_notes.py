@@ -137,3 +137,14 @@ def test_model_module_in_a_world_of_one_names_what_to_use(monkeypatch):
     assert list(px.get_state_dict(model)) == ["weight", "bias"]
     copied = copy.deepcopy(model)  # copied (and pickled) as the class it had
     assert type(copied) is torch.nn.Linear and torch.equal(copied.weight, model.weight)
+
+
+def test_a_partial_state_of_the_scripts_own_without_accelerate_is_left_to_the_script(tmp_path, monkeypatch):
+    from phalanx.launch import worker
+
+    script = tmp_path / "own.py"
+    script.write_text("class PartialState: ...\nstate = PartialState()\n")
+    monkeypatch.setitem(__import__("sys").modules, "accelerate", None)  # not installed
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    worker.accelerate_on_cpu(str(script), is_module=False)  # no ImportError from the worker

@@ -209,8 +209,10 @@ def accelerate_on_cpu(target: str, is_module: bool) -> None:
     from phalanx.launch import framework_env
 
     if framework_env.makes_partial_state(framework_env.script_source(target, is_module), os.environ):
-        from accelerate import PartialState
-
+        try:
+            from accelerate import PartialState
+        except ImportError:  # a PartialState of the script's own: its import says what it lacks
+            return
         PartialState(cpu=True)
 
 
