@@ -72,6 +72,10 @@ def make_model(family: str, experts: int = 4, aux: float = 0.0) -> nn.Module:
             **{**common, "num_key_value_heads": 4},
         )
         return tf.DeepseekV3ForCausalLM(config)
+    if family == "llama4":  # its experts take every token pre-scaled by its router score, not the routing
+        sizes = {"num_local_experts": 4, "intermediate_size": 16, "intermediate_size_mlp": 32, "head_dim": 8}
+        common = {k: v for k, v in common.items() if k != "output_router_logits"}
+        return tf.Llama4ForCausalLM(tf.Llama4TextConfig(interleave_moe_layer_step=1, **sizes, **common))
     if family == "dense":
         return tf.LlamaForCausalLM(
             tf.LlamaConfig(
@@ -246,6 +250,12 @@ def matrix(cases: dict[str, dict]) -> dict[str, dict]:
         if "pretrained" in case:
             out[name] = load_pretrained(px, case["family"], case["pretrained"])
             continue
+        if "save_pretrained" in case:
+            out[name] = save_pretrained(px, case["family"], case["save_pretrained"])
+            continue
+        if "generate" in case:
+            out[name] = generate(px, case["family"])
+            continue
         if "lora" in case:  # the experts' fused weights named in case["lora"] get adapters too
             out[name] = lora(px, tuple(case["lora"]))
             continue
@@ -414,3 +424,55 @@ def lora(px: Phalanx, target_parameters: tuple[str, ...] = ()) -> dict[str, Any]
             k: v.detach().clone().float() for k, v in start.state_dict().items() if "lora_" in k
         }
     return out
+
+
+def save_pretrained(px: Phalanx, family: str, path: str) -> dict[str, Any]:
+    """STEPS steps of `family` prepared by `px`, then `model.save_pretrained(path)` on the main
+    process alone (refused: `refused`), then on every rank (transformers' convention,
+    docs/checkpoints.md); the main process reads the directory back with
+    `from_pretrained` in this process (no phalanx in the way) and gives both: the trained full weights
+    and the ones read."""
+    start = make_model(family)
+    model = copy.deepcopy(start)
+    model, optimizer, loader = px.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH // px.dp_size)
+    )
+    _loop(model, optimizer, loader)
+    trained = {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}
+    out: dict[str, Any] = {"keys": sorted(start.state_dict()), "refused": None}
+    from phalanx.checkpoint import save_pretrained as saving
+
+    saving.AGREE_SECONDS, agree = 3.0, saving.AGREE_SECONDS  # the main process alone first: refused after 3 s
+    if px.is_main_process:
+        try:
+            model.save_pretrained(path)
+        except ValueError as error:
+            out["refused"] = str(error)
+    px.wait_for_everyone()
+    saving.AGREE_SECONDS = agree
+    model.save_pretrained(path)  # then every rank, as transformers' convention asks
+    if px.rank == 0:
+        read = type(start).from_pretrained(path)
+        out["trained"], out["read"] = trained, {k: v.detach().clone().float() for k, v in read.state_dict().items()}
+    return out
+
+
+PROMPTS = torch.tensor([[5, 9, 2, 17, 33, 8], [41, 3, 12, 60, 7, 22]])
+NEW_TOKENS = 8
+
+
+def generate(px: Phalanx, family: str) -> dict[str, Any]:
+    """Greedy `model.generate` of each rank's own prompt on the prepared model, with an EOS token
+    that ends rank 0's early (the second token one process generates for it) while rank 1's goes on:
+    the tokens each rank got, and one process's for both prompts (no phalanx, the same model)."""
+    start = make_model(family)
+    start.generation_config.pad_token_id = 0
+    model = px.prepare(copy.deepcopy(start))
+    first = start.generate(PROMPTS[:1], max_new_tokens=NEW_TOKENS, do_sample=False)
+    eos = int(first[0, PROMPTS.shape[1] + 1])
+    reference = [
+        start.generate(prompt[None], max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos)[0].tolist()
+        for prompt in PROMPTS
+    ]
+    mine = model.generate(PROMPTS[px.rank : px.rank + 1], max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos)
+    return {"tokens": mine[0].tolist(), "eos": eos, "reference": reference}

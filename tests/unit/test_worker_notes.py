@@ -33,6 +33,51 @@ def test_on_gpus_a_sharded_strategy_becomes_accelerates_fsdp2(strategy, reshard)
     assert "ACCELERATE_USE_FSDP" not in framework_env.accelerate_env(settings(strategy=strategy), 0, {})
 
 
+FABRIC_LAUNCHES = "fabric = Fabric(devices=2)  # not `fabric run`\nfabric.launch()\n"
+FABRIC_FOR_CLI = '"""Run with `fabric run` (no `fabric.launch()`)."""\nfabric = Fabric()  # .launch( never\n'
+
+
+def test_fabric_gets_fabric_runs_variables_less_the_cli_mark_when_the_script_launches():
+    for_cli = framework_env.fabric_env(settings(mixed_precision="bf16"), 2, 1, 0, {}, FABRIC_FOR_CLI)
+    assert for_cli == {
+        "LT_CLI_USED": "1",
+        "LT_ACCELERATOR": "cpu",
+        "LT_DEVICES": "2",
+        "LT_NUM_NODES": "1",
+        "LT_PRECISION": "bf16-mixed",
+    }
+    launches = framework_env.fabric_env(settings(mixed_precision="bf16"), 2, 1, 0, {}, FABRIC_LAUNCHES)
+    assert launches == {key: value for key, value in for_cli.items() if key != "LT_CLI_USED"}
+    assert framework_env.calls_launch("def main(fabric): ...\nFabric().launch(main)\n")
+    assert not framework_env.calls_launch("launch = 1\n# fabric.launch()\nprint('.launch(')\n")
+    assert not framework_env.calls_launch("fabric.launch(  # a script that does not parse\n")
+
+
+def test_a_partial_state_script_on_cpu_gets_its_state_made_with_cpu():
+    env = {"ACCELERATE_USE_CPU": "true", "WORLD_SIZE": "2"}
+    script = "from accelerate import PartialState\nstate = PartialState()\n"
+    assert framework_env.makes_partial_state(script, env)
+    assert framework_env.makes_partial_state("import accelerate\nstate = accelerate.PartialState()\n", env)
+    assert not framework_env.makes_partial_state(script, {**env, "ACCELERATE_USE_CPU": "false"})  # the user's GPUs
+    assert not framework_env.makes_partial_state(script, {**env, "WORLD_SIZE": "1"})
+    assert not framework_env.makes_partial_state("from accelerate import Accelerator\n# PartialState\n", env)
+
+
+def test_the_source_of_a_script_a_module_and_a_package(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("A = 1\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise RuntimeError('never imported')\n")
+    (tmp_path / "pkg" / "__main__.py").write_text("MAIN = 1\n")
+    (tmp_path / "pkg" / "job.py").write_text("JOB = 1\n")
+    monkeypatch.chdir(tmp_path)
+    assert framework_env.script_source("train.py", is_module=False) == "A = 1\n"
+    assert framework_env.script_source("train", is_module=True) == "A = 1\n"
+    assert framework_env.script_source("pkg", is_module=True) == "MAIN = 1\n"
+    assert framework_env.script_source("pkg.job", is_module=True) == "JOB = 1\n"
+    assert framework_env.script_source("missing.py", is_module=False) == ""
+    assert framework_env.script_source("no_such_module_x", is_module=True) == ""
+
+
 def test_notes_round_trip_and_an_earlier_runs_notes_are_cleared(tmp_path):
     from phalanx.runtime.context import mark_phalanx_created
 
@@ -92,3 +137,14 @@ def test_model_module_in_a_world_of_one_names_what_to_use(monkeypatch):
     assert list(px.get_state_dict(model)) == ["weight", "bias"]
     copied = copy.deepcopy(model)  # copied (and pickled) as the class it had
     assert type(copied) is torch.nn.Linear and torch.equal(copied.weight, model.weight)
+
+
+def test_a_partial_state_of_the_scripts_own_without_accelerate_is_left_to_the_script(tmp_path, monkeypatch):
+    from phalanx.launch import worker
+
+    script = tmp_path / "own.py"
+    script.write_text("class PartialState: ...\nstate = PartialState()\n")
+    monkeypatch.setitem(__import__("sys").modules, "accelerate", None)  # not installed
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    worker.accelerate_on_cpu(str(script), is_module=False)  # no ImportError from the worker

@@ -132,9 +132,14 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
     env.update(framework_env.accelerate_env(spec.settings, num_gpus_in_use, os.environ))  # as `accelerate launch`
     env.update(
         framework_env.fabric_env(
-            spec.settings, nproc, spec.nnodes if spec.min_nnodes is None else None, num_gpus_in_use, os.environ
+            spec.settings,
+            nproc,
+            spec.nnodes if spec.min_nnodes is None else None,
+            num_gpus_in_use,
+            os.environ,
+            framework_env.script_source(spec.target, spec.is_module),
         )
-    )  # as `fabric run`
+    )  # as `fabric run`, or as torchrun for a script that calls fabric.launch()
     if handed is not None:
         env[envvars.PHALANX_PLAN] = handed  # the job's plan, built once: workers asking the same adopt it
     return nproc, num_gpus_in_use, env

@@ -30,8 +30,9 @@ def run_target(target: str, is_module: bool, args: tuple[str, ...] | list[str]) 
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
         # `python script.py` puts the script's directory first on sys.path.
+        # and, since Python 3.9, gives it an absolute `__file__` (sys.argv[0] stays as typed)
         sys.path[0:1] = [os.path.dirname(os.path.abspath(target))]
-        runpy.run_path(target, run_name="__main__")
+        runpy.run_path(os.path.abspath(target), run_name="__main__")
 
 
 def record_failure(error: BaseException) -> None:
@@ -200,12 +201,28 @@ def accelerator_made() -> bool:
     return bool(shared)
 
 
+def accelerate_on_cpu(target: str, is_module: bool) -> None:
+    """A script that makes Accelerate's `PartialState()` on CPU joins the world: PartialState reads no
+    variable for the CPU (Accelerator reads ACCELERATE_USE_CPU), so each process would be a silent
+    world of one. Accelerate's shared state is made here first with `cpu=True`, as
+    `Accelerator(cpu=True)` makes it; the script's PartialState() then takes it."""
+    from phalanx.launch import framework_env
+
+    if framework_env.makes_partial_state(framework_env.script_source(target, is_module), os.environ):
+        try:
+            from accelerate import PartialState
+        except ImportError:  # a PartialState of the script's own: its import says what it lacks
+            return
+        PartialState(cpu=True)
+
+
 def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str]) -> None:
     """`run_target`, and when argparse rejects the script's local-rank argument, a hint for the report;
     under `phalanx run`, the worker's note at its end."""
     seen = _remember_argparse_errors()
     watched = watch_process_group()
     try:
+        accelerate_on_cpu(target, is_module)
         run_target(target, is_module, args)
         leave_note(watched)
     except refusal.Refused as error:  # the same on every rank: the launcher says it once, no tracebacks

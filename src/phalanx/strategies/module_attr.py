@@ -20,6 +20,7 @@ import weakref
 from typing import Any, Callable
 
 from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from phalanx.checkpoint.save_pretrained import save_full
 from phalanx.strategies import fsdp_copy
@@ -53,18 +54,27 @@ def answer_module_attribute(
     """Make `model.module` raise `module_message` (nothing changes if `model` has a `.module`; a
     model prepared again keeps its class and gets the new layout's message). `full_weights`
     (where `holds_part`): gathers the full weights; a `save_pretrained` of the model's writes them."""
+    wrapped = model.module if isinstance(model, (DistributedDataParallel, DataParallel)) else None
     if holds_part and full_weights is not None:
-        _FULL_WEIGHTS[model] = full_weights
+        _FULL_WEIGHTS[model if wrapped is None else wrapped] = full_weights
+        if wrapped is not None:  # ep under DDP: the module DDP wraps holds this rank's experts only
+            _answer(wrapped, f"{type(wrapped).__name__!r} object has no attribute 'module'", layout)
     if hasattr(model, "module"):  # torch's DDP / DataParallel, or the user's own submodule of that name
         return model
+    _answer(model, module_message(layout, holds_part), layout)
+    return model
+
+
+def _answer(model: nn.Module, message: str, layout: str) -> None:
+    """Give `model` the answering subclass of its class (once): `.module` raises `message`, and
+    its save_pretrained writes the full weights where `_FULL_WEIGHTS` holds them."""
     cls = type(model)
     if cls not in _SUBCLASSES.values():
         if cls not in _SUBCLASSES:
             _SUBCLASSES[cls] = _answering_subclass(cls)
         model.__class__ = _SUBCLASSES[cls]
-    model._phalanx_module_message = module_message(layout, holds_part)  # type: ignore[assignment]
+    model._phalanx_module_message = message  # type: ignore[assignment]
     model._phalanx_layout = layout  # type: ignore[assignment]
-    return model
 
 
 def _answering_subclass(base: type) -> type:

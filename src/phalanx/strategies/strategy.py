@@ -142,7 +142,8 @@ class ParallelStrategy:
         return answer_module_attribute(
             done.model,
             self.plan.describe(),
-            self.plan.shards_parameters or self.plan.pp > 1,
+            # ep's split experts too (beside DDP): their save_pretrained writes one process's model
+            self.plan.shards_parameters or self.plan.pp > 1 or bool(applied),
             full_weights=lambda: self.full_state_dict(prepared()),
         )
 

@@ -104,6 +104,7 @@ class ExpertParallel:
                 self.capacity_factor,
                 functools.partial(self.drops.add, experts.name),
             )
+        _generate_in_step(model)
         # DDP leaves them alone: their gradients are reduced here, over the ranks holding the same experts
         ignored = list(getattr(model, "_ddp_params_and_buffers_to_ignore", ())) + self.names
         model._ddp_params_and_buffers_to_ignore = ignored
@@ -139,6 +140,18 @@ class ExpertParallel:
             if name in state:
                 state[name] = whole.to(state[name].device)
         return state
+
+
+def _generate_in_step(model: nn.Module) -> None:
+    """transformers' `generate` runs a forward per token until this rank's sequences end (EOS); a rank
+    that ends first would leave its peers waiting in the experts' all-to-all (a hang). transformers'
+    answer is `synced_gpus=True`, each rank stepping until every rank is done, which its generate
+    turns on by itself for a model carrying `_is_fsdp_managed_module` (transformers' mark for
+    "the ranks run forward together", FSDP's case and ep's): set here on every module of `model`
+    that generates. A `synced_gpus=False` the script passes still wins."""
+    for module in model.modules():
+        if callable(getattr(module, "generate", None)):
+            module._is_fsdp_managed_module = True
 
 
 def _laid_out(param: torch.Tensor, layout: Layout, name: str, kind: str) -> tuple[Any, list[Any], torch.Tensor]:

@@ -11,6 +11,7 @@ refusal names the model, the numbers and the degrees that fit.
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 import math
@@ -67,6 +68,7 @@ def find(model: nn.Module, plan: Mapping[str, str], layout: ParallelPlan) -> lis
         if not name or not any(r.match(name) for r in modules):
             continue
         _refuse_adapted(module, name, kind, ranks, where)
+        _refuse_unrouted(module, name, kind, ranks, where)
         split = tuple(
             p for p, _ in module.named_parameters(recurse=False) if any(r.match(f"{name}.{p}") for r in params)
         )
@@ -80,6 +82,9 @@ def find(model: nn.Module, plan: Mapping[str, str], layout: ParallelPlan) -> lis
             )
         found.append(ExpertsModule(name, module, split, counts.pop()))
     if not found:
+        for name, module in model.named_modules():  # experts of another kind (Llama4's): said as such
+            if name.endswith("experts") and any(p.dim() == 3 for p in module.parameters(recurse=False)):
+                _refuse_unrouted(module, name, kind, ranks, where)
         declared = (
             "its config declares no base_model_ep_plan"
             if not plan
@@ -114,3 +119,26 @@ def _refuse_adapted(module: nn.Module, name: str, kind: str, ranks: int, where: 
             "which expert parallel does not split with the experts. HINT: under ep, give LoRA target_modules "
             "outside the experts (e.g. ['q_proj', 'v_proj']); for LoRA on the experts use ddp or zero3 without ep"
         )
+
+
+def _refuse_unrouted(module: nn.Module, name: str, kind: str, ranks: int, where: str) -> None:
+    """ValueError for an experts module whose forward does not take the routing (hidden_states,
+    top_k_index, top_k_weights), which dispatch.py sends to the experts' ranks: Llama4's experts take
+    every token once per expert, pre-scaled by its router score (`forward(hidden_states)`), and
+    transformers declares no ep plan for them."""
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 3:
+        return
+    raise ValueError(
+        f"ep={ranks} ({where}): the experts module {name} of {kind} ({type(module).__name__}) takes "
+        f"forward({', '.join(p.name for p in positional)}): every token once per expert, scaled by its router "
+        "score, not the routing (hidden_states, top_k_index, top_k_weights) that expert parallel sends to "
+        f"the experts' ranks, so {kind}'s experts cannot be split over ranks. HINT: use ep=1: zero3 (or "
+        "zero2) shards its experts with every other weight, ddp keeps them whole on each rank"
+    )
