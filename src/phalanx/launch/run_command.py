@@ -17,7 +17,7 @@ from phalanx import config
 from phalanx.launch.node_setup import CLUSTER_ERRORS, apply_slurm, node_setup_for
 from phalanx import envvars
 from phalanx.launch.rendezvous import parse_nnodes
-from phalanx.launch import devices, etcd_store, framework_env, local_rank, ports, torchrun_flags, worker_notes
+from phalanx.launch import capacity, devices, etcd_store, framework_env, local_rank, ports, torchrun_flags, worker_notes
 from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, validate
 from phalanx.launch.run_flags import configure  # noqa: F401 (its home for cli, parity and tests: run_command.configure)
 from phalanx.logging import sinks
@@ -57,6 +57,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         is_module=args.module,
         nproc_per_node=None if isinstance(cfg.nproc_per_node, str) else cfg.nproc_per_node,
         nproc_kind=nproc_kind,
+        allow_oversubscribe=cfg.allow_oversubscribe,
         nnodes=nnodes,
         min_nnodes=min_nnodes if min_nnodes != nnodes else None,
         rdzv_timeout=cfg.rdzv_timeout,
@@ -121,6 +122,9 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
     else:
         num_gpus_in_use = devices.count_visible_gpus()
     nproc = devices.resolve_nproc(spec.nproc_per_node, spec.gpus, lambda: num_gpus_in_use, num_cores, spec.nproc_kind)
+    refusal = capacity.check(nproc, num_cores, capacity.task_limit(), spec.allow_oversubscribe)
+    if refusal:  # else a fork that fails or waits, and a launch that hangs with an empty log
+        raise LaunchError(refusal)
     handed = check_layout(spec, nproc)
     env = devices.worker_env_for_devices(nproc, spec.gpus, os.environ, num_cores)
     warning = devices.oversubscription_warning(
