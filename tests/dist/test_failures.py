@@ -1,5 +1,6 @@
 """A rank that raises, hangs, dies or leaves early: the job ends fast and says which rank, where."""
 
+import os
 import re
 import time
 
@@ -11,6 +12,7 @@ from tests.launcher.launch_helpers import Result, run_cli
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(150)]
 
 WATCHDOG_S = 5.0
+SCRIPT_PATH = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}  # this tree's phalanx, not the install's
 
 
 def misbehave(how: str) -> tuple[str, float]:
@@ -41,7 +43,7 @@ def launch(how: str) -> tuple[Result, float]:
             how,
         ],
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT)},
+        env=SCRIPT_PATH,
         timeout=120,
     )
     ended = time.time()
@@ -94,6 +96,18 @@ def test_a_rank_waiting_on_its_data_loader_names_what_each_worker_is_doing():
     assert "dataloader.py" in rank1, rank1  # its main thread waits on the loader
     workers = re.findall(r"^  pid (\d+): sleeping in \S+, [\d.]+ s CPU in \d+ s; forked from it$", rank1, re.M)
     assert stuck in workers and len(workers) == 2, rank1
+
+
+def test_a_rank_that_holds_the_interpreter_before_its_first_step_is_not_judged(tmp_path):
+    """Issue 52: rank 1 holds the GIL for 5 s after Phalanx() (an extension module's import does),
+    its heartbeat thread silent, while rank 0 waits in the first all-reduce: with --watchdog-timeout 2
+    it was "rank 1 died (no heartbeat) at step -1 (before its first batch), phase 'start'", exit 3."""
+    script = ROOT / "tests/dist/scripts/slow_start.py"
+    flags = ["--nproc-per-node", "2", "--watchdog-timeout", "2", "--run-dir", str(tmp_path / "run")]
+    result = run_cli(["run", *flags, str(script), "5"], cwd=ROOT, env=SCRIPT_PATH, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0: finished" in result.stdout and "rank 1: finished" in result.stdout
+    assert "phalanx watchdog" not in result.stderr
 
 
 def test_rank_that_is_killed_is_named_with_its_step():

@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 
-from phalanx.checkpoint.manifest import MANIFEST_NAME
+from phalanx.checkpoint.manifest import MANIFEST_NAME, CheckpointDamaged, read_manifest
 from phalanx.checkpoint.object_path import ObjectPath, rmtree
 
 LATEST_NAME = "latest"
@@ -59,11 +60,31 @@ def prepare_staging(final: Path) -> Path:
         rmtree(final)  # a cut-off save of this very name, outside a managed root
         return final
     staging = staging_path(final)
-    if staging.exists():
-        log.warning("phalanx: removing %s, left by an interrupted save", staging)
-        rmtree(staging)
+    if staging.is_symlink() or staging.exists():
+        log.warning("phalanx: %s", remove_staging(staging, "left by an interrupted save"))
     staging.mkdir(parents=True)
     return staging
+
+
+def remove_staging(staging: Path, why: str = "") -> str:
+    """Remove a local staging path without following a symbolic link; return what was done, truly.
+    A link is unlinked and its target left as it was; a file is unlinked; a directory removed."""
+    why = f", {why}," if why else ""
+    try:
+        if staging.is_symlink():
+            target = os.readlink(staging)
+            staging.unlink()
+            return (
+                f"the staging path {staging}{why} was a symbolic link to {target}: the link was removed, "
+                "its target left as it was"
+            )
+        if staging.is_dir():
+            shutil.rmtree(staging)
+        elif staging.exists():
+            staging.unlink()
+    except OSError as error:
+        return f"the staging directory {staging}{why} could not be removed ({error})"
+    return f"the staging directory {staging}{why} was removed"
 
 
 def publish(staging: Path, final: Path) -> None:
@@ -157,12 +178,11 @@ def candidates(root: Path) -> list[Path]:
 def latest_intact(root: Path) -> tuple[int, Path] | None:
     """(step, path) of the newest published checkpoint whose manifest lists files that are all present
     at their recorded size (a quick check: loading also verifies checksums), or None."""
-    from phalanx.checkpoint.manifest import read_manifest
 
     for path in candidates(root):
         try:
             found = read_manifest(path)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, CheckpointDamaged):  # not ours, or damaged: skipped
             continue
         if all(
             (path / name).is_file() and (path / name).stat().st_size == entry.size

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from phalanx.checkpoint import atomic, background, dcp_storage, writer_process
+from phalanx.checkpoint import atomic, background, dcp_storage, disk_full, writer_process
 from phalanx.checkpoint.object_path import ObjectPath, location
 from phalanx.logging.rank_log import get_logger
 from phalanx.runtime import collectives
@@ -294,23 +294,26 @@ class Checkpointer:
                 warnings.warn(f"phalanx: could not remove old checkpoints under {final.parent}: {error}", stacklevel=2)
 
     def _needed_bytes(self) -> int:
-        """About what a checkpoint takes: the whole model's and optimizers' tensors (a DTensor counts
-        its global size), as DCP writes each once."""
+        """About what a checkpoint takes (disk_full.estimate): the whole model's and optimizers'
+        tensors (a DTensor counts its global size), as DCP writes each once, DCP's cost per state
+        entry (each optimizer state value and param-group setting, per parameter) and each rank's own
+        file; or the size of the last checkpoint this job wrote or loaded, when that is more."""
         seen: set[int] = set()
         total = 0
         tensors = [p for model in self.models for p in model.parameters()]
-        tensors += [
-            value
-            for opt in self.optimizers
-            for state in base_optimizer(opt).state.values()
-            for value in state.values()
-            if isinstance(value, torch.Tensor)
-        ]
+        entries = len(tensors)
+        for opt in map(base_optimizer, self.optimizers):
+            for group in opt.param_groups:
+                entries += len(group["params"]) * (len(group) - 1)
+            for state in opt.state.values():
+                entries += len(state)
+                tensors += [value for value in state.values() if isinstance(value, torch.Tensor)]
         for tensor in tensors:
             if id(tensor) not in seen:
                 seen.add(id(tensor))
                 total += tensor.numel() * tensor.element_size()
-        return total
+        previous = self.last_good[1] if self.last_good is not None else None
+        return disk_full.estimate(total, entries, collectives.world_size(), previous)
 
     def _save_target(self, path: str | os.PathLike | None) -> tuple[Path, bool]:
         if path is None:

@@ -86,7 +86,10 @@ class SaveAttempt:
         """The latest good checkpoint: read from a local disk, but at a URL from what this job knows
         (the store may be the thing that is gone: asking it would only fail again, slowly)."""
         if not isinstance(self.final, ObjectPath):
-            return atomic.describe_latest(self.final.parent)
+            try:
+                return atomic.describe_latest(self.final.parent)
+            except Exception as error:  # noqa: BLE001 - never hide the write error behind this one
+                return f"the latest good checkpoint in {self.final.parent} could not be read ({error})"
         if self.last_good is None:
             return f"this job has written or loaded no checkpoint in {self.final.parent} yet"
         step, path = self.last_good
@@ -100,15 +103,19 @@ class SaveAttempt:
             removed = (
                 f"the partial save at {self.staging} (no manifest: never loaded) is left for the next save to remove"
             )
-        else:
+        elif isinstance(self.staging, ObjectPath):
             if collectives.rank() == 0:
                 rmtree(self.staging, ignore_errors=True)
             removed = f"the staging directory {self.staging} was removed"
+        elif collectives.rank() == 0:  # what was done, truly: a symbolic link is not followed
+            removed = atomic.remove_staging(self.staging)
+        else:
+            removed = f"the staging directory {self.staging} was removed by rank 0"
         rank, text, _ = failed[0]
         others = [r for r, _, _ in failed[1:]]
         also = f" (and on rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})" if others else ""
         full = disk_full.note(self.final.parent, [t for _, t, _ in failed], self.needed_bytes)
-        hint = ""
+        hint = disk_full.HINT if full else ""
         if " HINT: " in text:  # the store's fix goes last, where every phalanx message has it
             text, hint = text.split(" HINT: ", 1)
         error = CheckpointWriteError(
@@ -117,6 +124,6 @@ class SaveAttempt:
             + f"{removed} and {atomic.LATEST_NAME} was left as it was; {self._latest()}; training state is unchanged"
             + (f". HINT: {hint}, then save again" if hint else "")
         )
-        if isinstance(self.final, ObjectPath):  # the client library's traceback says nothing the line does not
+        if isinstance(self.final, ObjectPath) or full:  # torch's or the client's frames say nothing the line does not
             raise error from None
         raise error from cause

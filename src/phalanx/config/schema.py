@@ -143,6 +143,15 @@ SETTINGS: tuple[Setting, ...] = grouped(
         value_name="N|auto|gpu|cpu",
     ),
     Setting(
+        "allow_oversubscribe",
+        kinds.BOOL,
+        False,
+        "start more workers than this node can run (beyond 8 a core, or its pids cgroup / ulimit -u "
+        "at about 20 threads a worker), which is refused otherwise",
+        L,
+        bool_flag=True,
+    ),
+    Setting(
         "nnodes",
         kinds.NNODES,
         "1",

@@ -17,10 +17,10 @@ from phalanx import config
 from phalanx.launch.node_setup import CLUSTER_ERRORS, apply_slurm, node_setup_for
 from phalanx import envvars
 from phalanx.launch.rendezvous import parse_nnodes
-from phalanx.launch import devices, etcd_store, framework_env, local_rank, ports, torchrun_flags, worker_notes
+from phalanx.launch import capacity, devices, etcd_store, framework_env, local_rank, ports, torchrun_flags, worker_notes
 from phalanx.launch.spec import LaunchError, LaunchSpec, parse_gpus, validate
 from phalanx.launch.run_flags import configure  # noqa: F401 (its home for cli, parity and tests: run_command.configure)
-from phalanx.logging import sinks
+from phalanx.logging import dir_lock, sinks
 
 PROG_ERROR = "phalanx run: error:"
 EXIT_USAGE = 2
@@ -57,6 +57,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         is_module=args.module,
         nproc_per_node=None if isinstance(cfg.nproc_per_node, str) else cfg.nproc_per_node,
         nproc_kind=nproc_kind,
+        allow_oversubscribe=cfg.allow_oversubscribe,
         nnodes=nnodes,
         min_nnodes=min_nnodes if min_nnodes != nnodes else None,
         rdzv_timeout=cfg.rdzv_timeout,
@@ -121,6 +122,9 @@ def prepare(spec: LaunchSpec) -> tuple[int, int, dict[str, str]]:
     else:
         num_gpus_in_use = devices.count_visible_gpus()
     nproc = devices.resolve_nproc(spec.nproc_per_node, spec.gpus, lambda: num_gpus_in_use, num_cores, spec.nproc_kind)
+    refusal = capacity.check(nproc, num_cores, capacity.task_limit(), spec.allow_oversubscribe)
+    if refusal:  # else a fork that fails or waits, and a launch that hangs with an empty log
+        raise LaunchError(refusal)
     handed = check_layout(spec, nproc)
     env = devices.worker_env_for_devices(nproc, spec.gpus, os.environ, num_cores)
     warning = devices.oversubscription_warning(
@@ -204,6 +208,19 @@ def main(args: argparse.Namespace) -> int:
         env.update(node.env)
     env[envvars.PHALANX_LAUNCHER] = "1"  # workers leave the preemption line to this launcher
     log_dir = launcher_log_dir(env, spec.single_node)
+    try:
+        locks = lock_dirs(spec, os.path.dirname(log_dir))
+    except dir_lock.DirectoryInUse as error:  # before the notes are cleared: they are the other job's
+        print(f"{PROG_ERROR} {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _run(spec, nproc, num_gpus_in_use, node, env, log_dir)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _run(spec: LaunchSpec, nproc: int, num_gpus_in_use: int, node, env: dict[str, str], log_dir: str) -> int:
     notes_dir = env[envvars.PHALANX_WORKER_NOTES] = os.path.join(log_dir, "workers")
     if spec.single_node:  # read after a single-node run only; nodes sharing a run dir must not clear each other's
         worker_notes.clear(notes_dir)
@@ -232,6 +249,29 @@ def main(args: argparse.Namespace) -> int:
     if code == 0 and spec.single_node:  # what the workers did that would otherwise go unsaid
         say_what_workers_did(notes_dir, spec, nproc, num_gpus_in_use, said=said)
     return code
+
+
+def lock_dirs(spec: LaunchSpec, run_dir: str) -> list:  # -> list[DirLock]
+    """One job per directory: lock the run directory and a local checkpoint directory for the whole
+    job (restarts included), or raise DirectoryInUse naming the holder. A single node's launcher
+    only: across nodes each launcher would lock the shared directories against its peers."""
+    if not spec.single_node:
+        return []
+    wanted = {os.path.realpath(run_dir): "run directory (--run-dir)"}
+    if spec.checkpoint_dir and "://" not in spec.checkpoint_dir.replace("file://", ""):
+        wanted.setdefault(os.path.realpath(spec.checkpoint_dir.replace("file://", "")), "checkpoint directory")
+    locks = []
+    try:
+        for directory, what in wanted.items():
+            locks.append(dir_lock.acquire(directory, what))
+    except dir_lock.DirectoryInUse:
+        for lock in locks:
+            lock.release()
+        raise
+    for lock in locks:
+        if lock.took_over is not None:
+            _say(f"phalanx: took over the lock of {lock.directory} from {lock.took_over.describe()}, no longer running")
+    return locks
 
 
 def _say(line: str) -> None:

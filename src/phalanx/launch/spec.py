@@ -64,6 +64,8 @@ class LaunchSpec:
     settings: Any = None
     """The resolved settings (phalanx.config.Resolved), checked against the parallel layout once the
     process count is known."""
+    allow_oversubscribe: bool = False
+    """Start more workers than the node's cores and task limits allow (launch/capacity.py)."""
     nproc_kind: str = "auto"
     """With `nproc_per_node` None: "auto" (GPUs, else the CPU default), "gpu" or "cpu" (one per core)."""
     pass_local_rank: str | None = None

@@ -31,6 +31,13 @@ _COMMUNICATING = (
 )
 
 
+START_GRACE_S = 30.0
+"""Before its first step a rank imports, builds its model and opens its data, and an extension
+module's import holds the interpreter for seconds (its heartbeat thread cannot run): while a rank is
+there (phase 'start', no step yet), nobody is judged before this long, or the timeout when longer.
+A rank that dies there ends its process, which the launcher sees at once."""
+
+
 @dataclass
 class PeerView:
     """What this rank has observed of one peer's record, on its own monotonic clock."""
@@ -59,11 +66,16 @@ def judge(
     """A verdict when nobody moved for `timeout` and the ranks are out of step (or one is silent),
     or when all of them sat in the same communicating phase for more than `stuck_after` seconds.
     `labels`: per rank, what else names it (its pipeline stage), said next to the rank."""
-    if any(v.record is None for v in peers) or min(now - v.moved_at for v in peers) <= timeout:
+    if any(v.record is None for v in peers):
+        return None
+    limit = timeout
+    if any(v.record[2] < 0 and v.record[3] == Phase.START for v in peers):  # type: ignore[index]
+        limit = max(timeout, START_GRACE_S)  # someone has not begun: an import may hold its heartbeat
+    if min(now - v.moved_at for v in peers) <= limit:
         return None
     if all(v.record[3] in LEFT for v in peers):  # type: ignore[index]
         return None  # every rank has left its script: nobody waits for anyone (exit hooks may take long)
-    dead = [r for r, v in enumerate(peers) if r != me and now - v.beat_at > timeout]
+    dead = [r for r, v in enumerate(peers) if r != me and now - v.beat_at > limit]
     places = {(v.record[2], v.record[3]) for v in peers}  # type: ignore[index]
     left = [r for r, v in enumerate(peers) if v.record[3] in LEFT]  # type: ignore[index]
     name = _namer(labels)
@@ -124,7 +136,10 @@ def judge(
         what = f"{who} stalled at {at_step(step)} (phase {phase!r}: in the training script, between phalanx calls)"
     else:
         what = f"{who} stalled at {at_step(step)}, phase {phase!r}, behind the others"
-    headline = f"phalanx watchdog: {what}; no rank progressed for at least {waited:.1f} s (timeout {timeout:g} s)"
+    graced = f"; {limit:g} s before every rank's first step" if limit != timeout else ""
+    headline = (
+        f"phalanx watchdog: {what}; no rank progressed for at least {waited:.1f} s (timeout {timeout:g} s{graced})"
+    )
     return Verdict(culprits, dead, headline, lines)
 
 

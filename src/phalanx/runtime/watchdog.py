@@ -77,6 +77,7 @@ class Watchdog:
         self._beat = 0
         self._peers = [PeerView() for _ in range(world_size)]
         self._watching_since: float | None = None
+        self._looked_at = 0.0  # when this thread last read the peers' records
         self._failed_at: float | None = None  # unix time of this rank's uncaught exception
         self._listeners: list[Callable[[dist.Store], None]] = []
         self.on_report: list[Callable[[str], None]] = []  # the report, before this rank stops the job
@@ -132,6 +133,15 @@ class Watchdog:
                     show=True,
                 )
 
+    def _not_looking(self, lost: float) -> None:
+        """This thread did not look for `lost` seconds beyond its wait (not scheduled on a machine
+        with more ranks than cores, a slow store call, a stopped process): the peers' silence then
+        is not theirs, as they were likely held too. Without this, 8 ranks on 2 cores read each
+        other as dead ("no heartbeat") when each woke before the others had beaten again."""
+        for view in self._peers:
+            view.beat_at += lost
+            view.moved_at += lost
+
     def _publish(self) -> None:
         self._beat += 1
         p = self.progress
@@ -146,6 +156,9 @@ class Watchdog:
             self._watching_since = now
             for view in self._peers:
                 view.beat_at = view.moved_at = now  # unknown before: count from now
+        elif now - self._looked_at > 2 * self.interval:
+            self._not_looking(now - self._looked_at - self.interval)
+        self._looked_at = now
         self._read_peers(now)
         verdict = judge(self._peers, now, self.timeout, self.rank, self.stuck_after, self.labels)
         if verdict is None:
