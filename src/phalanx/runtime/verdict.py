@@ -90,6 +90,25 @@ def judge(
         lowest = min(v.record[2] for v in peers)  # type: ignore[index]
         culprits = [r for r, v in enumerate(peers) if v.record[2] == lowest]  # type: ignore[index]
     waited = min(now - v.moved_at for v in peers)
+    lines = _rank_lines(peers, now, dead, culprits, name)
+    c = culprits[0]
+    who = (
+        name(c)
+        if len(culprits) == 1
+        else f"ranks {culprits}" + (f" ({'; '.join(f'{r}: {labels[r]}' for r in culprits)})" if labels else "")
+    )
+    what = _what(who, c, peers, dead, name)
+    graced = f"; {limit:g} s before every rank's first step" if limit != timeout else ""
+    headline = (
+        f"phalanx watchdog: {what}; no rank progressed for at least {waited:.1f} s (timeout {timeout:g} s{graced})"
+    )
+    return Verdict(culprits, dead, headline, lines)
+
+
+def _rank_lines(
+    peers: list[PeerView], now: float, dead: list[int], culprits: list[int], name: Callable[[int], str]
+) -> list[str]:
+    """One line per rank: its step and phase, and whether it died, stalled or waits."""
     lines = []
     for r, v in enumerate(peers):
         _, _, step, phase = v.record  # type: ignore[misc]
@@ -100,47 +119,33 @@ def judge(
         else:
             note = " (waiting)"
         lines.append(f"  {name(r)}: {at_step(step)}, phase {phase!r}{note}")
-    c = culprits[0]
+    return lines
+
+
+def _what(who: str, c: int, peers: list[PeerView], dead: list[int], name: Callable[[int], str]) -> str:
+    """What the first culprit `c` (named `who`) did, said for the headline."""
     step, phase = peers[c].record[2], peers[c].record[3]  # type: ignore[index]
-    who = (
-        name(c)
-        if len(culprits) == 1
-        else f"ranks {culprits}" + (f" ({'; '.join(f'{r}: {labels[r]}' for r in culprits)})" if labels else "")
-    )
     if c in dead:
-        what = f"{who} died (no heartbeat) at {at_step(step)}, phase {phase!r}"
-    elif phase == LEFT_LOOP and step >= 0 and all(v.record[2] == step for v in peers):  # type: ignore[index]
-        what = _parted_within_a_step(
-            who,
-            step,
-            [
-                (name(r), v.record[3])
-                for r, v in enumerate(peers)  # type: ignore[index]
-                if v.record[3] not in LEFT
-            ],
-        )  # type: ignore[index]
-    elif phase == LEFT_LOOP:
-        what = (
+        return f"{who} died (no heartbeat) at {at_step(step)}, phase {phase!r}"
+    if phase == LEFT_LOOP and step >= 0 and all(v.record[2] == step for v in peers):  # type: ignore[index]
+        waiting = [(name(r), v.record[3]) for r, v in enumerate(peers) if v.record[3] not in LEFT]  # type: ignore[index]
+        return _parted_within_a_step(who, step, waiting)
+    if phase == LEFT_LOOP:
+        return (
             f"{who} left its training loop after {at_step(step)} while the others still wait: its data ran "
             "out first. HINT: prepare the DataLoader with px.prepare (equal batch counts on every rank) "
             "or wrap the loop in px.uneven_inputs(model)"
         )
-    elif phase == Phase.EXIT_MID_PASS:
-        what = (
+    if phase == Phase.EXIT_MID_PASS:
+        return (
             f"{who} exited after {at_step(step)} with batches of its prepared loader still unread (a break, "
             "return or sys.exit in the script?) while the others still wait; it has no stack left to show. "
             "HINT: end the loop at the same step on every rank (decide it with px.reduce, or wrap the loop "
             "in px.uneven_inputs(model) when the data differs per rank)"
         )
-    elif phase in _IN_SCRIPT:
-        what = f"{who} stalled at {at_step(step)} (phase {phase!r}: in the training script, between phalanx calls)"
-    else:
-        what = f"{who} stalled at {at_step(step)}, phase {phase!r}, behind the others"
-    graced = f"; {limit:g} s before every rank's first step" if limit != timeout else ""
-    headline = (
-        f"phalanx watchdog: {what}; no rank progressed for at least {waited:.1f} s (timeout {timeout:g} s{graced})"
-    )
-    return Verdict(culprits, dead, headline, lines)
+    if phase in _IN_SCRIPT:
+        return f"{who} stalled at {at_step(step)} (phase {phase!r}: in the training script, between phalanx calls)"
+    return f"{who} stalled at {at_step(step)}, phase {phase!r}, behind the others"
 
 
 def _parted_within_a_step(who: str, step: int, waiting: list[tuple[str, str]]) -> str:
