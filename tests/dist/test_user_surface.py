@@ -41,3 +41,25 @@ def test_a_scheduler_built_before_prepare_sets_the_lr_phalanx_steps_with(ranks, 
         assert got["lrs"] == pytest.approx(reference["lrs"]) and got["shown"] == pytest.approx(reference["shown"])
         for mine, theirs in zip(got["weights"], reference["weights"]):
             torch.testing.assert_close(mine, theirs, **TOL)
+
+
+@pytest.mark.parametrize("layout", ["ddp", "ep"])
+def test_labels_with_uneven_padding_average_over_every_ranks_tokens(ranks, layout):
+    """-100 on padded positions, ranks holding 23 and 7 real tokens: the loss is the mean over all tokens, as
+    one process's (the ranks' means were averaged: step-0 grad norm 1.6743 against 1.8203 in the issue)."""
+    reference = work.one_process_labels("llama" if layout == "ddp" else "moe")
+    for rank in ranks:
+        got = rank[f"labels-{layout}"]
+        for key in ("losses", "norms"):
+            torch.testing.assert_close(torch.tensor(got[key]), torch.tensor(reference[key]), **TOL)
+        assert got["state"].keys() == reference["state"].keys()
+        for name, value in reference["state"].items():
+            torch.testing.assert_close(got["state"][name], value, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_labels_keep_per_rank_means_when_asked(ranks):
+    """average_tokens_across_ranks=False: each rank's mean over its own tokens, averaged over the ranks."""
+    assert [rank["labels-rank-means"]["norms"][0] for rank in ranks] == pytest.approx(
+        [work.one_process_rank_means()] * 2, rel=1e-5
+    )
+    assert work.one_process_rank_means() != pytest.approx(work.one_process_labels("llama")["norms"][0], rel=1e-3)

@@ -6,7 +6,10 @@ process (`one_process_*`, computed in the test process with no phalanx).
   the items of each step, the losses and the final weights;
 - an LR scheduler built on the user's optimizer before `px.prepare` and not passed to it (transformers'
   `get_linear_schedule_with_warmup`, a warmup from lr 0), under ddp, zero1 and zero3: the lr the
-  optimizer phalanx steps uses, and the final weights.
+  optimizer phalanx steps uses, and the final weights;
+- transformers' `model(**batch).loss` with `labels=` -100 on uneven padding (rank 0 holds most of the
+  real tokens), a tiny Llama under ddp and a tiny Qwen3-MoE under ep 2: losses, grad norms (torch's
+  clip_grad_norm_) and weights; with average_tokens_across_ranks=False, the ranks' means averaged.
 """
 
 from __future__ import annotations
@@ -106,6 +109,62 @@ def _schedule(px) -> dict:
     return {**out, "weights": _full(px.unwrap_model(model))}
 
 
+# ---- labels= with uneven padding: each rank's real tokens differ ---------------------------------------
+SEQ, ROWS = 12, 4  # a global batch of 4 rows: rank r of 2 holds rows 2r and 2r + 1
+LENGTHS = [[12, 11, 4, 3], [10, 12, 2, 5]]  # real tokens per row, per step: rank 0 holds most of them
+
+
+def padded_batches() -> list[dict[str, torch.Tensor]]:
+    """transformers' padded batches: input_ids, attention_mask and labels -100 on the padding, per step."""
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for lengths in LENGTHS:
+        ids = torch.randint(1, 64, (ROWS, SEQ), generator=g)
+        mask = (torch.arange(SEQ)[None, :] < torch.tensor(lengths)[:, None]).long()
+        ids = ids * mask
+        out.append({"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)})
+    return out
+
+
+def _labels_loop(model, optimizer, batches, backward, reduce=lambda x: x) -> dict:
+    losses, norms = [], []
+    for batch in batches:
+        loss = model(**batch).loss
+        backward(loss)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(reduce(loss.detach())))
+    return {"losses": losses, "norms": norms}
+
+
+def one_process_labels(family: str) -> dict:
+    """The same loop in plain transformers, one process, over the global batches."""
+    model = models.llama() if family == "llama" else models.qwen3_moe()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    out = _labels_loop(model, optimizer, padded_batches(), lambda loss: loss.backward())
+    return {**out, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def one_process_rank_means() -> float:
+    """The step-0 grad norm of the two ranks' means averaged (what average_tokens_across_ranks=False keeps)."""
+    model = models.llama()
+    batch = padded_batches()[0]
+    halves = [{k: v[r * 2 : r * 2 + 2] for k, v in batch.items()} for r in range(2)]
+    (sum(model(**half).loss for half in halves) / 2).backward()
+    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
+
+
+def _labels(px, family: str, steps: int = 2) -> dict:
+    model = models.llama() if family == "llama" else models.qwen3_moe()
+    model, optimizer = px.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    mine = [{k: v[px.dp_rank * 2 : px.dp_rank * 2 + 2] for k, v in b.items()} for b in padded_batches()[:steps]]
+    # px.backward under ddp; transformers' own loss.backward() under ep
+    backward = px.backward if family == "llama" else (lambda loss: loss.backward())
+    out = _labels_loop(model, optimizer, mine, backward, px.reduce)
+    return {**out, "state": {k: v.detach().clone().float() for k, v in px.get_state_dict(model).items()}}
+
+
 def suite() -> dict:
     import warnings
 
@@ -119,4 +178,7 @@ def suite() -> dict:
         out[f"stream-{workers}"] = _stream(Phalanx(strategy="ddp", seed=3), workers)
     for strategy in ("ddp", "zero1", "zero3"):
         out[f"schedule-{strategy}"] = _schedule(Phalanx(strategy=strategy, seed=3))
+    out["labels-ddp"] = _labels(Phalanx(strategy="ddp"), "llama")
+    out["labels-ep"] = _labels(Phalanx(strategy="ddp", ep=2), "moe")
+    out["labels-rank-means"] = _labels(Phalanx(strategy="ddp", average_tokens_across_ranks=False), "llama", steps=1)
     return out
