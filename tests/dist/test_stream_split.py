@@ -66,6 +66,22 @@ def test_a_stream_split_over_workers_only_is_split_by_rank_too(world, workers):
     assert [len(list(DataLoader(r, batch_size=4, num_workers=workers))) for r in ranks] == [one_process] * world
 
 
+def test_a_worker_split_stream_split_by_rank_is_said_once_with_the_choice(monkeypatch):
+    monkeypatch.setattr(iterable, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rank in range(2):
+            stream_for_rank(WorkerSplit(0, N), DistContext(rank=rank, world_size=2), 0, 2)
+    said = [str(w.message) for w in caught if "not over ranks" in str(w.message)]
+    assert len(said) == 1 and "shard=False" in said[0] and "get_rank()" in said[0]
+
+
+def test_a_stream_split_by_rank_and_worker_is_used_as_it_is():
+    """One that reads the rank (torch.distributed or RANK) is this rank's part already, with workers or not."""
+    for workers in (0, 2):
+        assert stream_for_rank(SelfSharding(N), DistContext(rank=1, world_size=2), 7, workers) is None
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world,workers", [(2, 1), (2, 2)])
 def test_a_stream_shuffling_inside_iter_is_partitioned(world, workers):

@@ -67,8 +67,8 @@ def say_item_split(dataset: IterableDataset, readers: int, by_worker: bool = Tru
             type(dataset),
             (
                 f"phalanx: {type(dataset).__name__} splits itself over DataLoader workers (get_worker_info) but not "
-                f"over ranks, so phalanx splits it item by item over the {readers} data-parallel ranks: each rank's "
-                f"workers read the whole stream and the rank keeps 1 item in {readers}. HINT: to read each item once "
+                f"over ranks, so phalanx splits it item by item over the {readers} data-parallel ranks: each rank "
+                f"reads the whole stream (over its workers, if any) and keeps 1 item in {readers}. HINT: to read each item once "
                 "in the job, split it by rank too in __iter__ (torch.distributed.get_rank()) and prepare it with "
                 "shard=False, or give it to phalanx.data.ShardedStream(shards, read)"
             ),
