@@ -50,6 +50,29 @@ class SelfSharding(IterableDataset):
         return iter(range(rank * workers + worker, self.n, world * workers))
 
 
+class WorkerSplit(IterableDataset):
+    """start..end-1 (each index as `item(i)`), split over DataLoader workers as torch.utils.data's docs
+    (example 1) write it; not by rank."""
+
+    def __init__(self, start: int, end: int):
+        self.start, self.end = start, end
+
+    def item(self, index: int) -> Any:
+        return index
+
+    def __iter__(self):
+        import math
+
+        worker_info = get_worker_info()
+        if worker_info is None:  # single-process data loading, return the full iterator
+            iter_start, iter_end = self.start, self.end
+        else:  # in a worker process: split workload
+            per_worker = int(math.ceil((self.end - self.start) / float(worker_info.num_workers)))
+            iter_start = self.start + worker_info.id * per_worker
+            iter_end = min(iter_start + per_worker, self.end)
+        return iter(self.item(i) for i in range(iter_start, iter_end))
+
+
 class ShufflingFiles(IterableDataset):
     """0..n-1 as `files` "files" of consecutive items, the file list shuffled inside each pass."""
 

@@ -29,7 +29,7 @@ from phalanx.runtime.context import DistContext
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.step_tracker import StepTracker, watch_module, watch_optimizer
 from phalanx.stepping import Stepping
-from phalanx.strategies import ddp_options
+from phalanx.strategies import ddp_options, token_mean
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import StrategyChoice
 from phalanx.strategies.optimizers.closure_loss import closure_wrapper
@@ -100,6 +100,12 @@ class Preparing:
             self.checkpointer.register(hook_state, per_rank=True)
         self.checkpointer.strategy_name = strategy.name
         self.callbacks.notify("on_model", strategy.unwrap(model))
+        plan = self.plan()
+        if self.config.average_tokens_across_ranks and plan.grad_size > 1 and plan.pp == 1:
+            if token_mean.applies(strategy.unwrap(model)):  # labels=: the mean over every rank's targets
+                token_mean.average_tokens_across_ranks(
+                    model, lambda: strategy.layout.group("grad"), plan.grad_size, self.step.weighed_by_tokens
+                )
         self.prepared.append(model)
         if self.step.pipeline(model) is None:  # a pipeline step marks its own phase
             watch_module(self.progress, model)

@@ -46,6 +46,12 @@ class Stepping:
         )
         self.optimizers: list[torch.optim.Optimizer] = []  # the strategy's optimizers, as prepared
         self._next_step = next_step
+        self._token_weighted = False  # the last forward's labels= loss is the mean over every rank's targets
+
+    def weighed_by_tokens(self, weighed: bool) -> None:
+        """Whether a prepared model's last training forward made its `labels=` loss this rank's share of the
+        mean over every data-parallel rank's targets (strategies/token_mean.py): its backward takes it as it is."""
+        self._token_weighted = weighed
 
     def _grad_group(self) -> Any:
         """The gradient group of the strategy's layout; None (every rank) until auto decides."""
@@ -61,8 +67,11 @@ class Stepping:
         """px.backward: the loss weighed, counted and scaled for the cycle, then the strategy's backward."""
         strategy = self._strategy()
         context = strategy.context
-        # the short last step: each rank weighs by its real items, padding by none (data/batch_records.py)
-        loss, num_items = self._records.current().weigh(loss, num_items)
+        # the short last step: each rank weighs by its real items, padding by none (data/batch_records.py),
+        # unless the loss is weighed by the ranks' target tokens already
+        if not self._token_weighted:
+            loss, num_items = self._records.current().weigh(loss, num_items)
+        self._token_weighted = False
         num_items = context.items_share(num_items)  # cp: this rank's part of a cut batch
         with self._progress.during(Phase.BACKWARD):
             scaled = self.accumulator.scale_loss(loss)  # first: it may start a new cycle

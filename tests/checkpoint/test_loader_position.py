@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 from phalanx.data.loader import PreparedLoader
 from phalanx.runtime.context import DistContext
@@ -139,3 +139,39 @@ def test_two_ranks_of_16_then_one_rank_of_16_is_refused_and_one_rank_of_32_resum
     (alone,) = loaders(1, global_batch=32, n=128)
     alone.load_state_dict(state)
     assert len(list(alone)) == 2  # 4 steps of 32 per epoch, 2 done
+
+
+def torch_batch_sampler_loaders(world: int, n: int = 40, global_batch: int = 8) -> list[PreparedLoader]:
+    """The script's own `BatchSampler(RandomSampler(data, generator=...), global_batch // world)`, as
+    `batch_sampler=` (the idiom corpus's batch-sampler loop), one loader per rank."""
+    data = TensorDataset(torch.arange(n))
+    out = []
+    for rank in range(world):
+        sampler = RandomSampler(data, generator=torch.Generator().manual_seed(5))
+        loader = DataLoader(data, batch_sampler=BatchSampler(sampler, global_batch // world, drop_last=False))
+        out.append(PreparedLoader(loader, DistContext(rank=rank, world_size=world), seed=7))
+    return out
+
+
+def one_process_steps(n: int = 40, global_batch: int = 8, epochs: int = 2) -> list[list[int]]:
+    """The same loop in plain torch, one process: every step's samples, sorted, over `epochs` epochs."""
+    data = TensorDataset(torch.arange(n))
+    sampler = RandomSampler(data, generator=torch.Generator().manual_seed(5))
+    loader = DataLoader(data, batch_sampler=BatchSampler(sampler, global_batch, drop_last=False))
+    return [sorted(batch[0].tolist()) for _ in range(epochs) for batch in loader]
+
+
+@pytest.mark.parametrize("saved_world,resume_world", [(2, 1), (1, 2)])
+def test_a_torch_batch_sampler_resumes_on_another_world_size_as_one_process(saved_world, resume_world):
+    """Saved 2 steps into epoch 1 (of 2, 5 steps each): the resumed run reads the 3 steps left and then no
+    more, each step one process's. 2 -> 1 read 8 steps where one process reads 10 (16 of 40 items skipped);
+    1 -> 2 resumed 1 step too early (its samples read twice)."""
+    reference = one_process_steps()
+    saved_on = torch_batch_sampler_loaders(saved_world)
+    done = global_steps(saved_on) + global_steps(saved_on, 2)  # epoch 0 whole, then 2 steps of epoch 1
+    state = saved_on[0].state_dict()
+    resumed = torch_batch_sampler_loaders(resume_world)
+    for loader in resumed:
+        loader.load_state_dict(state)
+    assert done + global_steps(resumed) == reference
+    assert state["unit"] == "samples" and state["consumed"] == 16 and state["global_batch"] == 8

@@ -22,6 +22,7 @@ from tests.data_counts import (
     CountingReader,
     SelfSharding,
     ShufflingFiles,
+    WorkerSplit,
     bytes_logged,
     counts,
     exact,
@@ -49,6 +50,36 @@ def test_a_stream_that_shards_itself_is_not_sharded_again():
     """One process, 2 workers: 40 of 40 per epoch (it was 20: phalanx split each worker's half again)."""
     loader = PreparedLoader(DataLoader(SelfSharding(N), batch_size=4, num_workers=2), DistContext(), seed=1)
     assert [counts([i for b in loader for i in ids(b)], N) for _ in range(2)] == [exact(N)] * 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world,workers", [(2, 0), (2, 2), (4, 3)])
+def test_a_stream_split_over_workers_only_is_split_by_rank_too(world, workers):
+    """torch's docs' get_worker_info() example: each item once in the job, each rank the steps one process
+    takes over its share (it was read whole by every rank: 80 of 40 on 2 ranks, 10 steps for 5)."""
+    items = job_items(WorkerSplit(0, N), world, workers)
+    assert counts(items, N) == exact(N)
+    one_process = len(list(DataLoader(WorkerSplit(0, N), batch_size=4 * world, num_workers=workers)))
+    ranks = [
+        stream_for_rank(WorkerSplit(0, N), DistContext(rank=r, world_size=world), 7, workers) for r in range(world)
+    ]
+    assert [len(list(DataLoader(r, batch_size=4, num_workers=workers))) for r in ranks] == [one_process] * world
+
+
+def test_a_worker_split_stream_split_by_rank_is_said_once_with_the_choice(monkeypatch):
+    monkeypatch.setattr(iterable, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rank in range(2):
+            stream_for_rank(WorkerSplit(0, N), DistContext(rank=rank, world_size=2), 0, 2)
+    said = [str(w.message) for w in caught if "not over ranks" in str(w.message)]
+    assert len(said) == 1 and "shard=False" in said[0] and "get_rank()" in said[0]
+
+
+def test_a_stream_split_by_rank_and_worker_is_used_as_it_is():
+    """One that reads the rank (torch.distributed or RANK) is this rank's part already, with workers or not."""
+    for workers in (0, 2):
+        assert stream_for_rank(SelfSharding(N), DistContext(rank=1, world_size=2), 7, workers) is None
 
 
 @pytest.mark.timeout(120)

@@ -430,6 +430,16 @@ SETTINGS: tuple[Setting, ...] = grouped(
         "(discard its gradients)",
     ),
     Setting(
+        "average_tokens_across_ranks",
+        kinds.BOOL,
+        True,
+        "a transformers causal LM called with labels= (and no num_items_in_batch) while training: its loss is "
+        "the mean over the target tokens of every data-parallel rank, as one process's over the global batch "
+        "(each such forward all-reduces the ranks' token counts and passes num_items_in_batch, as transformers' "
+        "Trainer does with average_tokens_across_devices); off: each rank's mean over its own tokens, averaged",
+        bool_flag=True,
+    ),
+    Setting(
         "seed",
         kinds.integer(),
         None,

@@ -1,8 +1,11 @@
 """IterableDataset sharding over ranks and DataLoader workers: each item goes to exactly one reader.
 
 What phalanx does with an IterableDataset (docs/data.md):
-- one that shards itself (its `__iter__` reads `get_worker_info`, the rank or the world size) is used
-  as it is: sharding it again would keep 1/N of each reader's part;
+- one that shards itself by rank (its `__iter__` reads the rank or the world size, from torch.distributed
+  or the environment) is used as it is: sharding it again would keep 1/N of each reader's part;
+- one that splits itself over DataLoader workers only (torch's docs' example: `get_worker_info()` in
+  `__iter__`) is split by rank on top (`ShardedIterable(..., by_worker=False)`): each rank's workers
+  read their parts and the rank keeps 1 item in N of each, so the job reads each item once;
 - a `ShardedStream` or a Hugging Face `datasets` IterableDataset is split by shard (data/streaming.py);
 - any other is split item by item (`ShardedIterable`), every reader walking the stream under one
   seed per epoch shared by all readers, so a stream that shuffles inside `__iter__` walks the same
@@ -21,23 +24,32 @@ from torch.utils.data import IterableDataset, get_worker_info
 from phalanx.runtime.seeding import cpu_rng_states, seed_cpu_rngs, set_cpu_rng_states, shared_seed
 
 _STREAM = 0x57EA  # keeps a stream's per-epoch seed apart from other per-epoch seeds
-# Names a self-sharding __iter__ reads (torch's docs teach get_worker_info; rank from torch.distributed
-# or the environment).
-_SHARDING_NAMES = frozenset({"get_worker_info", "get_rank", "get_world_size"})
-_SHARDING_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK"})
+# Names a self-sharding __iter__ reads: the rank (from torch.distributed or the environment), or only the
+# worker info (torch's docs' example splits over DataLoader workers, not over ranks).
+_RANK_NAMES = frozenset({"get_rank", "get_world_size"})
+_RANK_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK"})
+_WORKER_NAMES = frozenset({"get_worker_info"})
 _warned: set[type] = set()
 
 
 def shards_itself(dataset: IterableDataset) -> bool:
-    """Whether the dataset's own `__iter__` (or a function defined in it) reads the worker info or the rank."""
+    """Whether the dataset's own `__iter__` (or a function defined in it) reads the rank: it is this
+    rank's part already."""
     code = getattr(type(dataset).__iter__, "__code__", None)
-    return code is not None and _reads_sharding(code)
+    return code is not None and _reads(code, _RANK_NAMES, _RANK_ENV)
 
 
-def _reads_sharding(code: types.CodeType) -> bool:
-    if _SHARDING_NAMES & set(code.co_names) or _SHARDING_ENV & {c for c in code.co_consts if isinstance(c, str)}:
+def splits_over_workers(dataset: IterableDataset) -> bool:
+    """Whether the dataset's own `__iter__` reads the worker info (it splits itself over a DataLoader's
+    workers, each reading its part); split by rank or not, see `shards_itself`."""
+    code = getattr(type(dataset).__iter__, "__code__", None)
+    return code is not None and _reads(code, _WORKER_NAMES, frozenset())
+
+
+def _reads(code: types.CodeType, names: frozenset[str], env: frozenset[str]) -> bool:
+    if names & set(code.co_names) or env & {c for c in code.co_consts if isinstance(c, str)}:
         return True
-    return any(_reads_sharding(c) for c in code.co_consts if isinstance(c, types.CodeType))
+    return any(_reads(c, names, env) for c in code.co_consts if isinstance(c, types.CodeType))
 
 
 def say_once(what: type, message: str) -> None:
@@ -48,9 +60,20 @@ def say_once(what: type, message: str) -> None:
     warnings.warn(message, stacklevel=7)  # the script line that called prepare_data_loader
 
 
-def say_item_split(dataset: IterableDataset, readers: int) -> None:
+def say_item_split(dataset: IterableDataset, readers: int, by_worker: bool = True) -> None:
     """Once per dataset class: phalanx split this stream item by item, and how to choose otherwise."""
-    if readers > 1:
+    if not by_worker and readers > 1:  # its workers read their parts, each rank all of them
+        say_once(
+            type(dataset),
+            (
+                f"phalanx: {type(dataset).__name__} splits itself over DataLoader workers (get_worker_info) but not "
+                f"over ranks, so phalanx splits it item by item over the {readers} data-parallel ranks: each rank "
+                f"reads the whole stream (over its workers, if any) and keeps 1 item in {readers}. HINT: to read each item once "
+                "in the job, split it by rank too in __iter__ (torch.distributed.get_rank()) and prepare it with "
+                "shard=False, or give it to phalanx.data.ShardedStream(shards, read)"
+            ),
+        )
+    elif readers > 1:
         say_once(
             type(dataset),
             (
@@ -63,7 +86,9 @@ def say_item_split(dataset: IterableDataset, readers: int) -> None:
 
 
 class ShardedIterable(IterableDataset):
-    """Item i of the stream goes to reader i % (world_size * num_workers), readers ordered rank-major.
+    """Item i of the stream goes to reader i % (world_size * num_workers), readers ordered rank-major;
+    with `by_worker=False` (a stream that splits itself over workers), item i of each worker's part goes
+    to rank i % world_size, so worker w of every rank walks the same part.
 
     Every reader walks the whole stream and keeps its own items, so no item is seen twice and none
     is lost, provided every reader walks the same sequence: each pass runs under one seed per epoch
@@ -72,11 +97,12 @@ class ShardedIterable(IterableDataset):
     and the seeded streams are swapped in only while the dataset runs (the model's stay its own).
     """
 
-    def __init__(self, dataset: IterableDataset, rank: int, world_size: int, seed: int = 0):
+    def __init__(self, dataset: IterableDataset, rank: int, world_size: int, seed: int = 0, by_worker: bool = True):
         self.dataset = dataset
         self.rank = rank
         self.world_size = world_size
         self.seed = seed
+        self.by_worker = by_worker
         self.epoch = 0  # set by the prepared loader each pass; persistent workers count passes themselves
 
     def set_epoch(self, epoch: int) -> None:
@@ -87,7 +113,7 @@ class ShardedIterable(IterableDataset):
     def reader(self) -> tuple[int, int]:
         """(this reader's index, number of readers) in the current process."""
         info = get_worker_info()
-        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        workers, worker = (info.num_workers, info.id) if info is not None and self.by_worker else (1, 0)
         return self.rank * workers + worker, self.world_size * workers
 
     def __iter__(self) -> Iterator[Any]:

@@ -365,9 +365,18 @@ def _global_count(loader: DataLoader, per_rank: bool, done: int, world_size: int
     """`done` batches per rank as a count over all ranks, in the unit the global order is dealt in."""
     if per_rank:  # an IterableDataset or pre-split data (shard=False): only a per-rank count exists
         return "batches_per_rank", done
-    if isinstance(loader.batch_sampler, BatchShardSampler):  # whole batches dealt round-robin
+    size = _samples_per_batch(loader)
+    if size is None:  # a batch sampler's whole batches, dealt round-robin, of sizes phalanx cannot know
         return "batches", done * world_size
-    return "samples", done * int(loader.batch_size) * world_size  # DistributedSampler's global order
+    return "samples", done * size * world_size  # DistributedSampler's global order, or torch's BatchSampler's
+
+
+def _samples_per_batch(loader: DataLoader) -> int | None:
+    """The samples in each of this rank's batches (but an epoch's last): the loader's batch size, or that of
+    a batch sampler dealt whole (torch's BatchSampler; None for one of unknown sizes)."""
+    if isinstance(loader.batch_sampler, BatchShardSampler):
+        return loader.batch_sampler.batch_size
+    return int(loader.batch_size)
 
 
 def _ranks(n: int) -> str:
@@ -406,7 +415,8 @@ def _batches_to_skip(loader: DataLoader, per_rank: bool, state: dict[str, Any], 
                 "map-style Dataset sharded by phalanx"
             )
         return consumed
-    per_step = world_size * (int(loader.batch_size) if unit == "samples" else 1)
+    size = _samples_per_batch(loader) if unit == "samples" else None
+    per_step = world_size * (size or 1)
     if consumed % per_step and unit == "batches":  # a batch sampler's batches go whole, one per rank a step
         worlds = [n for n in range(1, consumed + 1) if consumed % n == 0]
         raise ValueError(

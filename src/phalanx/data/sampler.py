@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Iterator, Sequence
 
-from torch.utils.data import Sampler
+from torch.utils.data import BatchSampler, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from phalanx.data.sample_seeds import tag
@@ -71,6 +71,16 @@ class BatchShardSampler(Sampler[list[int]]):
         if self.drop_last:
             return total // self.num_replicas
         return math.ceil(total / self.num_replicas)
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples in each batch before an epoch's last: torch's BatchSampler's `batch_size` (a subclass
+        that keeps its batching too), so a position can count samples and resume on another world size
+        with the same global batch; None for a batch sampler whose batches phalanx cannot size."""
+        inner = self.batch_sampler
+        if isinstance(inner, BatchSampler) and type(inner).__iter__ is BatchSampler.__iter__:
+            return int(inner.batch_size)
+        return None
 
     def __iter__(self) -> Iterator[list[int]]:
         batches: Sequence[list[int]] = self.draw(self.epoch)

@@ -1,7 +1,8 @@
 """How a prepared loader is sharded over the data-parallel ranks: the user's DataLoader rebuilt
 around the sampler that deals this rank its part, every other setting kept.
 
-- a stream (IterableDataset): split by data/streams.py, unless it shards itself by rank or worker;
+- a stream (IterableDataset): split by data/streams.py (by rank only when it splits itself over workers),
+  unless it shards itself by rank;
 - the script's own DistributedSampler: taken over (data/rank_sampler.py);
 - DataLoader's default samplers (`shuffle=True/False`): phalanx's ShardedSampler;
 - any other sampler under DataLoader's own BatchSampler: its draw kept, dealt index by index;
@@ -76,7 +77,7 @@ def shard_loader(
     generator.manual_seed(seed)
     if isinstance(dataset, IterableDataset):
         stream = stream_for_rank(dataset, ctx, seed, loader.num_workers)
-        if stream is None:  # it shards itself by rank or worker: sharding it again would lose data
+        if stream is None:  # it shards itself by rank: sharding it again would lose data
             return loader
         return build(stream, batch_size=batch_size, drop_last=loader.drop_last, generator=generator, **kwargs)
     tag_epoch = sample_seeds and kwargs.get("num_workers", 0) > 0 and not is_stateful(loader)

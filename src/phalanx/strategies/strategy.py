@@ -21,6 +21,7 @@ from phalanx.strategies import dimensions, fsdp
 from phalanx.strategies.optimizers import fused_step, grad_norm, optimizer_kinds, whole_tensor_step
 from phalanx.strategies.module_attr import answer_module_attribute
 from phalanx.strategies.optimizers.optimizer_kinds import Route
+from phalanx.strategies.optimizers.shared_groups import shared_groups
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.context.step import ContextParallel
 from phalanx.strategies.layout import Layout
@@ -204,7 +205,7 @@ class ParallelStrategy:
         for each in self._each_applied():  # ep: a capacity's drops are read after each step
             each.count_steps(optimizer)
         if self.plan.shards_optimizer_only:
-            groups = [dict(group) for group in optimizer.param_groups]
+            groups = shared_groups(optimizer)  # a scheduler built on `optimizer` sets the lr it steps with
             for grads in self._zero1_grads:  # stepped by chunks: their gradients may be reduce-scattered
                 grads.shard([p for group in groups for p in group["params"]])
             return ShardedStateOptimizer(

@@ -36,6 +36,7 @@ from phalanx import host_only
 from phalanx.config.names import ZERO1_GATHER_MODES as GATHER_MODES
 from phalanx.runtime.collectives import all_gather_single
 from phalanx.strategies.optimizers import zero1_buckets
+from phalanx.strategies.optimizers.shared_groups import keeping_groups
 from phalanx.strategies.optimizers.zero1_buckets import dim0_chunk
 
 
@@ -267,7 +268,8 @@ class ShardedStateOptimizer(torch.optim.Optimizer, Joinable):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         from torch.distributed.tensor import DTensor
 
-        super().load_state_dict(state_dict)
+        with keeping_groups(self):
+            super().load_state_dict(state_dict)
         for slot in self._slots:
             loaded = self.state.get(slot.param)
             if not loaded:

@@ -28,6 +28,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
+from phalanx.strategies.optimizers.shared_groups import keeping_groups, shared_groups
+
 
 def _is_dtensor(t: torch.Tensor) -> bool:
     return hasattr(t, "device_mesh") and hasattr(t, "placements")
@@ -272,7 +274,8 @@ class WholeTensorOptimizer(torch.optim.Optimizer, Joinable):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
+        with keeping_groups(self):
+            super().load_state_dict(state_dict)
         self._refresh_wholes(force=True)  # the weights were loaded just before (and wholes exist for the state)
         for slot in self._slots:  # the same order on every rank: DTensor state is gathered
             loaded = self.state.get(slot.param) or {}
@@ -303,7 +306,7 @@ def build(
 ) -> WholeTensorOptimizer:
     """A WholeTensorOptimizer with `optimizer`'s class, groups and hyperparameters, over `holders`:
     the process group of the ranks that hold the same parameters (the layout's "stage_holders")."""
-    groups = [dict(group) for group in optimizer.param_groups]
+    groups = shared_groups(optimizer)  # a scheduler built on `optimizer` sets the lr it steps with
     defaults = constructor_defaults(optimizer)
     try:  # each owner rebuilds the class over its whole tensors: find out now, not at the first step
         type(optimizer)([nn.Parameter(torch.zeros(2, 2))], **defaults)
