@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from phalanx import across_ranks, config
+from phalanx import across_ranks, config, planning
 from phalanx.data.batch_records import BatchRecords
 from phalanx.data.loader import PreparedLoader
 from phalanx.logging.rank_log import get_logger
@@ -42,6 +42,11 @@ class Phalanx:
     `Phalanx()` under plain `python train.py` is a world of one with no process group; under
     `phalanx run` or `torchrun` it is one rank of many. The script is the same.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if planning.active():  # `phalanx plan` reads the script: a stand-in that stops it at prepare
+            return planning.StandIn()
+        return super().__new__(cls)
 
     def __init__(
         self,
