@@ -11,14 +11,21 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from phalanx import across_ranks, config, planning
+from phalanx import across_ranks, config
 from phalanx.data.batch_records import BatchRecords
 from phalanx.data.loader import PreparedLoader
 from phalanx.logging.rank_log import get_logger
 from phalanx import preparing, services, stepping
 from phalanx.config.names import Needs
 from phalanx.runtime import parity_record, seeding
-from phalanx.runtime.context import DistContext, handed_plan, launcher_settings, mark_phalanx_created, parity_request
+from phalanx.runtime.context import (
+    AgentEnv,
+    DistContext,
+    handed_plan,
+    launcher_settings,
+    mark_phalanx_created,
+    parity_request,
+)
 from phalanx.runtime.process_group import init_process_group
 from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.data import uneven
@@ -42,11 +49,6 @@ class Phalanx:
     `Phalanx()` under plain `python train.py` is a world of one with no process group; under
     `phalanx run` or `torchrun` it is one rank of many. The script is the same.
     """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        if planning.active():  # `phalanx plan` reads the script: a stand-in that stops it at prepare
-            return planning.StandIn()
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -145,6 +147,9 @@ class Phalanx:
             profiler=self._profiler,
         )
         self._prepared = self._preparing.prepared  # models, optimizers and schedulers, for join()/uneven_inputs()
+        if self.is_main_process:  # two sources, two values: say which won and how to change it
+            for line in config.override_lines(resolved, launcher=AgentEnv.from_env().phalanx_launcher):
+                get_logger().warning("%s", line)
         get_logger().info(
             "rank %d of %d on %s, strategy %s, run dir %s%s",
             self.rank,

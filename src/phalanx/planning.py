@@ -1,7 +1,8 @@
 """`phalanx plan train.py` reads a training script's model without running its loop.
 
 Importing a script runs its top level; a script without an `if __name__ == "__main__":` guard would
-train there. While `phalanx plan` imports it (`reading_script()`), `Phalanx()` is a stand-in: a world
+train there. While `phalanx plan` imports it (`reading_script()`), `from phalanx import Phalanx` gives
+the stand-in (phalanx/__init__.py asks `active()`; the facade is not touched): a world
 of one that joins no group and writes no run directory, puts every tensor made after it on the meta
 device (any size is free), and stops the script at its first `px.prepare(...)` with `PlanStop`,
 which carries the model prepare was given and where. No torch at import (a leaf anyone may import).
@@ -55,11 +56,15 @@ class StandIn:
     world_size = 1
     is_main_process = is_local_main_process = True
 
-    def __init__(self) -> None:
+    def __init__(self, *_: Any, **__: Any) -> None:  # whatever the script asks for: nothing is set up
         import torch
 
         _reading[-1].enter_context(torch.device("meta"))  # the model the script builds next costs nothing
         self.device = torch.device("meta")
+
+    @classmethod
+    def from_config(cls, *_: Any, **__: Any) -> "StandIn":
+        return cls()
 
     def prepare(self, *objects: Any, **_: Any) -> Any:
         import torch
