@@ -46,7 +46,8 @@ from phalanx.strategies.context import attention as cp_attention
 class Phalanx:
     """Reads the launcher's environment, joins the process group, and prepares training objects.
 
-    `Phalanx()` under plain `python train.py` is a world of one with no process group; under
+    `Phalanx()` under plain `python train.py` is a world of one (a gloo group of its one rank, for
+    what the script asks of torch.distributed itself: runtime/process_group.py); under
     `phalanx run` or `torchrun` it is one rank of many. The script is the same.
     """
 
