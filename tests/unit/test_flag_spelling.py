@@ -59,3 +59,21 @@ def test_a_flag_nothing_resembles_keeps_the_old_words(capsys):
 
 def test_every_peer_flag_maps_to_a_flag_phalanx_run_takes():
     assert {ours for ours, _ in flag_spelling.PEER_FLAGS.values()} <= launcher_flags()
+
+
+def test_a_peer_s_flag_after_the_script_gets_the_command_that_works():
+    """The script's argparse rejected Accelerate's --num_processes written after it: the hint names
+    phalanx run's flag and moves it before the script, the script's path as typed."""
+    from phalanx.launch.misplaced_flag import hint_for_misplaced_flag
+
+    hint = hint_for_misplaced_flag(
+        "train.py: error: unrecognized arguments: --num_processes 2",
+        "examples/train.py",
+        ["--lr", "0.5", "--num_processes", "2"],
+    )
+    assert hint == (
+        "--num_processes (Accelerate's spelling, counting the processes of every machine; phalanx run counts "
+        "one machine's) means `phalanx run`'s --nproc-per-node, a launcher flag written after the script: what "
+        "follows the script goes to the script, and examples/train.py's argparse rejected it. HINT: put launcher "
+        "flags before the script: phalanx run --nproc-per-node 2 examples/train.py --lr 0.5"
+    )
