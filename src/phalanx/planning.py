@@ -75,5 +75,14 @@ class StandIn:
     def print(self, *args: Any, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
+    def init_module(self) -> Any:  # the meta device is on already
+        return contextlib.nullcontext()
+
+    def main_process_first(self) -> Any:  # one process: it is first
+        return contextlib.nullcontext()
+
+    def wait_for_everyone(self) -> None:
+        return None
+
     def __getattr__(self, name: str) -> Any:
         raise PlanStop(None, _caller(), f"px.{name}")

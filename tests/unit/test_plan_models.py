@@ -164,7 +164,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from phalanx import Phalanx
 
 px = Phalanx()
-model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+with px.init_module():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 2)), batch_size=4)
 model, optimizer, loader = px.prepare(model, optimizer, loader)
@@ -188,7 +189,7 @@ def test_a_script_without_a_main_guard_is_planned_without_training(capsys, tmp_p
     monkeypatch.setenv("PHALANX_RUN_DIR", str(tmp_path / "run"))
     assert cli.main(["plan", "train.py", "--world-size", "2", "--budget", "1GB"]) == 0
     out = capsys.readouterr().out
-    assert "model from: train.py:10, the model passed to px.prepare (phalanx plan stopped the script there: " in out
+    assert "model from: train.py:11, the model passed to px.prepare (phalanx plan stopped the script there: " in out
     assert "model: 58 trainable parameters" in out  # 4*8+8 + 8*2+2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # no run dir, no trained.txt
     assert not dist.is_initialized()
