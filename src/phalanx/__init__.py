@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 def __getattr__(name: str):
     # Lazy: `import phalanx` (e.g. by the launcher) must not import torch.
     if name == "Phalanx":
+        from phalanx import planning
+
+        if planning.active():  # `phalanx plan` reads the script: a stand-in that stops it at prepare
+            return planning.StandIn
         from phalanx.facade import Phalanx
 
         return Phalanx

@@ -13,6 +13,8 @@ import importlib
 import sys
 from typing import Sequence
 
+from phalanx.launch import flag_spelling
+
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("phalanx.launch.run_command", "launch a training script on N processes / nodes"),
@@ -56,10 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         module.configure(sub_parser)
-        sub_parser.set_defaults(_handler=module.main)
+        sub_parser.set_defaults(_handler=module.main, _parser=sub_parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    args, extras = build_parser().parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if extras:  # said by the subcommand's parser, with what each flag likely meant
+        args._parser.error(flag_spelling.unrecognized(extras, args._parser._option_string_actions)[0])
     return int(args._handler(args) or 0)

@@ -18,7 +18,14 @@ from phalanx.logging.rank_log import get_logger
 from phalanx import preparing, services, stepping
 from phalanx.config.names import Needs
 from phalanx.runtime import parity_record, seeding
-from phalanx.runtime.context import DistContext, handed_plan, launcher_settings, mark_phalanx_created, parity_request
+from phalanx.runtime.context import (
+    AgentEnv,
+    DistContext,
+    handed_plan,
+    launcher_settings,
+    mark_phalanx_created,
+    parity_request,
+)
 from phalanx.runtime.process_group import init_process_group
 from phalanx.runtime.step_tracker import Phase, StepTracker
 from phalanx.data import uneven
@@ -39,7 +46,8 @@ from phalanx.strategies.context import attention as cp_attention
 class Phalanx:
     """Reads the launcher's environment, joins the process group, and prepares training objects.
 
-    `Phalanx()` under plain `python train.py` is a world of one with no process group; under
+    `Phalanx()` under plain `python train.py` is a world of one (a gloo group of its one rank, for
+    what the script asks of torch.distributed itself: runtime/process_group.py); under
     `phalanx run` or `torchrun` it is one rank of many. The script is the same.
     """
 
@@ -140,6 +148,9 @@ class Phalanx:
             profiler=self._profiler,
         )
         self._prepared = self._preparing.prepared  # models, optimizers and schedulers, for join()/uneven_inputs()
+        if self.is_main_process:  # two sources, two values: say which won and how to change it
+            for line in config.override_lines(resolved, launcher=AgentEnv.from_env().phalanx_launcher):
+                get_logger().warning("%s", line)
         get_logger().info(
             "rank %d of %d on %s, strategy %s, run dir %s%s",
             self.rank,

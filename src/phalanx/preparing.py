@@ -173,5 +173,6 @@ class Preparing:
         rank_batch = prepared.batch_size if split_batches else per_rank
         self.callbacks.notify("on_loader", prepared.batch_size if split_batches else loader.batch_size)
         if self.choice.deepspeed is not None:  # its micro batch is per rank: compare what a rank gets
-            self.choice.deepspeed.check_loader(rank_batch)
+            with refusal.refusing():  # the same on every rank: said once, exit 2, no traceback
+                self.choice.deepspeed.check_loader(rank_batch)
         return self.checkpointer.track(prepared)

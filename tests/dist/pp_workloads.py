@@ -4,6 +4,7 @@ prepare), with a one-process reference computed in rank 0 on the same global bat
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -23,9 +24,12 @@ def make_data() -> TensorDataset:
     return TensorDataset(torch.randint(0, VOCAB, (SAMPLES, SEQ + 1), generator=g))
 
 
-def make_model(layers: int) -> TinyLM:
+def make_model(layers: int, head_bias: bool = False) -> TinyLM:
     torch.manual_seed(0)
-    return TinyLM(layers)
+    model = TinyLM(layers)
+    if head_bias:  # its output over (batch, tokens, dim) is then a view (addmm, then view): FSDP2 warns of those
+        model.head = nn.Linear(model.head.in_features, model.head.out_features)
+    return model
 
 
 def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -97,15 +101,16 @@ def train(
     resume: str | None = None,
     meta: bool = False,
     evaluate: bool = True,
+    head_bias: bool = False,
     **settings: Any,
 ) -> dict[str, Any]:
     """`steps` optimizer steps through px.forward_backward in the layout `settings` describe (a
     resume first restores `resume` and goes on from its position); rank 0 also returns the one-process
     reference over the same batches, from the start."""
     px = Phalanx(grad_accum_steps=accum, **settings)
-    start = make_model(layers)
+    start = make_model(layers, head_bias)
     with px.init_module() if meta else torch.device("cpu"):  # on meta: initialised at prepare from seed 0
-        model = make_model(layers)
+        model = make_model(layers, head_bias)
     optimizer = make_optimizer(model, lr)
     loader = DataLoader(make_data(), batch_size=global_batch // px.dp_size)
     model, optimizer, loader = px.prepare(model, optimizer, loader)
@@ -160,8 +165,15 @@ def train(
 
 
 def matrix(cases: dict[str, dict]) -> dict[str, dict]:
-    """Every case in order in this rank: one process group serves them all."""
-    return {name: train(**kwargs) for name, kwargs in cases.items()}
+    """Every case in order in this rank: one process group serves them all. Each case also gives the
+    FSDP2 view-tensor warnings it raised (issue 54: twice on a correct pp x zero3 run)."""
+    out = {}
+    for name, kwargs in cases.items():
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out[name] = train(**kwargs)
+        out[name]["view_warnings"] = [str(w.message) for w in seen if "returned a view tensor" in str(w.message)]
+    return out
 
 
 def resume_chain(first: str, second: str, more: int) -> dict[str, dict]:

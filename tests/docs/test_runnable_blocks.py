@@ -1,6 +1,7 @@
 """The documentation's runnable samples run as written: README.md and every page of docs/.
 
-A fenced block right after `<!-- runnable -->` is executed line by line (bash, in one scratch
+Pages are read with markdown-it-py (CommonMark, what mkdocs' own stack parses with), not by a
+pattern: a fenced block right after `<!-- runnable -->` is executed line by line (bash, in one scratch
 directory holding the repo's examples/, with `phalanx` and `torchrun` on PATH); a block after
 `<!-- runnable: NAME -->` is written to NAME there first (a config file the commands use). Pages
 are read README first, then docs/ in name order; a command that appears on several pages (the
@@ -18,9 +19,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKER = re.compile(r"<!-- runnable(?::\s*(\S+))? -->\s*\n```[a-z]*\n(.*?)```", re.S)
+MARKER = re.compile(r"^<!-- runnable(?::\s*(\S+))? -->\s*$")
 COMMAND_TIMEOUT_S = 240
 
 
@@ -29,7 +31,14 @@ def pages() -> list[Path]:
 
 
 def runnable_blocks(page: Path) -> list[tuple[str | None, str]]:
-    return [(m.group(1), m.group(2)) for m in MARKER.finditer(page.read_text())]
+    """(NAME or None, the fenced block's text) for each marker whose next token is a fenced block."""
+    tokens = MarkdownIt().parse(page.read_text())
+    found = []
+    for token, following in zip(tokens, tokens[1:]):
+        marker = MARKER.match(token.content) if token.type == "html_block" else None
+        if marker and following.type == "fence":
+            found.append((marker.group(1), following.content))
+    return found
 
 
 def commands(block: str) -> list[str]:

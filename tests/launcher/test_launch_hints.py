@@ -9,13 +9,14 @@ from tests.launcher.launch_helpers import SCRIPTS, run_cli
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
 
-def test_a_launcher_flag_after_the_script_is_named_with_the_command_that_works(tmp_path):
-    script = SCRIPTS / "uses_argparse.py"
-    result = run_cli(["run", str(script), "--lr", "0.5", "--nproc-per-node", "2"], cwd=tmp_path)
+def test_a_launcher_flag_after_the_script_is_named_with_the_command_that_works():
+    """The hint's command keeps the script's path as typed (issue 54: it dropped the directory, so
+    pasting it failed); run from the script's grandparent, as `phalanx run examples/wine.py` is."""
+    result = run_cli(["run", "scripts/uses_argparse.py", "--lr", "0.5", "--nproc-per-node", "2"], cwd=SCRIPTS.parent)
     assert result.returncode != 0
     assert "--nproc-per-node is a `phalanx run` flag, written after the script" in result.stderr, result.stderr
     assert (
-        "HINT: put launcher flags before the script: phalanx run --nproc-per-node 2 uses_argparse.py --lr 0.5"
+        "HINT: put launcher flags before the script: phalanx run --nproc-per-node 2 scripts/uses_argparse.py --lr 0.5"
         in result.stderr
     ), result.stderr
 

@@ -179,3 +179,39 @@ def test_without_a_prepared_loader_each_optimizer_step_ends_a_step_and_backward_
     assert anatomy.counts == "optimizer steps"
     assert all({"forward", "backward", "optimizer"} <= set(times) and "data" not in times for _, times in anatomy.steps)
     assert [times["other"] for _, times in anatomy.steps] == pytest.approx([0.005] * 3)  # the batch making
+
+
+def test_evaluation_batches_are_not_steps_in_the_exit_table():
+    """Issue 54: the end-of-run table counted evaluation batches as steps (126 for 100 steps)."""
+    from phalanx.observe.exchange import Exchange
+
+    clock = Clock()
+    tracker = StepTracker()
+    tracker.anatomy = anatomy = StepAnatomy(clock)
+    for training in (True, True, False, False, False):  # 2 steps, then an evaluation pass of 3 batches
+        tracker.enter(Phase.DATA)
+        tracker.before_batch()
+        tracker.next_step()
+        tracker.enter(Phase.FORWARD)
+        clock.now += 0.020
+        if training:
+            with tracker.during(Phase.BACKWARD):
+                clock.now += 0.030
+            tracker.enter(Phase.OPTIMIZER)
+            clock.now += 0.010
+        tracker.enter(Phase.STEP)
+    tracker.enter(Phase.DATA)
+    tracker.before_batch()
+    assert (anatomy.num_steps, anatomy.eval_batches) == (2, 3)
+    exchange = Exchange.__new__(Exchange)
+    exchange._peers = [
+        {"rank": 0, "host": "vm", "num_steps": 2, "eval_batches": 3, "totals": anatomy.totals},
+        {"rank": 1, "host": "vm", "num_steps": 2, "eval_batches": 3, "totals": anatomy.totals},
+    ]
+    assert exchange.phase_table().splitlines() == [
+        "step anatomy (ms per step):",
+        "rank  host  steps  data  forward  other  backward  optimizer",
+        "   0    vm      2   0.0     20.0    0.0      30.0       10.0",
+        "   1    vm      2   0.0     20.0    0.0      30.0       10.0",
+        "(not steps: 3 evaluation batches per rank, read with no backward or optimizer step)",
+    ]

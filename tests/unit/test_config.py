@@ -222,6 +222,21 @@ def test_precedence_kwarg_over_flag_and_env_over_file_over_default():
     }
 
 
+def test_every_setting_two_sources_give_differently_is_said_with_the_fix():
+    """Issue 54 item 2: the winner, every loser, and how to change it (the words said at start)."""
+    file_layer = config.from_mapping({"strategy": "dp", "seed": 3, "grad_accum_steps": 2}, "f.yaml")
+    env_layer = config.from_env({"PHALANX_STRATEGY": "zero1", "PHALANX_SEED": "3"})
+    resolved = config.resolve(file_layer, env_layer, config.from_kwargs({"strategy": "ddp"}))
+    precedence = (
+        "(a Phalanx() keyword beats phalanx run's flags and PHALANX_* variables, a flag beats a variable, "
+        "both beat a config file)"
+    )
+    assert config.override_lines(resolved) == [  # seed: the same value twice is no conflict
+        f"Phalanx(strategy='ddp') overrides strategy: dp in f.yaml and PHALANX_STRATEGY=zero1 {precedence}. "
+        "HINT: drop strategy= from Phalanx(...) to take PHALANX_STRATEGY=zero1, or stop giving it there"
+    ]
+
+
 # ---- phalanx config (the template) ------------------------------------------------------------
 def test_template_lists_every_setting_and_every_line_uncommented_is_accepted(tmp_path, script):
     path = tmp_path / "phalanx.yaml"

@@ -22,6 +22,7 @@ LEAVES = {
     "store_keys",
     "preemption_report",
     "refusal",
+    "planning",
     "__version__",
 }  # names, keys and the refusal error: no imports of phalanx
 ORDER = [

@@ -155,3 +155,46 @@ def test_tensor_parallel_over_every_rank_names_ddp_not_single(capsys):
     out = capsys.readouterr().out
     assert "auto would pick: ddp (tp=2 takes every rank: no data-parallel ranks)" in out
     assert "single" not in out
+
+
+UNGUARDED = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from phalanx import Phalanx
+
+px = Phalanx()
+with px.init_module():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 2)), batch_size=4)
+model, optimizer, loader = px.prepare(model, optimizer, loader)
+for x, y in loader:
+    optimizer.zero_grad()
+    px.backward(torch.nn.functional.mse_loss(model(x), y))
+    optimizer.step()
+with open("trained.txt", "w") as fp:
+    fp.write("a step ran")
+"""
+
+
+def test_a_script_without_a_main_guard_is_planned_without_training(capsys, tmp_path, monkeypatch):
+    """Issue 54 item 1: `phalanx plan train.py` stops the script at its px.prepare (the model it was
+    given), runs no step and writes nothing (no run directory, no file of the script's)."""
+    import torch.distributed as dist
+
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PHALANX_RUN_DIR", str(tmp_path / "run"))
+    assert cli.main(["plan", "train.py", "--world-size", "2", "--budget", "1GB"]) == 0
+    out = capsys.readouterr().out
+    assert "model from: train.py:11, the model passed to px.prepare (phalanx plan stopped the script there: " in out
+    assert "model: 58 trainable parameters" in out  # 4*8+8 + 8*2+2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # no run dir, no trained.txt
+    assert not dist.is_initialized()
+
+
+def test_where_the_model_came_from_is_said(capsys):
+    assert cli.main(["plan", str(WINE), "--world-size", "2", "--budget", "1GB"]) == 0
+    assert "model from: wine.py's class SimpleNN, built with no arguments" in capsys.readouterr().out

@@ -556,7 +556,7 @@ SETTINGS: tuple[Setting, ...] = grouped(
         kinds.Kind("address", _dashboard_address, lambda v: _dashboard_address(str(v))),
         None,
         "[HOST:]PORT: phalanx run serves a live page of the job from node 0 (default host 127.0.0.1; "
-        "another host needs the token printed with the URL); pip extra phalanx[dashboard]",
+        "another host needs the token printed with the URL); needs starlette, uvicorn and plotly (pip install -e '.[dashboard]' in the clone)",
         L,
         env_name="PHALANX_DASHBOARD",
         value_name="[HOST:]PORT",

@@ -165,6 +165,8 @@ class Resolved:
     config: Any  # PhalanxConfig
     origin: dict[str, str] = field(default_factory=dict)  # name -> source, for settings not left at default
     deepspeed: Any = None  # phalanx.config.deepspeed.DeepSpeedConfig
+    overridden: dict[str, list[tuple[Any, str]]] = field(default_factory=dict)
+    """name -> the values a later source replaced with a different one, and where each came from."""
 
     def is_set(self, name: str) -> bool:
         return name in self.origin
@@ -180,8 +182,11 @@ def resolve(*layers: Layer, warn: bool = True) -> Resolved:
     """
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
+    overridden: dict[str, list[tuple[Any, str]]] = {}
     for layer in layers:
         for name, (value, where) in layer.items():
+            if name in values and values[name] != value:
+                overridden.setdefault(name, []).append((values[name], origin[name]))
             values[name], origin[name] = value, where
     ds = None
     if values.get("deepspeed") is not None:
@@ -200,7 +205,41 @@ def resolve(*layers: Layer, warn: bool = True) -> Resolved:
                     f"{theirs!r}. HINT: drop one of them."
                 )
             values[name], origin[name] = theirs, ds.source
-    return Resolved(PhalanxConfig(**values), origin, ds)
+    return Resolved(PhalanxConfig(**values), origin, ds, overridden)
+
+
+PRECEDENCE = "a Phalanx() keyword beats phalanx run's flags and PHALANX_* variables, a flag beats a variable, both beat a config file"
+
+
+def _given(name: str, value: Any, source: str, launcher: bool) -> str:
+    """How the user wrote `value` in `source`: Phalanx(strategy='ddp'), --strategy zero3, PHALANX_SEED=1."""
+    setting = BY_NAME[name]
+    if source == "Phalanx()":
+        return f"Phalanx({name}={value!r})"
+    if source == setting.env and launcher:  # under `phalanx run`, the launcher's value came as the variable
+        return f"phalanx run's {setting.flag} {to_env_value(value)}"
+    if source == setting.env:
+        return f"{source}={to_env_value(value)}"
+    if source.startswith("--"):
+        return f"{source} {to_env_value(value)}"
+    return f"{name}: {to_env_value(value)} in {source}"
+
+
+def override_lines(resolved: Resolved, launcher: bool = False) -> list[str]:
+    """One line per setting that two sources gave differently: which won, which lost, and how to
+    change it (`launcher`: in a worker of `phalanx run`, whose PHALANX_* variables are its flags)."""
+    lines = []
+    for name, lost in resolved.overridden.items():
+        where = resolved.origin[name]
+        won = _given(name, getattr(resolved.config, name), where, launcher)
+        losers = " and ".join(_given(name, value, source, launcher) for value, source in lost)
+        if where == "Phalanx()":
+            taken = _given(name, *lost[-1], launcher)
+            fix = f"drop {name}= from Phalanx(...) to take {taken}, or stop giving it there"
+        else:
+            fix = f"give {name} in one place: drop {losers}, or change {won}"
+        lines.append(f"{won} overrides {losers} ({PRECEDENCE}). HINT: {fix}")
+    return lines
 
 
 def to_env_value(value: Any) -> str:

@@ -143,6 +143,6 @@ def engages_here() -> bool:
     import torch
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:  # a world of one's group is gloo
         return engages(str(dist.get_backend()))
     return not torch.cuda.is_initialized()

@@ -15,6 +15,8 @@ import argparse
 import functools
 from typing import Sequence
 
+from phalanx.launch import flag_spelling
+
 
 @functools.lru_cache(maxsize=1)
 def launcher_flags() -> frozenset[str]:
@@ -27,14 +29,17 @@ def launcher_flags() -> frozenset[str]:
 
 
 def hint_for_misplaced_flag(message: str, script: str, args: Sequence[str]) -> str | None:
-    """A hint when argparse's error `message` rejects `phalanx run` flags given after `script`."""
+    """A hint when argparse's error `message` rejects `phalanx run` flags given after `script` (or a
+    peer launcher's spelling of one, Accelerate's --num_processes: said as phalanx run's)."""
     if "unrecognized arguments:" not in message:
         return None
     rejected = message.split("unrecognized arguments:", 1)[1].split()
-    ours = [word for word in rejected if word.split("=", 1)[0] in launcher_flags()]
+    spelled = {word: _as_ours(word) for word in rejected}
+    ours = [spelled[word] for word in rejected if spelled[word].split("=", 1)[0] in launcher_flags()]
     if not ours:
         return None
-    args = list(args)
+    peer = next((word for word in rejected if spelled[word] != word), None)
+    args = [spelled.get(arg, arg) for arg in args]
     taken: list[int] = []
     for word in ours:
         at = args.index(word) if word in args else -1
@@ -46,11 +51,27 @@ def hint_for_misplaced_flag(message: str, script: str, args: Sequence[str]) -> s
     moved = [args[i] for i in sorted(taken)] or ours
     rest = [a for i, a in enumerate(args) if i not in taken]
     name = ours[0].split("=", 1)[0]
+    what = f"{name} is a `phalanx run` flag,"
+    if peer is not None:
+        whose = flag_spelling.PEER_FLAGS[_peer_key(peer)][1]
+        what = f"{peer.split('=', 1)[0]} ({whose}) means `phalanx run`'s {name}, a launcher flag"
     return (
-        f"{name} is a `phalanx run` flag, written after the script: what follows the script goes to the "
+        f"{what} written after the script: what follows the script goes to the "
         f"script, and {script}'s argparse rejected it. HINT: put launcher flags before the script: "
         f"phalanx run {' '.join(moved)} {' '.join([script, *rest])}"
     )
+
+
+def _peer_key(word: str) -> str:
+    return "--" + word.split("=", 1)[0][2:].replace("-", "_")
+
+
+def _as_ours(word: str) -> str:
+    """A peer launcher's flag in phalanx run's spelling (`--num_processes=2` -> `--nproc-per-node=2`)."""
+    flag, sep, value = word.partition("=")
+    if not flag.startswith("--") or _peer_key(flag) not in flag_spelling.PEER_FLAGS:
+        return word
+    return flag_spelling.PEER_FLAGS[_peer_key(flag)][0] + sep + value
 
 
 def nccl_without_gpu_message(backend: object, rank: int) -> str | None:

@@ -204,6 +204,8 @@ def main(args: argparse.Namespace) -> int:
     except (LaunchError, *CLUSTER_ERRORS) as error:
         print(f"{PROG_ERROR} {error}", file=sys.stderr)
         return EXIT_USAGE
+    for line in config.override_lines(spec.settings):  # a flag beside a variable or a file of another value
+        print(f"phalanx run: warning: {line}", file=sys.stderr)
     if node is not None:
         env.update(node.env)
     env[envvars.PHALANX_LAUNCHER] = "1"  # workers leave the preemption line to this launcher

@@ -8,7 +8,7 @@ import argparse
 
 from phalanx import config
 from phalanx.config.schema import LAUNCH, TORCHRUN
-from phalanx.launch import local_rank, torchrun_flags
+from phalanx.launch import flag_spelling, local_rank, torchrun_flags
 
 
 def _flag_help(setting: config.Setting) -> str:
@@ -82,10 +82,12 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser) -> None:
             args = local_rank.expand_bare_flag(list(args), takes_value)
         namespace, extras = parse_known(args, namespace)
         if extras:
+            text, matched = flag_spelling.unrecognized(extras, parser._option_string_actions)
             parser.error(
-                f"unrecognized arguments: {' '.join(extras)}. phalanx run's own flags go before "
-                "the script; everything after the script name is passed to the script. "
-                "HINT: see phalanx run --help"
+                text
+                if matched
+                else f"{text}. phalanx run's own flags go before the script; everything after the "
+                "script name is passed to the script. HINT: see phalanx run --help"
             )
         return namespace, extras
 

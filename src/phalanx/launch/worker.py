@@ -241,7 +241,7 @@ def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str
             if hint is None:
                 from phalanx.launch.misplaced_flag import hint_for_misplaced_flag
 
-                hint = hint_for_misplaced_flag(seen[-1], os.path.basename(target), args)
+                hint = hint_for_misplaced_flag(seen[-1], f"-m {target}" if is_module else target, args)
             if hint:
                 record_hint(hint)
         raise

@@ -62,6 +62,9 @@ NOT_MEASURED = {
     "(the script's own code between the model's phases)"
 }
 
+# a step has one of these; a prepared batch with none (an evaluation loop's) is no step: counted apart
+TRAINING = frozenset({BACKWARD, OPTIMIZER, PIPELINE})
+
 KEEP = 200  # recent steps kept, for the figures `phalanx top` shows
 SAMPLED = 100  # steps kept for the straggler judge (every `stride`-th: see observe/exchange.py)
 
@@ -90,6 +93,7 @@ class StepAnatomy:
         self.stride = 1  # `sampled` keeps the steps whose number it divides (set by the exchange)
         self.totals: dict[str, float] = {}  # seconds per column over every finished step
         self.num_steps = 0
+        self.eval_batches = 0  # prepared batches with no backward or optimizer step (evaluation)
         self.on_step: list[Callable[[int], None]] = []  # after each finished step, on the main thread
         self.counts = BATCHES  # what ends a step: a prepared loader's request, or an optimizer step
 
@@ -110,6 +114,9 @@ class StepAnatomy:
         self._current = {}
 
     def _finish(self, step: int, done: dict[str, float]) -> None:
+        if TRAINING.isdisjoint(done):  # an evaluation batch: the exit table counted 126 steps for 100
+            self.eval_batches += 1
+            return
         self.steps.append((step, done))
         if step % self.stride == 0:
             self.sampled.append((step, done))

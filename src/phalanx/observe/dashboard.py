@@ -41,7 +41,7 @@ HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",  # the token is in the URL
 }
-EXTRA_HINT = "HINT: pip install 'phalanx[dashboard]' (starlette, uvicorn, plotly)."
+EXTRA_HINT = "HINT: pip install starlette uvicorn plotly (in phalanx's clone: pip install -e '.[dashboard]')."
 
 
 class DashboardError(ValueError):

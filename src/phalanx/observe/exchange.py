@@ -117,6 +117,7 @@ class Exchange:
             "steps_per_s": rate,
             "memory": memory_bytes(self.device),
             "num_steps": self.anatomy.num_steps,
+            "eval_batches": self.anatomy.eval_batches,
             "totals": {p: round(s, 4) for p, s in self.anatomy.totals.items()},
             "steps": [[s, {p: round(v, 6) for p, v in t.items()}] for s, t in list(self.anatomy.sampled)],
         }
@@ -264,4 +265,10 @@ class Exchange:
         ]
         widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
         lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [head, *body]]
+        evaluated = sorted({p.get("eval_batches", 0) for p in rows})
+        if evaluated != [0]:
+            lines.append(
+                f"(not steps: {' to '.join(map(str, evaluated[:: max(len(evaluated) - 1, 1)]))} evaluation batches "
+                "per rank, read with no backward or optimizer step)"
+            )
         return "step anatomy (ms per step):\n" + "\n".join(lines)

@@ -2,15 +2,17 @@
 optimizer state each rank will hold, and the strategy `auto` would pick; with --tp and --pp, one
 tensor-parallel rank's part of the largest pipeline rank's stages (plan/pipeline.py).
 
-MODEL is `package.module:factory`, `path/to/file.py:factory`, or `path/to/file.py` exposing one of
-make_model / build_model / get_model / create_model, or defining exactly one nn.Module subclass that
-can be built with no arguments (a training script's model class). The model is built on the meta device, so
+MODEL is `package.module:factory`, `path/to/file.py:factory`, or `path/to/file.py`: a training
+script's top level stopped at its first px.prepare (phalanx/planning.py: no step, no run directory),
+else one of make_model / build_model / get_model / create_model, else exactly one nn.Module subclass
+that can be built with no arguments (a training script's model class). The model is built on the meta device, so
 planning a model larger than this machine's memory costs nothing. No torch import at module level.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import importlib.util
 import os
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from phalanx import config
+from phalanx import config, planning
 from phalanx.plan import context
 from phalanx.plan import optimizer as optimizer_choice
 from phalanx.config.schema import BY_NAME
@@ -133,55 +135,96 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
-    """The model factory MODEL names; ValueError with what to pass when there is none.
+    """The model factory MODEL names (`read_model` without the words on where it came from)."""
+    return read_model(spec)[0]
 
-    For a file or module without `:factory`: a function named make_model / build_model / get_model
-    / create_model, else the one nn.Module subclass the file itself defines that can be built with
-    no arguments (a training script's model class, e.g. examples/wine.py's SimpleNN). Importing a
-    script runs its top level, not its `if __name__ == "__main__":` block.
+
+def read_model(spec: str) -> tuple[Callable[[], Any], str]:
+    """The model factory MODEL names, and where it came from; ValueError with what to pass when there is none.
+
+    For a file or module without `:factory`: the model the script's top level passes to its first
+    `px.prepare` (phalanx/planning.py stops it there: a script without a `__main__` guard trains no
+    step), else a function named make_model / build_model / get_model / create_model, else the one
+    nn.Module subclass the file itself defines that can be built with no arguments (a training
+    script's model class, e.g. examples/wine.py's SimpleNN). Importing a script runs its top level,
+    not its `if __name__ == "__main__":` block.
     """
     target, _, attr = spec.partition(":")
-    module = _import(target)
+    module, stop = _import(target)
+    name = os.path.basename(target)
     if attr:
         if not hasattr(module, attr):
             raise ValueError(f"{target!r} has no {attr!r}. {_hint(target, module)}")
-        return getattr(module, attr)
+        return getattr(module, attr), f"{name}:{attr}()"
+    if stop is not None and stop.model is not None:
+        model = stop.model
+        return (
+            lambda: copy.deepcopy(model),
+            f"{stop.where}, the model passed to px.prepare (phalanx plan stopped the script there: "
+            "no step ran, nothing was written)",
+        )
+    stopped = f" (the script stopped at {stop.what}, {stop.where}, before any px.prepare)" if stop else ""
     names = [n for n in _FACTORY_NAMES if hasattr(module, n)]
     if names:
-        return getattr(module, names[0])
+        return getattr(module, names[0]), f"{name}'s {names[0]}(){stopped}"
     classes = _model_classes(module)
     if len(classes) == 1:
-        return classes[0]
+        return classes[0], f"{name}'s class {classes[0].__name__}, built with no arguments{stopped}"
     if classes:
         listed = ", ".join(f"{target}:{c.__name__}" for c in classes)
         raise ValueError(f"{target!r} defines several models that need no arguments: pick one, e.g. {listed}")
     raise ValueError(
         f"{target!r} has no make_model / build_model / get_model / create_model and defines no "
-        f"nn.Module that can be built without arguments. {_hint(target, module)}"
+        f"nn.Module that can be built without arguments{stopped}. {_hint(target, module)}"
     )
 
 
-def _import(target: str) -> Any:
+def _import(target: str) -> tuple[Any, Any]:
+    """The module, and the PlanStop its top level raised at px.prepare (None when it ran to its end)."""
     if target.endswith(".py") or Path(target).is_file():
         path = Path(target)
         if not path.is_file():
             raise ValueError(f"model file {target!r} does not exist")
         module_spec = importlib.util.spec_from_file_location(f"_phalanx_plan_{path.stem}", path)
         module = importlib.util.module_from_spec(module_spec)
-        sys.path.insert(0, str(path.resolve().parent))
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as error:  # noqa: BLE001 - the user's file: say which and why, no traceback
-            raise ValueError(f"importing {target!r} failed: {type(error).__name__}: {error}") from None
-        finally:
-            sys.path.pop(0)
-        return module
+        return module, _run_top_level(module_spec, module, path, target)
     try:
-        return importlib.import_module(target)
+        with planning.reading_script():
+            return importlib.import_module(target), None
+    except planning.PlanStop as stop:
+        return sys.modules[target], stop
     except ImportError as error:
         raise ValueError(
             f"cannot import module {target!r}: {error}. HINT: MODEL is module:factory or path/to/file.py[:factory]"
         ) from None
+
+
+def _run_top_level(module_spec: Any, module: Any, path: Path, target: str) -> Any:
+    """Run a script's top level as an import (its argv its own name only), up to its first px.prepare."""
+    sys.path.insert(0, str(path.resolve().parent))
+    argv, sys.argv = sys.argv, [str(path)]
+    try:
+        with planning.reading_script():
+            module_spec.loader.exec_module(module)
+    except planning.PlanStop as stop:
+        return stop
+    except SystemExit as exit_:
+        raise ValueError(
+            f"importing {target!r} ended the script (exit {exit_.code}) before any px.prepare. "
+            f"HINT: pass {target}:NAME, where NAME() builds and returns the nn.Module"
+        ) from None
+    except Exception as error:  # noqa: BLE001 - the user's file: say which and why, no traceback
+        meta = (
+            ". HINT: while phalanx plan reads a script, tensors made after Phalanx() are on the meta device; "
+            f"pass {target}:NAME, where NAME() builds and returns the nn.Module"
+        )
+        raise ValueError(
+            f"importing {target!r} failed: {type(error).__name__}: {error}" + (meta if "meta" in str(error) else "")
+        ) from None
+    finally:
+        sys.argv = argv
+        sys.path.pop(0)
+    return None
 
 
 def _model_classes(module: Any) -> list[type]:
@@ -337,7 +380,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
         presets.check_flags(args.world_size, args.tp, args.pp, args.cp)
         tp_plan = config.BY_NAME["tp_plan"].kind.from_text(args.tp_plan) if args.tp_plan else None
-        factory = load_factory(args.model)
+        factory, source = read_model(args.model)
         model = _build(factory, args.model)
         full_sizes = memory.model_sizes(model)
         plan = _plan(args, args.tp)
@@ -377,6 +420,7 @@ def main(args: argparse.Namespace) -> int:
         sizes = [s for s in sizes if any(s.name == u or s.name.startswith(f"{u}.") for u in pipeline.units)]
         acts = None
     suggestion = suggest(factory, args, tp_plan, choice.name, budget, sizes, acts) if pipeline is None else ""
+    print(f"model from: {source}")
     print(
         render(
             sizes,

@@ -29,7 +29,8 @@ def move_to_device(data: Any, device: torch.device) -> Any:
 
 
 def is_distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    """Several ranks in the default group (a world of one has a group of its one rank: process_group.py)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def world_size(group: Any = None) -> int:

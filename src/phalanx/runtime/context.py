@@ -141,9 +141,13 @@ def _initialised_group() -> tuple[int, int, str] | None:
     """(rank, world size, backend) of the default process group when one exists already."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
+    if not (dist.is_available() and dist.is_initialized()) or dist.group.WORLD in WORLD_OF_ONE_GROUPS:
+        return None  # the group phalanx made for a world of one (process_group.py) is no group to adopt
     return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+
+
+WORLD_OF_ONE_GROUPS: list = []
+"""The default group process_group.py made for a world of one, while it lives (a list: no global statement)."""
 
 
 @dataclass(frozen=True)

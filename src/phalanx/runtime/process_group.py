@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx import refusal
-from phalanx.runtime.context import AgentEnv, DistContext
+from phalanx.runtime.context import WORLD_OF_ONE_GROUPS, AgentEnv, DistContext
 
 # torch's default collective timeout is 10-30 minutes: a stuck job should fail in minutes.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
@@ -32,6 +32,8 @@ def init_process_group(ctx: DistContext, timeout_s: float = DEFAULT_COLLECTIVE_T
     A group that exists already (ctx.adopted) is used as it is and never destroyed by phalanx:
     whoever created it owns its lifetime.
     """
+    if not ctx.is_distributed and not dist.is_initialized():
+        return _join_world_of_one(collective_timeout(timeout_s))
     if not ctx.is_distributed or dist.is_initialized():
         if ctx.adopted and ctx.device.type == "cuda":
             torch.cuda.set_device(ctx.device)
@@ -60,6 +62,36 @@ def init_process_group(ctx: DistContext, timeout_s: float = DEFAULT_COLLECTIVE_T
     return True
 
 
+def _join_world_of_one(timeout: datetime.timedelta) -> bool:
+    """A world of one gets a default group of its one rank (gloo over an in-process store: no port,
+    no peer, about a millisecond), so that what a script asks of torch.distributed itself works as
+    under a launcher: `DistributedSampler(ds)` reads the world size and rank from it (plain python
+    died with "Default process group has not been initialized"), `dist.all_reduce` sums one rank.
+    phalanx's own code still sees a world of one (`collectives.is_distributed()` counts ranks)."""
+    if not dist.is_available():
+        return False
+    try:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    except RuntimeError as error:  # e.g. gloo finds no address for this host: the world of one runs without
+        from phalanx.logging.rank_log import get_logger
+
+        get_logger().warning(
+            "no process group for this world of one (gloo: %s); torch.distributed calls in the script need "
+            "one. HINT: DistributedSampler(ds, num_replicas=1, rank=0), or set GLOO_SOCKET_IFNAME=lo",
+            error,
+        )
+        return False
+    _state["owned"] = _state["world_of_one"] = True
+    WORLD_OF_ONE_GROUPS[:] = [dist.group.WORLD]
+    atexit.register(destroy_process_group)
+    return True
+
+
+def owns_world_of_one() -> bool:
+    """Whether the default group is the one phalanx made for a world of one (tests end it between cases)."""
+    return bool(_state["world_of_one"] and _state["owned"] and dist.is_initialized())
+
+
 def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
     """The elastic agent's store, with keys scoped to this restart (None when not under the agent).
 
@@ -85,7 +117,7 @@ def store_client(timeout: datetime.timedelta) -> dist.Store:
     return dist.distributed_c10d._get_default_store().clone()  # noqa: SLF001
 
 
-_state = {"failed": False, "owned": False}  # owned: phalanx created the default group
+_state = {"failed": False, "owned": False, "world_of_one": False}  # owned: phalanx created the default group
 
 
 def _watch_for_uncaught_exceptions() -> None:
@@ -137,7 +169,8 @@ def destroy_process_group(before_destroy: Callable[[], None] | None = None) -> N
         if before_destroy is not None:
             before_destroy()
         return
-    _state["owned"] = False
+    _state["owned"] = _state["world_of_one"] = False
+    WORLD_OF_ONE_GROUPS.clear()
     # An exception on its way out counts too: forked workers (`phalanx run`) run the atexit
     # handlers from a `finally`, and sys.excepthook is never called there.
     with ignoring_sigint():
