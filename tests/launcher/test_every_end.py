@@ -3,8 +3,9 @@ kind (with Phalanx(), plain torch without) -> the first line phalanx says and th
 
 One job per cell (tests/launcher/scripts/ends.py, 2 ranks, a 60-step DDP loop). The first tier runs
 the two ends that were reported falsely: SIGTERM to the launcher of a plain torch job mid-training
-("nothing lost"), and a rank exiting 3 under spawn (rank 0, "killed by SIGTERM", exit 143). The
-whole table is the second tier (slow: 24 launches)."""
+("nothing lost"), and a rank exiting 3 under spawn (rank 0, "killed by SIGTERM", exit 143): about
+45 s here. The rest of the table is the second tier (slow: 22 launches, 7-8 minutes on a loaded
+2-core machine)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,15 @@ EXPECTED = {
     },
     "hang": {  # plain: rank 0's collective times out (5 s) and raises; phalanx: the watchdog names rank 1
         "plain": (r"phalanx: rank 0 \(local rank 0 on node 0\) failed with exit code 1$", 1),
-        "phalanx": (r"phalanx watchdog: rank 1 stalled at step 3", 3),
+        "phalanx": (FIRST + "failed with exit code 3$", 3),
     },
+}
+# and what the report must say below that line
+BELOW = {
+    ("raise", "plain"): "RuntimeError: rank 1 fails on purpose at step 3",
+    ("raise", "phalanx"): "RuntimeError: rank 1 fails on purpose at step 3",
+    ("hang", "plain"): "Timed out",  # gloo's collective timeout, in rank 0's traceback
+    ("hang", "phalanx"): "phalanx watchdog: rank 1 stalled at step -1 (before its first batch) (phase 'step'",
 }
 
 
@@ -99,6 +107,7 @@ def check(tmp_path: Path, start_method: str, kind: str, how: str) -> str:
         assert line is None, stderr[-3000:]
     else:
         assert line is not None and re.match(pattern, line), stderr[-3000:]
+        assert BELOW.get((how, kind), "") in stderr[stderr.index(line) :], stderr[-3000:]
     assert code == expected_code, stderr[-3000:]
     return stderr
 
@@ -111,12 +120,12 @@ def test_sigterm_to_the_launcher_of_a_plain_job_mid_training_says_work_may_be_lo
     assert _step(tmp_path, 0) < 59 and _step(tmp_path, 1) < 59  # stopped mid-training indeed
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_the_first_failing_rank_and_its_exit_code_are_named_and_returned(tmp_path, start_method):
-    """rank 1 exits 3 at step 3 of a plain DDP loop; rank 0's collective then fails. Was: under spawn
-    rank 0 'killed by SIGTERM' first and exit 143; under fork rank 0 'exit code 1' alone, exit 1."""
-    stderr = check(tmp_path, start_method, "plain", "exit3")
-    assert stderr.count("(first)") <= 1
+def test_the_first_failing_rank_and_its_exit_code_are_named_and_returned_under_spawn(tmp_path):
+    """rank 1 exits 3 at step 3 of a plain DDP loop; rank 0's collective then fails. Was: rank 0
+    'killed by signal SIGTERM' named first and exit 143 (under fork, at times, rank 0's consequent
+    'exit code 1' alone: the table's exit3-fork-plain)."""
+    stderr = check(tmp_path, "spawn", "plain", "exit3")
+    assert "SIGTERM" not in stderr  # rank 0, which the launcher stopped, is no failure of its own
 
 
 CELLS = [
@@ -124,8 +133,7 @@ CELLS = [
     for how in EXPECTED
     for start_method in ("fork", "spawn")
     for kind in ("plain", "phalanx")
-    if (how, start_method, kind)
-    not in {("sigterm", "fork", "plain"), ("exit3", "fork", "plain"), ("exit3", "spawn", "plain")}
+    if (how, start_method, kind) not in {("sigterm", "fork", "plain"), ("exit3", "spawn", "plain")}  # first tier
 ]
 
 

@@ -1,8 +1,9 @@
 """The launcher's failure report and exit code, and where torch's own agent logging goes.
 
-A failed run ends with phalanx's report only: the rank that failed first (by the failure times torch
-records, refined by the watchdog's sub-second note; never by rank order), its host, step, exit code
-or signal, its own traceback, then the other failed ranks, and where the full logs are. `phalanx
+A failed run ends with phalanx's report only: the rank that failed first (by when each process ended,
+launch/exit_times.py; else by the failure times torch records, refined by the watchdog's sub-second
+note; never by rank order), its host, step, exit code or signal, its own traceback, then the other
+ranks that failed on their own, and where the full logs are. `phalanx
 run` exits with that rank's code, or 128 + the signal number when a signal killed it, as a shell
 would.
 
