@@ -61,3 +61,15 @@ def test_nothing_is_dropped_without_every_end_time_or_when_nothing_would_be_left
     alone = {0: _failure(-signal.SIGKILL)}
     exit_times.own_failures(alone, SimpleNamespace(), [0], exits)
     assert sorted(alone) == [0]
+
+
+def test_under_fork_the_ranks_torch_left_out_that_failed_on_their_own_are_added():
+    """torch's fork context names one failed rank; the others that ended non-zero on their own join it."""
+    processes = [SimpleNamespace(pid=100 + r, exitcode=code) for r, code in enumerate((1, 3, -signal.SIGTERM, 0))]
+    pcontext = SimpleNamespace(_pc=SimpleNamespace(processes=processes), error_files={})
+    exits = exit_times.ExitTimes({})
+    exits.at = {0: 10.1, 1: 10.0, 2: 10.6, 3: 10.7}
+    exits.stopping_at = 10.2
+    failures = {1: _failure(3)}
+    exit_times.own_failures(failures, pcontext, [0, 1, 2, 3], exits)
+    assert sorted(failures) == [0, 1] and failures[0].exitcode == 1 and failures[0].pid == 100

@@ -131,18 +131,22 @@ def own_failures(failures: dict[int, Any], pcontext: Any, global_ranks: list[int
     by_local = {local: rank for local, rank in enumerate(global_ranks)}
     ended_at = {by_local[local]: at for local, at in exits.at.items()}
     stop = exits.stopping_at if exits.stopping_at is not None else float("inf")
+
+    def stopped(rank: int, code: int) -> bool:  # ended once the launcher was stopping, by its signal
+        return ended_at[rank] >= stop and code in _STOPPED_BY
+
     if _processes(pcontext):
         from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
         error_files = getattr(pcontext, "error_files", {})
         for local_rank, (pid, code) in enumerate(worker_states(pcontext)):
             rank = global_ranks[local_rank]
-            if rank not in failures and code not in (None, 0) and ended_at.get(rank, stop) < stop:
+            if rank not in failures and code not in (None, 0) and rank in ended_at and not stopped(rank, code):
                 error_file = error_files.get(local_rank, "")
                 failures[rank] = ProcessFailure(local_rank=local_rank, pid=pid, exitcode=code, error_file=error_file)
     if not all(rank in ended_at for rank in failures):
         return
-    stopped = [rank for rank, f in failures.items() if ended_at[rank] >= stop and f.exitcode in _STOPPED_BY]
-    if len(stopped) < len(failures):
-        for rank in stopped:
+    dropped = [rank for rank, failure in failures.items() if stopped(rank, failure.exitcode)]
+    if len(dropped) < len(failures):
+        for rank in dropped:
             del failures[rank]
