@@ -29,6 +29,7 @@ class PreemptionOutcome:
     why_not: str | None = None  # why nothing was saved (no checkpoint_dir, the save failed...)
     reason: str | None = None  # what sent the signal, when phalanx knows (the SLURM time limit)
     finished: bool = False  # the script had returned on every rank: the signal found them exiting
+    running: str | None = None  # no rank had created Phalanx(): what the signal found running, unsaved
 
     @property
     def exit_code(self) -> int:
@@ -43,6 +44,11 @@ class PreemptionOutcome:
             return (
                 f"phalanx: stopped by {by} after the script had finished on every rank (the signal found its "
                 "processes exiting, not training): nothing to save, nothing lost"
+            )
+        if self.running:  # a script without Phalanx(): no step of its own phalanx could save
+            return (
+                f"phalanx: stopped by {by} {self.running}; no rank had created Phalanx(), so none could save its "
+                "step: work since the script's own last checkpoint (if it keeps any) may be lost"
             )
         at = f" at step {self.step}" if self.step is not None else ""
         if self.saved:

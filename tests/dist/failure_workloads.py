@@ -46,6 +46,32 @@ def misbehave_at_step_3(how: str, watchdog_timeout: float | None = None) -> None
     print(f"rank {px.rank}: finished the loop", flush=True)
 
 
+class _DiesWhenSaved:
+    """Registered for checkpointing: rank 1 is SIGKILLed when a save asks for its state."""
+
+    def state_dict(self) -> dict:
+        if os.environ["RANK"] == "1":
+            print(f"rank 1: killed inside its save at t={time.time():.3f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def killed_while_saving(checkpoint_dir: str, watchdog_timeout: float) -> None:
+    """Train; right after step 3's optimizer step every rank saves, and rank 1 dies inside the save
+    (no heartbeat comes between the step and the kill: the phase the peers read is the save's)."""
+    px, model, optimizer, loader = _setup(watchdog_timeout)
+    px.register_for_checkpointing(_DiesWhenSaved())
+    for step, (x,) in enumerate(loader):
+        optimizer.zero_grad()
+        px.backward(model(x).pow(2).mean())
+        optimizer.step()
+        if step == 3:
+            px.save_state(checkpoint_dir)
+
+
 class StuckInRank1Worker(torch.utils.data.Dataset):
     """Rank 1's first DataLoader worker stops delivering at its 9th sample (in step 2 or 3): it
     blocks reading a pipe whose other end the rank and its workers hold, so it sleeps in the kernel

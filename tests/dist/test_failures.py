@@ -117,6 +117,20 @@ def test_rank_that_is_killed_is_named_with_its_step():
     assert "phalanx watchdog: rank 1 stopped sending heartbeats at step 3" in rank_output(text, 0)
 
 
+def test_rank_killed_inside_a_save_is_named_in_the_save_phase(tmp_path):
+    """Was 'phase 'backward'': the peers read the phase of the last heartbeat, from before the save."""
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks(
+            "tests.dist.failure_workloads:killed_while_saving",
+            2,
+            args=(str(tmp_path / "ckpt"), WATCHDOG_S),
+            timeout=120,
+        )
+    text = str(failed.value)
+    assert "rank 1: killed inside its save" in rank_output(text, 1), text
+    assert "phalanx watchdog: rank 1 stopped sending heartbeats at step 3, phase 'save_state'" in rank_output(text, 0)
+
+
 def test_rank_that_leaves_its_loop_early_is_named():
     text, seconds = misbehave("leave")
     assert seconds < WATCHDOG_S + 30, text

@@ -117,6 +117,40 @@ def test_half_sent_and_idle_connections_are_closed(board, monkeypatch):
             assert time.monotonic() - started < 5
 
 
+def _ask_from(source: str, port: int) -> bytes:
+    """One whole request from loopback address `source`; the reply's first bytes ('' if closed)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) as conn:
+        conn.sendall(b"GET /api/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return conn.recv(64)
+
+
+def _eventually(source: str, port: int, prefix: bytes) -> bytes:
+    deadline = time.monotonic() + 10
+    while not (reply := _ask_from(source, port)).startswith(prefix) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return reply
+
+
+def test_one_client_holding_connections_half_open_leaves_the_page_to_others(board, monkeypatch):
+    """Was: 100 half-sent requests from one address filled uvicorn's 64 places and every other
+    client got 503 until they were closed. Now one address holds MAX_PER_CLIENT; beyond, 429."""
+    monkeypatch.setattr(dashboard, "REQUEST_TIMEOUT_S", 60.0)  # held for the whole test, however loaded
+    held: list[socket.socket] = []
+    try:
+        for _ in range(100):
+            conn = socket.create_connection(("127.0.0.1", board.port), timeout=10, source_address=("127.0.0.1", 0))
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # half-sent: never finished
+            held.append(conn)
+        assert _ask_from("127.0.0.2", board.port).startswith(b"HTTP/1.1 200")  # another client: the page
+        assert _ask_from("127.0.0.1", board.port).startswith(b"HTTP/1.1 429 Too Many Requests")
+        while len(held) >= dashboard.MAX_PER_CLIENT:  # within its limit again, the same client is served
+            held.pop().close()
+        assert _eventually("127.0.0.1", board.port, b"HTTP/1.1 200").startswith(b"HTTP/1.1 200")
+    finally:
+        for conn in held:
+            conn.close()
+
+
 @pytest.mark.skipif(
     not os.path.exists(CHROMIUM), reason="no chromium: scripts/ci-chromium-deps installs it (root, apt-get)"
 )

@@ -276,12 +276,10 @@ def _launch(
                 and checkpoint_dir
                 and not (stopper.killed_after_grace or stopper.killed_by_third)
             ):
-                print(
-                    report.format_failures(error, nproc_per_node, seen.progress, log_dir), file=sys.stderr, flush=True
-                )
+                print(_failures(error, nproc_per_node, seen, log_dir), file=sys.stderr, flush=True)
             return _say_preempted(stopper, spec)
-        print(report.format_failures(error, nproc_per_node, seen.progress, log_dir), file=sys.stderr, flush=True)
-        return report.first_exit_code(error, seen.progress)
+        print(_failures(error, nproc_per_node, seen, log_dir), file=sys.stderr, flush=True)
+        return report.first_exit_code(error, seen.progress, seen.ended_at)
     except (RendezvousError, DistError, TimeoutError) as error:
         if spec.single_node:
             raise
@@ -323,6 +321,10 @@ def _launch(
             flush=True,
         )
     return 0
+
+
+def _failures(error: Any, nproc_per_node: int, seen: restarts.Observations, log_dir: str | None) -> str:
+    return report.format_failures(error, nproc_per_node, seen.progress, log_dir, ended_at=seen.ended_at)
 
 
 def _say_preempted(stopper: preemption.Stopper, spec: LaunchSpec) -> int:

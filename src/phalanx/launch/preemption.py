@@ -27,22 +27,12 @@ from typing import Any, Callable
 from phalanx import envvars
 from phalanx import preemption_report as report
 from phalanx.launch import worker_notes
+from phalanx.launch.exit_times import worker_states
 
 NO_CHECKPOINT_DIR = (
     "no checkpoint_dir is set. HINT: with --checkpoint-dir DIR (or checkpoint_dir: in the config) "
     "the workers save the step they stop at, and the same command resumes from it"
 )
-
-
-def worker_states(pcontext: Any) -> list[tuple[int, int | None]]:
-    """(pid, exit code or None while running) of each worker of torch's process context."""
-    if pcontext is None:
-        return []
-    processes = getattr(pcontext, "_pc", None)  # MultiprocessContext (fork): multiprocessing processes
-    if processes is not None:
-        return [(p.pid, p.exitcode) for p in processes.processes]
-    handlers = getattr(pcontext, "subprocess_handlers", {})  # SubprocessContext (spawn): Popen objects
-    return [(h.proc.pid, h.proc.poll()) for h in handlers.values()]
 
 
 def without_signals(signals_to_handle: str, taken: tuple[signal.Signals, ...]) -> str:
@@ -67,6 +57,9 @@ class Stopper:
     killed_by_third: bool = False
     before_workers: bool = False
     workers: int = 0  # the workers alive when the first signal came
+    running: list[int] = field(default_factory=list)  # their global ranks
+    signalled_at: float | None = None  # unix time of the first signal
+    started_at: float | None = None  # unix time the agent started the current workers (restarts.py)
     outcome: report.PreemptionOutcome | None = None  # what the workers recorded
     reason: str | None = None  # why the launcher itself stopped the workers (stop_for)
     _previous: dict[signal.Signals, Any] = field(default_factory=dict)
@@ -105,11 +98,14 @@ class Stopper:
     def _stop(self, sig: signal.Signals) -> bool:
         """The first signal: pass it to every worker, which saves its agreed step; False without workers."""
         self.signal, self.deadline = sig, time.monotonic() + self.grace
+        self.signalled_at = time.time()
         pids = self._live_pids()
         if not pids:
             self.before_workers = True
             return False
         self.workers = len(pids)
+        group = getattr(self.agent, "_worker_group", None)
+        self.running = sorted(w.global_rank for w in getattr(group, "workers", ()) if w.id in pids)
         for pid in pids:
             _send(pid, sig)
         return True
@@ -142,13 +138,14 @@ class Stopper:
                 self.kill_workers()
             time.sleep(interval)
 
-    def end_group_for_restart(self) -> None:
-        """A worker failed and a restart follows: kill the others now. torch would send them SIGTERM
-        and wait up to 30 s, but a worker that saves on SIGTERM only leaves once its own collective
-        has failed; the restart does not need what they would still do."""
+    def end_group_for_restart(self, before_kill: Callable[[], None] = lambda: None) -> None:
+        """A worker failed and a restart follows: kill the others now (`before_kill` first). torch
+        would send them SIGTERM and wait up to 30 s, but a worker that saves on SIGTERM only leaves
+        once its own collective has failed; the restart does not need what they would still do."""
         states = worker_states(getattr(self.agent, "_pcontext", None))
         preempted = {128 + int(s) for s in self.signals}
         if not self.active and any(code not in (None, 0) and code not in preempted for _, code in states):
+            before_kill()
             self.kill_workers()
 
     def takes_over(self, failures: dict[int, Any]) -> bool:
@@ -173,6 +170,8 @@ class Stopper:
             return report.PreemptionOutcome(self.signal.name, finished=True)
         if self.before_workers:
             why = "it came before the workers had started"
+        elif not self._phalanx_created():
+            return report.PreemptionOutcome(self.signal.name, running=self._what_ran())
         elif not self.checkpoint_dir:
             why = NO_CHECKPOINT_DIR
         elif self.killed_by_third:
@@ -188,9 +187,33 @@ class Stopper:
 
     def _script_finished(self) -> bool:
         """Whether every worker alive at the signal had returned from the script: each leaves its
-        note for the launcher then (launch/worker_notes.py), before the interpreter's exit."""
+        final note for the launcher then (launch/worker_notes.py), before the interpreter's exit; the
+        note a worker leaves while it runs (after joining its group) says it had not finished."""
+        finished = [note for note in self._notes() if note.finished]
+        return bool(self.workers and len(finished) >= self.workers)
+
+    def _notes(self) -> list[worker_notes.WorkerNote]:
         notes_dir = os.environ.get(envvars.PHALANX_WORKER_NOTES)
-        return bool(self.workers and notes_dir and len(worker_notes.read(notes_dir)) >= self.workers)
+        return worker_notes.read(notes_dir) if notes_dir else []
+
+    def _phalanx_created(self) -> bool:
+        """Whether a process of the job created Phalanx() (whose ranks save their step on the signal);
+        True when the launcher cannot tell (no notes directory)."""
+        notes_dir = os.environ.get(envvars.PHALANX_WORKER_NOTES)
+        return not notes_dir or worker_notes.phalanx_created(notes_dir)
+
+    def _what_ran(self) -> str:
+        """'while training: ranks 0, 1 were running the script at 08:01:02 UTC, 12.3 s after they
+        started' for the stop line of a script without Phalanx() (training: they had joined a group)."""
+        joined = any(note.group_size for note in self._notes())
+        ranks = self.running or list(range(self.workers))
+        who = ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+        at = self.signalled_at or time.time()
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(at))
+        since = f", {at - self.started_at:.1f} s after they started" if self.started_at is not None else ""
+        if not joined:  # no worker had said it joined its group (a few seconds after it does)
+            return f"while the script was starting on {who} ({when}{since})"
+        return f"while training: {who} {'were' if len(ranks) > 1 else 'was'} running the script at {when}{since}"
 
 
 _installed: list[Stopper] = []

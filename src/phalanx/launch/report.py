@@ -1,8 +1,9 @@
 """The launcher's failure report and exit code, and where torch's own agent logging goes.
 
-A failed run ends with phalanx's report only: the rank that failed first (by the failure times torch
-records, refined by the watchdog's sub-second note; never by rank order), its host, step, exit code
-or signal, its own traceback, then the other failed ranks, and where the full logs are. `phalanx
+A failed run ends with phalanx's report only: the rank that failed first (by when each process ended,
+launch/exit_times.py; else by the failure times torch records, refined by the watchdog's sub-second
+note; never by rank order), its host, step, exit code or signal, its own traceback, then the other
+ranks that failed on their own, and where the full logs are. `phalanx
 run` exits with that rank's code, or 128 + the signal number when a signal killed it, as a shell
 would.
 
@@ -21,7 +22,7 @@ from typing import Any, Iterator
 
 from phalanx import store_keys
 from phalanx.logging.printable import printable
-from phalanx.launch.restarts import describe_exit, failure_order
+from phalanx.launch.restarts import describe_exit, first_failures_first
 
 AGENT_LOG_NAME = "launcher.log"
 _TORCH_LOGGERS = ("torch", "torch.distributed")  # the two torch gives a stderr handler of its own
@@ -41,9 +42,13 @@ def exit_code(exitcode: int) -> int:
     return exitcode if exitcode > 0 else 1  # a "failure" that returned 0 must still not read as success
 
 
-def ordered_failures(failures: dict[int, Any], progress: dict[int, store_keys.RankProgress]) -> list[tuple[int, Any]]:
-    """Failures, the first one first (see `restarts.failure_order`)."""
-    return sorted(failures.items(), key=lambda item: failure_order(item[0], item[1], progress))
+def ordered_failures(
+    failures: dict[int, Any],
+    progress: dict[int, store_keys.RankProgress],
+    ended_at: dict[int, float] | None = None,
+) -> list[tuple[int, Any]]:
+    """Failures, the first one first (see `restarts.first_failures_first`)."""
+    return first_failures_first(failures, progress, ended_at)
 
 
 def _is_phalanx_message(text: str) -> bool:
@@ -84,13 +89,14 @@ def format_failures(
     progress: dict[int, store_keys.RankProgress] | None = None,
     log_dir: str | None = None,
     host: str | None = None,
+    ended_at: dict[int, float] | None = None,
 ) -> str:
     """`phalanx: rank R (local rank L on node N) failed with exit code C`, then `  on host H, at step
     S` and its traceback, the first failure first; then where the full logs are."""
     progress = progress or {}
     host = printable(host or socket.gethostname())  # a name from the environment: no terminal escapes
     lines: list[str] = []
-    for index, (rank, failure) in enumerate(ordered_failures(error.failures, progress)):
+    for index, (rank, failure) in enumerate(ordered_failures(error.failures, progress, ended_at)):
         node = (rank - failure.local_rank) // max(1, nproc_per_node)
         how = describe_exit(failure.exitcode, failure.signal_name() if failure.exitcode < 0 else None)
         how = f"was {how}" if failure.exitcode < 0 else f"failed with {how}"
@@ -107,9 +113,11 @@ def format_failures(
     return "\n".join(lines)
 
 
-def first_exit_code(error: Any, progress: dict[int, store_keys.RankProgress] | None = None) -> int:
+def first_exit_code(
+    error: Any, progress: dict[int, store_keys.RankProgress] | None = None, ended_at: dict[int, float] | None = None
+) -> int:
     """`phalanx run`'s exit code for a ChildFailedError: the first failed rank's."""
-    ordered = ordered_failures(error.failures, progress or {})
+    ordered = ordered_failures(error.failures, progress or {}, ended_at)
     return exit_code(ordered[0][1].exitcode) if ordered else 1
 
 

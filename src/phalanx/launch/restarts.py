@@ -22,11 +22,12 @@ import contextlib
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from phalanx import envvars, refusal, store_keys
-from phalanx.launch import etcd_store, membership
+from phalanx.launch import etcd_store, exit_times, membership
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Observations:
 
     progress: dict[int, store_keys.RankProgress] = field(default_factory=dict)
     restarts: list[str] = field(default_factory=list)  # the lines printed, in order
+    ended_at: dict[int, float] = field(default_factory=dict)  # unix time each rank's process ended (exit_times.py)
 
 
 def describe_exit(exitcode: int, signal_name: str | None = None) -> str:
@@ -62,10 +64,15 @@ def resume_point(checkpoint_dir: str | None) -> str:
 
 
 def restart_line(
-    attempt: int, max_restarts: int, failures: dict[int, Any], progress: dict[int, store_keys.RankProgress], resume: str
+    attempt: int,
+    max_restarts: int,
+    failures: dict[int, Any],
+    progress: dict[int, store_keys.RankProgress],
+    resume: str,
+    ended_at: dict[int, float] | None = None,
 ) -> str:
     """`phalanx: restart 1 of 2: rank 1 was killed by signal SIGKILL at step 7; resuming from ...`."""
-    first = sorted(failures.items(), key=lambda item: failure_order(item[0], item[1], progress))
+    first = first_failures_first(failures, progress, ended_at)
     parts = []
     for rank, failure in first:
         how = describe_exit(failure.exitcode, failure.signal_name() if failure.exitcode < 0 else None)
@@ -98,10 +105,25 @@ def refused(failures: dict[int, Any]) -> str | None:
 
 
 def failure_order(rank: int, failure: Any, progress: dict[int, store_keys.RankProgress]) -> tuple:
-    """Sort key: torch's failure timestamp (whole seconds), then the watchdog's sub-second failure
-    time when a rank recorded one, then the rank (only to make equal keys deterministic)."""
+    """Sort key without the processes' end times: torch's failure timestamp (whole seconds), then the
+    watchdog's sub-second failure time when a rank recorded one, then the rank (only to make equal
+    keys deterministic)."""
     failed_at = progress.get(rank, store_keys.RankProgress()).failed_at
     return (failure.timestamp, failed_at if failed_at is not None else float("inf"), rank)
+
+
+def first_failures_first(
+    failures: dict[int, Any],
+    progress: dict[int, store_keys.RankProgress],
+    ended_at: dict[int, float] | None = None,
+) -> list[tuple[int, Any]]:
+    """Failures, the first one first: by the moment each rank's process ended, when the agent saw
+    every one of them end (launch/exit_times.py: a cause ends before its consequences and before
+    the ranks the agent stops), else by `failure_order`."""
+    ended_at = ended_at or {}
+    if failures and all(rank in ended_at for rank in failures):
+        return sorted(failures.items(), key=lambda item: (ended_at[item[0]], item[0]))
+    return sorted(failures.items(), key=lambda item: failure_order(item[0], item[1], progress))
 
 
 def read_progress(store: Any, restart: int, ranks: list[int]) -> dict[int, store_keys.RankProgress]:
@@ -193,8 +215,10 @@ def observing_agent(
             if stopper is not None:
                 stopper.wait_for_workers(worker_group.spec.monitor_interval)
                 if self._remaining_restarts > 0:
-                    stopper.end_group_for_restart()
+                    stopper.end_group_for_restart(before_kill=self._phalanx_stopping)
             result = super()._monitor_workers(worker_group)
+            if result.is_failed() or result.state.name == "SUCCEEDED":
+                self._phalanx_ended(worker_group, result)
             if result.is_failed() and worker_group.store is not None:
                 restart = self._phalanx_attempt or worker_group.spec.max_restarts - self._remaining_restarts
                 seen.progress = read_progress(worker_group.store, restart, sorted(result.failures))
@@ -211,12 +235,41 @@ def observing_agent(
                 )
             return result
 
+        _phalanx_exits: exit_times.ExitTimes | None = None
+
+        def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
+            pids = super()._start_workers(worker_group)
+            if self._phalanx_exits is not None:
+                self._phalanx_exits.stop()
+            self._phalanx_exits = exit_times.ExitTimes(dict(pids))
+            self._phalanx_exits.watch_stopping(self._pcontext)
+            if stopper is not None:
+                stopper.started_at = time.time()
+            return pids
+
+        def _phalanx_stopping(self) -> None:
+            if self._phalanx_exits is not None:
+                self._phalanx_exits.stopping()
+
+        def _phalanx_ended(self, worker_group, result) -> None:  # type: ignore[no-untyped-def]
+            """The workers are done: when each ended, and under fork every failed rank, not one."""
+            exits, self._phalanx_exits = self._phalanx_exits, None
+            if exits is not None:
+                exits.stop()
+            if not result.is_failed():
+                return
+            if exits is not None:
+                global_ranks = [worker.global_rank for worker in worker_group.workers]
+                exit_times.own_failures(result.failures, self._pcontext, global_ranks, exits)
+                seen.ended_at = {global_ranks[local]: at for local, at in exits.at.items()}
+
         def _restart_workers(self, worker_group):  # type: ignore[no-untyped-def]
             failures = getattr(self, "_phalanx_failures", None)
             if failures:  # a failure, not a membership change (new nodes joining)
                 spec = worker_group.spec
                 attempt = spec.max_restarts - self._remaining_restarts
-                line = restart_line(attempt, spec.max_restarts, failures, seen.progress, resume_point(checkpoint_dir))
+                resume = resume_point(checkpoint_dir)
+                line = restart_line(attempt, spec.max_restarts, failures, seen.progress, resume, seen.ended_at)
                 seen.restarts.append(line)
                 say(line)
                 self._phalanx_failures = None

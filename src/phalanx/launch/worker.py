@@ -173,9 +173,10 @@ def _note_while_running(seen: dict[str, int | None]) -> None:
     timer.start()
 
 
-def leave_note(seen: dict[str, int | None] | None) -> None:
+def leave_note(seen: dict[str, int | None] | None, finished: bool = False) -> None:
     """The worker's note for the launcher (launch/worker_notes.py): the group it joined, Accelerate,
-    Fabric (which joined the group itself: its use, not its import)."""
+    Fabric (which joined the group itself: its use, not its import), and whether the script has
+    returned (`finished`: the note at its end; the one while it runs says False)."""
     if seen is None:
         return
     dist = sys.modules.get("torch.distributed")
@@ -188,6 +189,7 @@ def leave_note(seen: dict[str, int | None] | None) -> None:
             group_size=size,
             accelerate=accelerator_made(),
             fabric=bool(seen.get("fabric")),
+            finished=finished,
         )
     )
 
@@ -224,7 +226,7 @@ def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str
     try:
         accelerate_on_cpu(target, is_module)
         run_target(target, is_module, args)
-        leave_note(watched)
+        leave_note(watched, finished=True)
     except refusal.Refused as error:  # the same on every rank: the launcher says it once, no tracebacks
         refusal.say(error, int(os.environ.get(envvars.RANK, "0")), launcher=True)
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):
@@ -232,7 +234,7 @@ def run_explained(target: str, is_module: bool, args: tuple[str, ...] | list[str
         raise SystemExit(refusal.EXIT_CODE) from None
     except SystemExit as exit_:
         if exit_.code in (0, None):
-            leave_note(watched)
+            leave_note(watched, finished=True)
         if exit_.code not in (0, None) and seen:
             from phalanx.launch.local_rank import hint_for_argparse_error
 

@@ -29,6 +29,7 @@ class WorkerNote:
     group_size: int | None = None  # world size of the default process group it joined; None: none
     accelerate: bool = False  # it made an Accelerator (HF Trainer does)
     fabric: bool = False  # Lightning Fabric joined the process group
+    finished: bool = False  # the script had returned (the note at its end); False: the note while it runs
 
 
 def write(note: WorkerNote, environ: Any = os.environ) -> None:

@@ -9,8 +9,11 @@ launcher prints in the URL (`?token=...`). No torch here (the launcher imports i
 Names on the page are the job's data, never markup: every reply carries a Content-Security-Policy
 that allows only the server's own script files (no inline script, no event-handler attributes), and
 is never framed. A connection that has not sent a whole request within REQUEST_TIMEOUT_S is closed
-(uvicorn's keep-alive timer stops at the first byte), and workers forked by the launcher close their
-copy of the listening socket (os.register_at_fork), so only the launcher holds the port.
+(uvicorn's keep-alive timer stops at the first byte), one address holds at most MAX_PER_CLIENT
+connections (more are answered 429 and closed before uvicorn counts them: one client holding
+hundreds half-open no longer fills MAX_CONNECTIONS and turns everyone else away with 503), and
+workers forked by the launcher close their copy of the listening socket (os.register_at_fork), so
+only the launcher holds the port.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ from phalanx.observe.history import History
 REQUEST_TIMEOUT_S = 10.0  # connected, no whole request answered by then: closed
 IDLE_TIMEOUT_S = 5  # uvicorn's keep-alive: an idle connection between requests
 MAX_CONNECTIONS = 64  # beyond this uvicorn answers 503 at once
+MAX_PER_CLIENT = 16  # connections one address may hold; a browser opens 6; beyond: 429 and closed
+TOO_MANY = (
+    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain\r\nconnection: close\r\n"
+    b"content-length: 52\r\n\r\ntoo many connections from this address: close some\r\n"
+)
 HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
@@ -69,12 +77,16 @@ def _plotly_js() -> str:
 def _protocol_class() -> Any:
     """uvicorn's h11 protocol, with a deadline for each request: from the connection (or the last
     reply) to a whole request answered. Our handlers answer from memory at once, so a connection
-    still unanswered then is idle or half-sent (slowloris): it is closed."""
+    still unanswered then is idle or half-sent (slowloris): it is closed. And a limit per client
+    address: its connection beyond MAX_PER_CLIENT is answered 429 and closed at once."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
+    held: dict[str, int] = {}  # connections open per client address (the server's one event loop)
+
     class DeadlineProtocol(H11Protocol):
         _deadline: Any = None
+        _client: str | None = None  # counted in `held`; None: refused, uvicorn never saw it
 
         def _arm(self) -> None:
             if self._deadline is not None:
@@ -86,14 +98,35 @@ def _protocol_class() -> Any:
                 self.transport.close()
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            peer = transport.get_extra_info("peername")
+            client = str(peer[0]) if peer else ""
+            if held.get(client, 0) >= MAX_PER_CLIENT:
+                transport.write(TOO_MANY)
+                transport.close()
+                return
+            held[client] = held.get(client, 0) + 1
+            self._client = client
             super().connection_made(transport)
             self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._client is not None:
+                super().data_received(data)
+
+        def eof_received(self) -> None:
+            if self._client is not None:
+                super().eof_received()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            if self._client is None:
+                return  # refused in connection_made
+            held[self._client] -= 1
+            if not held[self._client]:
+                del held[self._client]
             if self._deadline is not None:
                 self._deadline.cancel()
             super().connection_lost(exc)

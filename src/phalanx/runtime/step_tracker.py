@@ -60,6 +60,7 @@ class StepTracker:
         "mid_pass",
         "anatomy",
         "fed",
+        "on_busy",
     )
 
     def __init__(self) -> None:
@@ -72,6 +73,7 @@ class StepTracker:
         self.batch_request_hooks: list[Callable[[], None]] = []  # other work due at a step boundary
         self.mid_pass = False  # a prepared loader's pass has begun and not run out (an exit now is early)
         self.fed = False  # a prepared loader has been read: its requests, not optimizer steps, end steps
+        self.on_busy: Callable[[], None] | None = None  # the watchdog's publish-now (busy_with)
 
     def before_batch(self) -> None:
         """A prepared loader is about to read its next batch: the script finished the step before."""
@@ -109,10 +111,15 @@ class StepTracker:
     @contextlib.contextmanager
     def busy_with(self, phase: str) -> Iterator[None]:
         """Long rank-local work the other ranks wait for on purpose (saving a checkpoint on rank 0,
-        building a cache first): the watchdog counts this rank as progressing while it lasts."""
+        building a cache first): the watchdog counts this rank as progressing while it lasts.
+
+        The phase is published at once (`on_busy`), not at the next heartbeat: a rank killed a moment
+        into its save is named by its peers in the save's phase, not in the one before it."""
         self.busy += 1
         try:
             with self.during(phase):
+                if self.on_busy is not None:
+                    self.on_busy()
                 yield
         finally:
             self.busy -= 1

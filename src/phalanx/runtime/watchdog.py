@@ -73,6 +73,7 @@ class Watchdog:
         self.interval = min(1.0, timeout / 5)
         self.store_timeout_s = max(30.0, timeout)  # how long one store call may block
         self._stop = threading.Event()
+        self._publishing = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="phalanx-watchdog", daemon=True)
         self._beat = 0
         self._peers = [PeerView() for _ in range(world_size)]
@@ -90,8 +91,20 @@ class Watchdog:
     # ---- lifetime ------------------------------------------------------------------------
     def start(self) -> "Watchdog":
         self._publish()  # before the thread: peers find this rank's record from the start
+        self.progress.on_busy = self.publish_now
         self._thread.start()
         return self
+
+    def publish_now(self) -> None:
+        """Publish this rank's record from the calling thread (the main one, entering long work
+        such as a save): if it dies inside that work, its peers read that phase, not the one of
+        the last heartbeat. A store that fails here is the heartbeat thread's to report."""
+        if self._stop.is_set():
+            return
+        try:
+            self._publish()
+        except Exception:  # noqa: BLE001 - the record is a detail of a later report, never a reason to fail
+            pass
 
     def stop(self) -> None:
         """Stop the thread and wait until it has ended.
@@ -143,10 +156,11 @@ class Watchdog:
             view.moved_at += lost
 
     def _publish(self) -> None:
-        self._beat += 1
-        p = self.progress
-        ticks = p.ticks + self._beat if p.busy else p.ticks  # busy on purpose: counts as moving
-        self.store.set(store_keys.record_name(self.rank), f"{self._beat}|{ticks}|{p.step}|{p.phase}")
+        with self._publishing:  # the heartbeat thread and publish_now: one record at a time, in order
+            self._beat += 1
+            p = self.progress
+            ticks = p.ticks + self._beat if p.busy else p.ticks  # busy on purpose: counts as moving
+            self.store.set(store_keys.record_name(self.rank), f"{self._beat}|{ticks}|{p.step}|{p.phase}")
 
     def _watch_peers(self, now: float) -> None:
         if self.store.check([store_keys.VERDICT]):
