@@ -104,6 +104,30 @@ class Phalanx:
         )
         self._items, self._accumulator = self._step.items, self._step.accumulator
         self._optimizers = self._step.optimizers
+        self._start_services(cfg)
+        self._preparing = preparing.Preparing(
+            strategy=lambda: self.strategy,
+            decide=self._decide,
+            plan=lambda: self._plan,
+            config=cfg,
+            choice=self.settings,
+            ctx=self.ctx,
+            seed=self.seed,
+            device_placement=lambda: self.device_placement,
+            step=self._step,
+            records=self._batch_records,
+            progress=self._step_progress,
+            checkpointer=self._checkpointer,
+            callbacks=self._callbacks,
+            throughput=self._logging.throughput,
+            profiler=self._profiler,
+        )
+        self._prepared = self._preparing.prepared  # models, optimizers and schedulers, for join()/uneven_inputs()
+        self._announce(resolved)
+
+    def _start_services(self, cfg: Any) -> None:
+        """px.print/reduce/gather's door to the data-parallel ranks, what runs beside the loop
+        (services.py), and the loop's one callback list."""
         self._talk = across_ranks.RankTalk(
             self._step_progress,
             self._batch_records,
@@ -130,24 +154,9 @@ class Phalanx:
         self._callbacks = LoopCallbacks(
             parity_record.from_request(parity_request(), self.rank, self.world_size), self._logging.throughput
         )
-        self._preparing = preparing.Preparing(
-            strategy=lambda: self.strategy,
-            decide=self._decide,
-            plan=lambda: self._plan,
-            config=cfg,
-            choice=self.settings,
-            ctx=self.ctx,
-            seed=self.seed,
-            device_placement=lambda: self.device_placement,
-            step=self._step,
-            records=self._batch_records,
-            progress=self._step_progress,
-            checkpointer=self._checkpointer,
-            callbacks=self._callbacks,
-            throughput=self._logging.throughput,
-            profiler=self._profiler,
-        )
-        self._prepared = self._preparing.prepared  # models, optimizers and schedulers, for join()/uneven_inputs()
+
+    def _announce(self, resolved: Any) -> None:
+        """The start line; on the main process first, each setting two sources gave differently."""
         if self.is_main_process:  # two sources, two values: say which won and how to change it
             for line in config.override_lines(resolved, launcher=AgentEnv.from_env().phalanx_launcher):
                 get_logger().warning("%s", line)

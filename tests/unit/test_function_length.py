@@ -10,9 +10,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "phalanx"
 LIMIT = 80
 STILL_LONG = {  # "file:function" -> its lines today: to be cut below LIMIT, never to grow
-    "facade.py:__init__": 108,
-    "launch/agent.py:_launch": 113,
-    "launch/restarts.py:observing_agent": 102,
+    "launch/agent.py:_launch": 111,
     "plan/command.py:configure": 98,
     "plan/command.py:render": 84,
 }

@@ -19,6 +19,7 @@ points, with no process management of its own:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import sys
@@ -143,6 +144,15 @@ def read_progress(store: Any, restart: int, ranks: list[int]) -> dict[int, store
     return found
 
 
+@dataclasses.dataclass
+class _AgentSetup:
+    checkpoint_dir: str | None
+    seen: Observations
+    say: Callable[[str], None]
+    stopper: Any
+    node_name: str
+
+
 def observing_agent(
     base: type,
     checkpoint_dir: str | None,
@@ -156,126 +166,142 @@ def observing_agent(
 
     With a `stopper` (launch/preemption.py) it also lets preempted workers finish their checkpoint
     and never restarts a preempted group."""
-    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    node_name = node_name or socket.gethostname()
+    setup = _AgentSetup(
+        checkpoint_dir,
+        seen,
+        say or (lambda line: print(line, file=sys.stderr, flush=True)),
+        stopper,
+        node_name or socket.gethostname(),
+    )
+    return type("PhalanxAgent", (_ObservingAgent, base), {"_phalanx": setup})
 
-    class PhalanxAgent(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            super().__init__(*args, **kwargs)
-            if stopper is not None:
-                stopper.agent = self
-            outage = etcd_store.outage_of(self._worker_group.spec.rdzv_handler)
-            if outage is not None:
-                outage.say = say
-                if stopper is not None:  # the store gone for good: stop with a checkpoint, as a preemption
 
-                    def stop(line: str) -> None:
-                        say(line)
-                        stopper.stop_for(outage.stop_reason())
+class _ObservingAgent:
+    """The methods the observing agent puts over torch's LocalElasticAgent (its subclass is made by
+    `observing_agent`, which sets `_phalanx`: what the methods observe with)."""
 
-                    outage.on_lost = stop
+    _phalanx: "_AgentSetup"
 
-        def _exit_barrier(self):  # type: ignore[no-untyped-def]
-            outage = etcd_store.outage_of(self._worker_group.spec.rdzv_handler)
-            if outage is not None and outage.since is not None:
-                return  # the barrier lives in the store that is away: waiting on it would only time out
-            super()._exit_barrier()
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        if self._phalanx.stopper is not None:
+            self._phalanx.stopper.agent = self
+        outage = etcd_store.outage_of(self._worker_group.spec.rdzv_handler)
+        if outage is not None:
+            outage.say = self._phalanx.say
+            if self._phalanx.stopper is not None:  # the store gone for good: stop with a checkpoint, as a preemption
 
-        _phalanx_attempt: str | None = None  # the name of the running attempt, agreed by the nodes
-        _phalanx_members: membership.Membership | None = None
+                def stop(line: str) -> None:
+                    self._phalanx.say(line)
+                    self._phalanx.stopper.stop_for(outage.stop_reason())
 
-        def _rendezvous(self, worker_group):  # type: ignore[no-untyped-def]
-            super()._rendezvous(worker_group)
-            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+                outage.on_lost = stop
 
-            spec = worker_group.spec
-            restart_count = spec.max_restarts - self._remaining_restarts
-            has_rounds = isinstance(spec.rdzv_handler, DynamicRendezvousHandler)
-            self._phalanx_attempt = membership.agree_attempt(worker_group.store, restart_count, has_rounds)
-            membership.export_attempt(self._phalanx_attempt)
-            nodes = (
-                membership.exchange_nodes(
-                    worker_group.store, worker_group.group_rank, worker_group.group_world_size, node_name
-                )
-                if has_rounds
-                else None
+    def _exit_barrier(self):  # type: ignore[no-untyped-def]
+        outage = etcd_store.outage_of(self._worker_group.spec.rdzv_handler)
+        if outage is not None and outage.since is not None:
+            return  # the barrier lives in the store that is away: waiting on it would only time out
+        super()._exit_barrier()
+
+    _phalanx_attempt: str | None = None  # the name of the running attempt, agreed by the nodes
+    _phalanx_members: membership.Membership | None = None
+
+    def _rendezvous(self, worker_group):  # type: ignore[no-untyped-def]
+        super()._rendezvous(worker_group)
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+        spec = worker_group.spec
+        restart_count = spec.max_restarts - self._remaining_restarts
+        has_rounds = isinstance(spec.rdzv_handler, DynamicRendezvousHandler)
+        self._phalanx_attempt = membership.agree_attempt(worker_group.store, restart_count, has_rounds)
+        membership.export_attempt(self._phalanx_attempt)
+        nodes = (
+            membership.exchange_nodes(
+                worker_group.store, worker_group.group_rank, worker_group.group_world_size, self._phalanx.node_name
             )
-            now = membership.Membership(worker_group.workers[0].world_size, nodes or ())
-            before = self._phalanx_members
-            if before is not None:
-                if not (before.nodes and now.nodes):  # names unknown on one side: compare the sizes only
-                    before = membership.Membership(before.world_size, now.nodes)
-                line = membership.resize_line(before, now)
-                if line:
-                    seen.restarts.append(line)
-                    say(line)
-            self._phalanx_members = now
+            if has_rounds
+            else None
+        )
+        now = membership.Membership(worker_group.workers[0].world_size, nodes or ())
+        before = self._phalanx_members
+        if before is not None:
+            if not (before.nodes and now.nodes):  # names unknown on one side: compare the sizes only
+                before = membership.Membership(before.world_size, now.nodes)
+            line = membership.resize_line(before, now)
+            if line:
+                self._phalanx.seen.restarts.append(line)
+                self._phalanx.say(line)
+        self._phalanx_members = now
 
-        def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
-            if stopper is not None:
-                stopper.wait_for_workers(worker_group.spec.monitor_interval)
-                if self._remaining_restarts > 0:
-                    stopper.end_group_for_restart(before_kill=self._phalanx_stopping)
-            result = super()._monitor_workers(worker_group)
-            if result.is_failed() or result.state.name == "SUCCEEDED":
-                self._phalanx_ended(worker_group, result)
-            if result.is_failed() and worker_group.store is not None:
-                restart = self._phalanx_attempt or worker_group.spec.max_restarts - self._remaining_restarts
-                seen.progress = read_progress(worker_group.store, restart, sorted(result.failures))
-                self._phalanx_failures = result.failures
-            if result.is_failed() and stopper is not None and stopper.takes_over(result.failures):
-                self._remaining_restarts = 0  # preempted: the job ends here, it is not restarted
-            if result.is_failed() and self._remaining_restarts > 0 and refused(result.failures) is not None:
-                self._remaining_restarts = 0  # the layout cannot take the model: every attempt would refuse it
-            if result.is_failed() and self._remaining_restarts > 0 and storage_fault(result.failures):
-                self._remaining_restarts = 0
-                say(
-                    "phalanx: not restarting: a checkpoint could not be written (see below); make room or fix the "
-                    "storage, then run the same command to resume from the latest good checkpoint"
-                )
-            return result
+    def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
+        if self._phalanx.stopper is not None:
+            self._phalanx.stopper.wait_for_workers(worker_group.spec.monitor_interval)
+            if self._remaining_restarts > 0:
+                self._phalanx.stopper.end_group_for_restart(before_kill=self._phalanx_stopping)
+        result = super()._monitor_workers(worker_group)
+        if result.is_failed() or result.state.name == "SUCCEEDED":
+            self._phalanx_ended(worker_group, result)
+        if result.is_failed() and worker_group.store is not None:
+            restart = self._phalanx_attempt or worker_group.spec.max_restarts - self._remaining_restarts
+            self._phalanx.seen.progress = read_progress(worker_group.store, restart, sorted(result.failures))
+            self._phalanx_failures = result.failures
+        if (
+            result.is_failed()
+            and self._phalanx.stopper is not None
+            and self._phalanx.stopper.takes_over(result.failures)
+        ):
+            self._remaining_restarts = 0  # preempted: the job ends here, it is not restarted
+        if result.is_failed() and self._remaining_restarts > 0 and refused(result.failures) is not None:
+            self._remaining_restarts = 0  # the layout cannot take the model: every attempt would refuse it
+        if result.is_failed() and self._remaining_restarts > 0 and storage_fault(result.failures):
+            self._remaining_restarts = 0
+            self._phalanx.say(
+                "phalanx: not restarting: a checkpoint could not be written (see below); make room or fix the "
+                "storage, then run the same command to resume from the latest good checkpoint"
+            )
+        return result
 
-        _phalanx_exits: exit_times.ExitTimes | None = None
+    _phalanx_exits: exit_times.ExitTimes | None = None
 
-        def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
-            pids = super()._start_workers(worker_group)
-            if self._phalanx_exits is not None:
-                self._phalanx_exits.stop()
-            self._phalanx_exits = exit_times.ExitTimes(dict(pids))
-            self._phalanx_exits.watch_stopping(self._pcontext)
-            if stopper is not None:
-                stopper.started_at = time.time()
-            return pids
+    def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
+        pids = super()._start_workers(worker_group)
+        if self._phalanx_exits is not None:
+            self._phalanx_exits.stop()
+        self._phalanx_exits = exit_times.ExitTimes(dict(pids))
+        self._phalanx_exits.watch_stopping(self._pcontext)
+        if self._phalanx.stopper is not None:
+            self._phalanx.stopper.started_at = time.time()
+        return pids
 
-        def _phalanx_stopping(self) -> None:
-            if self._phalanx_exits is not None:
-                self._phalanx_exits.stopping()
+    def _phalanx_stopping(self) -> None:
+        if self._phalanx_exits is not None:
+            self._phalanx_exits.stopping()
 
-        def _phalanx_ended(self, worker_group, result) -> None:  # type: ignore[no-untyped-def]
-            """The workers are done: when each ended, and under fork every failed rank, not one."""
-            exits, self._phalanx_exits = self._phalanx_exits, None
-            if exits is not None:
-                exits.stop()
-            if not result.is_failed():
-                return
-            if exits is not None:
-                global_ranks = [worker.global_rank for worker in worker_group.workers]
-                exit_times.own_failures(result.failures, self._pcontext, global_ranks, exits)
-                seen.ended_at = {global_ranks[local]: at for local, at in exits.at.items()}
+    def _phalanx_ended(self, worker_group, result) -> None:  # type: ignore[no-untyped-def]
+        """The workers are done: when each ended, and under fork every failed rank, not one."""
+        exits, self._phalanx_exits = self._phalanx_exits, None
+        if exits is not None:
+            exits.stop()
+        if not result.is_failed():
+            return
+        if exits is not None:
+            global_ranks = [worker.global_rank for worker in worker_group.workers]
+            exit_times.own_failures(result.failures, self._pcontext, global_ranks, exits)
+            self._phalanx.seen.ended_at = {global_ranks[local]: at for local, at in exits.at.items()}
 
-        def _restart_workers(self, worker_group):  # type: ignore[no-untyped-def]
-            failures = getattr(self, "_phalanx_failures", None)
-            if failures:  # a failure, not a membership change (new nodes joining)
-                spec = worker_group.spec
-                attempt = spec.max_restarts - self._remaining_restarts
-                resume = resume_point(checkpoint_dir)
-                line = restart_line(attempt, spec.max_restarts, failures, seen.progress, resume, seen.ended_at)
-                seen.restarts.append(line)
-                say(line)
-                self._phalanx_failures = None
-            return super()._restart_workers(worker_group)
-
-    return PhalanxAgent
+    def _restart_workers(self, worker_group):  # type: ignore[no-untyped-def]
+        failures = getattr(self, "_phalanx_failures", None)
+        if failures:  # a failure, not a membership change (new nodes joining)
+            spec = worker_group.spec
+            attempt = spec.max_restarts - self._remaining_restarts
+            resume = resume_point(self._phalanx.checkpoint_dir)
+            line = restart_line(
+                attempt, spec.max_restarts, failures, self._phalanx.seen.progress, resume, self._phalanx.seen.ended_at
+            )
+            self._phalanx.seen.restarts.append(line)
+            self._phalanx.say(line)
+            self._phalanx_failures = None
+        return super()._restart_workers(worker_group)
 
 
 @contextlib.contextmanager
