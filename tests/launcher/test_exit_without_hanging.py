@@ -118,6 +118,12 @@ def test_a_timeout_after_the_last_step_says_the_script_had_finished(tmp_path):
     while _done(lines) is None:
         assert proc.poll() is None and time.monotonic() < deadline, "\n".join(line for _, line in lines)[-3000:]
         time.sleep(0.1)
+    notes = [tmp_path / "run" / "logs" / "workers" / f"rank{rank}.json" for rank in (0, 1)]
+    while not all(note.is_file() and '"finished": true' in note.read_text() for note in notes):
+        # each rank's note at its script's end (launch/worker_notes.py), written after its last line: a
+        # second's sleep let a loaded machine's SIGTERM land before it, a stop while the script still ran
+        assert proc.poll() is None and time.monotonic() < deadline, "\n".join(line for _, line in lines)[-3000:]
+        time.sleep(0.1)
     time.sleep(1.0)  # into the exit handler
     proc.send_signal(signal.SIGTERM)  # as `timeout` would
     code = _wait(proc, timeout=60)
