@@ -114,3 +114,27 @@ def test_profiles_by_name_or_file_and_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="HINT: one of h100, h200, a100, cpu"):
         device_profiles.load("tpu")
 
+
+def test_phalanx_plan_prints_the_step_time_section_for_a_tiny_transformer(capsys, tmp_path):
+    from phalanx import cli
+
+    tiny = ["plan", "tests/dist/tp_workloads.py:tiny_llama", "--world-size", "4", "--nproc-per-node", "2"]
+    assert cli.main([*tiny, "--input", "4x8", "--budget", "1GB", "--device-profile", "h100", "--optimizer", "sgd"]) == 0
+    out = capsys.readouterr().out
+    assert "step time per layout on H100 SXM (989 TFLOP/s peak x 0.60 matmul efficiency; 4 ranks, 2 per node; " in out
+    assert "32 tokens of 8 per data-parallel rank per step" in out
+    # 22,688 bf16 gradients all-reduced over 4 ranks, 2 per node: 2 x 3/4 x 45,376 bytes = 66.5 KiB, across nodes
+    assert "      ddp gradient all-reduce: 66.5 KiB over 4 ranks, across nodes, " in out
+    assert "      zero3 parameter all-gather (fwd + bwd): 66.5 KiB over 4 ranks, across nodes" in out
+    # hsdp 2x2: zero3 within a node's 2 ranks, and a shard (45,376 / 2 bytes) all-reduced by the 2 replicas
+    assert "  hsdp 2x2 " in out
+    assert "      hsdp parameter all-gather (fwd + bwd): 44.3 KiB over 2 ranks, within a node" in out
+    assert "      hsdp replicas' all-reduce of a shard: 22.2 KiB over 2 ranks, across nodes" in out
+    assert "\nfastest layout that fits: " in out and "; the one recommended for speed" in out
+    # a user's own profile file; without a sequence length the section says what it needs
+    mine = tmp_path / "mine.json"
+    mine.write_text(device_profiles.load("a100").to_json())
+    assert cli.main([*tiny, "--budget", "1GB", "--device-profile", str(mine)]) == 0
+    assert "step time: not estimated: give --input BxS (one rank's batch of token ids)" in capsys.readouterr().out
+    assert cli.main([*tiny, "--input", "4x8", "--device-profile", "tpu"]) == 2
+    assert "HINT: one of h100, h200, a100, cpu" in capsys.readouterr().err
