@@ -43,6 +43,14 @@ def test_ddp_zero3_and_tp_bytes_by_hand():
     }
     # tp 2 (one replica): 2 layers x 4 all-reduces of the 8 x 16 x 4 = 512 activation bytes, 2 x 1/2 x 512 each
     assert _named(ParallelPlan("ddp", tp=2), shape) == {"tp all-reduce (2 fwd + 2 bwd per layer)": 4096}
+    # cp 2: 2 layers x (all-gather fwd, all-gather + reduce-scatter bwd) of the whole rows' K and V,
+    # 8 tokens x 2 x 8 x 4 = 512 bytes, 1/2 of it each; pp 2 (1F1B): an activation forward and a gradient
+    # back, 512 bytes in all over the microbatches, from each pipeline rank
+    assert _named(ParallelPlan("ddp", cp=2), _small()) == {
+        "ddp gradient all-reduce": 4000,
+        "cp K/V all-gather (fwd + bwd) + reduce-scatter (bwd)": 1536,
+    }
+    assert _named(ParallelPlan("ddp", pp=2), shape) == {"pp send/recv (activation fwd + gradient bwd)": 1024}
     # hsdp 2 x 2: zero3 within the shard group, and the replicas all-reduce one shard (2000 bytes)
     assert _named(ParallelPlan("hsdp", dp_replicate=2, dp_shard=2, sharding=Sharding.PARAMETERS), shape) == {
         "hsdp parameter all-gather (fwd + bwd)": 4000,
@@ -132,6 +140,13 @@ def test_phalanx_plan_prints_the_step_time_section_for_a_tiny_transformer(capsys
     assert "      hsdp replicas' all-reduce of a shard: 22.2 KiB over 2 ranks, across nodes" in out
     assert "\nfastest layout that fits: " in out and "; the one recommended for speed" in out
     # a user's own profile file; without a sequence length the section says what it needs
+    # --cp 2: the rows' data-parallel ranks are 2, each pair of cp ranks reading 4 rows of 8 tokens
+    assert cli.main([*tiny, "--cp", "2", "--input", "4x8", "--budget", "1GB", "--device-profile", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  ddp x cp2 " in out
+        and "      cp K/V all-gather (fwd + bwd) + reduce-scatter (bwd): 6.0 KiB over 2 ranks" in out
+    )
     mine = tmp_path / "mine.json"
     mine.write_text(device_profiles.load("a100").to_json())
     assert cli.main([*tiny, "--budget", "1GB", "--device-profile", str(mine)]) == 0

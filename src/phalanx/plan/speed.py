@@ -113,7 +113,7 @@ def section(
     if isinstance(shape, str):
         return f"step time: not estimated: {shape}"
     pipeline = step_time.Pipeline(args.pp_schedule, args.pp_microbatches)
-    plans = {name: plan for name, plan in rows.items() if not name.endswith(OFFLOAD)}
+    plans = {name: plan for name, plan in _with_cp(args, rows).items() if not name.endswith(OFFLOAD)}
     estimates = {name: step_time.estimate(plan, shape, prof, pipeline) for name, plan in plans.items()}
     labels = {name: _label(name, plan) for name, plan in plans.items()}
     width = max(17, *(len(label) for label in labels.values()))
@@ -152,6 +152,21 @@ def _label(name: str, plan: ParallelPlan) -> str:
     if plan.dp_replicate > 1 and plan.dp_shard > 1:
         name = f"{name} {plan.dp_replicate}x{plan.dp_shard}"
     return name + "".join(f" x {d}{size}" for d, size in plan.degrees().items() if d in ("tp", "cp", "pp") and size > 1)
+
+
+def _with_cp(args: argparse.Namespace, rows: dict[str, ParallelPlan]) -> dict[str, ParallelPlan]:
+    """The rows with --cp among their degrees: the memory table's rows leave cp out (its ranks hold model
+    state as data-parallel ranks do), but its traffic and its share of the tokens count here."""
+    if args.cp == 1:
+        return rows
+    from phalanx.plan import sharding
+    from phalanx.strategies.plan import presets
+
+    settings = presets.asking(tp=args.tp, pp=args.pp, cp=args.cp)
+    with_cp = sharding.layouts(
+        settings, world_size=args.world_size, local_world_size=args.nproc_per_node or args.world_size
+    )
+    return {name: with_cp[name] for name in rows if name in with_cp}
 
 
 def _fastest(estimates: dict[str, step_time.StepTime], labels: dict[str, str], fits: Callable[[str], bool]) -> str:
