@@ -2,21 +2,22 @@
 
     python bench/step_time.py [--rounds 3] [--steps 4] [--model small-vocab-encoder mlp]
 
-First this machine's device profile is measured (plan/calibrate.py, as `phalanx plan --measure-profile`
-does: an fp32 matmul on each of 2 ranks, a 2-rank gloo all-reduce), then bench/strategies.py's
-workloads (AdamW, 16 rows of 32 tokens per data-parallel rank) run under phalanx ddp, zero3, tp 2 and
-pp 2 (1F1B, 4 microbatches) on 2 CPU ranks, alternating rounds, the median step kept; beside each,
-the step time plan/step_time.py predicts for the same layout, shape and profile. The transformer
-encoder (4 nn.TransformerEncoderLayer) runs all but tp, which fails on it (tensor parallel's DTensor
-reaches the CPU attention's backward, which has no sharding rule); the residual-MLP model runs all
-four, counted as a transformer of its 4 blocks (model/flops.py's attention term, 12·L·d·T, adds 3 %
-it does not run). A shared machine's load moves both sides: read the ratio, and the load average.
+Each round, this machine's device profile is measured in the job's own process group
+(plan/calibrate.py, as `phalanx plan --measure-profile` does: an fp32 matmul on each of 2 ranks, a
+2-rank gloo all-reduce), then bench/strategies.py's workloads (AdamW, 16 rows of 32 tokens per
+data-parallel rank) run under phalanx ddp, zero3, tp 2 and pp 2 (1F1B, 4 microbatches) on 2 CPU
+ranks, alternating rounds, the median step kept; beside each, the step time plan/step_time.py
+predicts for the same layout, shape and that round's profile, and their ratio round by round. The
+transformer encoder (4 nn.TransformerEncoderLayer) runs all but tp, which fails on it (tensor
+parallel's DTensor reaches the CPU attention's backward, which has no sharding rule); the
+residual-MLP model runs all four, counted as a transformer of its 4 blocks (model/flops.py's
+attention term, 12·L·d·T, adds 3 % it does not run). A shared machine's load moves both sides:
+read the ratio, and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -37,10 +38,10 @@ LAYOUTS = {  # bench/strategies.py's variant -> (the plan's arguments, pipeline 
 }
 
 
-def predicted(name: str, profile_json: str) -> float:
-    """The model's step time for variant `name` on 2 ranks of this machine's profile."""
+def predicted(name: str, profile) -> float:  # noqa: ANN001
+    """The model's step time for variant `name` on 2 ranks of this machine's `profile`."""
     from phalanx.model import flops
-    from phalanx.plan import device_profiles, step_time
+    from phalanx.plan import step_time
     from phalanx.strategies.plan.parallel_plan import ParallelPlan, Sharding
 
     fields, microbatches = LAYOUTS[name]
@@ -58,46 +59,59 @@ def predicted(name: str, profile_json: str) -> float:
         tokens=strategies.BATCH * replica * strategies.SEQ,
         dtype_bytes=4,
     )
-    profile = device_profiles.DeviceProfile(**json.loads(profile_json))
     return step_time.estimate(plan, shape, profile, step_time.Pipeline("1F1B", microbatches)).step
 
 
-def worker(rounds: int, steps: int, profile_json: str) -> None:
+def worker(rounds: int, steps: int, seconds: float) -> None:
+    """Each round: this machine's profile measured in the job's own group (plan/calibrate.py), then every
+    layout; the ratio is taken round by round, so a change of load between rounds moves both sides."""
+    from phalanx.plan import calibrate
+
     names = [n for n in LAYOUTS if not n.startswith(NOT_ON[strategies.MODEL])]
     data = {n: strategies.batches(8, strategies.REPLICA_OF.get(n, lambda: 1)()) for n in names}
-    rates: dict[str, list[float]] = {n: [] for n in names}
+    measured: dict[str, list[float]] = {n: [] for n in names}
+    guessed: dict[str, list[float]] = {n: [] for n in names}
+    profiles = []
     for r in range(rounds):
+        profiles.append(calibrate.profile(calibrate.figures_in_group(seconds)))
         for name in names if r % 2 == 0 else list(reversed(names)):
-            rates[name].append(strategies.run_variant(strategies.VARIANTS[name], data[name], steps)[0])
+            measured[name].append(1 / strategies.run_variant(strategies.VARIANTS[name], data[name], steps)[0])
+            guessed[name].append(predicted(name, profiles[-1]))
     if dist.get_rank() == 0:
         print(f"2 CPU ranks, {strategies.MODEL} model, {rounds} alternating rounds of {steps} steps, median")
-        print(f"  {'layout':50s} {'predicted':>10s} {'measured':>10s} {'predicted/measured':>19s}")
+        for p in profiles:
+            print(
+                f"  round's profile: {p.peak_flops / 1e9:.1f} GFLOP/s per rank x {p.matmul_efficiency:.2f} in a "
+                f"transformer block, all-reduce "
+                f"{p.intra_bandwidth / 1e6:.0f} MB/s + {p.intra_latency * 1e6:.0f} us a call"
+            )
+        print(f"  {'layout':50s} {'predicted':>10s} {'measured':>10s} {'ratio':>6s} {'per round':>12s}")
         for name in names:
-            measured = 1 / sorted(rates[name])[rounds // 2]
-            guess = predicted(name, profile_json)
-            print(f"  {name:50s} {guess * 1e3:8.0f}ms {measured * 1e3:8.0f}ms {guess / measured:19.2f}")
+            ratios = sorted(g / m for g, m in zip(guessed[name], measured[name]))
+            guess, real = sorted(guessed[name])[rounds // 2], sorted(measured[name])[rounds // 2]
+            print(
+                f"  {name:50s} {guess * 1e3:8.0f}ms {real * 1e3:8.0f}ms {ratios[rounds // 2]:6.2f} "
+                f"{ratios[0]:5.2f}-{ratios[-1]:.2f}"
+            )
         print(f"  load average after: {os.getloadavg()}")
 
 
-def _run(rounds: int, steps: int, profile_json: str) -> None:
-    in_process_group(worker, rounds, steps, profile_json)
+def _run(rounds: int, steps: int, seconds: float) -> None:
+    in_process_group(worker, rounds, steps, seconds)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--calibrate-seconds", type=float, default=3.0, help="the profile's measurement, each round")
     parser.add_argument("--model", nargs="+", default=["small-vocab-encoder", "mlp"], choices=sorted(NOT_ON))
     args = parser.parse_args()
-    from phalanx.plan import calibrate
-
     print(f"load average before: {os.getloadavg()}")
-    profile = calibrate.measure()
-    print(f"this machine's profile: {profile.to_json()}")
     for model in args.model:
         os.environ["BENCH_MODEL"] = model  # read by each spawned rank when it imports strategies.py
         strategies.MODEL = model
-        spawn(_run, 2, args.rounds, args.steps, profile.to_json())
+        spawn(_run, 2, args.rounds, args.steps, args.calibrate_seconds)
 
 
 if __name__ == "__main__":

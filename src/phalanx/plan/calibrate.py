@@ -18,6 +18,7 @@ from pathlib import Path
 from phalanx.plan.device_profiles import DeviceProfile
 
 MATMUL = 512  # a transformer's matmuls on CPU at the widths a CPU job trains
+BLOCK = (256, 4, 16, 32)  # the achievable rate's transformer block: width, heads, rows, tokens a row
 BUS = 4 * 2**20  # bytes of the bandwidth all-reduce
 WORLD = 2
 
@@ -28,11 +29,15 @@ def measure(seconds: float = 10.0) -> DeviceProfile:
 
     with tempfile.TemporaryDirectory(prefix="phalanx-calibrate-") as tmp:
         mp.start_processes(_rank, args=(tmp, seconds), nprocs=WORLD, join=True, start_method="spawn")
-        figures = json.loads((Path(tmp) / "figures.json").read_text())
+        return profile(json.loads((Path(tmp) / "figures.json").read_text()))
+
+
+def profile(figures: dict[str, float]) -> DeviceProfile:
+    """The profile of `figures` (figures_in_group's)."""
     return DeviceProfile(
         name="cpu (measured)",
         peak_flops=figures["flops"],
-        matmul_efficiency=1.0,
+        matmul_efficiency=min(1.0, figures["block_flops"] / figures["flops"]),
         intra_bandwidth=figures["bandwidth"],
         inter_bandwidth=figures["bandwidth"],
         intra_latency=figures["latency"],
@@ -44,6 +49,45 @@ def measure(seconds: float = 10.0) -> DeviceProfile:
     )
 
 
+def figures_in_group(seconds: float) -> dict[str, float]:
+    """The ranks of the default process group measure together, in about `seconds`: each rank's matmul
+    FLOP/s (the peak), the FLOP/s a transformer block's forward and backward reach (model/flops.py's
+    count: the achievable fraction of the peak, with the kernels between the matmuls), the all-reduce's
+    bus bandwidth and its latency per call, averaged over the ranks (the same on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    a = torch.randn(MATMUL, MATMUL)
+    flops = 2 * MATMUL**3 / _timed(lambda: a @ a, seconds * 0.2)
+    block_flops = _block_flops(seconds * 0.3)
+    big = torch.ones(BUS // 4)
+    per_call = _timed(lambda: dist.all_reduce(big), seconds * 0.3)
+    small = torch.ones(1)
+    latency = _timed(lambda: dist.all_reduce(small), seconds * 0.2)
+    bandwidth = 2 * (world - 1) / world * BUS / max(per_call - latency, 1e-9)
+    rates = torch.tensor([flops, block_flops, bandwidth, latency], dtype=torch.float64)
+    dist.all_reduce(rates)
+    return dict(zip(("flops", "block_flops", "bandwidth", "latency"), (rates / world).tolist()))
+
+
+def _block_flops(seconds: float) -> float:
+    """FLOP/s of one nn.TransformerEncoderLayer's forward and backward, counted as model/flops.py counts."""
+    import torch
+
+    from phalanx.model import flops
+
+    width, heads, rows, tokens = BLOCK
+    block = torch.nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True)
+    x = torch.randn(rows, tokens, width)
+
+    def step() -> None:
+        block(x).sum().backward()
+
+    count = flops.transformer_shape(block).flops_per_token(tokens) * rows * tokens
+    return count / _timed(step, seconds)
+
+
 def _rank(rank: int, tmp: str, seconds: float) -> None:
     import torch
     import torch.distributed as dist
@@ -51,19 +95,9 @@ def _rank(rank: int, tmp: str, seconds: float) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or WORLD) // WORLD))
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=WORLD)
     try:
-        a = torch.randn(MATMUL, MATMUL)
-        flops = 2 * MATMUL**3 / _timed(lambda: a @ a, seconds * 0.4)
-        big = torch.ones(BUS // 4)
-        per_call = _timed(lambda: dist.all_reduce(big), seconds * 0.4)
-        small = torch.ones(1)
-        latency = _timed(lambda: dist.all_reduce(small), seconds * 0.2)
-        bandwidth = 2 * (WORLD - 1) / WORLD * BUS / max(per_call - latency, 1e-9)
-        rates = torch.tensor([flops, bandwidth, latency], dtype=torch.float64)
-        dist.all_reduce(rates)
-        rates /= WORLD
+        figures = figures_in_group(seconds)
         if rank == 0:
-            names = ("flops", "bandwidth", "latency")
-            (Path(tmp) / "figures.json").write_text(json.dumps(dict(zip(names, rates.tolist()))))
+            (Path(tmp) / "figures.json").write_text(json.dumps(figures))
         dist.barrier()
     finally:
         dist.destroy_process_group()

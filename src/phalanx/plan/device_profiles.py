@@ -5,7 +5,8 @@ torch when called.
 A profile's fields, all per rank (one GPU, or one CPU process):
 - peak_flops: dense matmul FLOP/s at the training precision (bf16 on GPUs, fp32 on CPUs), and
   dtype_bytes, that precision's bytes per element (what gradients and activations move in);
-- matmul_efficiency: the fraction of the peak a transformer's matmuls reach (kernels, not the job);
+- matmul_efficiency: the fraction of the peak a transformer's layers reach (their matmuls' shapes and
+  the kernels between them; not the job's communication or bubble);
 - intra_bandwidth / inter_bandwidth: bytes/s one rank sends within a node (NVLink) and across
   nodes (its InfiniBand NIC), the "bus bandwidth" the ring formulas divide by;
 - intra_latency / inter_latency: seconds each collective call costs beyond its bytes;
@@ -80,17 +81,18 @@ BUILT_IN: dict[str, DeviceProfile] = {
     "h200": _gpu("H200 SXM", 900, 400, "NVIDIA H200 data sheet; DGX H200: 8 GPUs, 8x NDR 400 Gb/s"),
     "a100": _gpu("A100 SXM", 600, 200, "NVIDIA A100 data sheet; DGX A100: 8 GPUs, 8x HDR 200 Gb/s"),
     # This kind of machine (2 cores, torch 2.13 CPU, gloo), measured by plan/calibrate.py with 2 ranks on
-    # 2026-11-29 while 4-5 other jobs ran (load average 22): each rank's fp32 512x512 matmul rate while
-    # the other computes too, a 2-rank gloo all-reduce of 4 MiB and of one element. A quiet machine is
-    # faster: measure yours (`phalanx plan --measure-profile FILE`).
+    # 2026-11-29 while 4-5 other jobs ran (load average 10-22): each rank's fp32 512x512 matmul rate
+    # while the other computes too, the fraction of it a transformer block's forward and backward
+    # reach, a 2-rank gloo all-reduce of 4 MiB and of one element. A quiet machine is faster, and
+    # between moments of a loaded one the figures differ by 2x: measure yours (--measure-profile).
     "cpu": DeviceProfile(
         name="cpu",
-        peak_flops=35.7e9,
-        matmul_efficiency=1.0,
-        intra_bandwidth=664e6,
-        inter_bandwidth=664e6,
-        intra_latency=490e-6,
-        inter_latency=490e-6,
+        peak_flops=39.2e9,
+        matmul_efficiency=0.53,
+        intra_bandwidth=620e6,
+        inter_bandwidth=620e6,
+        intra_latency=690e-6,
+        inter_latency=690e-6,
         ranks_per_node=2,
         overlap=0.0,
         dtype_bytes=4,
