@@ -83,7 +83,8 @@ def worker(rounds: int, steps: int, seconds: float) -> None:
             print(
                 f"  round's profile: {p.peak_flops / 1e9:.1f} GFLOP/s per rank x {p.matmul_efficiency:.2f} in a "
                 f"transformer block, all-reduce "
-                f"{p.intra_bandwidth / 1e6:.0f} MB/s + {p.intra_latency * 1e6:.0f} us a call"
+                f"{p.intra_bandwidth / 1e6:.0f} MB/s + {p.intra_latency * 1e6:.0f} us a call, memory "
+                f"{p.memory_bandwidth / 1e9:.1f} GB/s"
             )
         print(f"  {'layout':50s} {'predicted':>10s} {'measured':>10s} {'ratio':>6s} {'per round':>12s}")
         for name in names:

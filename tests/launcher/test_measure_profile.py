@@ -14,7 +14,7 @@ from phalanx.plan import calibrate, device_profiles
 @pytest.mark.timeout(120)
 def test_this_machine_is_measured_into_a_profile_the_plan_reads(tmp_path):
     measured = calibrate.measure(seconds=1.0)
-    for figure in (measured.peak_flops, measured.intra_bandwidth, measured.intra_latency):
+    for figure in (measured.peak_flops, measured.intra_bandwidth, measured.intra_latency, measured.memory_bandwidth):
         assert math.isfinite(figure) and figure > 0
     assert measured.intra_latency < 0.1 and measured.dtype_bytes == 4 and measured.overlap == 0.0
     assert 0 < measured.matmul_efficiency <= 1  # a transformer block's FLOP/s over the bare matmul's

@@ -4,6 +4,7 @@ Llama 3 paper's Table 4 runs reproduced within 25 % in MFU with one profile and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -76,6 +77,26 @@ def test_time_is_compute_plus_exposed_traffic_on_the_link_it_crosses():
     pp = step_time.estimate(ParallelPlan("ddp", pp=2), shape, ONE_NODE, step_time.Pipeline("1F1B", 4))
     assert pp.bubble == pytest.approx(1 / 5)
     assert pp.step == pytest.approx(flops / 2 / 0.5e12 / (1 - 1 / 5) + pp.exposed)
+
+
+def test_the_optimizer_step_is_its_bytes_over_the_memory_bandwidth_on_the_parameters_a_rank_steps():
+    profile = dataclasses.replace(ONE_NODE, memory_bandwidth=1e9)
+    shape = _small()  # 1,000 parameters; AdamW touches 28 bytes of each
+
+    def optimizer(plan: ParallelPlan) -> float:
+        return step_time.estimate(plan, shape, profile).optimizer
+
+    assert optimizer(ParallelPlan("ddp", dp_replicate=2)) == pytest.approx(1000 * 28 / 1e9)
+    assert optimizer(ParallelPlan("zero1", dp_replicate=4, sharding=Sharding.OPTIMIZER)) == pytest.approx(
+        250 * 28 / 1e9
+    )
+    assert optimizer(ParallelPlan("zero3", dp_shard=4, sharding=Sharding.PARAMETERS)) == pytest.approx(250 * 28 / 1e9)
+    hsdp = ParallelPlan("hsdp", dp_replicate=2, dp_shard=2, sharding=Sharding.PARAMETERS)
+    assert optimizer(hsdp) == pytest.approx(500 * 28 / 1e9)  # its shard group's slice, on every replica
+    assert optimizer(ParallelPlan("ddp", tp=2, pp=2)) == pytest.approx(250 * 28 / 1e9)
+    ddp = step_time.estimate(ParallelPlan("ddp", dp_replicate=2), shape, profile)
+    assert ddp.step == pytest.approx(ddp.compute + ddp.exposed + ddp.optimizer)
+    assert step_time.estimate(ParallelPlan("ddp", dp_replicate=2), shape, ONE_NODE).optimizer == 0  # not measured
 
 
 # Llama 3 405B (Llama 3 paper, Table 3 and section 3.3): 126 layers, width 16,384, FFN 53,248, 128

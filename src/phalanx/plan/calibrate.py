@@ -18,6 +18,7 @@ from pathlib import Path
 from phalanx.plan.device_profiles import DeviceProfile
 
 MATMUL = 512  # a transformer's matmuls on CPU at the widths a CPU job trains
+STREAM = 8 * 2**20  # elements of each tensor of the memory-bandwidth add (32 MiB: beyond the caches)
 BLOCK = (256, 4, 16, 32)  # the achievable rate's transformer block: width, heads, rows, tokens a row
 BUS = 4 * 2**20  # bytes of the bandwidth all-reduce
 WORLD = 2
@@ -45,6 +46,7 @@ def profile(figures: dict[str, float]) -> DeviceProfile:
         ranks_per_node=os.cpu_count() or WORLD,
         dtype_bytes=4,  # fp32, as a CPU job trains
         overlap=0.0,  # gloo's work and the backward share the same cores
+        memory_bandwidth=figures["memory"],
         source=f"measured by phalanx plan --measure-profile with {WORLD} ranks on {os.cpu_count()} cores",
     )
 
@@ -52,7 +54,8 @@ def profile(figures: dict[str, float]) -> DeviceProfile:
 def figures_in_group(seconds: float) -> dict[str, float]:
     """The ranks of the default process group measure together, in about `seconds`: each rank's matmul
     FLOP/s (the peak), the FLOP/s a transformer block's forward and backward reach (model/flops.py's
-    count: the achievable fraction of the peak, with the kernels between the matmuls), the all-reduce's
+    count: the achievable fraction of the peak, with the kernels between the matmuls), the memory
+    bandwidth of an add over tensors larger than the caches (the optimizer step's), the all-reduce's
     bus bandwidth and its latency per call, averaged over the ranks (the same on every rank)."""
     import torch
     import torch.distributed as dist
@@ -60,15 +63,17 @@ def figures_in_group(seconds: float) -> dict[str, float]:
     world = dist.get_world_size()
     a = torch.randn(MATMUL, MATMUL)
     flops = 2 * MATMUL**3 / _timed(lambda: a @ a, seconds * 0.2)
-    block_flops = _block_flops(seconds * 0.3)
+    block_flops = _block_flops(seconds * 0.2)
+    x, y, z = torch.ones(STREAM), torch.ones(STREAM), torch.empty(STREAM)
+    memory = 3 * 4 * STREAM / _timed(lambda: torch.add(x, y, out=z), seconds * 0.1)  # two reads, one write
     big = torch.ones(BUS // 4)
     per_call = _timed(lambda: dist.all_reduce(big), seconds * 0.3)
     small = torch.ones(1)
     latency = _timed(lambda: dist.all_reduce(small), seconds * 0.2)
     bandwidth = 2 * (world - 1) / world * BUS / max(per_call - latency, 1e-9)
-    rates = torch.tensor([flops, block_flops, bandwidth, latency], dtype=torch.float64)
+    rates = torch.tensor([flops, block_flops, memory, bandwidth, latency], dtype=torch.float64)
     dist.all_reduce(rates)
-    return dict(zip(("flops", "block_flops", "bandwidth", "latency"), (rates / world).tolist()))
+    return dict(zip(("flops", "block_flops", "memory", "bandwidth", "latency"), (rates / world).tolist()))
 
 
 def _block_flops(seconds: float) -> float:

@@ -425,7 +425,7 @@ def _speed_lines(
 
     extra = 0 if acts is None else (acts.peak_checkpointed if args.activation_checkpointing else acts.peak)
     fits = speed.fitting(sizes, rows, optimizer, budget, extra, args.runtime)
-    lines = speed.section(args, model, full_sizes, rows, fits, memory.format_bytes)
+    lines = speed.section(args, model, full_sizes, rows, fits, memory.format_bytes, optimizer)
     return lines + "\n" if lines else ""
 
 

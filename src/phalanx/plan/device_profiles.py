@@ -11,6 +11,8 @@ A profile's fields, all per rank (one GPU, or one CPU process):
   nodes (its InfiniBand NIC), the "bus bandwidth" the ring formulas divide by;
 - intra_latency / inter_latency: seconds each collective call costs beyond its bytes;
 - ranks_per_node: ranks that share the fast link (a group within it uses intra_*);
+- memory_bandwidth: bytes/s one rank reads and writes its memory at, for the optimizer step (0: the
+  step is not counted);
 - overlap: the fraction of the backward (zero3: forward and backward) under which data-parallel
   traffic can hide; tensor-parallel, context-parallel, pipeline and expert traffic is counted exposed.
 
@@ -47,6 +49,7 @@ class DeviceProfile:
     ranks_per_node: int
     overlap: float
     dtype_bytes: int = 2
+    memory_bandwidth: float = 0.0
     source: str = ""
 
     @property
@@ -57,7 +60,7 @@ class DeviceProfile:
         return json.dumps(asdict(self), indent=2) + "\n"
 
 
-def _gpu(name: str, nvlink_gbs: float, nic_gbits: float, source: str) -> DeviceProfile:
+def _gpu(name: str, nvlink_gbs: float, nic_gbits: float, memory_tbs: float, source: str) -> DeviceProfile:
     return DeviceProfile(
         name=name,
         peak_flops=peak_flops(name, "bf16"),  # runtime/device_peaks.py: the data sheets' dense bf16
@@ -68,34 +71,36 @@ def _gpu(name: str, nvlink_gbs: float, nic_gbits: float, source: str) -> DeviceP
         inter_latency=IB_LATENCY,
         ranks_per_node=8,
         overlap=GPU_OVERLAP,
+        memory_bandwidth=memory_tbs * 1e12,
         source=source,
     )
 
 
 # From the vendors' data sheets: NVIDIA H100 Tensor Core GPU (SXM5: 989.4 TFLOP/s dense bf16, NVLink 4
-# 900 GB/s), H200 (SXM: same compute, NVLink 900 GB/s), A100 (SXM4 80GB: 312 TFLOP/s bf16, NVLink 3
-# 600 GB/s); DGX H100/H200 nodes: 8 GPUs and 8 ConnectX-7 NDR 400 Gb/s NICs, DGX A100: 8 GPUs and 8
+# 900 GB/s, HBM3 3.35 TB/s), H200 (SXM: same compute, NVLink 900 GB/s, HBM3e 4.8 TB/s), A100 (SXM4
+# 80GB: 312 TFLOP/s bf16, NVLink 3 600 GB/s, HBM2e 2,039 GB/s); DGX H100/H200 nodes: 8 GPUs and 8 ConnectX-7 NDR 400 Gb/s NICs, DGX A100: 8 GPUs and 8
 # ConnectX-6 HDR 200 Gb/s NICs.
 BUILT_IN: dict[str, DeviceProfile] = {
-    "h100": _gpu("H100 SXM", 900, 400, "NVIDIA H100 data sheet; DGX H100: 8 GPUs, 8x NDR 400 Gb/s"),
-    "h200": _gpu("H200 SXM", 900, 400, "NVIDIA H200 data sheet; DGX H200: 8 GPUs, 8x NDR 400 Gb/s"),
-    "a100": _gpu("A100 SXM", 600, 200, "NVIDIA A100 data sheet; DGX A100: 8 GPUs, 8x HDR 200 Gb/s"),
+    "h100": _gpu("H100 SXM", 900, 400, 3.35, "NVIDIA H100 data sheet; DGX H100: 8 GPUs, 8x NDR 400 Gb/s"),
+    "h200": _gpu("H200 SXM", 900, 400, 4.8, "NVIDIA H200 data sheet; DGX H200: 8 GPUs, 8x NDR 400 Gb/s"),
+    "a100": _gpu("A100 SXM", 600, 200, 2.039, "NVIDIA A100 data sheet; DGX A100: 8 GPUs, 8x HDR 200 Gb/s"),
     # This kind of machine (2 cores, torch 2.13 CPU, gloo), measured by plan/calibrate.py with 2 ranks on
-    # 2026-11-29 while 4-5 other jobs ran (load average 10-22): each rank's fp32 512x512 matmul rate
-    # while the other computes too, the fraction of it a transformer block's forward and backward
-    # reach, a 2-rank gloo all-reduce of 4 MiB and of one element. A quiet machine is faster, and
-    # between moments of a loaded one the figures differ by 2x: measure yours (--measure-profile).
+    # 2026-11-29 while 4-5 other jobs ran (load average 5): each rank's fp32 512x512 matmul rate while
+    # the other computes too, the fraction of it a transformer block's forward and backward reach, an
+    # add over 32 MiB tensors, a 2-rank gloo all-reduce of 4 MiB and of one element. Between moments
+    # of a loaded machine these figures differ by 2x or more: measure yours (--measure-profile).
     "cpu": DeviceProfile(
         name="cpu",
-        peak_flops=39.2e9,
-        matmul_efficiency=0.53,
-        intra_bandwidth=620e6,
-        inter_bandwidth=620e6,
-        intra_latency=690e-6,
-        inter_latency=690e-6,
+        peak_flops=41.1e9,
+        matmul_efficiency=0.85,
+        intra_bandwidth=953e6,
+        inter_bandwidth=953e6,
+        intra_latency=576e-6,
+        inter_latency=576e-6,
         ranks_per_node=2,
         overlap=0.0,
         dtype_bytes=4,
+        memory_bandwidth=3.64e9,
         source="measured on this machine (phalanx plan --measure-profile), 2 ranks",
     ),
 }
@@ -116,7 +121,7 @@ def load(name_or_file: str) -> DeviceProfile:
     try:
         data = json.loads(path.read_text())
         wanted = {f.name for f in fields(DeviceProfile)}
-        missing = sorted(wanted - set(data) - {"source", "dtype_bytes"})
+        missing = sorted(wanted - set(data) - {"source", "dtype_bytes", "memory_bandwidth"})
         if missing:
             raise ValueError(f"missing {', '.join(missing)}")
         return DeviceProfile(**{k: v for k, v in data.items() if k in wanted})

@@ -18,6 +18,9 @@ from phalanx.plan.sharding import OFFLOAD
 from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 DEFAULT_PROFILE = "cpu"
+# Bytes each optimizer's step reads and writes per parameter (fp32): parameter and gradient read, the
+# parameter written, and each state tensor read and written.
+OPTIMIZER_BYTES = {"sgd": 12, "sgd-momentum": 20, "adagrad": 20, "rmsprop": 20, "adam": 28, "adamw": 28}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +61,9 @@ def profile(args: argparse.Namespace) -> device_profiles.DeviceProfile:
     return device_profiles.load(args.device_profile or DEFAULT_PROFILE)
 
 
-def shape_of(model: Any, full_sizes: list, batch: int, seq_len: int, dtype_bytes: int) -> step_time.Shape | None:
+def shape_of(
+    model: Any, full_sizes: list, batch: int, seq_len: int, dtype_bytes: int, optimizer: str = "adamw"
+) -> step_time.Shape | None:
     """The step-time model's view of `model` (None when it is no transformer model/flops.py counts):
     `batch` rows of `seq_len` tokens per data-parallel rank."""
     counted = model_flops.transformer_shape(model)
@@ -83,6 +88,7 @@ def shape_of(model: Any, full_sizes: list, batch: int, seq_len: int, dtype_bytes
         experts=experts,
         top_k=(getattr(config, "num_experts_per_tok", 0) or 0) if experts else 0,
         expert_params=sum(s.numel for s in full_sizes if ".experts." in s.name) if experts else 0,
+        optimizer_bytes=OPTIMIZER_BYTES.get(optimizer, 28),
     )
 
 
@@ -101,6 +107,7 @@ def section(
     rows: dict[str, ParallelPlan],
     fits: Callable[[str], bool],
     fb: Callable[[float], str],
+    optimizer: str = "adamw",
 ) -> str:
     """The report's step-time lines; `fits(row)`: whether the row's memory fits the budget. Nothing
     when neither --input nor a profile asks for them."""
@@ -109,7 +116,7 @@ def section(
     prof = profile(args)
     if args.nproc_per_node:  # the user's nodes, not the profile's
         prof = dataclasses.replace(prof, ranks_per_node=args.nproc_per_node)
-    shape = _shape(args, model, full_sizes, prof.dtype_bytes)
+    shape = _shape(args, model, full_sizes, prof.dtype_bytes, optimizer)
     if isinstance(shape, str):
         return f"step time: not estimated: {shape}"
     pipeline = step_time.Pipeline(args.pp_schedule, args.pp_microbatches)
@@ -122,12 +129,12 @@ def section(
         f"{prof.matmul_efficiency:.2f} matmul efficiency; {args.world_size} ranks, {prof.ranks_per_node} per node; "
         f"{shape.tokens:,} tokens of {shape.seq_len} per data-parallel rank per step; "
         f"{prof.dtype_bytes}-byte gradients and activations):",
-        f"  {'strategy':{width}s} {'step':>10s} {'tokens/s':>12s} {'MFU':>6s} {'bubble':>6s} {'exposed':>10s}  fits",
+        f"  {'strategy':{width}s} {'step':>10s} {'tokens/s':>12s} {'MFU':>6s} {'bubble':>6s} {'exposed':>10s} {'optimizer':>10s}  fits",
     ]
     for name, est in estimates.items():
         lines.append(
             f"  {labels[name]:{width}s} {_seconds(est.step):>10s} {est.tokens_per_second:12,.0f} {est.mfu:6.1%} "
-            f"{est.bubble:6.1%} {_seconds(est.exposed):>10s}  {'yes' if fits(name) else 'no'}"
+            f"{est.bubble:6.1%} {_seconds(est.exposed):>10s} {_seconds(est.optimizer):>10s}  {'yes' if fits(name) else 'no'}"
         )
         for c in est.collectives:
             where = "within a node" if c.within_node else "across nodes"
@@ -136,14 +143,16 @@ def section(
     return "\n".join(lines)
 
 
-def _shape(args: argparse.Namespace, model: Any, full_sizes: list, dtype_bytes: int) -> step_time.Shape | str:
+def _shape(
+    args: argparse.Namespace, model: Any, full_sizes: list, dtype_bytes: int, optimizer: str
+) -> step_time.Shape | str:
     if args.input is None:
         return "give --input BxS (one rank's batch of token ids) for the sequence length"
     dims = args.input.partition(":")[0].lower().split("x")
     if len(dims) != 2:
         return f"--input {args.input!r} is not a batch of token sequences (BxS)"
     batch, seq = int(dims[0]), int(dims[1]) * args.cp  # cp's cut (plan/context.py) gave one rank's part
-    shape = shape_of(model, full_sizes, batch, seq, dtype_bytes)
+    shape = shape_of(model, full_sizes, batch, seq, dtype_bytes, optimizer)
     return shape if shape is not None else "not a transformer phalanx counts FLOPs of (model/flops.py)"
 
 

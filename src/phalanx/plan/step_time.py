@@ -9,8 +9,10 @@ For a layout (a ParallelPlan), a transformer's shape and a device profile (plan/
   when the group's ranks lie in one: the mesh puts tp innermost, then cp, dp_shard, dp_replicate, pp)
   plus a latency per call; data-parallel traffic hides under the backward up to `overlap`, the rest
   (tp, cp, pp) is exposed;
-- step time = compute / (1 - bubble) + exposed communication; tokens/s; MFU = model FLOPs / (step
-  time x peak).
+- the optimizer step: the bytes it reads and writes per parameter the rank steps, over the
+  profile's memory bandwidth;
+- step time = compute / (1 - bubble) + exposed communication + the optimizer step; tokens/s; MFU =
+  model FLOPs / (step time x peak).
 
 Assumptions, said once: the model's layers are split evenly over the pipeline ranks; each collective
 of a layer runs once per layer per microbatch (latency) and moves the whole step's bytes in total;
@@ -23,7 +25,7 @@ a token runs (top_k of them).
 
 Not modelled: expert parallel's all-to-all (a dimension's figures come from its own package through
 strategies/dimensions.py's hooks, which import torch), CPU offload's copies (those rows are left
-out), zero-bubble schedules' bubble (counted as none), and the optimizer step's own time.
+out), and zero-bubble schedules' bubble (counted as none).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Shape:
     top_k: int = 0
     expert_params: int = 0
     """Every expert's weights together (MoE): a token runs top_k / experts of them."""
+    optimizer_bytes: int = 28
+    """Bytes the optimizer step reads and writes per parameter it steps (AdamW: the fp32 parameter,
+    gradient and two moments read, three of them written)."""
 
     @property
     def layers(self) -> int:
@@ -113,6 +118,8 @@ class StepTime:
     tokens_per_second: float
     mfu: float
     collectives: list[Collective] = field(default_factory=list)
+    optimizer: float = 0.0
+    """Seconds of the optimizer step over the parameters (or shards) this rank steps."""
 
     @property
     def comm_bytes(self) -> float:
@@ -135,7 +142,8 @@ def estimate(plan: ParallelPlan, shape: Shape, profile: DeviceProfile, pipeline:
     dp = sum(c.seconds for c in collectives if c.hidden)
     hideable = profile.overlap * compute * (1.0 if plan.sharding is Sharding.PARAMETERS else 2 / 3)
     exposed = sum(c.seconds for c in collectives if not c.hidden) + max(0.0, dp - hideable)
-    step = compute / (1 - bubble) + exposed
+    optimizer = _optimizer_seconds(plan, shape, profile)
+    step = compute / (1 - bubble) + exposed + optimizer
     return StepTime(
         flops,
         compute,
@@ -145,7 +153,18 @@ def estimate(plan: ParallelPlan, shape: Shape, profile: DeviceProfile, pipeline:
         shape.tokens * plan.dp_size / step,
         flops / (step * profile.peak_flops),
         collectives,
+        optimizer,
     )
+
+
+def _optimizer_seconds(plan: ParallelPlan, shape: Shape, profile: DeviceProfile) -> float:
+    """The optimizer step, bound by memory: the bytes it touches over the rank's memory bandwidth. It
+    steps one tp rank's part of its pipeline stage, and of that a 1/n slice under zero1 (n: the
+    gradient ranks) and zero2/zero3/hsdp (n: the shard ranks)."""
+    if not profile.memory_bandwidth:
+        return 0.0
+    slices = {Sharding.NONE: 1, Sharding.OPTIMIZER: plan.grad_size}.get(plan.sharding, plan.shard_ranks)
+    return plan.stage_part(shape.params) / slices * shape.optimizer_bytes / profile.memory_bandwidth
 
 
 def _bubble(plan: ParallelPlan, pipeline: Pipeline) -> tuple[int, float]:
