@@ -206,6 +206,7 @@ TP_PLANS = {
     "mlp": {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"},
     "encoder": {"blocks.*.linear1": "colwise", "blocks.*.linear2": "rowwise"},
 }
+TP_PLANS["small-vocab-encoder"] = TP_PLANS["encoder"]
 
 
 VARIANTS: dict[str, Callable] = {

@@ -11,8 +11,10 @@ their use (fwd + bwd), which have no weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:  # torch only where a model is read: the step-time model (plan/step_time.py) is pure Python
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ def transformer_shape(model: nn.Module) -> TransformerShape | None:
 
     A transformers model (also inside a wrapper such as peft's) by its config's num_hidden_layers and
     hidden_size; otherwise a model built of torch's nn.MultiheadAttention layers of one width."""
+    from torch import nn
+
     layers_width = _from_config(model) or _from_attention_layers(model)
     if layers_width is None:
         return None
@@ -52,6 +56,8 @@ def _from_config(model: nn.Module) -> tuple[int, int] | None:
 
 
 def _from_attention_layers(model: nn.Module) -> tuple[int, int] | None:
+    from torch import nn
+
     widths = [m.embed_dim for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
     if not widths or len(set(widths)) != 1:
         return None

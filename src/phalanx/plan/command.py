@@ -23,6 +23,7 @@ from typing import Any, Callable
 from phalanx import config, planning
 from phalanx.plan import context
 from phalanx.plan import optimizer as optimizer_choice
+from phalanx.plan import speed
 from phalanx.config.schema import BY_NAME
 from phalanx.strategies.plan import presets
 from phalanx.strategies.plan.parallel_plan import DEGREES, MESH_DIMS
@@ -110,6 +111,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
             default=1,
             help=f"{BY_NAME[degree].help}; prints its bytes per rank under the table (default 1)",
         )
+    _pipeline_arguments(parser)
+    speed.add_arguments(parser)
+
+
+def _pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pp-schedule",
         "--pp_schedule",
@@ -379,6 +385,7 @@ def main(args: argparse.Namespace) -> int:
         if args.world_size < 1:
             raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
         presets.check_flags(args.world_size, args.tp, args.pp, args.cp)
+        speed.check(args)
         tp_plan = config.BY_NAME["tp_plan"].kind.from_text(args.tp_plan) if args.tp_plan else None
         factory, source = read_model(args.model)
         model = _build(factory, args.model)
@@ -438,12 +445,32 @@ def main(args: argparse.Namespace) -> int:
     )
     if expert_lines:
         print(expert_lines)
+    print(_speed_lines(args, model, full_sizes, sizes, rows, choice.name, budget, acts), end="")
     if cp_line:
         print(cp_line)
         longest = context.longest_sequence(model, args, sizes, choice.name, budget) if pipeline is None else ""
         if longest:
             print(longest)
     return 0
+
+
+def _speed_lines(
+    args: argparse.Namespace,
+    model: Any,
+    full_sizes: list,
+    sizes: list,
+    rows: dict,
+    optimizer: str,
+    budget: int,
+    acts: Any,
+) -> str:
+    """The step-time section (plan/speed.py): per row its estimated step time, and the fastest that fits."""
+    from phalanx.model import memory
+
+    extra = 0 if acts is None else (acts.peak_checkpointed if args.activation_checkpointing else acts.peak)
+    fits = speed.fitting(sizes, rows, optimizer, budget, extra, args.runtime)
+    lines = speed.section(args, model, full_sizes, rows, fits, memory.format_bytes, optimizer)
+    return lines + "\n" if lines else ""
 
 
 def _plan(args: argparse.Namespace, tp: int) -> Any:

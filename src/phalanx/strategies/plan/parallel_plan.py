@@ -132,6 +132,29 @@ class ParallelPlan:
         whole are not split)."""
         return nbytes // self.tp
 
+    # ---- the step-time model's shares (plan/step_time.py) ----------------------------------
+    def stage_part(self, amount: float) -> float:
+        """One rank's part of `amount` spread over a replica's pipeline stages and tensor-parallel ranks
+        (parameters, their gradients): amount / (tp x pp)."""
+        return amount / (self.tp * self.pp)
+
+    def pp_part(self, amount: float) -> float:
+        """One pipeline rank's part of `amount` (the model's layers), split evenly."""
+        return amount / self.pp
+
+    def cp_part(self, amount: float) -> float:
+        """One context-parallel rank's part of `amount` (a replica's tokens)."""
+        return amount / self.cp
+
+    def within_node(self, dims: tuple[str, ...], ranks_per_node: int) -> bool:
+        """Whether a group over the mesh dims `dims` lies in one node of `ranks_per_node` ranks: the span
+        of its ranks (its own degrees times the strides of the dims inside them) fits the node."""
+        outer = min(MESH_DIMS.index(d) for d in dims)
+        span = 1
+        for name in MESH_DIMS[outer:]:
+            span *= getattr(self, name)
+        return span <= ranks_per_node
+
     @property
     def ep_replicate(self) -> int:
         """Copies of each expert: the groups of `ep` ranks the gradient ranks hold."""
