@@ -29,7 +29,7 @@ from phalanx.runtime.context import DistContext
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.step_tracker import StepTracker, watch_module, watch_optimizer
 from phalanx.stepping import Stepping
-from phalanx.strategies import ddp_options
+from phalanx.strategies import ddp_options, user_state
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import StrategyChoice
 from phalanx.strategies.optimizers.closure_loss import closure_wrapper
@@ -126,6 +126,7 @@ class Preparing:
                 wrap_closure=closure_wrapper(optimizer, strategy.plan, strategy.dp_group),
             )
         )
+        user_state.answer_optimizer(optimizer, strategy.plan)  # its state_dict(): the full state, or refused
         self.prepared.append(optimizer)
         watch_optimizer(self.progress, optimizer)
         if self.profiler is not None:  # after the step counter's hook: it reads global_step

@@ -17,14 +17,14 @@ from phalanx.loop.precision import Precision
 from phalanx.model import activation_ckpt, sync_batchnorm
 from phalanx.runtime.context import DistContext
 from phalanx.logging.rank_log import get_logger
-from phalanx.strategies import dimensions, fsdp
+from phalanx.strategies import dimensions, fsdp, user_state
 from phalanx.strategies.optimizers import fused_step, grad_norm, optimizer_kinds, whole_tensor_step
 from phalanx.strategies.module_attr import answer_module_attribute
 from phalanx.strategies.optimizers.optimizer_kinds import Route
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.context.step import ContextParallel
 from phalanx.strategies.layout import Layout
-from phalanx.strategies.parallelize import Wrapper, parallelize
+from phalanx.strategies.parallelize import Parallelized, Wrapper, parallelize
 from phalanx.strategies.pipeline import grads as pipeline_grads
 from phalanx.strategies.pipeline import save as pipeline_save
 from phalanx.strategies.pipeline import state as pipeline_state
@@ -138,12 +138,30 @@ class ParallelStrategy:
                 done.pipeline.schedule,
                 done.pipeline.num_microbatches,
             )
+        return self._answer_script_calls(done)
+
+    def _answer_script_calls(self, done: Parallelized) -> nn.Module:
+        """The prepared model answers what scripts call on it in this layout: `.module`, `no_sync()`,
+        and where ranks hold parts of it `state_dict()` and `save_pretrained` (user_state.py,
+        module_attr.py); under torch's DDP (tp or a pipeline stage with replicas) its `.module` too."""
         prepared = weakref.ref(done.model)  # kept beside the model: no reference that keeps it alive
+        holds_part = self.plan.shards_parameters or self.plan.pp > 1
+        inner = self.unwrap(done.model)
+        layout = self.plan.describe()
+        if holds_part:  # the script's state_dict(): the full state, or refused under pp
+            stages = str(list(done.stages.stage_indices)) if done.stages is not None else ""
+            user_state.answer_model(inner, self.plan, self.held_elsewhere, stages)
+            if inner is not done.model:
+                user_state.answer_wrapper(done.model, inner)
+                answer_module_attribute(
+                    inner, layout, holds_part, full_weights=lambda: self.full_state_dict(prepared())
+                )
         return answer_module_attribute(
             done.model,
-            self.plan.describe(),
-            self.plan.shards_parameters or self.plan.pp > 1,
+            layout,
+            holds_part,
             full_weights=lambda: self.full_state_dict(prepared()),
+            no_sync=lambda: self.no_sync(prepared()),
         )
 
     def held_elsewhere(self, key: str) -> bool:
