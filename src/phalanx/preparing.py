@@ -5,6 +5,7 @@ facade (facade.py) builds one `Preparing` and delegates its prepare verbs here."
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -87,6 +88,10 @@ class Preparing:
         strategy = self.strategy()
         if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
             model = strategy.convert_sync_batchnorm(model)
+        elif self.ctx.is_main_process:  # per-rank statistics: said once, with the fix
+            unsynced = strategy.unsynced_batchnorm_warning(model)
+            if unsynced is not None:
+                warnings.warn(unsynced, stacklevel=4)
         shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
         self.throughput.set_model(
             shape and shape.flops_per_token,

@@ -65,5 +65,8 @@ class Strategy(Protocol):
         """For loading full weights: which state-dict keys belong to other ranks' pipeline stages
         (None: every key is this rank's)."""
 
+    def unsynced_batchnorm_warning(self, model: nn.Module) -> str | None:
+        """What prepare says where BatchNorm layers keep per-rank statistics in a data-parallel layout."""
+
     def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
         """BatchNorm layers synced over the ranks that read different data (refused where they can't be)."""

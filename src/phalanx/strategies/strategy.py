@@ -179,6 +179,23 @@ class ParallelStrategy:
             sync_batchnorm.refuse_under_pipeline(model, f"pp={self.plan.pp}")
         return sync_batchnorm.convert(model, self.ctx.device, self.dp_group)
 
+    def unsynced_batchnorm_warning(self, model: nn.Module) -> str | None:
+        """What prepare says once where this data-parallel layout meets BatchNorm layers left unsynced:
+        each rank normalizes with its own statistics, silently unlike one process (None: nothing to say;
+        under pp, where sync_batchnorm is refused, neither)."""
+        norms = sync_batchnorm.unsynced_batchnorms(model)
+        ranks = self.plan.dp_size
+        if not norms or ranks < 2 or self.plan.pp > 1:
+            return None
+        shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+        return (
+            f"phalanx: BatchNorm layer(s) {shown} under {self.plan.describe()}: each of the {ranks} data-parallel "
+            f"ranks normalizes with the statistics of its own 1/{ranks} of the batch and keeps its own running "
+            "mean and variance (the main process's are saved), so training differs from one process on the "
+            "global batch. HINT: sync_batchnorm=True (Phalanx(sync_batchnorm=True), --sync-batchnorm, "
+            "PHALANX_SYNC_BATCHNORM=1) computes them over every rank's samples"
+        )
+
     def pipeline(self, model: nn.Module) -> PipelineRunner | None:
         """The runner of a model prepared under pp > 1 (None without pp); ValueError for a model
         this strategy did not prepare under pp."""
