@@ -24,6 +24,7 @@ from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import wrap_optimizer
 from phalanx.loop.callbacks import LoopCallbacks
+from phalanx.model import compile as compile_units
 from phalanx.model import flops
 from phalanx.runtime import device_peaks
 from phalanx.runtime.context import DistContext
@@ -84,6 +85,7 @@ class Preparing:
 
     def model(self, model: nn.Module) -> nn.Module:
         """px.prepare_model."""
+        model, compiled = compile_units.unwrap_compiled(model)  # torch.compile(model) before prepare
         self.decide(model)  # auto: sized from this model, then replicas or shards of its degrees
         strategy = self.strategy()
         if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
@@ -99,7 +101,7 @@ class Preparing:
             share=self.plan().flops_share,
         )  # tp, cp and pp split the FLOPs
         tied = tied_names(model)  # before a pipeline cut leaves this rank one of a tied parameter's names
-        model = self.checkpointer.track(strategy.setup_model(model), tied=tied)
+        model = self.checkpointer.track(strategy.setup_model(model, compiled), tied=tied)
         hook_state = ddp_options.hook_state_of(model)
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
             self.checkpointer.register(hook_state, per_rank=True)

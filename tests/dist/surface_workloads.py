@@ -144,3 +144,46 @@ def pipeline_state(settings: dict[str, Any]) -> dict[str, Any]:
     _next_token_loss(reference(ids[:, :-1]), ids[:, 1:]).backward()
     out["one_process_norm"] = torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e9).item()
     return out
+
+
+BACKEND = "aot_eager"  # torch.compile's graphs and autograd, without inductor's C++ build (minutes on CPU)
+
+
+def compiled_steps(optimizer: torch.optim.Optimizer, forward_backward: Any) -> None:
+    """2 SGD steps on 4 rows each: `forward_backward(rows)` runs the loss and its backward."""
+    for step in range(2):
+        forward_backward(torch.cat([batch(step, 0, 0), batch(step, 1, 0)]))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def compiled_reference() -> dict[str, torch.Tensor]:
+    """One process: `torch.compile(model)`, then the steps."""
+    model = torch.compile(tiny_llama(), backend=BACKEND)
+
+    def forward_backward(rows: torch.Tensor) -> None:
+        _next_token_loss(model(rows[:, :-1]), rows[:, 1:]).backward()
+
+    compiled_steps(torch.optim.SGD(model.parameters(), lr=0.5), forward_backward)
+    return {k.removeprefix("_orig_mod."): v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def compiled_before_prepare(cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`model = torch.compile(model)` then px.prepare, in each layout of `cases`; the main process's
+    full weights after the steps (or the error a layout raised)."""
+    out: dict[str, Any] = {}
+    for name, settings in cases.items():
+        px = Phalanx(**settings)
+        try:
+            model = px.prepare(torch.compile(tiny_llama(), backend=BACKEND))
+        except Exception as error:  # noqa: BLE001 - what the script would see, reported to the test
+            out[name] = f"{type(error).__name__}: {error}"
+            continue
+
+        def forward_backward(rows: torch.Tensor, px: Phalanx = px, model: nn.Module = model) -> None:
+            mine = rows.chunk(px.dp_size)[px.dp_rank]  # this rank's rows of the global batch
+            px.forward_backward(model, mine[:, :-1], mine[:, 1:], _next_token_loss)
+
+        compiled_steps(px.prepare(torch.optim.SGD(model.parameters(), lr=0.5)), forward_backward)
+        out[name] = {k: v.detach().clone() for k, v in px.get_state_dict(model).items()}
+    return out

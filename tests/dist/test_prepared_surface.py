@@ -5,6 +5,7 @@ writes, a script in one process resumes from them, `load_state_dict` takes one p
 gives the whole model's norm. Each compared with the same loop in plain torch in one process."""
 
 import pytest
+import torch
 
 from tests.dist.harness import run_ranks
 
@@ -35,3 +36,21 @@ def test_pipeline_state_dict_is_refused_with_the_way_and_torch_clip_is_global():
         assert 0 < r["stage_keys"] < 21 and r["stage_loaded"] == 0.0, r
         assert abs(r["clip_norm"] - r["one_process_norm"]) <= 1e-5 * r["one_process_norm"], r
         assert r["hand_norm"] < r["clip_norm"] - 1e-3, r  # by hand over p.grad: this stage's only
+
+
+COMPILED = {"zero3": {"strategy": "zero3"}, "tp2": {"strategy": "ddp", "tp": 2}, "pp2": {"strategy": "ddp", "pp": 2}}
+
+
+def test_a_model_compiled_before_prepare_trains_as_one_process_compiled():
+    """`model = torch.compile(model)` before px.prepare (a KeyError under zero3 and pp, 'OptimizedModule
+    has no tensor-parallel plan' under tp): the layout applies to the module inside, compiled again
+    unit by unit; 2 steps equal one process's compiled model."""
+    from tests.dist import surface_workloads as w
+
+    r0 = run_ranks("tests.dist.surface_workloads:compiled_before_prepare", 2, args=(COMPILED,), timeout=280)[0]
+    expected = w.compiled_reference()
+    for layout in COMPILED:
+        assert isinstance(r0[layout], dict), f"{layout}: {r0[layout]}"
+        assert sorted(r0[layout]) == sorted(expected), layout
+        for key, value in expected.items():
+            torch.testing.assert_close(r0[layout][key], value, rtol=1e-5, atol=1e-6, msg=f"{layout} {key}")

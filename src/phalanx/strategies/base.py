@@ -29,8 +29,10 @@ class Strategy(Protocol):
     context: ContextParallel
     """cp: this rank's cut of each row and the verbs over it (size 1: no cut, calls pass through)."""
 
-    def setup_model(self, model: nn.Module) -> nn.Module:
-        """Move `model` to the device and wrap it for this strategy."""
+    def setup_model(self, model: nn.Module, compiled: dict[str, Any] | None = None) -> nn.Module:
+        """Move `model` to the device and wrap it for this strategy; `compiled`: the script compiled
+        it before prepare with these torch.compile options, so its units are compiled with them
+        (unless the compile setting gives its own)."""
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         """Make `optimizer` act on the parameters of the wrapped `model` (same groups/hyperparameters)."""

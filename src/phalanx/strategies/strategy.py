@@ -74,7 +74,7 @@ class ParallelStrategy:
         return self.plan.preset
 
     # ---- the model and its optimizer --------------------------------------------------------
-    def setup_model(self, model: nn.Module) -> nn.Module:
+    def setup_model(self, model: nn.Module, compiled: dict[str, Any] | None = None) -> nn.Module:
         self.context.prepare(model)  # cp: the model's attention sent across the cut, or refused
         # every name of a tied parameter: a pipeline stage may hold it under one of them only
         before = list(model.named_parameters(remove_duplicate=False))
@@ -88,7 +88,7 @@ class ParallelStrategy:
         done = parallelize(
             model,
             self.layout,
-            options=self.options,
+            options=self.options if compiled is None or self.options.compile else self.options.compiled(compiled),
             precision=self.precision,
             device=self.ctx.device,
             backend=self.ctx.backend,
