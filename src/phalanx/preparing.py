@@ -20,6 +20,7 @@ from phalanx.checkpoint.tied_names import tied_names
 from phalanx.config import PhalanxConfig
 from phalanx.config.names import Needs
 from phalanx.data.batch_records import BatchRecords
+from phalanx.data import shadow_rows
 from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import wrap_optimizer
@@ -110,6 +111,7 @@ class Preparing:
         self.prepared.append(model)
         if self.step.pipeline(model) is None:  # a pipeline step marks its own phase
             watch_module(self.progress, model)
+            shadow_rows.install(model, strategy.unwrap(model))  # a batch of no rows through transformers
         return model
 
     def optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:

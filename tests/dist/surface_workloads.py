@@ -187,3 +187,45 @@ def compiled_before_prepare(cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
         compiled_steps(px.prepare(torch.optim.SGD(model.parameters(), lr=0.5)), forward_backward)
         out[name] = {k: v.detach().clone() for k, v in px.get_state_dict(model).items()}
     return out
+
+
+def _five_rows() -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(7)
+    return torch.utils.data.TensorDataset(torch.randint(0, VOCAB, (5, SEQ), generator=g))
+
+
+def short_last_batch_reference() -> dict[str, Any]:
+    """One process: 5 rows in batches of 4, transformers' `labels=` loss."""
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for (ids,) in torch.utils.data.DataLoader(_five_rows(), batch_size=4):
+        _loss(model, ids).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"items": 5, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def short_last_batch(cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The same loop on 2 ranks, 2 rows each: the last step leaves rank 1 no rows (its batch is
+    padding), which transformers' attention cannot reshape."""
+    out: dict[str, Any] = {}
+    for name, settings in cases.items():
+        px = Phalanx(**settings)
+        model = tiny_llama()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        loader = torch.utils.data.DataLoader(_five_rows(), batch_size=2)
+        model, optimizer, loader = px.prepare(model, optimizer, loader)
+        items, rows = 0, []
+        for (ids,) in loader:
+            rows.append(len(ids))
+            items += len(ids)
+            px.backward(_loss(model, ids))
+            optimizer.step()
+            optimizer.zero_grad()
+        state = px.get_state_dict(model)
+        out[name] = {
+            "rows": rows,
+            "items": int(px.reduce(torch.tensor(items), "sum")),
+            "state": {k: v.detach().clone() for k, v in state.items()},
+        }
+    return out

@@ -54,3 +54,22 @@ def test_a_model_compiled_before_prepare_trains_as_one_process_compiled():
         assert sorted(r0[layout]) == sorted(expected), layout
         for key, value in expected.items():
             torch.testing.assert_close(r0[layout][key], value, rtol=1e-5, atol=1e-6, msg=f"{layout} {key}")
+
+
+SHORT = {"ddp": {"strategy": "ddp"}, "zero3": {"strategy": "zero3"}}
+
+
+def test_a_rank_left_no_rows_by_the_short_last_batch_runs_a_transformers_model_as_one_process():
+    """5 rows on 2 ranks of 2: the last step gives rank 1 no rows, which transformers' attention could
+    not reshape ('cannot reshape tensor of 0 elements'); its forward now runs a shadow row weighed 0."""
+    from tests.dist import surface_workloads as w
+
+    ranks = run_ranks("tests.dist.surface_workloads:short_last_batch", 2, args=(SHORT,), timeout=240)
+    expected = w.short_last_batch_reference()
+    for layout in SHORT:
+        assert [r[layout]["rows"] for r in ranks] == [[2, 1], [2, 0]], layout
+        assert ranks[0][layout]["items"] == expected["items"], layout
+        got = ranks[0][layout]["state"]
+        assert sorted(got) == sorted(expected["state"]), layout
+        for key, value in expected["state"].items():
+            torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-6, msg=f"{layout} {key}")
