@@ -5,6 +5,7 @@ facade (facade.py) builds one `Preparing` and delegates its prepare verbs here."
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -19,17 +20,19 @@ from phalanx.checkpoint.tied_names import tied_names
 from phalanx.config import PhalanxConfig
 from phalanx.config.names import Needs
 from phalanx.data.batch_records import BatchRecords
+from phalanx.data import shadow_rows
 from phalanx.data.loader import PreparedLoader, scale_batch
 from phalanx.loop import scheduler as lr_scheduler
 from phalanx.loop.accumulation import wrap_optimizer
 from phalanx.loop.callbacks import LoopCallbacks
+from phalanx.model import compile as compile_units
 from phalanx.model import flops
 from phalanx.runtime import device_peaks
 from phalanx.runtime.context import DistContext
 from phalanx.runtime.profiler import StepProfiler
 from phalanx.runtime.step_tracker import StepTracker, watch_module, watch_optimizer
 from phalanx.stepping import Stepping
-from phalanx.strategies import ddp_options, token_mean
+from phalanx.strategies import ddp_options, token_mean, user_state
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.choice import StrategyChoice
 from phalanx.strategies.optimizers.closure_loss import closure_wrapper
@@ -83,10 +86,15 @@ class Preparing:
 
     def model(self, model: nn.Module) -> nn.Module:
         """px.prepare_model."""
+        model, compiled = compile_units.unwrap_compiled(model)  # torch.compile(model) before prepare
         self.decide(model)  # auto: sized from this model, then replicas or shards of its degrees
         strategy = self.strategy()
         if self.config.sync_batchnorm:  # before wrapping: DDP and FSDP2 then see the converted layers
             model = strategy.convert_sync_batchnorm(model)
+        elif self.ctx.is_main_process:  # per-rank statistics: said once, with the fix
+            unsynced = strategy.unsynced_batchnorm_warning(model)
+            if unsynced is not None:
+                warnings.warn(unsynced, stacklevel=4)
         shape = flops.transformer_shape(model)  # MFU: a transformer stack's FLOPs, on a GPU with a known peak
         self.throughput.set_model(
             shape and shape.flops_per_token,
@@ -94,7 +102,7 @@ class Preparing:
             share=self.plan().flops_share,
         )  # tp, cp and pp split the FLOPs
         tied = tied_names(model)  # before a pipeline cut leaves this rank one of a tied parameter's names
-        model = self.checkpointer.track(strategy.setup_model(model), tied=tied)
+        model = self.checkpointer.track(strategy.setup_model(model, compiled), tied=tied)
         hook_state = ddp_options.hook_state_of(model)
         if hook_state is not None:  # PowerSGD's error feedback: per rank, so in each rank's file
             self.checkpointer.register(hook_state, per_rank=True)
@@ -109,6 +117,7 @@ class Preparing:
         self.prepared.append(model)
         if self.step.pipeline(model) is None:  # a pipeline step marks its own phase
             watch_module(self.progress, model)
+            shadow_rows.install(model, strategy.unwrap(model))  # a batch of no rows through transformers
         return model
 
     def optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
@@ -132,6 +141,7 @@ class Preparing:
                 wrap_closure=closure_wrapper(optimizer, strategy.plan, strategy.dp_group),
             )
         )
+        user_state.answer_optimizer(optimizer, strategy.plan)  # its state_dict(): the full state, or refused
         self.prepared.append(optimizer)
         watch_optimizer(self.progress, optimizer)
         if self.profiler is not None:  # after the step counter's hook: it reads global_step

@@ -3,6 +3,8 @@ every rank, and the one-process reference on the global batch (run in-process by
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -49,7 +51,10 @@ def train(strategy: str, sync_batchnorm: bool) -> dict:
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.3)
     loader = DataLoader(make_data(), batch_size=PER_RANK)
-    model, optimizer, loader = px.prepare(model, optimizer, loader)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, optimizer, loader = px.prepare(model, optimizer, loader)
+    said = [str(w.message) for w in caught if "BatchNorm" in str(w.message)]
     inner = px.unwrap_model(model)
     kinds = {
         "synced": sum(isinstance(m, CPUSyncBatchNorm) for m in inner.modules()),
@@ -60,7 +65,7 @@ def train(strategy: str, sync_batchnorm: bool) -> dict:
         optimizer.step()
         optimizer.zero_grad()
     state = px.get_state_dict(model)
-    return {"state": {k: v.detach().clone() for k, v in state.items()}, "kinds": kinds}
+    return {"state": {k: v.detach().clone() for k, v in state.items()}, "kinds": kinds, "warned": said}
 
 
 def matrix(cases: dict[str, dict]) -> dict:

@@ -107,7 +107,7 @@ def train(
         "losses": losses,
         "norms": norms,
         "keys": sorted(px.get_state_dict(model)),
-        "state_dict": sorted(px.unwrap_model(model).state_dict()),
+        "state_dict": sorted(nn.Module.state_dict(px.unwrap_model(model))),  # this rank's names (pp: its stage's)
     }
     if px.rank == 0:
         ref = reference(family, global_batch, done + steps, lr, start, clip_value)

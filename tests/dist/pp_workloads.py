@@ -229,7 +229,7 @@ def load_weights(path: str) -> dict[str, Any]:
     px = Phalanx(strategy="ddp", pp=2)
     model = px.prepare(make_model(2))
     result = px.load_model(model, path)
-    out: dict[str, Any] = {"loaded": sorted(result.loaded), "state": dict(px.unwrap_model(model).state_dict())}
+    out: dict[str, Any] = {"loaded": sorted(result.loaded), "state": dict(nn.Module.state_dict(model))}  # this stage's
     for case, source in (
         ("torch file", path.replace(".safetensors", ".pt")),
         ("unexpected", path.replace("model.safetensors", "extra.safetensors")),

@@ -28,6 +28,7 @@ def runs() -> dict:
 def test_synced_batchnorm_on_two_cpu_ranks_equals_one_process(runs, case):
     result = runs["ranks"][0][case]
     assert result["kinds"] == {"synced": 2, "unsynced": []}
+    assert result["warned"] == []
     assert result["state"].keys() == runs["reference"].keys()  # same state dict as the BatchNorm model
     for key, value in runs["reference"].items():
         torch.testing.assert_close(
@@ -41,3 +42,11 @@ def test_unsynced_batchnorm_differs_from_one_process(runs):
     ref = runs["reference"]
     assert not torch.allclose(result["state"]["1.running_var"], ref["1.running_var"], rtol=1e-3)
     assert not torch.allclose(result["state"]["7.weight"], ref["7.weight"], rtol=1e-3)
+
+
+def test_unsynced_batchnorm_under_a_data_parallel_layout_is_said_once_at_prepare_with_the_setting(runs):
+    """Per-rank statistics are what torch's DDP does too, but silently unlike one process (issue 51):
+    the main process says so once, naming the layers and sync_batchnorm; other ranks say nothing."""
+    main, other = (r["ddp_unsynced"]["warned"] for r in runs["ranks"])
+    assert len(main) == 1 and other == [], (main, other)
+    assert "1 (BatchNorm2d), 5 (BatchNorm1d)" in main[0] and "sync_batchnorm=True" in main[0], main[0]

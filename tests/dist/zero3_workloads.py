@@ -119,7 +119,8 @@ def _meta_equals_normal(strategy: str, how: str) -> bool | None:
 
 
 def _local_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().clone() for k, v in model.state_dict().items()}
+    own = nn.Module.state_dict(model)  # this rank's shards (the prepared model's state_dict() is the full one)
+    return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().clone() for k, v in own.items()}
 
 
 def _save_file_checkpoint(path: str, seed: int) -> dict[str, torch.Tensor]:

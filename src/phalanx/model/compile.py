@@ -48,6 +48,33 @@ def options_of(spec: CompileSpec) -> dict[str, Any] | None:
     raise ValueError(f"compile must be True/False or a dict of torch.compile options, got {spec!r}")
 
 
+def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, dict[str, Any] | None]:
+    """A model the script compiled before prepare (`model = torch.compile(model)`, an OptimizedModule)
+    as the module inside it, and the torch.compile options to compile it again with (None: it was
+    not compiled). The layout applies to the module (its names carry no `_orig_mod.`, its class has
+    the tensor-parallel and pipeline plans), then phalanx compiles each sharding unit with the
+    script's own backend (its mode and options inside it), as one process compiles the whole."""
+    if not isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        return model, None
+    get_logger().info(
+        "px.prepare: the model came compiled (torch.compile(model)); phalanx lays out the module inside it "
+        "and compiles each sharding unit with the same backend (Phalanx(compile={...}) sets other options)"
+    )
+    return model._orig_mod, _backend_of(model)
+
+
+def _backend_of(compiled: nn.Module) -> dict[str, Any]:
+    """{"backend": the compiler torch.compile was given (its mode and options inside)}, read where
+    torch keeps it (tests/unit/test_compile_unwrap.py pins it); {} (torch's default) if not found."""
+    try:
+        from torch._dynamo.eval_frame import innermost_backend
+
+        backend = innermost_backend(compiled.dynamo_ctx.callback)  # type: ignore[union-attr]
+    except (ImportError, AttributeError):
+        return {}
+    return {"backend": backend} if callable(backend) else {}
+
+
 def usable(device: torch.device) -> bool:
     """False (with one warning) when compiling cannot work here: CPU without a C++ compiler."""
     if device.type == "cpu" and find_cxx_compiler() is None:

@@ -29,8 +29,10 @@ class Strategy(Protocol):
     context: ContextParallel
     """cp: this rank's cut of each row and the verbs over it (size 1: no cut, calls pass through)."""
 
-    def setup_model(self, model: nn.Module) -> nn.Module:
-        """Move `model` to the device and wrap it for this strategy."""
+    def setup_model(self, model: nn.Module, compiled: dict[str, Any] | None = None) -> nn.Module:
+        """Move `model` to the device and wrap it for this strategy; `compiled`: the script compiled
+        it before prepare with these torch.compile options, so its units are compiled with them
+        (unless the compile setting gives its own)."""
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         """Make `optimizer` act on the parameters of the wrapped `model` (same groups/hyperparameters)."""
@@ -64,6 +66,9 @@ class Strategy(Protocol):
     def stage_filter(self) -> Callable[[str], bool] | None:
         """For loading full weights: which state-dict keys belong to other ranks' pipeline stages
         (None: every key is this rank's)."""
+
+    def unsynced_batchnorm_warning(self, model: nn.Module) -> str | None:
+        """What prepare says where BatchNorm layers keep per-rank statistics in a data-parallel layout."""
 
     def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
         """BatchNorm layers synced over the ranks that read different data (refused where they can't be)."""

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from torch import nn
 
+from phalanx.strategies.user_state import ANSWERS
+
 # model -> how to shard a plain copy of it again (recorded by fsdp.apply)
 _RESHARD: "weakref.WeakKeyDictionary[nn.Module, Callable[[nn.Module], None]]" = weakref.WeakKeyDictionary()
 
@@ -76,6 +78,8 @@ def deepcopy_sharded(model: nn.Module, memo: dict[int, Any]) -> nn.Module:
                 memo[id(value)] = type(value)()
         if isinstance(m, FSDPModule):
             classes[m] = type(m)
+    # the model's own state_dict answers (user_state.py) are bound to it: the copy keeps its class's
+    answers = {k: model.__dict__.pop(k) for k in ANSWERS if k in model.__dict__}
     try:
         for m, cls in classes.items():  # the user's own class: FSDP's refuses deepcopy
             m.__class__ = next(c for c in cls.__mro__ if not issubclass(c, FSDPModule))
@@ -83,5 +87,6 @@ def deepcopy_sharded(model: nn.Module, memo: dict[int, Any]) -> nn.Module:
     finally:
         for m, cls in classes.items():
             m.__class__ = cls
+        model.__dict__.update(answers)
     _RESHARD[model](plain)
     return plain

@@ -5,7 +5,8 @@ ddp and dp the prepared model is torch's wrapper and `.module` is the user's mod
 every other layout the model is the user's module itself, laid out in place, and `.module` raises
 a message naming `px.get_state_dict(model)` and `px.unwrap_model(model)` instead of a bare
 AttributeError: sharded (zero2/zero3/hsdp), split by tensor parallel or cut into pipeline stages,
-its state_dict holds this rank's part only, and a rank-0 save of it would look like a whole model.
+it holds this rank's part only (its `state_dict()` gathers the whole model, or is refused under
+pp: strategies/user_state.py). The model also answers DDP's `no_sync()` where its class has none.
 
 It stays an AttributeError, so `hasattr(model, "module")` is False and code that unwraps "if it has
 a .module" (transformers' unwrap_model, `getattr(model, "module", model)`) keeps working; a
@@ -15,28 +16,32 @@ becomes a subclass of its own class (as FSDP2's `fully_shard` does) that answers
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from phalanx.checkpoint.save_pretrained import save_full
-from phalanx.strategies import fsdp_copy
+from phalanx.strategies import fsdp_copy, user_state
 
 _SUBCLASSES: dict[type, type] = {}
 # model -> its full weights, gathered by every rank (a model holding part of them only): its
 # save_pretrained writes those. Kept outside the model, which torch.save and deepcopy must copy.
 _FULL_WEIGHTS: "weakref.WeakKeyDictionary[nn.Module, Callable[[], dict]]" = weakref.WeakKeyDictionary()
+# model -> its `no_sync()` in its layout: DDP's documented accumulation (`with model.no_sync():`)
+_NO_SYNC: "weakref.WeakKeyDictionary[nn.Module, Callable[[], ContextManager[None]]]" = weakref.WeakKeyDictionary()
 
 
 def module_message(layout: str, holds_part: bool) -> str:
     """What `model.module` says under `layout` (e.g. "zero3 (dp_shard=2)")."""
     if holds_part:
         what = (
-            "its state_dict() holds this rank's part only, not the whole model. HINT: px.get_state_dict(model) "
-            "gives the full weights on the main process (save those from rank 0 with torch.save)"
+            "it holds this rank's part only, not the whole model (its state_dict() gathers the whole model on "
+            "every rank; under pp it is refused). HINT: state = model.state_dict() on every rank, or "
+            "px.get_state_dict(model), gives the full weights (save those from rank 0 with torch.save)"
         )
     else:
         what = (
@@ -49,16 +54,23 @@ def module_message(layout: str, holds_part: bool) -> str:
 
 
 def answer_module_attribute(
-    model: nn.Module, layout: str, holds_part: bool, full_weights: Callable[[], dict] | None = None
+    model: nn.Module,
+    layout: str,
+    holds_part: bool,
+    full_weights: Callable[[], dict] | None = None,
+    no_sync: Callable[[], ContextManager[None]] | None = None,
 ) -> nn.Module:
     """Make `model.module` raise `module_message` (nothing changes if `model` has a `.module`; a
     model prepared again keeps its class and gets the new layout's message). `full_weights`
-    (where `holds_part`): gathers the full weights; a `save_pretrained` of the model's writes them."""
+    (where `holds_part`): gathers the full weights; a `save_pretrained` of the model's writes them.
+    `no_sync`: the layout's gradient-sync pause, the model's `no_sync()` (where its class has none)."""
     wrapped = model.module if isinstance(model, (DistributedDataParallel, DataParallel)) else None
     if holds_part and full_weights is not None:
         _FULL_WEIGHTS[model if wrapped is None else wrapped] = full_weights
         if wrapped is not None:  # ep under DDP: the module DDP wraps holds this rank's experts only
             _answer(wrapped, f"{type(wrapped).__name__!r} object has no attribute 'module'", layout)
+    if no_sync is not None:
+        _NO_SYNC[model] = no_sync
     if hasattr(model, "module"):  # torch's DDP / DataParallel, or the user's own submodule of that name
         return model
     _answer(model, module_message(layout, holds_part), layout)
@@ -95,6 +107,9 @@ def _answering_subclass(base: type) -> type:
         if isinstance(reduced, tuple) and len(reduced) >= 2 and reduced[1] and reduced[1][0] is type(self):
             # object.__new__(base), then the same state: stdlib only, so loading needs no phalanx
             reduced = (copyreg._reconstructor, (base, object, None), *reduced[2:])
+        if isinstance(reduced, tuple) and len(reduced) >= 3 and isinstance(reduced[2], dict):
+            state = {k: v for k, v in reduced[2].items() if k not in user_state.ANSWERS}  # bound to this model
+            reduced = (*reduced[:2], state, *reduced[3:])
         return reduced
 
     members: dict[str, Any] = {
@@ -123,4 +138,14 @@ def _answering_subclass(base: type) -> type:
             return save_full(lambda *a, **k: base.save_pretrained(self, *a, **k), full, save_directory, *args, **kwargs)
 
         members["save_pretrained"] = save_pretrained
+    if not callable(getattr(base, "no_sync", None)):
+
+        def no_sync(self: nn.Module) -> ContextManager[None]:
+            """DDP's `with model.no_sync():` accumulation in this layout: FSDP2's gradient sync paused
+            (zero2/zero3/hsdp), nothing under tensor or pipeline parallel alone (nothing to sync, or
+            the pipeline syncs once per step)."""
+            pause = _NO_SYNC.get(self)
+            return pause() if pause is not None else contextlib.nullcontext()
+
+        members["no_sync"] = no_sync
     return type(base.__name__, (base,), members)

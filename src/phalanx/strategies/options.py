@@ -4,7 +4,7 @@ compiled, split by tensor parallel and cut into pipeline stages, DDP's options).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
 from torch import nn
@@ -66,6 +66,11 @@ class StrategyOptions(DimensionOptions):
     """ddp/zero1: DistributedDataParallel's options and comm hook (from the settings schema)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Strategy-specific keyword arguments, e.g. {'ddp_kwargs': {...}}."""
+
+    def compiled(self, spec: dict[str, Any]) -> "StrategyOptions":
+        """These options with each sharding unit compiled with torch.compile options `spec` (a model
+        the script compiled before prepare)."""
+        return replace(self, compile=spec)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None, **overrides: Any) -> "StrategyOptions":

@@ -17,7 +17,7 @@ from phalanx.loop.precision import Precision
 from phalanx.model import activation_ckpt, sync_batchnorm
 from phalanx.runtime.context import DistContext
 from phalanx.logging.rank_log import get_logger
-from phalanx.strategies import dimensions, fsdp
+from phalanx.strategies import dimensions, fsdp, user_state
 from phalanx.strategies.optimizers import fused_step, grad_norm, optimizer_kinds, whole_tensor_step
 from phalanx.strategies.module_attr import answer_module_attribute
 from phalanx.strategies.optimizers.optimizer_kinds import Route
@@ -25,7 +25,7 @@ from phalanx.strategies.optimizers.shared_groups import shared_groups
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.context.step import ContextParallel
 from phalanx.strategies.layout import Layout
-from phalanx.strategies.parallelize import Wrapper, parallelize
+from phalanx.strategies.parallelize import Parallelized, Wrapper, parallelize
 from phalanx.strategies.pipeline import grads as pipeline_grads
 from phalanx.strategies.pipeline import save as pipeline_save
 from phalanx.strategies.pipeline import state as pipeline_state
@@ -75,7 +75,7 @@ class ParallelStrategy:
         return self.plan.preset
 
     # ---- the model and its optimizer --------------------------------------------------------
-    def setup_model(self, model: nn.Module) -> nn.Module:
+    def setup_model(self, model: nn.Module, compiled: dict[str, Any] | None = None) -> nn.Module:
         self.context.prepare(model)  # cp: the model's attention sent across the cut, or refused
         # every name of a tied parameter: a pipeline stage may hold it under one of them only
         before = list(model.named_parameters(remove_duplicate=False))
@@ -89,7 +89,7 @@ class ParallelStrategy:
         done = parallelize(
             model,
             self.layout,
-            options=self.options,
+            options=self.options if compiled is None or self.options.compile else self.options.compiled(compiled),
             precision=self.precision,
             device=self.ctx.device,
             backend=self.ctx.backend,
@@ -139,13 +139,31 @@ class ParallelStrategy:
                 done.pipeline.schedule,
                 done.pipeline.num_microbatches,
             )
+        return self._answer_script_calls(done, splits_experts=bool(applied))
+
+    def _answer_script_calls(self, done: Parallelized, splits_experts: bool) -> nn.Module:
+        """The prepared model answers what scripts call on it in this layout: `.module`, `no_sync()`,
+        and where ranks hold parts of it `state_dict()` and `save_pretrained` (user_state.py,
+        module_attr.py); under torch's DDP (tp or a pipeline stage with replicas) its `.module` too."""
         prepared = weakref.ref(done.model)  # kept beside the model: no reference that keeps it alive
+        holds_part = self.plan.shards_parameters or self.plan.pp > 1
+        inner = self.unwrap(done.model)
+        layout = self.plan.describe()
+        if holds_part:  # the script's state_dict(): the full state, or refused under pp
+            stages = str(list(done.stages.stage_indices)) if done.stages is not None else ""
+            user_state.answer_model(inner, self.plan, self.held_elsewhere, stages)
+            if inner is not done.model:
+                user_state.answer_wrapper(done.model, inner)
+                answer_module_attribute(
+                    inner, layout, holds_part, full_weights=lambda: self.full_state_dict(prepared())
+                )
         return answer_module_attribute(
             done.model,
-            self.plan.describe(),
+            layout,
             # ep's split experts too (beside DDP): their save_pretrained writes one process's model
-            self.plan.shards_parameters or self.plan.pp > 1 or bool(applied),
+            holds_part or splits_experts,
             full_weights=lambda: self.full_state_dict(prepared()),
+            no_sync=lambda: self.no_sync(prepared()),
         )
 
     def held_elsewhere(self, key: str) -> bool:
@@ -162,6 +180,23 @@ class ParallelStrategy:
         if self.plan.pp > 1:
             sync_batchnorm.refuse_under_pipeline(model, f"pp={self.plan.pp}")
         return sync_batchnorm.convert(model, self.ctx.device, self.dp_group)
+
+    def unsynced_batchnorm_warning(self, model: nn.Module) -> str | None:
+        """What prepare says once where this data-parallel layout meets BatchNorm layers left unsynced:
+        each rank normalizes with its own statistics, silently unlike one process (None: nothing to say;
+        under pp, where sync_batchnorm is refused, neither)."""
+        norms = sync_batchnorm.unsynced_batchnorms(model)
+        ranks = self.plan.dp_size
+        if not norms or ranks < 2 or self.plan.pp > 1:
+            return None
+        shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+        return (
+            f"phalanx: BatchNorm layer(s) {shown} under {self.plan.describe()}: each of the {ranks} data-parallel "
+            f"ranks normalizes with the statistics of its own 1/{ranks} of the batch and keeps its own running "
+            "mean and variance (the main process's are saved), so training differs from one process on the "
+            "global batch. HINT: sync_batchnorm=True (Phalanx(sync_batchnorm=True), --sync-batchnorm, "
+            "PHALANX_SYNC_BATCHNORM=1) computes them over every rank's samples"
+        )
 
     def pipeline(self, model: nn.Module) -> PipelineRunner | None:
         """The runner of a model prepared under pp > 1 (None without pp); ValueError for a model

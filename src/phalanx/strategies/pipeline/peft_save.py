@@ -64,7 +64,8 @@ class PeftSavePretrained:
     def _stage_adapter(self, name: str, embeddings: Any) -> dict[str, torch.Tensor]:
         from peft.utils import get_peft_model_state_dict
 
-        state = get_peft_model_state_dict(self.model, adapter_name=name, save_embedding_layers=embeddings)
+        own = type(self.model).state_dict(self.model)  # this stage's (the model's own state_dict() refuses under pp)
+        state = get_peft_model_state_dict(self.model, own, adapter_name=name, save_embedding_layers=embeddings)
         # a stage sharded over its data-parallel ranks (FSDP2) holds DTensors: each rank of it gathers
         return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in state.items()}
 
