@@ -22,6 +22,7 @@ ARITHMETIC = {
     # rooms below strategies/ (where ParallelPlan lives), called with plan.dp_size / plan.tp by the
     # rooms that hold the plan: formulas over one number
     "data/rank_sampler.py:describe": "the sampler's own data-parallel size, in its message",
+    "model/router_balance.py:pipeline_refusal": "whether there is a pipeline (pp > 1), and pp in its message",
     "data/split_batches.py:per_rank_batch_size": "global batch / the data-parallel ranks",
     "data/split_batches.py:not_dividing_message": "the message of the same division",
     # pipeline arithmetic in one variable, the number of pipeline ranks: used before any plan exists

@@ -52,6 +52,24 @@ def family_modules(model: nn.Module) -> list[Any]:
     return list(found.values())
 
 
+def pipeline_refusal(model: nn.Module, pp: int) -> str | None:
+    """Why `model`'s router load-balancing loss cannot train under `pp` > 1 stages, or None: each stage
+    sees only its own layers' router logits and the last stage's output carries no `aux_loss`, so a
+    loss_fn adding `out.aux_loss * router_aux_loss_coef` (transformers' formula) would drop the term
+    and the router would get no balancing gradient, silently (Mixtral under pp 2: step-0 loss 5.5737
+    against one process's 5.6137)."""
+    config = getattr(model, "config", None)
+    if pp <= 1 or not getattr(config, "output_router_logits", False) or not family_modules(model):
+        return None
+    return (
+        f"the router's load-balancing loss (output_router_logits=True) cannot train under pp={pp}: each "
+        "pipeline stage sees only its own layers' router logits and the last stage's output has no aux_loss, "
+        "so the term would be dropped without a word. HINT: train the router loss in a layout without pp "
+        "(ddp, zero1/2/3, hsdp, tp, cp or ep: there it equals one process's), or set "
+        "config.output_router_logits=False to train without it under pp"
+    )
+
+
 def globalise(
     model: nn.Module,
     group: Any,

@@ -23,6 +23,7 @@ from phalanx.strategies import ddp, dp, fsdp, tensor_parallel, tp_fit, tp_peft
 from phalanx.strategies.options import StrategyOptions
 from phalanx.strategies.context.layout import local_padding
 from phalanx.strategies.layout import Layout
+from phalanx.strategies.plan.parallel_plan import ParallelPlan
 from phalanx.strategies.pipeline import layout as pipeline_layout
 from phalanx.strategies.pipeline.cut import RankStages
 from phalanx.strategies.pipeline.runner import PipelineRunner
@@ -63,12 +64,7 @@ def parallelize(
     `after_tp`: what runs on the model between tensor parallel and data parallel (ep x tp's split)."""
     plan = layout.plan
     fills = init_replay.recorded_fills(model) if meta_init.is_meta(model) else {}  # before shards replace them
-    if plan.pp > 1 and plan.tp > 1 and options.sequence_parallel:  # before the model is cut
-        raise ValueError(
-            f"sequence_parallel with pp={plan.pp} x tp={plan.tp}: a pipeline stage's first block would take the "
-            "previous stage's sequence-split activations as whole ones (not built nor tested). HINT: leave "
-            "sequence_parallel off under pp, or use tp with a data-parallel layout for sequence parallel"
-        )
+    _refuse_before_cut(model, plan, options)
     cut = pipeline_layout.cut(model, plan, options, layout.mesh("pp").get_local_rank()) if plan.pp > 1 else None
     if cut is None and plan.grad_size > 1:  # an MoE router's load-balancing loss over the whole global batch
         router_balance.globalise(
@@ -126,6 +122,20 @@ def parallelize(
         )
         return _done(model, stages, Wrapper.DDP, tp_layers, cut, layout, device)
     return _done(model, stages, Wrapper.NONE, tp_layers, cut, layout, device)
+
+
+def _refuse_before_cut(model: nn.Module, plan: ParallelPlan, options: StrategyOptions) -> None:
+    """ValueError, before the model is cut into stages (its config is still the whole model's), for
+    what a pipeline cannot train as one process does."""
+    if plan.pp > 1 and plan.tp > 1 and options.sequence_parallel:
+        raise ValueError(
+            f"sequence_parallel with pp={plan.pp} x tp={plan.tp}: a pipeline stage's first block would take the "
+            "previous stage's sequence-split activations as whole ones (not built nor tested). HINT: leave "
+            "sequence_parallel off under pp, or use tp with a data-parallel layout for sequence parallel"
+        )
+    router_refusal = router_balance.pipeline_refusal(model, plan.pp)
+    if router_refusal is not None:
+        raise ValueError(router_refusal)
 
 
 def _router_refusal() -> str | None:
