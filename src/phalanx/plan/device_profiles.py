@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
-from phalanx.runtime.device_peaks import peak_flops
 
 # One achievable fraction of the peak for every GPU profile (not fitted per row or per GPU): large
 # bf16 GEMMs reach 70-80 % of H100's dense peak in cuBLAS, and a transformer layer's matmuls, with
@@ -61,6 +61,9 @@ class DeviceProfile:
 
 
 def _gpu(name: str, nvlink_gbs: float, nic_gbits: float, memory_tbs: float, source: str) -> DeviceProfile:
+    # imported here: `phalanx plan`'s flags are built by the launcher's CLI, which never imports the runtime
+    from phalanx.runtime.device_peaks import peak_flops
+
     return DeviceProfile(
         name=name,
         peak_flops=peak_flops(name, "bf16"),  # runtime/device_peaks.py: the data sheets' dense bf16
@@ -80,16 +83,16 @@ def _gpu(name: str, nvlink_gbs: float, nic_gbits: float, memory_tbs: float, sour
 # 900 GB/s, HBM3 3.35 TB/s), H200 (SXM: same compute, NVLink 900 GB/s, HBM3e 4.8 TB/s), A100 (SXM4
 # 80GB: 312 TFLOP/s bf16, NVLink 3 600 GB/s, HBM2e 2,039 GB/s); DGX H100/H200 nodes: 8 GPUs and 8 ConnectX-7 NDR 400 Gb/s NICs, DGX A100: 8 GPUs and 8
 # ConnectX-6 HDR 200 Gb/s NICs.
-BUILT_IN: dict[str, DeviceProfile] = {
-    "h100": _gpu("H100 SXM", 900, 400, 3.35, "NVIDIA H100 data sheet; DGX H100: 8 GPUs, 8x NDR 400 Gb/s"),
-    "h200": _gpu("H200 SXM", 900, 400, 4.8, "NVIDIA H200 data sheet; DGX H200: 8 GPUs, 8x NDR 400 Gb/s"),
-    "a100": _gpu("A100 SXM", 600, 200, 2.039, "NVIDIA A100 data sheet; DGX A100: 8 GPUs, 8x HDR 200 Gb/s"),
+BUILT_IN: dict[str, Callable[[], DeviceProfile]] = {  # each made when asked for
+    "h100": lambda: _gpu("H100 SXM", 900, 400, 3.35, "NVIDIA H100 data sheet; DGX H100: 8 GPUs, 8x NDR 400 Gb/s"),
+    "h200": lambda: _gpu("H200 SXM", 900, 400, 4.8, "NVIDIA H200 data sheet; DGX H200: 8 GPUs, 8x NDR 400 Gb/s"),
+    "a100": lambda: _gpu("A100 SXM", 600, 200, 2.039, "NVIDIA A100 data sheet; DGX A100: 8 GPUs, 8x HDR 200 Gb/s"),
     # This kind of machine (2 cores, torch 2.13 CPU, gloo), measured by plan/calibrate.py with 2 ranks on
     # 2026-11-29 while 4-5 other jobs ran (load average 5): each rank's fp32 512x512 matmul rate while
     # the other computes too, the fraction of it a transformer block's forward and backward reach, an
     # add over 32 MiB tensors, a 2-rank gloo all-reduce of 4 MiB and of one element. Between moments
     # of a loaded machine these figures differ by 2x or more: measure yours (--measure-profile).
-    "cpu": DeviceProfile(
+    "cpu": lambda: DeviceProfile(
         name="cpu",
         peak_flops=41.1e9,
         matmul_efficiency=0.85,
@@ -111,7 +114,7 @@ def load(name_or_file: str) -> DeviceProfile:
     ValueError with the fix."""
     key = name_or_file.lower().replace(" ", "").replace("-sxm", "")
     if key in BUILT_IN:
-        return BUILT_IN[key]
+        return BUILT_IN[key]()
     path = Path(name_or_file)
     if not path.is_file():
         raise ValueError(

@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 from phalanx.model import flops as model_flops
 from phalanx.plan import device_profiles, step_time
-from phalanx.plan.sharding import OFFLOAD
 from phalanx.strategies.plan.parallel_plan import ParallelPlan
 
 DEFAULT_PROFILE = "cpu"
@@ -120,6 +119,8 @@ def section(
     if isinstance(shape, str):
         return f"step time: not estimated: {shape}"
     pipeline = step_time.Pipeline(args.pp_schedule, args.pp_microbatches)
+    from phalanx.plan.sharding import OFFLOAD  # imports torch: the launcher's CLI builds plan's flags without it
+
     plans = {name: plan for name, plan in _with_cp(args, rows).items() if not name.endswith(OFFLOAD)}
     estimates = {name: step_time.estimate(plan, shape, prof, pipeline) for name, plan in plans.items()}
     labels = {name: _label(name, plan) for name, plan in plans.items()}
