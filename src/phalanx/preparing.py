@@ -108,16 +108,16 @@ class Preparing:
             self.checkpointer.register(hook_state, per_rank=True)
         self.checkpointer.strategy_name = strategy.name
         self.callbacks.notify("on_model", strategy.unwrap(model))
-        plan = self.plan()
-        if self.config.average_tokens_across_ranks and plan.grad_size > 1 and plan.pp == 1:
-            if token_mean.applies(strategy.unwrap(model)):  # labels=: the mean over every rank's targets
-                token_mean.average_tokens_across_ranks(
-                    model, lambda: strategy.layout.group("grad"), plan.grad_size, self.step.weighed_by_tokens
-                )
         self.prepared.append(model)
         if self.step.pipeline(model) is None:  # a pipeline step marks its own phase
             watch_module(self.progress, model)
             shadow_rows.install(model, strategy.unwrap(model))  # a batch of no rows through transformers
+        plan = self.plan()
+        if self.config.average_tokens_across_ranks and plan.grad_size > 1 and plan.pp == 1:
+            if token_mean.applies(strategy.unwrap(model)):  # labels=: the mean over every rank's targets
+                token_mean.average_tokens_across_ranks(  # its pre-hook goes first, before the shadow row's
+                    model, lambda: strategy.layout.group("grad"), plan.grad_size, self.step.weighed_by_tokens
+                )
         return model
 
     def optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:

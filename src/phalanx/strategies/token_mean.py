@@ -61,7 +61,9 @@ def average_tokens_across_ranks(
         if not module.training or not torch.is_grad_enabled():
             return None
         count = None if kwargs.get("num_items_in_batch") is not None else target_count(kwargs)
-        counted(count is not None)
+        # a batch of no rows (the short last step's padding) counts 0 here and is not said to be weighed:
+        # the shadow row data/shadow_rows.py runs after this hook is then weighed 0 by px.backward
+        counted(count is not None and _rows(kwargs) > 0)
         if count is None:
             return None
         total = count.to(torch.float64)  # exact for any count, and summed alike on gloo and NCCL
@@ -72,4 +74,11 @@ def average_tokens_across_ranks(
             dist.all_reduce(total, group=group())
         return args, {**kwargs, "num_items_in_batch": (total / ranks).to(torch.float32)}
 
-    model.register_forward_pre_hook(count_across_ranks, with_kwargs=True)
+    # first of the pre-hooks: it counts the batch as the script gave it (before a shadow row is put in)
+    model.register_forward_pre_hook(count_across_ranks, with_kwargs=True, prepend=True)
+
+
+def _rows(inputs: dict[str, Any]) -> int:
+    """The rows of the labels (or shift_labels) the script passed."""
+    labels = inputs.get("shift_labels", inputs.get("labels"))
+    return int(labels.shape[0]) if isinstance(labels, torch.Tensor) and labels.dim() > 0 else 0
