@@ -107,10 +107,9 @@ class SaveAttempt:
             if collectives.rank() == 0:
                 rmtree(self.staging, ignore_errors=True)
             removed = f"the staging directory {self.staging} was removed"
-        elif collectives.rank() == 0:  # what was done, truly: a symbolic link is not followed
-            removed = atomic.remove_staging(self.staging)
-        else:
-            removed = f"the staging directory {self.staging} was removed by rank 0"
+        else:  # rank 0 removes it (a symbolic link not followed) and its words, true, are every rank's
+            done = atomic.remove_staging(self.staging) if collectives.rank() == 0 else None
+            removed = collectives.broadcast_object(done, group=self.group)
         rank, text, _ = failed[0]
         others = [r for r, _, _ in failed[1:]]
         also = f" (and on rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})" if others else ""
