@@ -96,17 +96,23 @@ def format_failures(
     progress = progress or {}
     host = printable(host or socket.gethostname())  # a name from the environment: no terminal escapes
     lines: list[str] = []
+    shown: dict[str, int] = {}  # a traceback already shown -> the rank it was shown for
     for index, (rank, failure) in enumerate(ordered_failures(error.failures, progress, ended_at)):
         node = (rank - failure.local_rank) // max(1, nproc_per_node)
         how = describe_exit(failure.exitcode, failure.signal_name() if failure.exitcode < 0 else None)
         how = f"was {how}" if failure.exitcode < 0 else f"failed with {how}"
+        trace = _traceback(failure)
+        header = f"phalanx: rank {rank} (local rank {failure.local_rank} on node {node}) {how}"
+        if trace and trace in shown:  # every rank raised the same message (an agreed save failure): once
+            lines.append(f"{header}, with the same error as rank {shown[trace]}")
+            continue
         step = progress.get(rank, store_keys.RankProgress()).step
         at = f", at step {step}" if step is not None and step >= 0 else ""
         first = " (first)" if index == 0 and len(error.failures) > 1 else ""
-        lines.append(f"phalanx: rank {rank} (local rank {failure.local_rank} on node {node}) {how}")
+        lines.append(header)
         lines.append(f"  on host {host}{at}{first}")
-        trace = _traceback(failure)
         if trace:
+            shown[trace] = rank
             lines.append(trace)
     if log_dir:
         lines.append(f"phalanx: full logs in {log_dir}")
